@@ -1,0 +1,78 @@
+"""Benchmarks: time each case with harness.timing, scale by its roofline and by the peak measured
+in the same process, append rows to results/<device>/<family>.csv and draw the family's plots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from harness.timing import State, Timing, l2_bytes, time_calls
+
+
+@dataclass
+class BenchCase:
+    family: str
+    benchmark: str
+    kernel: str
+    variant: str
+    shape: dict[str, Any]
+    make_set: Callable[[], State]
+    step: Callable[[State], list]
+    bytes: int  # the roofline: bytes the operation must move
+    flops: int
+    set_bytes: int  # size of one input set, for the rotation over > 4x L2
+
+    @property
+    def label(self) -> str:
+        dims = " ".join(f"{k}={v}" for k, v in self.shape.items())
+        return f"{self.benchmark} {self.kernel} [{self.variant}] {dims}"
+
+
+def time_case(case: BenchCase, *, l2: int, repeats: int = 7) -> Timing:
+    return time_calls(case.make_set, case.step, case.set_bytes, l2=l2, repeats=repeats)
+
+
+def result_row(case: BenchCase, timing: Timing, peak_gbs: float, meta: dict, backend: str,
+               device: str) -> dict:
+    gbs = case.bytes / (timing.us * 1e-6) / 1e9
+    return dict(
+        benchmark=case.benchmark, kernel=case.kernel, variant=case.variant, backend=backend,
+        device=device, us=round(timing.us, 3), us_min=round(timing.us_min, 3),
+        us_max=round(timing.us_max, 3), gbs=round(gbs, 2), pct_peak=round(100 * gbs / peak_gbs, 2),
+        peak_gbs=round(peak_gbs, 1), bytes=case.bytes, flops=case.flops, launches=timing.launches,
+        repeats=timing.repeats, rel_err="", compile_s=round(timing.compile_s, 3),
+        **meta, **case.shape,
+    )
+
+
+def run_cases(cases: list[BenchCase], peak_gbs: float, backend: str, device: str, meta: dict,
+              repeats: int = 7, progress_label: str = "bench") -> list[dict]:
+    from harness.progress import progress
+
+    l2 = l2_bytes(device)
+    rows = []
+    for case in progress(cases, len(cases), progress_label):
+        rows.append(result_row(case, time_case(case, l2=l2, repeats=repeats), peak_gbs, meta,
+                               backend, device))
+    return rows
+
+
+def summary(rows: list[dict]) -> pd.DataFrame:
+    """The short table printed after a run: one line per case."""
+    df = pd.DataFrame(rows)
+    shape_cols = [c for c in ("seq", "M", "N", "K", "ctx", "batch") if c in df.columns]
+    return df[["benchmark", "kernel", "variant", *shape_cols, "us", "gbs", "pct_peak"]]
+
+
+def write_results(root: Path, family: str, rows: list[dict], device: str,
+                  plots: Callable[[pd.DataFrame, Path, float], list[Path]] | None,
+                  peak_gbs: float) -> tuple[Path, list[Path]]:
+    from harness.results import append_rows, results_dir
+
+    out_dir = results_dir(root, device)
+    csv = append_rows(out_dir / f"{family}.csv", family, rows)
+    drawn = plots(pd.DataFrame(rows), out_dir, peak_gbs) if plots else []
+    return csv, drawn

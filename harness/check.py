@@ -1,0 +1,83 @@
+"""Correctness checks: one row per kernel and shape, compared against the float64 references.
+
+A family's suite (harness/suites/<family>.py) yields `CheckCase`s; each runs its kernel on fresh
+random inputs with outputs poisoned (NaN) and returns its comparisons. `lathe check` prints one
+row per case; the GPU tests run the same cases under pytest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from reference import rel_err
+
+
+@dataclass
+class Comparison:
+    """One output against its reference: rel_err within tol, or an exact condition."""
+
+    what: str
+    rel_err: float
+    tol: float
+
+    @property
+    def passed(self) -> bool:
+        return bool(np.isfinite(self.rel_err) and self.rel_err <= self.tol)
+
+
+def compare(what: str, out: Any, ref: Any, tol: float) -> Comparison:
+    return Comparison(what, rel_err(np.asarray(out), np.asarray(ref)), tol)
+
+
+def exact(what: str, out: Any, expected: Any) -> Comparison:
+    """Bitwise equality (e.g. cache rows a kernel must not touch): rel_err 0 or inf."""
+    same = np.array_equal(np.asarray(out), np.asarray(expected), equal_nan=False)
+    return Comparison(what, 0.0 if same else float("inf"), 0.0)
+
+
+@dataclass
+class CheckCase:
+    family: str
+    kernel: str
+    variant: str
+    shape: dict[str, Any]
+    run: Callable[[np.random.Generator], list[Comparison]]
+    needs_gpu: bool = True
+
+    @property
+    def id(self) -> str:
+        dims = ",".join(f"{k}={v}" for k, v in self.shape.items())
+        return f"{self.kernel}[{self.variant}]({dims})"
+
+
+@dataclass
+class CheckResult:
+    case: CheckCase
+    comparisons: list[Comparison] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and bool(self.comparisons) and all(c.passed for c in self.comparisons)
+
+    @property
+    def worst(self) -> float:
+        return max((c.rel_err for c in self.comparisons), default=float("nan"))
+
+    def failures(self) -> str:
+        if self.error:
+            return self.error
+        bad = [f"{c.what}: {c.rel_err:.2e} > {c.tol:.0e}" for c in self.comparisons if not c.passed]
+        return "; ".join(bad)
+
+
+def run_case(case: CheckCase, seed: int | None = None) -> CheckResult:
+    """Run one case; an exception is a failure with its message (the suite goes on)."""
+    rng = np.random.default_rng(seed)
+    try:
+        return CheckResult(case, case.run(rng))
+    except Exception as exc:  # noqa: BLE001 - reported as a failed row, not swallowed
+        return CheckResult(case, error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,170 @@
+"""`lathe` (also `python -m harness`): check, bench and peak.
+
+    lathe                  the main job: every check, then (with a GPU) the peak and every benchmark
+    lathe check [family]   correctness against the float64 references; exit 1 on any failure
+    lathe bench [family]   benchmarks: results/<device>/<family>.csv and PNG plots, a short table
+    lathe peak             the device's memory peak (copy bandwidth)
+
+Without a GPU backend each command says so and runs what can run: the references' own checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _backend_line() -> str:
+    import mlx.core as mx
+
+    from kernels.runtime import backend, device_name
+
+    return f"lathe: mlx {mx.__version__}, backend {backend()}, device {device_name()}"
+
+
+def _no_gpu_notice() -> None:
+    from kernels.runtime import NoGpuBackend
+
+    print(f"{NoGpuBackend()}\nRunning the reference checks only.", flush=True)
+
+
+def _print_check_rows(results) -> None:
+    rows = [
+        dict(kernel=r.case.kernel, variant=r.case.variant,
+             shape=" ".join(f"{k}={v}" for k, v in r.case.shape.items()),
+             rel_err=f"{r.worst:.2e}" if r.comparisons else "-",
+             result="pass" if r.passed else f"FAIL {r.failures()}")
+        for r in results
+    ]
+    with pd.option_context("display.max_rows", None, "display.max_colwidth", 200, "display.width", 250):
+        print(pd.DataFrame(rows).to_string(index=False))
+
+
+def cmd_check(family: str | None, seed: int | None, match: str | None) -> int:
+    from harness.check import run_case
+    from harness.progress import progress
+    from harness.suites import select
+    from kernels.runtime import has_gpu
+
+    print(_backend_line())
+    if not has_gpu():
+        _no_gpu_notice()
+    failed = 0
+    for fam in select(family):
+        cases = list(fam.reference_cases())
+        if has_gpu():
+            cases += fam.check_cases()
+        if match:
+            cases = [c for c in cases if match in c.id]
+        results = [run_case(c, seed) for c in progress(cases, len(cases), f"check {fam.name}")]
+        _print_check_rows(results)
+        bad = sum(not r.passed for r in results)
+        print(f"{fam.name}: {len(results) - bad} passed, {bad} failed")
+        failed += bad
+    return 1 if failed else 0
+
+
+def _peak():
+    from harness.peak import measure_peak
+
+    peak = measure_peak()
+    for name, (timing, gbs) in peak.by_workload.items():
+        print(f"peak {name}: {gbs:.0f} GB/s ({timing.us:.0f} us per 2 GiB moved)")
+    print(f"peak: {peak.gbs:.0f} GB/s")
+    return peak
+
+
+def _peak_rows(peak, meta, backend, device) -> list[dict]:
+    from harness.peak import PEAK_BYTES
+
+    return [
+        dict(benchmark="peak", kernel=name, variant="copy", backend=backend, device=device,
+             us=round(t.us, 3), us_min=round(t.us_min, 3), us_max=round(t.us_max, 3),
+             gbs=round(gbs, 2), pct_peak=round(100 * gbs / peak.gbs, 2), peak_gbs=round(peak.gbs, 1),
+             bytes=2 * PEAK_BYTES, flops=0, launches=t.launches, repeats=t.repeats, rel_err="",
+             compile_s=round(t.compile_s, 3), nbytes=2 * PEAK_BYTES, **meta)
+        for name, (t, gbs) in peak.by_workload.items()
+    ]
+
+
+def cmd_peak(write: bool = True):
+    from harness.results import append_rows, results_dir, run_metadata
+    from kernels.runtime import backend, device_name, has_gpu
+
+    print(_backend_line())
+    if not has_gpu():
+        _no_gpu_notice()
+        return None
+    peak = _peak()
+    if write:
+        csv = append_rows(results_dir(ROOT, device_name()) / "peak.csv", "peak",
+                          _peak_rows(peak, run_metadata(), backend(), device_name()))
+        print(f"wrote {csv.relative_to(ROOT)}")
+    return peak
+
+
+def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool) -> int:
+    from harness.bench import run_cases, summary, write_results
+    from harness.results import run_metadata
+    from harness.suites import select
+    from kernels.runtime import backend, device_name, has_gpu
+
+    if not has_gpu():
+        print(_backend_line())
+        _no_gpu_notice()
+        return cmd_check(family, None, None)
+    peak = cmd_peak(write)
+    meta = run_metadata()
+    for fam in select(family):
+        rows = run_cases(fam.bench_cases(quick=quick), peak.gbs, backend(), device_name(), meta,
+                         repeats=repeats, progress_label=f"bench {fam.name}")
+        with pd.option_context("display.max_rows", None, "display.width", 200):
+            print(summary(rows).to_string(index=False))
+        if write:
+            csv, pngs = write_results(ROOT, fam.name, rows, device_name(), fam.plots, peak.gbs)
+            for p in (csv, *pngs):
+                print(f"wrote {p.relative_to(ROOT)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lathe", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    check = sub.add_parser("check", help="correctness against the float64 references")
+    check.add_argument("family", nargs="?")
+    check.add_argument("--seed", type=int, default=None, help="fixed seed (default: fresh data)")
+    check.add_argument("-k", dest="match", default=None, help="only cases whose id contains this")
+    bench = sub.add_parser("bench", help="benchmarks, CSV and plots under results/<device>/")
+    bench.add_argument("family", nargs="?")
+    bench.add_argument("--quick", action="store_true", help="fewer sizes")
+    bench.add_argument("--repeats", type=int, default=7)
+    bench.add_argument("--no-write", dest="write", action="store_false",
+                       help="print only; write no CSV or PNG")
+    peak = sub.add_parser("peak", help="measure the device's memory peak")
+    peak.add_argument("--no-write", dest="write", action="store_false")
+    args = parser.parse_args(argv)
+
+    if args.command == "check":
+        return cmd_check(args.family, args.seed, args.match)
+    if args.command == "bench":
+        return cmd_bench(args.family, args.quick, args.repeats, args.write)
+    if args.command == "peak":
+        cmd_peak(args.write)
+        return 0
+    # The main job: everything that can run here.
+    status = cmd_check(None, None, None)
+    from kernels.runtime import has_gpu
+
+    if has_gpu():
+        status |= cmd_bench(None, quick=False, repeats=7, write=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

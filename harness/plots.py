@@ -1,0 +1,152 @@
+"""Plots drawn from results CSV frames (see harness.results)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: device machines and CI have no display
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+DPI = 130
+
+
+def _as_tuple(cols: str | Sequence[str]) -> tuple[str, ...]:
+    return (cols,) if isinstance(cols, str) else tuple(cols)
+
+
+def _require(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
+    if df is None or len(df) == 0:
+        raise ValueError(f"{what}: no rows to plot")
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what}: missing column(s) {missing}; have {list(df.columns)}")
+
+
+def _latest(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """One row per key: the most recent by `date` (ISO strings sort in time order)."""
+    if "date" in df.columns:
+        df = df.sort_values("date", kind="stable", na_position="first")
+    return df.drop_duplicates(subset=list(keys), keep="last")
+
+
+def _label(values: object) -> str:
+    vals = values if isinstance(values, tuple) else (values,)
+    return " / ".join(str(v) for v in vals)
+
+
+def _save(fig: plt.Figure, out_path: str | Path) -> Path:
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(out, dpi=DPI, bbox_inches="tight")  # keeps an outside legend in frame
+    finally:
+        plt.close(fig)
+    return out
+
+
+def bandwidth_plot(
+    df: pd.DataFrame,
+    x: str,
+    out_path: str | Path,
+    title: str,
+    peak_gbs: float | None = None,
+    line_by: str | Sequence[str] = ("kernel", "variant"),
+    x_label: str | None = None,
+) -> Path:
+    """Achieved GB/s against shape column `x`, one line per `line_by` combination."""
+    line_by = _as_tuple(line_by)
+    needed = ["gbs", x, *line_by] + (["peak_gbs"] if peak_gbs is None else [])
+    _require(df, needed, "bandwidth_plot")
+    if peak_gbs is None:
+        median = pd.to_numeric(df["peak_gbs"], errors="coerce").median()
+        peak_gbs = None if pd.isna(median) else float(median)
+
+    data = _latest(df.dropna(subset=["gbs", x]), [*line_by, x])
+    if data.empty:
+        raise ValueError(f"bandwidth_plot: no rows with both 'gbs' and {x!r}")
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    n_lines = 0
+    for key, grp in data.groupby(list(line_by), sort=True):
+        grp = grp.sort_values(x)
+        ax.plot(grp[x], grp["gbs"], marker="o", label=_label(key))
+        n_lines += 1
+    if peak_gbs is not None:
+        ax.axhline(peak_gbs, color="black", linestyle="--", linewidth=1,
+                   label=f"measured peak {peak_gbs:.0f} GB/s")
+
+    # Shape sweeps are usually powers of two: a log2 axis spaces them evenly.
+    xs = sorted(pd.to_numeric(data[x], errors="coerce").dropna().unique())
+    if xs and xs[0] > 0 and xs[-1] / xs[0] > 8:
+        ax.set_xscale("log", base=2)
+        if len(xs) <= 16:
+            ax.set_xticks(xs, [f"{v:g}" for v in xs])
+            ax.minorticks_off()
+
+    ax.set_xlabel(x_label if x_label is not None else x)
+    ax.set_ylabel("GB/s")
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, which="major", alpha=0.4)
+    if n_lines > 6:  # many lines would cover the data: move the legend out
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
+    else:
+        ax.legend(loc="best", fontsize="small")
+    return _save(fig, out_path)
+
+
+def fused_unfused_plot(
+    df: pd.DataFrame,
+    group: str | Sequence[str],
+    out_path: str | Path,
+    title: str,
+    baseline_variant: str,
+    x_label: str = "",
+) -> Path:
+    """Grouped bars of time per call (`us`), one bar per variant, with speedups vs the baseline."""
+    group = _as_tuple(group)
+    _require(df, ["us", "variant", *group], "fused_unfused_plot")
+    data = _latest(df.dropna(subset=["us"]), [*group, "variant"])
+    if data.empty:
+        raise ValueError("fused_unfused_plot: no rows with a 'us' value")
+
+    # Fixed variant order and colour: baseline first, then order of appearance.
+    variants = list(dict.fromkeys(data["variant"].astype(str)))
+    if baseline_variant in variants:
+        variants.remove(baseline_variant)
+        variants.insert(0, baseline_variant)
+    colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    groups = list(data.groupby(list(group), sort=True))
+    labelled: set[str] = set()  # one legend entry per variant
+
+    width = 0.8 / len(variants)
+    fig_w = min(16.0, max(6.0, 2.0 + 0.5 * len(groups) * len(variants)))
+    fig, ax = plt.subplots(figsize=(fig_w, 5))
+    for gi, (key, grp) in enumerate(groups):
+        us_by_variant = dict(zip(grp["variant"].astype(str), grp["us"].astype(float)))
+        base = us_by_variant.get(baseline_variant)
+        for vi, variant in enumerate(variants):
+            if variant not in us_by_variant:
+                continue
+            us = us_by_variant[variant]
+            pos = gi - 0.4 + width * (vi + 0.5)
+            ax.bar(pos, us, width=width, color=colours[variant],
+                   label=None if variant in labelled else variant)
+            labelled.add(variant)
+            if base is not None and variant != baseline_variant and us > 0:
+                ax.text(pos, us, f"{base / us:.2f}x", ha="center", va="bottom", fontsize="small")
+
+    crowded = len(groups) > 4  # slant long group labels so they do not overlap
+    ax.set_xticks(range(len(groups)), [_label(k) for k, _ in groups],
+                  rotation=30 if crowded else 0, ha="right" if crowded else "center")
+    ax.set_xlabel(x_label or " / ".join(group))
+    ax.set_ylabel("time per call (us)")
+    ax.set_title(title)
+    ax.margins(y=0.12)  # head room for the ratio labels
+    ax.grid(True, axis="y", alpha=0.4)
+    ax.legend(loc="best", fontsize="small")
+    return _save(fig, out_path)

@@ -1,0 +1,166 @@
+"""Result rows and the CSV files that hold them.
+
+Every benchmark family writes one CSV per (device, family) with a fixed
+schema: the common columns followed by the family's shape columns. The
+schema is checked on every append so that files never mix layouts.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import subprocess
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+COMMON_COLUMNS: list[str] = [
+    "benchmark", "kernel", "variant", "backend", "device",
+    "us", "us_min", "us_max", "gbs", "pct_peak", "peak_gbs",
+    "bytes", "flops", "launches", "repeats", "rel_err", "compile_s",
+    "mlx_version", "git_sha", "date",
+]
+
+SHAPE_COLUMNS: dict[str, list[str]] = {
+    "rope": ["seq", "head_dim", "n_heads", "n_kv_heads"],
+    "gemv": ["M", "N", "K"],
+    "attention": ["batch", "ctx", "n_heads", "n_kv_heads", "head_dim", "block_size"],
+    # "variant" is already a common column; columns() drops the repeat.
+    "decode": ["model", "qtype", "variant", "mode", "depth", "prompt", "gen",
+               "prefill_tok_s", "decode_tok_s", "ms_per_token",
+               "dispatches_per_token", "pct_roofline"],
+    "peak": ["nbytes"],
+}
+
+# Columns a row may leave out; they are written as empty cells.
+OPTIONAL_COLUMNS: frozenset[str] = frozenset(
+    {"rel_err", "compile_s", "flops", "launches", "repeats", "us_min", "us_max"}
+)
+
+# Text columns: read back as str so e.g. a sha like "1234567" stays text.
+_TEXT_COLUMNS = ["benchmark", "kernel", "variant", "backend", "device",
+                 "mlx_version", "git_sha", "date", "model", "qtype", "mode"]
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def columns(family: str) -> list[str]:
+    """Common columns followed by the shape columns of `family`."""
+    if family not in SHAPE_COLUMNS:
+        raise ValueError(
+            f"unknown result family {family!r}; known: {', '.join(sorted(SHAPE_COLUMNS))}"
+        )
+    return COMMON_COLUMNS + [c for c in SHAPE_COLUMNS[family] if c not in COMMON_COLUMNS]
+
+
+def device_slug(device_name: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200': safe as a directory name."""
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+
+
+def _git(args: list[str], cwd: Path) -> str:
+    out = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=10
+    )
+    return out.stdout.strip()
+
+
+def git_sha(root: str | Path | None = None) -> str:
+    """Short HEAD sha (+ '-dirty' for uncommitted tracked changes), or 'unknown'.
+
+    The device machine may get the tree without .git, so any failure is
+    reported as 'unknown' rather than raised.
+    """
+    cwd = Path(root) if root is not None else _REPO_ROOT
+    try:
+        sha = _git(["rev-parse", "--short", "HEAD"], cwd)
+        dirty = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if not sha:
+        return "unknown"
+    return f"{sha}-dirty" if dirty else sha
+
+
+def _mlx_version() -> str:
+    try:
+        import mlx.core as mx
+    except Exception:  # ImportError, or a broken native extension
+        return "none"
+    return str(getattr(mx, "__version__", "none"))
+
+
+def run_metadata() -> dict[str, str]:
+    """Provenance fields shared by every row of one run."""
+    return {
+        "mlx_version": _mlx_version(),
+        "git_sha": git_sha(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _check_row(row: Mapping[str, Any], cols: list[str], index: int) -> dict[str, Any]:
+    unknown = [k for k in row if k not in cols]
+    if unknown:
+        raise ValueError(f"row {index}: unknown column(s) {unknown}; allowed: {cols}")
+    missing = [c for c in cols if c not in row and c not in OPTIONAL_COLUMNS]
+    if missing:
+        raise ValueError(f"row {index}: missing required column(s) {missing}")
+    return {c: row.get(c) for c in cols}  # csv writes None as an empty cell
+
+
+def _schema_diff(found: list[str], expected: list[str]) -> str:
+    missing = [c for c in expected if c not in found]
+    extra = [c for c in found if c not in expected]
+    parts = []
+    if missing:
+        parts.append(f"missing from file: {missing}")
+    if extra:
+        parts.append(f"not in schema: {extra}")
+    if not parts:
+        parts.append("same columns in a different order")
+    return "; ".join(parts)
+
+
+def append_rows(path: str | Path, family: str, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Validate `rows` against the family schema and append them to the CSV at `path`."""
+    path = Path(path)
+    cols = columns(family)
+    checked = [_check_row(r, cols, i) for i, r in enumerate(rows)]
+
+    # An existing file must have exactly this schema, or rows would be misaligned.
+    new_file = not path.exists() or path.stat().st_size == 0
+    if not new_file:
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), [])
+        if header != cols:
+            raise ValueError(
+                f"schema changed for {path} (family {family!r}): {_schema_diff(header, cols)}"
+            )
+
+    if not checked:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=cols)
+        if new_file:
+            writer.writeheader()
+        writer.writerows(checked)
+    return path
+
+
+def results_dir(root: str | Path, device_name: str) -> Path:
+    """Directory holding one device's CSV files."""
+    return Path(root) / "results" / device_slug(device_name)
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """Load a results CSV; text columns stay text, empty cells become NaN."""
+    path = Path(path)
+    with path.open(newline="") as f:
+        header = next(csv.reader(f), [])
+    dtypes = {c: str for c in _TEXT_COLUMNS if c in header}
+    return pd.read_csv(path, dtype=dtypes)

@@ -1,0 +1,33 @@
+"""Kernel families: each has a correctness suite, reference self-checks and benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    check_cases: Callable[[], list]  # GPU correctness cases
+    reference_cases: Callable[[], list]  # CPU: references against independent opinions
+    bench_cases: Callable[..., list]
+    plots: Callable | None
+
+
+def families() -> dict[str, Family]:
+    from harness.suites import rope, rope_bench
+
+    return {
+        "rope": Family("rope", rope.check_cases, rope.reference_cases, rope_bench.bench_cases,
+                       rope_bench.plots),
+    }
+
+
+def select(name: str | None) -> list[Family]:
+    known = families()
+    if name is None:
+        return list(known.values())
+    if name not in known:
+        raise SystemExit(f"unknown family {name!r}; known: {', '.join(known)}")
+    return [known[name]]

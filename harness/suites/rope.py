@@ -1,0 +1,226 @@
+"""The RoPE family's correctness suite: every kernel and form against reference/rope.py.
+
+Shapes cover the issue's grid without its full product: each (head_dim, heads) pair meets every
+seq value across the pairs, and theta, freq_scale and the position (0, random, last before 32768)
+rotate through them. Inputs are fresh random fp16 every run, outputs are poisoned with NaN, and
+cache rows a kernel must not touch are compared bit for bit with their initial values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+import reference.rope as ref
+from harness.check import CheckCase, Comparison, compare, exact
+
+TOL = 1e-3
+HEAD_DIMS = (64, 128, 256)
+HEADS = ((32, 32), (32, 8), (16, 8), (28, 4))
+SEQS = (1, 7, 512, 4095)
+THETAS = (1e4, 1e6)
+FREQ_SCALES = (1.0, 0.25)
+MAX_POSITION = 32768
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Shape:
+    head_dim: int
+    n_heads: int
+    n_kv_heads: int
+    seq: int
+    pos: int
+    theta: float
+    freq_scale: float
+
+    def row(self) -> dict:
+        return dict(seq=self.seq, head_dim=self.head_dim, n_heads=self.n_heads,
+                    n_kv_heads=self.n_kv_heads, pos=self.pos, theta=self.theta,
+                    freq_scale=self.freq_scale)
+
+
+def shapes(decode: bool = False) -> list[Shape]:
+    """The covering set of shapes (16); `decode` forces seq = 1."""
+    out = []
+    for a in range(len(SEQS)):  # a fourth round of head_dims, so every heads pair meets every seq
+        head_dim = HEAD_DIMS[a % len(HEAD_DIMS)]
+        for b, (n_heads, n_kv) in enumerate(HEADS):
+            c = a * len(HEADS) + b
+            seq = 1 if decode else SEQS[(a + b) % len(SEQS)]
+            # Position: 0, the last that fits before MAX_POSITION, or in between.
+            pos = (0, MAX_POSITION - seq, (MAX_POSITION - seq) * (c + 1) // 17)[c % 3]
+            out.append(Shape(head_dim, n_heads, n_kv, seq, pos, THETAS[b % 2],
+                             FREQ_SCALES[(a + b // 2) % 2]))
+    return out
+
+
+def _fp16(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32).astype(np.float16)
+
+
+def _norm_weight(rng: np.random.Generator, head_dim: int) -> np.ndarray:
+    return (1.0 + 0.2 * rng.standard_normal(head_dim)).astype(np.float32)
+
+
+# ---- rope / rope_neox ----------------------------------------------------------------------------
+def _rope_case(neox: bool, variant: str, s: Shape) -> CheckCase:
+    from kernels.rope import rope, rope_neox
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        x = _fp16(rng, s.seq, s.n_heads, s.head_dim)
+        if variant == "position_ids":  # arbitrary, unsorted positions below MAX_POSITION
+            positions = rng.integers(0, MAX_POSITION, s.seq).astype(np.int32)
+            kw = dict(position_ids=mx.array(positions))
+        else:
+            positions = np.arange(s.pos, s.pos + s.seq)
+            kw = dict(freqs=variant)
+        with poisoned_outputs():
+            out = (rope_neox if neox else rope)(mx.array(x), s.pos, theta=s.theta,
+                                                 freq_scale=s.freq_scale, **kw)
+            mx.eval(out)
+        want = ref.rope(x, positions, s.theta, s.freq_scale, neox)
+        return [compare("out", out, want, TOL)]
+
+    return CheckCase("rope", "rope_neox" if neox else "rope", variant, s.row(), run)
+
+
+# ---- fused and unfused RoPE + KV write -----------------------------------------------------------
+def _kv_case(kernel: str, variant: str, s: Shape, *, neox: bool, norm: bool) -> CheckCase:
+    import kernels.rope as kr
+    from kernels.rope.paths import mlx_kv_write, unfused_kv_write
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        d, hq, hkv, seq, pos = s.head_dim, s.n_heads, s.n_kv_heads, s.seq, s.pos
+        q, k, v = _fp16(rng, seq, hq * d), _fp16(rng, seq, hkv * d), _fp16(rng, seq, hkv * d)
+        max_seq = pos + seq + 3  # rows after the written ones must stay untouched too
+        k0, v0 = _fp16(rng, hkv, max_seq, d), _fp16(rng, hkv, max_seq, d)
+        qn, kn = _norm_weight(rng, d), _norm_weight(rng, d)
+        rope_kw = dict(theta=s.theta, freq_scale=s.freq_scale)
+        caches = (mx.array(k0), mx.array(v0))
+        with poisoned_outputs():
+            if kernel.endswith("qkv_write"):
+                f = kr.rope_neox_qkv_write if neox else kr.rope_qkv_write
+                qkv = mx.array(np.concatenate([q, k, v], axis=1)[0])
+                res = f(qkv, *caches, pos, n_heads=hq, form=variant, **rope_kw)
+            elif kernel.endswith("batch_kv_write"):
+                f = kr.rope_neox_batch_kv_write if neox else kr.rope_batch_kv_write
+                res = f(mx.array(q), mx.array(k), mx.array(v), *caches, pos, form=variant, **rope_kw)
+            elif kernel == "head_norm_rope_neox_kv_write":
+                res = kr.head_norm_rope_neox_kv_write(
+                    mx.array(q), mx.array(k), mx.array(v), mx.array(qn), mx.array(kn), *caches, pos,
+                    eps=EPS, form=variant, **rope_kw)
+            else:
+                norms = dict(q_norm=mx.array(qn), k_norm=mx.array(kn), eps=EPS) if norm else {}
+                args = (mx.array(q), mx.array(k), mx.array(v), *caches, pos)
+                if kernel == "unfused":
+                    res = unfused_kv_write(*args, neox=neox, form=variant, **norms, **rope_kw)
+                else:
+                    res = mlx_kv_write(*args, neox=neox, **norms, **rope_kw)
+            mx.eval(res)
+        q3, k3 = q.reshape(seq, hq, d), k.reshape(seq, hkv, d)
+        if norm:
+            q3, k3 = ref.rms_norm(q3, qn, EPS), ref.rms_norm(k3, kn, EPS)
+        positions = np.arange(pos, pos + seq)
+        q_ref = ref.rope(q3, positions, s.theta, s.freq_scale, neox)
+        k_ref = ref.rope(k3, positions, s.theta, s.freq_scale, neox).transpose(1, 0, 2)
+        kc, vc = np.array(res.k_cache), np.array(res.v_cache)
+        rows = slice(pos, pos + seq)
+        return [
+            compare("q", np.array(res.q).reshape(seq, hq, d), q_ref, TOL),
+            compare("k rows", kc[:, rows], k_ref, TOL),
+            exact("v rows", vc[:, rows], v.reshape(seq, hkv, d).transpose(1, 0, 2)),
+            exact("other k rows", np.delete(kc, np.s_[rows], axis=1), np.delete(k0, np.s_[rows], axis=1)),
+            exact("other v rows", np.delete(vc, np.s_[rows], axis=1), np.delete(v0, np.s_[rows], axis=1)),
+        ]
+
+    label = kernel if kernel not in ("unfused", "mlx") else (
+        f"{kernel}:{'head_norm_' if norm else ''}rope{'_neox' if neox else ''}_kv_write")
+    return CheckCase("rope", label, variant, s.row(), run)
+
+
+def check_cases() -> list[CheckCase]:
+    """Every RoPE kernel, pairing, frequency path and cache-write form over the covering shapes."""
+    cases: list[CheckCase] = []
+    for s in shapes():
+        cases += [_rope_case(False, v, s) for v in ("table", "inline")]
+        cases += [_rope_case(True, v, s) for v in ("table", "inline", "position_ids")]
+    for form in ("in_place", "functional"):
+        for s in shapes(decode=True):
+            cases.append(_kv_case("rope_qkv_write", form, s, neox=False, norm=False))
+            cases.append(_kv_case("rope_neox_qkv_write", form, s, neox=True, norm=False))
+        for s in shapes():
+            cases.append(_kv_case("rope_batch_kv_write", form, s, neox=False, norm=False))
+            cases.append(_kv_case("rope_neox_batch_kv_write", form, s, neox=True, norm=False))
+            cases.append(_kv_case("head_norm_rope_neox_kv_write", form, s, neox=True, norm=True))
+        # The unfused sequences the fused kernels replace compute the same thing.
+        for s in shapes()[::3]:
+            for neox, norm in ((False, False), (True, False), (True, True)):
+                cases.append(_kv_case("unfused", form, s, neox=neox, norm=norm))
+    for s in shapes()[1::3]:  # the MLX built-in peer path, so that benchmarks compare like with like
+        for neox, norm in ((False, False), (True, True)):
+            cases.append(_kv_case("mlx", "peer", s, neox=neox, norm=norm))
+    return cases
+
+
+# ---- reference self-checks (CPU): the references against independent opinions ------------------
+def _vs_mlx_fast_rope(neox: bool, head_dim: int, pos: int, theta: float, scale: float) -> CheckCase:
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        seq, heads = 9, 3
+        x = rng.standard_normal((seq, heads, head_dim)).astype(np.float32)
+        xm = mx.array(x.transpose(1, 0, 2)[None])  # mx.fast.rope wants [B, heads, seq, D]
+        got = mx.fast.rope(xm, head_dim, traditional=not neox, base=theta, scale=scale,
+                           offset=pos, stream=mx.cpu)
+        got = np.array(got)[0].transpose(1, 0, 2)
+        want = ref.rope(x, np.arange(pos, pos + seq), theta, scale, neox)
+        # float32 angles at positions up to ~4k: errors near 1e-5 relative
+        return [compare("mx.fast.rope", got, want, 1e-4)]
+
+    shape = dict(head_dim=head_dim, pos=pos, theta=theta, freq_scale=scale)
+    return CheckCase("rope", "reference.rope_neox" if neox else "reference.rope",
+                     "vs mx.fast.rope (cpu, fp32)", shape, run, needs_gpu=False)
+
+
+def _relative_position(neox: bool, head_dim: int, theta: float) -> CheckCase:
+    """<rope(q, m), rope(k, n)> depends only on m - n: the property RoPE exists for."""
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        q, k = rng.standard_normal((2, 1, 1, head_dim))
+        out = []
+        for m, n in ((5, 2), (1000, 37), (20000, 19999)):
+            base = np.sum(ref.rope(q, [m], theta, 1.0, neox) * ref.rope(k, [n], theta, 1.0, neox))
+            for shift in (1, 123, 4096):
+                moved = np.sum(ref.rope(q, [m + shift], theta, 1.0, neox)
+                               * ref.rope(k, [n + shift], theta, 1.0, neox))
+                out.append(compare(f"m={m},n={n},+{shift}", moved, base, 1e-9))
+        return out
+
+    return CheckCase("rope", "reference.rope_neox" if neox else "reference.rope",
+                     "relative position", dict(head_dim=head_dim, theta=theta), run, needs_gpu=False)
+
+
+def _rms_norm_vs_mlx(head_dim: int) -> CheckCase:
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        x = rng.standard_normal((5, 4, head_dim)).astype(np.float32)
+        w = (1 + 0.2 * rng.standard_normal(head_dim)).astype(np.float32)
+        got = mx.fast.rms_norm(mx.array(x), mx.array(w), EPS, stream=mx.cpu)
+        return [compare("mx.fast.rms_norm", np.array(got), ref.rms_norm(x, w, EPS), 1e-5)]
+
+    return CheckCase("rope", "reference.rms_norm", "vs mx.fast.rms_norm (cpu, fp32)",
+                     dict(head_dim=head_dim), run, needs_gpu=False)
+
+
+def reference_cases() -> list[CheckCase]:
+    cases = []
+    for neox in (False, True):
+        for head_dim, pos, theta, scale in ((64, 0, 1e4, 1.0), (128, 3000, 1e6, 0.25),
+                                            (256, 777, 5e5, 1.0)):
+            cases.append(_vs_mlx_fast_rope(neox, head_dim, pos, theta, scale))
+        for head_dim, theta in ((64, 1e4), (128, 1e6)):
+            cases.append(_relative_position(neox, head_dim, theta))
+    cases += [_rms_norm_vs_mlx(d) for d in HEAD_DIMS]
+    return cases

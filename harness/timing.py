@@ -1,0 +1,128 @@
+"""The timing method of DESIGN.md.
+
+One eval + synchronize round trip costs about 70 us on MLX's CUDA backend, far more than a
+decode kernel, so we never time one launch. A *round* is K calls of the workload inside one
+``mx.eval``; the calls walk over S input sets whose total size exceeds 4x the L2 cache, so
+that each call reads from device memory, not from cache. After a warm-up round, R rounds are
+timed; a call costs round_time / K, and we report the median over rounds and the spread
+(min, max). The first call of a new kernel compiles it (NVRTC on CUDA): that time is reported
+apart, as compile_s.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import mlx.core as mx
+
+State = dict[str, Any]
+
+# L2 sizes by device name, where MLX does not report one (bytes).
+_L2_BY_NAME = {"h100": 50 << 20, "h200": 60 << 20, "a100": 40 << 20}
+_DEFAULT_L2 = 128 << 20  # generous: an unknown GPU is assumed to have a large cache
+
+
+def l2_bytes(device_name: str) -> int:
+    info = mx.device_info() if hasattr(mx, "device_info") else {}
+    for key in ("l2_cache_size", "l2_size"):
+        if int(info.get(key, 0) or 0) > 0:
+            return int(info[key])
+    name = device_name.lower()
+    return next((size for tag, size in _L2_BY_NAME.items() if tag in name), _DEFAULT_L2)
+
+
+@dataclass
+class Timing:
+    us: float  # median time per call, microseconds
+    us_min: float
+    us_max: float
+    launches: int  # K, calls per timed round
+    repeats: int  # R, timed rounds
+    sets: int  # S, rotated input sets
+    compile_s: float  # first call, compilation included
+
+
+def _arrays(state: State) -> list[mx.array]:
+    return [v for v in state.values() if isinstance(v, mx.array)]
+
+
+def _round(sets: list[State], step: Callable[[State], list[mx.array]], calls: int) -> float:
+    outs: list[mx.array] = []
+    start = time.perf_counter()
+    for k in range(calls):
+        outs.extend(step(sets[k % len(sets)]))
+    # States may hold lazy arrays (a cache updated by the call): evaluate them with the outputs.
+    mx.eval(outs, [_arrays(s) for s in sets])
+    mx.synchronize()
+    return time.perf_counter() - start
+
+
+class Rounds:
+    """Input sets built and the call count K calibrated; `run()` times one round of K calls.
+
+    `make_set` builds one input set of about `set_bytes` bytes; `step` runs one call on a set and
+    returns what it computes; it may update the set (a cache write stores the updated cache back),
+    so later calls build on earlier ones.
+    """
+
+    def __init__(
+        self,
+        make_set: Callable[[], State],
+        step: Callable[[State], list[mx.array]],
+        set_bytes: int,
+        *,
+        l2: int,
+        min_round_s: float = 0.004,
+        max_calls: int = 4000,
+        max_sets: int = 64,
+    ) -> None:
+        self.step = step
+        n_sets = max(1, min(max_sets, math.ceil(4 * l2 / max(set_bytes, 1))))
+        self.sets = [make_set() for _ in range(n_sets)]
+        mx.eval([_arrays(s) for s in self.sets])
+        mx.synchronize()
+
+        start = time.perf_counter()
+        mx.eval(step(self.sets[0]), _arrays(self.sets[0]))
+        mx.synchronize()
+        self.compile_s = time.perf_counter() - start
+
+        # Calibrate K so that a round lasts at least min_round_s: the fixed cost of one eval
+        # (about 70 us on CUDA) is then a few percent of it.
+        per_call = _round(self.sets, step, n_sets) / n_sets
+        calls = min(max_calls, max(n_sets, math.ceil(min_round_s / max(per_call, 1e-7))))
+        self.calls = math.ceil(calls / n_sets) * n_sets
+
+    def run(self) -> float:
+        return _round(self.sets, self.step, self.calls)
+
+
+def time_calls(
+    make_set: Callable[[], State],
+    step: Callable[[State], list[mx.array]],
+    set_bytes: int,
+    *,
+    l2: int,
+    repeats: int = 7,
+    min_round_s: float = 0.004,
+    max_calls: int = 4000,
+    max_sets: int = 64,
+) -> Timing:
+    """Time `step` as described in the module docstring (see `Rounds` for the arguments)."""
+    rounds = Rounds(make_set, step, set_bytes, l2=l2, min_round_s=min_round_s,
+                    max_calls=max_calls, max_sets=max_sets)
+    rounds.run()  # warm-up at the timed size
+    samples = [rounds.run() / rounds.calls * 1e6 for _ in range(repeats)]
+    return Timing(
+        us=statistics.median(samples),
+        us_min=min(samples),
+        us_max=max(samples),
+        launches=rounds.calls,
+        repeats=repeats,
+        sets=len(rounds.sets),
+        compile_s=rounds.compile_s,
+    )

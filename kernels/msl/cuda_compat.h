@@ -1,0 +1,90 @@
+// cuda_compat.h: the portable MSL subset of DESIGN.md, spelled in CUDA.
+//
+// mx.fast.cuda_kernel pastes this header after MLX's own includes (cuda_fp16.h among them) and
+// before the generated __global__ function, whose body is our MSL body unchanged. It maps names
+// and nothing more. In particular it defines no math: CUDA already has float overloads of exp,
+// rsqrt, cos, sin, pow, fma, max and min, and redefining them makes calls ambiguous.
+// Every mapping here is exercised by tests/test_compat_gpu.py.
+#pragma once
+
+// ---- scalar types: half and half2 come from cuda_fp16.h (typedefs of __half, __half2) -------
+typedef unsigned char uchar;
+typedef unsigned short ushort;
+typedef unsigned int uint;
+
+// ---- address spaces -----------------------------------------------------------------------------
+// Only `threadgroup`, and only on declarations (`threadgroup float buf[N];`). `device` and
+// `constant` cannot be macros here: CUDA spells __device__ and __constant__ through those very
+// tokens (__location__(device)), so an empty `device` would silently strip __device__ from every
+// later function. Bodies therefore declare local pointers with `auto`, and the few casts that
+// need an address space go through the helpers below (lathe.h has their Metal twins).
+#define threadgroup __shared__
+
+// Helpers in lathe.h are device functions here and plain inline functions on Metal.
+#define LATHE_FN __device__ __forceinline__
+
+// ---- pointers: the in-place cache view and wide (16-byte) accesses ------------------------------
+template <typename T>
+__device__ __forceinline__ T* writable(const T* p) {
+  return const_cast<T*>(p);
+}
+template <typename W, typename T>
+__device__ __forceinline__ W load_wide(const T* p, uint i) {
+  return reinterpret_cast<const W*>(p)[i];
+}
+template <typename W, typename T>
+__device__ __forceinline__ void store_wide(T* p, uint i, W w) {
+  reinterpret_cast<W*>(p)[i] = w;
+}
+
+// ---- thread ids (MSL kernel attributes) -------------------------------------------------------
+// CUDA launches whole threadgroups (the grid is rounded up), so bodies bound-check as on Metal.
+__device__ __forceinline__ uint3 lathe_thread_position_in_grid() {
+  return make_uint3(blockIdx.x * blockDim.x + threadIdx.x, blockIdx.y * blockDim.y + threadIdx.y,
+                    blockIdx.z * blockDim.z + threadIdx.z);
+}
+__device__ __forceinline__ uint lathe_thread_index_in_threadgroup() {
+  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+__device__ __forceinline__ uint3 lathe_threads_per_threadgroup() {
+  return make_uint3(blockDim.x, blockDim.y, blockDim.z);
+}
+#define thread_position_in_grid (lathe_thread_position_in_grid())
+#define threadgroup_position_in_grid (blockIdx)
+#define thread_position_in_threadgroup (threadIdx)
+#define threads_per_threadgroup (lathe_threads_per_threadgroup())
+#define thread_index_in_threadgroup (lathe_thread_index_in_threadgroup())
+// SIMD width is 32 on both sides (Apple SIMD groups, NVIDIA warps).
+#define thread_index_in_simdgroup (lathe_thread_index_in_threadgroup() & 31u)
+#define simdgroup_index_in_threadgroup (lathe_thread_index_in_threadgroup() >> 5)
+
+// ---- threadgroup barrier ------------------------------------------------------------------------
+namespace mem_flags {
+enum lathe_mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2 };
+}
+__device__ __forceinline__ void threadgroup_barrier(int) { __syncthreads(); }
+
+// ---- SIMD-group functions over a full warp ------------------------------------------------------
+// Like Metal's, these assume every lane of the SIMD group is active: bodies never return early
+// from a lane that a later SIMD function needs.
+template <typename T>
+__device__ __forceinline__ T simd_shuffle_xor(T v, ushort mask) {
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+}
+template <typename T>
+__device__ __forceinline__ T simd_sum(T v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ T simd_max(T v) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    T other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ T simd_broadcast_first(T v) {
+  return __shfl_sync(0xffffffffu, v, __ffs(__activemask()) - 1);
+}

@@ -1,0 +1,449 @@
+"""The RoPE family: seven kernels over four MSL bodies (pairing and forms are compile-time switches).
+
+| kernel                         | body                          | switches                  |
+| ------------------------------ | ----------------------------- | ------------------------- |
+| rope, rope_neox                | rope.metal                    | NEOX, FREQ_TABLE, POSITION_IDS |
+| rope_qkv_write, rope_neox_...  | rope_kv_write.metal           | NEOX, FREQ_TABLE, form    |
+| rope_batch_kv_write, ..._neox_ | rope_kv_write.metal           | NEOX, FREQ_TABLE, form    |
+| head_norm_rope_neox_kv_write   | head_norm_rope_kv_write.metal | NEOX, FREQ_TABLE, form    |
+| cache_write, head_rmsnorm      | unfused path pieces           |                           |
+
+fp16 in and out, fp32 math. Heads are laid out [seq, n_heads, head_dim]; KV caches are head-major
+[n_kv_heads, max_seq, head_dim]. Cache writers come in two forms (DESIGN.md): ``functional``
+returns caches updated by MLX slice updates; ``in_place`` writes through the cache buffers and
+returns the caches wrapped by ``mx.depends`` on the write's ordering token, so anything that reads
+the returned caches runs after the write. Either way: ``q, k_cache, v_cache = f(...)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import mlx.core as mx
+import numpy as np
+
+from kernels.runtime import FORMS, KernelSpec, Launch, cache_io, cache_prelude, launch
+
+FREQS = ("table", "inline")
+MAX_THREADS = 256
+_INT32_LIMIT = 2**31 - 1
+_GRID_YZ_LIMIT = 65535  # CUDA's limit on grid y and z (in threadgroups); seq runs along z
+
+
+class Rotated(NamedTuple):
+    """Result of a fused RoPE + KV write: rotated q[seq, n_heads, D] and the (updated) caches."""
+
+    q: mx.array
+    k_cache: mx.array
+    v_cache: mx.array
+
+
+# ---- argument checks (all before any launch) -----------------------------------------------------
+def _check_fp16(name: str, a: mx.array) -> None:
+    if not isinstance(a, mx.array):
+        raise ValueError(f"{name} must be an mx.array, got {type(a).__name__}")
+    if a.dtype != mx.float16:
+        raise ValueError(f"{name} must be float16, got {a.dtype}")
+
+
+def _check_head_dim(head_dim: int, multiple: int = 2) -> None:
+    if head_dim <= 0 or head_dim % multiple or head_dim > 1024:
+        raise ValueError(
+            f"head_dim must be a positive multiple of {multiple} up to 1024, got {head_dim}"
+        )
+
+
+def _check_heads(n_heads: int, n_kv_heads: int) -> None:
+    if n_heads <= 0 or n_kv_heads <= 0:
+        raise ValueError(f"head counts must be positive, got {n_heads} and {n_kv_heads}")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+
+
+def _check_size(name: str, n: int) -> None:
+    if n > _INT32_LIMIT:
+        raise ValueError(f"{name} has {n} elements; the kernels index with 32-bit integers")
+
+
+def _check_seq(seq: int) -> None:
+    if not 1 <= seq <= _GRID_YZ_LIMIT:
+        raise ValueError(f"seq must be in 1..{_GRID_YZ_LIMIT}, got {seq}")
+
+
+def _check_freqs(freqs: str) -> None:
+    if freqs not in FREQS:
+        raise ValueError(f"freqs must be one of {FREQS}, got {freqs!r}")
+
+
+def _check_form(form: str) -> None:
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+
+
+def _pos_array(pos: int | mx.array, seq: int, max_seq: int | None) -> mx.array:
+    """pos as int32[1]. A Python int is range-checked; a device array (chained decode) is
+    checked in the kernel, which drops rows past the cache instead of writing out of bounds."""
+    if isinstance(pos, mx.array):
+        if pos.size != 1 or pos.dtype != mx.int32:
+            raise ValueError(f"pos array must be int32 with one element, got {pos.dtype}{pos.shape}")
+        return pos.reshape(1)
+    pos = int(pos)
+    if pos < 0:
+        raise ValueError(f"pos must be >= 0, got {pos}")
+    if max_seq is not None and pos + seq > max_seq:
+        raise ValueError(f"pos + seq = {pos + seq} is beyond the cache ({max_seq} rows)")
+    return mx.array([pos], dtype=mx.int32)
+
+
+def _check_cache(name: str, cache: mx.array, n_kv_heads: int, head_dim: int) -> int:
+    _check_fp16(name, cache)
+    if cache.ndim != 3 or cache.shape[0] != n_kv_heads or cache.shape[2] != head_dim:
+        raise ValueError(
+            f"{name} must be [n_kv_heads={n_kv_heads}, max_seq, head_dim={head_dim}], "
+            f"got {tuple(cache.shape)}"
+        )
+    _check_size(name, cache.size)
+    return cache.shape[1]
+
+
+# ---- small constant inputs, built once per value ------------------------------------------------
+@functools.lru_cache(maxsize=64)
+def inv_freq_table(head_dim: int, theta: float) -> mx.array:
+    """theta^(-2i/D) as float32[D/2], computed in float64 on the host."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
+    return mx.array((np.float64(theta) ** -exponents).astype(np.float32))
+
+
+@functools.lru_cache(maxsize=256)
+def _int32(values: tuple[int, ...]) -> mx.array:
+    return mx.array(values, dtype=mx.int32)
+
+
+@functools.lru_cache(maxsize=256)
+def _float32(values: tuple[float, ...]) -> mx.array:
+    return mx.array(values, dtype=mx.float32)
+
+
+def _table(head_dim: int, theta: float, inv_freq: mx.array | None) -> mx.array:
+    if inv_freq is None:
+        return inv_freq_table(head_dim, float(theta))
+    if inv_freq.dtype != mx.float32 or inv_freq.shape != (head_dim // 2,):
+        raise ValueError(f"inv_freq must be float32[{head_dim // 2}], got {inv_freq.dtype}{inv_freq.shape}")
+    return inv_freq
+
+
+def _heads_per_thread(seq: int) -> int:
+    # Decode: one head per thread for parallelism; prefill: share each angle over 4 heads.
+    return 1 if seq < 16 else 4
+
+
+def _geometry(pairs: int, groups: int, seq: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    ty = max(1, min(groups, MAX_THREADS // pairs))
+    return (pairs, groups, seq), (pairs, ty, 1)
+
+
+# ---- rope / rope_neox ----------------------------------------------------------------------------
+_ROPE = KernelSpec(
+    name="lathe_rope",
+    body="rope/rope.metal",
+    inputs=("x", "positions", "inv_freq", "scalars", "dims"),
+    outputs=("out",),
+)
+
+
+def _rope(
+    x: mx.array,
+    pos: int | mx.array,
+    *,
+    neox: bool,
+    theta: float,
+    freq_scale: float,
+    freqs: str,
+    inv_freq: mx.array | None,
+    position_ids: mx.array | None,
+) -> mx.array:
+    _check_fp16("x", x)
+    if x.ndim != 3:
+        raise ValueError(f"x must be [seq, n_heads, head_dim], got {tuple(x.shape)}")
+    seq, n_heads, head_dim = x.shape
+    _check_head_dim(head_dim)
+    _check_seq(seq)
+    _check_size("x", x.size)
+    _check_freqs(freqs)
+    if position_ids is not None:
+        if position_ids.dtype != mx.int32 or position_ids.shape != (seq,):
+            raise ValueError(f"position_ids must be int32[{seq}], got {position_ids.dtype}{position_ids.shape}")
+        positions = position_ids
+    else:
+        positions = _pos_array(pos, seq, None)
+    hpt = _heads_per_thread(seq)
+    grid, tg = _geometry(head_dim // 2, -(-n_heads // hpt), seq)
+    (out,) = launch(
+        Launch(
+            _ROPE,
+            [x, positions, _table(head_dim, theta, inv_freq), _float32((theta, freq_scale)),
+             _int32((seq, n_heads))],
+            [(x.shape, mx.float16)],
+            grid,
+            tg,
+            dict(D=head_dim, NEOX=neox, FREQ_TABLE=freqs == "table" or inv_freq is not None,
+                 POSITION_IDS=position_ids is not None, HPT=hpt),
+        )
+    )
+    return out
+
+
+def rope(x, pos=0, *, theta=10000.0, freq_scale=1.0, freqs="table", inv_freq=None, position_ids=None):
+    """Standard (interleaved pairs) RoPE of x[seq, n_heads, D]; token t at pos + t (or position_ids[t])."""
+    return _rope(x, pos, neox=False, theta=theta, freq_scale=freq_scale, freqs=freqs,
+                 inv_freq=inv_freq, position_ids=position_ids)
+
+
+def rope_neox(x, pos=0, *, theta=10000.0, freq_scale=1.0, freqs="table", inv_freq=None, position_ids=None):
+    """NeoX (split-half pairs) RoPE of x[seq, n_heads, D]; optional per-token position_ids."""
+    return _rope(x, pos, neox=True, theta=theta, freq_scale=freq_scale, freqs=freqs,
+                 inv_freq=inv_freq, position_ids=position_ids)
+
+
+# ---- fused RoPE + KV write ----------------------------------------------------------------------
+class _Rows(NamedTuple):
+    """Where a token's heads live: token t at array[t * stride + offset], heads contiguous."""
+
+    array: mx.array
+    stride: int
+    offset: int
+
+
+def _separate(name: str, a: mx.array, heads: int, head_dim: int, seq: int | None) -> _Rows:
+    _check_fp16(name, a)
+    width = heads * head_dim
+    if a.ndim == 3 and a.shape[1:] == (heads, head_dim):
+        a = a.reshape(a.shape[0], width)
+    if a.ndim != 2 or a.shape[1] != width or (seq is not None and a.shape[0] != seq):
+        want = f"[{seq if seq is not None else 'seq'}, {heads} * {head_dim}]"
+        raise ValueError(f"{name} must be {want}, got {tuple(a.shape)}")
+    _check_size(name, a.size)
+    return _Rows(a, width, 0)
+
+
+def _fused_qkv(qkv: mx.array, n_heads: int, n_kv_heads: int, head_dim: int) -> tuple[_Rows, _Rows, _Rows]:
+    _check_fp16("qkv", qkv)
+    width = (n_heads + 2 * n_kv_heads) * head_dim
+    if qkv.ndim == 1:
+        qkv = qkv.reshape(1, -1)
+    if qkv.ndim != 2 or qkv.shape[1] != width:
+        raise ValueError(
+            f"qkv must be [seq, (n_heads + 2 * n_kv_heads) * head_dim = {width}], got {tuple(qkv.shape)}"
+        )
+    _check_size("qkv", qkv.size)
+    q_off, v_off = n_heads * head_dim, (n_heads + n_kv_heads) * head_dim
+    return _Rows(qkv, width, 0), _Rows(qkv, width, q_off), _Rows(qkv, width, v_off)
+
+
+@functools.cache
+def _kv_spec(body: str, form: str, norm: bool) -> KernelSpec:
+    extra_in, extra_out = cache_io(form, ("k", "v"))
+    weights = ("q_weight", "k_weight") if norm else ()
+    stem = body.split("/")[-1].removesuffix(".metal")
+    return KernelSpec(
+        name=f"lathe_{stem}_{form}",
+        body=body,
+        inputs=("q", "k", "v", *weights, "pos", "inv_freq", "scalars", "dims", *extra_in),
+        outputs=("q_out", *extra_out),
+        prelude=cache_prelude(form, ("k", "v")),
+    )
+
+
+def _kv_write(
+    q: _Rows,
+    k: _Rows,
+    v: _Rows,
+    k_cache: mx.array,
+    v_cache: mx.array,
+    pos: int | mx.array,
+    *,
+    n_heads: int,
+    head_dim: int,
+    neox: bool,
+    theta: float,
+    freq_scale: float,
+    freqs: str,
+    inv_freq: mx.array | None,
+    form: str,
+    norm: tuple[mx.array, mx.array, float] | None = None,
+) -> Rotated:
+    """Shared launch of rope_kv_write.metal (norm=None) and head_norm_rope_kv_write.metal."""
+    _check_form(form)
+    _check_freqs(freqs)
+    n_kv_heads = k_cache.shape[0] if k_cache.ndim == 3 else -1
+    _check_heads(n_heads, n_kv_heads)
+    max_seq = _check_cache("k_cache", k_cache, n_kv_heads, head_dim)
+    if _check_cache("v_cache", v_cache, n_kv_heads, head_dim) != max_seq:
+        raise ValueError(f"k_cache and v_cache differ in shape: {k_cache.shape} vs {v_cache.shape}")
+    seq = q.array.shape[0]
+    _check_seq(seq)
+    if k.array.shape[0] != seq or v.array.shape[0] != seq:
+        raise ValueError(f"q, k and v must have the same number of tokens: {seq}, {k.array.shape[0]}, {v.array.shape[0]}")
+    pos_arr = _pos_array(pos, seq, max_seq)
+    dst_rows = seq if form == "functional" else max_seq
+    dims = _int32((seq, n_heads, n_kv_heads, dst_rows, q.stride, q.offset, k.stride, k.offset,
+                   v.stride, v.offset))
+    inputs = [q.array, k.array, v.array]
+    constants = dict(D=head_dim, NEOX=neox, FREQ_TABLE=freqs == "table" or inv_freq is not None)
+    scalars = (theta, freq_scale)
+    if norm is not None:
+        q_weight, k_weight, eps = norm
+        for name, w in (("q_norm", q_weight), ("k_norm", k_weight)):
+            if w.dtype != mx.float32 or w.shape != (head_dim,):
+                raise ValueError(f"{name} must be float32[{head_dim}], got {w.dtype}{w.shape}")
+        inputs += [q_weight, k_weight]
+        scalars += (float(eps),)
+        spec = _kv_spec("rope/head_norm_rope_kv_write.metal", form, True)
+        grid, tg = (head_dim // 2 * 1, n_heads, seq), (head_dim // 2, 1, 1)
+    else:
+        spec = _kv_spec("rope/rope_kv_write.metal", form, False)
+        hpt = _heads_per_thread(seq)
+        constants["HPT"] = hpt
+        grid, tg = _geometry(head_dim // 2, -(-(n_heads + 2 * n_kv_heads) // hpt), seq)
+    inputs += [pos_arr, _table(head_dim, theta, inv_freq), _float32(scalars), dims]
+    q_shape = ((seq, n_heads, head_dim), mx.float16)
+    if form == "functional":
+        rows = ((n_kv_heads, seq, head_dim), mx.float16)
+        q_out, k_rows, v_rows = launch(Launch(spec, inputs, [q_shape, rows, rows], grid, tg, constants))
+        return Rotated(
+            q_out,
+            mx.slice_update(k_cache, k_rows, pos_arr, axes=(1,)),
+            mx.slice_update(v_cache, v_rows, pos_arr, axes=(1,)),
+        )
+    inputs += [k_cache, v_cache]
+    q_out, written = launch(Launch(spec, inputs, [q_shape, ((1,), mx.uint32)], grid, tg, constants))
+    k_cache, v_cache = mx.depends([k_cache, v_cache], [written])
+    return Rotated(q_out, k_cache, v_cache)
+
+
+def rope_qkv_write(qkv, k_cache, v_cache, pos, *, n_heads, theta=10000.0, freq_scale=1.0,
+                   freqs="table", inv_freq=None, form="in_place", neox=False) -> Rotated:
+    """Decode: qkv[(n_heads + 2 n_kv) * D] (one token, Q then K then V heads): Q rotated, K rotated
+    into the cache at row pos, V copied there. n_kv_heads and D come from the cache shape."""
+    n_kv, head_dim = _cache_heads(k_cache)
+    _check_heads(n_heads, n_kv)
+    _check_head_dim(head_dim)
+    q, k, v = _fused_qkv(qkv, n_heads, n_kv, head_dim)
+    return _kv_write(q, k, v, k_cache, v_cache, pos, n_heads=n_heads, head_dim=head_dim, neox=neox,
+                     theta=theta, freq_scale=freq_scale, freqs=freqs, inv_freq=inv_freq, form=form)
+
+
+def rope_neox_qkv_write(qkv, k_cache, v_cache, pos, **kw) -> Rotated:
+    """rope_qkv_write with NeoX pairs."""
+    return rope_qkv_write(qkv, k_cache, v_cache, pos, neox=True, **kw)
+
+
+def rope_batch_kv_write(q, k, v, k_cache, v_cache, pos, *, theta=10000.0, freq_scale=1.0,
+                        freqs="table", inv_freq=None, form="in_place", neox=False) -> Rotated:
+    """Prefill: q[seq, n_heads * D], k and v [seq, n_kv * D] (or [seq, heads, D]) at positions
+    pos .. pos+seq-1; rotated K and V written into cache rows pos .. pos+seq-1."""
+    n_kv, head_dim = _cache_heads(k_cache)
+    _check_head_dim(head_dim)
+    n_heads = _head_count("q", q, head_dim)
+    _check_heads(n_heads, n_kv)
+    seq = q.shape[0]
+    return _kv_write(
+        _separate("q", q, n_heads, head_dim, seq), _separate("k", k, n_kv, head_dim, seq),
+        _separate("v", v, n_kv, head_dim, seq), k_cache, v_cache, pos, n_heads=n_heads,
+        head_dim=head_dim, neox=neox, theta=theta, freq_scale=freq_scale, freqs=freqs,
+        inv_freq=inv_freq, form=form,
+    )
+
+
+def rope_neox_batch_kv_write(q, k, v, k_cache, v_cache, pos, **kw) -> Rotated:
+    """rope_batch_kv_write with NeoX pairs."""
+    return rope_batch_kv_write(q, k, v, k_cache, v_cache, pos, neox=True, **kw)
+
+
+def head_norm_rope_neox_kv_write(q, k, v, q_norm, k_norm, k_cache, v_cache, pos, *, eps=1e-6,
+                                 theta=1000000.0, freq_scale=1.0, freqs="table", inv_freq=None,
+                                 form="in_place") -> Rotated:
+    """Qwen3: per-head RMSNorm of Q and K (float32 weights q_norm, k_norm [D]), NeoX RoPE and the
+    KV write in one dispatch. q[seq, n_heads * D], k and v [seq, n_kv * D] (or [seq, heads, D])."""
+    n_kv, head_dim = _cache_heads(k_cache)
+    _check_head_dim(head_dim, multiple=64)  # D/2 threads must fill whole SIMD groups
+    n_heads = _head_count("q", q, head_dim)
+    _check_heads(n_heads, n_kv)
+    seq = q.shape[0]
+    return _kv_write(
+        _separate("q", q, n_heads, head_dim, seq), _separate("k", k, n_kv, head_dim, seq),
+        _separate("v", v, n_kv, head_dim, seq), k_cache, v_cache, pos, n_heads=n_heads,
+        head_dim=head_dim, neox=True, theta=theta, freq_scale=freq_scale, freqs=freqs,
+        inv_freq=inv_freq, form=form, norm=(q_norm, k_norm, eps),
+    )
+
+
+def _cache_heads(k_cache: mx.array) -> tuple[int, int]:
+    _check_fp16("k_cache", k_cache)
+    if k_cache.ndim != 3:
+        raise ValueError(f"k_cache must be [n_kv_heads, max_seq, head_dim], got {tuple(k_cache.shape)}")
+    return k_cache.shape[0], k_cache.shape[2]
+
+
+def _head_count(name: str, a: mx.array, head_dim: int) -> int:
+    _check_fp16(name, a)
+    if a.ndim == 3:
+        if a.shape[2] != head_dim:
+            raise ValueError(f"{name} has head_dim {a.shape[2]} but the cache has {head_dim}")
+        return a.shape[1]
+    if a.ndim != 2 or a.shape[1] % head_dim:
+        raise ValueError(f"{name} must be [seq, heads * {head_dim}], got {tuple(a.shape)}")
+    return a.shape[1] // head_dim
+
+
+# ---- unfused path pieces -------------------------------------------------------------------------
+_CACHE_WRITE = KernelSpec(
+    name="lathe_cache_write",
+    body="rope/cache_write.metal",
+    inputs=("src", "pos", "dims", *cache_io("in_place", ("kv",))[0]),
+    outputs=cache_io("in_place", ("kv",))[1],
+    prelude=cache_prelude("in_place", ("kv",)),
+)
+
+
+def cache_write(rows: mx.array, cache: mx.array, pos: int | mx.array) -> mx.array:
+    """In-place write of rows[seq, n_kv * D] (or [seq, n_kv, D]) into cache rows pos .. pos+seq-1;
+    returns the cache ordered after the write (the unfused path's K write and V write)."""
+    n_kv, head_dim = _cache_heads(cache)
+    _check_head_dim(head_dim)
+    max_seq = _check_cache("cache", cache, n_kv, head_dim)
+    src = _separate("rows", rows, n_kv, head_dim, None)
+    seq = src.array.shape[0]
+    _check_seq(seq)
+    pos_arr = _pos_array(pos, seq, max_seq)
+    (written,) = launch(
+        Launch(_CACHE_WRITE, [src.array, pos_arr, _int32((seq, n_kv, max_seq, src.stride, src.offset)), cache],
+               [((1,), mx.uint32)], (head_dim // 2, n_kv, seq),
+               (head_dim // 2, max(1, min(n_kv, MAX_THREADS // (head_dim // 2))), 1), {"D": head_dim})
+    )
+    return mx.depends(cache, written)
+
+
+_HEAD_RMSNORM = KernelSpec(
+    name="lathe_head_rmsnorm",
+    body="rope/head_rmsnorm.metal",
+    inputs=("x", "weight", "scalars"),
+    outputs=("out",),
+)
+
+
+def head_rmsnorm(x: mx.array, weight: mx.array, eps: float = 1e-6) -> mx.array:
+    """RMSNorm of every head: x[..., D] with float32 weight[D] (the unfused Q and K norms)."""
+    _check_fp16("x", x)
+    head_dim = x.shape[-1]
+    _check_head_dim(head_dim, multiple=64)
+    if weight.dtype != mx.float32 or weight.shape != (head_dim,):
+        raise ValueError(f"weight must be float32[{head_dim}], got {weight.dtype}{weight.shape}")
+    _check_size("x", x.size)
+    rows = x.size // head_dim
+    (out,) = launch(
+        Launch(_HEAD_RMSNORM, [x, weight, _float32((float(eps),))], [(x.shape, mx.float16)],
+               (rows * head_dim // 2, 1, 1), (head_dim // 2, 1, 1), {"D": head_dim})
+    )
+    return out

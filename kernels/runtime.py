@@ -1,0 +1,189 @@
+"""Backend detection, kernel compilation and launch: the one place that talks to mx.fast.
+
+One MSL body per kernel (``kernels/<family>/<name>.metal``) compiles with ``mx.fast.metal_kernel``
+on Apple GPUs and with ``mx.fast.cuda_kernel`` plus ``msl/cuda_compat.h`` on NVIDIA GPUs. Kernel
+objects are cached by name (MLX caches each compiled instantiation by its template constants).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+KERNEL_ROOT = Path(__file__).resolve().parent
+MSL_DIR = KERNEL_ROOT / "msl"
+
+
+class NoGpuBackend(RuntimeError):
+    """Raised when a kernel is launched on a machine with neither Metal nor CUDA."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "NoGpuBackend: this MLX build has neither a Metal nor a CUDA backend (CPU only), so "
+            "lathe's kernels cannot run here. The NumPy references, the CPU tests and the "
+            "reference decode path still run. On an NVIDIA machine install with `pip install -e "
+            "'.[cuda]'`; on Apple silicon with `pip install -e .`."
+        )
+
+
+@functools.cache
+def backend() -> str:
+    """'metal', 'cuda' or 'cpu' (no GPU backend)."""
+    if mx.metal.is_available():
+        return "metal"
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def has_gpu() -> bool:
+    return backend() != "cpu"
+
+
+def require_gpu() -> None:
+    if not has_gpu():
+        raise NoGpuBackend()
+
+
+@functools.cache
+def device_name() -> str:
+    """Human name of the device kernels run on, e.g. 'NVIDIA H200'; 'cpu' without a GPU."""
+    if not has_gpu():
+        return "cpu"
+    info = mx.device_info() if hasattr(mx, "device_info") else {}
+    return str(info.get("device_name") or info.get("architecture") or backend())
+
+
+@functools.cache
+def _header() -> str:
+    shared = (MSL_DIR / "lathe.h").read_text()
+    if backend() == "cuda":
+        return (MSL_DIR / "cuda_compat.h").read_text() + "\n" + shared
+    return shared
+
+
+@functools.cache
+def read_body(path: str) -> str:
+    """An MSL body by path relative to kernels/, e.g. 'rope/rope.metal'."""
+    return (KERNEL_ROOT / path).read_text()
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What MLX needs to build one kernel object: a unique name, the body and its I/O names.
+
+    ``prelude`` is MSL pasted before the body (used for the two cache-write forms, which differ
+    only in where the rows go); it is part of the kernel's identity, so it is part of the name.
+    """
+
+    name: str
+    body: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    prelude: str = ""
+    ensure_row_contiguous: bool = True
+
+    def source(self) -> str:
+        return self.prelude + "\n" + read_body(self.body)
+
+
+@functools.cache
+def compile_kernel(spec: KernelSpec) -> Any:
+    """The MLX kernel object for `spec` (built once per process; see module docstring)."""
+    require_gpu()
+    common = dict(
+        name=spec.name,
+        input_names=list(spec.inputs),
+        output_names=list(spec.outputs),
+        source=spec.source(),
+        header=_header(),
+        ensure_row_contiguous=spec.ensure_row_contiguous,
+    )
+    if backend() == "metal":
+        return mx.fast.metal_kernel(**common)
+    return mx.fast.cuda_kernel(**common)
+
+
+@dataclass
+class Launch:
+    """One launch: inputs in the spec's order, outputs as (shape, dtype), geometry in threads."""
+
+    spec: KernelSpec
+    inputs: Sequence[mx.array]
+    outputs: Sequence[tuple[tuple[int, ...], Any]]
+    grid: tuple[int, int, int]
+    threadgroup: tuple[int, int, int]
+    constants: dict[str, Any] = field(default_factory=dict)
+
+
+# Checks set this to NaN so that an element a kernel forgot to write fails the comparison.
+_poison: list[float | None] = [None]
+
+
+class poisoned_outputs:
+    """Context manager: every launch inside fills its outputs with `value` (NaN) first."""
+
+    def __init__(self, value: float = float("nan")) -> None:
+        self.value = value
+
+    def __enter__(self) -> "poisoned_outputs":
+        self._saved = _poison[0]
+        _poison[0] = self.value
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _poison[0] = self._saved
+
+
+def launch(job: Launch) -> list[mx.array]:
+    if len(job.inputs) != len(job.spec.inputs):
+        raise ValueError(f"{job.spec.name}: {len(job.inputs)} inputs for {job.spec.inputs}")
+    kernel = compile_kernel(job.spec)
+    return kernel(
+        inputs=list(job.inputs),
+        template=list(job.constants.items()),
+        grid=job.grid,
+        threadgroup=job.threadgroup,
+        output_shapes=[tuple(s) for s, _ in job.outputs],
+        output_dtypes=[d for _, d in job.outputs],
+        init_value=_poison[0],
+    )
+
+
+# ---- the two forms of a cache write (DESIGN.md "Writing into persistent buffers") ---------------
+FORMS = ("functional", "in_place")
+
+
+def cache_prelude(form: str, caches: Sequence[str]) -> str:
+    """Where a cache-writing body puts its rows.
+
+    The body writes token t of kv head h to ``<c>_dst[((h * dst_rows) + dst_row0 + t) * D + e]``.
+    functional: ``<c>_dst`` is a fresh output ``<c>_rows[h, t, e]`` (dst_row0 = 0) that the caller
+    slice-updates into the cache. in_place: ``<c>_dst`` is the cache input itself at row
+    ``pos[0] + t``, and thread 0 writes the ordering token ``written``.
+    """
+    if form == "functional":
+        lines = [f"auto {c}_dst = {c}_rows;" for c in caches]
+        lines.append("const uint dst_row0 = 0;")
+    elif form == "in_place":
+        lines = [f"auto {c}_dst = writable({c}_cache);" for c in caches]
+        lines.append("const uint dst_row0 = uint(pos[0]);")
+        lines.append(
+            "if (thread_position_in_grid.x == 0 && thread_position_in_grid.y == 0 && "
+            "thread_position_in_grid.z == 0) { written[0] = 1u; }"
+        )
+    else:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    return "\n".join(lines)
+
+
+def cache_io(form: str, caches: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Extra (inputs, outputs) names of a cache-writing kernel in `form`."""
+    if form == "functional":
+        return (), tuple(f"{c}_rows" for c in caches)
+    return tuple(f"{c}_cache" for c in caches), ("written",)

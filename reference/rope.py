@@ -1,0 +1,101 @@
+"""Rotary position embedding (RoPE) and its fused neighbours, in float64.
+
+Head layout: x[seq, n_heads, head_dim]. Pair i of a head turns by the angle
+``position * freq_scale * theta ** (-2 i / head_dim)``:
+- standard (GPT-J / llama.cpp "normal") pairs are elements (2i, 2i+1);
+- NeoX pairs are elements (i, i + head_dim / 2).
+KV caches are head-major: cache[n_kv_heads, max_seq, head_dim].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def inv_freq(head_dim: int, theta: float) -> np.ndarray:
+    """theta ** (-2i / head_dim) for i in 0 .. head_dim/2 - 1."""
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
+    return float(theta) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+
+
+def angles(positions: np.ndarray, freqs: np.ndarray, freq_scale: float = 1.0) -> np.ndarray:
+    """[len(positions), len(freqs)] rotation angles."""
+    pos = np.asarray(positions, dtype=np.float64) * float(freq_scale)
+    return np.outer(pos, np.asarray(freqs, dtype=np.float64))
+
+
+def pair_indices(head_dim: int, neox: bool) -> tuple[np.ndarray, np.ndarray]:
+    i = np.arange(head_dim // 2)
+    return (i, i + head_dim // 2) if neox else (2 * i, 2 * i + 1)
+
+
+def rope(
+    x: np.ndarray,
+    positions: np.ndarray,
+    theta: float = 10000.0,
+    freq_scale: float = 1.0,
+    neox: bool = False,
+    freqs: np.ndarray | None = None,
+) -> np.ndarray:
+    """Rotate x[seq, n_heads, head_dim]; token t sits at positions[t]."""
+    x = np.asarray(x, dtype=np.float64)
+    seq, _, head_dim = x.shape
+    if len(positions) != seq:
+        raise ValueError(f"{len(positions)} positions for {seq} tokens")
+    freqs = inv_freq(head_dim, theta) if freqs is None else np.asarray(freqs, np.float64)
+    ang = angles(positions, freqs, freq_scale)[:, None, :]  # [seq, 1, D/2]
+    cos, sin = np.cos(ang), np.sin(ang)
+    a, b = pair_indices(head_dim, neox)
+    out = np.empty_like(x)
+    out[..., a] = x[..., a] * cos - x[..., b] * sin
+    out[..., b] = x[..., a] * sin + x[..., b] * cos
+    return out
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * weight."""
+    x = np.asarray(x, dtype=np.float64)
+    rms = np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return x / rms * np.asarray(weight, dtype=np.float64)
+
+
+def cache_write(cache: np.ndarray, rows: np.ndarray, pos: int) -> np.ndarray:
+    """A copy of cache[n_kv, max_seq, D] with rows[seq, n_kv, D] written at pos .. pos+seq-1."""
+    seq = rows.shape[0]
+    if pos < 0 or pos + seq > cache.shape[1]:
+        raise ValueError(f"rows {pos}..{pos + seq - 1} are outside a cache of {cache.shape[1]}")
+    out = np.array(cache, dtype=np.float64, copy=True)
+    out[:, pos : pos + seq, :] = np.transpose(rows, (1, 0, 2))
+    return out
+
+
+def rope_kv_write(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    pos: int,
+    theta: float = 10000.0,
+    freq_scale: float = 1.0,
+    neox: bool = False,
+    freqs: np.ndarray | None = None,
+    q_norm: np.ndarray | None = None,
+    k_norm: np.ndarray | None = None,
+    eps: float = 1e-6,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The attention prologue for tokens at pos .. pos+seq-1.
+
+    q[seq, n_heads, D], k and v [seq, n_kv_heads, D]. With q_norm/k_norm (Qwen3), Q and K are
+    RMS-normed per head first. Returns (rotated q, new k_cache, new v_cache).
+    """
+    positions = np.arange(pos, pos + q.shape[0])
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("give both q_norm and k_norm, or neither")
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    q_rot = rope(q, positions, theta, freq_scale, neox, freqs)
+    k_rot = rope(k, positions, theta, freq_scale, neox, freqs)
+    return q_rot, cache_write(k_cache, k_rot, pos), cache_write(v_cache, np.asarray(v), pos)
+

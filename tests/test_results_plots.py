@@ -1,0 +1,213 @@
+"""CPU tests for harness.results and harness.plots (no GPU, no kernels)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib.axes
+import pandas as pd
+import pytest
+
+from harness import plots, results
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _rope_row(**over) -> dict:
+    row = {
+        "benchmark": "rope", "kernel": "rope_msl", "variant": "fused", "backend": "mlx",
+        "device": "NVIDIA H200", "us": 12.5, "gbs": 812.25, "pct_peak": 19.6,
+        "peak_gbs": 4140.0, "bytes": 1048576, "mlx_version": "0.32.4",
+        "git_sha": "abc1234", "date": "2026-11-22T01:02:03Z",
+        "seq": 128, "head_dim": 64, "n_heads": 32, "n_kv_heads": 8,
+    }
+    row.update(over)
+    return row
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert len(data) > 1024
+
+
+# --- columns --------------------------------------------------------------
+
+def test_common_columns_order():
+    assert results.COMMON_COLUMNS == [
+        "benchmark", "kernel", "variant", "backend", "device", "us", "us_min", "us_max",
+        "gbs", "pct_peak", "peak_gbs", "bytes", "flops", "launches", "repeats", "rel_err",
+        "compile_s", "mlx_version", "git_sha", "date",
+    ]
+
+
+@pytest.mark.parametrize("family, shape", [
+    ("rope", ["seq", "head_dim", "n_heads", "n_kv_heads"]),
+    ("gemv", ["M", "N", "K"]),
+    ("attention", ["batch", "ctx", "n_heads", "n_kv_heads", "head_dim", "block_size"]),
+    ("decode", ["model", "qtype", "mode", "depth", "prompt", "gen", "prefill_tok_s",
+                "decode_tok_s", "ms_per_token", "dispatches_per_token", "pct_roofline"]),
+    ("peak", ["nbytes"]),
+])
+def test_columns_per_family(family, shape):
+    cols = results.columns(family)
+    assert cols == results.COMMON_COLUMNS + shape
+    assert len(cols) == len(set(cols))  # decode's "variant" is not repeated
+
+
+def test_columns_unknown_family():
+    with pytest.raises(ValueError, match="rope"):
+        results.columns("nope")
+
+
+@pytest.mark.parametrize("name, slug", [
+    ("NVIDIA H200", "nvidia-h200"), ("cpu", "cpu"), ("  Apple M3 Max (GPU) ", "apple-m3-max-gpu"),
+    ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+])
+def test_device_slug(name, slug):
+    assert results.device_slug(name) == slug
+
+
+def test_results_dir(tmp_path):
+    assert results.results_dir(tmp_path, "NVIDIA H200") == tmp_path / "results" / "nvidia-h200"
+
+
+# --- metadata -------------------------------------------------------------
+
+def test_run_metadata():
+    meta = results.run_metadata()
+    assert set(meta) == {"mlx_version", "git_sha", "date"}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta["date"])
+    assert meta["git_sha"] and meta["mlx_version"]
+
+
+def test_git_sha_outside_repo(tmp_path):
+    assert results.git_sha(tmp_path) == "unknown"
+
+
+# --- append / read --------------------------------------------------------
+
+def test_append_rows_creates_then_appends(tmp_path):
+    path = tmp_path / "deep" / "dir" / "rope.csv"
+    first = _rope_row()
+    second = _rope_row(variant="unfused", us=30.0, rel_err=1e-6, git_sha="0123456")
+    assert results.append_rows(path, "rope", [first]) == path
+    results.append_rows(path, "rope", [second])
+
+    lines = path.read_text().splitlines()
+    assert lines[0] == ",".join(results.columns("rope"))
+    assert sum(line.startswith("benchmark,") for line in lines) == 1  # header written once
+
+    df = results.read_results(path)
+    assert list(df.columns) == results.columns("rope")
+    assert len(df) == 2
+    for i, row in enumerate([first, second]):
+        for key, value in row.items():
+            assert df.loc[i, key] == value, key
+    assert df["git_sha"].tolist() == ["abc1234", "0123456"]  # kept as text
+    assert pd.isna(df.loc[0, "rel_err"]) and df.loc[1, "rel_err"] == 1e-6
+    for col in ("us_min", "us_max", "flops", "launches", "repeats", "compile_s"):
+        assert df[col].isna().all(), col
+
+
+def test_append_rows_schema_mismatch(tmp_path):
+    path = tmp_path / "rope.csv"
+    path.write_text("benchmark,kernel,us\nrope,k,1.0\n")
+    with pytest.raises(ValueError, match="schema changed"):
+        results.append_rows(path, "rope", [_rope_row()])
+    assert path.read_text() == "benchmark,kernel,us\nrope,k,1.0\n"  # left untouched
+
+
+def test_append_rows_empty_is_noop(tmp_path):
+    results.append_rows(tmp_path / "gemv.csv", "gemv", [])
+    assert not (tmp_path / "gemv.csv").exists()
+
+
+def test_append_rows_other_family_file(tmp_path):
+    path = results.append_rows(tmp_path / "r.csv", "rope", [_rope_row()])
+    with pytest.raises(ValueError, match="schema changed"):
+        peak_row = {k: v for k, v in _rope_row().items() if k in results.COMMON_COLUMNS}
+        results.append_rows(path, "peak", [{**peak_row, "nbytes": 1}])
+
+
+def test_append_rows_unknown_key(tmp_path):
+    with pytest.raises(ValueError, match="bogus"):
+        results.append_rows(tmp_path / "r.csv", "rope", [_rope_row(bogus=1)])
+    assert not (tmp_path / "r.csv").exists()
+
+
+def test_append_rows_missing_required(tmp_path):
+    row = _rope_row()
+    del row["gbs"]
+    with pytest.raises(ValueError, match="gbs"):
+        results.append_rows(tmp_path / "r.csv", "rope", [row])
+
+
+# --- plots ----------------------------------------------------------------
+
+def _sweep_frame() -> pd.DataFrame:
+    rows = []
+    for variant, scale in (("fused", 1.0), ("unfused", 0.4)):
+        for seq in (128, 512, 2048, 8192):
+            rows.append(_rope_row(variant=variant, seq=seq, gbs=scale * seq / 4,
+                                  us=1000 / scale / 100 * seq / 128))
+    # A stale duplicate that the newer row above must win over.
+    rows.append(_rope_row(variant="fused", seq=128, gbs=9999.0, us=0.001,
+                          date="2020-01-01T00:00:00Z"))
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def captured_text(monkeypatch):
+    """Record strings written with Axes.text (the ratio labels)."""
+    seen: list[str] = []
+    original = matplotlib.axes.Axes.text
+
+    def spy(self, x, y, s, *args, **kwargs):
+        seen.append(s)
+        return original(self, x, y, s, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", spy)
+    return seen
+
+
+def test_bandwidth_plot(tmp_path):
+    out = plots.bandwidth_plot(_sweep_frame(), "seq", tmp_path / "bw.png", "RoPE bandwidth")
+    assert out == tmp_path / "bw.png"
+    _assert_png(out)
+
+
+def test_bandwidth_plot_explicit_peak_and_line_by(tmp_path):
+    df = _sweep_frame().drop(columns=["peak_gbs"])
+    out = plots.bandwidth_plot(df, "seq", tmp_path / "bw2.png", "t", peak_gbs=4000.0,
+                               line_by="variant", x_label="sequence length")
+    _assert_png(out)
+
+
+def test_fused_unfused_plot(tmp_path, captured_text):
+    df = _sweep_frame()
+    out = plots.fused_unfused_plot(df, ("seq", "head_dim"), tmp_path / "fu.png", "RoPE",
+                                   baseline_variant="unfused")
+    _assert_png(out)
+    # fused is 2.5x faster than unfused in every group; the stale row is ignored.
+    assert captured_text == ["2.50x"] * 4
+
+
+def test_fused_unfused_plot_no_baseline_in_group(tmp_path, captured_text):
+    df = _sweep_frame()
+    df = df[~((df.seq == 8192) & (df.variant == "unfused"))]
+    plots.fused_unfused_plot(df, "seq", tmp_path / "fu.png", "RoPE", baseline_variant="unfused")
+    assert captured_text == ["2.50x"] * 3
+
+
+@pytest.mark.parametrize("call", [
+    lambda df, p: plots.bandwidth_plot(df, "seq", p, "t"),
+    lambda df, p: plots.fused_unfused_plot(df, "seq", p, "t", baseline_variant="unfused"),
+])
+def test_plots_reject_empty_and_missing(tmp_path, call):
+    with pytest.raises(ValueError, match="no rows"):
+        call(pd.DataFrame(columns=results.columns("rope")), tmp_path / "e.png")
+    with pytest.raises(ValueError, match="missing column"):
+        call(_sweep_frame().drop(columns=["seq"]), tmp_path / "m.png")
+    assert not list(tmp_path.iterdir())

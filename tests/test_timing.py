@@ -1,0 +1,36 @@
+"""The timing harness's logic, on whatever device MLX has (the CPU in CI)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from harness.timing import Rounds, l2_bytes, time_calls
+
+
+def test_sets_cover_four_times_l2_and_calls_are_whole_rotations():
+    made = []
+
+    def make():
+        made.append(1)
+        return {"a": mx.random.normal((1 << 12,))}
+
+    t = time_calls(make, lambda s: [s["a"] * 2], set_bytes=1 << 14, l2=1 << 16, repeats=3)
+    assert t.sets == 16 == len(made)  # ceil(4 * 64 KiB / 16 KiB)
+    assert t.launches % t.sets == 0 and t.launches >= t.sets
+    assert 0 < t.us_min <= t.us <= t.us_max
+    assert t.compile_s > 0
+
+
+def test_step_may_update_its_set_and_the_update_is_evaluated():
+    def step(s):
+        s["n"] = s["n"] + 1
+        return []
+
+    rounds = Rounds(lambda: {"n": mx.array(0)}, step, set_bytes=1 << 30, l2=1, min_round_s=0)
+    before = int(rounds.sets[0]["n"])
+    rounds.run()
+    assert int(rounds.sets[0]["n"]) == before + rounds.calls
+
+
+def test_l2_from_name_table():
+    assert l2_bytes("NVIDIA H200") >= 50 << 20
