@@ -44,6 +44,7 @@ def result_row(case: BenchCase, timing: Timing, peak_gbs: float, meta: dict, bac
         us_max=round(timing.us_max, 3), gbs=round(gbs, 2), pct_peak=round(100 * gbs / peak_gbs, 2),
         peak_gbs=round(peak_gbs, 1), bytes=case.bytes, flops=case.flops, launches=timing.launches,
         repeats=timing.repeats, rel_err="", compile_s=round(timing.compile_s, 3),
+        host_us=round(timing.host_us, 2),
         **meta, **case.shape,
     )
 
@@ -64,7 +65,7 @@ def summary(rows: list[dict]) -> pd.DataFrame:
     """The short table printed after a run: one line per case."""
     df = pd.DataFrame(rows)
     shape_cols = [c for c in ("seq", "M", "N", "K", "ctx", "batch") if c in df.columns]
-    return df[["benchmark", "kernel", "variant", *shape_cols, "us", "gbs", "pct_peak"]]
+    return df[["benchmark", "kernel", "variant", *shape_cols, "us", "gbs", "pct_peak", "host_us"]]
 
 
 def write_results(root: Path, family: str, rows: list[dict], device: str,
@@ -72,7 +73,10 @@ def write_results(root: Path, family: str, rows: list[dict], device: str,
                   peak_gbs: float) -> tuple[Path, list[Path]]:
     from harness.results import append_rows, results_dir
 
+    from harness.results import read_results
+
     out_dir = results_dir(root, device)
     csv = append_rows(out_dir / f"{family}.csv", family, rows)
-    drawn = plots(pd.DataFrame(rows), out_dir, peak_gbs) if plots else []
+    # Plots are drawn from the CSV (the newest row of each line and size wins).
+    drawn = plots(read_results(csv), out_dir, peak_gbs) if plots else []
     return csv, drawn

@@ -87,7 +87,8 @@ def _peak_rows(peak, meta, backend, device) -> list[dict]:
              us=round(t.us, 3), us_min=round(t.us_min, 3), us_max=round(t.us_max, 3),
              gbs=round(gbs, 2), pct_peak=round(100 * gbs / peak.gbs, 2), peak_gbs=round(peak.gbs, 1),
              bytes=2 * PEAK_BYTES, flops=0, launches=t.launches, repeats=t.repeats, rel_err="",
-             compile_s=round(t.compile_s, 3), nbytes=2 * PEAK_BYTES, **meta)
+             compile_s=round(t.compile_s, 3), host_us=round(t.host_us, 2), nbytes=2 * PEAK_BYTES,
+             **meta)
         for name, (t, gbs) in peak.by_workload.items()
     ]
 

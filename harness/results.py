@@ -8,6 +8,7 @@ schema is checked on every append so that files never mix layouts.
 from __future__ import annotations
 
 import csv
+import os
 import re
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -20,7 +21,7 @@ import pandas as pd
 COMMON_COLUMNS: list[str] = [
     "benchmark", "kernel", "variant", "backend", "device",
     "us", "us_min", "us_max", "gbs", "pct_peak", "peak_gbs",
-    "bytes", "flops", "launches", "repeats", "rel_err", "compile_s",
+    "bytes", "flops", "launches", "repeats", "rel_err", "compile_s", "host_us",
     "mlx_version", "git_sha", "date",
 ]
 
@@ -37,7 +38,7 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
 
 # Columns a row may leave out; they are written as empty cells.
 OPTIONAL_COLUMNS: frozenset[str] = frozenset(
-    {"rel_err", "compile_s", "flops", "launches", "repeats", "us_min", "us_max"}
+    {"rel_err", "compile_s", "host_us", "flops", "launches", "repeats", "us_min", "us_max"}
 )
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.
@@ -71,9 +72,12 @@ def _git(args: list[str], cwd: Path) -> str:
 def git_sha(root: str | Path | None = None) -> str:
     """Short HEAD sha (+ '-dirty' for uncommitted tracked changes), or 'unknown'.
 
-    The device machine may get the tree without .git, so any failure is
+    The device machine may get the tree without .git: there the caller sets
+    LATHE_GIT_SHA to the sha of the tree it sent. Any other failure is
     reported as 'unknown' rather than raised.
     """
+    if os.environ.get("LATHE_GIT_SHA"):
+        return os.environ["LATHE_GIT_SHA"]
     cwd = Path(root) if root is not None else _REPO_ROOT
     try:
         sha = _git(["rev-parse", "--short", "HEAD"], cwd)

@@ -26,7 +26,8 @@ QKV = (HQ + 2 * HKV) * D
     "call, message",
     [
         (lambda: kr.rope(h(3, HQ, D, dtype=mx.float32)), "float16"),
-        (lambda: kr.rope(h(3, HQ, 63)), "multiple of 2"),
+        (lambda: kr.rope(h(3, HQ, 63)), "multiple of 4"),
+        (lambda: kr.head_rmsnorm(h(3, 63), h(63, dtype=mx.float32)), "multiple of 64"),
         (lambda: kr.rope(h(3, HQ * D)), r"\[seq, n_heads, head_dim\]"),
         (lambda: kr.rope(h(3, HQ, D), freqs="fast"), "freqs"),
         (lambda: kr.rope(h(3, HQ, D), -1), "pos must be >= 0"),
@@ -61,6 +62,8 @@ QKV = (HQ + 2 * HKV) * D
             h(1, HQ * 96), h(1, HKV * 96), h(1, HKV * 96), h(96, dtype=mx.float32),
             h(96, dtype=mx.float32), *caches(d=96), 0), "multiple of 64"),
         (lambda: kr.cache_write(h(2, HKV * D), h(HKV, MAX_SEQ, D), MAX_SEQ - 1), "beyond the cache"),
+        (lambda: kr.cache_read(h(HKV, MAX_SEQ, D), MAX_SEQ - 2, 3, h(1)), "outside a cache"),
+        (lambda: kr.rope(h(3, HQ, 66)), "multiple of 4"),
         (lambda: kr.head_rmsnorm(h(2, HQ, D), h(D)), "weight must be float32"),
     ],
 )

@@ -61,13 +61,46 @@ LATHE_FN float rope_inv_freq(FloatPtr table, uint i, float theta) {
   return pow(theta, -float(2 * i) / float(D));
 }
 
-// Rotate pair i of one head from src to dst (fp16 in and out, fp32 math); gain0/gain1 scale the
-// two inputs first (1 for plain RoPE, the RMSNorm factor times the weight for the fused norm).
-template <int D, bool NEOX, typename SrcPtr, typename DstPtr>
-LATHE_FN void rope_pair(SrcPtr src, DstPtr dst, uint i, float c, float s, float gain0 = 1.0f,
-                        float gain1 = 1.0f) {
-  const uint a = rope_first<D, NEOX>(i), b = rope_second<D, NEOX>(i);
-  const float x0 = float(src[a]) * gain0, x1 = float(src[b]) * gain1;
-  dst[a] = half(x0 * c - x1 * s);
-  dst[b] = half(x0 * s + x1 * c);
+// Two neighbouring pairs 2j and 2j+1 of one head, as (a0, b0) and (a1, b1): the unit of work of
+// the bandwidth-bound RoPE kernels. Both pairings then move 4-byte half2 words: standard pairs
+// are elements 4j .. 4j+3, NeoX pairs are elements 2j, 2j+1 and D/2 + 2j, D/2 + 2j+1.
+struct Pairs2 {
+  float a0, b0, a1, b1;
+};
+
+template <int D, bool NEOX, typename SrcPtr>
+LATHE_FN Pairs2 load_pairs2(SrcPtr src, uint j) {
+  Pairs2 p;
+  if (NEOX) {
+    const half2 lo = load_wide<half2>(src, j), hi = load_wide<half2>(src + D / 2, j);
+    p.a0 = float(lo.x); p.a1 = float(lo.y); p.b0 = float(hi.x); p.b1 = float(hi.y);
+  } else {
+    const half2 lo = load_wide<half2>(src, 2 * j), hi = load_wide<half2>(src, 2 * j + 1);
+    p.a0 = float(lo.x); p.b0 = float(lo.y); p.a1 = float(hi.x); p.b1 = float(hi.y);
+  }
+  return p;
+}
+
+template <int D, bool NEOX, typename DstPtr>
+LATHE_FN void store_pairs2(DstPtr dst, uint j, Pairs2 p) {
+  half2 lo, hi;
+  if (NEOX) {
+    lo.x = half(p.a0); lo.y = half(p.a1); hi.x = half(p.b0); hi.y = half(p.b1);
+    store_wide<half2>(dst, j, lo);
+    store_wide<half2>(dst + D / 2, j, hi);
+  } else {
+    lo.x = half(p.a0); lo.y = half(p.b0); hi.x = half(p.a1); hi.y = half(p.b1);
+    store_wide<half2>(dst, 2 * j, lo);
+    store_wide<half2>(dst, 2 * j + 1, hi);
+  }
+}
+
+// Turn both pairs: pair 2j by (c0, s0), pair 2j+1 by (c1, s1).
+LATHE_FN Pairs2 rotate_pairs2(Pairs2 x, float c0, float s0, float c1, float s1) {
+  Pairs2 r;
+  r.a0 = x.a0 * c0 - x.b0 * s0;
+  r.b0 = x.a0 * s0 + x.b0 * c0;
+  r.a1 = x.a1 * c1 - x.b1 * s1;
+  r.b1 = x.a1 * s1 + x.b1 * c1;
+  return r;
 }

@@ -32,11 +32,20 @@ _GRID_YZ_LIMIT = 65535  # CUDA's limit on grid y and z (in threadgroups); seq ru
 
 
 class Rotated(NamedTuple):
-    """Result of a fused RoPE + KV write: rotated q[seq, n_heads, D] and the (updated) caches."""
+    """Result of a RoPE + KV write: rotated q[seq, n_heads, D] and the updated caches.
+
+    In the in-place form, `written` is the write's ordering token: a GPU reader of the cache in
+    the same graph must take it as an input (see `cache_read`). MLX orders work on CUDA by the
+    buffers each op declares as outputs, and the cache is not one, so an MLX built-in op reading
+    the cache in the same graph is NOT ordered after the write. The returned caches are wrapped
+    by ``mx.depends`` on the token, which orders evaluation, e.g. host reads after ``mx.eval``.
+    In the functional form `written` is None and every reader is ordered by MLX as usual.
+    """
 
     q: mx.array
     k_cache: mx.array
     v_cache: mx.array
+    written: mx.array | None = None
 
 
 # ---- argument checks (all before any launch) -----------------------------------------------------
@@ -93,7 +102,12 @@ def _pos_array(pos: int | mx.array, seq: int, max_seq: int | None) -> mx.array:
         raise ValueError(f"pos must be >= 0, got {pos}")
     if max_seq is not None and pos + seq > max_seq:
         raise ValueError(f"pos + seq = {pos + seq} is beyond the cache ({max_seq} rows)")
-    return mx.array([pos], dtype=mx.int32)
+    return _int32((pos,))
+
+
+def position(pos: int | mx.array) -> mx.array:
+    """pos as the int32[1] array the kernels and slice updates take (cached per value)."""
+    return _pos_array(pos, 1, None)
 
 
 def _check_cache(name: str, cache: mx.array, n_kv_heads: int, head_dim: int) -> int:
@@ -115,8 +129,10 @@ def inv_freq_table(head_dim: int, theta: float) -> mx.array:
     return mx.array((np.float64(theta) ** -exponents).astype(np.float32))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def _int32(values: tuple[int, ...]) -> mx.array:
+    # Cached: on CUDA, MLX keeps arrays in managed memory, and a fresh host-written array costs
+    # the GPU a page migration on first touch. A decode loop passes positions as device arrays.
     return mx.array(values, dtype=mx.int32)
 
 
@@ -134,13 +150,14 @@ def _table(head_dim: int, theta: float, inv_freq: mx.array | None) -> mx.array:
 
 
 def _heads_per_thread(seq: int) -> int:
-    # Decode: one head per thread for parallelism; prefill: share each angle over 4 heads.
+    # Decode: one head per thread for parallelism; prefill: 4 heads per thread share the angles
+    # and keep 4 loads in flight.
     return 1 if seq < 16 else 4
 
 
-def _geometry(pairs: int, groups: int, seq: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    ty = max(1, min(groups, MAX_THREADS // pairs))
-    return (pairs, groups, seq), (pairs, ty, 1)
+def _geometry(threads_x: int, groups: int, seq: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    ty = max(1, min(groups, MAX_THREADS // threads_x))
+    return (threads_x, groups, seq), (threads_x, ty, 1)
 
 
 # ---- rope / rope_neox ----------------------------------------------------------------------------
@@ -167,7 +184,7 @@ def _rope(
     if x.ndim != 3:
         raise ValueError(f"x must be [seq, n_heads, head_dim], got {tuple(x.shape)}")
     seq, n_heads, head_dim = x.shape
-    _check_head_dim(head_dim)
+    _check_head_dim(head_dim, multiple=4)
     _check_seq(seq)
     _check_size("x", x.size)
     _check_freqs(freqs)
@@ -178,7 +195,7 @@ def _rope(
     else:
         positions = _pos_array(pos, seq, None)
     hpt = _heads_per_thread(seq)
-    grid, tg = _geometry(head_dim // 2, -(-n_heads // hpt), seq)
+    grid, tg = _geometry(head_dim // 4, -(-n_heads // hpt), seq)
     (out,) = launch(
         Launch(
             _ROPE,
@@ -300,12 +317,12 @@ def _kv_write(
         inputs += [q_weight, k_weight]
         scalars += (float(eps),)
         spec = _kv_spec("rope/head_norm_rope_kv_write.metal", form, True)
-        grid, tg = (head_dim // 2 * 1, n_heads, seq), (head_dim // 2, 1, 1)
+        grid, tg = (head_dim // 2, n_heads, seq), (head_dim // 2, 1, 1)
     else:
         spec = _kv_spec("rope/rope_kv_write.metal", form, False)
         hpt = _heads_per_thread(seq)
         constants["HPT"] = hpt
-        grid, tg = _geometry(head_dim // 2, -(-(n_heads + 2 * n_kv_heads) // hpt), seq)
+        grid, tg = _geometry(head_dim // 4, -(-(n_heads + 2 * n_kv_heads) // hpt), seq)
     inputs += [pos_arr, _table(head_dim, theta, inv_freq), _float32(scalars), dims]
     q_shape = ((seq, n_heads, head_dim), mx.float16)
     if form == "functional":
@@ -319,7 +336,7 @@ def _kv_write(
     inputs += [k_cache, v_cache]
     q_out, written = launch(Launch(spec, inputs, [q_shape, ((1,), mx.uint32)], grid, tg, constants))
     k_cache, v_cache = mx.depends([k_cache, v_cache], [written])
-    return Rotated(q_out, k_cache, v_cache)
+    return Rotated(q_out, k_cache, v_cache, written)
 
 
 def rope_qkv_write(qkv, k_cache, v_cache, pos, *, n_heads, theta=10000.0, freq_scale=1.0,
@@ -328,7 +345,7 @@ def rope_qkv_write(qkv, k_cache, v_cache, pos, *, n_heads, theta=10000.0, freq_s
     into the cache at row pos, V copied there. n_kv_heads and D come from the cache shape."""
     n_kv, head_dim = _cache_heads(k_cache)
     _check_heads(n_heads, n_kv)
-    _check_head_dim(head_dim)
+    _check_head_dim(head_dim, multiple=4)
     q, k, v = _fused_qkv(qkv, n_heads, n_kv, head_dim)
     return _kv_write(q, k, v, k_cache, v_cache, pos, n_heads=n_heads, head_dim=head_dim, neox=neox,
                      theta=theta, freq_scale=freq_scale, freqs=freqs, inv_freq=inv_freq, form=form)
@@ -344,7 +361,7 @@ def rope_batch_kv_write(q, k, v, k_cache, v_cache, pos, *, theta=10000.0, freq_s
     """Prefill: q[seq, n_heads * D], k and v [seq, n_kv * D] (or [seq, heads, D]) at positions
     pos .. pos+seq-1; rotated K and V written into cache rows pos .. pos+seq-1."""
     n_kv, head_dim = _cache_heads(k_cache)
-    _check_head_dim(head_dim)
+    _check_head_dim(head_dim, multiple=4)
     n_heads = _head_count("q", q, head_dim)
     _check_heads(n_heads, n_kv)
     seq = q.shape[0]
@@ -407,9 +424,10 @@ _CACHE_WRITE = KernelSpec(
 )
 
 
-def cache_write(rows: mx.array, cache: mx.array, pos: int | mx.array) -> mx.array:
-    """In-place write of rows[seq, n_kv * D] (or [seq, n_kv, D]) into cache rows pos .. pos+seq-1;
-    returns the cache ordered after the write (the unfused path's K write and V write)."""
+def cache_write(rows: mx.array, cache: mx.array, pos: int | mx.array) -> tuple[mx.array, mx.array]:
+    """In-place write of rows[seq, n_kv * D] (or [seq, n_kv, D]) into cache rows pos .. pos+seq-1
+    (the unfused path's K write and V write). Returns (cache wrapped by mx.depends, ordering
+    token): GPU readers take the token as an input, as for `Rotated.written`."""
     n_kv, head_dim = _cache_heads(cache)
     _check_head_dim(head_dim)
     max_seq = _check_cache("cache", cache, n_kv, head_dim)
@@ -422,7 +440,28 @@ def cache_write(rows: mx.array, cache: mx.array, pos: int | mx.array) -> mx.arra
                [((1,), mx.uint32)], (head_dim // 2, n_kv, seq),
                (head_dim // 2, max(1, min(n_kv, MAX_THREADS // (head_dim // 2))), 1), {"D": head_dim})
     )
-    return mx.depends(cache, written)
+    return mx.depends(cache, written), written
+
+
+_CACHE_READ = KernelSpec(
+    name="lathe_cache_read",
+    body="rope/cache_read.metal",
+    inputs=("cache", "after", "dims"),
+    outputs=("rows",),
+)
+
+
+def cache_read(cache: mx.array, start: int, n: int, after: mx.array) -> mx.array:
+    """Rows start .. start+n-1 of a head-major cache, as [n_kv, n, D]: a GPU reader ordered after
+    the in-place writes whose token (or tokens, concatenated) is `after`."""
+    n_kv, head_dim = _cache_heads(cache)
+    max_seq = cache.shape[1]
+    if start < 0 or n < 1 or start + n > max_seq:
+        raise ValueError(f"rows {start}..{start + n - 1} are outside a cache of {max_seq}")
+    (rows,) = launch(Launch(_CACHE_READ, [cache, after, _int32((start, n, max_seq))],
+                            [((n_kv, n, head_dim), mx.float16)], (head_dim, n, n_kv),
+                            (head_dim, 1, 1), {"D": head_dim}))
+    return rows
 
 
 _HEAD_RMSNORM = KernelSpec(

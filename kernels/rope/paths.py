@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kernels.rope import Rotated, cache_write, head_rmsnorm, rope, rope_neox
+from kernels.rope import Rotated, cache_write, head_rmsnorm, position, rope, rope_neox
 
 
 def _split(q, k, v, k_cache):
@@ -22,11 +22,11 @@ def _split(q, k, v, k_cache):
 
 
 def _write(cache, rows, pos, form):
-    """rows[seq, n_kv, D] into cache rows pos..: our kernel (in place) or a slice update."""
+    """rows[seq, n_kv, D] into cache rows pos..: our kernel (in place, with its ordering token)
+    or an MLX slice update (no token)."""
     if form == "in_place":
         return cache_write(rows, cache, pos)
-    start = pos if isinstance(pos, mx.array) else mx.array([pos], dtype=mx.int32)
-    return mx.slice_update(cache, rows.transpose(1, 0, 2), start.reshape(1), axes=(1,))
+    return mx.slice_update(cache, rows.transpose(1, 0, 2), position(pos), axes=(1,)), None
 
 
 def unfused_kv_write(q, k, v, k_cache, v_cache, pos, *, neox=False, theta=10000.0,
@@ -38,7 +38,9 @@ def unfused_kv_write(q, k, v, k_cache, v_cache, pos, *, neox=False, theta=10000.
     turn = rope_neox if neox else rope
     q = turn(q, pos, theta=theta, freq_scale=freq_scale)
     k = turn(k, pos, theta=theta, freq_scale=freq_scale)
-    return Rotated(q, _write(k_cache, k, pos, form), _write(v_cache, v, pos, form))
+    (k_cache, k_done), (v_cache, v_done) = _write(k_cache, k, pos, form), _write(v_cache, v, pos, form)
+    written = None if k_done is None else mx.concatenate([k_done, v_done])
+    return Rotated(q, k_cache, v_cache, written)
 
 
 def mlx_kv_write(q, k, v, k_cache, v_cache, pos, *, neox=False, theta=10000.0, freq_scale=1.0,
@@ -60,7 +62,7 @@ def mlx_kv_write(q, k, v, k_cache, v_cache, pos, *, neox=False, theta=10000.0, f
 
     q_rot = turn(q).transpose(1, 0, 2)
     k_rot = turn(k)  # [n_kv, seq, D], the cache's own layout
-    start = mx.array([pos], dtype=mx.int32) if not isinstance(pos, mx.array) else pos.reshape(1)
+    start = position(pos)
     return Rotated(
         q_rot,
         mx.slice_update(k_cache, k_rot, start, axes=(1,)),

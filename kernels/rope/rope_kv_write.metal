@@ -6,44 +6,55 @@
 // head-major cache [n_kv_heads, max_seq, D] (or into k_rows/v_rows in the functional form; the
 // prelude from runtime.cache_prelude defines k_dst, v_dst and dst_row0).
 //
-// Thread (i, g, t) handles pair i of rows g*HPT .. g*HPT+HPT-1 of token t, where rows
+// Thread (j, g, t) handles pairs 2j, 2j+1 of rows g*HPT .. g*HPT+HPT-1 of token t, where rows
 // 0 .. Hq-1 are Q heads, Hq .. Hq+Hkv-1 K heads and the next Hkv are V heads: heads beyond
-// n_kv_heads rotate Q only, and the angle is computed once per thread.
-// Constants: D, NEOX, FREQ_TABLE, HPT.
+// n_kv_heads rotate Q only. The angles are computed once per thread, and all HPT rows are loaded
+// before the first store (see rope.metal).
+// Constants: D (a multiple of 4), NEOX, FREQ_TABLE, HPT.
 // Inputs: q, k, v, pos (int32[1]), inv_freq (f32[D/2]), scalars (f32: theta, freq_scale),
 //   dims (int32: seq, n_heads, n_kv_heads, dst_rows, q_stride, q_off, k_stride, k_off,
 //   v_stride, v_off).
-const uint i = thread_position_in_grid.x;
+const uint j = thread_position_in_grid.x;
 const uint g = thread_position_in_grid.y;
 const uint t = thread_position_in_grid.z;
 const uint seq = uint(dims[0]);
 const uint n_heads = uint(dims[1]);
 const uint n_kv = uint(dims[2]);
 const uint dst_rows = uint(dims[3]);
-if (i >= uint(D / 2) || t >= seq) {
+const uint n_rows = n_heads + 2 * n_kv;
+if (j >= uint(D / 4) || t >= seq) {
   return;
 }
 // A position array read on the device (chained decode) cannot be checked before launch: rows
 // past the cache are dropped instead of written out of bounds.
 const bool row_in_cache = dst_row0 + t < dst_rows;
-const float angle =
-    float(pos[0] + int(t)) * scalars[1] * rope_inv_freq<D, FREQ_TABLE>(inv_freq, i, scalars[0]);
-const float c = cos(angle);
-const float s = sin(angle);
+const float p = float(pos[0] + int(t)) * scalars[1];
+const float angle0 = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, 2 * j, scalars[0]);
+const float angle1 = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, 2 * j + 1, scalars[0]);
+const float c0 = cos(angle0), s0 = sin(angle0), c1 = cos(angle1), s1 = sin(angle1);
+Pairs2 vals[HPT];
+for (uint r = 0; r < uint(HPT); ++r) {
+  const uint row = min(g * uint(HPT) + r, n_rows - 1);  // clamped: loads stay in bounds
+  if (row < n_heads) {
+    vals[r] = load_pairs2<D, NEOX>(q + t * uint(dims[4]) + uint(dims[5]) + row * uint(D), j);
+  } else if (row < n_heads + n_kv) {
+    vals[r] = load_pairs2<D, NEOX>(k + t * uint(dims[6]) + uint(dims[7]) + (row - n_heads) * uint(D), j);
+  } else {  // V is copied as it is: the pairing only fixes which elements this thread moves
+    vals[r] = load_pairs2<D, NEOX>(v + t * uint(dims[8]) + uint(dims[9]) + (row - n_heads - n_kv) * uint(D), j);
+  }
+}
 for (uint r = 0; r < uint(HPT); ++r) {
   const uint row = g * uint(HPT) + r;
   if (row < n_heads) {
-    rope_pair<D, NEOX>(q + t * uint(dims[4]) + uint(dims[5]) + row * uint(D),
-                       q_out + (t * n_heads + row) * uint(D), i, c, s);
-  } else if (row < n_heads + n_kv && row_in_cache) {
-    const uint h = row - n_heads;
-    rope_pair<D, NEOX>(k + t * uint(dims[6]) + uint(dims[7]) + h * uint(D),
-                       k_dst + (h * dst_rows + dst_row0 + t) * uint(D), i, c, s);
-  } else if (row >= n_heads + n_kv && row < n_heads + 2 * n_kv && row_in_cache) {
+    store_pairs2<D, NEOX>(q_out + (t * n_heads + row) * uint(D), j, rotate_pairs2(vals[r], c0, s0, c1, s1));
+  } else if (row < n_heads + n_kv) {
+    if (row_in_cache) {
+      const uint h = row - n_heads;
+      store_pairs2<D, NEOX>(k_dst + (h * dst_rows + dst_row0 + t) * uint(D), j,
+                            rotate_pairs2(vals[r], c0, s0, c1, s1));
+    }
+  } else if (row < n_rows && row_in_cache) {
     const uint h = row - n_heads - n_kv;
-    const uint src = t * uint(dims[8]) + uint(dims[9]) + h * uint(D) + 2 * i;
-    const uint dst = (h * dst_rows + dst_row0 + t) * uint(D) + 2 * i;
-    v_dst[dst] = v[src];
-    v_dst[dst + 1] = v[src + 1];
+    store_pairs2<D, NEOX>(v_dst + (h * dst_rows + dst_row0 + t) * uint(D), j, vals[r]);
   }
 }
