@@ -52,7 +52,11 @@ def test_in_place_write_then_read_in_one_graph():
 @pytest.mark.parametrize("neox", [False, True])
 def test_in_place_chain_of_tokens_in_one_eval_matches_functional(neox):
     """32 tokens written in one evaluation, each followed by a reader of every row so far that
-    takes the write's token: bit-identical to the functional form, and to the reference."""
+    takes the write's token: bit-identical to the functional form, and to the reference.
+
+    As in a decode loop, token n's QKV comes out of what read the cache after token n-1 (there:
+    attention; here: a term that is zero but depends on the reader), so each write is ordered
+    after the previous reader, and the latest token orders a reader after every earlier write."""
     rng = np.random.default_rng()
     n_heads, n_kv, d, max_seq, start, steps = 8, 2, 64, 64, 5, 32
     tokens = [_rand(rng, (n_heads + 2 * n_kv) * d) for _ in range(steps)]
@@ -62,8 +66,10 @@ def test_in_place_chain_of_tokens_in_one_eval_matches_functional(neox):
     for form in ("in_place", "functional"):
         kc, vc, qs, probes, done = mx.array(k0), mx.array(v0), [], [], []
         for n, qkv in enumerate(tokens):
-            res = kr.rope_qkv_write(mx.array(qkv), kc, vc, start + n, n_heads=n_heads, neox=neox,
-                                    form=form)
+            qkv = mx.array(qkv)
+            if probes:  # the data flow of a decode loop: this token's input depends on the last read
+                qkv = qkv + (0 * probes[-1][0, 0, 0])
+            res = kr.rope_qkv_write(qkv, kc, vc, start + n, n_heads=n_heads, neox=neox, form=form)
             kc, vc = res.k_cache, res.v_cache
             after = no_token if res.written is None else res.written
             done.append(after)

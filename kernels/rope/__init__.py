@@ -35,7 +35,9 @@ class Rotated(NamedTuple):
     """Result of a RoPE + KV write: rotated q[seq, n_heads, D] and the updated caches.
 
     In the in-place form, `written` is the write's ordering token: a GPU reader of the cache in
-    the same graph must take it as an input (see `cache_read`). MLX orders work on CUDA by the
+    the same graph must take it as an input (see `cache_read`). A reader is then ordered after
+    this write, and after earlier writes too when each write is ordered after the previous
+    reader (a decode loop: the next token's QKV comes out of the last attention). MLX orders work on CUDA by the
     buffers each op declares as outputs, and the cache is not one, so an MLX built-in op reading
     the cache in the same graph is NOT ordered after the write. The returned caches are wrapped
     by ``mx.depends`` on the token, which orders evaluation, e.g. host reads after ``mx.eval``.
@@ -150,9 +152,11 @@ def _table(head_dim: int, theta: float, inv_freq: mx.array | None) -> mx.array:
 
 
 def _heads_per_thread(seq: int) -> int:
-    # Decode: one head per thread for parallelism; prefill: 4 heads per thread share the angles
-    # and keep 4 loads in flight.
-    return 1 if seq < 16 else 4
+    # Decode: one head per thread for parallelism; prefill: several heads per thread share the
+    # angles and keep as many loads in flight (see kernels/rope/NOTES.md).
+    if seq < 16:
+        return 1
+    return 4 if seq < 1024 else 8
 
 
 def _geometry(threads_x: int, groups: int, seq: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
