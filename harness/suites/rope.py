@@ -199,13 +199,16 @@ def _relative_position(neox: bool, head_dim: int, theta: float) -> CheckCase:
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         q, k = rng.standard_normal((2, 1, 1, head_dim))
+        # The error is measured against |q||k|, the dot product's scale: a ratio to the dot
+        # product itself would blow up whenever a random q and k happen to be near-orthogonal.
+        scale = np.linalg.norm(q) * np.linalg.norm(k)
         out = []
         for m, n in ((5, 2), (1000, 37), (20000, 19999)):
             base = np.sum(ref.rope(q, [m], theta, 1.0, neox) * ref.rope(k, [n], theta, 1.0, neox))
             for shift in (1, 123, 4096):
                 moved = np.sum(ref.rope(q, [m + shift], theta, 1.0, neox)
                                * ref.rope(k, [n + shift], theta, 1.0, neox))
-                out.append(compare(f"m={m},n={n},+{shift}", moved, base, 1e-9))
+                out.append(Comparison(f"m={m},n={n},+{shift}", abs(moved - base) / scale, 1e-10))
         return out
 
     return CheckCase("rope", "reference.rope_neox" if neox else "reference.rope",
