@@ -24,6 +24,7 @@ class BenchCase:
     bytes: int  # the roofline: bytes the operation must move
     flops: int
     set_bytes: int  # size of one input set, for the rotation over > 4x L2
+    verify: Callable[[], float] | None = None  # optional: rel_err of this path's output
 
     @property
     def label(self) -> str:
@@ -36,14 +37,14 @@ def time_case(case: BenchCase, *, l2: int, repeats: int = 7) -> Timing:
 
 
 def result_row(case: BenchCase, timing: Timing, peak_gbs: float, meta: dict, backend: str,
-               device: str) -> dict:
+               device: str, rel_err: float | str = "") -> dict:
     gbs = case.bytes / (timing.us * 1e-6) / 1e9
     return dict(
         benchmark=case.benchmark, kernel=case.kernel, variant=case.variant, backend=backend,
         device=device, us=round(timing.us, 3), us_min=round(timing.us_min, 3),
         us_max=round(timing.us_max, 3), gbs=round(gbs, 2), pct_peak=round(100 * gbs / peak_gbs, 2),
         peak_gbs=round(peak_gbs, 1), bytes=case.bytes, flops=case.flops, launches=timing.launches,
-        repeats=timing.repeats, rel_err="", compile_s=round(timing.compile_s, 3),
+        repeats=timing.repeats, rel_err=rel_err, compile_s=round(timing.compile_s, 3),
         host_us=round(timing.host_us, 2),
         **meta, **case.shape,
     )
@@ -56,8 +57,9 @@ def run_cases(cases: list[BenchCase], peak_gbs: float, backend: str, device: str
     l2 = l2_bytes(device)
     rows = []
     for case in progress(cases, len(cases), progress_label):
+        err = case.verify() if case.verify else ""
         rows.append(result_row(case, time_case(case, l2=l2, repeats=repeats), peak_gbs, meta,
-                               backend, device))
+                               backend, device, err))
     return rows
 
 
@@ -65,7 +67,8 @@ def summary(rows: list[dict]) -> pd.DataFrame:
     """The short table printed after a run: one line per case."""
     df = pd.DataFrame(rows)
     shape_cols = [c for c in ("seq", "M", "N", "K", "ctx", "batch") if c in df.columns]
-    return df[["benchmark", "kernel", "variant", *shape_cols, "us", "gbs", "pct_peak", "host_us"]]
+    cols = ["benchmark", "kernel", "variant", *shape_cols, "us", "gbs", "pct_peak", "host_us"]
+    return df[cols + (["rel_err"] if (df.rel_err != "").any() else [])]
 
 
 def write_results(root: Path, family: str, rows: list[dict], device: str,

@@ -109,7 +109,7 @@ def cmd_peak(write: bool = True):
     return peak
 
 
-def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool) -> int:
+def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool, sweep: bool = False) -> int:
     from harness.bench import run_cases, summary, write_results
     from harness.results import run_metadata
     from harness.suites import select
@@ -122,8 +122,12 @@ def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool) -> int
     peak = cmd_peak(write)
     meta = run_metadata()
     for fam in select(family):
-        rows = run_cases(fam.bench_cases(quick=quick), peak.gbs, backend(), device_name(), meta,
-                         repeats=repeats, progress_label=f"bench {fam.name}")
+        if sweep and fam.sweep_cases is None:
+            print(f"{fam.name}: no launch knobs to sweep")
+            continue
+        cases = fam.sweep_cases() if sweep else fam.bench_cases(quick=quick)
+        rows = run_cases(cases, peak.gbs, backend(), device_name(), meta, repeats=repeats,
+                         progress_label=f"bench {fam.name}")
         with pd.option_context("display.max_rows", None, "display.width", 200):
             print(summary(rows).to_string(index=False))
         if write:
@@ -144,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmarks, CSV and plots under results/<device>/")
     bench.add_argument("family", nargs="?")
     bench.add_argument("--quick", action="store_true", help="fewer sizes")
+    bench.add_argument("--sweep", action="store_true",
+                       help="time the launch knobs (threads, heads per thread) instead")
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--no-write", dest="write", action="store_false",
                        help="print only; write no CSV or PNG")
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         return cmd_check(args.family, args.seed, args.match)
     if args.command == "bench":
-        return cmd_bench(args.family, args.quick, args.repeats, args.write)
+        return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep)
     if args.command == "peak":
         cmd_peak(args.write)
         return 0

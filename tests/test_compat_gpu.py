@@ -51,13 +51,14 @@ def test_simd_functions(mask):
 
 @pytest.mark.parametrize("tg", [32, 256])
 def test_threadgroup_memory_barrier_half_and_wide_loads(tg):
+    """Also half2 and half4 (.xy/.zw) through load_wide/store_wide."""
     n = 1000  # not a multiple of tg: a partial last threadgroup
     rng = np.random.default_rng()
     x = rng.standard_normal(n).astype(np.float16)
     wide = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
     pairs = rng.standard_normal(n).astype(np.float16)
     with poisoned_outputs():
-        rev, sums, wide_out, pairs_out = (np.array(a) for a in compat.memory(
+        rev, sums, wide_out, pairs_out, quads_out = (np.array(a) for a in compat.memory(
             mx.array(x), mx.array(wide), mx.array(pairs), tg))
     padded = np.zeros(-(-n // tg) * tg, np.float32)
     padded[:n] = x.astype(np.float32)
@@ -68,3 +69,4 @@ def test_threadgroup_memory_barrier_half_and_wide_loads(tg):
     np.testing.assert_allclose(sums, want_sums, rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(wide_out, wide)
     np.testing.assert_array_equal(pairs_out, pairs.reshape(-1, 2)[:, ::-1].reshape(-1))
+    np.testing.assert_array_equal(quads_out, pairs.reshape(-1, 2, 2)[:, ::-1].reshape(-1))

@@ -13,6 +13,7 @@ class Family:
     reference_cases: Callable[[], list]  # CPU: references against independent opinions
     bench_cases: Callable[..., list]
     plots: Callable | None
+    sweep_cases: Callable[[], list] | None = None  # launch-knob sweeps (lathe bench --sweep)
 
 
 def families() -> dict[str, Family]:
@@ -20,7 +21,7 @@ def families() -> dict[str, Family]:
 
     return {
         "rope": Family("rope", rope.check_cases, rope.reference_cases, rope_bench.bench_cases,
-                       rope_bench.plots),
+                       rope_bench.plots, rope_bench.sweep_cases),
     }
 
 

@@ -153,12 +153,78 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
     return cases
 
 
+SWEEP_HPT = (2, 4, 8, 16)
+SWEEP_THREADS = (128, 256, 512)
+
+
+def _tuned(step, **knobs):
+    """`step` with kernels.rope.TUNING overridden while it builds its graph."""
+    import kernels.rope as kr
+
+    def tuned_step(s):
+        saved = dict(kr.TUNING)
+        kr.TUNING.update(knobs)
+        try:
+            return step(s)
+        finally:
+            kr.TUNING.clear()
+            kr.TUNING.update(saved)
+
+    return tuned_step
+
+
+def _same_as_default(make, step, tuned_step):
+    """rel_err of a tuned launch against the default one on the same inputs: the knobs change
+    which thread computes an element, never how, so anything but 0 is a bug."""
+    import numpy as np
+
+    from reference import rel_err
+
+    def verify() -> float:
+        s = make()
+        mx.eval(list(s.values()))
+        want = [np.array(a) for a in step(dict(s))]
+        got = [np.array(a) for a in tuned_step(dict(s))]
+        return max(0.0 if np.array_equal(g, w) else rel_err(g, w) for g, w in zip(got, want))
+
+    return verify
+
+
+def sweep_cases() -> list[BenchCase]:
+    """The launch knobs (heads per thread, threads per threadgroup) of the prefill kernels; each
+    row's rel_err compares its output with the default launch's (0: bit-identical)."""
+    cases = []
+    for m, seq in ((LLAMA3_8B, 8192), (LLAMA3_8B, 2048), (QWEN3_06B, 8192)):
+        shape = dict(seq=seq, head_dim=m.head_dim, n_heads=m.n_heads, n_kv_heads=m.n_kv_heads)
+        make = lambda m=m, seq=seq: _state(m, seq, seq)
+        nbytes, flops = roofline(m, seq)
+        qb, qf = roofline(m, seq, q_only=True)
+        set_bytes = nbytes // 2 + 4 * m.n_kv_heads * seq * m.head_dim
+        batch = "rope_neox_batch_kv_write" if m.neox else "rope_batch_kv_write"
+        for hpt in SWEEP_HPT:
+            for threads in SWEEP_THREADS:
+                knobs = dict(hpt_short=hpt, hpt_long=hpt, threads=threads)
+                variant = f"hpt{hpt}-tg{threads}"
+                fused = _path(m, batch, "in_place", 0)
+                tuned = _tuned(fused, **knobs)
+                cases.append(BenchCase("rope", f"rope-sweep-{m.name}", batch, variant, shape, make,
+                                       tuned, nbytes, flops, set_bytes,
+                                       _same_as_default(make, fused, tuned)))
+                rope_name = "rope_neox" if m.neox else "rope"
+                plain = _q_only(m, False)
+                tuned = _tuned(plain, **knobs)
+                cases.append(BenchCase("rope", f"rope-sweep-{m.name}", rope_name, variant, shape,
+                                       make, tuned, qb, qf, set_bytes,
+                                       _same_as_default(make, plain, tuned)))
+    return cases
+
+
 def plots(df: pd.DataFrame, out_dir: Path, peak_gbs: float) -> list[Path]:
     """Bandwidth against seq per model (prefill and Q-only), and fused/unfused bars at decode."""
     from harness.plots import bandwidth_plot, fused_unfused_plot
 
     paths = []
-    for bench in sorted(b for b in df.benchmark.unique() if "decode" not in b):
+    for bench in sorted(b for b in df.benchmark.unique() if "decode" not in b and "sweep" not in b):
         sub = df[df.benchmark == bench]
         paths.append(bandwidth_plot(sub, "seq", out_dir / f"{bench}.png",
                                     f"{bench}: GB/s against tokens", peak_gbs=peak_gbs))

@@ -10,7 +10,7 @@ _IDS = KernelSpec("lathe_probe_thread_ids", "compat/thread_ids.metal", ("dims",)
 _SIMD = KernelSpec("lathe_probe_simd", "compat/simd.metal", ("x", "dims"), ("out",))
 _MEMORY = KernelSpec("lathe_probe_memory", "compat/memory.metal",
                      ("x", "wide_in", "pairs_in", "dims"),
-                     ("rev", "sums", "wide_out", "pairs_out"))
+                     ("rev", "sums", "wide_out", "pairs_out", "quads_out"))
 
 
 def thread_ids(grid: tuple[int, int, int], threadgroup: tuple[int, int, int]) -> mx.array:
@@ -30,8 +30,10 @@ def simd(x: mx.array, threadgroup: int, mask: int) -> mx.array:
 
 
 def memory(x: mx.array, wide_in: mx.array, pairs_in: mx.array, threadgroup: int) -> list[mx.array]:
-    """rev, sums, wide_out, pairs_out (see memory.metal); x has n halves, wide_in n uint32."""
+    """rev, sums, wide_out, pairs_out, quads_out (see memory.metal); x and pairs_in have n halves,
+    wide_in n uint32."""
     n = x.size
     return launch(Launch(_MEMORY, [x, wide_in, pairs_in, mx.array([n], dtype=mx.int32)],
-                         [((n,), mx.float16), ((n,), mx.float32), ((n,), mx.uint32), ((n,), mx.float16)],
+                         [((n,), mx.float16), ((n,), mx.float32), ((n,), mx.uint32), ((n,), mx.float16),
+                          ((n,), mx.float16)],
                          (n, 1, 1), (threadgroup, 1, 1), {"TG": threadgroup}))

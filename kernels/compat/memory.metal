@@ -3,7 +3,8 @@
 //   rev[i]   = 2 * x[the thread mirrored in i's threadgroup] (0 past the grid), as half
 //   sums[i]  = sum of x over i's threadgroup
 //   wide_out = wide_in, copied as uint4 (n4 = n / 4 words); pairs_out = pairs_in with each half2's
-//              two halves swapped (n / 2 pairs)
+//              two halves swapped (n / 2 pairs); quads_out = pairs_in with each half4's .xy and
+//              .zw swapped (n / 4 quads)
 // Constants: TG (threads per threadgroup, a multiple of 32). Inputs: x (half), wide_in (uint32),
 //   pairs_in (half), dims (int32: n).
 threadgroup float buf[TG];
@@ -30,4 +31,11 @@ if (i < n / 2) {
   swapped.x = h.y;
   swapped.y = h.x;
   store_wide<half2>(pairs_out, i, swapped);
+}
+if (i < n / 4) {
+  const half4 w = load_wide<half4>(pairs_in, i);
+  half4 r;
+  r.xy = w.zw;
+  r.zw = w.xy;
+  store_wide<half4>(quads_out, i, r);
 }

@@ -23,18 +23,38 @@ typedef unsigned int uint;
 // Helpers in lathe.h are device functions here and plain inline functions on Metal.
 #define LATHE_FN __device__ __forceinline__
 
-// ---- pointers: the in-place cache view and wide (16-byte) accesses ------------------------------
+// ---- vectors and pointers ------------------------------------------------------------------------
+// half4: Metal's 4-half vector, as a struct whose members spell its .xy and .zw swizzles.
+struct alignas(8) half4 {
+  half2 xy, zw;
+};
+
+// writable: the in-place cache view (lathe.h has the Metal twin, with address spaces).
 template <typename T>
 __device__ __forceinline__ T* writable(const T* p) {
   return const_cast<T*>(p);
 }
+
+// load_wide / store_wide: element i of p viewed as an array of W (uint4: 16-byte accesses).
+// A struct such as half4 moves as one machine word of its size (a plain struct copy would move
+// its members one by one).
+template <typename W> struct lathe_word { using type = W; };
+template <> struct lathe_word<half4> { using type = uint2; };
+
 template <typename W, typename T>
 __device__ __forceinline__ W load_wide(const T* p, uint i) {
-  return reinterpret_cast<const W*>(p)[i];
+  using Word = typename lathe_word<W>::type;
+  const Word raw = reinterpret_cast<const Word*>(p)[i];
+  W w;
+  __builtin_memcpy(&w, &raw, sizeof(W));
+  return w;
 }
 template <typename W, typename T>
 __device__ __forceinline__ void store_wide(T* p, uint i, W w) {
-  reinterpret_cast<W*>(p)[i] = w;
+  using Word = typename lathe_word<W>::type;
+  Word raw;
+  __builtin_memcpy(&raw, &w, sizeof(W));
+  reinterpret_cast<Word*>(p)[i] = raw;
 }
 
 // ---- thread ids (MSL kernel attributes) -------------------------------------------------------

@@ -62,37 +62,57 @@ LATHE_FN float rope_inv_freq(FloatPtr table, uint i, float theta) {
 }
 
 // Two neighbouring pairs 2j and 2j+1 of one head, as (a0, b0) and (a1, b1): the unit of work of
-// the bandwidth-bound RoPE kernels. Both pairings then move 4-byte half2 words: standard pairs
-// are elements 4j .. 4j+3, NeoX pairs are elements 2j, 2j+1 and D/2 + 2j, D/2 + 2j+1.
+// the bandwidth-bound RoPE kernels. Standard pairs are elements 4j .. 4j+3, moved as one 8-byte
+// word; NeoX pairs are elements 2j, 2j+1 and D/2 + 2j, D/2 + 2j+1, moved as two 4-byte words.
+// Loads keep the raw halves in a half4 (fewer registers while many loads are in flight; on
+// CUDA, cuda_compat.h's half4 spells the .xy/.zw swizzles as members); the math is fp32.
 struct Pairs2 {
   float a0, b0, a1, b1;
 };
 
 template <int D, bool NEOX, typename SrcPtr>
-LATHE_FN Pairs2 load_pairs2(SrcPtr src, uint j) {
-  Pairs2 p;
+LATHE_FN half4 load_pairs2(SrcPtr src, uint j) {
   if (NEOX) {
-    const half2 lo = load_wide<half2>(src, j), hi = load_wide<half2>(src + D / 2, j);
-    p.a0 = float(lo.x); p.a1 = float(lo.y); p.b0 = float(hi.x); p.b1 = float(hi.y);
-  } else {
-    const half2 lo = load_wide<half2>(src, 2 * j), hi = load_wide<half2>(src, 2 * j + 1);
-    p.a0 = float(lo.x); p.b0 = float(lo.y); p.a1 = float(hi.x); p.b1 = float(hi.y);
+    half4 w;
+    w.xy = load_wide<half2>(src, j);
+    w.zw = load_wide<half2>(src + D / 2, j);
+    return w;
+  }
+  return load_wide<half4>(src, j);
+}
+
+template <bool NEOX>
+LATHE_FN Pairs2 unpack_pairs2(half4 w) {
+  Pairs2 p;
+  if (NEOX) {  // xy = (a0, a1), zw = (b0, b1)
+    p.a0 = float(w.xy.x); p.a1 = float(w.xy.y); p.b0 = float(w.zw.x); p.b1 = float(w.zw.y);
+  } else {  // xy = (a0, b0), zw = (a1, b1)
+    p.a0 = float(w.xy.x); p.b0 = float(w.xy.y); p.a1 = float(w.zw.x); p.b1 = float(w.zw.y);
   }
   return p;
 }
 
 template <int D, bool NEOX, typename DstPtr>
-LATHE_FN void store_pairs2(DstPtr dst, uint j, Pairs2 p) {
-  half2 lo, hi;
+LATHE_FN void store_half4(DstPtr dst, uint j, half4 w) {
   if (NEOX) {
-    lo.x = half(p.a0); lo.y = half(p.a1); hi.x = half(p.b0); hi.y = half(p.b1);
-    store_wide<half2>(dst, j, lo);
-    store_wide<half2>(dst + D / 2, j, hi);
+    store_wide<half2>(dst, j, w.xy);
+    store_wide<half2>(dst + D / 2, j, w.zw);
   } else {
-    lo.x = half(p.a0); lo.y = half(p.b0); hi.x = half(p.a1); hi.y = half(p.b1);
-    store_wide<half2>(dst, 2 * j, lo);
-    store_wide<half2>(dst, 2 * j + 1, hi);
+    store_wide<half4>(dst, j, w);
   }
+}
+
+template <int D, bool NEOX, typename DstPtr>
+LATHE_FN void store_pairs2(DstPtr dst, uint j, Pairs2 p) {
+  half4 w;
+  if (NEOX) {
+    w.xy = half2(half(p.a0), half(p.a1));
+    w.zw = half2(half(p.b0), half(p.b1));
+  } else {
+    w.xy = half2(half(p.a0), half(p.b0));
+    w.zw = half2(half(p.a1), half(p.b1));
+  }
+  store_half4<D, NEOX>(dst, j, w);
 }
 
 // Turn both pairs: pair 2j by (c0, s0), pair 2j+1 by (c1, s1).

@@ -26,7 +26,10 @@ import numpy as np
 from kernels.runtime import FORMS, KernelSpec, Launch, cache_io, cache_prelude, launch
 
 FREQS = ("table", "inline")
-MAX_THREADS = 256
+# Launch tuning: threads per threadgroup, and heads per thread (HPT, a compile-time constant) for
+# short and long inputs. Chosen from `lathe bench rope --sweep` on the device (results/<device>/
+# rope.csv, benchmarks rope-sweep-*); see kernels/rope/NOTES.md.
+TUNING = {"threads": 256, "hpt_decode": 1, "hpt_short": 4, "hpt_long": 8, "long_from": 1024}
 _INT32_LIMIT = 2**31 - 1
 _GRID_YZ_LIMIT = 65535  # CUDA's limit on grid y and z (in threadgroups); seq runs along z
 
@@ -152,15 +155,15 @@ def _table(head_dim: int, theta: float, inv_freq: mx.array | None) -> mx.array:
 
 
 def _heads_per_thread(seq: int) -> int:
-    # Decode: one head per thread for parallelism; prefill: several heads per thread share the
-    # angles and keep as many loads in flight (see kernels/rope/NOTES.md).
+    # Decode: few heads per thread for parallelism; prefill: several heads per thread share the
+    # angles and keep as many loads in flight.
     if seq < 16:
-        return 1
-    return 4 if seq < 1024 else 8
+        return TUNING["hpt_decode"]
+    return TUNING["hpt_short"] if seq < TUNING["long_from"] else TUNING["hpt_long"]
 
 
 def _geometry(threads_x: int, groups: int, seq: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    ty = max(1, min(groups, MAX_THREADS // threads_x))
+    ty = max(1, min(groups, TUNING["threads"] // threads_x))
     return (threads_x, groups, seq), (threads_x, ty, 1)
 
 
@@ -442,7 +445,8 @@ def cache_write(rows: mx.array, cache: mx.array, pos: int | mx.array) -> tuple[m
     (written,) = launch(
         Launch(_CACHE_WRITE, [src.array, pos_arr, _int32((seq, n_kv, max_seq, src.stride, src.offset)), cache],
                [((1,), mx.uint32)], (head_dim // 2, n_kv, seq),
-               (head_dim // 2, max(1, min(n_kv, MAX_THREADS // (head_dim // 2))), 1), {"D": head_dim})
+               (head_dim // 2, max(1, min(n_kv, TUNING["threads"] // (head_dim // 2))), 1),
+               {"D": head_dim})
     )
     return mx.depends(cache, written), written
 

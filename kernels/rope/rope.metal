@@ -21,7 +21,7 @@ const float p = float(POSITION_IDS ? positions[t] : positions[0] + int(t)) * sca
 const float angle0 = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, 2 * j, scalars[0]);
 const float angle1 = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, 2 * j + 1, scalars[0]);
 const float c0 = cos(angle0), s0 = sin(angle0), c1 = cos(angle1), s1 = sin(angle1);
-Pairs2 vals[HPT];
+half4 vals[HPT];
 for (uint k = 0; k < uint(HPT); ++k) {
   const uint h = min(g * uint(HPT) + k, n_heads - 1);  // clamped: loads stay in bounds
   vals[k] = load_pairs2<D, NEOX>(x + (t * n_heads + h) * uint(D), j);
@@ -29,6 +29,6 @@ for (uint k = 0; k < uint(HPT); ++k) {
 for (uint k = 0; k < uint(HPT); ++k) {
   const uint h = g * uint(HPT) + k;
   if (h < n_heads) {
-    store_pairs2<D, NEOX>(out + (t * n_heads + h) * uint(D), j, rotate_pairs2(vals[k], c0, s0, c1, s1));
+    store_pairs2<D, NEOX>(out + (t * n_heads + h) * uint(D), j, rotate_pairs2(unpack_pairs2<NEOX>(vals[k]), c0, s0, c1, s1));
   }
 }

@@ -32,7 +32,7 @@ const float p = float(pos[0] + int(t)) * scalars[1];
 const float angle0 = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, 2 * j, scalars[0]);
 const float angle1 = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, 2 * j + 1, scalars[0]);
 const float c0 = cos(angle0), s0 = sin(angle0), c1 = cos(angle1), s1 = sin(angle1);
-Pairs2 vals[HPT];
+half4 vals[HPT];
 for (uint r = 0; r < uint(HPT); ++r) {
   const uint row = min(g * uint(HPT) + r, n_rows - 1);  // clamped: loads stay in bounds
   if (row < n_heads) {
@@ -46,15 +46,15 @@ for (uint r = 0; r < uint(HPT); ++r) {
 for (uint r = 0; r < uint(HPT); ++r) {
   const uint row = g * uint(HPT) + r;
   if (row < n_heads) {
-    store_pairs2<D, NEOX>(q_out + (t * n_heads + row) * uint(D), j, rotate_pairs2(vals[r], c0, s0, c1, s1));
+    store_pairs2<D, NEOX>(q_out + (t * n_heads + row) * uint(D), j, rotate_pairs2(unpack_pairs2<NEOX>(vals[r]), c0, s0, c1, s1));
   } else if (row < n_heads + n_kv) {
     if (row_in_cache) {
       const uint h = row - n_heads;
       store_pairs2<D, NEOX>(k_dst + (h * dst_rows + dst_row0 + t) * uint(D), j,
-                            rotate_pairs2(vals[r], c0, s0, c1, s1));
+                            rotate_pairs2(unpack_pairs2<NEOX>(vals[r]), c0, s0, c1, s1));
     }
   } else if (row < n_rows && row_in_cache) {
     const uint h = row - n_heads - n_kv;
-    store_pairs2<D, NEOX>(v_dst + (h * dst_rows + dst_row0 + t) * uint(D), j, vals[r]);
+    store_half4<D, NEOX>(v_dst + (h * dst_rows + dst_row0 + t) * uint(D), j, vals[r]);
   }
 }
