@@ -36,25 +36,37 @@ __device__ __forceinline__ T* writable(const T* p) {
 }
 
 // load_wide / store_wide: element i of p viewed as an array of W (uint4: 16-byte accesses).
-// A struct such as half4 moves as one machine word of its size (a plain struct copy would move
-// its members one by one).
-template <typename W> struct lathe_word { using type = W; };
-template <> struct lathe_word<half4> { using type = uint2; };
-
+// half4 moves as one 8-byte word: a plain struct copy would move its two halves one by one.
+template <typename W>
+struct lathe_wide {
+  template <typename T>
+  static __device__ __forceinline__ W load(const T* p, uint i) {
+    return reinterpret_cast<const W*>(p)[i];
+  }
+  template <typename T>
+  static __device__ __forceinline__ void store(T* p, uint i, W w) {
+    reinterpret_cast<W*>(p)[i] = w;
+  }
+};
+template <>
+struct lathe_wide<half4> {
+  template <typename T>
+  static __device__ __forceinline__ half4 load(const T* p, uint i) {
+    const uint2 word = reinterpret_cast<const uint2*>(p)[i];
+    return *reinterpret_cast<const half4*>(&word);
+  }
+  template <typename T>
+  static __device__ __forceinline__ void store(T* p, uint i, half4 w) {
+    reinterpret_cast<uint2*>(p)[i] = *reinterpret_cast<const uint2*>(&w);
+  }
+};
 template <typename W, typename T>
 __device__ __forceinline__ W load_wide(const T* p, uint i) {
-  using Word = typename lathe_word<W>::type;
-  const Word raw = reinterpret_cast<const Word*>(p)[i];
-  W w;
-  __builtin_memcpy(&w, &raw, sizeof(W));
-  return w;
+  return lathe_wide<W>::load(p, i);
 }
 template <typename W, typename T>
 __device__ __forceinline__ void store_wide(T* p, uint i, W w) {
-  using Word = typename lathe_word<W>::type;
-  Word raw;
-  __builtin_memcpy(&raw, &w, sizeof(W));
-  reinterpret_cast<Word*>(p)[i] = raw;
+  lathe_wide<W>::store(p, i, w);
 }
 
 // ---- thread ids (MSL kernel attributes) -------------------------------------------------------
