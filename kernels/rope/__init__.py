@@ -367,17 +367,9 @@ def rope_batch_kv_write(q, k, v, k_cache, v_cache, pos, *, theta=10000.0, freq_s
                         freqs="table", inv_freq=None, form="in_place", neox=False) -> Rotated:
     """Prefill: q[seq, n_heads * D], k and v [seq, n_kv * D] (or [seq, heads, D]) at positions
     pos .. pos+seq-1; rotated K and V written into cache rows pos .. pos+seq-1."""
-    n_kv, head_dim = _cache_heads(k_cache)
-    _check_head_dim(head_dim, multiple=4)
-    n_heads = _head_count("q", q, head_dim)
-    _check_heads(n_heads, n_kv)
-    seq = q.shape[0]
-    return _kv_write(
-        _separate("q", q, n_heads, head_dim, seq), _separate("k", k, n_kv, head_dim, seq),
-        _separate("v", v, n_kv, head_dim, seq), k_cache, v_cache, pos, n_heads=n_heads,
-        head_dim=head_dim, neox=neox, theta=theta, freq_scale=freq_scale, freqs=freqs,
-        inv_freq=inv_freq, form=form,
-    )
+    rows, n_heads, head_dim = _separate_qkv(q, k, v, k_cache, head_dim_multiple=4)
+    return _kv_write(*rows, k_cache, v_cache, pos, n_heads=n_heads, head_dim=head_dim, neox=neox,
+                     theta=theta, freq_scale=freq_scale, freqs=freqs, inv_freq=inv_freq, form=form)
 
 
 def rope_neox_batch_kv_write(q, k, v, k_cache, v_cache, pos, **kw) -> Rotated:
@@ -390,17 +382,24 @@ def head_norm_rope_neox_kv_write(q, k, v, q_norm, k_norm, k_cache, v_cache, pos,
                                  form="in_place") -> Rotated:
     """Qwen3: per-head RMSNorm of Q and K (float32 weights q_norm, k_norm [D]), NeoX RoPE and the
     KV write in one dispatch. q[seq, n_heads * D], k and v [seq, n_kv * D] (or [seq, heads, D])."""
+    # D/2 threads per head must fill whole SIMD groups: D a multiple of 64.
+    rows, n_heads, head_dim = _separate_qkv(q, k, v, k_cache, head_dim_multiple=64)
+    return _kv_write(*rows, k_cache, v_cache, pos, n_heads=n_heads, head_dim=head_dim, neox=True,
+                     theta=theta, freq_scale=freq_scale, freqs=freqs, inv_freq=inv_freq, form=form,
+                     norm=(q_norm, k_norm, eps))
+
+
+def _separate_qkv(q, k, v, k_cache, head_dim_multiple: int) -> tuple[tuple[_Rows, _Rows, _Rows], int, int]:
+    """Separate q[seq, n_heads * D], k and v [seq, n_kv * D] (or [seq, heads, D]), checked against
+    the cache's head count and head_dim: ((q, k, v) rows, n_heads, head_dim)."""
     n_kv, head_dim = _cache_heads(k_cache)
-    _check_head_dim(head_dim, multiple=64)  # D/2 threads must fill whole SIMD groups
+    _check_head_dim(head_dim, multiple=head_dim_multiple)
     n_heads = _head_count("q", q, head_dim)
     _check_heads(n_heads, n_kv)
     seq = q.shape[0]
-    return _kv_write(
-        _separate("q", q, n_heads, head_dim, seq), _separate("k", k, n_kv, head_dim, seq),
-        _separate("v", v, n_kv, head_dim, seq), k_cache, v_cache, pos, n_heads=n_heads,
-        head_dim=head_dim, neox=True, theta=theta, freq_scale=freq_scale, freqs=freqs,
-        inv_freq=inv_freq, form=form, norm=(q_norm, k_norm, eps),
-    )
+    rows = (_separate("q", q, n_heads, head_dim, seq), _separate("k", k, n_kv, head_dim, seq),
+            _separate("v", v, n_kv, head_dim, seq))
+    return rows, n_heads, head_dim
 
 
 def _cache_heads(k_cache: mx.array) -> tuple[int, int]:
