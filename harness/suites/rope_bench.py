@@ -1,5 +1,5 @@
 """The RoPE family's benchmarks: decode latency and prefill bandwidth, fused against unfused and
-against the MLX built-in path, on Llama-3-8B and Qwen3-0.6B head shapes.
+against the MLX built-in path, on Llama-3-8B, Qwen3-0.6B and Qwen2.5-7B head shapes.
 
 Bytes are the operation's minimum (each input read once, each output written once): Q, K, V read;
 rotated Q, K rows and V rows written. Every path of one shape is charged the same bytes, so GB/s
@@ -34,7 +34,9 @@ class Model:
 
 LLAMA3_8B = Model("llama3-8b", 32, 8, 128, neox=False, theta=500000.0, head_norm=False)
 QWEN3_06B = Model("qwen3-0.6b", 16, 8, 128, neox=True, theta=1000000.0, head_norm=True)
-MODELS = (LLAMA3_8B, QWEN3_06B)
+# NeoX pairs without head norms (Qwen2.5), so the plain NeoX kernels meet their own unfused path.
+QWEN25_7B = Model("qwen2.5-7b", 28, 4, 128, neox=True, theta=1000000.0, head_norm=False)
+MODELS = (LLAMA3_8B, QWEN3_06B, QWEN25_7B)
 
 
 def roofline(m: Model, seq: int, q_only: bool = False) -> tuple[int, int]:
