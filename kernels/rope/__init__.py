@@ -6,13 +6,14 @@
 | rope_qkv_write, rope_neox_...  | rope_kv_write.metal           | NEOX, FREQ_TABLE, form    |
 | rope_batch_kv_write, ..._neox_ | rope_kv_write.metal           | NEOX, FREQ_TABLE, form    |
 | head_norm_rope_neox_kv_write   | head_norm_rope_kv_write.metal | NEOX, FREQ_TABLE, form    |
-| cache_write, head_rmsnorm      | unfused path pieces           |                           |
+| cache_write, head_rmsnorm      | the unfused path's pieces     |                           |
+| cache_read                     | a GPU reader ordered by token |                           |
 
 fp16 in and out, fp32 math. Heads are laid out [seq, n_heads, head_dim]; KV caches are head-major
 [n_kv_heads, max_seq, head_dim]. Cache writers come in two forms (DESIGN.md): ``functional``
 returns caches updated by MLX slice updates; ``in_place`` writes through the cache buffers and
-returns the caches wrapped by ``mx.depends`` on the write's ordering token, so anything that reads
-the returned caches runs after the write. Either way: ``q, k_cache, v_cache = f(...)``.
+returns an ordering token that GPU readers take as an input (see `Rotated`). Either way:
+``q, k_cache, v_cache, written = f(...)``.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ class Rotated(NamedTuple):
     In the in-place form, `written` is the write's ordering token: a GPU reader of the cache in
     the same graph must take it as an input (see `cache_read`). A reader is then ordered after
     this write, and after earlier writes too when each write is ordered after the previous
-    reader (a decode loop: the next token's QKV comes out of the last attention). MLX orders work on CUDA by the
-    buffers each op declares as outputs, and the cache is not one, so an MLX built-in op reading
-    the cache in the same graph is NOT ordered after the write. The returned caches are wrapped
+    reader (a decode loop: the next token's QKV comes out of the last attention). MLX orders
+    work on CUDA by the buffers each op declares as outputs, and the cache is not one, so an MLX
+    built-in op reading the cache in the same graph is NOT ordered after the write. The returned caches are wrapped
     by ``mx.depends`` on the token, which orders evaluation, e.g. host reads after ``mx.eval``.
     In the functional form `written` is None and every reader is ordered by MLX as usual.
     """
