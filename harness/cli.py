@@ -4,6 +4,7 @@
     lathe check [family]   correctness against the float64 references; exit 1 on any failure
     lathe bench [family]   benchmarks: results/<device>/<family>.csv and PNG plots, a short table
     lathe peak             the device's memory peak (copy bandwidth)
+    lathe compile [family] NVRTC-compile every kernel instantiation for CUDA, without a GPU
 
 Without a GPU backend each command says so and runs what can run: the references' own checks.
 """
@@ -93,6 +94,26 @@ def _peak_rows(peak, meta, backend, device) -> list[dict]:
     ]
 
 
+def cmd_compile(family: str | None) -> int:
+    """NVRTC-compile every kernel instantiation the checks launch (no GPU needed)."""
+    from harness.nvrtc import compile_all, core_calls, record_instantiations
+    from harness.suites import select
+
+    cases = list(core_calls())
+    for fam in select(family):
+        cases += fam.check_cases(small=True)
+    insts = record_instantiations(cases)
+    try:
+        failures = compile_all(insts)
+    except FileNotFoundError as exc:
+        print(f"lathe compile: {exc}")
+        return 2
+    for name, log in failures:
+        print(f"FAIL {name}\n{log}")
+    print(f"compile: {len(insts) - len(failures)} passed, {len(failures)} failed (NVRTC, sm_90)")
+    return 1 if failures else 0
+
+
 def cmd_peak(write: bool = True):
     from harness.results import append_rows, results_dir, run_metadata
     from kernels.runtime import backend, device_name, has_gpu
@@ -153,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--no-write", dest="write", action="store_false",
                        help="print only; write no CSV or PNG")
+    comp = sub.add_parser("compile", help="NVRTC-compile every kernel instantiation (no GPU needed)")
+    comp.add_argument("family", nargs="?")
     peak = sub.add_parser("peak", help="measure the device's memory peak")
     peak.add_argument("--no-write", dest="write", action="store_false")
     args = parser.parse_args(argv)
@@ -161,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_check(args.family, args.seed, args.match)
     if args.command == "bench":
         return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep)
+    if args.command == "compile":
+        return cmd_compile(args.family)
     if args.command == "peak":
         cmd_peak(args.write)
         return 0

@@ -9,7 +9,7 @@ from typing import Callable
 @dataclass(frozen=True)
 class Family:
     name: str
-    check_cases: Callable[[], list]  # GPU correctness cases
+    check_cases: Callable[..., list]  # GPU correctness cases (small=True: short inputs)
     reference_cases: Callable[[], list]  # CPU: references against independent opinions
     bench_cases: Callable[..., list]
     plots: Callable | None

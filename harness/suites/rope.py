@@ -42,16 +42,19 @@ class Shape:
                     freq_scale=self.freq_scale)
 
 
-def shapes(decode: bool = False) -> list[Shape]:
-    """The covering set of shapes (16); `decode` forces seq = 1."""
+def shapes(decode: bool = False, small: bool = False) -> list[Shape]:
+    """The covering set of shapes (16); `decode` forces seq = 1. `small` keeps the structure with
+    short sequences and positions (the same compile-time constants: heads per thread 1, 4, 8),
+    for `lathe compile`, which only needs each kernel instantiation once."""
+    seqs, max_position = ((1, 7, 16, 1024), 2048) if small else (SEQS, MAX_POSITION)
     out = []
     for a in range(len(SEQS)):  # a fourth round of head_dims, so every heads pair meets every seq
         head_dim = HEAD_DIMS[a % len(HEAD_DIMS)]
         for b, (n_heads, n_kv) in enumerate(HEADS):
             c = a * len(HEADS) + b
-            seq = 1 if decode else SEQS[(a + b) % len(SEQS)]
-            # Position: 0, the last that fits before MAX_POSITION, or in between.
-            pos = (0, MAX_POSITION - seq, (MAX_POSITION - seq) * (c + 1) // 17)[c % 3]
+            seq = 1 if decode else seqs[(a + b) % len(seqs)]
+            # Position: 0, the last that fits before max_position, or in between.
+            pos = (0, max_position - seq, (max_position - seq) * (c + 1) // 17)[c % 3]
             out.append(Shape(head_dim, n_heads, n_kv, seq, pos, THETAS[b % 2],
                              FREQ_SCALES[(a + b // 2) % 2]))
     return out
@@ -152,25 +155,27 @@ def _kv_case(kernel: str, variant: str, s: Shape, *, neox: bool, norm: bool) -> 
     return CheckCase("rope", label, variant, s.row(), run)
 
 
-def check_cases() -> list[CheckCase]:
-    """Every RoPE kernel, pairing, frequency path and cache-write form over the covering shapes."""
+def check_cases(small: bool = False) -> list[CheckCase]:
+    """Every RoPE kernel, pairing, frequency path and cache-write form over the covering shapes
+    (`small`: the same cases on short inputs, see `shapes`)."""
+    shapes_ = lambda decode=False: shapes(decode, small)  # noqa: E731
     cases: list[CheckCase] = []
-    for s in shapes():
+    for s in shapes_():
         cases += [_rope_case(False, v, s) for v in ("table", "inline")]
         cases += [_rope_case(True, v, s) for v in ("table", "inline", "position_ids")]
     for form in ("in_place", "functional"):
-        for s in shapes(decode=True):
+        for s in shapes_(decode=True):
             cases.append(_kv_case("rope_qkv_write", form, s, neox=False, norm=False))
             cases.append(_kv_case("rope_neox_qkv_write", form, s, neox=True, norm=False))
-        for s in shapes():
+        for s in shapes_():
             cases.append(_kv_case("rope_batch_kv_write", form, s, neox=False, norm=False))
             cases.append(_kv_case("rope_neox_batch_kv_write", form, s, neox=True, norm=False))
             cases.append(_kv_case("head_norm_rope_neox_kv_write", form, s, neox=True, norm=True))
         # The unfused sequences the fused kernels replace compute the same thing.
-        for s in shapes()[::3]:
+        for s in shapes_()[::3]:
             for neox, norm in ((False, False), (True, False), (True, True)):
                 cases.append(_kv_case("unfused", form, s, neox=neox, norm=norm))
-    for s in shapes()[1::3]:  # the MLX built-in peer path, so that benchmarks compare like with like
+    for s in shapes_()[1::3]:  # the MLX built-in peer path, so that benchmarks compare like with like
         for neox, norm in ((False, False), (True, True)):
             cases.append(_kv_case("mlx", "peer", s, neox=neox, norm=norm))
     return cases
