@@ -79,13 +79,17 @@ def bandwidth_plot(
         ax.axhline(peak_gbs, color="black", linestyle="--", linewidth=1,
                    label=f"measured peak {peak_gbs:.0f} GB/s")
 
-    # Shape sweeps are usually powers of two: a log2 axis spaces them evenly.
+    # Shape sweeps are usually powers of two: a log2 axis spaces them evenly, one tick a value.
+    # Anything else (e.g. bytes moved, which differ per kernel) gets a plain log axis.
     xs = sorted(pd.to_numeric(data[x], errors="coerce").dropna().unique())
     if xs and xs[0] > 0 and xs[-1] / xs[0] > 8:
-        ax.set_xscale("log", base=2)
-        if len(xs) <= 16:
+        powers_of_two = all(float(v).is_integer() and (int(v) & (int(v) - 1)) == 0 for v in xs)
+        if powers_of_two and len(xs) <= 16:
+            ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [f"{v:g}" for v in xs])
             ax.minorticks_off()
+        else:
+            ax.set_xscale("log")
 
     ax.set_xlabel(x_label if x_label is not None else x)
     ax.set_ylabel("GB/s")
