@@ -232,8 +232,13 @@ def plots(df: pd.DataFrame, out_dir: Path, peak_gbs: float) -> list[Path]:
                                     f"{bench}: GB/s against tokens", peak_gbs=peak_gbs))
     decode = df[df.benchmark.str.contains("decode")].copy()
     if not decode.empty:
-        decode["variant"] = decode.kernel + " [" + decode.variant + "]"
-        decode["model"] = decode.benchmark.str.removeprefix("rope-decode-")
+        # Bars by path (fused / unfused / MLX, and form), groups by model and its fused kernel,
+        # so that every group has the same bars in the same places.
+        peers = decode.kernel.isin(["unfused", "mlx.fast.rope"])
+        decode["variant"] = decode.kernel.where(peers, "fused") + " [" + decode.variant + "]"
+        fused = decode[~peers].groupby("benchmark").kernel.first()
+        decode["model"] = (decode.benchmark.str.removeprefix("rope-decode-") + "\n"
+                           + decode.benchmark.map(fused))
         paths.append(fused_unfused_plot(decode, "model", out_dir / "rope-decode.png",
                                         "RoPE + KV write at decode: us per call (ratio: unfused in place / this)",
                                         baseline_variant="unfused [in_place]"))
