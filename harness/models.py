@@ -1,0 +1,217 @@
+"""GGUF models: presets of real shapes, a random-weight GGUF writer, and a checked loader.
+
+Architectures `llama` and `qwen3` (per-head Q/K norms, tied embeddings). Tensor types F32, F16,
+Q8_0 and Q4_0; quantized tensors stay in their GGUF block bytes ([N, K / 32 * block bytes] uint8,
+reference.quant's layout). RoPE pairing follows llama.cpp: `llama` turns neighbouring pairs
+(the converter permutes Q and K to match), `qwen3` NeoX pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from reference.quant import BLOCK_BYTES, quantize
+
+ARCHS = ("llama", "qwen3")
+QTYPES = ("f16", "q8_0", "q4_0")
+_SUPPORTED_TENSOR_TYPES = ("F32", "F16", "Q8_0", "Q4_0")
+
+
+class GGUFError(ValueError):
+    """A GGUF file that lathe cannot use, with the reason."""
+
+
+@dataclass(frozen=True)
+class Config:
+    arch: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ff: int
+    vocab: int
+    ctx: int
+    rope_theta: float
+    eps: float
+    tied: bool  # output projection shares token_embd
+
+    @property
+    def neox(self) -> bool:
+        return self.arch == "qwen3"
+
+    @property
+    def head_norm(self) -> bool:
+        return self.arch == "qwen3"
+
+
+PRESETS = {
+    "tiny-llama": Config("llama", 2, 256, 4, 2, 64, 512, 512, 1024, 10000.0, 1e-5, False),
+    "tiny-qwen3": Config("qwen3", 2, 256, 4, 2, 64, 512, 512, 1024, 1000000.0, 1e-6, True),
+    "qwen3-0.6b": Config("qwen3", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1000000.0, 1e-6, True),
+    "llama2-7b": Config("llama", 32, 4096, 32, 32, 128, 11008, 32000, 4096, 10000.0, 1e-5, False),
+    "llama3-8b": Config("llama", 32, 4096, 32, 8, 128, 14336, 128256, 8192, 500000.0, 1e-5, False),
+}
+
+
+def tensor_shapes(c: Config) -> dict[str, tuple[int, int] | tuple[int]]:
+    """Every tensor of a model as [rows, row length] (GGUF ne reversed), norms as [length]."""
+    shapes: dict[str, tuple[int, int] | tuple[int]] = {
+        "token_embd.weight": (c.vocab, c.d_model),
+        "output_norm.weight": (c.d_model,),
+    }
+    if not c.tied:
+        shapes["output.weight"] = (c.vocab, c.d_model)
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    for i in range(c.n_layers):
+        b = f"blk.{i}."
+        shapes |= {
+            b + "attn_norm.weight": (c.d_model,),
+            b + "attn_q.weight": (q, c.d_model),
+            b + "attn_k.weight": (kv, c.d_model),
+            b + "attn_v.weight": (kv, c.d_model),
+            b + "attn_output.weight": (c.d_model, q),
+            b + "ffn_norm.weight": (c.d_model,),
+            b + "ffn_gate.weight": (c.ff, c.d_model),
+            b + "ffn_up.weight": (c.ff, c.d_model),
+            b + "ffn_down.weight": (c.d_model, c.ff),
+        }
+        if c.head_norm:
+            shapes |= {b + "attn_q_norm.weight": (c.head_dim,), b + "attn_k_norm.weight": (c.head_dim,)}
+    return shapes
+
+
+def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0", seed: int = 0) -> Path:
+    """A GGUF file of the preset's shapes with random weights (fixed seed). Matrices are scaled by
+    1/sqrt(fan-in) and norms are near 1, so that activations stay finite through the layers."""
+    import gguf
+
+    c = PRESETS[preset] if isinstance(preset, str) else preset
+    if qtype not in QTYPES:
+        raise ValueError(f"qtype must be one of {QTYPES}, got {qtype!r}")
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    w = gguf.GGUFWriter(str(path), c.arch)
+    a = c.arch
+    w.add_string("general.name", preset if isinstance(preset, str) else "custom")
+    w.add_context_length(c.ctx)
+    w.add_embedding_length(c.d_model)
+    w.add_block_count(c.n_layers)
+    w.add_feed_forward_length(c.ff)
+    w.add_head_count(c.n_heads)
+    w.add_head_count_kv(c.n_kv_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_rope_dimension_count(c.head_dim)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.eps)
+    w.add_uint32(f"{a}.vocab_size", c.vocab)
+    w.add_tokenizer_model("none")
+    gtype = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+             "q4_0": gguf.GGMLQuantizationType.Q4_0}[qtype]
+    for name, shape in tensor_shapes(c).items():
+        if len(shape) == 1:
+            w.add_tensor(name, (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
+            continue
+        rows, k = shape
+        scale = 1.0 if name == "token_embd.weight" else 1 / np.sqrt(k)
+        m = (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
+        if qtype == "f16":
+            w.add_tensor(name, m.astype(np.float16))
+        else:
+            w.add_tensor(name, quantize(m, qtype), raw_dtype=gtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@dataclass
+class Model:
+    config: Config
+    tensors: dict[str, np.ndarray]  # float32/float16 arrays, or uint8 blocks for Q8_0/Q4_0
+    types: dict[str, str] = field(default_factory=dict)  # name -> "F32" | "F16" | "Q8_0" | "Q4_0"
+
+
+def _field(reader, key: str, required: bool = True):
+    f = reader.fields.get(key)
+    if f is None:
+        if required:
+            raise GGUFError(f"missing metadata key {key!r}")
+        return None
+    value = f.parts[f.data[0]]
+    if f.types and f.types[0].name == "STRING":
+        return bytes(value).decode()
+    return value.item() if hasattr(value, "item") else value
+
+
+def load_gguf(path: str | Path) -> Model:
+    """Read a GGUF file into a checked Model; anything unusable is a GGUFError saying why."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"{path}: no such file")
+    with path.open("rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise GGUFError(f"{path}: not a GGUF file (wrong magic)")
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # noqa: BLE001 - truncated or corrupt files fail in many ways
+        raise GGUFError(f"{path}: unreadable GGUF ({type(exc).__name__}: {exc})") from exc
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHS:
+        raise GGUFError(f"{path}: architecture {arch!r} is not supported; supported: {ARCHS}")
+    n_heads = int(_field(reader, f"{arch}.attention.head_count"))
+    d_model = int(_field(reader, f"{arch}.embedding_length"))
+    head_dim = _field(reader, f"{arch}.attention.key_length", required=False)
+    names = {t.name for t in reader.tensors}
+    emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if emb is None:
+        raise GGUFError(f"{path}: missing tensor 'token_embd.weight'")
+    vocab = _field(reader, f"{arch}.vocab_size", required=False) or int(emb.shape[1])
+    config = Config(
+        arch=arch,
+        n_layers=int(_field(reader, f"{arch}.block_count")),
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", required=False) or n_heads),
+        head_dim=int(head_dim or d_model // n_heads),
+        ff=int(_field(reader, f"{arch}.feed_forward_length")),
+        vocab=int(vocab),
+        ctx=int(_field(reader, f"{arch}.context_length")),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", required=False) or 10000.0),
+        eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        tied="output.weight" not in names,
+    )
+    want = tensor_shapes(config)
+    tensors, types = {}, {}
+    for t in reader.tensors:
+        if t.name not in want:
+            continue
+        kind = t.tensor_type.name
+        if kind not in _SUPPORTED_TENSOR_TYPES:
+            raise GGUFError(f"{path}: tensor {t.name} has type {kind}; supported: {_SUPPORTED_TENSOR_TYPES}")
+        shape = tuple(int(d) for d in reversed(t.shape))  # ne is fastest-first
+        if shape != want[t.name]:
+            raise GGUFError(f"{path}: tensor {t.name} is {shape}, expected {want[t.name]}")
+        data = np.asarray(t.data)
+        if kind in ("Q8_0", "Q4_0"):
+            data = data.reshape(shape[0], shape[1] // 32 * BLOCK_BYTES[kind.lower()])
+        else:
+            data = data.reshape(shape)
+        tensors[t.name], types[t.name] = data, kind
+    missing = sorted(set(want) - set(tensors))
+    if missing:
+        raise GGUFError(f"{path}: missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    return Model(config, tensors, types)
+
+
+def preset_config(name: str, **changes) -> Config:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return replace(PRESETS[name], **changes)
