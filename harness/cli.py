@@ -1,10 +1,12 @@
 """`lathe` (also `python -m harness`): check, bench and peak.
 
-    lathe                  the main job: every check, then (with a GPU) the peak and every benchmark
+    lathe                  the main job: every check, (with a GPU) the peak and every benchmark,
+                           and a decode of the embedded default model (tiny-llama)
     lathe check [family]   correctness against the float64 references; exit 1 on any failure
     lathe bench [family]   benchmarks: results/<device>/<family>.csv and PNG plots, a short table
     lathe peak             the device's memory peak (copy bandwidth)
     lathe compile [family] NVRTC-compile every kernel instantiation for CUDA, without a GPU
+    lathe decode [model]   greedy decode of a GGUF file or preset (reference variant, so far)
 
 Without a GPU backend each command says so and runs what can run: the references' own checks.
 """
@@ -114,6 +116,17 @@ def cmd_compile(family: str | None) -> int:
     return 1 if failures else 0
 
 
+def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int) -> int:
+    """Greedy decode of a GGUF model or preset with the reference variant (MLX built-ins)."""
+    from harness.decode import run_decode
+
+    print(_backend_line())
+    row = run_decode(model, qtype, prompt, gen, seed)
+    with pd.option_context("display.width", 200):
+        print(pd.DataFrame([row]).to_string(index=False))
+    return 0
+
+
 def cmd_peak(write: bool = True):
     from harness.results import append_rows, results_dir, run_metadata
     from kernels.runtime import backend, device_name, has_gpu
@@ -174,6 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--no-write", dest="write", action="store_false",
                        help="print only; write no CSV or PNG")
+    dec = sub.add_parser("decode", help="greedy decode of a GGUF model or preset (reference variant)")
+    dec.add_argument("model", nargs="?", default="tiny-llama", help="a .gguf file or a preset")
+    dec.add_argument("--qtype", default="q8_0", help="weights of a preset: f16, q8_0, q4_0")
+    dec.add_argument("--prompt", type=int, default=16)
+    dec.add_argument("--gen", type=int, default=32)
+    dec.add_argument("--seed", type=int, default=0)
     comp = sub.add_parser("compile", help="NVRTC-compile every kernel instantiation (no GPU needed)")
     comp.add_argument("family", nargs="?")
     peak = sub.add_parser("peak", help="measure the device's memory peak")
@@ -184,17 +203,20 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_check(args.family, args.seed, args.match)
     if args.command == "bench":
         return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep)
+    if args.command == "decode":
+        return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed)
     if args.command == "compile":
         return cmd_compile(args.family)
     if args.command == "peak":
         cmd_peak(args.write)
         return 0
-    # The main job: everything that can run here.
+    # The main job: everything that can run here, then a decode of the embedded default model.
     status = cmd_check(None, None, None)
     from kernels.runtime import has_gpu
 
     if has_gpu():
         status |= cmd_bench(None, quick=False, repeats=7, write=True)
+    status |= cmd_decode("tiny-llama", "q8_0", 16, 32, 0)
     return status
 
 

@@ -15,8 +15,13 @@ cpu_only = pytest.mark.skipif(has_gpu(), reason="tests the CPU-only behaviour")
 
 
 def lathe(*args: str) -> subprocess.CompletedProcess:
+    import os
+    import tempfile
+
+    # Preset models are written into LATHE_CACHE: keep them out of the home directory.
+    env = dict(os.environ, LATHE_CACHE=os.path.join(tempfile.gettempdir(), "lathe-test-cache"))
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
 
 
 @cpu_only
@@ -32,6 +37,12 @@ def test_commands_without_gpu_run_the_references(args):
 def test_peak_without_gpu():
     run = lathe("peak", "--no-write")
     assert run.returncode == 0 and "NoGpuBackend" in run.stdout
+
+
+def test_decode_of_the_default_model():
+    run = lathe("decode", "--gen", "4")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "tiny-llama" in run.stdout and "pp16+tg4" in run.stdout
 
 
 def test_unknown_family_is_an_error():

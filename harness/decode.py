@@ -1,0 +1,173 @@
+"""The decode loop, so far its `reference` variant: MLX built-ins only (mx.fast.rms_norm,
+mx.fast.rope, mx.fast.scaled_dot_product_attention, dequantized weights and matmul), in `step`
+mode (evaluate each token). It runs anywhere MLX runs, the CPU included, and is the baseline the
+kernel variants (issue 5) will plug in next to.
+
+A model's weights are dequantized once (float32 on the CPU, float16 on a GPU); the KV cache is
+head-major [1, n_kv, max_seq, head_dim] per layer, updated by slice assignment (mlx-lm's pattern).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from harness.models import PRESETS, Model, load_gguf, write_random_gguf
+from reference.model import weight as float64_weight
+
+
+class ReferenceDecoder:
+    """Prefill and decode with MLX built-ins over a loaded GGUF model."""
+
+    variant = "reference"
+
+    def __init__(self, model: Model, max_seq: int, dtype=None) -> None:
+        c = model.config
+        if max_seq < 1 or max_seq > c.ctx:
+            raise ValueError(f"max_seq must be in 1..{c.ctx} (the model's context), got {max_seq}")
+        self.config, self.max_seq = c, max_seq
+        self.dtype = dtype or (mx.float32 if mx.default_device() == mx.cpu else mx.float16)
+        # Norm weights stay float32; matrices are dequantized once.
+        self.w = {name: mx.array(float64_weight(model, name).astype(np.float32)).astype(
+                      mx.float32 if name.endswith("norm.weight") else self.dtype)
+                  for name in model.tensors}
+        self.reset()
+
+    def reset(self) -> None:
+        c = self.config
+        shape = (1, c.n_kv_heads, self.max_seq, c.head_dim)
+        self.k = [mx.zeros(shape, self.dtype) for _ in range(c.n_layers)]
+        self.v = [mx.zeros(shape, self.dtype) for _ in range(c.n_layers)]
+        self.pos = 0
+
+    def _norm(self, x: mx.array, name: str) -> mx.array:
+        return mx.fast.rms_norm(x, self.w[name].astype(x.dtype), self.config.eps)
+
+    def forward(self, tokens) -> mx.array:
+        """Logits [len(tokens), vocab] (float32) for tokens at positions pos..; advances pos."""
+        c = self.config
+        tokens = mx.array(np.asarray(tokens, dtype=np.int32).reshape(-1))
+        t = tokens.size
+        if t == 0:
+            raise ValueError("tokens must not be empty")
+        if self.pos + t > self.max_seq:
+            raise ValueError(f"{self.pos + t} tokens do not fit the cache of {self.max_seq}")
+        start = self.pos
+        x = self.w["token_embd.weight"][tokens]
+        mask = None
+        if t > 1:  # causal over the cache so far: query i sees keys 0 .. start + i
+            mask = mx.arange(start + t)[None, :] <= (start + mx.arange(t))[:, None]
+        for i in range(c.n_layers):
+            b = f"blk.{i}."
+            h = self._norm(x, b + "attn_norm.weight")
+            q = (h @ self.w[b + "attn_q.weight"].T).reshape(t, c.n_heads, c.head_dim)
+            k = (h @ self.w[b + "attn_k.weight"].T).reshape(t, c.n_kv_heads, c.head_dim)
+            v = (h @ self.w[b + "attn_v.weight"].T).reshape(t, c.n_kv_heads, c.head_dim)
+            if c.head_norm:
+                q = self._norm(q, b + "attn_q_norm.weight")
+                k = self._norm(k, b + "attn_k_norm.weight")
+            q, k, v = (a.transpose(1, 0, 2)[None] for a in (q, k, v))  # [1, heads, t, D]
+            rope = dict(traditional=not c.neox, base=c.rope_theta, scale=1.0, offset=start)
+            q, k = mx.fast.rope(q, c.head_dim, **rope), mx.fast.rope(k, c.head_dim, **rope)
+            self.k[i][:, :, start:start + t, :] = k
+            self.v[i][:, :, start:start + t, :] = v
+            keys, values = self.k[i][:, :, : start + t, :], self.v[i][:, :, : start + t, :]
+            o = mx.fast.scaled_dot_product_attention(q, keys, values,
+                                                     scale=1.0 / math.sqrt(c.head_dim), mask=mask)
+            x = x + o[0].transpose(1, 0, 2).reshape(t, -1) @ self.w[b + "attn_output.weight"].T
+            h = self._norm(x, b + "ffn_norm.weight")
+            gate, up = h @ self.w[b + "ffn_gate.weight"].T, h @ self.w[b + "ffn_up.weight"].T
+            x = x + (nn_silu(gate) * up) @ self.w[b + "ffn_down.weight"].T
+        x = self._norm(x, "output_norm.weight")
+        out = self.w["token_embd.weight" if c.tied else "output.weight"]
+        self.pos += t
+        return (x @ out.T).astype(mx.float32)
+
+
+def _backend() -> str:
+    from kernels.runtime import backend
+
+    return backend() if mx.default_device() != mx.cpu else "cpu"
+
+
+def nn_silu(x: mx.array) -> mx.array:
+    return x * mx.sigmoid(x)
+
+
+@dataclass
+class Run:
+    prompt_tokens: int
+    generated: list[int]
+    prefill_s: float
+    decode_s: float
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s
+
+    @property
+    def decode_tok_s(self) -> float:
+        return len(self.generated) / self.decode_s if self.generated else float("nan")
+
+
+def generate(decoder: ReferenceDecoder, prompt, n: int) -> Run:
+    """Greedy: prefill the prompt, then n tokens one evaluation each (`step` mode)."""
+    start = time.perf_counter()
+    logits = decoder.forward(prompt)
+    token = mx.argmax(logits[-1])
+    mx.eval(token)
+    prefill_s = time.perf_counter() - start
+    out = []
+    start = time.perf_counter()
+    for _ in range(n):
+        out.append(int(token.item()))
+        token = mx.argmax(decoder.forward([out[-1]])[-1])
+        mx.eval(token)
+    return Run(len(prompt), out, prefill_s, time.perf_counter() - start)
+
+
+def model_file(name: str, qtype: str = "q8_0", seed: int = 0) -> "Path":
+    """A GGUF path: an existing file, or a preset's random-weight file, written once into
+    $LATHE_CACHE (default ~/.cache/lathe) and reused."""
+    import os
+    from pathlib import Path
+
+    if name not in PRESETS:
+        path = Path(name)
+        if not path.is_file():
+            raise ValueError(f"{name!r} is neither a GGUF file nor a preset ({', '.join(PRESETS)})")
+        return path
+    cache = Path(os.environ.get("LATHE_CACHE", Path.home() / ".cache" / "lathe")) / "models"
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"{name}-{qtype}-seed{seed}.gguf"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        write_random_gguf(tmp, name, qtype, seed)
+        tmp.replace(path)  # complete files only: a run cut short leaves no half-written model
+    return path
+
+
+def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0) -> dict:
+    """Load (or make) the model, prefill `prompt` random tokens, greedily generate `gen`."""
+    path = model_file(name, qtype, seed)
+    model = load_gguf(path)
+    c = model.config
+    if prompt < 1 or prompt + gen > c.ctx:
+        raise ValueError(f"prompt + gen = {prompt + gen} must be in 1..{c.ctx} (the context)")
+    decoder = ReferenceDecoder(model, prompt + gen)
+    tokens = np.random.default_rng(seed).integers(0, c.vocab, prompt)
+    generate(decoder, tokens[: min(4, prompt)], 1)  # warm-up: first-use costs stay out
+    decoder.reset()
+    run = generate(decoder, tokens, gen)
+    params = sum(int(np.prod(t.shape)) for t in model.tensors.values() if t.dtype != np.uint8)
+    params += sum(t.size // {"Q8_0": 34, "Q4_0": 18}[model.types[n]] * 32
+                  for n, t in model.tensors.items() if t.dtype == np.uint8)
+    return dict(model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
+                params_m=round(params / 1e6, 1), backend=_backend(),
+                variant=decoder.variant, mode="step", test=f"pp{prompt}+tg{gen}",
+                prefill_tok_s=round(run.prefill_tok_s, 1), decode_tok_s=round(run.decode_tok_s, 1),
+                ms_per_token=round(1e3 / run.decode_tok_s, 3) if gen else float("nan"))
