@@ -116,12 +116,12 @@ def cmd_compile(family: str | None) -> int:
     return 1 if failures else 0
 
 
-def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int) -> int:
+def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: str = "step") -> int:
     """Greedy decode of a GGUF model or preset with the reference variant (MLX built-ins)."""
     from harness.decode import run_decode
 
     print(_backend_line())
-    row = run_decode(model, qtype, prompt, gen, seed)
+    row = run_decode(model, qtype, prompt, gen, seed, mode)
     with pd.option_context("display.width", 200):
         print(pd.DataFrame([row]).to_string(index=False))
     return 0
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--prompt", type=int, default=16)
     dec.add_argument("--gen", type=int, default=32)
     dec.add_argument("--seed", type=int, default=0)
+    dec.add_argument("--mode", default="step", choices=("step", "pipelined", "chained"))
     comp = sub.add_parser("compile", help="NVRTC-compile every kernel instantiation (no GPU needed)")
     comp.add_argument("family", nargs="?")
     peak = sub.add_parser("peak", help="measure the device's memory peak")
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep)
     if args.command == "decode":
-        return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed)
+        return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode)
     if args.command == "compile":
         return cmd_compile(args.family)
     if args.command == "peak":

@@ -1,6 +1,6 @@
 """The decode loop, so far its `reference` variant: MLX built-ins only (mx.fast.rms_norm,
-mx.fast.rope, mx.fast.scaled_dot_product_attention, dequantized weights and matmul), in `step`
-mode (evaluate each token). It runs anywhere MLX runs, the CPU included, and is the baseline the
+mx.fast.rope, mx.fast.scaled_dot_product_attention, dequantized weights and matmul), in the
+modes step, pipelined and chained (see `generate`). It runs anywhere MLX runs, the CPU included, and is the baseline the
 kernel variants (issue 5) will plug in next to.
 
 A model's weights are dequantized once (float32 on the CPU, float16 on a GPU); the KV cache is
@@ -50,7 +50,10 @@ class ReferenceDecoder:
     def forward(self, tokens) -> mx.array:
         """Logits [len(tokens), vocab] (float32) for tokens at positions pos..; advances pos."""
         c = self.config
-        tokens = mx.array(np.asarray(tokens, dtype=np.int32).reshape(-1))
+        if isinstance(tokens, mx.array):  # a token computed on the device (pipelined, chained)
+            tokens = tokens.reshape(-1).astype(mx.int32)
+        else:
+            tokens = mx.array(np.asarray(tokens, dtype=np.int32).reshape(-1))
         t = tokens.size
         if t == 0:
             raise ValueError("tokens must not be empty")
@@ -114,19 +117,45 @@ class Run:
         return len(self.generated) / self.decode_s if self.generated else float("nan")
 
 
-def generate(decoder: ReferenceDecoder, prompt, n: int) -> Run:
-    """Greedy: prefill the prompt, then n tokens one evaluation each (`step` mode)."""
+MODES = ("step", "pipelined", "chained")
+
+
+def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step") -> Run:
+    """Greedy: prefill the prompt (one evaluation), then n tokens.
+
+    step: one evaluation per token, the token read back to the host before the next is built;
+    pipelined: token n+1's graph is built and queued (mx.async_eval) before token n is read, so
+    host work overlaps device work (mlx-lm's loop); chained: all n tokens in one graph, each
+    argmax feeding the next embedding on the device, one evaluation.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     start = time.perf_counter()
-    logits = decoder.forward(prompt)
-    token = mx.argmax(logits[-1])
+    token = mx.argmax(decoder.forward(prompt)[-1])
     mx.eval(token)
     prefill_s = time.perf_counter() - start
-    out = []
     start = time.perf_counter()
-    for _ in range(n):
-        out.append(int(token.item()))
-        token = mx.argmax(decoder.forward([out[-1]])[-1])
-        mx.eval(token)
+    out: list[int] = []
+    if mode == "step":
+        for i in range(n):
+            out.append(int(token.item()))
+            if i + 1 < n:
+                token = mx.argmax(decoder.forward([out[-1]])[-1])
+                mx.eval(token)
+    elif mode == "pipelined":
+        for i in range(n):
+            following = None
+            if i + 1 < n:
+                following = mx.argmax(decoder.forward(token)[-1])
+                mx.async_eval(following)
+            out.append(int(token.item()))
+            token = following
+    else:
+        chain = [token]
+        for _ in range(n - 1):
+            chain.append(mx.argmax(decoder.forward(chain[-1])[-1]))
+        mx.eval(chain)
+        out = [int(t.item()) for t in chain[:n]]
     return Run(len(prompt), out, prefill_s, time.perf_counter() - start)
 
 
@@ -151,7 +180,7 @@ def model_file(name: str, qtype: str = "q8_0", seed: int = 0) -> "Path":
     return path
 
 
-def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0) -> dict:
+def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode: str = "step") -> dict:
     """Load (or make) the model, prefill `prompt` random tokens, greedily generate `gen`."""
     path = model_file(name, qtype, seed)
     model = load_gguf(path)
@@ -162,12 +191,12 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0) -> d
     tokens = np.random.default_rng(seed).integers(0, c.vocab, prompt)
     generate(decoder, tokens[: min(4, prompt)], 1)  # warm-up: first-use costs stay out
     decoder.reset()
-    run = generate(decoder, tokens, gen)
+    run = generate(decoder, tokens, gen, mode)
     params = sum(int(np.prod(t.shape)) for t in model.tensors.values() if t.dtype != np.uint8)
     params += sum(t.size // {"Q8_0": 34, "Q4_0": 18}[model.types[n]] * 32
                   for n, t in model.tensors.items() if t.dtype == np.uint8)
     return dict(model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
                 params_m=round(params / 1e6, 1), backend=_backend(),
-                variant=decoder.variant, mode="step", test=f"pp{prompt}+tg{gen}",
+                variant=decoder.variant, mode=mode, test=f"pp{prompt}+tg{gen}",
                 prefill_tok_s=round(run.prefill_tok_s, 1), decode_tok_s=round(run.decode_tok_s, 1),
                 ms_per_token=round(1e3 / run.decode_tok_s, 3) if gen else float("nan"))

@@ -60,3 +60,19 @@ def test_model_file_names_the_presets(tmp_path, monkeypatch):
         model_file("no-such-model")
     path = model_file("tiny-qwen3", "q4_0", seed=5)
     assert path.exists() and model_file("tiny-qwen3", "q4_0", seed=5) == path
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_modes_give_identical_tokens(models, preset):
+    from harness.decode import MODES, generate
+
+    m = models[preset, "q8_0"]
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    runs = {}
+    for mode in MODES:
+        decoder = ReferenceDecoder(m, PROMPT + 24)  # exactly full: no mode may build past it
+        runs[mode] = generate(decoder, prompt, 24, mode).generated
+        assert len(runs[mode]) == 24 and decoder.pos == PROMPT + 23
+    assert runs["step"] == runs["pipelined"] == runs["chained"]
+    with pytest.raises(ValueError, match="mode"):
+        generate(ReferenceDecoder(m, 40), prompt, 2, "compiled-later")
