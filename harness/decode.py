@@ -17,6 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from harness.models import PRESETS, Model, load_gguf, write_random_gguf
+from harness.sampling import Sampler
 from reference.model import weight as float64_weight
 
 
@@ -117,21 +118,65 @@ class Run:
         return len(self.generated) / self.decode_s if self.generated else float("nan")
 
 
+class Session:
+    """The three paths of a serving loop over one decoder: given the whole token sequence so far,
+    `decode` (one new token after the cached ones), `prefix` (the sequence shares a prefix with
+    the cache: only the rest is computed, at its positions) or `prefill` (nothing to reuse: the
+    cache starts over). Rows past the reused prefix are overwritten, never read."""
+
+    def __init__(self, decoder: ReferenceDecoder) -> None:
+        self.decoder = decoder
+        self.tokens: list[int] = []
+
+    def logits(self, tokens) -> tuple[mx.array, str]:
+        """Logits of the last token of `tokens`, and the path taken."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("tokens must not be empty")
+        shared = 0
+        for a, b in zip(self.tokens, tokens):
+            if a != b:
+                break
+            shared += 1
+        shared = min(shared, len(tokens) - 1)  # the last token is always computed
+        if shared == 0:
+            self.decoder.reset()
+            path = "prefill"
+        else:
+            self.decoder.pos = shared
+            path = "decode" if shared == len(self.tokens) and len(tokens) == shared + 1 else "prefix"
+        out = self.decoder.forward(tokens[shared:])[-1]
+        self.tokens = tokens
+        return out, path
+
+
 MODES = ("step", "pipelined", "chained")
 
 
-def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step") -> Run:
-    """Greedy: prefill the prompt (one evaluation), then n tokens.
+def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
+             sampler: Sampler | None = None) -> Run:
+    """Prefill the prompt (one evaluation), then n tokens, greedy or through `sampler`.
 
     step: one evaluation per token, the token read back to the host before the next is built;
     pipelined: token n+1's graph is built and queued (mx.async_eval) before token n is read, so
     host work overlaps device work (mlx-lm's loop); chained: all n tokens in one graph, each
-    argmax feeding the next embedding on the device, one evaluation.
+    sampled token feeding the next embedding on the device, one evaluation.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    history = [mx.array(np.asarray(prompt, dtype=np.int32).reshape(-1))]
+
+    def pick(logits: mx.array) -> mx.array:  # on the device; step i uses key seed + i
+        if sampler is None:
+            token = mx.argmax(logits[-1])
+        else:
+            key = mx.random.key((sampler.seed or 0) + len(history))
+            token = sampler(logits[-1], mx.concatenate(history), key)
+        history.append(token.reshape(1).astype(mx.int32))
+        return token
+
     start = time.perf_counter()
-    token = mx.argmax(decoder.forward(prompt)[-1])
+    token = pick(decoder.forward(prompt))
     mx.eval(token)
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
@@ -140,20 +185,20 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step") -> R
         for i in range(n):
             out.append(int(token.item()))
             if i + 1 < n:
-                token = mx.argmax(decoder.forward([out[-1]])[-1])
+                token = pick(decoder.forward([out[-1]]))
                 mx.eval(token)
     elif mode == "pipelined":
         for i in range(n):
             following = None
             if i + 1 < n:
-                following = mx.argmax(decoder.forward(token)[-1])
+                following = pick(decoder.forward(token))
                 mx.async_eval(following)
             out.append(int(token.item()))
             token = following
     else:
         chain = [token]
         for _ in range(n - 1):
-            chain.append(mx.argmax(decoder.forward(chain[-1])[-1]))
+            chain.append(pick(decoder.forward(chain[-1])))
         mx.eval(chain)
         out = [int(t.item()) for t in chain[:n]]
     return Run(len(prompt), out, prefill_s, time.perf_counter() - start)

@@ -76,3 +76,35 @@ def test_modes_give_identical_tokens(models, preset):
     assert runs["step"] == runs["pipelined"] == runs["chained"]
     with pytest.raises(ValueError, match="mode"):
         generate(ReferenceDecoder(m, 40), prompt, 2, "compiled-later")
+
+
+def test_sampled_generation_is_seeded_and_mode_independent(models):
+    from harness.decode import MODES, generate
+    from harness.sampling import Sampler
+
+    m = models["tiny-llama", "q4_0"]
+    prompt = np.random.default_rng(1).integers(0, m.config.vocab, PROMPT)
+    sampler = Sampler(repetition_penalty=1.3, temperature=0.9, top_k=40, top_p=0.95, seed=11)
+    runs = {mode: generate(ReferenceDecoder(m, PROMPT + 16), prompt, 16, mode, sampler).generated
+            for mode in MODES}
+    assert runs["step"] == runs["pipelined"] == runs["chained"]
+    greedy = generate(ReferenceDecoder(m, PROMPT + 16), prompt, 16).generated
+    assert runs["step"] != greedy  # the sampler did something
+
+
+def test_session_paths_match_a_full_prefill(models):
+    from harness.decode import Session
+
+    m = models["tiny-qwen3", "q8_0"]
+    seq = [int(t) for t in np.random.default_rng(3).integers(0, m.config.vocab, 30)]
+
+    def full(tokens):
+        return np.array(ReferenceDecoder(m, 64).forward(tokens))[-1]
+
+    s = Session(ReferenceDecoder(m, 64))
+    for tokens, path in ((seq[:12], "prefill"), (seq[:13], "decode"), (seq[:20], "prefix"),
+                         (seq[:8] + seq[25:30], "prefix"), (seq[25:30], "prefill"),
+                         (seq[25:30], "prefix")):
+        got, taken = s.logits(tokens)
+        assert taken == path, (len(tokens), taken, path)
+        np.testing.assert_allclose(np.array(got), full(tokens), rtol=1e-4, atol=1e-4)
