@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--prompt", type=int, default=16)
     dec.add_argument("--gen", type=int, default=32)
     dec.add_argument("--seed", type=int, default=0)
-    dec.add_argument("--mode", default="step", choices=("step", "pipelined", "chained"))
+    dec.add_argument("--mode", default="step", choices=("step", "pipelined", "chained", "compiled"))
     comp = sub.add_parser("compile", help="NVRTC-compile every kernel instantiation (no GPU needed)")
     comp.add_argument("family", nargs="?")
     peak = sub.add_parser("peak", help="measure the device's memory peak")

@@ -1,6 +1,6 @@
 """The decode loop, so far its `reference` variant: MLX built-ins only (mx.fast.rms_norm,
 mx.fast.rope, mx.fast.scaled_dot_product_attention, dequantized weights and matmul), in the
-modes step, pipelined and chained (see `generate`). It runs anywhere MLX runs, the CPU included, and is the baseline the
+modes step, pipelined, chained and compiled (see `generate`). It runs anywhere MLX runs, the CPU included, and is the baseline the
 kernel variants (issue 5) will plug in next to.
 
 A model's weights are dequantized once (float32 on the CPU, float16 on a GPU); the KV cache is
@@ -92,6 +92,43 @@ class ReferenceDecoder:
         return (x @ out.T).astype(mx.float32)
 
 
+def _compiled_step(decoder: ReferenceDecoder):
+    """One decode step as an mx.compile'd function of (token, pos, *k caches, *v caches): the
+    position is an array, so one compiled graph serves every step. Shapes must not depend on it:
+    attention runs over the whole cache with the rows past pos masked out."""
+    c, L = decoder.config, decoder.config.n_layers
+    w = decoder.w
+
+    def step(token, pos, *caches):
+        ks, vs = list(caches[:L]), list(caches[L:])
+        x = w["token_embd.weight"][token]  # [1, d]
+        valid = (mx.arange(decoder.max_seq) <= pos)[None, None, None, :]
+        rope = dict(traditional=not c.neox, base=c.rope_theta, scale=1.0, offset=pos.reshape(()))
+        for i in range(L):
+            b = f"blk.{i}."
+            h = mx.fast.rms_norm(x, w[b + "attn_norm.weight"].astype(x.dtype), c.eps)
+            q = (h @ w[b + "attn_q.weight"].T).reshape(1, c.n_heads, 1, c.head_dim)
+            k = (h @ w[b + "attn_k.weight"].T).reshape(1, c.n_kv_heads, 1, c.head_dim)
+            v = (h @ w[b + "attn_v.weight"].T).reshape(1, c.n_kv_heads, 1, c.head_dim)
+            if c.head_norm:
+                q = mx.fast.rms_norm(q, w[b + "attn_q_norm.weight"].astype(q.dtype), c.eps)
+                k = mx.fast.rms_norm(k, w[b + "attn_k_norm.weight"].astype(k.dtype), c.eps)
+            q, k = mx.fast.rope(q, c.head_dim, **rope), mx.fast.rope(k, c.head_dim, **rope)
+            ks[i] = mx.slice_update(ks[i], k, pos, axes=(2,))
+            vs[i] = mx.slice_update(vs[i], v, pos, axes=(2,))
+            o = mx.fast.scaled_dot_product_attention(q, ks[i], vs[i],
+                                                     scale=1.0 / math.sqrt(c.head_dim), mask=valid)
+            x = x + o.reshape(1, -1) @ w[b + "attn_output.weight"].T
+            h = mx.fast.rms_norm(x, w[b + "ffn_norm.weight"].astype(x.dtype), c.eps)
+            gate, up = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+            x = x + (nn_silu(gate) * up) @ w[b + "ffn_down.weight"].T
+        x = mx.fast.rms_norm(x, w["output_norm.weight"].astype(x.dtype), c.eps)
+        out = w["token_embd.weight" if c.tied else "output.weight"]
+        return ((x @ out.T).astype(mx.float32), *ks, *vs)
+
+    return mx.compile(step)
+
+
 def _backend() -> str:
     from kernels.runtime import backend
 
@@ -150,7 +187,7 @@ class Session:
         return out, path
 
 
-MODES = ("step", "pipelined", "chained")
+MODES = ("step", "pipelined", "chained", "compiled")
 
 
 def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
@@ -160,7 +197,8 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
     step: one evaluation per token, the token read back to the host before the next is built;
     pipelined: token n+1's graph is built and queued (mx.async_eval) before token n is read, so
     host work overlaps device work (mlx-lm's loop); chained: all n tokens in one graph, each
-    sampled token feeding the next embedding on the device, one evaluation.
+    sampled token feeding the next embedding on the device, one evaluation; compiled: step mode
+    through one mx.compile'd decode step with the position passed as an array.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -186,6 +224,19 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
             out.append(int(token.item()))
             if i + 1 < n:
                 token = pick(decoder.forward([out[-1]]))
+                mx.eval(token)
+    elif mode == "compiled":
+        fn, layers = _compiled_step(decoder), decoder.config.n_layers
+        for i in range(n):
+            out.append(int(token.item()))
+            if i + 1 < n:
+                if decoder.pos >= decoder.max_seq:
+                    raise ValueError(f"the cache of {decoder.max_seq} is full")
+                pos = mx.array([decoder.pos], dtype=mx.int32)
+                logits, *caches = fn(token.reshape(1).astype(mx.int32), pos, *decoder.k, *decoder.v)
+                decoder.k, decoder.v = caches[:layers], caches[layers:]
+                decoder.pos += 1
+                token = pick(logits)
                 mx.eval(token)
     elif mode == "pipelined":
         for i in range(n):
