@@ -10,8 +10,10 @@ head-major [1, n_kv, max_seq, head_dim] per layer, updated by slice assignment (
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -50,7 +52,6 @@ class ReferenceDecoder:
 
     def forward(self, tokens) -> mx.array:
         """Logits [len(tokens), vocab] (float32) for tokens at positions pos..; advances pos."""
-        c = self.config
         if isinstance(tokens, mx.array):  # a token computed on the device (pipelined, chained)
             tokens = tokens.reshape(-1).astype(mx.int32)
         else:
@@ -61,34 +62,46 @@ class ReferenceDecoder:
         if self.pos + t > self.max_seq:
             raise ValueError(f"{self.pos + t} tokens do not fit the cache of {self.max_seq}")
         start = self.pos
-        x = self.w["token_embd.weight"][tokens]
         mask = None
         if t > 1:  # causal over the cache so far: query i sees keys 0 .. start + i
             mask = mx.arange(start + t)[None, :] <= (start + mx.arange(t))[:, None]
+
+        def store(i: int, k: mx.array, v: mx.array):
+            self.k[i][:, :, start:start + t, :] = k
+            self.v[i][:, :, start:start + t, :] = v
+            return self.k[i][:, :, : start + t, :], self.v[i][:, :, : start + t, :], mask
+
+        logits = self.layers(tokens, start, store)
+        self.pos += t
+        return logits
+
+    def layers(self, tokens: mx.array, offset, store) -> mx.array:
+        """The model over tokens at positions offset.. (an int, or an array in a compiled step).
+        `store(layer, k, v)` puts the rotated K and V into the cache and returns what attention
+        reads: (keys, values, mask)."""
+        c, w, t = self.config, self.w, tokens.size
+        x = w["token_embd.weight"][tokens]
+        rope = dict(traditional=not c.neox, base=c.rope_theta, scale=1.0, offset=offset)
         for i in range(c.n_layers):
             b = f"blk.{i}."
             h = self._norm(x, b + "attn_norm.weight")
-            q = (h @ self.w[b + "attn_q.weight"].T).reshape(t, c.n_heads, c.head_dim)
-            k = (h @ self.w[b + "attn_k.weight"].T).reshape(t, c.n_kv_heads, c.head_dim)
-            v = (h @ self.w[b + "attn_v.weight"].T).reshape(t, c.n_kv_heads, c.head_dim)
+            q = (h @ w[b + "attn_q.weight"].T).reshape(t, c.n_heads, c.head_dim)
+            k = (h @ w[b + "attn_k.weight"].T).reshape(t, c.n_kv_heads, c.head_dim)
+            v = (h @ w[b + "attn_v.weight"].T).reshape(t, c.n_kv_heads, c.head_dim)
             if c.head_norm:
                 q = self._norm(q, b + "attn_q_norm.weight")
                 k = self._norm(k, b + "attn_k_norm.weight")
             q, k, v = (a.transpose(1, 0, 2)[None] for a in (q, k, v))  # [1, heads, t, D]
-            rope = dict(traditional=not c.neox, base=c.rope_theta, scale=1.0, offset=start)
             q, k = mx.fast.rope(q, c.head_dim, **rope), mx.fast.rope(k, c.head_dim, **rope)
-            self.k[i][:, :, start:start + t, :] = k
-            self.v[i][:, :, start:start + t, :] = v
-            keys, values = self.k[i][:, :, : start + t, :], self.v[i][:, :, : start + t, :]
+            keys, values, mask = store(i, k, v)
             o = mx.fast.scaled_dot_product_attention(q, keys, values,
                                                      scale=1.0 / math.sqrt(c.head_dim), mask=mask)
-            x = x + o[0].transpose(1, 0, 2).reshape(t, -1) @ self.w[b + "attn_output.weight"].T
+            x = x + o[0].transpose(1, 0, 2).reshape(t, -1) @ w[b + "attn_output.weight"].T
             h = self._norm(x, b + "ffn_norm.weight")
-            gate, up = h @ self.w[b + "ffn_gate.weight"].T, h @ self.w[b + "ffn_up.weight"].T
-            x = x + (nn_silu(gate) * up) @ self.w[b + "ffn_down.weight"].T
+            gate, up = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
+            x = x + (silu(gate) * up) @ w[b + "ffn_down.weight"].T
         x = self._norm(x, "output_norm.weight")
-        out = self.w["token_embd.weight" if c.tied else "output.weight"]
-        self.pos += t
+        out = w["token_embd.weight" if c.tied else "output.weight"]
         return (x @ out.T).astype(mx.float32)
 
 
@@ -96,35 +109,19 @@ def _compiled_step(decoder: ReferenceDecoder):
     """One decode step as an mx.compile'd function of (token, pos, *k caches, *v caches): the
     position is an array, so one compiled graph serves every step. Shapes must not depend on it:
     attention runs over the whole cache with the rows past pos masked out."""
-    c, L = decoder.config, decoder.config.n_layers
-    w = decoder.w
+    layers = decoder.config.n_layers
 
     def step(token, pos, *caches):
-        ks, vs = list(caches[:L]), list(caches[L:])
-        x = w["token_embd.weight"][token]  # [1, d]
+        ks, vs = list(caches[:layers]), list(caches[layers:])
         valid = (mx.arange(decoder.max_seq) <= pos)[None, None, None, :]
-        rope = dict(traditional=not c.neox, base=c.rope_theta, scale=1.0, offset=pos.reshape(()))
-        for i in range(L):
-            b = f"blk.{i}."
-            h = mx.fast.rms_norm(x, w[b + "attn_norm.weight"].astype(x.dtype), c.eps)
-            q = (h @ w[b + "attn_q.weight"].T).reshape(1, c.n_heads, 1, c.head_dim)
-            k = (h @ w[b + "attn_k.weight"].T).reshape(1, c.n_kv_heads, 1, c.head_dim)
-            v = (h @ w[b + "attn_v.weight"].T).reshape(1, c.n_kv_heads, 1, c.head_dim)
-            if c.head_norm:
-                q = mx.fast.rms_norm(q, w[b + "attn_q_norm.weight"].astype(q.dtype), c.eps)
-                k = mx.fast.rms_norm(k, w[b + "attn_k_norm.weight"].astype(k.dtype), c.eps)
-            q, k = mx.fast.rope(q, c.head_dim, **rope), mx.fast.rope(k, c.head_dim, **rope)
+
+        def store(i: int, k: mx.array, v: mx.array):
             ks[i] = mx.slice_update(ks[i], k, pos, axes=(2,))
             vs[i] = mx.slice_update(vs[i], v, pos, axes=(2,))
-            o = mx.fast.scaled_dot_product_attention(q, ks[i], vs[i],
-                                                     scale=1.0 / math.sqrt(c.head_dim), mask=valid)
-            x = x + o.reshape(1, -1) @ w[b + "attn_output.weight"].T
-            h = mx.fast.rms_norm(x, w[b + "ffn_norm.weight"].astype(x.dtype), c.eps)
-            gate, up = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
-            x = x + (nn_silu(gate) * up) @ w[b + "ffn_down.weight"].T
-        x = mx.fast.rms_norm(x, w["output_norm.weight"].astype(x.dtype), c.eps)
-        out = w["token_embd.weight" if c.tied else "output.weight"]
-        return ((x @ out.T).astype(mx.float32), *ks, *vs)
+            return ks[i], vs[i], valid
+
+        logits = decoder.layers(token, pos.reshape(()), store)
+        return (logits, *ks, *vs)
 
     return mx.compile(step)
 
@@ -135,7 +132,7 @@ def _backend() -> str:
     return backend() if mx.default_device() != mx.cpu else "cpu"
 
 
-def nn_silu(x: mx.array) -> mx.array:
+def silu(x: mx.array) -> mx.array:
     return x * mx.sigmoid(x)
 
 
@@ -255,12 +252,9 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
     return Run(len(prompt), out, prefill_s, time.perf_counter() - start)
 
 
-def model_file(name: str, qtype: str = "q8_0", seed: int = 0) -> "Path":
+def model_file(name: str, qtype: str = "q8_0", seed: int = 0) -> Path:
     """A GGUF path: an existing file, or a preset's random-weight file, written once into
     $LATHE_CACHE (default ~/.cache/lathe) and reused."""
-    import os
-    from pathlib import Path
-
     if name not in PRESETS:
         path = Path(name)
         if not path.is_file():

@@ -8,7 +8,7 @@ reference.quant's layout). RoPE pairing follows llama.cpp: `llama` turns neighbo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -210,8 +210,3 @@ def load_gguf(path: str | Path) -> Model:
         raise GGUFError(f"{path}: missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     return Model(config, tensors, types)
 
-
-def preset_config(name: str, **changes) -> Config:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    return replace(PRESETS[name], **changes)

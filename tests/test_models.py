@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.models import PRESETS, QTYPES, GGUFError, load_gguf, tensor_shapes, write_random_gguf
-from reference.model import KVCache, forward
+from reference.model import forward
 from reference.quant import dequantize
 
 

@@ -43,8 +43,9 @@ class Rotated(NamedTuple):
     this write, and after earlier writes too when each write is ordered after the previous
     reader (a decode loop: the next token's QKV comes out of the last attention). MLX orders
     work on CUDA by the buffers each op declares as outputs, and the cache is not one, so an MLX
-    built-in op reading the cache in the same graph is NOT ordered after the write. The returned caches are wrapped
-    by ``mx.depends`` on the token, which orders evaluation, e.g. host reads after ``mx.eval``.
+    built-in op reading the cache in the same graph is NOT ordered after the write. The returned
+    caches are wrapped by ``mx.depends`` on the token, which orders evaluation, e.g. host reads
+    after ``mx.eval``.
     In the functional form `written` is None and every reader is ordered by MLX as usual.
     """
 
