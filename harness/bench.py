@@ -36,18 +36,26 @@ def time_case(case: BenchCase, *, l2: int, repeats: int = 7) -> Timing:
     return time_calls(case.make_set, case.step, case.set_bytes, l2=l2, repeats=repeats)
 
 
-def result_row(case: BenchCase, timing: Timing, peak_gbs: float, meta: dict, backend: str,
+def timing_row(benchmark: str, kernel: str, variant: str, nbytes: int, flops: int,
+               shape: dict[str, Any], timing: Timing, peak_gbs: float, meta: dict, backend: str,
                device: str, rel_err: float | str = "") -> dict:
-    gbs = case.bytes / (timing.us * 1e-6) / 1e9
+    """One results row: a timing scaled by its roofline bytes and by the measured peak."""
+    gbs = nbytes / (timing.us * 1e-6) / 1e9
     return dict(
-        benchmark=case.benchmark, kernel=case.kernel, variant=case.variant, backend=backend,
+        benchmark=benchmark, kernel=kernel, variant=variant, backend=backend,
         device=device, us=round(timing.us, 3), us_min=round(timing.us_min, 3),
         us_max=round(timing.us_max, 3), gbs=round(gbs, 2), pct_peak=round(100 * gbs / peak_gbs, 2),
-        peak_gbs=round(peak_gbs, 1), bytes=case.bytes, flops=case.flops, launches=timing.launches,
+        peak_gbs=round(peak_gbs, 1), bytes=nbytes, flops=flops, launches=timing.launches,
         repeats=timing.repeats, rel_err=rel_err, compile_s=round(timing.compile_s, 3),
         host_us=round(timing.host_us, 2),
-        **meta, **case.shape,
+        **meta, **shape,
     )
+
+
+def result_row(case: BenchCase, timing: Timing, peak_gbs: float, meta: dict, backend: str,
+               device: str, rel_err: float | str = "") -> dict:
+    return timing_row(case.benchmark, case.kernel, case.variant, case.bytes, case.flops,
+                      case.shape, timing, peak_gbs, meta, backend, device, rel_err)
 
 
 def run_cases(cases: list[BenchCase], peak_gbs: float, backend: str, device: str, meta: dict,

@@ -83,17 +83,13 @@ def _peak():
 
 
 def _peak_rows(peak, meta, backend, device) -> list[dict]:
+    from harness.bench import timing_row
     from harness.peak import PEAK_BYTES
 
-    return [
-        dict(benchmark="peak", kernel=name, variant="copy", backend=backend, device=device,
-             us=round(t.us, 3), us_min=round(t.us_min, 3), us_max=round(t.us_max, 3),
-             gbs=round(gbs, 2), pct_peak=round(100 * gbs / peak.gbs, 2), peak_gbs=round(peak.gbs, 1),
-             bytes=2 * PEAK_BYTES, flops=0, launches=t.launches, repeats=t.repeats, rel_err="",
-             compile_s=round(t.compile_s, 3), host_us=round(t.host_us, 2), nbytes=2 * PEAK_BYTES,
-             **meta)
-        for name, (t, gbs) in peak.by_workload.items()
-    ]
+    moved = 2 * PEAK_BYTES
+    return [timing_row("peak", name, "copy", moved, 0, dict(nbytes=moved), t, peak.gbs, meta,
+                       backend, device)
+            for name, (t, _) in peak.by_workload.items()]
 
 
 def cmd_compile(family: str | None) -> int:
