@@ -1,5 +1,5 @@
 """Quantized GEMV: argument checks (CPU), the formats' reference self-checks (CPU), and every
-check case against float64 on dequantized weights (GPU)."""
+check case against float64 on dequantized weights or the reference bytes (GPU)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from harness.check import run_case
 from harness.suites.gemv import check_cases, reference_cases
-from kernels.gemv import gemv_v1
+from kernels import gemv
 
 N, K = 8, 64
 
@@ -21,23 +21,60 @@ def w8(nbytes):
     return mx.zeros((nbytes,), mx.uint8)
 
 
-@pytest.mark.parametrize(
-    "call, message",
-    [
-        (lambda: gemv_v1(x16(k=40), w8(N * 40), "q4_0", N, 40), "multiple of 32"),
-        (lambda: gemv_v1(mx.zeros((1, K)), w8(N * 36), "q4_0", N, K), "float16"),
-        (lambda: gemv_v1(x16(5), w8(N * 36), "q4_0", N, K), "M in 1..4"),
-        (lambda: gemv_v1(x16(k=96), w8(N * 36), "q4_0", N, K), r"\[M, K=64\]"),
-        (lambda: gemv_v1(x16(), w8(N * 36 + 1), "q4_0", N, K), "takes 288"),
-        (lambda: gemv_v1(x16(), w8(N * 36), "q8_0", N, K), "takes 544"),
-        (lambda: gemv_v1(x16(), mx.zeros((N * 36,), mx.int8), "q4_0", N, K), "uint8"),
-        (lambda: gemv_v1(x16(), w8(N * 36), "q5_0", N, K), "qtype"),
-        (lambda: gemv_v1(x16(), w8(0), "q4_0", 0, K), "N must be positive"),
-    ],
-)
+def _bad_inputs(fn):
+    return [
+        (lambda: fn(x16(k=40), w8(N * 40), "q4_0", N, 40), "multiple of 32"),
+        (lambda: fn(mx.zeros((1, K)), w8(N * 36), "q4_0", N, K), "float16"),
+        (lambda: fn(x16(5), w8(N * 36), "q4_0", N, K), "M in 1..4"),
+        (lambda: fn(x16(k=96), w8(N * 36), "q4_0", N, K), r"\[M, 64\]"),
+        (lambda: fn(x16(), w8(N * 36 + 1), "q4_0", N, K), "takes 288"),
+        (lambda: fn(x16(), w8(N * 36), "q8_0", N, K), "takes 544"),
+        (lambda: fn(x16(), mx.zeros((N * 36,), mx.int8), "q4_0", N, K), "uint8"),
+        (lambda: fn(x16(), w8(N * 36), "q5_0", N, K), "qtype"),
+        (lambda: fn(x16(), w8(0), "q4_0", 0, K), "N must be positive"),
+    ]
+
+
+BAD = [
+    *_bad_inputs(gemv.gemv_v1),
+    *_bad_inputs(gemv.gemv_v2),
+    (lambda: gemv.gemv_v2(x16(), w8(N * 36), "q4_0", N, K, rows=8, simds=8), "threadgroup memory"),
+    (lambda: gemv.rmsnorm_gemv(x16(), x16(k=K)[0, :32], 1e-5, w8(N * 36), "q4_0", N, K), "gamma must be"),
+    (lambda: gemv.rmsnorm_gemv(x16(), mx.zeros((K,)), 1e-5, w8(N * 36), "q4_0", N, K), "gamma must be float16"),
+    (lambda: gemv.rmsnorm_gemv(x16(), x16()[0], 0.0, w8(N * 36), "q4_0", N, K), "eps"),
+    (lambda: gemv.silu_down_gemv(x16(), w8(N * 36), "q4_0", N, K), r"\[M, 128\]"),
+    (lambda: gemv.linear(x16(9, k=32), w8(N * 36), "q4_0", N, K), r"M >= 1"),
+    (lambda: gemv.quantize(mx.zeros((4, 64)), "q4_0"), "float16"),
+    (lambda: gemv.quantize(mx.zeros((4, 48), mx.float16), "q4_0"), "multiple of 32"),
+    (lambda: gemv.quantize(mx.zeros((64,), mx.float16), "q8_0"), r"\[N, K\]"),
+    (lambda: gemv.dequantize(w8(N * 36 - 2), "q4_0", N, K), "takes 288"),
+    (lambda: gemv.split(x16(1, 10), (4, 4)), "add up"),
+]
+
+
+@pytest.mark.parametrize("call, message", BAD)
 def test_bad_input_is_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_quantize_refuses_nan_before_launch():
+    if not __import__("kernels.runtime", fromlist=["has_gpu"]).has_gpu():
+        pytest.skip("the finiteness check evaluates on the device")
+    with pytest.raises(ValueError, match="NaN"):
+        gemv.quantize(mx.array([[float("nan")] + [0.0] * 31], mx.float16), "q4_0")
+
+
+def test_geometry_fits_and_spreads():
+    for qtype in gemv.QTYPES:
+        for m in range(1, gemv.MAX_M + 1):
+            for n in (1, 1024, 4096, 151936):
+                r, s = gemv.v2_geometry(qtype, m, n)
+                assert gemv.v2_smem_bytes(qtype, m, r, s) <= gemv.SMEM_BUDGET
+                assert r >= 1 and s >= 1
+    # a small matrix gets more, smaller threadgroups than a large one
+    small, large = gemv.v2_geometry("q4_0", 1, 1024), gemv.v2_geometry("q4_0", 1, 14336)
+    assert small[0] * small[1] < large[0] * large[1]
 
 
 @pytest.mark.parametrize("case", reference_cases(), ids=lambda c: c.id)

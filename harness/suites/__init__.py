@@ -23,7 +23,7 @@ def families() -> dict[str, Family]:
         "rope": Family("rope", rope.check_cases, rope.reference_cases, rope_bench.bench_cases,
                        rope_bench.plots, rope_bench.sweep_cases),
         "gemv": Family("gemv", gemv.check_cases, gemv.reference_cases, gemv.bench_cases,
-                       gemv.plots),
+                       gemv.plots, gemv.sweep_cases),
     }
 
 

@@ -1,6 +1,12 @@
-"""The quantized GEMV family (Q4_0, Q8_0): correctness against float64 on dequantized weights,
-the formats against the gguf package, and M = 1 benchmarks against MLX's fp16 matvec and
-quantized_matmul. So far: v1 kernels, M = 1..4 (issue 3 has the rest)."""
+"""The quantized GEMV family (Q4_0, Q8_0).
+
+Checks: GPU quantize/dequantize byte for byte against reference.quant; v1 and v2 GEMV, the fused
+RMSNorm+GEMV and SiLU+down, the batched (M > 4) path and the fused projections against float64
+on the dequantized weights, on odd small shapes and on real models' shapes, outputs poisoned.
+Benchmarks (M = 1 unless said): v1 and v2 against MLX's fp16 matvec and quantized_matmul at
+4 and 8 bits; fused against the unfused sequences; the batched path against repeated GEMVs over
+M; and a sweep of v2's launch knobs.
+"""
 
 from __future__ import annotations
 
@@ -12,47 +18,200 @@ import pandas as pd
 
 from harness.bench import BenchCase
 from harness.check import CheckCase, Comparison, compare, exact
-from reference.quant import dequantize, quantize, storage_bytes
+from reference import rel_err
+from reference.quant import BLOCK_BYTES, dequantize, quantize, storage_bytes
 
 TOL = 2e-3
 QTYPES = ("q4_0", "q8_0")
 SMALL_N = (1, 7, 33, 4097)
-SMALL_K = (32, 96, 4128)
-# Real shapes (N x K); the vocabulary-sized ones (151936 x 1024, 128256 x 4096) are left to the
-# batched/v2 work: their host-side quantization and float64 reference dominate a check run.
+SMALL_K = (32, 96, 256, 4128)  # 256: the smallest K whose rows are 16-byte aligned
+# N x K of real layers: Llama-3-8B q/o (4096 x 4096), k/v (1024 x 4096), gate/up (14336 x 4096),
+# down (4096 x 14336), output (128256 x 4096); Qwen3-0.6B gate/up (3072 x 1024), down
+# (1024 x 3072), output (151936 x 1024).
 REAL = ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (3072, 1024), (1024, 3072))
+VOCAB = ((151936, 1024), (128256, 4096))
+SAMPLED_FROM = 65536  # larger N: the float64 reference covers a sample of rows (all are checked finite)
+HOST_QUANTIZE_UP_TO = 1 << 22  # weights; larger matrices are quantized by the (checked) GPU kernel
 
 
 def _weights(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
-    # Rows of different scales, as in real layers; float32 (quantize converts exactly).
-    return (rng.standard_normal((n, k), dtype=np.float32)
-            * rng.uniform(0.02, 0.2, (n, 1)).astype(np.float32))
+    # Rows of different scales, as in real layers; fp16-exact values (the GPU quantizer's input).
+    w = rng.standard_normal((n, k), dtype=np.float32) * rng.uniform(0.02, 0.2, (n, 1)).astype(np.float32)
+    return w.astype(np.float16).astype(np.float32)
 
 
-def _gemv_case(qtype: str, m: int, n: int, k: int) -> CheckCase:
-    from kernels.gemv import gemv_v1
+def _blocks(rng: np.random.Generator, qtype: str, n: int, k: int) -> tuple[np.ndarray, mx.array]:
+    """Random weights in `qtype` blocks, on the host and on the device."""
+    w = _weights(rng, n, k)
+    if n * k <= HOST_QUANTIZE_UP_TO:
+        host = quantize(w, qtype)
+        return host, mx.array(host)
+    from kernels.gemv import quantize as gpu_quantize
+
+    dev = gpu_quantize(mx.array(w.astype(np.float16)), qtype)
+    mx.eval(dev)
+    return np.array(dev), dev
+
+
+def _x(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
+    return rng.standard_normal((m, k), dtype=np.float32).astype(np.float16)
+
+
+def _rows_checked(rng: np.random.Generator, n: int) -> np.ndarray:
+    if n < SAMPLED_FROM:
+        return np.arange(n)
+    return np.unique(np.concatenate([np.arange(256), np.arange(n - 256, n),
+                                     rng.integers(0, n, 2048)]))
+
+
+def _against_float64(name: str, y: mx.array, x64: np.ndarray, blocks: np.ndarray, qtype: str,
+                     k: int, rng: np.random.Generator) -> list[Comparison]:
+    """y = x64 @ W^T on the dequantized weights, in float64 (a sample of rows for vocab sizes)."""
+    out = np.array(y).astype(np.float64)
+    rows = _rows_checked(rng, blocks.shape[0])
+    want = x64 @ dequantize(blocks[rows], qtype, k).astype(np.float64).T
+    checks = [compare(name, out[:, rows], want, TOL)]
+    if len(rows) < blocks.shape[0]:
+        checks.append(exact(f"{name}: every row finite", np.isfinite(out).all(), True))
+    return checks
+
+
+# ---- formats on the GPU ----------------------------------------------------------------------------
+def _adversarial(rng: np.random.Generator, k: int) -> np.ndarray:
+    """Rows of special blocks: zeros, max fp16 magnitude, negative extremes, ties of magnitude
+    with opposite signs, tiny (subnormal) values, constant blocks, and random ones."""
+    rows = [np.zeros(k), np.full(k, 65504.0), np.full(k, -65504.0),
+            np.tile(np.r_[1.0, -1.0], k // 2), np.tile(np.r_[-3.0, 3.0], k // 2),
+            np.full(k, 6e-8), rng.standard_normal(k) * 1e-5, np.full(k, 0.1),
+            rng.integers(-8, 8, k).astype(np.float64), rng.standard_normal(k) * 1000]
+    return np.stack(rows).astype(np.float16).astype(np.float32)
+
+
+def _quantize_case(qtype: str, n: int, k: int, adversarial: bool = False) -> CheckCase:
+    from kernels.gemv import dequantize as gpu_dequantize
+    from kernels.gemv import quantize as gpu_quantize
     from kernels.runtime import poisoned_outputs
 
     def run(rng: np.random.Generator) -> list[Comparison]:
-        blocks = quantize(_weights(rng, n, k), qtype)
-        x = rng.standard_normal((m, k), dtype=np.float32).astype(np.float16)
+        w = _adversarial(rng, k) if adversarial else _weights(rng, n, k)
+        want = quantize(w, qtype)
+        checks = []
+        for poison in (0, 255):  # every byte is a legal value: a skipped one fails one of the two
+            with poisoned_outputs(poison):
+                q = gpu_quantize(mx.array(w.astype(np.float16)), qtype)
+                mx.eval(q)
+            checks.append(exact(f"blocks (outputs poisoned with {poison})", np.array(q), want))
         with poisoned_outputs():
-            y = gemv_v1(mx.array(x), mx.array(blocks), qtype, n, k)
-            mx.eval(y)
-        want = x.astype(np.float64) @ dequantize(blocks, qtype, k).astype(np.float64).T
-        return [compare("y", np.array(y), want, TOL)]
+            back = gpu_dequantize(mx.array(want), qtype, w.shape[0], k)
+            mx.eval(back)
+        with np.errstate(over="ignore"):  # fp16 overflows to inf on both sides alike
+            expected = dequantize(want, qtype, k).astype(np.float16)
+        return checks + [exact("dequantized", np.array(back), expected)]
 
-    return CheckCase("gemv", f"gemv_{qtype}", "v1", dict(M=m, N=n, K=k), run)
+    shape = dict(N="special" if adversarial else n, K=k)
+    return CheckCase("gemv", f"quantize_{qtype}", "gpu", shape, run)
+
+
+# ---- GEMV and friends ------------------------------------------------------------------------------
+def _gemv_case(version: str, qtype: str, m: int, n: int, k: int) -> CheckCase:
+    from kernels import gemv
+    from kernels.runtime import poisoned_outputs
+
+    fn = {"v1": gemv.gemv_v1, "v2": gemv.gemv_v2, "linear": gemv.linear}[version]
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        host, dev = _blocks(rng, qtype, n, k)
+        x = _x(rng, m, k)
+        with poisoned_outputs():
+            y = fn(mx.array(x), dev, qtype, n, k)
+            mx.eval(y)
+        return _against_float64("y", y, x.astype(np.float64), host, qtype, k, rng)
+
+    variant = "batched" if version == "linear" and m >= gemv.BATCHED_FROM else version
+    return CheckCase("gemv", f"gemv_{qtype}", variant, dict(M=m, N=n, K=k), run)
+
+
+def rmsnorm64(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gamma.astype(np.float64)
+
+
+def swiglu64(gate_up: np.ndarray) -> np.ndarray:
+    g, u = np.split(gate_up.astype(np.float64), 2, axis=-1)
+    return g / (1 + np.exp(-g)) * u
+
+
+def _fused_case(kind: str, qtype: str, m: int, n: int, k: int) -> CheckCase:
+    from kernels.gemv import rmsnorm_gemv, silu_down_gemv
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        host, dev = _blocks(rng, qtype, n, k)
+        with poisoned_outputs():
+            if kind == "rmsnorm":
+                x = (_x(rng, m, k).astype(np.float32) * 3 + 1).astype(np.float16)
+                gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
+                y = rmsnorm_gemv(mx.array(x), mx.array(gamma), 1e-5, dev, qtype, n, k)
+                x64 = rmsnorm64(x, gamma, 1e-5)
+            else:
+                x = (_x(rng, m, 2 * k).astype(np.float32) * 2).astype(np.float16)
+                y = silu_down_gemv(mx.array(x), dev, qtype, n, k)
+                x64 = swiglu64(x)
+            mx.eval(y)
+        return _against_float64("y", y, x64, host, qtype, k, rng)
+
+    name = "rmsnorm_gemv" if kind == "rmsnorm" else "silu_down_gemv"
+    return CheckCase("gemv", f"{name}_{qtype}", "v2", dict(M=m, N=n, K=k), run)
+
+
+def _projection_case(qtype: str, sizes: tuple[int, ...], k: int, m: int) -> CheckCase:
+    """A fused projection (QKV, gate+up): one matrix from the parts, one product, split."""
+    from kernels.gemv import concat_rows, linear, split
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        parts = [_blocks(rng, qtype, n, k) for n in sizes]
+        x = _x(rng, m, k)
+        with poisoned_outputs():
+            ys = split(linear(mx.array(x), concat_rows([d for _, d in parts]), qtype, sum(sizes), k),
+                       sizes)
+            mx.eval(ys)
+        checks = []
+        for i, ((host, _), y) in enumerate(zip(parts, ys)):
+            checks += _against_float64(f"part {i}", y, x.astype(np.float64), host, qtype, k, rng)
+        return checks
+
+    name = "qkv" if len(sizes) == 3 else "gate_up"
+    return CheckCase("gemv", f"{name}_{qtype}", "fused projection",
+                     dict(M=m, N="+".join(map(str, sizes)), K=k), run)
 
 
 def check_cases(small: bool = False) -> list[CheckCase]:
-    """Both formats over odd small shapes and real ones, M cycling through 1..4 (`small`: the
-    odd shapes only, for `lathe compile`)."""
+    """Everything issue 3 names, both formats (`small`: the odd shapes only, one of each kind,
+    for `lathe compile`)."""
     cases = []
+    odd = [(n, k) for n in SMALL_N for k in SMALL_K]
     for qtype in QTYPES:
-        shapes = [(n, k) for n in SMALL_N for k in SMALL_K] + ([] if small else list(REAL))
-        for c, (n, k) in enumerate(shapes):
-            cases.append(_gemv_case(qtype, 1 + c % 4, n, k))
+        cases += [_quantize_case(qtype, 33, 4128), _quantize_case(qtype, 1, 32),
+                  _quantize_case(qtype, 0, 256, adversarial=True)]
+        real = [] if small else [*REAL, *VOCAB]
+        for c, (n, k) in enumerate(odd + real):
+            cases.append(_gemv_case("v2", qtype, 1 + c % 4, n, k))
+        for c, (n, k) in enumerate(odd if small else odd + list(REAL)):
+            cases.append(_gemv_case("v1", qtype, 1 + c % 4, n, k))
+        if not small:
+            cases += [_gemv_case("v2", qtype, m, 4096, 4096) for m in (1, 2, 3)]
+            cases.append(_quantize_case(qtype, 4096, 4096))
+        for m in (1, 2, 3, 4):  # real shapes at M 1 and 2, tails at M 3 and 4
+            tail = small or m > 2
+            cases.append(_fused_case("rmsnorm", qtype, m, *((33, 4128) if tail else (4096, 4096))))
+            cases.append(_fused_case("swiglu", qtype, m, *((33, 4128) if tail else (4096, 14336))))
+        for m in (5, 16) if small else (5, 16, 512):
+            for n, k in ((4097, 4128), (4096, 4096)) if not small else ((33, 96),):
+                cases.append(_gemv_case("linear", qtype, m, n, k))
+        if not small:
+            cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1))
+            cases.append(_projection_case(qtype, (14336, 14336), 4096, 2))
     return cases
 
 
@@ -76,24 +235,38 @@ def reference_cases() -> list[CheckCase]:
     return [_vs_gguf(q) for q in QTYPES]
 
 
-# ---- benchmarks ------------------------------------------------------------------------------
-BENCH_SHAPES = ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336))
+# ---- benchmarks ------------------------------------------------------------------------------------
+BENCH_SHAPES = (*REAL, *VOCAB)
 
 
-def _bench_ours(qtype: str, n: int, k: int) -> BenchCase:
-    from kernels.gemv import gemv_v1
+def _device_blocks(qtype: str, n: int, k: int) -> mx.array:
+    """Random blocks made on the device (GPU quantize of fp16 normals): cheap for any size."""
+    from kernels.gemv import quantize as gpu_quantize
 
-    blocks = None
+    w = (mx.random.normal((n, k), key=mx.random.key(n * 7 + k)) * 0.05).astype(mx.float16)
+    q = gpu_quantize(w, qtype, check_finite=False)
+    mx.eval(q)
+    return q
+
+
+def _io_bytes(qtype: str, n: int, k: int, m: int = 1, x_width: int | None = None) -> int:
+    return storage_bytes(qtype, n, k) + 2 * m * (x_width or k) + 2 * m * n
+
+
+def _bench_ours(version: str, qtype: str, n: int, k: int) -> BenchCase:
+    from kernels.gemv import gemv_v1, gemv_v2
+
+    fn = gemv_v1 if version == "v1" else gemv_v2
+    blocks = []
 
     def make():
-        nonlocal blocks
-        if blocks is None:  # quantize once on the host; every set is its own device copy
-            blocks = mx.array(quantize(_weights(np.random.default_rng(0), n, k), qtype))
-        return {"w": blocks + mx.array(0, mx.uint8), "x": mx.random.normal((1, k)).astype(mx.float16)}
+        if not blocks:
+            blocks.append(_device_blocks(qtype, n, k))
+        return {"w": blocks[0] + mx.array(0, mx.uint8), "x": mx.random.normal((1, k)).astype(mx.float16)}
 
-    nbytes = storage_bytes(qtype, n, k) + 2 * k + 2 * n
-    return BenchCase("gemv", "gemv-m1", f"gemv_{qtype}", "v1", dict(M=1, N=n, K=k), make,
-                     lambda s: [gemv_v1(s["x"], s["w"], qtype, n, k)], nbytes, 2 * n * k, nbytes)
+    nbytes = _io_bytes(qtype, n, k)
+    return BenchCase("gemv", "gemv-m1", f"gemv_{qtype}", version, dict(M=1, N=n, K=k), make,
+                     lambda s: [fn(s["x"], s["w"], qtype, n, k)], nbytes, 2 * n * k, nbytes)
 
 
 def _bench_mlx(kind: str, n: int, k: int) -> BenchCase:
@@ -119,17 +292,168 @@ def _bench_mlx(kind: str, n: int, k: int) -> BenchCase:
                      2 * n * k, nbytes)
 
 
+def _bench_fused(kind: str, path: str, qtype: str, n: int, k: int) -> BenchCase:
+    """Fused RMSNorm+GEMV or SiLU+down (`path` 'fused') against the unfused sequence ('unfused':
+    mx.fast.rms_norm or MLX's silu * up, then the v2 GEMV). Bytes: the fused kernel's."""
+    from kernels.gemv import gemv_v2, rmsnorm_gemv, silu_down_gemv
+
+    blocks = []
+    width = k if kind == "rmsnorm" else 2 * k
+
+    def make():
+        if not blocks:
+            blocks.append(_device_blocks(qtype, n, k))
+        return {"w": blocks[0] + mx.array(0, mx.uint8),
+                "x": mx.random.normal((1, width)).astype(mx.float16),
+                "gamma": (1 + 0.1 * mx.random.normal((k,))).astype(mx.float16)}
+
+    if kind == "rmsnorm":
+        name = f"rmsnorm_gemv_{qtype}"
+        if path == "fused":
+            step = lambda s: [rmsnorm_gemv(s["x"], s["gamma"], 1e-5, s["w"], qtype, n, k)]  # noqa: E731
+        else:
+            step = lambda s: [gemv_v2(mx.fast.rms_norm(s["x"], s["gamma"], 1e-5), s["w"], qtype, n, k)]  # noqa: E731
+    else:
+        name = f"silu_down_gemv_{qtype}"
+        if path == "fused":
+            step = lambda s: [silu_down_gemv(s["x"], s["w"], qtype, n, k)]  # noqa: E731
+        else:
+            def step(s):
+                g, u = s["x"][:, :k], s["x"][:, k:]
+                return [gemv_v2(g * mx.sigmoid(g) * u, s["w"], qtype, n, k)]
+    nbytes = _io_bytes(qtype, n, k, x_width=width) + (2 * k if kind == "rmsnorm" else 0)
+    return BenchCase("gemv", "gemv-fused", name, path, dict(M=1, N=n, K=k), make, step, nbytes,
+                     2 * n * k, nbytes)
+
+
+def _bench_projection(path: str, qtype: str, sizes: tuple[int, ...], k: int) -> BenchCase:
+    """QKV or gate+up as one GEMV over the concatenated matrix ('fused') or one per part."""
+    from kernels.gemv import concat_rows, gemv_v2, split
+
+    parts = []
+
+    def make():
+        if not parts:
+            parts.extend(_device_blocks(qtype, n, k) for n in sizes)
+        state = {"x": mx.random.normal((1, k)).astype(mx.float16)}
+        if path == "fused":
+            state["w"] = concat_rows(parts) + mx.array(0, mx.uint8)
+        else:
+            state.update({f"w{i}": p + mx.array(0, mx.uint8) for i, p in enumerate(parts)})
+        return state
+
+    if path == "fused":
+        step = lambda s: split(gemv_v2(s["x"], s["w"], qtype, sum(sizes), k), sizes)  # noqa: E731
+    else:
+        step = lambda s: [gemv_v2(s["x"], s[f"w{i}"], qtype, n, k) for i, n in enumerate(sizes)]  # noqa: E731
+    name = ("qkv" if len(sizes) == 3 else "gate_up") + f"_{qtype}"
+    nbytes = _io_bytes(qtype, sum(sizes), k)
+    return BenchCase("gemv", "gemv-fused", name, path,
+                     dict(M=1, N="+".join(map(str, sizes)), K=k), make, step, nbytes,
+                     2 * sum(sizes) * k, nbytes)
+
+
+def _bench_batched(path: str, qtype: str, m: int, n: int, k: int) -> BenchCase:
+    """M rows of X: the v2 GEMV in launches of up to 4 rows ('gemv') against dequantize + MLX
+    matmul ('batched'), to find where one overtakes the other."""
+    from kernels.gemv import MAX_M, dequantize, gemv_v2
+
+    blocks = []
+
+    def make():
+        if not blocks:
+            blocks.append(_device_blocks(qtype, n, k))
+        return {"w": blocks[0] + mx.array(0, mx.uint8), "x": mx.random.normal((m, k)).astype(mx.float16)}
+
+    if path == "gemv":
+        def step(s):
+            return [gemv_v2(s["x"][i:i + MAX_M], s["w"], qtype, n, k) for i in range(0, m, MAX_M)]
+    else:
+        step = lambda s: [s["x"] @ dequantize(s["w"], qtype, n, k).T]  # noqa: E731
+    nbytes = _io_bytes(qtype, n, k, m)
+    return BenchCase("gemv", "gemv-batched", f"linear_{qtype}", path, dict(M=m, N=n, K=k), make,
+                     step, nbytes, 2 * m * n * k, nbytes)
+
+
 def bench_cases(quick: bool = False) -> list[BenchCase]:
     cases = []
-    for n, k in BENCH_SHAPES[:2] if quick else BENCH_SHAPES:
-        cases += [_bench_ours(q, n, k) for q in QTYPES]
+    shapes = BENCH_SHAPES[:2] if quick else BENCH_SHAPES
+    for n, k in shapes:
+        for qtype in QTYPES:
+            cases += [_bench_ours(v, qtype, n, k) for v in ("v1", "v2")]
         cases += [_bench_mlx(kind, n, k) for kind in ("fp16", "4bit-gs32", "8bit-gs32")]
+    for qtype in QTYPES:
+        for n, k in ((4096, 4096), (14336, 4096)) if not quick else ((4096, 4096),):
+            cases += [_bench_fused("rmsnorm", p, qtype, n, k) for p in ("fused", "unfused")]
+        for n, k in ((4096, 14336),) if not quick else ():
+            cases += [_bench_fused("swiglu", p, qtype, n, k) for p in ("fused", "unfused")]
+        if not quick:
+            for sizes in ((4096, 1024, 1024), (14336, 14336)):
+                cases += [_bench_projection(p, qtype, sizes, 4096) for p in ("fused", "unfused")]
+    for m in (1, 2, 4, 8, 16, 32, 64, 512) if not quick else (4, 16):
+        cases += [_bench_batched(p, "q4_0", m, 4096, 4096) for p in ("gemv", "batched")]
+    return cases
+
+
+SWEEP_ROWS = (1, 2, 4, 8)
+SWEEP_SIMDS = (1, 2, 4, 8)
+SWEEP_SHAPES = ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
+
+
+def sweep_cases() -> list[BenchCase]:
+    """v2's launch knobs (R rows per SIMD group, NSIMD SIMD groups per threadgroup) where they
+    fit in threadgroup memory; each row's rel_err is against the default launch's output."""
+    from kernels.gemv import SMEM_BUDGET, gemv_v2, v2_smem_bytes
+
+    cases = []
+    for n, k in SWEEP_SHAPES:
+        for qtype in QTYPES:
+            blocks = []
+
+            def make(qtype=qtype, n=n, k=k, blocks=blocks):
+                if not blocks:
+                    blocks.append(_device_blocks(qtype, n, k))
+                return {"w": blocks[0] + mx.array(0, mx.uint8),
+                        "x": mx.random.normal((1, k)).astype(mx.float16)}
+
+            for r in SWEEP_ROWS:
+                for s in SWEEP_SIMDS:
+                    if v2_smem_bytes(qtype, 1, r, s) > SMEM_BUDGET:
+                        continue
+
+                    def step(st, qtype=qtype, n=n, k=k, r=r, s=s):
+                        return [gemv_v2(st["x"], st["w"], qtype, n, k, rows=r, simds=s)]
+
+                    def verify(make=make, step=step, qtype=qtype, n=n, k=k):
+                        st = make()
+                        return rel_err(np.array(step(st)[0]),
+                                       np.array(gemv_v2(st["x"], st["w"], qtype, n, k)))
+
+                    nbytes = _io_bytes(qtype, n, k)
+                    cases.append(BenchCase("gemv", "gemv-sweep", f"gemv_{qtype}", f"R{r}-NSIMD{s}",
+                                           dict(M=1, N=n, K=k), make, step, nbytes, 2 * n * k,
+                                           nbytes, verify))
     return cases
 
 
 def plots(df: pd.DataFrame, out_dir: Path, peak_gbs: float) -> list[Path]:
-    from harness.plots import bandwidth_plot
+    from harness.plots import bandwidth_plot, fused_unfused_plot
 
-    return [bandwidth_plot(df[df.benchmark == "gemv-m1"], "bytes", out_dir / "gemv-m1.png",
-                           "GEMV M=1: GB/s against bytes moved", peak_gbs=peak_gbs,
-                           x_label="bytes moved per call (weights + x + y)")]
+    paths = []
+    m1 = df[df.benchmark == "gemv-m1"]
+    if not m1.empty:
+        paths.append(bandwidth_plot(m1, "bytes", out_dir / "gemv-m1.png",
+                                    "GEMV M=1: GB/s against bytes moved", peak_gbs=peak_gbs,
+                                    x_label="bytes moved per call (weights + x + y)"))
+    fused = df[df.benchmark == "gemv-fused"].copy()
+    if not fused.empty:
+        fused["op"] = fused.kernel + "\n" + fused.N.astype(str) + "x" + fused.K.astype(str)
+        paths.append(fused_unfused_plot(fused, "op", out_dir / "gemv-fused.png",
+                                        "Fused against unfused, M=1: us per call (ratio: unfused / this)",
+                                        baseline_variant="unfused"))
+    batched = df[df.benchmark == "gemv-batched"]
+    if not batched.empty:
+        paths.append(bandwidth_plot(batched, "M", out_dir / "gemv-batched.png",
+                                    "Q4_0 4096x4096, M rows: GEMV launches vs dequantize + matmul",
+                                    peak_gbs=peak_gbs))
+    return paths

@@ -1,23 +1,53 @@
-"""Quantized GEMV on GGUF blocks (Q4_0, Q8_0): Y[M, N] = X[M, K] @ W^T, fp16 X and Y.
+"""Quantized matrix-vector products on GGUF blocks (Q4_0, Q8_0): Y[M, N] = X[M, K] @ W^T.
 
-W is the [N, K / 32 * block bytes] uint8 matrix of reference.quant (GGUF's own bytes; a GGUF
-tensor of ne = (K, N) read row after row). v1 only, so far: one SIMD group per output row.
+W is the [N, K / 32 * block bytes] uint8 matrix of reference.quant (GGUF's own bytes: a GGUF
+tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
+
+- `gemv_v1`: the plain design, one SIMD group per output row (M 1..4).
+- `gemv_v2`: R rows per SIMD group, X staged once per threadgroup in threadgroup memory, weights
+  in coalesced 16-byte loads with the next tile in flight (gemv_v2.metal; M 1..4).
+- `rmsnorm_gemv`, `silu_down_gemv`: v2 with RMSNorm(X) * gamma, or silu(gate) * up, computed
+  while X is staged (no normalized or activated copy in device memory).
+- `quantize`, `dequantize`: the GGUF blocks made and read on the GPU.
+- `linear`: any M; M > 4 dequantizes to fp16 once and uses MLX's matmul (`BATCHED_FROM`).
+- Fused projections (QKV, gate+up): `concat_rows` makes one matrix, `linear` runs it, `split`
+  cuts the output.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import mlx.core as mx
 
 from kernels.runtime import KernelSpec, Launch, launch
 
 QTYPES = {"q4_0": (0, 18), "q8_0": (1, 34)}
-MAX_M = 4
+MAX_M = 4  # rows of X a GEMV launch takes; linear() goes past it
 ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 
-_GEMV_V1 = KernelSpec(name="lathe_gemv_v1", body="gemv/gemv.metal",
-                      inputs=("x", "w", "w_half", "dims"), outputs=("y",))
+# v2 launch knobs: rows per SIMD group (R) and SIMD groups per threadgroup (NSIMD), per format,
+# from `lathe bench gemv --sweep` on the device (kernels/gemv/NOTES.md has the numbers). Where a
+# matrix has too few rows to give MIN_GROUPS threadgroups, NSIMD and then R are halved.
+TUNING = {"q4_0": {"R": 4, "NSIMD": 4}, "q8_0": {"R": 4, "NSIMD": 2}, "MIN_GROUPS": 256}
+SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
+BATCHED_FROM = 5  # linear(): M at which dequantize + MLX matmul takes over from the GEMV
+
+PROLOGUES = {"plain": 0, "rmsnorm": 1, "swiglu": 2}
+_V1 = KernelSpec(name="lathe_gemv_v1", body="gemv/gemv.metal",
+                 inputs=("x", "w", "w_half", "dims"), outputs=("y",))
+_V2 = {
+    "plain": KernelSpec("lathe_gemv_v2", "gemv/gemv_v2.metal", ("x", "w", "dims"), ("y",),
+                        prelude="#define LATHE_PROLOGUE 0"),
+    "rmsnorm": KernelSpec("lathe_rmsnorm_gemv_v2", "gemv/gemv_v2.metal",
+                          ("x", "w", "dims", "gamma", "eps"), ("y",),
+                          prelude="#define LATHE_PROLOGUE 1"),
+    "swiglu": KernelSpec("lathe_silu_down_gemv_v2", "gemv/gemv_v2.metal", ("x", "w", "dims"),
+                         ("y",), prelude="#define LATHE_PROLOGUE 2"),
+}
+_QUANTIZE = KernelSpec("lathe_quantize", "gemv/quantize.metal", ("w", "dims"), ("q",))
+_DEQUANTIZE = KernelSpec("lathe_dequantize", "gemv/dequantize.metal", ("q", "dims"), ("w",))
 
 
 @functools.lru_cache(maxsize=256)
@@ -25,28 +55,52 @@ def _dims(n: int, k: int) -> mx.array:
     return mx.array([n, k], dtype=mx.int32)
 
 
-def check_gemv_args(x: mx.array, w: mx.array, qtype: str, n: int, k: int) -> None:
-    """Every argument check of the GEMV kernels (before any launch)."""
+@functools.lru_cache(maxsize=64)
+def _eps(eps: float) -> mx.array:
+    return mx.array([eps], dtype=mx.float32)
+
+
+def _check_qtype_shape(qtype: str, n: int, k: int) -> None:
     if qtype not in QTYPES:
         raise ValueError(f"qtype must be one of {tuple(QTYPES)}, got {qtype!r}")
     if k <= 0 or k % 32:
         raise ValueError(f"K must be a positive multiple of 32, got {k}")
     if n <= 0:
         raise ValueError(f"N must be positive, got {n}")
-    if not isinstance(x, mx.array) or x.dtype != mx.float16:
-        raise ValueError(f"activations must be float16, got {getattr(x, 'dtype', type(x))}")
-    if x.ndim != 2 or x.shape[1] != k or not 1 <= x.shape[0] <= MAX_M:
-        raise ValueError(f"x must be [M, K={k}] with M in 1..{MAX_M}, got {tuple(x.shape)}")
+
+
+def _check_weights(w: mx.array, qtype: str, n: int, k: int) -> None:
     row_bytes = k // 32 * QTYPES[qtype][1]
     if not isinstance(w, mx.array) or w.dtype != mx.uint8:
         raise ValueError(f"w must be uint8 blocks, got {getattr(w, 'dtype', type(w))}")
     if w.size != n * row_bytes:
         raise ValueError(f"w has {w.size} bytes; {qtype} [N={n}, K={k}] takes {n * row_bytes} "
                          f"(N * K/32 blocks of {QTYPES[qtype][1]} bytes)")
-    if n * row_bytes > 2**31 - 1 or x.size > 2**31 - 1:
+    if n * row_bytes > 2**31 - 1:
         raise ValueError("the kernels index with 32-bit integers: the matrix is too large")
 
 
+def _check_fp16(name: str, a: mx.array) -> None:
+    if not isinstance(a, mx.array) or a.dtype != mx.float16:
+        raise ValueError(f"{name} must be float16, got {getattr(a, 'dtype', type(a))}")
+
+
+def check_gemv_args(x: mx.array, w: mx.array, qtype: str, n: int, k: int,
+                    x_width: int | None = None, max_m: int | None = MAX_M) -> None:
+    """Every argument check of the GEMV kernels (before any launch). `x_width` is X's row length
+    where it is not K (2K for the gate+up input of silu_down_gemv); `max_m=None` takes any M."""
+    _check_qtype_shape(qtype, n, k)
+    _check_fp16("activations", x)
+    width = k if x_width is None else x_width
+    if x.ndim != 2 or x.shape[1] != width or x.shape[0] < 1 or (max_m and x.shape[0] > max_m):
+        limit = f"M in 1..{max_m}" if max_m else "M >= 1"
+        raise ValueError(f"x must be [M, {width}] with {limit} (K={k}), got {tuple(x.shape)}")
+    if x.size > 2**31 - 1:
+        raise ValueError("the kernels index with 32-bit integers: x is too large")
+    _check_weights(w, qtype, n, k)
+
+
+# ---- v1 -----------------------------------------------------------------------------------------
 def gemv_v1(x: mx.array, w: mx.array, qtype: str, n: int, k: int) -> mx.array:
     """Y[M, N] = X[M, K] @ W^T, W in `qtype` blocks; v1: one SIMD group per output row."""
     check_gemv_args(x, w, qtype, n, k)
@@ -54,8 +108,132 @@ def gemv_v1(x: mx.array, w: mx.array, qtype: str, n: int, k: int) -> mx.array:
     code, _ = QTYPES[qtype]
     m = x.shape[0]
     groups = -(-n // ROWS_PER_THREADGROUP)
-    (y,) = launch(Launch(_GEMV_V1, [x, w, w.view(mx.float16), _dims(n, k)], [((m, n), mx.float16)],
+    (y,) = launch(Launch(_V1, [x, w, w.view(mx.float16), _dims(n, k)], [((m, n), mx.float16)],
                          (groups * 32 * ROWS_PER_THREADGROUP, 1, 1),
                          (32 * ROWS_PER_THREADGROUP, 1, 1),
                          dict(QTYPE=code, M=m, NSIMD=ROWS_PER_THREADGROUP)))
     return y
+
+
+# ---- v2 -----------------------------------------------------------------------------------------
+def v2_smem_bytes(qtype: str, m: int, rows: int, simds: int) -> int:
+    """Threadgroup memory of a v2 launch (gemv_v2.metal's arrays)."""
+    bb = QTYPES[qtype][1]
+    return simds * rows * 64 * bb + m * 32 * 68 * 4 + m * 64 * 4 + 4 * (m + simds)
+
+
+def v2_geometry(qtype: str, m: int, n: int, rows: int | None = None,
+                simds: int | None = None) -> tuple[int, int]:
+    """(R, NSIMD) for a launch: the tuned pair (or the given one), halved to fit threadgroup
+    memory and, unless given, to give small matrices MIN_GROUPS threadgroups."""
+    r = rows or TUNING[qtype]["R"]
+    s = simds or TUNING[qtype]["NSIMD"]
+    while v2_smem_bytes(qtype, m, r, s) > SMEM_BUDGET:
+        if s > 1 and not simds:
+            s //= 2
+        elif r > 1 and not rows:
+            r //= 2
+        else:
+            raise ValueError(f"R={r}, NSIMD={s} needs {v2_smem_bytes(qtype, m, r, s)} bytes of "
+                             f"threadgroup memory (at most {SMEM_BUDGET})")
+    while -(-n // (r * s)) < TUNING["MIN_GROUPS"]:
+        if s > 1 and not simds:
+            s //= 2
+        elif r > 1 and not rows:
+            r //= 2
+        else:
+            break
+    return r, s
+
+
+def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: str, n: int,
+        k: int, rows: int | None, simds: int | None) -> mx.array:
+    w = w.reshape(-1)
+    m = x.shape[0]
+    r, s = v2_geometry(qtype, m, n, rows, simds)
+    groups = -(-n // (r * s))
+    consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, ALIGNED=(k // 32) % 8 == 0)
+    (y,) = launch(Launch(_V2[prologue], [x, w, _dims(n, k), *inputs], [((m, n), mx.float16)],
+                         (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
+    return y
+
+
+def gemv_v2(x: mx.array, w: mx.array, qtype: str, n: int, k: int, *, rows: int | None = None,
+            simds: int | None = None) -> mx.array:
+    """Y[M, N] = X[M, K] @ W^T, W in `qtype` blocks, M 1..4 (`rows`, `simds`: launch knobs)."""
+    check_gemv_args(x, w, qtype, n, k)
+    return _v2("plain", [], x, w, qtype, n, k, rows, simds)
+
+
+def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: str, n: int,
+                 k: int, *, rows: int | None = None, simds: int | None = None) -> mx.array:
+    """(RMSNorm(X) * gamma) @ W^T in one launch: X is normalized while it is staged."""
+    check_gemv_args(x, w, qtype, n, k)
+    _check_fp16("gamma", gamma)
+    if gamma.shape != (k,):
+        raise ValueError(f"gamma must be [K={k}], got {tuple(gamma.shape)}")
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    return _v2("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, rows, simds)
+
+
+def silu_down_gemv(gate_up: mx.array, w: mx.array, qtype: str, n: int, k: int, *,
+                   rows: int | None = None, simds: int | None = None) -> mx.array:
+    """(silu(gate) * up) @ W^T with gate_up = [gate | up] as [M, 2K] (a fused gate+up output)."""
+    check_gemv_args(gate_up, w, qtype, n, k, x_width=2 * k)
+    return _v2("swiglu", [], gate_up, w, qtype, n, k, rows, simds)
+
+
+# ---- quantize and dequantize on the GPU -----------------------------------------------------------
+def quantize(w: mx.array, qtype: str, check_finite: bool = True) -> mx.array:
+    """fp16 [N, K] -> [N, K/32 * block bytes] uint8 blocks, the bytes of reference.quant."""
+    _check_fp16("w", w)
+    if w.ndim != 2:
+        raise ValueError(f"w must be [N, K], got shape {tuple(w.shape)}")
+    n, k = w.shape
+    _check_qtype_shape(qtype, n, k)
+    if n * k > 2**31 - 1:
+        raise ValueError("the kernels index with 32-bit integers: the matrix is too large")
+    if check_finite and not mx.all(mx.isfinite(w)).item():  # one evaluation, before the launch
+        raise ValueError("w has NaN or inf: GGUF blocks cannot hold them")
+    code, bb = QTYPES[qtype]
+    blocks = n * (k // 32)
+    (q,) = launch(Launch(_QUANTIZE, [w, _dims(n, k)], [((n, k // 32 * bb), mx.uint8)],
+                         (-(-blocks // 256) * 256, 1, 1), (256, 1, 1), dict(QTYPE=code)))
+    return q
+
+
+def dequantize(q: mx.array, qtype: str, n: int, k: int) -> mx.array:
+    """[N, K/32 * block bytes] blocks -> fp16 [N, K] (each value (q - 8) d or q d, rounded once)."""
+    _check_qtype_shape(qtype, n, k)
+    _check_weights(q, qtype, n, k)
+    blocks = n * (k // 32)
+    (w,) = launch(Launch(_DEQUANTIZE, [q.reshape(-1), _dims(n, k)], [((n, k), mx.float16)],
+                         (-(-blocks // 256) * 256, 1, 1), (256, 1, 1),
+                         dict(QTYPE=QTYPES[qtype][0])))
+    return w
+
+
+# ---- any M, fused projections -----------------------------------------------------------------------
+def linear(x: mx.array, w: mx.array, qtype: str, n: int, k: int) -> mx.array:
+    """Y = X @ W^T for any M: the v2 GEMV up to MAX_M rows of X, else (BATCHED_FROM and up)
+    W dequantized to fp16 once and MLX's matmul (the prefill path)."""
+    check_gemv_args(x, w, qtype, n, k, max_m=None)
+    m = x.shape[0]
+    if m >= BATCHED_FROM:
+        return x @ dequantize(w, qtype, n, k).T
+    return gemv_v2(x, w, qtype, n, k)
+
+
+def concat_rows(weights: Sequence[mx.array]) -> mx.array:
+    """One block matrix from several of the same K (rows one after the other): Q, K and V
+    projections as one QKV matrix, gate and up as one gate+up matrix."""
+    return mx.concatenate([w.reshape(w.shape[0], -1) for w in weights], axis=0)
+
+
+def split(y: mx.array, sizes: Sequence[int]) -> list[mx.array]:
+    """The outputs of a fused projection, cut back into its parts (column counts `sizes`)."""
+    if sum(sizes) != y.shape[-1]:
+        raise ValueError(f"sizes {tuple(sizes)} do not add up to {y.shape[-1]}")
+    cuts = [sum(sizes[:i]) for i in range(1, len(sizes))]
+    return mx.split(y, cuts, axis=-1)

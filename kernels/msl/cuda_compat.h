@@ -69,6 +69,43 @@ __device__ __forceinline__ void store_wide(T* p, uint i, W w) {
   lathe_wide<W>::store(p, i, w);
 }
 
+// threadgroup_view<W>(p): a threadgroup array seen as elements of another type (Metal needs the
+// address space in the cast; lathe.h has that twin).
+template <typename W, typename T>
+__device__ __forceinline__ W* threadgroup_view(T* p) {
+  return reinterpret_cast<W*>(p);
+}
+
+// as_type<T>(v): Metal's bit cast, for the types the bodies use.
+template <typename T, typename U>
+__device__ __forceinline__ T as_type(U v);
+template <>
+__device__ __forceinline__ float as_type<float, uint>(uint v) {
+  return __uint_as_float(v);
+}
+template <>
+__device__ __forceinline__ uint as_type<uint, float>(float v) {
+  return __float_as_uint(v);
+}
+template <>
+__device__ __forceinline__ half as_type<half, ushort>(ushort v) {
+  return __ushort_as_half(v);
+}
+template <>
+__device__ __forceinline__ ushort as_type<ushort, half>(half v) {
+  return __half_as_ushort(v);
+}
+template <>
+__device__ __forceinline__ half2 as_type<half2, uint>(uint v) {
+  return *reinterpret_cast<const half2*>(&v);
+}
+
+// Correctly rounded float arithmetic that the compiler may not fuse into an fma or approximate
+// (quantizers must reproduce GGML's float32 rounding bit for bit).
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+
 // ---- thread ids (MSL kernel attributes) -------------------------------------------------------
 // CUDA launches whole threadgroups (the grid is rounded up), so bodies bound-check as on Metal.
 __device__ __forceinline__ uint3 lathe_thread_position_in_grid() {
@@ -95,6 +132,9 @@ namespace mem_flags {
 enum lathe_mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2 };
 }
 __device__ __forceinline__ void threadgroup_barrier(int) { __syncthreads(); }
+
+// simdgroup_barrier: orders threadgroup memory between the lanes of one SIMD group (warp).
+__device__ __forceinline__ void simdgroup_barrier(int) { __syncwarp(); }
 
 // ---- SIMD-group functions over a full warp ------------------------------------------------------
 // Like Metal's, these assume every lane of the SIMD group is active: bodies never return early

@@ -23,6 +23,24 @@ template <typename W, typename T>
 LATHE_FN void store_wide(device T* p, uint i, W w) {
   ((device W*)p)[i] = w;
 }
+template <typename W, typename T>
+LATHE_FN W load_wide(const threadgroup T* p, uint i) {
+  return ((const threadgroup W*)p)[i];
+}
+template <typename W, typename T>
+LATHE_FN void store_wide(threadgroup T* p, uint i, W w) {
+  ((threadgroup W*)p)[i] = w;
+}
+// threadgroup_view<W>(p): a threadgroup array seen as elements of another type.
+template <typename W, typename T>
+LATHE_FN threadgroup W* threadgroup_view(threadgroup T* p) {
+  return (threadgroup W*)p;
+}
+// Correctly rounded float arithmetic, never fused or approximated (cuda_compat.h's twins use
+// CUDA's _rn intrinsics; the quantizers reproduce GGML's float32 rounding with them).
+LATHE_FN float mul_rn(float a, float b) { return precise::fma(a, b, 0.0f); }
+LATHE_FN float add_rn(float a, float b) { return precise::fma(a, 1.0f, b); }
+LATHE_FN float div_rn(float a, float b) { return precise::divide(a, b); }
 #endif
 
 // ---- reductions ----------------------------------------------------------------------------------
