@@ -38,7 +38,7 @@ def _bad_inputs(fn):
 BAD = [
     *_bad_inputs(gemv.gemv_v1),
     *_bad_inputs(gemv.gemv_v2),
-    (lambda: gemv.gemv_v2(x16(), w8(N * 36), "q4_0", N, K, rows=8, simds=8), "threadgroup memory"),
+    (lambda: gemv.gemv_v2(x16(), w8(N * 36), "q4_0", N, K, rows=32, simds=8), "threadgroup memory"),
     (lambda: gemv.rmsnorm_gemv(x16(), x16(k=K)[0, :32], 1e-5, w8(N * 36), "q4_0", N, K), "gamma must be"),
     (lambda: gemv.rmsnorm_gemv(x16(), mx.zeros((K,)), 1e-5, w8(N * 36), "q4_0", N, K), "gamma must be float16"),
     (lambda: gemv.rmsnorm_gemv(x16(), x16()[0], 0.0, w8(N * 36), "q4_0", N, K), "eps"),
@@ -68,13 +68,15 @@ def test_quantize_refuses_nan_before_launch():
 def test_geometry_fits_and_spreads():
     for qtype in gemv.QTYPES:
         for m in range(1, gemv.MAX_M + 1):
-            for n in (1, 1024, 4096, 151936):
-                r, s = gemv.v2_geometry(qtype, m, n)
-                assert gemv.v2_smem_bytes(qtype, m, r, s) <= gemv.SMEM_BUDGET
-                assert r >= 1 and s >= 1
-    # a small matrix gets more, smaller threadgroups than a large one
-    small, large = gemv.v2_geometry("q4_0", 1, 1024), gemv.v2_geometry("q4_0", 1, 14336)
+            for n, k in ((1, 32), (1024, 4096), (4096, 14336), (151936, 1024), (7, 40960)):
+                r, s, xchunk = gemv.v2_geometry(qtype, m, n, k)
+                assert gemv.v2_smem_bytes(qtype, m, r, s, xchunk) <= gemv.SMEM_BUDGET
+                assert r >= 1 and s >= 1 and xchunk % 2048 == 0 and xchunk >= 2048
+                assert xchunk <= max(2048, -(-k // 2048) * 2048)
+    # a small matrix gets more, smaller threadgroups than a large one; M = 1 stages all of K
+    small, large = gemv.v2_geometry("q4_0", 1, 1024, 4096), gemv.v2_geometry("q4_0", 1, 14336, 4096)
     assert small[0] * small[1] < large[0] * large[1]
+    assert gemv.v2_geometry("q4_0", 1, 4096, 14336)[2] == 14336
 
 
 @pytest.mark.parametrize("case", reference_cases(), ids=lambda c: c.id)

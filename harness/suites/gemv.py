@@ -395,8 +395,8 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
     return cases
 
 
-SWEEP_ROWS = (1, 2, 4, 8)
-SWEEP_SIMDS = (1, 2, 4, 8)
+SWEEP_ROWS = (1, 2, 4)
+SWEEP_SIMDS = (2, 4, 8)
 SWEEP_SHAPES = ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
 
 
@@ -418,7 +418,7 @@ def sweep_cases() -> list[BenchCase]:
 
             for r in SWEEP_ROWS:
                 for s in SWEEP_SIMDS:
-                    if v2_smem_bytes(qtype, 1, r, s) > SMEM_BUDGET:
+                    if v2_smem_bytes(qtype, 1, r, s, 2048) > SMEM_BUDGET:
                         continue
 
                     def step(st, qtype=qtype, n=n, k=k, r=r, s=s):

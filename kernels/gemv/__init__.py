@@ -30,7 +30,7 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # v2 launch knobs: rows per SIMD group (R) and SIMD groups per threadgroup (NSIMD), per format,
 # from `lathe bench gemv --sweep` on the device (kernels/gemv/NOTES.md has the numbers). Where a
 # matrix has too few rows to give MIN_GROUPS threadgroups, NSIMD and then R are halved.
-TUNING = {"q4_0": {"R": 4, "NSIMD": 4}, "q8_0": {"R": 4, "NSIMD": 2}, "MIN_GROUPS": 256}
+TUNING = {"q4_0": {"R": 2, "NSIMD": 4}, "q8_0": {"R": 2, "NSIMD": 4}, "MIN_GROUPS": 256}
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 5  # linear(): M at which dequantize + MLX matmul takes over from the GEMV
 
@@ -116,26 +116,20 @@ def gemv_v1(x: mx.array, w: mx.array, qtype: str, n: int, k: int) -> mx.array:
 
 
 # ---- v2 -----------------------------------------------------------------------------------------
-def v2_smem_bytes(qtype: str, m: int, rows: int, simds: int) -> int:
+def v2_smem_bytes(qtype: str, m: int, rows: int, simds: int, xchunk: int) -> int:
     """Threadgroup memory of a v2 launch (gemv_v2.metal's arrays)."""
-    bb = QTYPES[qtype][1]
-    return simds * rows * 64 * bb + m * 32 * 68 * 4 + m * 64 * 4 + 4 * (m + simds)
+    weights = simds * rows * 64 * QTYPES[qtype][1]
+    x = m * (xchunk // 64 * 68 * 2 + xchunk // 32 * 4)
+    return weights + x + 4 * (m + simds)
 
 
-def v2_geometry(qtype: str, m: int, n: int, rows: int | None = None,
-                simds: int | None = None) -> tuple[int, int]:
-    """(R, NSIMD) for a launch: the tuned pair (or the given one), halved to fit threadgroup
-    memory and, unless given, to give small matrices MIN_GROUPS threadgroups."""
+def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
+                simds: int | None = None) -> tuple[int, int, int]:
+    """(R, NSIMD, XCHUNK) for a launch: the tuned R and NSIMD (or the given ones), halved to give
+    small matrices MIN_GROUPS threadgroups unless given, and the largest chunk of X (a multiple
+    of 2048 values, at most K rounded up) that fits in threadgroup memory beside them."""
     r = rows or TUNING[qtype]["R"]
     s = simds or TUNING[qtype]["NSIMD"]
-    while v2_smem_bytes(qtype, m, r, s) > SMEM_BUDGET:
-        if s > 1 and not simds:
-            s //= 2
-        elif r > 1 and not rows:
-            r //= 2
-        else:
-            raise ValueError(f"R={r}, NSIMD={s} needs {v2_smem_bytes(qtype, m, r, s)} bytes of "
-                             f"threadgroup memory (at most {SMEM_BUDGET})")
     while -(-n // (r * s)) < TUNING["MIN_GROUPS"]:
         if s > 1 and not simds:
             s //= 2
@@ -143,16 +137,30 @@ def v2_geometry(qtype: str, m: int, n: int, rows: int | None = None,
             r //= 2
         else:
             break
-    return r, s
+    want = -(-k // 2048) * 2048
+    while True:
+        xchunk = want
+        while xchunk > 2048 and v2_smem_bytes(qtype, m, r, s, xchunk) > SMEM_BUDGET:
+            xchunk -= 2048
+        if v2_smem_bytes(qtype, m, r, s, xchunk) <= SMEM_BUDGET:
+            return r, s, xchunk
+        if s > 1 and not simds:
+            s //= 2
+        elif r > 1 and not rows:
+            r //= 2
+        else:
+            raise ValueError(f"R={r}, NSIMD={s} needs {v2_smem_bytes(qtype, m, r, s, 2048)} bytes "
+                             f"of threadgroup memory (at most {SMEM_BUDGET})")
 
 
 def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: str, n: int,
         k: int, rows: int | None, simds: int | None) -> mx.array:
     w = w.reshape(-1)
     m = x.shape[0]
-    r, s = v2_geometry(qtype, m, n, rows, simds)
+    r, s, xchunk = v2_geometry(qtype, m, n, k, rows, simds)
     groups = -(-n // (r * s))
-    consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, ALIGNED=(k // 32) % 8 == 0)
+    consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, ALIGNED=(k // 32) % 8 == 0,
+                  XCHUNK=xchunk)
     (y,) = launch(Launch(_V2[prologue], [x, w, _dims(n, k), *inputs], [((m, n), mx.float16)],
                          (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
     return y

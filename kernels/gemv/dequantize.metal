@@ -22,6 +22,10 @@ for (uint j = 0; j < (BB - 2) / 2; ++j) {
     }
   }
 }
-for (uint i = 0; i < 16; ++i) {
-  store_wide<half2>(w, blk * 16 + i, half2(half(v[2 * i]), half(v[2 * i + 1])));
+for (uint i = 0; i < 4; ++i) {  // 64 bytes out as four 16-byte words
+  uint h[4];
+  for (uint j = 0; j < 4; ++j) {
+    h[j] = as_type<uint>(half2(half(v[8 * i + 2 * j]), half(v[8 * i + 2 * j + 1])));
+  }
+  store_wide<uint4>(w, blk * 4 + i, uint4{h[0], h[1], h[2], h[3]});
 }

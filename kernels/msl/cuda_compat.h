@@ -99,12 +99,20 @@ template <>
 __device__ __forceinline__ half2 as_type<half2, uint>(uint v) {
   return *reinterpret_cast<const half2*>(&v);
 }
+template <>
+__device__ __forceinline__ uint as_type<uint, half2>(half2 v) {
+  return *reinterpret_cast<const uint*>(&v);
+}
 
 // Correctly rounded float arithmetic that the compiler may not fuse into an fma or approximate
 // (quantizers must reproduce GGML's float32 rounding bit for bit).
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+
+// LATHE_UNROLL before a loop of constant trip count: unroll it fully (register arrays indexed by
+// its variable then stay in registers).
+#define LATHE_UNROLL _Pragma("unroll")
 
 // ---- thread ids (MSL kernel attributes) -------------------------------------------------------
 // CUDA launches whole threadgroups (the grid is rounded up), so bodies bound-check as on Metal.

@@ -6,6 +6,7 @@
 #include <metal_stdlib>
 using namespace metal;
 #define LATHE_FN inline
+#define LATHE_UNROLL _Pragma("clang loop unroll(full)")
 
 // Pointer helpers with address spaces; cuda_compat.h has their CUDA twins.
 // writable: the in-place form of a cache write (DESIGN.md). MLX passes inputs read-only; the
