@@ -4,8 +4,9 @@ W is the [N, K / 32 * block bytes] uint8 matrix of reference.quant (GGUF's own b
 tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
 
 - `gemv_v1`: the plain design, one SIMD group per output row (M 1..4).
-- `gemv_v2`: R rows per SIMD group, X staged once per threadgroup in threadgroup memory, weights
-  in coalesced 16-byte loads with the next tile in flight (gemv_v2.metal; M 1..4).
+- `gemv_v2`: R rows per SIMD group, X staged once per threadgroup in threadgroup memory (as
+  int16 with a scale per block), weights in coalesced 16-byte loads with the next tile in
+  flight, exact integer dot products inside a block (gemv_v2.metal; M 1..4).
 - `rmsnorm_gemv`, `silu_down_gemv`: v2 with RMSNorm(X) * gamma, or silu(gate) * up, computed
   while X is staged (no normalized or activated copy in device memory).
 - `quantize`, `dequantize`: the GGUF blocks made and read on the GPU.
@@ -119,7 +120,7 @@ def gemv_v1(x: mx.array, w: mx.array, qtype: str, n: int, k: int) -> mx.array:
 def v2_smem_bytes(qtype: str, m: int, rows: int, simds: int, xchunk: int) -> int:
     """Threadgroup memory of a v2 launch (gemv_v2.metal's arrays)."""
     weights = simds * rows * 64 * QTYPES[qtype][1]
-    x = m * (xchunk // 64 * 68 * 2 + xchunk // 32 * 4)
+    x = m * (xchunk // 64 * 68 * 2 + xchunk // 32 * 8)  # int16 values, scale and sum per block
     return weights + x + 4 * (m + simds)
 
 

@@ -1,24 +1,21 @@
 // Quantized GEMV, v2: Y[M, N] = X'[M, K] @ W^T, W in GGUF blocks (Q4_0: QTYPE 0, 18 bytes a
-// block; Q8_0: QTYPE 1, 34 bytes; see gemv.metal), fp16 in and out, fp32 arithmetic.
+// block; Q8_0: QTYPE 1, 34 bytes; see gemv.metal), fp16 in and out, fp32 sums across blocks.
 //
 // X' (X, or RMSNorm(X) * gamma, or silu(gate) * up: LATHE_PROLOGUE, set by the prelude) is
-// staged as fp16 in threadgroup memory once per chunk of XCHUNK values of K (one chunk when it
-// fits, which is every M = 1 shape up to K = 16384), with each block's offset sum C (below).
+// staged in threadgroup memory once per chunk of XCHUNK values of K (one chunk when it fits,
+// which is every M = 1 shape up to K = 16384) as int16 with one scale per block of 32: 1/32767
+// of its largest magnitude (relative error ~1e-5, against fp16's 5e-4 on X itself).
 // Then each SIMD group walks its R rows on its own, in tiles of 64 blocks:
 //  1. store the tile's weights, loaded earlier into registers, to its own threadgroup slice
 //     (ALIGNED: 16-byte words, a SIMD group's loads covering each row contiguously; otherwise
 //     rows start only 2-byte aligned and are copied in 2-byte words);
 //  2. load the next tile into registers (in flight while 3 runs);
-//  3. lane l decodes blocks 2l and 2l+1 of each row (a pair starts on a 4-byte boundary),
-//     reusing its X' values across the R rows.
+//  3. lane l takes blocks 2l and 2l+1 of each row (a pair starts on a 4-byte boundary), its
+//     X' values reused across the R rows. Inside a block the products are exact integer dot
+//     products (int16 X' by the int8 or 4-bit weights, two per dp2a instruction on NVIDIA:
+//     under one instruction a weight, where a float decode takes three); a block's sum is
+//     scaled by d_w * d_x into the fp32 total. Q4_0's -8 is taken off as 8 * sum(X' ints).
 // Only chunk changes synchronize the threadgroup; a SIMD sum per row ends it.
-//
-// Decoding without int-to-float conversions (quarter rate on NVIDIA): a byte brought to bits
-// 12..19 of a word, masked and OR-ed into the exponent of 2048.0f (128.0f for bits 16..19) is
-// the float 2048 + q_lo, 128 + q_hi (Q4_0) or 2048 + (q ^ 0x80) = 2176 + q (Q8_0), exactly.
-// The block's dot product with those is off by C = sum(2056 x_lo) + sum(136 x_hi) (Q4_0) or
-// sum(2176 x) (Q8_0), which depends on X' alone: staged once per block, it starts the sum. The
-// large offsets cost about 9 bits of the fp32 sum inside one block (~1e-4 relative).
 //
 // Constants: QTYPE, M (rows of X, 1..4), R (rows per SIMD group), NSIMD (SIMD groups per
 // threadgroup), ALIGNED (K a multiple of 256: rows start 16-byte aligned), XCHUNK (values of K
@@ -30,14 +27,15 @@ constexpr uint PAIR_WORDS = BB / 2;              // 32-bit words of a block pair
 constexpr uint QS_WORDS = (BB - 2) / 4;          // 32-bit words of a block's quants (4, 8)
 constexpr uint ROW_WORDS = TB * BB / 4;          // a row's tile in 32-bit words
 constexpr uint ROW_VECS = ROW_WORDS / 4;         // ... in 16-byte words (72, 136)
-constexpr uint XPAD = 68;                        // 64 halves of X' per lane, then 4 of padding:
+constexpr uint XPAD = 68;                        // 64 values of X' per lane, then 4 of padding:
 constexpr uint XROW = XCHUNK / 64 * XPAD;        // lanes' 8-byte reads then hit distinct banks
 constexpr uint STAGED = (R * ROW_VECS + 31) / 32;  // 16-byte words a lane loads per tile
 constexpr uint NT = NSIMD * 32;
 
 threadgroup uint4 w_tile[NSIMD * R * ROW_VECS];
-threadgroup half4 x_tile[M * XROW / 4];
-threadgroup float c_tile[M * XCHUNK / 32];
+threadgroup uint2 x_tile[M * XROW / 4];     // X' as int16, four to a uint2
+threadgroup float x_scale[M * XCHUNK / 32];  // d_x of each block
+threadgroup int x_sum[M * XCHUNK / 32];      // sum of each block's int16 values
 
 const uint lane = thread_index_in_simdgroup;
 const uint simd = simdgroup_index_in_threadgroup;
@@ -91,18 +89,17 @@ for (uint step = 0; step <= tiles; ++step) {
     const uint items = M * cnb * 2;
     for (uint base = 0; base < items; base += NT) {
       const uint i = base + tid;
-      float part = 0.0f;
+      const uint m = i / (cnb * 2);
+      const uint e = (i % (cnb * 2)) * 16;  // first value of the item within the chunk
+      float v[16];
+      float amax = 0.0f;
       if (i < items) {
-        const uint m = i / (cnb * 2);
-        const uint e = (i % (cnb * 2)) * 16;  // first value of the item within the chunk
         const uint k0 = cb0 * 32 + e;
-        const uint at = (m * XROW + e + (e / 64) * (XPAD - 64)) / 4;
 #if LATHE_PROLOGUE == 2
         const auto src = x + m * 2 * k;  // gate; up follows K values later
 #else
         const auto src = x + m * k;
 #endif
-        float s = 0.0f;
         for (uint q = 0; q < 2; ++q) {
           const uint4 g = load_wide<uint4>(src, k0 / 8 + q);
           const uint gw[4] = {g.x, g.y, g.z, g.w};
@@ -113,30 +110,44 @@ for (uint step = 0; step <= tiles; ++step) {
           const uint4 u4 = load_wide<uint4>(src + k, k0 / 8 + q);
           const uint uw[4] = {u4.x, u4.y, u4.z, u4.w};
 #endif
-          half2 out[4];
           for (uint j = 0; j < 4; ++j) {
-            out[j] = as_type<half2>(gw[j]);
+            const half2 h = as_type<half2>(gw[j]);
+            float a = float(h.x), b = float(h.y);
 #if LATHE_PROLOGUE == 1
             const half2 gm = as_type<half2>(sw[j]);
-            out[j] = half2(half(float(out[j].x) * inv_rms[m] * float(gm.x)),
-                           half(float(out[j].y) * inv_rms[m] * float(gm.y)));
+            a = a * inv_rms[m] * float(gm.x);
+            b = b * inv_rms[m] * float(gm.y);
 #elif LATHE_PROLOGUE == 2
             const half2 uh = as_type<half2>(uw[j]);
-            const float a = float(out[j].x), b = float(out[j].y);
-            out[j] = half2(half(a / (1.0f + exp(-a)) * float(uh.x)),
-                           half(b / (1.0f + exp(-b)) * float(uh.y)));
+            a = a / (1.0f + exp(-a)) * float(uh.x);
+            b = b / (1.0f + exp(-b)) * float(uh.y);
 #endif
-            s += float(out[j].x) + float(out[j].y);  // of the fp16 values the decode will read
+            v[q * 8 + 2 * j] = a;
+            v[q * 8 + 2 * j + 1] = b;
+            amax = max(amax, max(fabs(a), fabs(b)));
           }
-          half4 lo, hi;
-          lo.xy = out[0]; lo.zw = out[1]; hi.xy = out[2]; hi.zw = out[3];
-          x_tile[at + 2 * q] = lo;
-          x_tile[at + 2 * q + 1] = hi;
         }
-        part = s * (QTYPE == 1 ? 2176.0f : (e % 32 == 0 ? 2056.0f : 136.0f));
       }
-      part += simd_shuffle_xor(part, 1);
-      if (i < items && i % 2 == 0) c_tile[(i / (cnb * 2)) * (XCHUNK / 32) + (i % (cnb * 2)) / 2] = part;
+      // The block's two halves meet: one scale for the block.
+      amax = max(amax, simd_shuffle_xor(amax, 1));
+      const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+      int sum = 0;
+      if (i < items) {
+        uint packed[8];
+        for (uint j = 0; j < 8; ++j) {
+          const int a = int(rint(v[2 * j] * inv)), b = int(rint(v[2 * j + 1] * inv));
+          sum += a + b;
+          packed[j] = (uint(a) & 0xffffu) | (uint(b) << 16);
+        }
+        const uint at = (m * XROW + e + (e / 64) * (XPAD - 64)) / 4;
+        for (uint j = 0; j < 4; ++j) x_tile[at + j] = uint2{packed[2 * j], packed[2 * j + 1]};
+      }
+      sum += simd_shuffle_xor(sum, 1);
+      if (i < items && i % 2 == 0) {
+        const uint blk = m * (XCHUNK / 32) + e / 32;
+        x_scale[blk] = amax / 32767.0f;
+        x_sum[blk] = sum;
+      }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
   }
@@ -183,26 +194,20 @@ for (uint step = 0; step <= tiles; ++step) {
   for (uint half_ = 0; half_ < 2; ++half_) {
     const uint blk = 2 * lane + half_;
     if (blk >= tb) continue;
-    float part[R][M];
+    int dot[R][M];
     float d[R];
     for (uint r = 0; r < uint(R); ++r) {
       const uint word = my_words[r * ROW_WORDS + lane * PAIR_WORDS + half_ * QS_WORDS];
       d[r] = float(as_type<half>(ushort(half_ == 0 ? word & 0xffffu : word >> 16)));
-      for (uint m = 0; m < uint(M); ++m) part[r][m] = -c_tile[m * (XCHUNK / 32) + b0 - cb0 + blk];
+      for (uint m = 0; m < uint(M); ++m) dot[r][m] = 0;
     }
-    const uint x0 = (((b0 - cb0) / 2 + lane) * XPAD + half_ * 32) / 4;  // this block's X', as half4s
+    const uint x0 = (((b0 - cb0) / 2 + lane) * XPAD + half_ * 32) / 4;  // this block's X', in uint2s
     LATHE_UNROLL
     for (uint t = 0; t < QS_WORDS; ++t) {
-      float xa[M][4], xb[M][4];  // Q4_0: values 4t.. (low nibbles) and 16 + 4t.. (high)
+      uint2 xa[M], xb[M];  // Q4_0: values 4t.. (low nibbles) and 16 + 4t.. (high nibbles)
       for (uint m = 0; m < uint(M); ++m) {
-        const half4 a = x_tile[m * XROW / 4 + x0 + t];
-        xa[m][0] = float(a.xy.x); xa[m][1] = float(a.xy.y);
-        xa[m][2] = float(a.zw.x); xa[m][3] = float(a.zw.y);
-        if (QTYPE == 0) {
-          const half4 b = x_tile[m * XROW / 4 + x0 + 4 + t];
-          xb[m][0] = float(b.xy.x); xb[m][1] = float(b.xy.y);
-          xb[m][2] = float(b.zw.x); xb[m][3] = float(b.zw.y);
-        }
+        xa[m] = x_tile[m * XROW / 4 + x0 + t];
+        if (QTYPE == 0) xb[m] = x_tile[m * XROW / 4 + x0 + 4 + t];
       }
       LATHE_UNROLL
       for (uint r = 0; r < uint(R); ++r) {
@@ -211,26 +216,27 @@ for (uint step = 0; step <= tiles; ++step) {
         // Block A's quants start 2 bytes into the pair's first word; block B's are aligned.
         const uint q = half_ == 0 ? (my_words[at + t] >> 16) | (my_words[at + t + 1] << 16)
                                   : my_words[at + QS_WORDS + 1 + t];
-        const uint byte_at_12[4] = {q << 12, q << 4, q >> 4, q >> 12};
-        LATHE_UNROLL
-        for (uint s = 0; s < 4; ++s) {
-          const uint v = byte_at_12[s];
-          if (QTYPE == 0) {
-            const float lo = as_type<float>((v & 0x0000f000u) | 0x45000000u);  // 2048 + q_lo
-            const float hi = as_type<float>((v & 0x000f0000u) | 0x43000000u);  // 128 + q_hi
-            for (uint m = 0; m < uint(M); ++m) {
-              part[r][m] = fma(lo, xa[m][s], part[r][m]);
-              part[r][m] = fma(hi, xb[m][s], part[r][m]);
-            }
-          } else {
-            const float b = as_type<float>(((v & 0x000ff000u) ^ 0x00080000u) | 0x45000000u);
-            for (uint m = 0; m < uint(M); ++m) part[r][m] = fma(b, xa[m][s], part[r][m]);
+        if (QTYPE == 0) {
+          const uint lo = q & 0x0f0f0f0fu, hi = (q >> 4) & 0x0f0f0f0fu;
+          for (uint m = 0; m < uint(M); ++m) {
+            dot[r][m] = dot2_lo(xa[m].x, lo, dot[r][m]);
+            dot[r][m] = dot2_hi(xa[m].y, lo, dot[r][m]);
+            dot[r][m] = dot2_lo(xb[m].x, hi, dot[r][m]);
+            dot[r][m] = dot2_hi(xb[m].y, hi, dot[r][m]);
+          }
+        } else {
+          for (uint m = 0; m < uint(M); ++m) {
+            dot[r][m] = dot2_lo(xa[m].x, q, dot[r][m]);
+            dot[r][m] = dot2_hi(xa[m].y, q, dot[r][m]);
           }
         }
       }
     }
-    for (uint r = 0; r < uint(R); ++r) {
-      for (uint m = 0; m < uint(M); ++m) acc[r][m] = fma(d[r], part[r][m], acc[r][m]);
+    for (uint m = 0; m < uint(M); ++m) {
+      const uint at = m * (XCHUNK / 32) + b0 - cb0 + blk;
+      const float dx = x_scale[at];
+      const int offset = QTYPE == 0 ? 8 * x_sum[at] : 0;
+      for (uint r = 0; r < uint(R); ++r) acc[r][m] = fma(d[r] * dx, float(dot[r][m] - offset), acc[r][m]);
     }
   }
 }

@@ -110,6 +110,11 @@ __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, 
 __device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
 
+// dot2_lo / dot2_hi: c + the two int16 halves of a times the int8 bytes 0, 1 (lo) or 2, 3 (hi) of
+// b, exactly (one dp2a instruction on NVIDIA; lathe.h spells it out for Metal).
+__device__ __forceinline__ int dot2_lo(uint a, uint b, int c) { return __dp2a_lo(int(a), int(b), c); }
+__device__ __forceinline__ int dot2_hi(uint a, uint b, int c) { return __dp2a_hi(int(a), int(b), c); }
+
 // LATHE_UNROLL before a loop of constant trip count: unroll it fully (register arrays indexed by
 // its variable then stay in registers).
 #define LATHE_UNROLL _Pragma("unroll")

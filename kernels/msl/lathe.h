@@ -42,6 +42,13 @@ LATHE_FN threadgroup W* threadgroup_view(threadgroup T* p) {
 LATHE_FN float mul_rn(float a, float b) { return precise::fma(a, b, 0.0f); }
 LATHE_FN float add_rn(float a, float b) { return precise::fma(a, 1.0f, b); }
 LATHE_FN float div_rn(float a, float b) { return precise::divide(a, b); }
+// dot2_lo / dot2_hi: c + the two int16 halves of a times the int8 bytes 0, 1 (lo) or 2, 3 (hi)
+// of b, exactly (CUDA's dp2a).
+LATHE_FN int dot2_lo(uint a, uint b, int c) {
+  return c + int(short(a & 0xffffu)) * int(char(b & 0xffu)) +
+         int(short(a >> 16)) * int(char((b >> 8) & 0xffu));
+}
+LATHE_FN int dot2_hi(uint a, uint b, int c) { return dot2_lo(a, b >> 16, c); }
 #endif
 
 // ---- reductions ----------------------------------------------------------------------------------
