@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("match", nargs="*", help="texts a case label must contain (any of them)")
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--sweep", action="store_true", help="look among the sweep cases")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     (fam,) = select(args.family)
     cases = fam.sweep_cases() if args.sweep else fam.bench_cases()
     chosen = [c for c in cases if not args.match or any(m in c.label for m in args.match)]
