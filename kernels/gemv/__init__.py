@@ -31,7 +31,7 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # v2 launch knobs: rows per SIMD group (R) and SIMD groups per threadgroup (NSIMD), per format,
 # from `lathe bench gemv --sweep` on the device (kernels/gemv/NOTES.md has the numbers). Where a
 # matrix has too few rows to give MIN_GROUPS threadgroups, NSIMD and then R are halved.
-TUNING = {"q4_0": {"R": 2, "NSIMD": 4}, "q8_0": {"R": 2, "NSIMD": 4}, "MIN_GROUPS": 256}
+TUNING = {"q4_0": {"R": 2, "NSIMD": 8}, "q8_0": {"R": 1, "NSIMD": 8}, "MIN_GROUPS": 256}
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 5  # linear(): M at which dequantize + MLX matmul takes over from the GEMV
 

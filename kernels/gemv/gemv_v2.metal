@@ -76,6 +76,16 @@ for (uint r = 0; r < uint(R); ++r) {
 // (MSL has no lambdas) and a tile's loads are in flight while the one before is computed.
 const uint tiles = (nb + TB - 1) / TB;
 uint4 staged[STAGED];  // this SIMD group's R rows of the next tile, as 16-byte words
+// Word p of a lane's share of a full tile is word lane + 32p of the SIMD group's slice (rows
+// ROW_VECS words apart), and this word of the weights, counted from the tile's first block
+// (worked out once here: divisions in the tile loop would cost more than the decode).
+constexpr uint NONE = 0xffffffffu;
+uint from[STAGED];
+for (uint p = 0; p < STAGED; ++p) {
+  const uint f = lane + 32 * p;
+  const uint r = f / ROW_VECS;
+  from[p] = (f < R * ROW_VECS && row0 + r < n) ? (row0 + r) * (row_bytes / 16) + f % ROW_VECS : NONE;
+}
 for (uint step = 0; step <= tiles; ++step) {
   const uint b0 = (step - 1) * TB;  // first block of the tile handled in this step
   const uint tb = step > 0 ? min(TB, nb - b0) : 0;
@@ -155,9 +165,13 @@ for (uint step = 0; step <= tiles; ++step) {
   if (step > 0) {
     // 1. this tile's weights into this SIMD group's slice (its lanes finished the last tile).
     simdgroup_barrier(mem_flags::mem_threadgroup);
-    if (ALIGNED) {
-      const uint seg = tb * BB / 16;
+    if (ALIGNED && tb == TB) {
       LATHE_UNROLL
+      for (uint p = 0; p < STAGED; ++p) {
+        if (lane + 32 * p < R * ROW_VECS) my_vecs[lane + 32 * p] = staged[p];
+      }
+    } else if (ALIGNED) {  // the last tile of a row, shorter
+      const uint seg = tb * BB / 16;
       for (uint p = 0; p < STAGED; ++p) {
         const uint f = lane + 32 * p;
         if (f < R * seg) my_vecs[(f / seg) * ROW_VECS + f % seg] = staged[p];
@@ -178,12 +192,21 @@ for (uint step = 0; step <= tiles; ++step) {
   // 2. the next tile's weights (rows past N read nothing).
   if (ALIGNED && step < tiles) {
     const uint next = step * TB;
-    const uint seg = min(TB, nb - next) * BB / 16;
-    for (uint p = 0; p < STAGED; ++p) {
-      const uint f = lane + 32 * p;
-      staged[p] = uint4{0u, 0u, 0u, 0u};
-      if (f < R * seg && row0 + f / seg < n) {
-        staged[p] = load_wide<uint4>(w, ((row0 + f / seg) * row_bytes + next * BB) / 16 + f % seg);
+    const uint shift = next * BB / 16;  // the tile's first word within a row
+    if (nb - next >= TB) {
+      LATHE_UNROLL
+      for (uint p = 0; p < STAGED; ++p) {
+        staged[p] = uint4{0u, 0u, 0u, 0u};
+        if (from[p] != NONE) staged[p] = load_wide<uint4>(w, from[p] + shift);
+      }
+    } else {  // the last tile of a row, shorter
+      const uint seg = (nb - next) * BB / 16;
+      for (uint p = 0; p < STAGED; ++p) {
+        const uint f = lane + 32 * p;
+        staged[p] = uint4{0u, 0u, 0u, 0u};
+        if (f < R * seg && row0 + f / seg < n) {
+          staged[p] = load_wide<uint4>(w, (row0 + f / seg) * (row_bytes / 16) + shift + f % seg);
+        }
       }
     }
   }
