@@ -139,12 +139,17 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
         else:
             break
     want = -(-k // 2048) * 2048
-    while True:
-        xchunk = want
-        while xchunk > 2048 and v2_smem_bytes(qtype, m, r, s, xchunk) > SMEM_BUDGET:
-            xchunk -= 2048
-        if v2_smem_bytes(qtype, m, r, s, xchunk) <= SMEM_BUDGET:
-            return r, s, xchunk
+    # All of K in one chunk if fewer SIMD groups make room for it (no threadgroup barrier in
+    # the middle of a row), else the largest chunk that fits beside them.
+    fit = lambda s_, xc: v2_smem_bytes(qtype, m, r, s_, xc) <= SMEM_BUDGET  # noqa: E731
+    while not fit(s, want) and s > 1 and not simds and fit(s // 2, want):
+        s //= 2
+    while not fit(s, want) and s > 2 and not simds:
+        s //= 2
+    xchunk = want
+    while xchunk > 2048 and not fit(s, xchunk):
+        xchunk -= 2048
+    while not fit(s, xchunk):
         if s > 1 and not simds:
             s //= 2
         elif r > 1 and not rows:
@@ -152,6 +157,7 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
         else:
             raise ValueError(f"R={r}, NSIMD={s} needs {v2_smem_bytes(qtype, m, r, s, 2048)} bytes "
                              f"of threadgroup memory (at most {SMEM_BUDGET})")
+    return r, s, xchunk
 
 
 def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: str, n: int,
