@@ -31,7 +31,7 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # v2 launch knobs: rows per SIMD group (R) and SIMD groups per threadgroup (NSIMD), per format,
 # from `lathe bench gemv --sweep` on the device (kernels/gemv/NOTES.md has the numbers). Where a
 # matrix has too few rows to give MIN_GROUPS threadgroups, NSIMD and then R are halved.
-TUNING = {"q4_0": {"R": 2, "NSIMD": 8}, "q8_0": {"R": 1, "NSIMD": 8}, "MIN_GROUPS": 256}
+TUNING = {"q4_0": {"R": 2, "NSIMD": 8}, "q8_0": {"R": 2, "NSIMD": 8}, "MIN_GROUPS": 256}
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 5  # linear(): M at which dequantize + MLX matmul takes over from the GEMV
 
@@ -138,18 +138,12 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
             r //= 2
         else:
             break
-    want = -(-k // 2048) * 2048
-    # All of K in one chunk if fewer SIMD groups make room for it (no threadgroup barrier in
-    # the middle of a row), else the largest chunk that fits beside them.
-    fit = lambda s_, xc: v2_smem_bytes(qtype, m, r, s_, xc) <= SMEM_BUDGET  # noqa: E731
-    while not fit(s, want) and s > 1 and not simds and fit(s // 2, want):
-        s //= 2
-    while not fit(s, want) and s > 2 and not simds:
-        s //= 2
-    xchunk = want
-    while xchunk > 2048 and not fit(s, xchunk):
+    # The largest chunk of X that fits beside the SIMD groups' weight tiles (measured: keeping
+    # NSIMD and splitting K beats fewer SIMD groups with all of K, e.g. 4096 x 14336).
+    xchunk = -(-k // 2048) * 2048
+    while xchunk > 2048 and v2_smem_bytes(qtype, m, r, s, xchunk) > SMEM_BUDGET:
         xchunk -= 2048
-    while not fit(s, xchunk):
+    while v2_smem_bytes(qtype, m, r, s, xchunk) > SMEM_BUDGET:
         if s > 1 and not simds:
             s //= 2
         elif r > 1 and not rows:
