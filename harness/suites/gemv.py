@@ -206,7 +206,7 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             tail = small or m > 2
             cases.append(_fused_case("rmsnorm", qtype, m, *((33, 4128) if tail else (4096, 4096))))
             cases.append(_fused_case("swiglu", qtype, m, *((33, 4128) if tail else (4096, 14336))))
-        for m in (5, 16) if small else (5, 16, 512):
+        for m in (5, 16) if small else (5, 9, 16, 512):
             for n, k in ((4097, 4128), (4096, 4096)) if not small else ((33, 96),):
                 cases.append(_gemv_case("linear", qtype, m, n, k))
         if not small:

@@ -10,7 +10,8 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
 - `rmsnorm_gemv`, `silu_down_gemv`: v2 with RMSNorm(X) * gamma, or silu(gate) * up, computed
   while X is staged (no normalized or activated copy in device memory).
 - `quantize`, `dequantize`: the GGUF blocks made and read on the GPU.
-- `linear`: any M; M > 4 dequantizes to fp16 once and uses MLX's matmul (`BATCHED_FROM`).
+- `linear`: any M; GEMV launches of up to 4 rows, and from `BATCHED_FROM` rows W dequantized
+  to fp16 once and MLX's matmul.
 - Fused projections (QKV, gate+up): `concat_rows` makes one matrix, `linear` runs it, `split`
   cuts the output.
 """
@@ -33,7 +34,7 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # matrix has too few rows to give MIN_GROUPS threadgroups, NSIMD and then R are halved.
 TUNING = {"q4_0": {"R": 2, "NSIMD": 8}, "q8_0": {"R": 2, "NSIMD": 8}, "MIN_GROUPS": 256}
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
-BATCHED_FROM = 5  # linear(): M at which dequantize + MLX matmul takes over from the GEMV
+BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
 
 PROLOGUES = {"plain": 0, "rmsnorm": 1, "swiglu": 2}
 _V1 = KernelSpec(name="lathe_gemv_v1", body="gemv/gemv.metal",
@@ -225,13 +226,16 @@ def dequantize(q: mx.array, qtype: str, n: int, k: int) -> mx.array:
 
 # ---- any M, fused projections -----------------------------------------------------------------------
 def linear(x: mx.array, w: mx.array, qtype: str, n: int, k: int) -> mx.array:
-    """Y = X @ W^T for any M: the v2 GEMV up to MAX_M rows of X, else (BATCHED_FROM and up)
-    W dequantized to fp16 once and MLX's matmul (the prefill path)."""
+    """Y = X @ W^T for any M: the v2 GEMV for up to MAX_M rows of X, in launches of MAX_M rows
+    below BATCHED_FROM, and from there W dequantized to fp16 once and MLX's matmul (the prefill
+    path; the crossover was measured: results/<device>/gemv-batched.png)."""
     check_gemv_args(x, w, qtype, n, k, max_m=None)
     m = x.shape[0]
     if m >= BATCHED_FROM:
         return x @ dequantize(w, qtype, n, k).T
-    return gemv_v2(x, w, qtype, n, k)
+    if m <= MAX_M:
+        return gemv_v2(x, w, qtype, n, k)
+    return mx.concatenate([gemv_v2(x[i:i + MAX_M], w, qtype, n, k) for i in range(0, m, MAX_M)])
 
 
 def concat_rows(weights: Sequence[mx.array]) -> mx.array:
