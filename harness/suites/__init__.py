@@ -17,13 +17,15 @@ class Family:
 
 
 def families() -> dict[str, Family]:
-    from harness.suites import gemv, rope, rope_bench
+    from harness.suites import attention, gemv, rope, rope_bench
 
     return {
         "rope": Family("rope", rope.check_cases, rope.reference_cases, rope_bench.bench_cases,
                        rope_bench.plots, rope_bench.sweep_cases),
         "gemv": Family("gemv", gemv.check_cases, gemv.reference_cases, gemv.bench_cases,
                        gemv.plots, gemv.sweep_cases),
+        "attention": Family("attention", attention.check_cases, attention.reference_cases,
+                            attention.bench_cases, None),
     }
 
 

@@ -1,0 +1,179 @@
+"""The decode attention family: paged attention v1 and v2, flash decode (split and whole) over
+the contiguous cache with circular overflow, and reshape_and_cache, against reference/attention.py
+(float64, walking the block tables token by token). Unused cache slots and blocks hold NaN, so a
+read past a context fails the comparison."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from harness.check import CheckCase, Comparison, compare, exact
+from reference import attention as ref
+
+TOL = 2e-3
+CONTEXTS = (1, 15, 16, 17, 511, 512, 513, 4096, 32768)
+HEADS = ((32, 32), (32, 8), (16, 8), (64, 8))
+
+
+def _paged_state(rng: np.random.Generator, lens: list[int], n_kv: int, head_dim: int,
+                 block_size: int):
+    """NaN-filled pools with each sequence's tokens in blocks scattered over the pool (a few
+    spare blocks never referenced), and the block table."""
+    need = [-(-n // block_size) for n in lens]
+    blocks = sum(need) + 3
+    k_pool = np.full((blocks, n_kv, head_dim // ref.X, block_size, ref.X), np.nan, np.float16)
+    v_pool = np.full((blocks, n_kv, head_dim, block_size), np.nan, np.float16)
+    order = rng.permutation(blocks)
+    table = np.zeros((len(lens), max(need)), np.int32)
+    at = 0
+    for b, n in enumerate(lens):
+        table[b, : need[b]] = order[at: at + need[b]]
+        at += need[b]
+        k = rng.standard_normal((n, n_kv, head_dim)).astype(np.float16)
+        v = rng.standard_normal((n, n_kv, head_dim)).astype(np.float16)
+        slots = table[b, np.arange(n) // block_size] * block_size + np.arange(n) % block_size
+        ref.reshape_and_cache(k_pool, v_pool, k, v, slots)
+    return k_pool, v_pool, table
+
+
+def _paged_case(version: str, lens: list[int], heads: tuple[int, int], head_dim: int,
+                block_size: int) -> CheckCase:
+    from kernels.attention import paged_attention
+    from kernels.runtime import poisoned_outputs
+
+    n_heads, n_kv = heads
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        k_pool, v_pool, table = _paged_state(rng, lens, n_kv, head_dim, block_size)
+        q = rng.standard_normal((len(lens), n_heads, head_dim)).astype(np.float16)
+        scale = head_dim ** -0.5
+        with poisoned_outputs():
+            out = paged_attention(mx.array(q), mx.array(k_pool), mx.array(v_pool), table, lens,
+                                  scale, version=version)
+            mx.eval(out)
+        out = np.array(out)
+        checks = []
+        for b, n in enumerate(lens):
+            k, v = ref.paged_tokens(k_pool, v_pool, table[b], n)
+            checks.append(compare(f"sequence {b} ({n} tokens)", out[b], ref.attend(q[b], k, v, scale), TOL))
+        return checks
+
+    shape = dict(ctx="/".join(map(str, lens)), heads=f"{n_heads}/{n_kv}", D=head_dim, bs=block_size)
+    return CheckCase("attention", "paged_attention", version, shape, run)
+
+
+def _contiguous_case(split: bool, lens: list[int], heads: tuple[int, int], head_dim: int,
+                     max_seq: int, written: list[int] | None = None) -> CheckCase:
+    """flash_decode over [B, Hkv, max_seq, D]; `written` past max_seq tests circular overflow
+    (the cache then holds the last max_seq tokens, slot = position % max_seq)."""
+    from kernels.attention import flash_decode, visible_tokens
+    from kernels.runtime import poisoned_outputs
+
+    n_heads, n_kv = heads
+    written = written or lens
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        batch = len(written)
+        kc = np.full((batch, n_kv, max_seq, head_dim), np.nan, np.float16)
+        vc = np.full_like(kc, np.nan)
+        for b, n in enumerate(written):  # token p into slot p % max_seq, later ones overwrite
+            for p in range(max(0, n - max_seq), n):
+                kc[b, :, p % max_seq] = rng.standard_normal((n_kv, head_dim))
+                vc[b, :, p % max_seq] = rng.standard_normal((n_kv, head_dim))
+        q = rng.standard_normal((batch, n_heads, head_dim)).astype(np.float16)
+        scale = head_dim ** -0.5
+        seen = [visible_tokens(n, max_seq) for n in written]
+        with poisoned_outputs():
+            out = flash_decode(mx.array(q), mx.array(kc), mx.array(vc), seen, scale, split=split)
+            mx.eval(out)
+        out = np.array(out)
+        checks = []
+        for b, n in enumerate(written):
+            k, v = ref.contiguous_tokens(kc, vc, b, n)
+            checks.append(compare(f"sequence {b} ({n} written)", out[b], ref.attend(q[b], k, v, scale), TOL))
+        return checks
+
+    shape = dict(ctx="/".join(map(str, written)), heads=f"{n_heads}/{n_kv}", D=head_dim, max_seq=max_seq)
+    return CheckCase("attention", "flash_decode", "split" if split else "whole", shape, run)
+
+
+def _reshape_case(tokens: int, n_kv: int, head_dim: int, block_size: int) -> CheckCase:
+    """reshape_and_cache into NaN pools (a padding slot included), bit for bit against the
+    reference; then paged attention over the written caches in the same graph, ordered by the
+    token (DESIGN.md), against float64."""
+    from kernels.attention import paged_attention, reshape_and_cache
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        blocks = -(-tokens // block_size) + 2
+        k_pool = np.full((blocks, n_kv, head_dim // ref.X, block_size, ref.X), np.nan, np.float16)
+        v_pool = np.full((blocks, n_kv, head_dim, block_size), np.nan, np.float16)
+        table = rng.permutation(blocks)[: -(-tokens // block_size)].astype(np.int32)
+        slots = table[np.arange(tokens) // block_size] * block_size + np.arange(tokens) % block_size
+        k = rng.standard_normal((tokens, n_kv, head_dim)).astype(np.float16)
+        v = rng.standard_normal((tokens, n_kv, head_dim)).astype(np.float16)
+        with_pad = np.concatenate([slots, [-1]]).astype(np.int32)
+        k_pad = np.concatenate([k, np.ones((1, n_kv, head_dim), np.float16)])
+        v_pad = np.concatenate([v, np.ones((1, n_kv, head_dim), np.float16)])
+        kc, vc, written = reshape_and_cache(mx.array(k_pad), mx.array(v_pad), mx.array(k_pool),
+                                            mx.array(v_pool), with_pad)
+        q = rng.standard_normal((1, n_kv * 4, head_dim)).astype(np.float16)
+        out = paged_attention(mx.array(q), kc, vc, table[None], [tokens], head_dim ** -0.5,
+                              after=written)
+        mx.eval(kc, vc, out)
+        ref.reshape_and_cache(k_pool, v_pool, k_pad, v_pad, with_pad)
+        bits = lambda a: np.asarray(a).view(np.uint16)  # noqa: E731 - NaN slots compared as bits
+        kk, vv = ref.paged_tokens(k_pool, v_pool, table, tokens)
+        return [exact("k_cache bits", bits(np.array(kc)), bits(k_pool)),
+                exact("v_cache bits", bits(np.array(vc)), bits(v_pool)),
+                compare("attention after the write", np.array(out)[0],
+                        ref.attend(q[0], kk, vv, head_dim ** -0.5), TOL)]
+
+    return CheckCase("attention", "reshape_and_cache", "in place",
+                     dict(T=tokens, Hkv=n_kv, D=head_dim, bs=block_size), run)
+
+
+def check_cases(small: bool = False) -> list[CheckCase]:
+    contexts = (1, 17, 513) if small else CONTEXTS
+    cases = []
+    for c, ctx in enumerate(contexts):
+        heads = HEADS[c % len(HEADS)]
+        head_dim = (128, 64, 256)[c % 3] if ctx <= 4096 else 128
+        bs = (16, 32)[c % 2]
+        for version in ("v1", "v2"):
+            cases.append(_paged_case(version, [ctx], heads, head_dim, bs))
+        for split in (True, False):
+            cases.append(_contiguous_case(split, [ctx], heads, head_dim, max(ctx, 16)))
+    # several sequences of different lengths in one launch
+    for version in ("v1", "v2"):
+        cases.append(_paged_case(version, [513, 17, 1, 1100], (32, 8), 128, 16))
+    cases.append(_contiguous_case(True, [700, 3, 1025], (32, 8), 128, 1100))
+    # circular overflow: more written than the cache holds
+    cases.append(_contiguous_case(True, [], (16, 8), 128, 512, written=[1300, 512, 700]))
+    cases.append(_reshape_case(37, 8, 128, 16))
+    cases.append(_reshape_case(64, 4, 64, 32))
+    return cases
+
+
+def _vs_mlx_sdpa(head_dim: int) -> CheckCase:
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        q = rng.standard_normal((32, head_dim)).astype(np.float32)
+        k = rng.standard_normal((100, 8, head_dim)).astype(np.float32)
+        v = rng.standard_normal((100, 8, head_dim)).astype(np.float32)
+        scale = head_dim ** -0.5
+        ours = ref.attend(q, k, v, scale)
+        theirs = mx.fast.scaled_dot_product_attention(
+            mx.array(q)[None, :, None, :], mx.array(k.transpose(1, 0, 2))[None],
+            mx.array(v.transpose(1, 0, 2))[None], scale=scale, stream=mx.cpu)
+        return [compare("vs mx.fast.scaled_dot_product_attention", np.array(theirs)[0, :, 0, :], ours, 1e-5)]
+
+    return CheckCase("attention", "reference.attend", "vs mlx sdpa (cpu, fp32)", dict(D=head_dim),
+                     run, needs_gpu=False)
+
+
+def reference_cases() -> list[CheckCase]:
+    return [_vs_mlx_sdpa(d) for d in (64, 128)]
+
+
+def bench_cases(quick: bool = False) -> list:
+    return []

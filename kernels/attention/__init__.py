@@ -1,0 +1,213 @@
+"""Decode attention over KV caches (fp16 K/V, fp32 softmax), reference/attention.py's layouts.
+
+- `paged_attention(q, k_cache, v_cache, block_table, context_lens, scale, version=)`: vLLM's
+  paged cache; "v1" one threadgroup per (KV head, sequence) walking the whole context, "v2" the
+  context split in partitions of `partition` tokens, merged by a combine kernel.
+- `flash_decode(q, k_cache, v_cache, lengths, scale)`: the contiguous head-major cache
+  `[B, Hkv, max_seq, D]`, split in partitions and merged the same way (`split=False`: one
+  threadgroup per head, as v1).
+- `reshape_and_cache(k, v, k_cache, v_cache, slots)`: new tokens into the paged caches, in place;
+  returns the caches and an ordering token that readers take as `after=`.
+- `visible_tokens(written, max_seq, overflow=)`: what a contiguous cache holds after `written`
+  tokens (circular overflow, or an error).
+
+One body (decode_attention.metal) serves all: the layout and the split are compile-time
+switches. Query heads of a group share their threadgroup, so K and V are read once per group.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from kernels.runtime import KernelSpec, Launch, launch
+
+HEAD_DIMS = (64, 128, 256)
+BLOCK_SIZES = (16, 32)
+X = 8  # fp16 values in one 16-byte K vector of the paged layout
+PARTITION = 512  # tokens a threadgroup takes in the split kernels
+NSIMD = 4
+
+_COMBINE = KernelSpec("lathe_attention_combine", "attention/combine.metal",
+                      ("part_out", "part_ml", "dims"), ("out",))
+_RESHAPE = KernelSpec("lathe_reshape_and_cache", "attention/reshape_and_cache.metal",
+                      ("k", "v", "slots", "k_cache", "v_cache", "dims"), ("written",))
+
+
+@functools.cache
+def _spec(paged: bool, split: bool) -> KernelSpec:
+    inputs = ("q", "k_cache", "v_cache", "lens") + (("table",) if paged else ()) + (
+        "dims", "scale", "after")
+    outputs = ("part_out", "part_ml") if split else ("out",)
+    name = f"lathe_{'paged' if paged else 'contiguous'}_attention_{'split' if split else 'whole'}"
+    return KernelSpec(name, "attention/decode_attention.metal", inputs, outputs,
+                      prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_SPLIT {int(split)}")
+
+
+@functools.lru_cache(maxsize=256)
+def _ints(values: tuple[int, ...]) -> mx.array:
+    return mx.array(values, dtype=mx.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _scale(scale: float) -> mx.array:
+    return mx.array([scale], dtype=mx.float32)
+
+
+@functools.cache
+def _no_order() -> mx.array:
+    return mx.zeros((1,), mx.uint32)
+
+
+def _fp16(name: str, a: mx.array) -> None:
+    if not isinstance(a, mx.array) or a.dtype != mx.float16:
+        raise ValueError(f"{name} must be float16, got {getattr(a, 'dtype', type(a))}")
+
+
+def _host_ints(name: str, a, shape_len: int) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.ndim != shape_len or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} must be a {shape_len}-D integer array, got {arr.dtype} {arr.shape}")
+    return arr.astype(np.int64)
+
+
+def _check_q(q: mx.array, n_kv: int, head_dim: int) -> tuple[int, int]:
+    _fp16("q", q)
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    if q.ndim != 3 or q.shape[2] != head_dim:
+        raise ValueError(f"q must be [B, n_heads, {head_dim}], got {tuple(q.shape)}")
+    batch, n_heads = q.shape[0], q.shape[1]
+    if n_heads % n_kv:
+        raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv}")
+    return batch, n_heads // n_kv
+
+
+def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
+         lens: np.ndarray, table: mx.array | None, rows: int, n_kv: int, group: int, scale: float,
+         partition: int, block_size: int, after: mx.array | None) -> mx.array:
+    batch, n_heads, head_dim = q.shape
+    parts = -(-int(lens.max()) // partition) if split else 1
+    inputs = [q, k_cache, v_cache, _ints(tuple(int(x) for x in lens))]
+    if paged:
+        inputs.append(table)
+    inputs += [_ints((n_kv, rows, partition, parts)), _scale(float(scale)),
+               _no_order() if after is None else after]
+    outputs = ([((batch, n_heads, parts, head_dim), mx.float32), ((batch, n_heads, parts, 2), mx.float32)]
+               if split else [((batch, n_heads, head_dim), mx.float16)])
+    res = launch(Launch(_spec(paged, split), inputs, outputs, (parts * 32 * NSIMD, n_kv, batch),
+                        (32 * NSIMD, 1, 1), dict(D=head_dim, G=group, NSIMD=NSIMD, BS=block_size)))
+    if not split:
+        return res[0]
+    (out,) = launch(Launch(_COMBINE, [res[0], res[1], _ints((n_heads, parts))],
+                           [((batch, n_heads, head_dim), mx.float16)],
+                           (head_dim, n_heads, batch), (min(head_dim, 256), 1, 1), dict(D=head_dim)))
+    return out
+
+
+def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_table,
+                    context_lens: Sequence[int], scale: float, *, version: str = "v2",
+                    partition: int = PARTITION, after: mx.array | None = None) -> mx.array:
+    """out[B, Hq, D] for one query token per sequence over vLLM's paged caches (k_cache
+    [blocks, Hkv, D/8, BS, 8], v_cache [blocks, Hkv, D, BS]); block_table [B, max_blocks] and
+    context_lens [B] are checked on the host before the launch."""
+    if version not in ("v1", "v2"):
+        raise ValueError(f"version must be 'v1' or 'v2', got {version!r}")
+    _fp16("k_cache", k_cache)
+    _fp16("v_cache", v_cache)
+    if k_cache.ndim != 5 or k_cache.shape[4] != X:
+        raise ValueError(f"k_cache must be [blocks, Hkv, D/8, BS, 8], got {tuple(k_cache.shape)}")
+    blocks, n_kv, d_x, block_size, _ = k_cache.shape
+    head_dim = d_x * X
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"block size must be one of {BLOCK_SIZES}, got {block_size}")
+    if tuple(v_cache.shape) != (blocks, n_kv, head_dim, block_size):
+        raise ValueError(f"v_cache must be {(blocks, n_kv, head_dim, block_size)}, got {tuple(v_cache.shape)}")
+    batch, group = _check_q(q, n_kv, head_dim)
+    table = _host_ints("block_table", block_table, 2)
+    lens = _host_ints("context_lens", context_lens, 1)
+    if table.shape[0] != batch or lens.shape[0] != batch:
+        raise ValueError(f"block_table and context_lens need {batch} rows (one per sequence)")
+    if lens.min() < 1 or lens.max() > table.shape[1] * block_size:
+        raise ValueError(f"context lengths must be in 1..{table.shape[1] * block_size} (the blocks "
+                         f"given: {table.shape[1]} of {block_size}), got {lens.min()}..{lens.max()}")
+    for b, n in enumerate(lens):
+        used = table[b, : -(-int(n) // block_size)]
+        if used.min() < 0 or used.max() >= blocks:
+            raise ValueError(f"block_table row {b} points outside the {blocks} blocks of the pool")
+    if partition % CHUNK_MULTIPLE or partition <= 0:
+        raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
+    table_dev = block_table if isinstance(block_table, mx.array) else mx.array(table.astype(np.int32))
+    if table_dev.dtype != mx.int32:
+        table_dev = table_dev.astype(mx.int32)
+    return _run(True, version == "v2", q, k_cache, v_cache, lens, table_dev, table.shape[1], n_kv,
+                group, scale, partition, block_size, after)
+
+
+CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.metal)
+
+
+def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
+    """Tokens a contiguous cache of max_seq slots holds after `written` were stored: all of them,
+    or past max_seq the last max_seq (circular overflow), or an error if overflow is off."""
+    if written < 1:
+        raise ValueError(f"at least one token must be in the cache, got {written}")
+    if written > max_seq and not overflow:
+        raise ValueError(f"{written} tokens do not fit a cache of {max_seq} (overflow is off)")
+    return min(written, max_seq)
+
+
+def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Sequence[int],
+                 scale: float, *, split: bool = True, partition: int = PARTITION,
+                 after: mx.array | None = None) -> mx.array:
+    """out[B, Hq, D] over the contiguous head-major caches [B, Hkv, max_seq, D]; lengths[b] is
+    the number of slots sequence b attends to (see visible_tokens)."""
+    _fp16("k_cache", k_cache)
+    _fp16("v_cache", v_cache)
+    if k_cache.ndim != 4 or tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"k_cache and v_cache must both be [B, Hkv, max_seq, D], got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    cache_batch, n_kv, max_seq, head_dim = k_cache.shape
+    batch, group = _check_q(q, n_kv, head_dim)
+    if cache_batch != batch:
+        raise ValueError(f"the caches hold {cache_batch} sequences, q has {batch}")
+    lens = _host_ints("lengths", lengths, 1)
+    if lens.shape[0] != batch or lens.min() < 1 or lens.max() > max_seq:
+        raise ValueError(f"lengths must be {batch} values in 1..{max_seq}, got {lens.tolist()}")
+    if partition % CHUNK_MULTIPLE or partition <= 0:
+        raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
+    return _run(False, split, q, k_cache, v_cache, lens, None, max_seq, n_kv, group, scale,
+                partition, 0, after)
+
+
+def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.array,
+                      slots) -> tuple[mx.array, mx.array, mx.array]:
+    """Tokens' k, v [T, Hkv, D] into the paged caches at `slots` (block * BS + offset; -1 skips a
+    padding token), in place. Returns (k_cache, v_cache, written): the caches wrapped by
+    mx.depends on the ordering token, and the token for GPU readers (`after=`)."""
+    for name, a in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _fp16(name, a)
+    if k_cache.ndim != 5 or k_cache.shape[4] != X:
+        raise ValueError(f"k_cache must be [blocks, Hkv, D/8, BS, 8], got {tuple(k_cache.shape)}")
+    blocks, n_kv, d_x, block_size, _ = k_cache.shape
+    head_dim = d_x * X
+    if block_size not in BLOCK_SIZES or head_dim not in HEAD_DIMS:
+        raise ValueError(f"block size {block_size} / head_dim {head_dim} not supported")
+    if tuple(v_cache.shape) != (blocks, n_kv, head_dim, block_size):
+        raise ValueError(f"v_cache must be {(blocks, n_kv, head_dim, block_size)}, got {tuple(v_cache.shape)}")
+    if k.ndim != 3 or tuple(k.shape[1:]) != (n_kv, head_dim) or tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"k and v must be [T, {n_kv}, {head_dim}], got {tuple(k.shape)}, {tuple(v.shape)}")
+    slot_arr = _host_ints("slots", slots, 1)
+    if slot_arr.shape[0] != k.shape[0]:
+        raise ValueError(f"{k.shape[0]} tokens but {slot_arr.shape[0]} slots")
+    if slot_arr.max(initial=-1) >= blocks * block_size:
+        raise ValueError(f"slots must be below {blocks * block_size} (the pool), got {slot_arr.max()}")
+    tokens = k.shape[0]
+    (written,) = launch(Launch(_RESHAPE, [k, v, mx.array(slot_arr.astype(np.int32)), k_cache, v_cache,
+                                          _ints((tokens, n_kv))], [((1,), mx.uint32)],
+                               (head_dim // X, n_kv, tokens), (head_dim // X, 1, 1),
+                               dict(D=head_dim, BS=block_size)))
+    return mx.depends(k_cache, written), mx.depends(v_cache, written), written

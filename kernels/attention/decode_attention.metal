@@ -1,0 +1,186 @@
+// Decode attention: one query token per sequence against its cached K and V (fp16), fp32 softmax
+// and sums, grouped-query: threadgroup (partition, kv head h, sequence b) serves the G query
+// heads h*G .. h*G+G-1, so K and V are read once per group.
+//
+// The cache layout is a switch (LATHE_PAGED, set by the prelude):
+//  0  contiguous, head-major k/v_cache[B, Hkv, S, D]; token t in slot t;
+//  1  paged as vLLM: k_cache[blocks, Hkv, D/8, BS, 8], v_cache[blocks, Hkv, D, BS], token t of
+//     sequence b in block table[b, t / BS] at offset t % BS.
+// LATHE_SPLIT 0: one threadgroup walks all the context and writes out[B, Hq, D] (paged v1).
+// LATHE_SPLIT 1: threadgroup p takes tokens [p * PART, (p + 1) * PART) and writes its normalized
+// partial output, max and sum (part_out[B, Hq, P, D], part_ml[B, Hq, P, 2]); combine.metal
+// merges them (paged v2, flash decode).
+// Tokens go in chunks of CH: scores for the chunk into threadgroup memory (a thread a token,
+// 16-byte K loads), the running max and sum updated once per chunk (online softmax), then P.V
+// with lane l owning rows d = l + 32 i and SIMD groups taking 8-token vectors in turn; the SIMD
+// groups' sums meet at the end. Tokens past the context are never loaded into a sum: a V vector
+// that straddles the end has its extra lanes replaced by zero, not multiplied by it (unused
+// cache slots may hold anything, NaN included).
+// Constants: D, G, NSIMD, BS (paged block size; 0 contiguous). Prelude: LATHE_PAGED, LATHE_SPLIT.
+// Inputs: q[B, Hq, D], k_cache, v_cache, lens (int32[B]), table (int32[B, MAXB]; paged),
+//   dims (int32: Hkv, S or MAXB, PART, P), scale (float[1]), after (ordering token, not read).
+constexpr uint NT = NSIMD * 32;
+constexpr uint CH = 256;       // tokens a chunk
+constexpr uint DV = D / 8;     // 16-byte vectors of a K row
+constexpr uint ROWS = D / 32;  // V rows a lane owns
+const float NEG_INF = -as_type<float>(0x7f800000u);  // -inf
+
+threadgroup float q_s[G * D];
+threadgroup float p_s[G * CH];
+threadgroup float m_s[G];
+threadgroup float l_s[G];
+threadgroup float alpha_s[G];
+threadgroup float sum_s[G * D];
+
+const uint tid = thread_index_in_threadgroup;
+const uint lane = thread_index_in_simdgroup;
+const uint simd = simdgroup_index_in_threadgroup;
+const uint part = threadgroup_position_in_grid.x;
+const uint h = threadgroup_position_in_grid.y;
+const uint b = threadgroup_position_in_grid.z;
+const uint n_kv = uint(dims[0]);
+const uint rows = uint(dims[1]);  // S (contiguous) or MAXB (paged)
+const uint n_heads = n_kv * G;
+const uint ctx = uint(lens[b]);
+const uint t_begin = LATHE_SPLIT ? min(ctx, part * uint(dims[2])) : 0;
+const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
+
+for (uint e = tid; e < G * D; e += NT) {
+  q_s[e] = float(q[(b * n_heads + h * G) * D + e]) * scale[0];
+}
+if (tid < G) {
+  m_s[tid] = NEG_INF;
+  l_s[tid] = 0.0f;
+}
+float acc[G][ROWS];
+for (uint g = 0; g < G; ++g) {
+  for (uint i = 0; i < ROWS; ++i) acc[g][i] = 0.0f;
+}
+threadgroup_barrier(mem_flags::mem_threadgroup);
+
+for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
+  const uint cn = min(CH, t_end - c0);
+  // Scores of the chunk, a thread a token.
+  for (uint tl = tid; tl < CH; tl += NT) {
+    float s[G];
+    for (uint g = 0; g < G; ++g) s[g] = 0.0f;
+    if (tl < cn) {
+      const uint t = c0 + tl;
+#if LATHE_PAGED
+      const uint block = uint(table[b * rows + t / BS]);
+      const uint k0 = ((block * n_kv + h) * DV * BS + t % BS) * 8;  // + c * BS * 8
+#else
+      const uint k0 = ((b * n_kv + h) * rows + t) * D;  // + c * 8
+#endif
+      for (uint c = 0; c < DV; ++c) {
+#if LATHE_PAGED
+        const uint4 kw = load_wide<uint4>(k_cache, (k0 + c * BS * 8) / 8);
+#else
+        const uint4 kw = load_wide<uint4>(k_cache, (k0 + c * 8) / 8);
+#endif
+        const uint ku[4] = {kw.x, kw.y, kw.z, kw.w};
+        for (uint j = 0; j < 4; ++j) {
+          const half2 k2 = as_type<half2>(ku[j]);
+          const float ka = float(k2.x), kb = float(k2.y);
+          for (uint g = 0; g < G; ++g) {
+            s[g] = fma(q_s[g * D + 8 * c + 2 * j], ka, s[g]);
+            s[g] = fma(q_s[g * D + 8 * c + 2 * j + 1], kb, s[g]);
+          }
+        }
+      }
+    }
+    for (uint g = 0; g < G; ++g) p_s[g * CH + tl] = tl < cn ? s[g] : NEG_INF;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  // Online softmax, a SIMD group a query head: new max, rescale factor, exp, running sum.
+  for (uint g = simd; g < G; g += NSIMD) {
+    float mx = NEG_INF;
+    for (uint tl = lane; tl < CH; tl += 32) mx = max(mx, p_s[g * CH + tl]);
+    mx = simd_max(mx);
+    const float m_new = max(m_s[g], mx);
+    float sum = 0.0f;
+    for (uint tl = lane; tl < CH; tl += 32) {
+      const float p = tl < cn ? exp(p_s[g * CH + tl] - m_new) : 0.0f;
+      p_s[g * CH + tl] = p;
+      sum += p;
+    }
+    sum = simd_sum(sum);
+    if (lane == 0) {
+      const float alpha = exp(m_s[g] - m_new);
+      alpha_s[g] = alpha;
+      l_s[g] = l_s[g] * alpha + sum;
+      m_s[g] = m_new;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  // P.V: SIMD groups take 8-token vectors in turn; lane l owns rows l + 32 i.
+  for (uint g = 0; g < G; ++g) {
+    for (uint i = 0; i < ROWS; ++i) acc[g][i] *= alpha_s[g];
+  }
+  for (uint vi = simd; vi * 8 < cn; vi += NSIMD) {
+    const uint t0 = c0 + vi * 8;
+    const uint valid = min(8u, t_end - t0);
+    float pv[G][8];
+    for (uint g = 0; g < G; ++g) {
+      for (uint j = 0; j < 8; ++j) pv[g][j] = p_s[g * CH + vi * 8 + j];
+    }
+#if LATHE_PAGED
+    const uint block = uint(table[b * rows + t0 / BS]);
+    const uint v0 = (block * n_kv + h) * D * BS + t0 % BS;  // + d * BS
+#else
+    const uint v0 = ((b * n_kv + h) * rows + t0) * D;  // + j * D + d
+#endif
+    for (uint i = 0; i < ROWS; ++i) {
+      const uint d = lane + 32 * i;
+      float v8[8];
+#if LATHE_PAGED
+      const uint4 vw = load_wide<uint4>(v_cache, (v0 + d * BS) / 8);
+      const uint vu[4] = {vw.x, vw.y, vw.z, vw.w};
+      for (uint j = 0; j < 4; ++j) {
+        const half2 v2 = as_type<half2>(vu[j]);
+        v8[2 * j] = float(v2.x);
+        v8[2 * j + 1] = float(v2.y);
+      }
+#else
+      for (uint j = 0; j < 8; ++j) v8[j] = j < valid ? float(v_cache[v0 + j * D + d]) : 0.0f;
+#endif
+      for (uint j = 0; j < 8; ++j) v8[j] = j < valid ? v8[j] : 0.0f;
+      for (uint g = 0; g < G; ++g) {
+        float a = acc[g][i];
+        for (uint j = 0; j < 8; ++j) a = fma(pv[g][j], v8[j], a);
+        acc[g][i] = a;
+      }
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);  // p_s is rewritten by the next chunk
+}
+
+// The SIMD groups' sums, one after another into sum_s.
+for (uint w = 0; w < NSIMD; ++w) {
+  if (simd == w) {
+    for (uint g = 0; g < G; ++g) {
+      for (uint i = 0; i < ROWS; ++i) {
+        const uint e = g * D + lane + 32 * i;
+        sum_s[e] = (w == 0 ? 0.0f : sum_s[e]) + acc[g][i];
+      }
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+for (uint e = tid; e < G * D; e += NT) {
+  const uint g = e / D, d = e % D;
+  const uint hq = h * G + g;
+  const float o = l_s[g] > 0.0f ? sum_s[e] / l_s[g] : 0.0f;
+#if LATHE_SPLIT
+  const uint at = (b * n_heads + hq) * uint(dims[3]) + part;
+  part_out[at * D + d] = o;
+  if (d == 0) {
+    part_ml[2 * at] = m_s[g];
+    part_ml[2 * at + 1] = l_s[g];
+  }
+#else
+  out[(b * n_heads + hq) * D + d] = half(o);
+#endif
+}

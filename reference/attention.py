@@ -1,0 +1,75 @@
+"""Decode attention and its KV caches, in float64.
+
+One query token per sequence attends to the sequence's cached keys and values:
+``out[h] = softmax(scale * q[h] . k[t, h // G]) . v[t, h // G]`` over its tokens t, with
+G = n_heads / n_kv_heads query heads per KV head (grouped-query attention).
+
+Caches (the layouts the kernels read):
+- contiguous, head-major: ``cache[batch, n_kv_heads, max_seq, head_dim]``; token position p sits
+  in slot p % max_seq (circular overflow: once more than max_seq tokens were written, the last
+  max_seq are what attention sees; decode attention does not depend on their order);
+- paged, as vLLM: a pool of blocks of `block_size` tokens; K is
+  ``[num_blocks, n_kv_heads, head_dim / x, block_size, x]`` (x = 8 fp16 values, 16 bytes) and V
+  ``[num_blocks, n_kv_heads, head_dim, block_size]``; token t of sequence b is in block
+  ``block_table[b, t // block_size]`` at offset ``t % block_size``.
+The readers here walk those layouts token by token, as the definition says.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+X = 8  # fp16 values in one 16-byte K vector of the paged layout
+
+
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """q [n_heads, D], k and v [tokens, n_kv_heads, D] -> [n_heads, D] (float64)."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    n_heads, n_kv = q.shape[0], k.shape[1]
+    if n_heads % n_kv:
+        raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv}")
+    group = n_heads // n_kv
+    out = np.empty_like(q)
+    for h in range(n_heads):
+        s = scale * (k[:, h // group, :] @ q[h])
+        p = np.exp(s - s.max())
+        out[h] = (p / p.sum()) @ v[:, h // group, :]
+    return out
+
+
+def paged_tokens(k_cache: np.ndarray, v_cache: np.ndarray, block_row: np.ndarray,
+                 context: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first `context` tokens of one sequence out of the paged caches: k, v [context, Hkv, D]."""
+    _, n_kv, d_x, block_size, x = k_cache.shape
+    head_dim = d_x * x
+    k = np.empty((context, n_kv, head_dim))
+    v = np.empty((context, n_kv, head_dim))
+    for t in range(context):
+        block, off = int(block_row[t // block_size]), t % block_size
+        k[t] = k_cache[block, :, :, off, :].reshape(n_kv, head_dim)
+        v[t] = v_cache[block, :, :, off]
+    return k, v
+
+
+def contiguous_tokens(k_cache: np.ndarray, v_cache: np.ndarray, b: int,
+                      written: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens attention sees in sequence b of a head-major cache after `written` tokens:
+    positions max(0, written - max_seq) .. written - 1, each from slot position % max_seq."""
+    max_seq = k_cache.shape[2]
+    positions = np.arange(max(0, written - max_seq), written)
+    slots = positions % max_seq
+    return (np.transpose(k_cache[b][:, slots, :], (1, 0, 2)),
+            np.transpose(v_cache[b][:, slots, :], (1, 0, 2)))
+
+
+def reshape_and_cache(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
+                      slots: np.ndarray) -> None:
+    """Write tokens' k, v [T, Hkv, D] into the paged caches at slot numbers (block * block_size
+    + offset); a negative slot is skipped (a padding token). In place."""
+    block_size, x = k_cache.shape[3], k_cache.shape[4]
+    for t, slot in enumerate(np.asarray(slots)):
+        if slot < 0:
+            continue
+        block, off = int(slot) // block_size, int(slot) % block_size
+        k_cache[block, :, :, off, :] = k[t].reshape(k.shape[1], -1, x)
+        v_cache[block, :, :, off] = v[t]

@@ -1,0 +1,99 @@
+"""Decode attention: argument checks and the reference (CPU), every check case (GPU)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from harness.check import run_case
+from harness.suites.attention import check_cases, reference_cases
+from kernels import attention as at
+from reference import attention as ref
+
+H, KV, D, BS, NB = 8, 2, 64, 16, 4
+
+
+def q16(b=1, h=H, d=D):
+    return mx.zeros((b, h, d), mx.float16)
+
+
+def pools(nb=NB, kv=KV, d=D, bs=BS, dtype=mx.float16):
+    return mx.zeros((nb, kv, d // 8, bs, 8), dtype), mx.zeros((nb, kv, d, bs), dtype)
+
+
+def paged(**kw):
+    args = dict(q=q16(), caches=pools(), table=[[0, 1]], lens=[20], scale=0.125)
+    args.update(kw)
+    k, v = args["caches"]
+    return lambda: at.paged_attention(args["q"], k, v, args["table"], args["lens"], args["scale"])
+
+
+BAD = [
+    (paged(table=[[0, 7]]), "outside the 4 blocks"),
+    (paged(table=[[0, -1]]), "outside"),
+    (paged(lens=[33]), r"context lengths must be in 1..32"),
+    (paged(lens=[0]), "context lengths"),
+    (paged(q=q16(h=7)), "not a multiple"),
+    (paged(q=q16(d=48), caches=pools(d=48)), "head_dim must be one of"),
+    (paged(caches=pools(dtype=mx.float32)), "float16"),
+    (paged(q=mx.zeros((1, H, D), mx.float32)), "float16"),
+    (paged(caches=pools(bs=8)), "block size"),
+    (paged(table=[[0, 1], [2, 3]]), "one per sequence"),
+    (lambda: at.flash_decode(q16(), mx.zeros((1, KV, 32, D), mx.float16),
+                             mx.zeros((1, KV, 32, D), mx.float16), [33], 0.1), "1..32"),
+    (lambda: at.flash_decode(q16(), mx.zeros((1, KV, 32, D), mx.float16),
+                             mx.zeros((1, KV, 16, D), mx.float16), [3], 0.1), "must both be"),
+    (lambda: at.visible_tokens(40, 32, overflow=False), "overflow is off"),
+    (lambda: at.reshape_and_cache(mx.zeros((2, KV, D), mx.float16), mx.zeros((2, KV, D), mx.float16),
+                                  *pools(), [0, NB * BS]), "below 64"),
+    (lambda: at.reshape_and_cache(mx.zeros((2, KV, D), mx.float16), mx.zeros((2, KV, D), mx.float16),
+                                  *pools(), [0]), "2 tokens but 1 slots"),
+]
+
+
+@pytest.mark.parametrize("call, message", BAD)
+def test_bad_input_is_a_clear_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_visible_tokens_overflow():
+    assert at.visible_tokens(10, 32) == 10
+    assert at.visible_tokens(40, 32) == 32
+
+
+def test_reference_paged_layout_round_trip():
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((37, KV, D))
+    v = rng.standard_normal((37, KV, D))
+    kp = np.full((5, KV, D // 8, BS, 8), np.nan)
+    vp = np.full((5, KV, D, BS), np.nan)
+    table = np.array([3, 0, 4])
+    slots = table[np.arange(37) // BS] * BS + np.arange(37) % BS
+    ref.reshape_and_cache(kp, vp, k, v, slots)
+    kk, vv = ref.paged_tokens(kp, vp, table, 37)
+    assert np.array_equal(kk, k) and np.array_equal(vv, v)
+    assert np.isnan(kp[1]).all() and np.isnan(vp[2]).all()  # untouched blocks
+
+
+def test_reference_contiguous_overflow_keeps_the_last_tokens():
+    kc = np.arange(2 * 1 * 4 * 1, dtype=np.float64).reshape(2, 1, 4, 1)
+    k, _ = ref.contiguous_tokens(kc, kc, 0, 6)  # positions 2..5 in slots 2, 3, 0, 1
+    assert k[:, 0, 0].tolist() == [2, 3, 0, 1]
+
+
+@pytest.mark.parametrize("case", reference_cases(), ids=lambda c: c.id)
+def test_reference_against_mlx(case):
+    result = run_case(case)
+    assert result.passed, result.failures()
+
+
+CASES = check_cases()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_against_reference(case):
+    result = run_case(case)
+    assert result.passed, result.failures()
