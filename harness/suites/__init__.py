@@ -25,7 +25,7 @@ def families() -> dict[str, Family]:
         "gemv": Family("gemv", gemv.check_cases, gemv.reference_cases, gemv.bench_cases,
                        gemv.plots, gemv.sweep_cases),
         "attention": Family("attention", attention.check_cases, attention.reference_cases,
-                            attention.bench_cases, None),
+                            attention.bench_cases, attention.plots),
     }
 
 

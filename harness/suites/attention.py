@@ -175,5 +175,72 @@ def reference_cases() -> list[CheckCase]:
     return [_vs_mlx_sdpa(d) for d in (64, 128)]
 
 
+# ---- benchmarks --------------------------------------------------------------------------------------
+BENCH_CONTEXTS = (512, 2048, 8192, 32768)
+BENCH_MODELS = {"llama3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}
+
+
+def _bench(kernel: str, model: str, batch: int, ctx: int):
+    """One decode step's attention at context ctx for every sequence of the batch. Bytes: K and V
+    read once, q read, out written (fp16)."""
+    from harness.bench import BenchCase
+    from kernels.attention import flash_decode, paged_attention
+
+    n_heads, n_kv, head_dim = BENCH_MODELS[model]
+    bs = 16
+    kv_bytes = 2 * batch * n_kv * ctx * head_dim * 2
+    nbytes = kv_bytes + 2 * 2 * batch * n_heads * head_dim
+    scale = head_dim ** -0.5
+
+    def make():
+        q = mx.random.normal((batch, n_heads, head_dim)).astype(mx.float16)
+        if kernel.startswith("paged"):
+            blocks = batch * ctx // bs
+            table = mx.array(np.random.default_rng(ctx).permutation(blocks).reshape(batch, -1).astype(np.int32))
+            return {"q": q, "k": mx.random.normal((blocks, n_kv, head_dim // 8, bs, 8)).astype(mx.float16),
+                    "v": mx.random.normal((blocks, n_kv, head_dim, bs)).astype(mx.float16), "table": table}
+        k = mx.random.normal((batch, n_kv, ctx, head_dim)).astype(mx.float16)
+        return {"q": q, "k": k, "v": mx.random.normal(k.shape).astype(mx.float16)}
+
+    lens = [ctx] * batch
+    if kernel == "mlx.sdpa":
+        step = lambda s: [mx.fast.scaled_dot_product_attention(  # noqa: E731
+            s["q"][:, :, None, :], s["k"], s["v"], scale=scale)]
+    elif kernel == "flash_decode":
+        step = lambda s: [flash_decode(s["q"], s["k"], s["v"], lens, scale)]  # noqa: E731
+    else:
+        version = kernel.split("_")[-1]
+        table_host = []
+
+        def step(s):
+            if not table_host:  # the host copy the argument checks read, made once
+                table_host.append(np.array(s["table"]))
+            return [paged_attention(s["q"], s["k"], s["v"], table_host[0], lens, scale,
+                                    version=version)]
+    shape = dict(batch=batch, ctx=ctx, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
+                 block_size=bs if kernel.startswith("paged") else 0)
+    return BenchCase("attention", f"attention-decode-b{batch}", kernel, model, shape, make, step,
+                     nbytes, 4 * batch * n_heads * ctx * head_dim, nbytes)
+
+
 def bench_cases(quick: bool = False) -> list:
-    return []
+    cases = []
+    for model in ("llama3-8b",) if quick else BENCH_MODELS:
+        for batch in (1,) if quick else (1, 8):
+            for ctx in (512, 8192) if quick else BENCH_CONTEXTS:
+                for kernel in ("flash_decode", "paged_v1", "paged_v2", "mlx.sdpa"):
+                    cases.append(_bench(kernel, model, batch, ctx))
+    return cases
+
+
+def plots(df, out_dir, peak_gbs):
+    from harness.plots import bandwidth_plot
+
+    paths = []
+    for bench in sorted(df.benchmark.unique()):
+        for model in sorted(df[df.benchmark == bench].variant.unique()):
+            sub = df[(df.benchmark == bench) & (df.variant == model)]
+            paths.append(bandwidth_plot(sub, "ctx", out_dir / f"{bench}-{model}.png",
+                                        f"{bench} {model}: GB/s against context", peak_gbs=peak_gbs,
+                                        line_by="kernel"))
+    return paths
