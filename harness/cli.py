@@ -112,14 +112,27 @@ def cmd_compile(family: str | None) -> int:
     return 1 if failures else 0
 
 
-def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: str = "step") -> int:
-    """Greedy decode of a GGUF model or preset with the reference variant (MLX built-ins)."""
-    from harness.decode import run_decode
+def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: str = "step",
+               repeat: int = 1, depth: int = 0, write: bool | None = None) -> int:
+    """Greedy decode of a GGUF model or preset with the reference variant (MLX built-ins): a
+    llama-bench-like table; on a GPU (or with write=True) a row appended to
+    results/<device>/decode.csv, with the roofline at the peak measured in this process."""
+    from harness.decode import decode_row, run_decode
+    from harness.results import append_rows, results_dir, run_metadata
+    from kernels.runtime import device_name, has_gpu
 
     print(_backend_line())
-    row = run_decode(model, qtype, prompt, gen, seed, mode)
-    with pd.option_context("display.width", 200):
-        print(pd.DataFrame([row]).to_string(index=False))
+    write = has_gpu() if write is None else write
+    peak = _peak().gbs if has_gpu() else None
+    row = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak)
+    shown = {k: v for k, v in row.items() if k not in ("depth", "prompt", "gen", "repeat")}
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print(pd.DataFrame([shown]).to_string(index=False))
+    if write:
+        device = device_name() if has_gpu() else "cpu"
+        csv = append_rows(results_dir(ROOT, device) / "decode.csv", "decode",
+                          [decode_row(row, peak, device, run_metadata())])
+        print(f"wrote {csv.relative_to(ROOT)}")
     return 0
 
 
@@ -190,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--gen", type=int, default=32)
     dec.add_argument("--seed", type=int, default=0)
     dec.add_argument("--mode", default="step", choices=("step", "pipelined", "chained", "compiled"))
+    dec.add_argument("--repeat", type=int, default=1, help="timed runs (mean and spread)")
+    dec.add_argument("--depth", type=int, default=0, help="tokens already in the cache")
+    dec.add_argument("--write", dest="write", action="store_true", default=None,
+                     help="append to results/<device>/decode.csv (the default on a GPU)")
+    dec.add_argument("--no-write", dest="write", action="store_false")
     comp = sub.add_parser("compile", help="NVRTC-compile every kernel instantiation (no GPU needed)")
     comp.add_argument("family", nargs="?")
     peak = sub.add_parser("peak", help="measure the device's memory peak")
@@ -201,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep)
     if args.command == "decode":
-        return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode)
+        return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode,
+                          args.repeat, args.depth, args.write)
     if args.command == "compile":
         return cmd_compile(args.family)
     if args.command == "peak":

@@ -270,23 +270,86 @@ def model_file(name: str, qtype: str = "q8_0", seed: int = 0) -> Path:
     return path
 
 
-def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode: str = "step") -> dict:
-    """Load (or make) the model, prefill `prompt` random tokens, greedily generate `gen`."""
+def traffic(model: Model, position: float) -> tuple[int, int]:
+    """(weight bytes, KV bytes) one decode token must read at cache position `position`: every
+    matrix as stored in the GGUF (quantized blocks as blocks), one embedding row, the output
+    matrix (the embedding when tied); K and V of all layers up to the position, in fp16."""
+    c = model.config
+    weights = 0
+    for name, t in model.tensors.items():
+        if name == "token_embd.weight":
+            weights += t.nbytes // c.vocab * (1 if not c.tied else c.vocab)
+        else:
+            weights += t.nbytes
+    kv = int(2 * c.n_layers * c.n_kv_heads * c.head_dim * 2 * position)
+    return weights, kv
+
+
+def _peak_memory() -> int | None:
+    get = getattr(mx, "get_peak_memory", None)
+    return int(get()) if get else None
+
+
+def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode: str = "step",
+               repeat: int = 1, depth: int = 0, peak_gbs: float | None = None) -> dict:
+    """Load (or make) the model; per repetition, prefill `depth` + `prompt` random tokens and
+    greedily generate `gen`, timed apart (a warm-up run first: compilation and first-use costs
+    are reported as compile_s, not timed). Returns llama-bench's fields and the roofline:
+    weight and KV bytes per token, effective GB/s, % of `peak_gbs` (when a peak is known)."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
     path = model_file(name, qtype, seed)
     model = load_gguf(path)
     c = model.config
-    if prompt < 1 or prompt + gen > c.ctx:
-        raise ValueError(f"prompt + gen = {prompt + gen} must be in 1..{c.ctx} (the context)")
-    decoder = ReferenceDecoder(model, prompt + gen)
-    tokens = np.random.default_rng(seed).integers(0, c.vocab, prompt)
-    generate(decoder, tokens[: min(4, prompt)], 1)  # warm-up: first-use costs stay out
-    decoder.reset()
-    run = generate(decoder, tokens, gen, mode)
+    if prompt < 1 or gen < 1 or depth < 0 or depth + prompt + gen > c.ctx:
+        raise ValueError(f"depth + prompt + gen = {depth + prompt + gen} must be in 2..{c.ctx} "
+                         f"(the context), with prompt and gen at least 1")
+    decoder = ReferenceDecoder(model, depth + prompt + gen)
+    tokens = np.random.default_rng(seed).integers(0, c.vocab, depth + prompt)
+    start = time.perf_counter()
+    generate(decoder, tokens[: min(4, prompt)], 2, mode)  # warm-up: first-use costs stay out
+    compile_s = time.perf_counter() - start
+    reset = getattr(mx, "reset_peak_memory", None)
+    if reset:
+        reset()
+    runs = []
+    for _ in range(repeat):
+        decoder.reset()
+        if depth:
+            decoder.forward(tokens[:depth])  # the context already there, not timed
+        runs.append(generate(decoder, tokens[depth:], gen, mode))
+    decode = np.array([r.decode_tok_s for r in runs])
+    prefill = np.array([r.prefill_tok_s for r in runs])
     params = sum(int(np.prod(t.shape)) for t in model.tensors.values() if t.dtype != np.uint8)
     params += sum(t.size // {"Q8_0": 34, "Q4_0": 18}[model.types[n]] * 32
                   for n, t in model.tensors.items() if t.dtype == np.uint8)
+    weights, kv = traffic(model, depth + prompt + (gen - 1) / 2)  # the mean decode position
+    gbs = (weights + kv) * decode.mean() / 1e9
+    test = f"pp{prompt}+tg{gen}" + (f" @ d{depth}" if depth else "")
     return dict(model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
                 params_m=round(params / 1e6, 1), backend=_backend(),
-                variant=decoder.variant, mode=mode, test=f"pp{prompt}+tg{gen}",
-                prefill_tok_s=round(run.prefill_tok_s, 1), decode_tok_s=round(run.decode_tok_s, 1),
-                ms_per_token=round(1e3 / run.decode_tok_s, 3) if gen else float("nan"))
+                variant=decoder.variant, mode=mode, test=test, depth=depth, prompt=prompt, gen=gen,
+                prefill_tok_s=round(float(prefill.mean()), 1),
+                decode_tok_s=round(float(decode.mean()), 1),
+                decode_tok_s_std=round(float(decode.std()), 1),
+                ms_per_token=round(1e3 / float(decode.mean()), 3),
+                weight_mb=round(weights / 2**20, 2), kv_mb=round(kv / 2**20, 3),
+                gbs=round(gbs, 2),
+                pct_roofline=round(100 * gbs / peak_gbs, 2) if peak_gbs else None,
+                peak_memory_mb=round(_peak_memory() / 2**20, 1) if _peak_memory() else None,
+                compile_s=round(compile_s, 3), repeat=repeat)
+
+
+def decode_row(run: dict, peak_gbs: float | None, device: str, meta: dict) -> dict:
+    """A results/<device>/decode.csv row from run_decode's fields (us = time per decoded token,
+    bytes = weight + KV bytes it reads)."""
+    us = run["ms_per_token"] * 1e3
+    nbytes = int((run["weight_mb"] + run["kv_mb"]) * 2**20)
+    return dict(benchmark="decode", kernel=run["model"], variant=run["variant"],
+                backend=run["backend"], device=device, us=round(us, 3), gbs=run["gbs"],
+                pct_peak=run["pct_roofline"], peak_gbs=peak_gbs, bytes=nbytes,
+                repeats=run["repeat"], compile_s=run["compile_s"], **meta,
+                model=run["model"], qtype=run["qtype"], mode=run["mode"], depth=run["depth"],
+                prompt=run["prompt"], gen=run["gen"], prefill_tok_s=run["prefill_tok_s"],
+                decode_tok_s=run["decode_tok_s"], ms_per_token=run["ms_per_token"],
+                dispatches_per_token=None, pct_roofline=run["pct_roofline"])

@@ -55,3 +55,37 @@ def test_help_lists_the_commands():
     assert run.returncode == 0
     for word in ("check", "bench", "peak"):
         assert word in run.stdout
+
+
+def test_decode_writes_a_results_row(tmp_path, monkeypatch):
+    """--write appends a decode.csv row in the decode schema (under a temporary root here)."""
+    import harness.cli as cli
+    from harness.results import columns, read_results
+
+    monkeypatch.setenv("LATHE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cli, "ROOT", tmp_path)
+    assert cli.cmd_decode("tiny-qwen3", "q4_0", 8, 4, 0, "pipelined", repeat=2, depth=4,
+                          write=True) == 0
+    (csv,) = (tmp_path / "results").glob("*/decode.csv")
+    df = read_results(csv)
+    assert list(df.columns) == columns("decode")
+    row = df.iloc[0]
+    assert (row.model, row.qtype, row["mode"], row.depth, row.prompt, row.gen) == (
+        "tiny-qwen3", "q4_0", "pipelined", 4, 8, 4)
+    assert row.decode_tok_s > 0 and row.bytes > 0 and row.us > 0
+
+
+def test_traffic_counts_the_stored_weights(tmp_path, monkeypatch):
+    """Weight bytes per token: every stored matrix once (one embedding row unless tied), so
+    close to the file size; KV bytes grow with the position."""
+    from harness.decode import model_file, traffic
+    from harness.models import load_gguf
+
+    monkeypatch.setenv("LATHE_CACHE", str(tmp_path))
+    path = model_file("tiny-llama", "q8_0")
+    model = load_gguf(path)
+    weights, kv0 = traffic(model, 0)
+    _, kv10 = traffic(model, 10)
+    c = model.config
+    assert kv0 == 0 and kv10 == 10 * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2
+    assert 0.5 * path.stat().st_size < weights <= path.stat().st_size
