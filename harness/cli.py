@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--write", dest="write", action="store_true", default=None,
                      help="append to results/<device>/decode.csv (the default on a GPU)")
     dec.add_argument("--no-write", dest="write", action="store_false")
+    dec.add_argument("--show-plan", action="store_true",
+                     help="print the plan (the steps replayed for every token) and stop")
     comp = sub.add_parser("compile", help="NVRTC-compile every kernel instantiation (no GPU needed)")
     comp.add_argument("family", nargs="?")
     peak = sub.add_parser("peak", help="measure the device's memory peak")
@@ -218,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_check(args.family, args.seed, args.match)
     if args.command == "bench":
         return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep)
+    if args.command == "decode" and args.show_plan:
+        from harness.decode import show_plan
+
+        print(show_plan(args.model, args.qtype, args.seed))
+        return 0
     if args.command == "decode":
         return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode,
                           args.repeat, args.depth, args.write)

@@ -24,7 +24,8 @@ from reference.model import weight as float64_weight
 
 
 class ReferenceDecoder:
-    """Prefill and decode with MLX built-ins over a loaded GGUF model."""
+    """Prefill and decode with MLX built-ins over a loaded GGUF model: the plan (reference_plan)
+    is built once and replayed for every token."""
 
     variant = "reference"
 
@@ -38,6 +39,7 @@ class ReferenceDecoder:
         self.w = {name: mx.array(float64_weight(model, name).astype(np.float32)).astype(
                       mx.float32 if name.endswith("norm.weight") else self.dtype)
                   for name in model.tensors}
+        self.plan = reference_plan(c)  # built once, replayed for every token
         self.reset()
 
     def reset(self) -> None:
@@ -76,33 +78,135 @@ class ReferenceDecoder:
         return logits
 
     def layers(self, tokens: mx.array, offset, store) -> mx.array:
-        """The model over tokens at positions offset.. (an int, or an array in a compiled step).
-        `store(layer, k, v)` puts the rotated K and V into the cache and returns what attention
-        reads: (keys, values, mask)."""
-        c, w, t = self.config, self.w, tokens.size
-        x = w["token_embd.weight"][tokens]
-        rope = dict(traditional=not c.neox, base=c.rope_theta, scale=1.0, offset=offset)
-        for i in range(c.n_layers):
-            b = f"blk.{i}."
-            h = self._norm(x, b + "attn_norm.weight")
-            q = (h @ w[b + "attn_q.weight"].T).reshape(t, c.n_heads, c.head_dim)
-            k = (h @ w[b + "attn_k.weight"].T).reshape(t, c.n_kv_heads, c.head_dim)
-            v = (h @ w[b + "attn_v.weight"].T).reshape(t, c.n_kv_heads, c.head_dim)
-            if c.head_norm:
-                q = self._norm(q, b + "attn_q_norm.weight")
-                k = self._norm(k, b + "attn_k_norm.weight")
-            q, k, v = (a.transpose(1, 0, 2)[None] for a in (q, k, v))  # [1, heads, t, D]
-            q, k = mx.fast.rope(q, c.head_dim, **rope), mx.fast.rope(k, c.head_dim, **rope)
-            keys, values, mask = store(i, k, v)
-            o = mx.fast.scaled_dot_product_attention(q, keys, values,
-                                                     scale=1.0 / math.sqrt(c.head_dim), mask=mask)
-            x = x + o[0].transpose(1, 0, 2).reshape(t, -1) @ w[b + "attn_output.weight"].T
-            h = self._norm(x, b + "ffn_norm.weight")
-            gate, up = h @ w[b + "ffn_gate.weight"].T, h @ w[b + "ffn_up.weight"].T
-            x = x + (silu(gate) * up) @ w[b + "ffn_down.weight"].T
-        x = self._norm(x, "output_norm.weight")
-        out = w["token_embd.weight" if c.tied else "output.weight"]
-        return (x @ out.T).astype(mx.float32)
+        """The model over tokens at positions offset.. (an int, or an array in a compiled step),
+        by replaying the plan. `store(layer, k, v)` puts the rotated K and V into the cache and
+        returns what attention reads: (keys, values, mask)."""
+        t = tokens.size
+        env = {"token": tokens}
+        for step in self.plan:
+            _OPS[step.op](self, step, env, t, offset, store)
+        return env["logits"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One dispatch of a decode step (the seeds' command list): the op, what carries it out, the
+    buffers it reads and writes, the weights bound to it, and the fields that change from token
+    to token (pos: the position; kv_len: how much of the cache attention reads)."""
+
+    op: str
+    kernel: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    weights: tuple[str, ...] = ()
+    per_token: tuple[str, ...] = ()
+    layer: int | None = None
+
+
+def reference_plan(c) -> list[Step]:
+    """The reference variant's plan: MLX built-ins, one step per op."""
+    mm = "mx.matmul (dequantized weights)"
+    steps = [Step("embed", "mx.take", ("token",), ("x",), ("token_embd.weight",), ("token",))]
+    for i in range(c.n_layers):
+        b = f"blk.{i}."
+        steps += [Step("rms_norm", "mx.fast.rms_norm", ("x",), ("h",), (b + "attn_norm.weight",), layer=i)]
+        steps += [Step("linear", mm, ("h",), (n,), (b + f"attn_{n}.weight",), layer=i) for n in "qkv"]
+        if c.head_norm:
+            steps += [Step("head_norm", "mx.fast.rms_norm", (n,), (n,), (b + f"attn_{n}_norm.weight",),
+                           layer=i) for n in "qk"]
+        steps += [Step("rope", "mx.fast.rope", (n,), (n,), (), ("pos",), layer=i) for n in "qk"]
+        steps += [Step("kv_write", "slice update", ("k", "v"), (f"cache.{i}",), (), ("pos",), layer=i),
+                  Step("attention", "mx.fast.scaled_dot_product_attention", ("q", f"cache.{i}"), ("o",),
+                       (), ("kv_len",), layer=i),
+                  Step("linear", mm, ("o",), ("attn",), (b + "attn_output.weight",), layer=i),
+                  Step("add", "mx.add", ("x", "attn"), ("x",), layer=i),
+                  Step("rms_norm", "mx.fast.rms_norm", ("x",), ("h",), (b + "ffn_norm.weight",), layer=i),
+                  Step("linear", mm, ("h",), ("gate",), (b + "ffn_gate.weight",), layer=i),
+                  Step("linear", mm, ("h",), ("up",), (b + "ffn_up.weight",), layer=i),
+                  Step("swiglu", "mx ops: gate * sigmoid(gate) * up", ("gate", "up"), ("a",), layer=i),
+                  Step("linear", mm, ("a",), ("ffn",), (b + "ffn_down.weight",), layer=i),
+                  Step("add", "mx.add", ("x", "ffn"), ("x",), layer=i)]
+    out = "token_embd.weight" if c.tied else "output.weight"
+    steps += [Step("rms_norm", "mx.fast.rms_norm", ("x",), ("h",), ("output_norm.weight",)),
+              Step("linear", mm, ("h",), ("logits",), (out,))]
+    return steps
+
+
+def _heads(a: mx.array, heads: int, t: int, head_dim: int) -> mx.array:
+    """[t, heads * D] or [t, heads, D] -> [1, heads, t, D] (the layout attention reads)."""
+    return a.reshape(t, heads, head_dim).transpose(1, 0, 2)[None]
+
+
+def _op_embed(d, s, env, t, offset, store):
+    env["x"] = d.w[s.weights[0]][env["token"]]
+
+
+def _op_rms_norm(d, s, env, t, offset, store):
+    env[s.writes[0]] = d._norm(env[s.reads[0]], s.weights[0])
+
+
+def _op_linear(d, s, env, t, offset, store):
+    y = env[s.reads[0]] @ d.w[s.weights[0]].T
+    env[s.writes[0]] = y.astype(mx.float32) if s.writes[0] == "logits" else y
+
+
+def _op_head_norm(d, s, env, t, offset, store):
+    c = d.config
+    heads = c.n_heads if s.reads[0] == "q" else c.n_kv_heads
+    env[s.writes[0]] = d._norm(env[s.reads[0]].reshape(t, heads, c.head_dim), s.weights[0])
+
+
+def _op_rope(d, s, env, t, offset, store):
+    c = d.config
+    heads = c.n_heads if s.reads[0] == "q" else c.n_kv_heads
+    x = _heads(env[s.reads[0]], heads, t, c.head_dim)
+    env[s.writes[0]] = mx.fast.rope(x, c.head_dim, traditional=not c.neox, base=c.rope_theta,
+                                    scale=1.0, offset=offset)
+
+
+def _op_kv_write(d, s, env, t, offset, store):
+    c = d.config
+    env[s.writes[0]] = store(s.layer, env["k"], _heads(env["v"], c.n_kv_heads, t, c.head_dim))
+
+
+def _op_attention(d, s, env, t, offset, store):
+    c = d.config
+    keys, values, mask = env[s.reads[1]]
+    o = mx.fast.scaled_dot_product_attention(env["q"], keys, values,
+                                             scale=1.0 / math.sqrt(c.head_dim), mask=mask)
+    env["o"] = o[0].transpose(1, 0, 2).reshape(t, -1)
+
+
+def _op_add(d, s, env, t, offset, store):
+    env[s.writes[0]] = env[s.reads[0]] + env[s.reads[1]]
+
+
+def _op_swiglu(d, s, env, t, offset, store):
+    env[s.writes[0]] = silu(env[s.reads[0]]) * env[s.reads[1]]
+
+
+_OPS = {"embed": _op_embed, "rms_norm": _op_rms_norm, "linear": _op_linear,
+        "head_norm": _op_head_norm, "rope": _op_rope, "kv_write": _op_kv_write,
+        "attention": _op_attention, "add": _op_add, "swiglu": _op_swiglu}
+
+
+def plan_table(plan: list[Step], layers: tuple[int, ...] = (0,)) -> str:
+    """The plan as a readable table (the steps outside the layers and those of `layers`), and
+    the dispatches per token."""
+    import pandas as pd
+
+    rows = [dict(step=n, layer="" if s.layer is None else s.layer, op=s.op, kernel=s.kernel,
+                 reads=",".join(s.reads), writes=",".join(s.writes),
+                 weights=",".join(w.split(".", 2)[-1] if w.startswith("blk.") else w for w in s.weights),
+                 per_token=",".join(s.per_token))
+            for n, s in enumerate(plan) if s.layer is None or s.layer in layers]
+    per_layer = sum(1 for s in plan if s.layer == 0)
+    layer_count = len({s.layer for s in plan if s.layer is not None})
+    with pd.option_context("display.width", 250, "display.max_colwidth", 60):
+        table = pd.DataFrame(rows).to_string(index=False)
+    return (f"{table}\n(layer 0 shown; {per_layer} steps a layer x {layer_count} layers; "
+            f"{len(plan)} steps per token: one dispatch each for our kernels, while an MLX op of "
+            f"the reference variant may launch more than one kernel)")
 
 
 def _compiled_step(decoder: ReferenceDecoder):
@@ -290,6 +394,12 @@ def _peak_memory() -> int | None:
     return int(get()) if get else None
 
 
+def show_plan(name: str, qtype: str, seed: int = 0) -> str:
+    """The reference variant's plan for a GGUF file or preset, as plan_table prints it."""
+    model = load_gguf(model_file(name, qtype, seed))
+    return plan_table(reference_plan(model.config))
+
+
 def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode: str = "step",
                repeat: int = 1, depth: int = 0, peak_gbs: float | None = None) -> dict:
     """Load (or make) the model; per repetition, prefill `depth` + `prompt` random tokens and
@@ -337,6 +447,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                 gbs=round(gbs, 2),
                 pct_roofline=round(100 * gbs / peak_gbs, 2) if peak_gbs else None,
                 peak_memory_mb=round(_peak_memory() / 2**20, 1) if _peak_memory() else None,
+                dispatches_per_token=len(decoder.plan),
                 compile_s=round(compile_s, 3), repeat=repeat)
 
 
@@ -352,4 +463,4 @@ def decode_row(run: dict, peak_gbs: float | None, device: str, meta: dict) -> di
                 model=run["model"], qtype=run["qtype"], mode=run["mode"], depth=run["depth"],
                 prompt=run["prompt"], gen=run["gen"], prefill_tok_s=run["prefill_tok_s"],
                 decode_tok_s=run["decode_tok_s"], ms_per_token=run["ms_per_token"],
-                dispatches_per_token=None, pct_roofline=run["pct_roofline"])
+                dispatches_per_token=run["dispatches_per_token"], pct_roofline=run["pct_roofline"])

@@ -89,3 +89,9 @@ def test_traffic_counts_the_stored_weights(tmp_path, monkeypatch):
     c = model.config
     assert kv0 == 0 and kv10 == 10 * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2
     assert 0.5 * path.stat().st_size < weights <= path.stat().st_size
+
+
+def test_decode_show_plan():
+    run = lathe("decode", "tiny-qwen3", "--show-plan")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "head_norm" in run.stdout and "steps per token" in run.stdout

@@ -108,3 +108,18 @@ def test_session_paths_match_a_full_prefill(models):
         got, taken = s.logits(tokens)
         assert taken == path, (len(tokens), taken, path)
         np.testing.assert_allclose(np.array(got), full(tokens), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_the_plan_binds_every_weight(models, preset):
+    """The plan replayed per token reads every tensor of the model (the embedding as the output
+    too when tied), each norm and matrix bound to exactly one step."""
+    from harness.decode import plan_table, reference_plan
+
+    m = models[preset, "q8_0"]
+    plan = reference_plan(m.config)
+    bound = [w for s in plan for w in s.weights]
+    assert set(bound) == set(m.tensors)
+    assert len(bound) == len(set(bound)) + (1 if m.config.tied else 0)
+    assert all(s.per_token for s in plan if s.op in ("rope", "kv_write", "attention", "embed"))
+    assert f"{len(plan)} steps per token" in plan_table(plan)
