@@ -6,8 +6,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from harness.check import run_case
-from harness.suites.attention import check_cases, reference_cases
 from kernels import attention as at
 from reference import attention as ref
 
@@ -81,19 +79,3 @@ def test_reference_contiguous_overflow_keeps_the_last_tokens():
     kc = np.arange(2 * 1 * 4 * 1, dtype=np.float64).reshape(2, 1, 4, 1)
     k, _ = ref.contiguous_tokens(kc, kc, 0, 6)  # positions 2..5 in slots 2, 3, 0, 1
     assert k[:, 0, 0].tolist() == [2, 3, 0, 1]
-
-
-@pytest.mark.parametrize("case", reference_cases(), ids=lambda c: c.id)
-def test_reference_against_mlx(case):
-    result = run_case(case)
-    assert result.passed, result.failures()
-
-
-CASES = check_cases()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_against_reference(case):
-    result = run_case(case)
-    assert result.passed, result.failures()

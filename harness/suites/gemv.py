@@ -19,7 +19,7 @@ import pandas as pd
 from harness.bench import BenchCase
 from harness.check import CheckCase, Comparison, compare, exact
 from reference import rel_err
-from reference.quant import BLOCK_BYTES, dequantize, quantize, storage_bytes
+from reference.quant import dequantize, quantize, storage_bytes
 
 TOL = 2e-3
 QTYPES = ("q4_0", "q8_0")
