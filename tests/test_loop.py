@@ -1,12 +1,10 @@
-"""The decode loop's small kernels: argument checks and the references (CPU), every check case (GPU)."""
+"""The decode loop's small kernels: argument checks (their cases run in test_families.py)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import pytest
 
-from harness.check import run_case
-from harness.suites.loop import check_cases, reference_cases
 from kernels import loop
 
 h = lambda *s: mx.zeros(s, mx.float16)  # noqa: E731
@@ -33,19 +31,3 @@ BAD = [
 def test_bad_input_is_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
-
-
-@pytest.mark.parametrize("case", reference_cases(), ids=lambda c: c.id)
-def test_reference_against_mlx(case):
-    result = run_case(case)
-    assert result.passed, result.failures()
-
-
-CASES = check_cases()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_against_reference(case):
-    result = run_case(case)
-    assert result.passed, result.failures()
