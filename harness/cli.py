@@ -113,7 +113,8 @@ def cmd_compile(family: str | None) -> int:
 
 
 def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: str = "step",
-               repeat: int = 1, depth: int = 0, write: bool | None = None) -> int:
+               repeat: int = 1, depth: int = 0, write: bool | None = None,
+               variant: str = "reference") -> int:
     """Greedy decode of a GGUF model or preset with the reference variant (MLX built-ins): a
     llama-bench-like table; on a GPU (or with write=True) a row appended to
     results/<device>/decode.csv, with the roofline at the peak measured in this process."""
@@ -124,7 +125,7 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     print(_backend_line())
     write = has_gpu() if write is None else write
     peak = _peak().gbs if has_gpu() else None
-    row = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak)
+    row = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant)
     shown = {k: v for k, v in row.items() if k not in ("depth", "prompt", "gen", "repeat")}
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(pd.DataFrame([shown]).to_string(index=False))
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--write", dest="write", action="store_true", default=None,
                      help="append to results/<device>/decode.csv (the default on a GPU)")
     dec.add_argument("--no-write", dest="write", action="store_false")
+    dec.add_argument("--variant", default="reference", choices=("reference", "unfused", "fused"),
+                     help="MLX built-ins, or lathe's kernels one per op, or fused (needs a GPU)")
     dec.add_argument("--show-plan", action="store_true",
                      help="print the plan (the steps replayed for every token) and stop")
     comp = sub.add_parser("compile", help="NVRTC-compile every kernel instantiation (no GPU needed)")
@@ -223,11 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "decode" and args.show_plan:
         from harness.decode import show_plan
 
-        print(show_plan(args.model, args.qtype, args.seed))
+        print(show_plan(args.model, args.qtype, args.seed, args.variant))
         return 0
     if args.command == "decode":
         return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode,
-                          args.repeat, args.depth, args.write)
+                          args.repeat, args.depth, args.write, args.variant)
     if args.command == "compile":
         return cmd_compile(args.family)
     if args.command == "peak":

@@ -301,8 +301,9 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
     sampled token feeding the next embedding on the device, one evaluation; compiled: step mode
     through one mx.compile'd decode step with the position passed as an array.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    allowed = getattr(decoder, "modes", MODES)
+    if mode not in allowed:
+        raise ValueError(f"mode must be one of {allowed} for the {decoder.variant} variant, got {mode!r}")
     history = [mx.array(np.asarray(prompt, dtype=np.int32).reshape(-1))]
 
     def pick(logits: mx.array) -> mx.array:  # on the device; step i uses key seed + i
@@ -394,14 +395,35 @@ def _peak_memory() -> int | None:
     return int(get()) if get else None
 
 
-def show_plan(name: str, qtype: str, seed: int = 0) -> str:
-    """The reference variant's plan for a GGUF file or preset, as plan_table prints it."""
+VARIANTS = ("reference", "unfused", "fused")
+
+
+def make_decoder(model: Model, max_seq: int, variant: str = "reference"):
+    """The decoder of a variant: MLX built-ins (reference) or lathe's kernels (unfused, fused)."""
+    if variant == "reference":
+        return ReferenceDecoder(model, max_seq)
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    from harness.kernel_decode import KernelDecoder
+
+    return KernelDecoder(model, max_seq, variant)
+
+
+def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference") -> str:
+    """A variant's plan for a GGUF file or preset, as plan_table prints it."""
     model = load_gguf(model_file(name, qtype, seed))
-    return plan_table(reference_plan(model.config))
+    if variant == "reference":
+        return plan_table(reference_plan(model.config))
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    from harness.kernel_decode import kernel_plan
+
+    return plan_table(kernel_plan(model.config, variant == "fused"))
 
 
 def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode: str = "step",
-               repeat: int = 1, depth: int = 0, peak_gbs: float | None = None) -> dict:
+               repeat: int = 1, depth: int = 0, peak_gbs: float | None = None,
+               variant: str = "reference") -> dict:
     """Load (or make) the model; per repetition, prefill `depth` + `prompt` random tokens and
     greedily generate `gen`, timed apart (a warm-up run first: compilation and first-use costs
     are reported as compile_s, not timed). Returns llama-bench's fields and the roofline:
@@ -414,7 +436,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     if prompt < 1 or gen < 1 or depth < 0 or depth + prompt + gen > c.ctx:
         raise ValueError(f"depth + prompt + gen = {depth + prompt + gen} must be in 2..{c.ctx} "
                          f"(the context), with prompt and gen at least 1")
-    decoder = ReferenceDecoder(model, depth + prompt + gen)
+    decoder = make_decoder(model, depth + prompt + gen, variant)
     tokens = np.random.default_rng(seed).integers(0, c.vocab, depth + prompt)
     start = time.perf_counter()
     generate(decoder, tokens[: min(4, prompt)], 2, mode)  # warm-up: first-use costs stay out
