@@ -9,8 +9,7 @@
 Same interface as harness.decode.ReferenceDecoder (forward, reset, pos), so generate() and Session
 run them, in modes step, pipelined and chained (compiled is the reference variant's). Matrices
 stay in their GGUF blocks; F16 matrices (the f16 presets) go through MLX's matmul. Prompts
-(more than 4 tokens) take the batched GEMV path, and their attention is MLX's sdpa over the
-cache after the in-place write has been evaluated (no prefill attention kernel yet).
+(more than 4 tokens) take the batched GEMV path and kernels.attention.prefill_attention.
 `kernel_plan` lists the steps forward() dispatches (for --show-plan); forward() is written out
 rather than replaying that list as the reference variant does: making it the executed list is
 the next step, once the variants have run on the device.
@@ -51,7 +50,7 @@ def kernel_plan(c, fused: bool) -> list[Step]:
                                layer=i) for n in "qk"]
             steps += [Step("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"), ("q", f"cache.{i}"),
                            (), ("pos",), layer=i)]
-        steps += [Step("attention", "lathe flash_decode (+ combine)", ("q", f"cache.{i}"), ("o",), (),
+        steps += [Step("attention", "lathe flash_decode / prefill_attention (+ combine)", ("q", f"cache.{i}"), ("o",), (),
                        ("kv_len",), layer=i),
                   Step("linear", gemv, ("o",), ("attn",), (b + "attn_output.weight",), layer=i),
                   Step("add", "mx.add", ("x", "attn"), ("x",), layer=i)]
@@ -189,13 +188,9 @@ class KernelDecoder:
             if t == 1:
                 o = attention.flash_decode(rot.q.reshape(1, c.n_heads, hd), self.k[i][None], self.v[i][None],
                                            [pos + 1], scale, after=rot.written)
-            else:  # prompt: MLX's sdpa over the cache, after the in-place write is done
-                mx.eval(rot.written)
-                keys, values = self.k[i][None, :, : pos + t], self.v[i][None, :, : pos + t]
-                mask = mx.arange(pos + t)[None, :] <= (pos + mx.arange(t))[:, None]
-                o = mx.fast.scaled_dot_product_attention(
-                    rot.q.reshape(t, c.n_heads, hd).transpose(1, 0, 2)[None], keys, values,
-                    scale=scale, mask=mask)[0].transpose(1, 0, 2)
+            else:  # a prompt: causal, each token over the cache up to its own position
+                o = attention.prefill_attention(rot.q.reshape(t, c.n_heads, hd), self.k[i], self.v[i],
+                                                pos, scale, after=rot.written)
             x = x + self._linear(o.reshape(t, -1), b + "attn_output.weight")
             if self.fused and t <= FUSED_UP_TO:
                 gu = self._norm_linear(x, b + "ffn_norm.weight", b + "ffn_gate_up.weight")
