@@ -3,12 +3,7 @@
     python notebooks/make_rope.py      (needs nbformat, nbclient and ipykernel)
 """
 
-from pathlib import Path
-
-import nbformat
-from nbclient import NotebookClient
-
-HERE = Path(__file__).resolve().parent
+from build import build
 
 CELLS = [
     ("md", """# RoPE family: what the device run measured
@@ -69,13 +64,5 @@ for png in sorted(device_dir.glob("rope-*.png")):
 ]
 
 
-def main() -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell(src) if kind == "md" else nbformat.v4.new_code_cell(src)
-                for kind, src in CELLS]
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
-    nbformat.write(nb, HERE / "rope.ipynb")
-
-
 if __name__ == "__main__":
-    main()
+    build("rope", CELLS)
