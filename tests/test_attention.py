@@ -43,6 +43,8 @@ BAD = [
     (lambda: at.flash_decode(q16(), mx.zeros((1, KV, 32, D), mx.float16),
                              mx.zeros((1, KV, 16, D), mx.float16), [3], 0.1), "must both be"),
     (lambda: at.visible_tokens(40, 32, overflow=False), "overflow is off"),
+    (lambda: at.flash_decode(q16(), mx.zeros((1, KV, 32, D), mx.float16),
+                             mx.zeros((1, KV, 32, D), mx.float16), [3], 0.1, partition=12), "partition"),
     (lambda: at.reshape_and_cache(mx.zeros((2, KV, D), mx.float16), mx.zeros((2, KV, D), mx.float16),
                                   *pools(), [0, NB * BS]), "below 64"),
     (lambda: at.reshape_and_cache(mx.zeros((2, KV, D), mx.float16), mx.zeros((2, KV, D), mx.float16),

@@ -249,6 +249,19 @@ def _device_blocks(qtype: str, n: int, k: int) -> mx.array:
     return q
 
 
+def _weights_once(qtype: str, *shapes: tuple[int, int]):
+    """A function that gives each rotated input set its own device copy of random blocks, one
+    matrix per (N, K) shape; the blocks are made on the first call only."""
+    made: list[mx.array] = []
+
+    def fresh() -> list[mx.array]:
+        if not made:
+            made.extend(_device_blocks(qtype, n, k) for n, k in shapes)
+        return [b + mx.array(0, mx.uint8) for b in made]
+
+    return fresh
+
+
 def _io_bytes(qtype: str, n: int, k: int, m: int = 1, x_width: int | None = None) -> int:
     return storage_bytes(qtype, n, k) + 2 * m * (x_width or k) + 2 * m * n
 
@@ -257,12 +270,10 @@ def _bench_ours(version: str, qtype: str, n: int, k: int) -> BenchCase:
     from kernels.gemv import gemv_v1, gemv_v2
 
     fn = gemv_v1 if version == "v1" else gemv_v2
-    blocks = []
+    weights = _weights_once(qtype, (n, k))
 
     def make():
-        if not blocks:
-            blocks.append(_device_blocks(qtype, n, k))
-        return {"w": blocks[0] + mx.array(0, mx.uint8), "x": mx.random.normal((1, k)).astype(mx.float16)}
+        return {"w": weights()[0], "x": mx.random.normal((1, k)).astype(mx.float16)}
 
     nbytes = _io_bytes(qtype, n, k)
     return BenchCase("gemv", "gemv-m1", f"gemv_{qtype}", version, dict(M=1, N=n, K=k), make,
@@ -297,13 +308,11 @@ def _bench_fused(kind: str, path: str, qtype: str, n: int, k: int) -> BenchCase:
     mx.fast.rms_norm or MLX's silu * up, then the v2 GEMV). Bytes: the fused kernel's."""
     from kernels.gemv import gemv_v2, rmsnorm_gemv, silu_down_gemv
 
-    blocks = []
+    weights = _weights_once(qtype, (n, k))
     width = k if kind == "rmsnorm" else 2 * k
 
     def make():
-        if not blocks:
-            blocks.append(_device_blocks(qtype, n, k))
-        return {"w": blocks[0] + mx.array(0, mx.uint8),
+        return {"w": weights()[0],
                 "x": mx.random.normal((1, width)).astype(mx.float16),
                 "gamma": (1 + 0.1 * mx.random.normal((k,))).astype(mx.float16)}
 
@@ -330,16 +339,15 @@ def _bench_projection(path: str, qtype: str, sizes: tuple[int, ...], k: int) -> 
     """QKV or gate+up as one GEMV over the concatenated matrix ('fused') or one per part."""
     from kernels.gemv import concat_rows, gemv_v2, split
 
-    parts = []
+    weights = _weights_once(qtype, *((n, k) for n in sizes))
 
     def make():
-        if not parts:
-            parts.extend(_device_blocks(qtype, n, k) for n in sizes)
+        parts = weights()
         state = {"x": mx.random.normal((1, k)).astype(mx.float16)}
         if path == "fused":
-            state["w"] = concat_rows(parts) + mx.array(0, mx.uint8)
+            state["w"] = concat_rows(parts)
         else:
-            state.update({f"w{i}": p + mx.array(0, mx.uint8) for i, p in enumerate(parts)})
+            state.update({f"w{i}": p for i, p in enumerate(parts)})
         return state
 
     if path == "fused":
@@ -358,12 +366,10 @@ def _bench_batched(path: str, qtype: str, m: int, n: int, k: int) -> BenchCase:
     matmul ('batched'), to find where one overtakes the other."""
     from kernels.gemv import MAX_M, dequantize, gemv_v2
 
-    blocks = []
+    weights = _weights_once(qtype, (n, k))
 
     def make():
-        if not blocks:
-            blocks.append(_device_blocks(qtype, n, k))
-        return {"w": blocks[0] + mx.array(0, mx.uint8), "x": mx.random.normal((m, k)).astype(mx.float16)}
+        return {"w": weights()[0], "x": mx.random.normal((m, k)).astype(mx.float16)}
 
     if path == "gemv":
         def step(s):
@@ -408,13 +414,10 @@ def sweep_cases() -> list[BenchCase]:
     cases = []
     for n, k in SWEEP_SHAPES:
         for qtype in QTYPES:
-            blocks = []
+            weights = _weights_once(qtype, (n, k))
 
-            def make(qtype=qtype, n=n, k=k, blocks=blocks):
-                if not blocks:
-                    blocks.append(_device_blocks(qtype, n, k))
-                return {"w": blocks[0] + mx.array(0, mx.uint8),
-                        "x": mx.random.normal((1, k)).astype(mx.float16)}
+            def make(k=k, weights=weights):
+                return {"w": weights()[0], "x": mx.random.normal((1, k)).astype(mx.float16)}
 
             for r in SWEEP_ROWS:
                 for s in SWEEP_SIMDS:

@@ -29,6 +29,7 @@ HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32)
 X = 8  # fp16 values in one 16-byte K vector of the paged layout
 PARTITION = 512  # tokens a threadgroup takes in the split kernels
+CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.metal)
 NSIMD = 4
 
 _COMBINE = KernelSpec("lathe_attention_combine", "attention/combine.metal",
@@ -89,6 +90,8 @@ def _check_q(q: mx.array, n_kv: int, head_dim: int) -> tuple[int, int]:
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: np.ndarray, table: mx.array | None, rows: int, n_kv: int, group: int, scale: float,
          partition: int, block_size: int, after: mx.array | None, shared_cache: bool = False) -> mx.array:
+    if partition % CHUNK_MULTIPLE or partition <= 0:
+        raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     batch, n_heads, head_dim = q.shape
     parts = -(-int(lens.max()) // partition) if split else 1
     inputs = [q, k_cache, v_cache, _ints(tuple(int(x) for x in lens))]
@@ -138,16 +141,12 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
         used = table[b, : -(-int(n) // block_size)]
         if used.min() < 0 or used.max() >= blocks:
             raise ValueError(f"block_table row {b} points outside the {blocks} blocks of the pool")
-    if partition % CHUNK_MULTIPLE or partition <= 0:
-        raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     table_dev = block_table if isinstance(block_table, mx.array) else mx.array(table.astype(np.int32))
     if table_dev.dtype != mx.int32:
         table_dev = table_dev.astype(mx.int32)
     return _run(True, version == "v2", q, k_cache, v_cache, lens, table_dev, table.shape[1], n_kv,
                 group, scale, partition, block_size, after)
 
-
-CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.metal)
 
 
 def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
@@ -177,8 +176,6 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
     lens = _host_ints("lengths", lengths, 1)
     if lens.shape[0] != batch or lens.min() < 1 or lens.max() > max_seq:
         raise ValueError(f"lengths must be {batch} values in 1..{max_seq}, got {lens.tolist()}")
-    if partition % CHUNK_MULTIPLE or partition <= 0:
-        raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     return _run(False, split, q, k_cache, v_cache, lens, None, max_seq, n_kv, group, scale,
                 partition, 0, after)
 
@@ -202,8 +199,6 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
     tokens, group = _check_q(q, n_kv, head_dim)
     if pos < 0 or pos + tokens > max_seq:
         raise ValueError(f"positions {pos}..{pos + tokens - 1} do not fit the cache of {max_seq}")
-    if partition % CHUNK_MULTIPLE or partition <= 0:
-        raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     lens = np.arange(pos + 1, pos + tokens + 1)
     return _run(False, split, q, k_cache[None], v_cache[None], lens, None, max_seq, n_kv, group,
                 scale, partition, 0, after, shared_cache=True)
