@@ -1,4 +1,4 @@
-"""The decode loop's kernel variants (NOT yet run on a GPU: branch issue5-loop-kernels).
+"""The decode loop's kernel variants (device-verified on the H200: tests/test_kernel_decode.py).
 
 - `unfused`: one of lathe's kernels per op: embedding, RMSNorm, the Q4_0/Q8_0 GEMV (`linear`),
   RoPE + KV write (in place), flash decode, SwiGLU; residual adds are MLX adds.
