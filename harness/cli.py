@@ -113,10 +113,11 @@ def cmd_compile(family: str | None) -> int:
 
 
 def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: str = "step",
-               repeat: int = 1, depth: int = 0, write: bool | None = None) -> int:
-    """Greedy decode of a GGUF model or preset with the reference variant (MLX built-ins): a
-    llama-bench-like table; on a GPU (or with write=True) a row appended to
-    results/<device>/decode.csv, with the roofline at the peak measured in this process."""
+               repeat: int = 1, depth: int = 0, write: bool | None = None,
+               variant: str = "reference") -> int:
+    """Greedy decode of a GGUF model or preset for each variant and mode given (comma-separated
+    lists, as llama-bench's): a llama-bench-like table; on a GPU (or with write=True) its rows
+    appended to results/<device>/decode.csv, with the roofline at the peak measured here."""
     from harness.decode import decode_row, run_decode
     from harness.results import append_rows, results_dir, run_metadata
     from kernels.runtime import device_name, has_gpu
@@ -124,14 +125,18 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     print(_backend_line())
     write = has_gpu() if write is None else write
     peak = _peak().gbs if has_gpu() else None
-    row = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak)
-    shown = {k: v for k, v in row.items() if k not in ("depth", "prompt", "gen", "repeat")}
+    rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant)
+    if not rows:
+        print(f"lathe decode: no variant among {variant} has a mode among {mode}")
+        return 2
+    shown = pd.DataFrame(rows).drop(columns=["depth", "prompt", "gen", "repeat"])
     with pd.option_context("display.width", 250, "display.max_columns", 30):
-        print(pd.DataFrame([shown]).to_string(index=False))
+        print(shown.to_string(index=False))
     if write:
         device = device_name() if has_gpu() else "cpu"
+        meta = run_metadata()
         csv = append_rows(results_dir(ROOT, device) / "decode.csv", "decode",
-                          [decode_row(row, peak, device, run_metadata())])
+                          [decode_row(row, peak, device, meta) for row in rows])
         print(f"wrote {csv.relative_to(ROOT)}")
     return 0
 
@@ -196,18 +201,22 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--no-write", dest="write", action="store_false",
                        help="print only; write no CSV or PNG")
-    dec = sub.add_parser("decode", help="greedy decode of a GGUF model or preset (reference variant)")
+    dec = sub.add_parser("decode", help="greedy decode of a GGUF model or preset, per variant and mode")
     dec.add_argument("model", nargs="?", default="tiny-llama", help="a .gguf file or a preset")
     dec.add_argument("--qtype", default="q8_0", help="weights of a preset: f16, q8_0, q4_0")
     dec.add_argument("--prompt", type=int, default=16)
     dec.add_argument("--gen", type=int, default=32)
     dec.add_argument("--seed", type=int, default=0)
-    dec.add_argument("--mode", default="step", choices=("step", "pipelined", "chained", "compiled"))
+    dec.add_argument("--mode", default="step",
+                     help="step, pipelined, chained, compiled (comma-separated for several)")
     dec.add_argument("--repeat", type=int, default=1, help="timed runs (mean and spread)")
     dec.add_argument("--depth", type=int, default=0, help="tokens already in the cache")
     dec.add_argument("--write", dest="write", action="store_true", default=None,
                      help="append to results/<device>/decode.csv (the default on a GPU)")
     dec.add_argument("--no-write", dest="write", action="store_false")
+    dec.add_argument("--variant", default="reference",
+                     help="reference (MLX built-ins), unfused (lathe's kernels one per op) or fused "
+                          "(lathe's fused kernels; these two need a GPU); comma-separated for several")
     dec.add_argument("--show-plan", action="store_true",
                      help="print the plan (the steps replayed for every token) and stop")
     comp = sub.add_parser("compile", help="NVRTC-compile every kernel instantiation (no GPU needed)")
@@ -223,11 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "decode" and args.show_plan:
         from harness.decode import show_plan
 
-        print(show_plan(args.model, args.qtype, args.seed))
+        print(show_plan(args.model, args.qtype, args.seed, args.variant))
         return 0
     if args.command == "decode":
         return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode,
-                          args.repeat, args.depth, args.write)
+                          args.repeat, args.depth, args.write, args.variant)
     if args.command == "compile":
         return cmd_compile(args.family)
     if args.command == "peak":

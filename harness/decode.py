@@ -9,6 +9,7 @@ head-major [1, n_kv, max_seq, head_dim] per layer, updated by slice assignment (
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -301,8 +302,9 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
     sampled token feeding the next embedding on the device, one evaluation; compiled: step mode
     through one mx.compile'd decode step with the position passed as an array.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    allowed = getattr(decoder, "modes", MODES)
+    if mode not in allowed:
+        raise ValueError(f"mode must be one of {allowed} for the {decoder.variant} variant, got {mode!r}")
     history = [mx.array(np.asarray(prompt, dtype=np.int32).reshape(-1))]
 
     def pick(logits: mx.array) -> mx.array:  # on the device; step i uses key seed + i
@@ -394,18 +396,42 @@ def _peak_memory() -> int | None:
     return int(get()) if get else None
 
 
-def show_plan(name: str, qtype: str, seed: int = 0) -> str:
-    """The reference variant's plan for a GGUF file or preset, as plan_table prints it."""
+VARIANTS = ("reference", "unfused", "fused")
+
+
+def make_decoder(model: Model, max_seq: int, variant: str = "reference"):
+    """The decoder of a variant: MLX built-ins (reference) or lathe's kernels (unfused, fused)."""
+    if variant == "reference":
+        return ReferenceDecoder(model, max_seq)
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    from harness.kernel_decode import KernelDecoder
+
+    return KernelDecoder(model, max_seq, variant)
+
+
+def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference") -> str:
+    """A variant's plan for a GGUF file or preset, as plan_table prints it."""
     model = load_gguf(model_file(name, qtype, seed))
-    return plan_table(reference_plan(model.config))
+    if variant == "reference":
+        return plan_table(reference_plan(model.config))
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    from harness.kernel_decode import kernel_plan
+
+    return plan_table(kernel_plan(model.config, variant == "fused"))
 
 
-def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode: str = "step",
-               repeat: int = 1, depth: int = 0, peak_gbs: float | None = None) -> dict:
-    """Load (or make) the model; per repetition, prefill `depth` + `prompt` random tokens and
-    greedily generate `gen`, timed apart (a warm-up run first: compilation and first-use costs
-    are reported as compile_s, not timed). Returns llama-bench's fields and the roofline:
-    weight and KV bytes per token, effective GB/s, % of `peak_gbs` (when a peak is known)."""
+def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, modes=("step",),
+               repeat: int = 1, depth: int = 0, peak_gbs: float | None = None,
+               variants=("reference",)) -> list[dict]:
+    """llama-bench's matrix: load (or make) the model once; for each variant build its decoder
+    once, and for each mode, per repetition, prefill `depth` + `prompt` random tokens and greedily
+    generate `gen`, timed apart (a warm-up run first: compilation and first-use costs are
+    reported as compile_s, not timed). One row per (variant, mode) with llama-bench's fields and
+    the roofline: weight and KV bytes per token, effective GB/s, % of `peak_gbs` when known.
+    A mode a variant does not have (compiled is the reference variant's) gives no row."""
+    modes, variants = _names(modes, MODES, "mode"), _names(variants, VARIANTS, "variant")
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     path = model_file(name, qtype, seed)
@@ -414,29 +440,36 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     if prompt < 1 or gen < 1 or depth < 0 or depth + prompt + gen > c.ctx:
         raise ValueError(f"depth + prompt + gen = {depth + prompt + gen} must be in 2..{c.ctx} "
                          f"(the context), with prompt and gen at least 1")
-    decoder = ReferenceDecoder(model, depth + prompt + gen)
     tokens = np.random.default_rng(seed).integers(0, c.vocab, depth + prompt)
-    start = time.perf_counter()
-    generate(decoder, tokens[: min(4, prompt)], 2, mode)  # warm-up: first-use costs stay out
-    compile_s = time.perf_counter() - start
-    reset = getattr(mx, "reset_peak_memory", None)
-    if reset:
-        reset()
-    runs = []
-    for _ in range(repeat):
-        decoder.reset()
-        if depth:
-            decoder.forward(tokens[:depth])  # the context already there, not timed
-        runs.append(generate(decoder, tokens[depth:], gen, mode))
-    decode = np.array([r.decode_tok_s for r in runs])
-    prefill = np.array([r.prefill_tok_s for r in runs])
     params = sum(int(np.prod(t.shape)) for t in model.tensors.values() if t.dtype != np.uint8)
     params += sum(t.size // {"Q8_0": 34, "Q4_0": 18}[model.types[n]] * 32
                   for n, t in model.tensors.items() if t.dtype == np.uint8)
     weights, kv = traffic(model, depth + prompt + (gen - 1) / 2)  # the mean decode position
-    gbs = (weights + kv) * decode.mean() / 1e9
-    test = f"pp{prompt}+tg{gen}" + (f" @ d{depth}" if depth else "")
-    return dict(model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
+    rows = []
+    for variant in variants:
+        decoder = make_decoder(model, depth + prompt + gen, variant)
+        for mode in modes:
+            if mode not in getattr(decoder, "modes", MODES):
+                continue
+            decoder.reset()
+            start = time.perf_counter()
+            generate(decoder, tokens[: min(4, prompt)], 2, mode)  # warm-up: first-use costs stay out
+            compile_s = time.perf_counter() - start
+            reset = getattr(mx, "reset_peak_memory", None)
+            if reset:
+                reset()
+            runs = []
+            for _ in range(repeat):
+                decoder.reset()
+                if depth:
+                    decoder.forward(tokens[:depth])  # the context already there, not timed
+                runs.append(generate(decoder, tokens[depth:], gen, mode))
+            decode = np.array([r.decode_tok_s for r in runs])
+            prefill = np.array([r.prefill_tok_s for r in runs])
+            gbs = (weights + kv) * decode.mean() / 1e9
+            test = f"pp{prompt}+tg{gen}" + (f" @ d{depth}" if depth else "")
+            rows.append(dict(
+                model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
                 params_m=round(params / 1e6, 1), backend=_backend(),
                 variant=decoder.variant, mode=mode, test=test, depth=depth, prompt=prompt, gen=gen,
                 prefill_tok_s=round(float(prefill.mean()), 1),
@@ -448,7 +481,19 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                 pct_roofline=round(100 * gbs / peak_gbs, 2) if peak_gbs else None,
                 peak_memory_mb=round(_peak_memory() / 2**20, 1) if _peak_memory() else None,
                 dispatches_per_token=len(decoder.plan),
-                compile_s=round(compile_s, 3), repeat=repeat)
+                compile_s=round(compile_s, 3), repeat=repeat))
+        del decoder  # one variant's weights on the device at a time
+        gc.collect()
+    return rows
+
+
+def _names(value, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """A name or a list of names (a string may list several, comma-separated, as llama-bench)."""
+    names = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
+    bad = [n for n in names if n not in allowed]
+    if not names or bad:
+        raise ValueError(f"{what} must be among {allowed}, got {bad or 'none'}")
+    return names
 
 
 def decode_row(run: dict, peak_gbs: float | None, device: str, meta: dict) -> dict:

@@ -8,6 +8,8 @@ reference.quant's layout). RoPE pairing follows llama.cpp: `llama` turns neighbo
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,7 +94,6 @@ def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0
     c = PRESETS[preset] if isinstance(preset, str) else preset
     if qtype not in QTYPES:
         raise ValueError(f"qtype must be one of {QTYPES}, got {qtype!r}")
-    rng = np.random.default_rng(seed)
     path = Path(path)
     w = gguf.GGUFWriter(str(path), c.arch)
     a = c.arch
@@ -112,22 +113,34 @@ def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0
     w.add_tokenizer_model("none")
     gtype = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
              "q4_0": gguf.GGMLQuantizationType.Q4_0}[qtype]
-    for name, shape in tensor_shapes(c).items():
-        if len(shape) == 1:
-            w.add_tensor(name, (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
-            continue
-        rows, k = shape
-        scale = 1.0 if name == "token_embd.weight" else 1 / np.sqrt(k)
-        m = (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
-        if qtype == "f16":
-            w.add_tensor(name, m.astype(np.float16))
-        else:
-            w.add_tensor(name, quantize(m, qtype), raw_dtype=gtype)
+    shapes = list(tensor_shapes(c).items())
+    # Each tensor has its own stream (seed, index), so tensors are made in parallel threads
+    # (NumPy releases the GIL) and an 8B model takes seconds per core rather than minutes.
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        made = pool.map(lambda i: _random_tensor(*shapes[i], seed, i, qtype), range(len(shapes)))
+        for (name, _), data in zip(shapes, made):
+            w.add_tensor(name, data, raw_dtype=gtype if data.dtype == np.uint8 else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _random_tensor(name: str, shape: tuple[int, ...], seed: int, index: int, qtype: str) -> np.ndarray:
+    """One tensor of a random model: norms near 1 (float32), matrices N(0, 1/fan-in) (the
+    embedding N(0, 1)) in the file's type, made in row chunks to bound the float32 temporaries."""
+    rng = np.random.default_rng([seed, index])
+    if len(shape) == 1:
+        return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    rows, k = shape
+    scale = np.float32(1.0 if name == "token_embd.weight" else 1 / np.sqrt(k))
+    chunk = max(1, (1 << 24) // k)
+    parts = []
+    for start in range(0, rows, chunk):
+        m = rng.standard_normal((min(chunk, rows - start), k), dtype=np.float32) * scale
+        parts.append(m.astype(np.float16) if qtype == "f16" else quantize(m, qtype))
+    return np.concatenate(parts)
 
 
 @dataclass

@@ -29,6 +29,8 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
     "rope": ["seq", "head_dim", "n_heads", "n_kv_heads"],
     "gemv": ["M", "N", "K"],
     "attention": ["batch", "ctx", "n_heads", "n_kv_heads", "head_dim", "block_size"],
+    "loop": ["M", "K", "F", "V", "T"],
+    "launch": ["n"],
     # "variant" is already a common column; columns() drops the repeat.
     "decode": ["model", "qtype", "variant", "mode", "depth", "prompt", "gen",
                "prefill_tok_s", "decode_tok_s", "ms_per_token",

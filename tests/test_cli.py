@@ -64,15 +64,24 @@ def test_decode_writes_a_results_row(tmp_path, monkeypatch):
 
     monkeypatch.setenv("LATHE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(cli, "ROOT", tmp_path)
-    assert cli.cmd_decode("tiny-qwen3", "q4_0", 8, 4, 0, "pipelined", repeat=2, depth=4,
+    assert cli.cmd_decode("tiny-qwen3", "q4_0", 8, 4, 0, "pipelined,compiled", repeat=2, depth=4,
                           write=True) == 0
     (csv,) = (tmp_path / "results").glob("*/decode.csv")
     df = read_results(csv)
     assert list(df.columns) == columns("decode")
-    row = df.iloc[0]
-    assert (row.model, row.qtype, row["mode"], row.depth, row.prompt, row.gen) == (
-        "tiny-qwen3", "q4_0", "pipelined", 4, 8, 4)
-    assert row.decode_tok_s > 0 and row.bytes > 0 and row.us > 0
+    assert list(df["mode"]) == ["pipelined", "compiled"]  # one row per mode, in order
+    for _, row in df.iterrows():
+        assert (row.model, row.qtype, row.depth, row.prompt, row.gen) == ("tiny-qwen3", "q4_0", 4, 8, 4)
+        assert row.decode_tok_s > 0 and row.bytes > 0 and row.us > 0
+
+
+def test_decode_rejects_unknown_variants_and_modes():
+    from harness.decode import run_decode
+
+    with pytest.raises(ValueError, match="mode must be among"):
+        run_decode("tiny-llama", "q8_0", 4, 2, modes="step,warp")
+    with pytest.raises(ValueError, match="variant must be among"):
+        run_decode("tiny-llama", "q8_0", 4, 2, variants=("fastest",))
 
 
 def test_traffic_counts_the_stored_weights(tmp_path, monkeypatch):

@@ -133,6 +133,35 @@ def _reshape_case(tokens: int, n_kv: int, head_dim: int, block_size: int) -> Che
                      dict(T=tokens, Hkv=n_kv, D=head_dim, bs=block_size), run)
 
 
+def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, split: bool) -> CheckCase:
+    """A prompt of `tokens` at positions pos.. over a cache already holding pos earlier tokens:
+    query i against rows 0 .. pos+i only (rows past pos+tokens are NaN)."""
+    from kernels.attention import prefill_attention
+    from kernels.runtime import poisoned_outputs
+
+    n_heads, n_kv = heads
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        max_seq = pos + tokens + 5
+        kc = np.full((n_kv, max_seq, head_dim), np.nan, np.float16)
+        vc = np.full_like(kc, np.nan)
+        kc[:, : pos + tokens] = rng.standard_normal((n_kv, pos + tokens, head_dim))
+        vc[:, : pos + tokens] = rng.standard_normal((n_kv, pos + tokens, head_dim))
+        q = rng.standard_normal((tokens, n_heads, head_dim)).astype(np.float16)
+        scale = head_dim ** -0.5
+        with poisoned_outputs():
+            out = prefill_attention(mx.array(q), mx.array(kc), mx.array(vc), pos, scale, split=split)
+            mx.eval(out)
+        out = np.array(out)
+        k_all, v_all = kc.transpose(1, 0, 2), vc.transpose(1, 0, 2)  # [tokens, Hkv, D]
+        want = np.stack([ref.attend(q[i], k_all[: pos + i + 1], v_all[: pos + i + 1], scale)
+                         for i in range(tokens)])
+        return [compare("causal outputs", out, want, TOL)]
+
+    shape = dict(T=tokens, pos=pos, heads=f"{n_heads}/{n_kv}", D=head_dim)
+    return CheckCase("attention", "prefill_attention", "split" if split else "whole", shape, run)
+
+
 def check_cases(small: bool = False) -> list[CheckCase]:
     contexts = (1, 17, 513) if small else CONTEXTS
     cases = []
@@ -150,6 +179,12 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     cases.append(_contiguous_case(True, [700, 3, 1025], (32, 8), 128, 1100))
     # circular overflow: more written than the cache holds
     cases.append(_contiguous_case(True, [], (16, 8), 128, 512, written=[1300, 512, 700]))
+    for tokens, pos, heads, d in ((1, 0, (32, 8), 128), (17, 0, (32, 8), 128), (64, 100, (16, 8), 64),
+                                  (513, 7, (32, 32), 128), (200, 1000, (64, 8), 256)):
+        if small and tokens > 17:
+            continue
+        for split in (True, False):
+            cases.append(_prefill_case(tokens, pos, heads, d, split))
     cases.append(_reshape_case(37, 8, 128, 16))
     cases.append(_reshape_case(64, 4, 64, 32))
     return cases
@@ -223,6 +258,32 @@ def _bench(kernel: str, model: str, batch: int, ctx: int):
                      nbytes, 4 * batch * n_heads * ctx * head_dim, nbytes)
 
 
+def _bench_prefill(kernel: str, tokens: int):
+    """A prompt of `tokens` (Llama-3-8B heads) attending causally over its own K and V in the
+    cache. Bytes: K and V read once, q read, out written (the floor; the kernel re-reads K and V
+    from L2 for each query token)."""
+    from harness.bench import BenchCase
+    from kernels.attention import prefill_attention
+
+    n_heads, n_kv, head_dim = BENCH_MODELS["llama3-8b"]
+    scale = head_dim ** -0.5
+    nbytes = 2 * n_kv * tokens * head_dim * 2 + 2 * 2 * tokens * n_heads * head_dim
+
+    def make():
+        return {"q": mx.random.normal((tokens, n_heads, head_dim)).astype(mx.float16),
+                "k": mx.random.normal((n_kv, tokens, head_dim)).astype(mx.float16),
+                "v": mx.random.normal((n_kv, tokens, head_dim)).astype(mx.float16)}
+
+    if kernel == "mlx.sdpa":
+        step = lambda s: [mx.fast.scaled_dot_product_attention(  # noqa: E731
+            s["q"].transpose(1, 0, 2)[None], s["k"][None], s["v"][None], scale=scale, mask="causal")]
+    else:
+        step = lambda s: [prefill_attention(s["q"], s["k"], s["v"], 0, scale)]  # noqa: E731
+    shape = dict(batch=1, ctx=tokens, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, block_size=0)
+    return BenchCase("attention", "attention-prefill", kernel, "llama3-8b", shape, make, step, nbytes,
+                     4 * tokens * tokens * n_heads * head_dim // 2, nbytes)
+
+
 def bench_cases(quick: bool = False) -> list:
     cases = []
     for model in ("llama3-8b",) if quick else BENCH_MODELS:
@@ -230,6 +291,8 @@ def bench_cases(quick: bool = False) -> list:
             for ctx in (512, 8192) if quick else BENCH_CONTEXTS:
                 for kernel in ("flash_decode", "paged_v1", "paged_v2", "mlx.sdpa"):
                     cases.append(_bench(kernel, model, batch, ctx))
+    for tokens in (512,) if quick else (512, 2048):
+        cases += [_bench_prefill(k, tokens) for k in ("prefill_attention", "mlx.sdpa")]
     return cases
 
 

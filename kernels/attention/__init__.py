@@ -89,7 +89,7 @@ def _check_q(q: mx.array, n_kv: int, head_dim: int) -> tuple[int, int]:
 
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: np.ndarray, table: mx.array | None, rows: int, n_kv: int, group: int, scale: float,
-         partition: int, block_size: int, after: mx.array | None) -> mx.array:
+         partition: int, block_size: int, after: mx.array | None, shared_cache: bool = False) -> mx.array:
     if partition % CHUNK_MULTIPLE or partition <= 0:
         raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     batch, n_heads, head_dim = q.shape
@@ -97,7 +97,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     inputs = [q, k_cache, v_cache, _ints(tuple(int(x) for x in lens))]
     if paged:
         inputs.append(table)
-    inputs += [_ints((n_kv, rows, partition, parts)), _scale(float(scale)),
+    inputs += [_ints((n_kv, rows, partition, parts, 0 if shared_cache else 1)), _scale(float(scale)),
                _no_order() if after is None else after]
     outputs = ([((batch, n_heads, parts, head_dim), mx.float32), ((batch, n_heads, parts, 2), mx.float32)]
                if split else [((batch, n_heads, head_dim), mx.float16)])
@@ -178,6 +178,30 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
         raise ValueError(f"lengths must be {batch} values in 1..{max_seq}, got {lens.tolist()}")
     return _run(False, split, q, k_cache, v_cache, lens, None, max_seq, n_kv, group, scale,
                 partition, 0, after)
+
+
+def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,
+                      *, split: bool = True, partition: int = PARTITION,
+                      after: mx.array | None = None) -> mx.array:
+    """Causal attention of a prompt's T query tokens q[T, Hq, D], at positions pos .. pos+T-1,
+    over the contiguous head-major cache [Hkv, max_seq, D] (or [1, Hkv, max_seq, D]) that
+    already holds their K and V: token i sees cache rows 0 .. pos+i. The decode kernel with one
+    query per token and every query on the same cache (K and V come through the L2 cache for
+    the other queries: a straightforward kernel, compared against MLX's sdpa)."""
+    _fp16("k_cache", k_cache)
+    _fp16("v_cache", v_cache)
+    if k_cache.ndim == 4 and k_cache.shape[0] == 1:
+        k_cache, v_cache = k_cache[0], v_cache[0]
+    if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"k_cache and v_cache must both be [Hkv, max_seq, D], got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    n_kv, max_seq, head_dim = k_cache.shape
+    tokens, group = _check_q(q, n_kv, head_dim)
+    if pos < 0 or pos + tokens > max_seq:
+        raise ValueError(f"positions {pos}..{pos + tokens - 1} do not fit the cache of {max_seq}")
+    lens = np.arange(pos + 1, pos + tokens + 1)
+    return _run(False, split, q, k_cache[None], v_cache[None], lens, None, max_seq, n_kv, group,
+                scale, partition, 0, after, shared_cache=True)
 
 
 def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.array,

@@ -18,7 +18,8 @@
 // cache slots may hold anything, NaN included).
 // Constants: D, G, NSIMD, BS (paged block size; 0 contiguous). Prelude: LATHE_PAGED, LATHE_SPLIT.
 // Inputs: q[B, Hq, D], k_cache, v_cache, lens (int32[B]), table (int32[B, MAXB]; paged),
-//   dims (int32: Hkv, S or MAXB, PART, P), scale (float[1]), after (ordering token, not read).
+//   dims (int32: Hkv, S or MAXB, PART, P, cache sequence per query: 1, or 0 for a prompt's
+//   tokens over one cache), scale (float[1]), after (ordering token, not read).
 constexpr uint NT = NSIMD * 32;
 constexpr uint CH = 256;       // tokens a chunk
 constexpr uint DV = D / 8;     // 16-byte vectors of a K row
@@ -40,6 +41,9 @@ const uint h = threadgroup_position_in_grid.y;
 const uint b = threadgroup_position_in_grid.z;
 const uint n_kv = uint(dims[0]);
 const uint rows = uint(dims[1]);  // S (contiguous) or MAXB (paged)
+// The cache sequence (and block-table row) of query b: b, or 0 for every query when the queries
+// are the tokens of one prompt (prefill: query b sees the cache up to lens[b], its own position).
+const uint cb = b * uint(dims[4]);
 const uint n_heads = n_kv * G;
 const uint ctx = uint(lens[b]);
 const uint t_begin = LATHE_SPLIT ? min(ctx, part * uint(dims[2])) : 0;
@@ -67,10 +71,10 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
     if (tl < cn) {
       const uint t = c0 + tl;
 #if LATHE_PAGED
-      const uint block = uint(table[b * rows + t / BS]);
+      const uint block = uint(table[cb * rows + t / BS]);
       const uint k0 = ((block * n_kv + h) * DV * BS + t % BS) * 8;  // + c * BS * 8
 #else
-      const uint k0 = ((b * n_kv + h) * rows + t) * D;  // + c * 8
+      const uint k0 = ((cb * n_kv + h) * rows + t) * D;  // + c * 8
 #endif
       for (uint c = 0; c < DV; ++c) {
 #if LATHE_PAGED
@@ -127,10 +131,10 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
       for (uint j = 0; j < 8; ++j) pv[g][j] = p_s[g * CH + vi * 8 + j];
     }
 #if LATHE_PAGED
-    const uint block = uint(table[b * rows + t0 / BS]);
+    const uint block = uint(table[cb * rows + t0 / BS]);
     const uint v0 = (block * n_kv + h) * D * BS + t0 % BS;  // + d * BS
 #else
-    const uint v0 = ((b * n_kv + h) * rows + t0) * D;  // + j * D + d
+    const uint v0 = ((cb * n_kv + h) * rows + t0) * D;  // + j * D + d
 #endif
     for (uint i = 0; i < ROWS; ++i) {
       const uint d = lane + 32 * i;

@@ -1,0 +1,152 @@
+"""The decode loop's small kernels (kernels.loop) against reference/loop.py and reference/quant.py:
+RMSNorm and residual + RMSNorm, SwiGLU, argmax (ties planted), embedding rows from F16, Q8_0 and
+Q4_0 tables; odd sizes included, outputs poisoned. Benchmarks against the MLX built-in doing the
+same at decode sizes."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from harness.bench import BenchCase
+from harness.check import CheckCase, Comparison, compare, exact
+from reference import loop as ref
+from reference.quant import dequantize, quantize
+
+TOL = 2e-3
+
+
+def _rmsnorm_case(m: int, k: int, residual: bool) -> CheckCase:
+    from kernels.loop import rmsnorm
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        x = (rng.standard_normal((m, k)) * 3).astype(np.float16)
+        r = rng.standard_normal((m, k)).astype(np.float16)
+        gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
+        with poisoned_outputs():
+            out = rmsnorm(mx.array(x), mx.array(gamma), 1e-5, mx.array(r) if residual else None)
+            mx.eval(out)
+        if not residual:
+            return [compare("y", np.array(out), ref.rmsnorm(x, gamma, 1e-5), TOL)]
+        s = (x.astype(np.float32) + r.astype(np.float32)).astype(np.float16)  # rounded like the kernel
+        return [exact("x + residual", np.array(out[1]), s),
+                compare("y", np.array(out[0]), ref.rmsnorm(s, gamma, 1e-5), TOL)]
+
+    return CheckCase("loop", "residual_rmsnorm" if residual else "rmsnorm", "kernel", dict(M=m, K=k), run)
+
+
+def _swiglu_case(m: int, f: int) -> CheckCase:
+    from kernels.loop import swiglu
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        gu = (rng.standard_normal((m, 2 * f)) * 2).astype(np.float16)
+        with poisoned_outputs():
+            y = swiglu(mx.array(gu))
+            mx.eval(y)
+        return [compare("y", np.array(y), ref.swiglu(gu), TOL)]
+
+    return CheckCase("loop", "swiglu", "kernel", dict(M=m, F=f), run)
+
+
+def _argmax_case(m: int, v: int) -> CheckCase:
+    from kernels.loop import argmax
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        logits = rng.standard_normal((m, v)).astype(np.float32)
+        for row in range(m):  # a tie for the maximum: the first index must win
+            spots = rng.choice(v, size=min(v, 3), replace=False)
+            logits[row, spots] = logits[row].max() + 1.0
+        with poisoned_outputs(-7):
+            tok = argmax(mx.array(logits))
+            mx.eval(tok)
+        return [exact("token ids", np.array(tok), ref.argmax(logits))]
+
+    return CheckCase("loop", "argmax", "kernel", dict(M=m, V=v), run)
+
+
+def _embed_case(qtype: str, t: int, k: int, vocab: int) -> CheckCase:
+    from kernels.loop import embed
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        w = (rng.standard_normal((vocab, k)) * 0.1).astype(np.float16)
+        ids = rng.integers(0, vocab, t)
+        ids[-1] = ids[0]  # a repeated id
+        if qtype == "f16":
+            table, want = w, w[ids]
+        else:
+            table = quantize(w.astype(np.float32), qtype)
+            want = dequantize(table[ids], qtype, k).astype(np.float16)
+        with poisoned_outputs():
+            out = embed(mx.array(table), ids.tolist(), qtype, k)
+            dev = embed(mx.array(table), mx.array(ids.astype(np.int32)), qtype, k)
+            mx.eval(out, dev)
+        return [exact("rows (host ids)", np.array(out), want),
+                exact("rows (device ids)", np.array(dev), want)]
+
+    return CheckCase("loop", f"embed_{qtype}", "kernel", dict(T=t, K=k, V=vocab), run)
+
+
+def check_cases(small: bool = False) -> list[CheckCase]:
+    cases = []
+    for m, k in ((1, 8), (3, 72), (1, 4096), (17, 4104)) if not small else ((1, 8), (3, 72)):
+        cases += [_rmsnorm_case(m, k, False), _rmsnorm_case(m, k, True)]
+    for m, f in ((1, 8), (5, 3080), (1, 14336)) if not small else ((1, 8),):
+        cases.append(_swiglu_case(m, f))
+    for m, v in ((1, 1), (2, 33), (1, 32000), (4, 151936)) if not small else ((1, 1), (2, 33)):
+        cases.append(_argmax_case(m, v))
+    for qtype in ("f16", "q8_0", "q4_0"):
+        for t, k, vocab in ((1, 32, 7), (5, 96, 300), (16, 4096, 1000)) if not small else ((1, 32, 7),):
+            cases.append(_embed_case(qtype, t, k, vocab))
+    return cases
+
+
+def reference_cases() -> list[CheckCase]:
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        x = rng.standard_normal((3, 64)).astype(np.float32)
+        g = rng.standard_normal(64).astype(np.float32)
+        theirs = mx.fast.rms_norm(mx.array(x), mx.array(g), 1e-5, stream=mx.cpu)
+        gu = rng.standard_normal((2, 32)).astype(np.float32)
+        a, b = mx.array(gu[:, :16]), mx.array(gu[:, 16:])
+        silu = a * mx.sigmoid(a) * b
+        return [compare("rmsnorm vs mx.fast.rms_norm", np.array(theirs), ref.rmsnorm(x, g, 1e-5), 1e-5),
+                compare("swiglu vs MLX ops", np.array(silu), ref.swiglu(gu), 1e-5)]
+
+    return [CheckCase("loop", "reference.loop", "vs mlx (cpu, fp32)", dict(K=64), run, needs_gpu=False)]
+
+
+def bench_cases(quick: bool = False) -> list[BenchCase]:
+    from kernels import loop
+
+    k, f, vocab = 4096, 14336, 128256
+    x = lambda: mx.random.normal((1, k)).astype(mx.float16)  # noqa: E731
+
+    def state():
+        return {"x": x(), "r": x(), "g": (1 + 0.1 * mx.random.normal((k,))).astype(mx.float16),
+                "gu": mx.random.normal((1, 2 * f)).astype(mx.float16),
+                "logits": mx.random.normal((1, vocab)),
+                "table": mx.random.normal((vocab, k)).astype(mx.float16) * 0.1,
+                "ids": mx.array([17], dtype=mx.int32)}
+
+    def case(kernel, variant, shape, step, nbytes):
+        shape = {c: shape.get(c, "") for c in ("M", "K", "F", "V", "T")}  # one schema for all ops
+        return BenchCase("loop", "loop-decode", kernel, variant, shape, state, step, nbytes, 0, nbytes)
+
+    return [
+        case("rmsnorm", "ours", dict(M=1, K=k), lambda s: [loop.rmsnorm(s["x"], s["g"], 1e-5)], 6 * k),
+        case("rmsnorm", "mx.fast.rms_norm", dict(M=1, K=k), lambda s: [mx.fast.rms_norm(s["x"], s["g"], 1e-5)], 6 * k),
+        case("residual_rmsnorm", "ours", dict(M=1, K=k),
+             lambda s: list(loop.rmsnorm(s["x"], s["g"], 1e-5, s["r"])), 10 * k),
+        case("residual_rmsnorm", "mx add + rms_norm", dict(M=1, K=k),
+             lambda s: [mx.fast.rms_norm(s["x"] + s["r"], s["g"], 1e-5)], 10 * k),
+        case("swiglu", "ours", dict(M=1, F=f), lambda s: [loop.swiglu(s["gu"])], 6 * f),
+        case("swiglu", "mx ops", dict(M=1, F=f),
+             lambda s: [s["gu"][:, :f] * mx.sigmoid(s["gu"][:, :f]) * s["gu"][:, f:]], 6 * f),
+        case("argmax", "ours", dict(M=1, V=vocab), lambda s: [loop.argmax(s["logits"])], 4 * vocab),
+        case("argmax", "mx.argmax", dict(M=1, V=vocab), lambda s: [mx.argmax(s["logits"], axis=-1)], 4 * vocab),
+        case("embed_f16", "ours", dict(T=1, K=k), lambda s: [loop.embed(s["table"], s["ids"], "f16", k)], 4 * k),
+        case("embed_f16", "mx take", dict(T=1, K=k), lambda s: [s["table"][s["ids"]]], 4 * k),
+    ]

@@ -1,0 +1,117 @@
+"""The small kernels of the decode loop: RMSNorm (and residual add + RMSNorm, fused), SwiGLU of a
+fused gate+up output, argmax over the vocabulary (the next token id, on the device), and the
+embedding lookup from F16, Q8_0 and Q4_0 tables. fp16 activations, fp32 math."""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+import numpy as np
+
+from kernels.runtime import KernelSpec, Launch, launch
+
+NSIMD = 4
+EMBED_TYPES = {"q4_0": (0, 18), "q8_0": (1, 34), "f16": (2, None)}
+
+_RMSNORM = {
+    False: KernelSpec("lathe_rmsnorm", "loop/rmsnorm.metal", ("x", "gamma", "dims", "eps"), ("y",),
+                      prelude="#define LATHE_RESIDUAL 0"),
+    True: KernelSpec("lathe_residual_rmsnorm", "loop/rmsnorm.metal",
+                     ("x", "residual", "gamma", "dims", "eps"), ("y", "sum"),
+                     prelude="#define LATHE_RESIDUAL 1"),
+}
+_SWIGLU = KernelSpec("lathe_swiglu", "loop/swiglu.metal", ("gu", "dims"), ("y",))
+_ARGMAX = KernelSpec("lathe_argmax", "loop/argmax.metal", ("logits", "dims"), ("token",))
+_EMBED = KernelSpec("lathe_embed", "loop/embed.metal", ("table", "tokens", "dims"), ("out",))
+
+
+@functools.lru_cache(maxsize=256)
+def _ints(values: tuple[int, ...]) -> mx.array:
+    return mx.array(values, dtype=mx.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _eps(eps: float) -> mx.array:
+    return mx.array([eps], dtype=mx.float32)
+
+
+def _fp16_2d(name: str, a: mx.array, multiple: int = 8) -> tuple[int, int]:
+    if not isinstance(a, mx.array) or a.dtype != mx.float16:
+        raise ValueError(f"{name} must be float16, got {getattr(a, 'dtype', type(a))}")
+    if a.ndim != 2 or a.shape[0] < 1 or a.shape[1] < 1 or a.shape[1] % multiple:
+        raise ValueError(f"{name} must be [M, K] with K a multiple of {multiple}, got {tuple(a.shape)}")
+    return a.shape
+
+
+def rmsnorm(x: mx.array, gamma: mx.array, eps: float, residual: mx.array | None = None):
+    """RMSNorm(x) * gamma over the last axis; with `residual`, of x + residual, returned as
+    (normalized, x + residual) from one launch."""
+    m, k = _fp16_2d("x", x)
+    if not isinstance(gamma, mx.array) or gamma.dtype != mx.float16 or gamma.shape != (k,):
+        raise ValueError(f"gamma must be float16 [K={k}], got {getattr(gamma, 'dtype', None)} "
+                         f"{tuple(getattr(gamma, 'shape', ()))}")
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    fused = residual is not None
+    if fused and (_fp16_2d("residual", residual) != (m, k)):
+        raise ValueError(f"residual must be [{m}, {k}] like x, got {tuple(residual.shape)}")
+    inputs = [x] + ([residual] if fused else []) + [gamma, _ints((m, k)), _eps(float(eps))]
+    outs = launch(Launch(_RMSNORM[fused], inputs, [((m, k), mx.float16)] * (2 if fused else 1),
+                         (m * 32 * NSIMD, 1, 1), (32 * NSIMD, 1, 1), dict(NSIMD=NSIMD)))
+    return (outs[0], outs[1]) if fused else outs[0]
+
+
+def swiglu(gate_up: mx.array) -> mx.array:
+    """silu(gate) * up from a fused gate+up output [M, 2F] -> [M, F]."""
+    m, two_f = _fp16_2d("gate_up", gate_up, 16)
+    f = two_f // 2
+    words = m * f // 8
+    (y,) = launch(Launch(_SWIGLU, [gate_up, _ints((m, f))], [((m, f), mx.float16)],
+                         (-(-words // 256) * 256, 1, 1), (256, 1, 1), {}))
+    return y
+
+
+def argmax(logits: mx.array) -> mx.array:
+    """The first index of the largest value of each row of float32 logits [M, V], int32 [M]."""
+    if not isinstance(logits, mx.array) or logits.dtype != mx.float32 or logits.ndim != 2 or 0 in logits.shape:
+        raise ValueError(f"logits must be float32 [M, V], got {getattr(logits, 'dtype', None)} "
+                         f"{tuple(getattr(logits, 'shape', ()))}")
+    m, v = logits.shape
+    (tok,) = launch(Launch(_ARGMAX, [logits, _ints((m, v))], [((m,), mx.int32)],
+                           (m * 32 * NSIMD, 1, 1), (32 * NSIMD, 1, 1), dict(NSIMD=NSIMD)))
+    return tok
+
+
+def embed(table: mx.array, tokens, qtype: str, k: int) -> mx.array:
+    """Rows `tokens` of an embedding table (F16 [V, K], or GGUF blocks [V, K/32 * BB]) as fp16
+    [T, K]. Token ids given on the host are checked; ids on the device that fall outside the
+    table give zero rows."""
+    if qtype not in EMBED_TYPES:
+        raise ValueError(f"qtype must be one of {tuple(EMBED_TYPES)}, got {qtype!r}")
+    if k <= 0 or k % 32:
+        raise ValueError(f"K must be a positive multiple of 32, got {k}")
+    code, bb = EMBED_TYPES[qtype]
+    want = mx.float16 if qtype == "f16" else mx.uint8
+    if not isinstance(table, mx.array) or table.dtype != want or table.ndim != 2:
+        raise ValueError(f"a {qtype} table must be a 2-D {want} array, got {getattr(table, 'dtype', None)}")
+    row = k if qtype == "f16" else k // 32 * bb
+    if table.shape[1] != row:
+        raise ValueError(f"a {qtype} table of K={k} has rows of {row}, got {table.shape[1]}")
+    vocab = table.shape[0]
+    if isinstance(tokens, mx.array):
+        if tokens.dtype != mx.int32 or tokens.ndim != 1:
+            raise ValueError(f"device tokens must be int32 [T], got {tokens.dtype} {tuple(tokens.shape)}")
+        ids = tokens
+    else:
+        host = np.asarray(tokens).reshape(-1)
+        if host.size == 0 or not np.issubdtype(host.dtype, np.integer):
+            raise ValueError("tokens must be a non-empty list of integers")
+        if host.min() < 0 or host.max() >= vocab:
+            raise ValueError(f"token ids must be in 0..{vocab - 1}, got {host.min()}..{host.max()}")
+        ids = mx.array(host.astype(np.int32))
+    t = ids.shape[0]
+    blocks = t * (k // 32)
+    (out,) = launch(Launch(_EMBED, [table, ids, _ints((t, k, vocab))], [((t, k), mx.float16)],
+                           (-(-blocks // 256) * 256, 1, 1), (256, 1, 1), dict(QTYPE=code)))
+    return out

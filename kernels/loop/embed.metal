@@ -1,0 +1,43 @@
+// Embedding lookup: rows tokens[t] of the table, as fp16 out[T, K]. The table is F16 [V, K]
+// (QTYPE 2) or GGUF blocks [V, K/32 * BB] (Q4_0: QTYPE 0, Q8_0: QTYPE 1; value (q - 8) d or q d,
+// rounded to fp16 once). Thread: one block of 32 values of one token.
+// A token id outside 0..V-1 (possible when ids come from the device) gives a zero row instead
+// of a read out of bounds; ids from the host are checked before the launch.
+// Constants: QTYPE. Inputs: table, tokens (int32[T]), dims (int32: T, K, V). Output: out.
+const uint k = uint(dims[1]);
+const uint nb = k / 32;
+const uint gid = thread_position_in_grid.x;
+if (gid >= uint(dims[0]) * nb) return;
+const uint t = gid / nb, b = gid % nb;
+const int id = tokens[t];
+float v[32];
+if (id < 0 || id >= dims[2]) {
+  for (uint i = 0; i < 32; ++i) v[i] = 0.0f;
+} else if (QTYPE == 2) {
+  for (uint i = 0; i < 4; ++i) {
+    const uint4 w = load_wide<uint4>(table, (uint(id) * k + b * 32) / 8 + i);
+    store_wide<uint4>(out, (t * k + b * 32) / 8 + i, w);
+  }
+  return;
+} else {
+  constexpr uint BB = QTYPE == 0 ? 18 : 34;
+  const uint at = (uint(id) * nb + b) * (BB / 2);  // in 2-byte words
+  const float d = float(as_type<half>(load_wide<ushort>(table, at)));
+  for (uint j = 0; j < (BB - 2) / 2; ++j) {
+    const uint two = uint(load_wide<ushort>(table, at + 1 + j));
+    for (uint s = 0; s < 2; ++s) {
+      const uint byte = (two >> (8 * s)) & 0xffu;
+      if (QTYPE == 0) {
+        v[2 * j + s] = float(int(byte & 15u) - 8) * d;
+        v[2 * j + s + 16] = float(int(byte >> 4) - 8) * d;
+      } else {
+        v[2 * j + s] = float(int(byte) - int((byte & 128u) << 1)) * d;
+      }
+    }
+  }
+}
+for (uint i = 0; i < 4; ++i) {
+  uint h[4];
+  for (uint j = 0; j < 4; ++j) h[j] = as_type<uint>(half2(half(v[8 * i + 2 * j]), half(v[8 * i + 2 * j + 1])));
+  store_wide<uint4>(out, (t * k + b * 32) / 8 + i, uint4{h[0], h[1], h[2], h[3]});
+}

@@ -1,0 +1,52 @@
+// RMSNorm of each row of x[M, K] with gamma[K], fp16 in and out, fp32 sums; with LATHE_RESIDUAL
+// the row is first x + residual, written out as `sum` (the next residual) beside the normalized
+// `y` (the seeds' residual_rmsnorm: one read of each input, one write of each output).
+// One threadgroup a row: NSIMD SIMD groups, 8 values (one 16-byte word) a thread a step.
+// Constants: NSIMD. Inputs: x, (residual,) gamma, dims (int32: M, K), eps (float[1]).
+// Outputs: y, (sum).
+threadgroup float scratch[NSIMD];
+const uint row = threadgroup_position_in_grid.x;
+const uint tid = thread_index_in_threadgroup;
+const uint k = uint(dims[1]);
+const uint words = k / 8;
+float ss = 0.0f;
+for (uint i = tid; i < words; i += NSIMD * 32) {
+  const uint4 a = load_wide<uint4>(x, row * words + i);
+#if LATHE_RESIDUAL
+  const uint4 r = load_wide<uint4>(residual, row * words + i);
+  const uint ru[4] = {r.x, r.y, r.z, r.w};
+#endif
+  const uint au[4] = {a.x, a.y, a.z, a.w};
+  uint out[4];
+  for (uint j = 0; j < 4; ++j) {
+    half2 h = as_type<half2>(au[j]);
+#if LATHE_RESIDUAL
+    const half2 rh = as_type<half2>(ru[j]);
+    h = half2(half(float(h.x) + float(rh.x)), half(float(h.y) + float(rh.y)));
+    out[j] = as_type<uint>(h);
+#endif
+    ss += float(h.x) * float(h.x) + float(h.y) * float(h.y);
+  }
+#if LATHE_RESIDUAL
+  store_wide<uint4>(sum, row * words + i, uint4{out[0], out[1], out[2], out[3]});
+#endif
+}
+const float inv = rsqrt(threadgroup_sum<NSIMD>(ss, scratch, simdgroup_index_in_threadgroup,
+                                                thread_index_in_simdgroup) / float(k) + eps[0]);
+for (uint i = tid; i < words; i += NSIMD * 32) {
+#if LATHE_RESIDUAL
+  const uint4 a = load_wide<uint4>(sum, row * words + i);  // this thread's own writes above
+#else
+  const uint4 a = load_wide<uint4>(x, row * words + i);
+#endif
+  const uint4 g = load_wide<uint4>(gamma, i);
+  const uint au[4] = {a.x, a.y, a.z, a.w};
+  const uint gu[4] = {g.x, g.y, g.z, g.w};
+  uint out[4];
+  for (uint j = 0; j < 4; ++j) {
+    const half2 h = as_type<half2>(au[j]);
+    const half2 gh = as_type<half2>(gu[j]);
+    out[j] = as_type<uint>(half2(half(float(h.x) * inv * float(gh.x)), half(float(h.y) * inv * float(gh.y))));
+  }
+  store_wide<uint4>(y, row * words + i, uint4{out[0], out[1], out[2], out[3]});
+}

@@ -1,0 +1,33 @@
+"""The decode loop's small kernels: argument checks (their cases run in test_families.py)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from kernels import loop
+
+h = lambda *s: mx.zeros(s, mx.float16)  # noqa: E731
+
+BAD = [
+    (lambda: loop.rmsnorm(h(1, 12), h(12), 1e-5), "multiple of 8"),
+    (lambda: loop.rmsnorm(mx.zeros((1, 8)), h(8), 1e-5), "float16"),
+    (lambda: loop.rmsnorm(h(1, 8), h(16), 1e-5), "gamma must be"),
+    (lambda: loop.rmsnorm(h(1, 8), h(8), 0.0), "eps"),
+    (lambda: loop.rmsnorm(h(1, 8), h(8), 1e-5, h(2, 8)), "residual must be"),
+    (lambda: loop.swiglu(h(1, 24)), "multiple of 16"),
+    (lambda: loop.argmax(h(1, 8)), "float32"),
+    (lambda: loop.argmax(mx.zeros((8,))), "float32"),
+    (lambda: loop.embed(h(10, 32), [10], "f16", 32), r"0..9"),
+    (lambda: loop.embed(h(10, 32), [-1], "f16", 32), r"0..9"),
+    (lambda: loop.embed(h(10, 32), [1], "q4_0", 32), "uint8"),
+    (lambda: loop.embed(mx.zeros((10, 17), mx.uint8), [1], "q8_0", 32), "rows of 34"),
+    (lambda: loop.embed(h(10, 32), [1], "q5_0", 32), "qtype"),
+    (lambda: loop.embed(h(10, 32), mx.array([1.0]), "f16", 32), "int32"),
+]
+
+
+@pytest.mark.parametrize("call, message", BAD)
+def test_bad_input_is_a_clear_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
