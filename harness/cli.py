@@ -129,7 +129,8 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     if not rows:
         print(f"lathe decode: no variant among {variant} has a mode among {mode}")
         return 2
-    shown = pd.DataFrame(rows).drop(columns=["depth", "prompt", "gen", "repeat"])
+    shown = pd.DataFrame(rows).drop(columns=["depth", "prompt", "gen", "repeat", "size_mb",
+                                             "params_m", "backend", "weight_mb", "kv_mb"])
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(shown.to_string(index=False))
     if write:

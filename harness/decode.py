@@ -448,6 +448,12 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     rows = []
     for variant in variants:
         decoder = make_decoder(model, depth + prompt + gen, variant)
+        split = breakdown(decoder, tokens[depth:], min(gen, 32))
+        label = decoder.variant
+        if variant != "reference":
+            from kernels.runtime import launch_path
+
+            label += "" if launch_path() == "jit" else f" ({launch_path()})"  # LATHE_LAUNCH
         for mode in modes:
             if mode not in getattr(decoder, "modes", MODES):
                 continue
@@ -471,7 +477,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
             rows.append(dict(
                 model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
                 params_m=round(params / 1e6, 1), backend=_backend(),
-                variant=decoder.variant, mode=mode, test=test, depth=depth, prompt=prompt, gen=gen,
+                variant=label, mode=mode, test=test, depth=depth, prompt=prompt, gen=gen,
                 prefill_tok_s=round(float(prefill.mean()), 1),
                 decode_tok_s=round(float(decode.mean()), 1),
                 decode_tok_s_std=round(float(decode.std()), 1),
@@ -481,10 +487,30 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                 pct_roofline=round(100 * gbs / peak_gbs, 2) if peak_gbs else None,
                 peak_memory_mb=round(_peak_memory() / 2**20, 1) if _peak_memory() else None,
                 dispatches_per_token=len(decoder.plan),
-                compile_s=round(compile_s, 3), repeat=repeat))
+                compile_s=round(compile_s, 3), repeat=repeat, **split))
         del decoder  # one variant's weights on the device at a time
         gc.collect()
     return rows
+
+
+def breakdown(decoder, prompt, n: int) -> dict:
+    """Where a step-mode token's time goes, medians over n tokens after the prompt: build_ms, the
+    host building the token's graph (forward() and the argmax: Python, the kernel wrappers, MLX's
+    op calls); eval_ms, mx.eval of that graph (MLX encodes each op on the host and the GPU runs
+    them; the host waits). Their sum is the step-mode time per token."""
+    decoder.reset()
+    token = mx.argmax(decoder.forward(prompt)[-1])
+    mx.eval(token)
+    build, run = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        token = mx.argmax(decoder.forward(token)[-1])
+        t1 = time.perf_counter()
+        mx.eval(token)
+        build.append(t1 - t0)
+        run.append(time.perf_counter() - t1)
+    return dict(build_ms=round(1e3 * float(np.median(build)), 3),
+                eval_ms=round(1e3 * float(np.median(run)), 3))
 
 
 def _names(value, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:

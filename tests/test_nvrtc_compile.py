@@ -4,23 +4,18 @@ with the reason elsewhere. It needs no GPU."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-from harness.nvrtc import _nvrtc, compile_all, core_calls, record_instantiations
+from harness.nvrtc import compile_all, core_calls, record_instantiations
 from harness.suites.rope import check_cases
+from kernels import ptx
 
 
 def _available() -> str:
     try:
-        _nvrtc()
+        ptx.nvrtc(), ptx.include_dirs()
     except (FileNotFoundError, OSError) as exc:
         return str(exc)
-    include = os.environ.get("LATHE_CUDA_INCLUDE", "/usr/local/cuda/include")
-    if not Path(include, "cuda_fp16.h").exists():
-        return f"no CUDA headers under {include}"
     return ""
 
 
@@ -30,3 +25,14 @@ def test_every_instantiation_compiles_with_nvrtc():
     assert len(insts) > 50  # every constant combination the checks launch, plus the probes
     failures = compile_all(insts)
     assert not failures, "\n\n".join(f"{name}\n{log[:2000]}" for name, log in failures)
+
+
+@pytest.mark.skipif(bool(_available()), reason=_available() or "available")
+def test_ptx_has_the_unmangled_kernel_symbol():
+    """The ptx launch path finds the kernel by its name: extern "C" keeps it unmangled."""
+    src = ptx.cuda_source("lathe_probe_1", "out[0] = in[0] + N;", "", [("in", "int32")],
+                          [("out", "int32")], [("N", 1)], extern_c=True)
+    text = ptx.compile_ptx(src, "lathe_probe_1").decode()
+    assert ".entry lathe_probe_1(" in text
+    with pytest.raises(ptx.CompileError, match="undefined"):
+        ptx.compile_ptx(src.replace("in[0]", "nowhere[0]"), "broken")
