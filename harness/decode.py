@@ -449,11 +449,6 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     for variant in variants:
         decoder = make_decoder(model, depth + prompt + gen, variant)
         split = breakdown(decoder, tokens[depth:], min(gen, 32))
-        label = decoder.variant
-        if variant != "reference":
-            from kernels.runtime import launch_path
-
-            label += "" if launch_path() == "jit" else f" ({launch_path()})"  # LATHE_LAUNCH
         for mode in modes:
             if mode not in getattr(decoder, "modes", MODES):
                 continue
@@ -477,7 +472,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
             rows.append(dict(
                 model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
                 params_m=round(params / 1e6, 1), backend=_backend(),
-                variant=label, mode=mode, test=test, depth=depth, prompt=prompt, gen=gen,
+                variant=decoder.variant, mode=mode, test=test, depth=depth, prompt=prompt, gen=gen,
                 prefill_tok_s=round(float(prefill.mean()), 1),
                 decode_tok_s=round(float(decode.mean()), 1),
                 decode_tok_s_std=round(float(decode.std()), 1),

@@ -1,10 +1,9 @@
 """Custom kernels compiled once to PTX with NVRTC (no GPU needed to compile).
 
 Two users: `lathe compile` (every instantiation compiled on a machine without a GPU, so that a
-body which does not compile fails here rather than on the device), and the `ptx` launch path of
-kernels.runtime, which hands the PTX to `mx.fast.precompiled_cuda_kernel` instead of giving MLX
-the source on every call (`mx.fast.cuda_kernel` rebuilds the whole source string, header
-included, for each call; see kernels/loop/NOTES.md for what that costs a decode token).
+body which does not compile fails here rather than on the device), and `lathe bench launch`,
+which times a kernel launched from PTX with `mx.fast.precompiled_cuda_kernel` against the same
+kernel through `mx.fast.cuda_kernel` (which rebuilds the whole source string on every call).
 
 The CUDA source is what MLX's CUDA backend generates around a custom kernel body
 (mlx/backend/cuda/custom_kernel.cpp): its default header, our header, a `__global__` signature of

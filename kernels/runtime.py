@@ -4,17 +4,16 @@ One MSL body per kernel (``kernels/<family>/<name>.metal``) compiles with ``mx.f
 on Apple GPUs and with ``mx.fast.cuda_kernel`` plus ``msl/cuda_compat.h`` on NVIDIA GPUs. Kernel
 objects are cached by name (MLX caches each compiled instantiation by its template constants).
 
-On NVIDIA GPUs a second launch path exists, chosen with LATHE_LAUNCH=ptx: each instantiation is
-compiled once to PTX with NVRTC (kernels.ptx, the same translation unit MLX would build) and
-launched with ``mx.fast.precompiled_cuda_kernel``, which skips rebuilding the source string on
-every call. The default is ``jit`` (MLX compiles); `lathe bench launch` times both.
+`ptx_kernel` compiles an instantiation to PTX with NVRTC (kernels.ptx, the same translation unit
+MLX builds) for ``mx.fast.precompiled_cuda_kernel``: `lathe bench launch` times that path against
+``mx.fast.cuda_kernel``. It measured slower per call on the H200 (results/nvidia-h200/launch.csv),
+so launches keep to ``cuda_kernel``.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -147,19 +146,6 @@ class poisoned_outputs:
         _poison[0] = self._saved
 
 
-LAUNCH_PATHS = ("jit", "ptx")
-
-
-def launch_path() -> str:
-    """'jit' (MLX compiles the body; the default) or 'ptx' (NVRTC once, CUDA only): LATHE_LAUNCH."""
-    path = os.environ.get("LATHE_LAUNCH", "jit")
-    if path not in LAUNCH_PATHS:
-        raise ValueError(f"LATHE_LAUNCH must be one of {LAUNCH_PATHS}, got {path!r}")
-    if path == "ptx" and backend() == "metal":
-        raise ValueError("LATHE_LAUNCH=ptx needs the CUDA backend")
-    return path
-
-
 @functools.cache
 def ptx_kernel(spec: KernelSpec, constants: tuple, inputs: tuple, outputs: tuple) -> tuple[str, bytes]:
     """(symbol, PTX) of one instantiation: inputs and outputs as dtype names; the symbol carries a
@@ -175,24 +161,9 @@ def ptx_kernel(spec: KernelSpec, constants: tuple, inputs: tuple, outputs: tuple
     return name, ptx.compile_ptx(unit, name)
 
 
-def _launch_ptx(job: Launch) -> list[mx.array]:
-    from kernels.ptx import dtype_name
-
-    name, code = ptx_kernel(job.spec, tuple(job.constants.items()),
-                            tuple(dtype_name(a.dtype) for a in job.inputs),
-                            tuple(dtype_name(d) for _, d in job.outputs))
-    return mx.fast.precompiled_cuda_kernel(
-        name=name, compiled_source=code, inputs=list(job.inputs),
-        output_shapes=[tuple(s) for s, _ in job.outputs], output_dtypes=[d for _, d in job.outputs],
-        scalars=[], grid=job.grid, threadgroup=job.threadgroup, init_value=_poison[0],
-        ensure_row_contiguous=job.spec.ensure_row_contiguous)
-
-
 def launch(job: Launch) -> list[mx.array]:
     if len(job.inputs) != len(job.spec.inputs):
         raise ValueError(f"{job.spec.name}: {len(job.inputs)} inputs for {job.spec.inputs}")
-    if backend() == "cuda" and launch_path() == "ptx":
-        return _launch_ptx(job)
     kernel = compile_kernel(job.spec)
     return kernel(
         inputs=list(job.inputs),
