@@ -94,6 +94,9 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
         raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     batch, n_heads, head_dim = q.shape
     parts = -(-int(lens.max()) // partition) if split else 1
+    # One partition holds every context: the unsplit body writes the output itself, saving the
+    # combine launch (vLLM picks v1 over v2 the same way); at short contexts a launch is the cost.
+    split = split and parts > 1
     inputs = [q, k_cache, v_cache, _ints(tuple(int(x) for x in lens))]
     if paged:
         inputs.append(table)
