@@ -38,7 +38,7 @@ def kernel_plan(c, fused: bool) -> list[Step]:
         if fused:
             steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("qkv",),
                            (b + "attn_norm.weight", b + "attn_qkv (q|k|v)"), layer=i)]
-            rope = "lathe head_norm_rope_neox_kv_write" if c.head_norm else "lathe rope_batch_kv_write"
+            rope = "lathe head_norm_rope_neox_qkv_write" if c.head_norm else "lathe rope_qkv_write"
             steps += [Step("rope_kv_write", rope, ("qkv",), ("q", f"cache.{i}"),
                            (b + "attn_q_norm.weight", b + "attn_k_norm.weight") if c.head_norm else (),
                            ("pos",), layer=i)]
@@ -50,22 +50,24 @@ def kernel_plan(c, fused: bool) -> list[Step]:
                                layer=i) for n in "qk"]
             steps += [Step("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"), ("q", f"cache.{i}"),
                            (), ("pos",), layer=i)]
-        steps += [Step("attention", "lathe flash_decode / prefill_attention (+ combine)", ("q", f"cache.{i}"), ("o",), (),
-                       ("kv_len",), layer=i),
-                  Step("linear", gemv, ("o",), ("attn",), (b + "attn_output.weight",), layer=i),
-                  Step("add", "mx.add", ("x", "attn"), ("x",), layer=i)]
-        if fused:
-            steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("gate_up",),
+        steps += [Step("attention", "lathe flash_decode / prefill_attention (+ combine past 2048)",
+                       ("q", f"cache.{i}"), ("o",), (), ("kv_len",), layer=i)]
+        if fused:  # the residual adds ride in the GEMVs' epilogue
+            steps += [Step("linear_residual", gemv + " + residual", ("o", "x"), ("x",),
+                           (b + "attn_output.weight",), layer=i),
+                      Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("gate_up",),
                            (b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i),
-                      Step("silu_down", "lathe silu_down_gemv", ("gate_up",), ("ffn",), (b + "ffn_down.weight",),
-                           layer=i)]
-        else:
-            steps += [Step("rms_norm", "lathe rmsnorm", ("x",), ("h",), (b + "ffn_norm.weight",), layer=i),
-                      Step("linear", gemv, ("h",), ("gate",), (b + "ffn_gate.weight",), layer=i),
-                      Step("linear", gemv, ("h",), ("up",), (b + "ffn_up.weight",), layer=i),
-                      Step("swiglu", "lathe swiglu", ("gate", "up"), ("a",), layer=i),
-                      Step("linear", gemv, ("a",), ("ffn",), (b + "ffn_down.weight",), layer=i)]
-        steps += [Step("add", "mx.add", ("x", "ffn"), ("x",), layer=i)]
+                      Step("silu_down_residual", "lathe silu_down_gemv + residual", ("gate_up", "x"),
+                           ("x",), (b + "ffn_down.weight",), layer=i)]
+            continue
+        steps += [Step("linear", gemv, ("o",), ("attn",), (b + "attn_output.weight",), layer=i),
+                  Step("add", "mx.add", ("x", "attn"), ("x",), layer=i)]
+        steps += [Step("rms_norm", "lathe rmsnorm", ("x",), ("h",), (b + "ffn_norm.weight",), layer=i),
+                  Step("linear", gemv, ("h",), ("gate",), (b + "ffn_gate.weight",), layer=i),
+                  Step("linear", gemv, ("h",), ("up",), (b + "ffn_up.weight",), layer=i),
+                  Step("swiglu", "lathe swiglu", ("gate", "up"), ("a",), layer=i),
+                  Step("linear", gemv, ("a",), ("ffn",), (b + "ffn_down.weight",), layer=i),
+                  Step("add", "mx.add", ("x", "ffn"), ("x",), layer=i)]
     out = "token_embd.weight" if c.tied else "output.weight"
     if fused:
         steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("logits",), ("output_norm.weight", out))]
@@ -169,17 +171,18 @@ class KernelDecoder:
         scale = 1.0 / math.sqrt(hd)
         for i in range(c.n_layers):
             b = f"blk.{i}."
-            if self.fused:
+            if self.fused:  # RoPE (and Qwen3's head norms) read Q, K, V in place in the QKV output
                 qkv = self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight")
-                q, k, v = gemv.split(qkv, (c.n_heads * hd, c.n_kv_heads * hd, c.n_kv_heads * hd))
+                if c.head_norm:
+                    rot = rope.head_norm_rope_neox_qkv_write(
+                        qkv, self.g32[b + "attn_q_norm.weight"], self.g32[b + "attn_k_norm.weight"],
+                        self.k[i], self.v[i], pos, n_heads=c.n_heads, eps=c.eps, theta=c.rope_theta)
+                else:
+                    rot = rope.rope_qkv_write(qkv, self.k[i], self.v[i], pos, n_heads=c.n_heads,
+                                              theta=c.rope_theta, neox=c.neox)
             else:
                 h = loop.rmsnorm(x, self.g16[b + "attn_norm.weight"], c.eps)
                 q, k, v = (self._linear(h, b + f"attn_{n}.weight") for n in "qkv")
-            if c.head_norm and self.fused:
-                rot = rope.head_norm_rope_neox_kv_write(
-                    q, k, v, self.g32[b + "attn_q_norm.weight"], self.g32[b + "attn_k_norm.weight"],
-                    self.k[i], self.v[i], pos, eps=c.eps, theta=c.rope_theta)
-            else:
                 if c.head_norm:
                     q = rope.head_rmsnorm(q.reshape(t, c.n_heads, hd), self.g32[b + "attn_q_norm.weight"], c.eps)
                     k = rope.head_rmsnorm(k.reshape(t, c.n_kv_heads, hd), self.g32[b + "attn_k_norm.weight"], c.eps)
@@ -191,11 +194,14 @@ class KernelDecoder:
             else:  # a prompt: causal, each token over the cache up to its own position
                 o = attention.prefill_attention(rot.q.reshape(t, c.n_heads, hd), self.k[i], self.v[i],
                                                 pos, scale, after=rot.written)
-            x = x + self._linear(o.reshape(t, -1), b + "attn_output.weight")
+            wo, wd = b + "attn_output.weight", b + "ffn_down.weight"
+            if self.fused and t <= FUSED_UP_TO and self.types[wo] in ("q4_0", "q8_0"):
+                x = gemv.gemv_v2(o.reshape(t, -1), self.w[wo], self.types[wo], *self.nk[wo], residual=x)
+            else:
+                x = x + self._linear(o.reshape(t, -1), wo)
             if self.fused and t <= FUSED_UP_TO:
                 gu = self._norm_linear(x, b + "ffn_norm.weight", b + "ffn_gate_up.weight")
-                n, f = self.nk[b + "ffn_down.weight"]
-                x = x + gemv.silu_down_gemv(gu, self.w[b + "ffn_down.weight"], self.types[b + "ffn_down.weight"], n, f)
+                x = gemv.silu_down_gemv(gu, self.w[wd], self.types[wd], *self.nk[wd], residual=x)
             else:
                 h = loop.rmsnorm(x, self.g16[b + "ffn_norm.weight"], c.eps)
                 gate, up = self._linear(h, b + "ffn_gate.weight"), self._linear(h, b + "ffn_up.weight")

@@ -50,7 +50,7 @@ def _paged_case(version: str, lens: list[int], heads: tuple[int, int], head_dim:
         scale = head_dim ** -0.5
         with poisoned_outputs():
             out = paged_attention(mx.array(q), mx.array(k_pool), mx.array(v_pool), table, lens,
-                                  scale, version=version)
+                                  scale, version=version, split_from=0)
             mx.eval(out)
         out = np.array(out)
         checks = []
@@ -85,7 +85,8 @@ def _contiguous_case(split: bool, lens: list[int], heads: tuple[int, int], head_
         scale = head_dim ** -0.5
         seen = [visible_tokens(n, max_seq) for n in written]
         with poisoned_outputs():
-            out = flash_decode(mx.array(q), mx.array(kc), mx.array(vc), seen, scale, split=split)
+            out = flash_decode(mx.array(q), mx.array(kc), mx.array(vc), seen, scale, split=split,
+                              split_from=0)
             mx.eval(out)
         out = np.array(out)
         checks = []
@@ -150,7 +151,8 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
         q = rng.standard_normal((tokens, n_heads, head_dim)).astype(np.float16)
         scale = head_dim ** -0.5
         with poisoned_outputs():
-            out = prefill_attention(mx.array(q), mx.array(kc), mx.array(vc), pos, scale, split=split)
+            out = prefill_attention(mx.array(q), mx.array(kc), mx.array(vc), pos, scale, split=split,
+                                    split_from=0)
             mx.eval(out)
         out = np.array(out)
         k_all, v_all = kc.transpose(1, 0, 2), vc.transpose(1, 0, 2)  # [tokens, Hkv, D]

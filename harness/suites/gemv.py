@@ -141,27 +141,40 @@ def swiglu64(gate_up: np.ndarray) -> np.ndarray:
     return g / (1 + np.exp(-g)) * u
 
 
-def _fused_case(kind: str, qtype: str, m: int, n: int, k: int) -> CheckCase:
-    from kernels.gemv import rmsnorm_gemv, silu_down_gemv
+def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = False) -> CheckCase:
+    """A prologue (rmsnorm: RMSNorm(X) * gamma; swiglu: silu(gate) * up; plain: X) and, with
+    `residual`, the epilogue Y + R, against float64."""
+    from kernels.gemv import gemv_v2, rmsnorm_gemv, silu_down_gemv
     from kernels.runtime import poisoned_outputs
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         host, dev = _blocks(rng, qtype, n, k)
+        r = _x(rng, m, n) if residual else None
+        extra = dict(residual=mx.array(r)) if residual else {}
         with poisoned_outputs():
             if kind == "rmsnorm":
                 x = (_x(rng, m, k).astype(np.float32) * 3 + 1).astype(np.float16)
                 gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
                 y = rmsnorm_gemv(mx.array(x), mx.array(gamma), 1e-5, dev, qtype, n, k)
                 x64 = rmsnorm64(x, gamma, 1e-5)
-            else:
+            elif kind == "swiglu":
                 x = (_x(rng, m, 2 * k).astype(np.float32) * 2).astype(np.float16)
-                y = silu_down_gemv(mx.array(x), dev, qtype, n, k)
+                y = silu_down_gemv(mx.array(x), dev, qtype, n, k, **extra)
                 x64 = swiglu64(x)
+            else:
+                x = _x(rng, m, k)
+                y = gemv_v2(mx.array(x), dev, qtype, n, k, **extra)
+                x64 = x.astype(np.float64)
             mx.eval(y)
-        return _against_float64("y", y, x64, host, qtype, k, rng)
+        if not residual:
+            return _against_float64("y", y, x64, host, qtype, k, rng)
+        # y - r against x64 @ W^T: the residual is added in fp32 before the one rounding.
+        want = x64 @ dequantize(host, qtype, k).astype(np.float64).T + r.astype(np.float64)
+        return [compare("y + residual", np.array(y).astype(np.float64), want, TOL)]
 
-    name = "rmsnorm_gemv" if kind == "rmsnorm" else "silu_down_gemv"
-    return CheckCase("gemv", f"{name}_{qtype}", "v2", dict(M=m, N=n, K=k), run)
+    name = {"rmsnorm": "rmsnorm_gemv", "swiglu": "silu_down_gemv", "plain": "gemv"}[kind]
+    return CheckCase("gemv", f"{name}_{qtype}", "v2 + residual" if residual else "v2",
+                     dict(M=m, N=n, K=k), run)
 
 
 def _projection_case(qtype: str, sizes: tuple[int, ...], k: int, m: int) -> CheckCase:
@@ -206,6 +219,10 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             tail = small or m > 2
             cases.append(_fused_case("rmsnorm", qtype, m, *((33, 4128) if tail else (4096, 4096))))
             cases.append(_fused_case("swiglu", qtype, m, *((33, 4128) if tail else (4096, 14336))))
+            cases.append(_fused_case("swiglu", qtype, m, *((33, 4128) if tail else (4096, 14336)),
+                                     residual=True))
+            cases.append(_fused_case("plain", qtype, m, *((33, 4128) if tail else (4096, 4096)),
+                                     residual=True))
         for m in (5, 16) if small else (5, 9, 16, 512):
             for n, k in ((4097, 4128), (4096, 4096)) if not small else ((33, 96),):
                 cases.append(_gemv_case("linear", qtype, m, n, k))

@@ -113,10 +113,15 @@ def _kv_case(kernel: str, variant: str, s: Shape, *, neox: bool, norm: bool) -> 
         rope_kw = dict(theta=s.theta, freq_scale=s.freq_scale)
         caches = (mx.array(k0), mx.array(v0))
         with poisoned_outputs():
-            if kernel.endswith("qkv_write"):
-                f = kr.rope_neox_qkv_write if neox else kr.rope_qkv_write
-                qkv = mx.array(np.concatenate([q, k, v], axis=1)[0])
-                res = f(qkv, *caches, pos, n_heads=hq, form=variant, **rope_kw)
+            if kernel.endswith("qkv_write"):  # one token as a vector, a prompt as [seq, width]
+                qkv = np.concatenate([q, k, v], axis=1)
+                qkv = mx.array(qkv[0] if seq == 1 else qkv)
+                if norm:
+                    res = kr.head_norm_rope_neox_qkv_write(qkv, mx.array(qn), mx.array(kn), *caches, pos,
+                                                           n_heads=hq, eps=EPS, form=variant, **rope_kw)
+                else:
+                    f = kr.rope_neox_qkv_write if neox else kr.rope_qkv_write
+                    res = f(qkv, *caches, pos, n_heads=hq, form=variant, **rope_kw)
             elif kernel.endswith("batch_kv_write"):
                 f = kr.rope_neox_batch_kv_write if neox else kr.rope_batch_kv_write
                 res = f(mx.array(q), mx.array(k), mx.array(v), *caches, pos, form=variant, **rope_kw)
@@ -171,6 +176,9 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             cases.append(_kv_case("rope_batch_kv_write", form, s, neox=False, norm=False))
             cases.append(_kv_case("rope_neox_batch_kv_write", form, s, neox=True, norm=False))
             cases.append(_kv_case("head_norm_rope_neox_kv_write", form, s, neox=True, norm=True))
+        for s in shapes_()[::2]:  # a fused QKV projection's output read in place, prompts included
+            cases.append(_kv_case("rope_qkv_write", form, s, neox=False, norm=False))
+            cases.append(_kv_case("head_norm_rope_neox_qkv_write", form, s, neox=True, norm=True))
         # The unfused sequences the fused kernels replace compute the same thing.
         for s in shapes_()[::3]:
             for neox, norm in ((False, False), (True, False), (True, True)):

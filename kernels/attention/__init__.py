@@ -29,6 +29,10 @@ HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32)
 X = 8  # fp16 values in one 16-byte K vector of the paged layout
 PARTITION = 512  # tokens a threadgroup takes in the split kernels
+# Split only past this many tokens: below it a second launch (the combine) costs more than the
+# partitions' parallelism gains (H200: one launch 14-17 us at 512-2048 tokens against 29-40 us
+# split; results/nvidia-h200/attention.csv at 22ac020). Checks pass split_from=0 to test the split.
+SPLIT_FROM = 2048
 CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.metal)
 NSIMD = 4
 
@@ -89,14 +93,15 @@ def _check_q(q: mx.array, n_kv: int, head_dim: int) -> tuple[int, int]:
 
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: np.ndarray, table: mx.array | None, rows: int, n_kv: int, group: int, scale: float,
-         partition: int, block_size: int, after: mx.array | None, shared_cache: bool = False) -> mx.array:
+         partition: int, block_size: int, after: mx.array | None, shared_cache: bool = False,
+         split_from: int = SPLIT_FROM) -> mx.array:
     if partition % CHUNK_MULTIPLE or partition <= 0:
         raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     batch, n_heads, head_dim = q.shape
     parts = -(-int(lens.max()) // partition) if split else 1
-    # One partition holds every context: the unsplit body writes the output itself, saving the
-    # combine launch (vLLM picks v1 over v2 the same way); at short contexts a launch is the cost.
-    split = split and parts > 1
+    # One partition holds every context, or contexts are short: the unsplit body writes the output
+    # itself and the combine launch is saved (vLLM's dispatcher picks v1 over v2 the same way).
+    split = split and parts > 1 and int(lens.max()) > split_from
     inputs = [q, k_cache, v_cache, _ints(tuple(int(x) for x in lens))]
     if paged:
         inputs.append(table)
@@ -116,10 +121,12 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
 
 def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_table,
                     context_lens: Sequence[int], scale: float, *, version: str = "v2",
-                    partition: int = PARTITION, after: mx.array | None = None) -> mx.array:
+                    partition: int = PARTITION, after: mx.array | None = None,
+                    split_from: int = SPLIT_FROM) -> mx.array:
     """out[B, Hq, D] for one query token per sequence over vLLM's paged caches (k_cache
     [blocks, Hkv, D/8, BS, 8], v_cache [blocks, Hkv, D, BS]); block_table [B, max_blocks] and
-    context_lens [B] are checked on the host before the launch."""
+    context_lens [B] are checked on the host before the launch. v2 splits contexts longer than
+    split_from into partitions of `partition` tokens; shorter ones take v1's single launch."""
     if version not in ("v1", "v2"):
         raise ValueError(f"version must be 'v1' or 'v2', got {version!r}")
     _fp16("k_cache", k_cache)
@@ -148,7 +155,7 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
     if table_dev.dtype != mx.int32:
         table_dev = table_dev.astype(mx.int32)
     return _run(True, version == "v2", q, k_cache, v_cache, lens, table_dev, table.shape[1], n_kv,
-                group, scale, partition, block_size, after)
+                group, scale, partition, block_size, after, split_from=split_from)
 
 
 
@@ -164,7 +171,7 @@ def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
 
 def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Sequence[int],
                  scale: float, *, split: bool = True, partition: int = PARTITION,
-                 after: mx.array | None = None) -> mx.array:
+                 after: mx.array | None = None, split_from: int = SPLIT_FROM) -> mx.array:
     """out[B, Hq, D] over the contiguous head-major caches [B, Hkv, max_seq, D]; lengths[b] is
     the number of slots sequence b attends to (see visible_tokens)."""
     _fp16("k_cache", k_cache)
@@ -180,12 +187,12 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
     if lens.shape[0] != batch or lens.min() < 1 or lens.max() > max_seq:
         raise ValueError(f"lengths must be {batch} values in 1..{max_seq}, got {lens.tolist()}")
     return _run(False, split, q, k_cache, v_cache, lens, None, max_seq, n_kv, group, scale,
-                partition, 0, after)
+                partition, 0, after, split_from=split_from)
 
 
 def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,
                       *, split: bool = True, partition: int = PARTITION,
-                      after: mx.array | None = None) -> mx.array:
+                      after: mx.array | None = None, split_from: int = SPLIT_FROM) -> mx.array:
     """Causal attention of a prompt's T query tokens q[T, Hq, D], at positions pos .. pos+T-1,
     over the contiguous head-major cache [Hkv, max_seq, D] (or [1, Hkv, max_seq, D]) that
     already holds their K and V: token i sees cache rows 0 .. pos+i. The decode kernel with one
@@ -204,7 +211,7 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
         raise ValueError(f"positions {pos}..{pos + tokens - 1} do not fit the cache of {max_seq}")
     lens = np.arange(pos + 1, pos + tokens + 1)
     return _run(False, split, q, k_cache[None], v_cache[None], lens, None, max_seq, n_kv, group,
-                scale, partition, 0, after, shared_cache=True)
+                scale, partition, 0, after, shared_cache=True, split_from=split_from)
 
 
 def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.array,

@@ -39,15 +39,20 @@ BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV
 PROLOGUES = {"plain": 0, "rmsnorm": 1, "swiglu": 2}
 _V1 = KernelSpec(name="lathe_gemv_v1", body="gemv/gemv.metal",
                  inputs=("x", "w", "w_half", "dims"), outputs=("y",))
-_V2 = {
-    "plain": KernelSpec("lathe_gemv_v2", "gemv/gemv_v2.metal", ("x", "w", "dims"), ("y",),
-                        prelude="#define LATHE_PROLOGUE 0"),
-    "rmsnorm": KernelSpec("lathe_rmsnorm_gemv_v2", "gemv/gemv_v2.metal",
-                          ("x", "w", "dims", "gamma", "eps"), ("y",),
-                          prelude="#define LATHE_PROLOGUE 1"),
-    "swiglu": KernelSpec("lathe_silu_down_gemv_v2", "gemv/gemv_v2.metal", ("x", "w", "dims"),
-                         ("y",), prelude="#define LATHE_PROLOGUE 2"),
-}
+_V2_EXTRA = {"plain": (), "rmsnorm": ("gamma", "eps"), "swiglu": ()}
+
+
+@functools.cache
+def _v2_spec(prologue: str, residual: bool) -> KernelSpec:
+    """One v2 instantiation family: its prologue (what X' is) and whether Y adds a residual."""
+    name = {"plain": "lathe_gemv_v2", "rmsnorm": "lathe_rmsnorm_gemv_v2",
+            "swiglu": "lathe_silu_down_gemv_v2"}[prologue] + ("_residual" if residual else "")
+    return KernelSpec(name, "gemv/gemv_v2.metal",
+                      ("x", "w", "dims", *_V2_EXTRA[prologue], *(("residual",) if residual else ())),
+                      ("y",), prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
+                                      f"#define LATHE_RESIDUAL {int(residual)}")
+
+
 _QUANTIZE = KernelSpec("lathe_quantize", "gemv/quantize.metal", ("w", "dims"), ("q",))
 _DEQUANTIZE = KernelSpec("lathe_dequantize", "gemv/dequantize.metal", ("q", "dims"), ("w",))
 
@@ -125,6 +130,7 @@ def v2_smem_bytes(qtype: str, m: int, rows: int, simds: int, xchunk: int) -> int
     return weights + x + 4 * (m + simds)
 
 
+@functools.lru_cache(maxsize=1024)  # pure; called for every launch of the decode loop
 def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
                 simds: int | None = None) -> tuple[int, int, int]:
     """(R, NSIMD, XCHUNK) for a launch: the tuned R and NSIMD (or the given ones), halved to give
@@ -156,23 +162,30 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
 
 
 def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: str, n: int,
-        k: int, rows: int | None, simds: int | None) -> mx.array:
+        k: int, rows: int | None, simds: int | None, residual: mx.array | None = None) -> mx.array:
     w = w.reshape(-1)
     m = x.shape[0]
+    if residual is not None:
+        _check_fp16("residual", residual)
+        if tuple(residual.shape) != (m, n):
+            raise ValueError(f"residual must be [M={m}, N={n}], got {tuple(residual.shape)}")
+        inputs = [*inputs, residual]
     r, s, xchunk = v2_geometry(qtype, m, n, k, rows, simds)
     groups = -(-n // (r * s))
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, ALIGNED=(k // 32) % 8 == 0,
                   XCHUNK=xchunk)
-    (y,) = launch(Launch(_V2[prologue], [x, w, _dims(n, k), *inputs], [((m, n), mx.float16)],
+    (y,) = launch(Launch(_v2_spec(prologue, residual is not None), [x, w, _dims(n, k), *inputs],
+                         [((m, n), mx.float16)],
                          (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
     return y
 
 
 def gemv_v2(x: mx.array, w: mx.array, qtype: str, n: int, k: int, *, rows: int | None = None,
-            simds: int | None = None) -> mx.array:
-    """Y[M, N] = X[M, K] @ W^T, W in `qtype` blocks, M 1..4 (`rows`, `simds`: launch knobs)."""
+            simds: int | None = None, residual: mx.array | None = None) -> mx.array:
+    """Y[M, N] = X[M, K] @ W^T (+ residual[M, N]), W in `qtype` blocks, M 1..4 (`rows`, `simds`:
+    launch knobs)."""
     check_gemv_args(x, w, qtype, n, k)
-    return _v2("plain", [], x, w, qtype, n, k, rows, simds)
+    return _v2("plain", [], x, w, qtype, n, k, rows, simds, residual)
 
 
 def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: str, n: int,
@@ -188,10 +201,12 @@ def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: s
 
 
 def silu_down_gemv(gate_up: mx.array, w: mx.array, qtype: str, n: int, k: int, *,
-                   rows: int | None = None, simds: int | None = None) -> mx.array:
-    """(silu(gate) * up) @ W^T with gate_up = [gate | up] as [M, 2K] (a fused gate+up output)."""
+                   rows: int | None = None, simds: int | None = None,
+                   residual: mx.array | None = None) -> mx.array:
+    """(silu(gate) * up) @ W^T (+ residual) with gate_up = [gate | up] as [M, 2K] (a fused
+    gate+up output)."""
     check_gemv_args(gate_up, w, qtype, n, k, x_width=2 * k)
-    return _v2("swiglu", [], gate_up, w, qtype, n, k, rows, simds)
+    return _v2("swiglu", [], gate_up, w, qtype, n, k, rows, simds, residual)
 
 
 # ---- quantize and dequantize on the GPU -----------------------------------------------------------

@@ -21,6 +21,8 @@
 // threadgroup), ALIGNED (K a multiple of 256: rows start 16-byte aligned), XCHUNK (values of K
 // staged at once, a multiple of 2048).
 // Inputs: x, w (bytes), dims (int32: N, K); prologue 1 adds gamma (half, K) and eps (float, 1).
+// LATHE_RESIDUAL 1 (the epilogue) adds residual (half, [M, N]) to Y before its one rounding:
+// the decode loop's residual add (x + W o, x + W_down a) without a launch of its own.
 constexpr uint BB = QTYPE == 0 ? 18 : 34;      // bytes a block
 constexpr uint TB = 64;                          // blocks a tile: a pair for each lane
 constexpr uint PAIR_WORDS = BB / 2;              // 32-bit words of a block pair (9, 17)
@@ -267,6 +269,12 @@ for (uint step = 0; step <= tiles; ++step) {
 for (uint r = 0; r < uint(R); ++r) {
   for (uint m = 0; m < uint(M); ++m) {
     const float total = simd_sum(acc[r][m]);
-    if (lane == 0 && row0 + r < n) y[m * n + row0 + r] = half(total);
+    if (lane == 0 && row0 + r < n) {
+#if LATHE_RESIDUAL
+      y[m * n + row0 + r] = half(total + float(residual[m * n + row0 + r]));
+#else
+      y[m * n + row0 + r] = half(total);
+#endif
+    }
   }
 }

@@ -391,6 +391,20 @@ def head_norm_rope_neox_kv_write(q, k, v, q_norm, k_norm, k_cache, v_cache, pos,
                      norm=(q_norm, k_norm, eps))
 
 
+def head_norm_rope_neox_qkv_write(qkv, q_norm, k_norm, k_cache, v_cache, pos, *, n_heads, eps=1e-6,
+                                  theta=1000000.0, freq_scale=1.0, freqs="table", inv_freq=None,
+                                  form="in_place") -> Rotated:
+    """head_norm_rope_neox_kv_write reading Q, K and V where a fused QKV projection left them:
+    qkv[seq, (n_heads + 2 n_kv) * D] (no slices, no copies)."""
+    n_kv, head_dim = _cache_heads(k_cache)
+    _check_heads(n_heads, n_kv)
+    _check_head_dim(head_dim, multiple=64)
+    q, k, v = _fused_qkv(qkv, n_heads, n_kv, head_dim)
+    return _kv_write(q, k, v, k_cache, v_cache, pos, n_heads=n_heads, head_dim=head_dim, neox=True,
+                     theta=theta, freq_scale=freq_scale, freqs=freqs, inv_freq=inv_freq, form=form,
+                     norm=(q_norm, k_norm, eps))
+
+
 def _separate_qkv(q, k, v, k_cache, head_dim_multiple: int) -> tuple[tuple[_Rows, _Rows, _Rows], int, int]:
     """Separate q[seq, n_heads * D], k and v [seq, n_kv * D] (or [seq, heads, D]), checked against
     the cache's head count and head_dim: ((q, k, v) rows, n_heads, head_dim)."""
