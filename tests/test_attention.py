@@ -81,3 +81,25 @@ def test_reference_contiguous_overflow_keeps_the_last_tokens():
     kc = np.arange(2 * 1 * 4 * 1, dtype=np.float64).reshape(2, 1, 4, 1)
     k, _ = ref.contiguous_tokens(kc, kc, 0, 6)  # positions 2..5 in slots 2, 3, 0, 1
     assert k[:, 0, 0].tolist() == [2, 3, 0, 1]
+
+
+@pytest.mark.parametrize("ctx, split_from, launches, partitions", [
+    (300, at.SPLIT_FROM, 1, 1),     # one partition: no split
+    (2048, at.SPLIT_FROM, 1, 1),    # short context: one launch, one threadgroup per KV head
+    (2049, at.SPLIT_FROM, 2, 5),    # past SPLIT_FROM: partitions of 512, then the combine
+    (1000, 0, 2, 2),                # split forced (the checks' setting)
+])
+def test_split_decision_sets_the_grid(monkeypatch, ctx, split_from, launches, partitions):
+    """The launches flash_decode makes (recorded, not run): the unsplit body gets one threadgroup
+    per (KV head, sequence); a split one per partition too, plus the combine."""
+    jobs = []
+
+    def record(job):
+        jobs.append(job)
+        return [mx.zeros(tuple(s), d) for s, d in job.outputs]
+
+    monkeypatch.setattr(at, "launch", record)
+    k = mx.zeros((1, KV, 4096, D), mx.float16)
+    at.flash_decode(q16(), k, k, [ctx], 0.125, split_from=split_from)
+    assert len(jobs) == launches
+    assert jobs[0].grid == (partitions * 32 * at.NSIMD, KV, 1)

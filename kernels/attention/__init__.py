@@ -98,10 +98,11 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     if partition % CHUNK_MULTIPLE or partition <= 0:
         raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     batch, n_heads, head_dim = q.shape
-    parts = -(-int(lens.max()) // partition) if split else 1
     # One partition holds every context, or contexts are short: the unsplit body writes the output
     # itself and the combine launch is saved (vLLM's dispatcher picks v1 over v2 the same way).
-    split = split and parts > 1 and int(lens.max()) > split_from
+    longest = int(lens.max())
+    split = split and longest > partition and longest > split_from
+    parts = -(-longest // partition) if split else 1
     inputs = [q, k_cache, v_cache, _ints(tuple(int(x) for x in lens))]
     if paged:
         inputs.append(table)
