@@ -118,8 +118,10 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     """Greedy decode of a GGUF model or preset for each variant and mode given (comma-separated
     lists, as llama-bench's): a llama-bench-like table; on a GPU (or with write=True) its rows
     appended to results/<device>/decode.csv, with the roofline at the peak measured here."""
+    from harness.anchors import llama_cpp_tok_s
     from harness.decode import decode_row, run_decode
-    from harness.results import append_rows, results_dir, run_metadata
+    from harness.plots import decode_plot
+    from harness.results import append_rows, read_results, results_dir, run_metadata
     from kernels.runtime import device_name, has_gpu
 
     print(_backend_line())
@@ -129,16 +131,22 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     if not rows:
         print(f"lathe decode: no variant among {variant} has a mode among {mode}")
         return 2
+    device = device_name() if has_gpu() else "cpu"
     shown = pd.DataFrame(rows).drop(columns=["depth", "prompt", "gen", "repeat", "size_mb",
                                              "params_m", "backend", "weight_mb", "kv_mb"])
+    anchor = llama_cpp_tok_s(device, rows[0]["model"], qtype, depth)
+    if anchor:  # the target: llama.cpp on the same GPU (harness/anchors.py)
+        shown["x_llama_cpp"] = (shown["decode_tok_s"] / anchor).round(3)
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(shown.to_string(index=False))
     if write:
-        device = device_name() if has_gpu() else "cpu"
         meta = run_metadata()
         csv = append_rows(results_dir(ROOT, device) / "decode.csv", "decode",
                           [decode_row(row, peak, device, meta) for row in rows])
         print(f"wrote {csv.relative_to(ROOT)}")
+        png = decode_plot(read_results(csv), csv.with_suffix(".png"),
+                          f"lathe decode on {device}: tok/s per variant and mode")
+        print(f"wrote {png.relative_to(ROOT)}")
     return 0
 
 

@@ -41,6 +41,7 @@ class ReferenceDecoder:
                       mx.float32 if name.endswith("norm.weight") else self.dtype)
                   for name in model.tensors}
         self.plan = reference_plan(c)  # built once, replayed for every token
+        self._compiled = None
         self.reset()
 
     def reset(self) -> None:
@@ -77,6 +78,29 @@ class ReferenceDecoder:
         logits = self.layers(tokens, start, store)
         self.pos += t
         return logits
+
+    def compiled_step(self):
+        """One decode step as an mx.compile'd function of (token, pos, *k caches, *v caches) ->
+        (logits, *k caches, *v caches), traced once per decoder: the position is an array, so
+        one compiled graph serves every step. Shapes must not depend on it: attention runs over
+        the whole cache with the rows past pos masked out."""
+        if self._compiled is None:
+            layers = self.config.n_layers
+
+            def step(token, pos, *caches):
+                ks, vs = list(caches[:layers]), list(caches[layers:])
+                valid = (mx.arange(self.max_seq) <= pos)[None, None, None, :]
+
+                def store(i: int, k: mx.array, v: mx.array):
+                    ks[i] = mx.slice_update(ks[i], k, pos, axes=(2,))
+                    vs[i] = mx.slice_update(vs[i], v, pos, axes=(2,))
+                    return ks[i], vs[i], valid
+
+                logits = self.layers(token, pos.reshape(()), store)
+                return (logits, *ks, *vs)
+
+            self._compiled = mx.compile(step)
+        return self._compiled
 
     def layers(self, tokens: mx.array, offset, store) -> mx.array:
         """The model over tokens at positions offset.. (an int, or an array in a compiled step),
@@ -210,27 +234,6 @@ def plan_table(plan: list[Step], layers: tuple[int, ...] = (0,)) -> str:
             f"the reference variant may launch more than one kernel)")
 
 
-def _compiled_step(decoder: ReferenceDecoder):
-    """One decode step as an mx.compile'd function of (token, pos, *k caches, *v caches): the
-    position is an array, so one compiled graph serves every step. Shapes must not depend on it:
-    attention runs over the whole cache with the rows past pos masked out."""
-    layers = decoder.config.n_layers
-
-    def step(token, pos, *caches):
-        ks, vs = list(caches[:layers]), list(caches[layers:])
-        valid = (mx.arange(decoder.max_seq) <= pos)[None, None, None, :]
-
-        def store(i: int, k: mx.array, v: mx.array):
-            ks[i] = mx.slice_update(ks[i], k, pos, axes=(2,))
-            vs[i] = mx.slice_update(vs[i], v, pos, axes=(2,))
-            return ks[i], vs[i], valid
-
-        logits = decoder.layers(token, pos.reshape(()), store)
-        return (logits, *ks, *vs)
-
-    return mx.compile(step)
-
-
 def _backend() -> str:
     from kernels.runtime import backend
 
@@ -302,9 +305,8 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
     sampled token feeding the next embedding on the device, one evaluation; compiled: step mode
     through one mx.compile'd decode step with the position passed as an array.
     """
-    allowed = getattr(decoder, "modes", MODES)
-    if mode not in allowed:
-        raise ValueError(f"mode must be one of {allowed} for the {decoder.variant} variant, got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     history = [mx.array(np.asarray(prompt, dtype=np.int32).reshape(-1))]
 
     def pick(logits: mx.array) -> mx.array:  # on the device; step i uses key seed + i
@@ -329,7 +331,7 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
                 token = pick(decoder.forward([out[-1]]))
                 mx.eval(token)
     elif mode == "compiled":
-        fn, layers = _compiled_step(decoder), decoder.config.n_layers
+        fn, layers = decoder.compiled_step(), decoder.config.n_layers
         for i in range(n):
             out.append(int(token.item()))
             if i + 1 < n:
@@ -430,7 +432,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     generate `gen`, timed apart (a warm-up run first: compilation and first-use costs are
     reported as compile_s, not timed). One row per (variant, mode) with llama-bench's fields and
     the roofline: weight and KV bytes per token, effective GB/s, % of `peak_gbs` when known.
-    A mode a variant does not have (compiled is the reference variant's) gives no row."""
+    """
     modes, variants = _names(modes, MODES, "mode"), _names(variants, VARIANTS, "variant")
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
@@ -450,8 +452,6 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
         decoder = make_decoder(model, depth + prompt + gen, variant)
         split = breakdown(decoder, tokens[depth:], min(gen, 32))
         for mode in modes:
-            if mode not in getattr(decoder, "modes", MODES):
-                continue
             decoder.reset()
             start = time.perf_counter()
             generate(decoder, tokens[: min(4, prompt)], 2, mode)  # warm-up: first-use costs stay out

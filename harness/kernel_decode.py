@@ -7,7 +7,7 @@
   norm into the output GEMV.
 
 Same interface as harness.decode.ReferenceDecoder (forward, reset, pos), so generate() and Session
-run them, in modes step, pipelined and chained (compiled is the reference variant's). Matrices
+run them, in every mode (compiled: KernelDecoder.compiled_step). Matrices
 stay in their GGUF blocks; F16 matrices (the f16 presets) go through MLX's matmul. Prompts
 (more than 4 tokens) take the batched GEMV path and kernels.attention.prefill_attention.
 `kernel_plan` lists the steps forward() dispatches (for --show-plan); forward() is written out
@@ -80,8 +80,6 @@ def kernel_plan(c, fused: bool) -> list[Step]:
 class KernelDecoder:
     """Prefill and decode with lathe's kernels over a loaded GGUF model (see the module doc)."""
 
-    modes = ("step", "pipelined", "chained")
-
     def __init__(self, model: Model, max_seq: int, variant: str = "fused") -> None:
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -109,6 +107,7 @@ class KernelDecoder:
             self._concat("attn_qkv", ("attn_q", "attn_k", "attn_v"))
             self._concat("ffn_gate_up", ("ffn_gate", "ffn_up"))
         self.plan = kernel_plan(c, self.fused)
+        self._compiled = None
         self.reset()
 
     def _concat(self, fused_name: str, parts: tuple[str, ...]) -> None:
@@ -152,9 +151,6 @@ class KernelDecoder:
 
     def forward(self, tokens) -> mx.array:
         """Logits [len(tokens), vocab] (float32) for tokens at positions pos..; advances pos."""
-        from kernels import attention, gemv, loop, rope
-
-        c = self.config
         if isinstance(tokens, mx.array):
             ids = tokens.reshape(-1).astype(mx.int32)
         else:
@@ -164,7 +160,37 @@ class KernelDecoder:
             raise ValueError("tokens must not be empty")
         if self.pos + t > self.max_seq:
             raise ValueError(f"{self.pos + t} tokens do not fit the cache of {self.max_seq}")
-        pos, hd = self.pos, c.head_dim
+        logits = self.layers(ids, t, self.pos)
+        self.pos += t
+        return logits
+
+    def compiled_step(self):
+        """One decode step as an mx.compile'd function of (token, pos, *k caches, *v caches) ->
+        (logits, *k caches, *v caches), traced once per decoder: the position is an int32[1]
+        array, so the RoPE + KV write and attention read it on the device, and attention's grid
+        is sized for max_seq (kernels.attention.flash_decode). Host work per token is one call."""
+        if self._compiled is None:
+            n = self.config.n_layers
+
+            def step(token, pos, *caches):
+                held = self.k, self.v
+                self.k, self.v = list(caches[:n]), list(caches[n:])
+                try:
+                    logits = self.layers(token.reshape(-1), 1, pos)
+                    return (logits, *self.k, *self.v)
+                finally:
+                    self.k, self.v = held
+
+            self._compiled = mx.compile(step)
+        return self._compiled
+
+    def layers(self, ids, t: int, pos) -> mx.array:
+        """The model over t tokens at positions pos.. (an int; an int32[1] array in a compiled
+        step), K and V written into self.k / self.v in place."""
+        from kernels import attention, gemv, loop, rope
+
+        c = self.config
+        hd = c.head_dim
         embd = "token_embd.weight"
         x = loop.embed(self.w[embd], ids, self.types[embd] if self.types[embd] != "f32" else "f16", c.d_model)
         write = rope.rope_neox_batch_kv_write if c.neox else rope.rope_batch_kv_write
@@ -189,8 +215,9 @@ class KernelDecoder:
                 rot = write(q, k, v, self.k[i], self.v[i], pos, theta=c.rope_theta)
             self.k[i], self.v[i] = rot.k_cache, rot.v_cache
             if t == 1:
+                lens = [pos + 1] if isinstance(pos, int) else pos + 1
                 o = attention.flash_decode(rot.q.reshape(1, c.n_heads, hd), self.k[i][None], self.v[i][None],
-                                           [pos + 1], scale, after=rot.written)
+                                           lens, scale, after=rot.written)
             else:  # a prompt: causal, each token over the cache up to its own position
                 o = attention.prefill_attention(rot.q.reshape(t, c.n_heads, hd), self.k[i], self.v[i],
                                                 pos, scale, after=rot.written)
@@ -207,6 +234,4 @@ class KernelDecoder:
                 gate, up = self._linear(h, b + "ffn_gate.weight"), self._linear(h, b + "ffn_up.weight")
                 x = x + self._linear(loop.swiglu(mx.concatenate([gate, up], axis=-1)), b + "ffn_down.weight")
         out = "token_embd.weight" if c.tied else "output.weight"
-        logits = self._norm_linear(x, "output_norm.weight", out).astype(mx.float32)
-        self.pos += t
-        return logits
+        return self._norm_linear(x, "output_norm.weight", out).astype(mx.float32)

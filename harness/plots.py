@@ -154,3 +154,46 @@ def fused_unfused_plot(
     ax.grid(True, axis="y", alpha=0.4)
     ax.legend(loc="best", fontsize="small")
     return _save(fig, out_path)
+
+
+def decode_plot(df: pd.DataFrame, out_path: str | Path, title: str) -> Path:
+    """End-to-end decode tok/s: one group of bars per (model, qtype, depth), a bar per
+    (variant, mode) from the latest rows; llama.cpp's figure (harness.anchors, same device)
+    and the roofline (the row's bytes per token at its measured peak) as marks over each group."""
+    from harness.anchors import llama_cpp_tok_s
+
+    keys = ["model", "qtype", "depth"]
+    _require(df, [*keys, "variant", "mode", "decode_tok_s", "bytes", "peak_gbs", "device"], "decode_plot")
+    data = _latest(df.dropna(subset=["decode_tok_s"]), [*keys, "variant", "mode", "device"])
+    bars = list(dict.fromkeys(zip(data["variant"].astype(str), data["mode"].astype(str))))
+    variants = list(dict.fromkeys(v for v, _ in bars))
+    groups = list(data.groupby(keys, sort=True))
+    width = 0.8 / len(bars)
+    fig, ax = plt.subplots(figsize=(min(18.0, 3.0 + 0.35 * len(groups) * len(bars)), 5.5))
+    marked = set()
+    for gi, ((model, qtype, depth), grp) in enumerate(groups):
+        by_bar = {(str(r.variant), str(r.mode)): r for r in grp.itertuples()}
+        for bi, bar in enumerate(bars):
+            if bar in by_bar:
+                colour = f"C{variants.index(bar[0]) % 10}"
+                hatch = ("", "//", "..", "xx", "--")[list(dict.fromkeys(m for _, m in bars)).index(bar[1]) % 5]
+                ax.bar(gi - 0.4 + width * (bi + 0.5), by_bar[bar].decode_tok_s, width=width,
+                       color=colour, hatch=hatch, edgecolor="white",
+                       label=None if bar in marked else f"{bar[0]} {bar[1]}")
+                marked.add(bar)
+        row = grp.iloc[-1]
+        marks = [("roofline (weights + KV at the measured peak)", float(row["peak_gbs"]) * 1e9 / float(row["bytes"]), "r", "--"),
+                 ("llama.cpp (ANCHORS.md)", llama_cpp_tok_s(str(row["device"]), model, qtype, depth), "k", "-")]
+        for name, tok_s, colour, style in marks:
+            if tok_s and tok_s == tok_s:
+                ax.hlines(tok_s, gi - 0.45, gi + 0.45, colors=colour, linestyles=style, linewidth=2,
+                          label=None if name in marked else name)
+                marked.add(name)
+    ax.set_xticks(range(len(groups)), [f"{m} {q}" + (f"\n@ depth {d}" if d else "")
+                                       for (m, q, d), _ in groups])
+    ax.set_yscale("log")
+    ax.set_ylabel("decode tok/s (batch 1, log scale)")
+    ax.set_title(title)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
+    return _save(fig, out_path)

@@ -103,3 +103,43 @@ def test_split_decision_sets_the_grid(monkeypatch, ctx, split_from, launches, pa
     at.flash_decode(q16(), k, k, [ctx], 0.125, split_from=split_from)
     assert len(jobs) == launches
     assert jobs[0].grid == (partitions * 32 * at.NSIMD, KV, 1)
+
+
+def test_device_lengths_size_the_grid_for_the_cache(monkeypatch):
+    """Lengths on the device (a compiled decode step) cannot be read before the launch: the
+    grid covers the whole cache, split past SPLIT_FROM like a host length of max_seq."""
+    jobs = []
+
+    def record(job):
+        jobs.append(job)
+        return [mx.zeros(tuple(s), d) for s, d in job.outputs]
+
+    monkeypatch.setattr(at, "launch", record)
+    k = mx.zeros((1, KV, 4096, D), mx.float16)
+    lens = mx.array([5], dtype=mx.int32)
+    at.flash_decode(q16(), k, k, lens, 0.125)
+    assert len(jobs) == 2 and jobs[0].grid == (8 * 32 * at.NSIMD, KV, 1)
+    assert jobs[0].inputs[3] is lens  # read by the kernel as it is, no host copy
+    with pytest.raises(ValueError, match="int32"):
+        at.flash_decode(q16(), k, k, mx.array([5.0]), 0.125)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctx", [1, 300, 2049, 4096])
+def test_device_lengths_against_float64(ctx):
+    """flash_decode with its length on the device (grid sized for the 4096-row cache, split in
+    8 partitions, most of them empty for short contexts) against the float64 reference, with the
+    slots past the context NaN, and equal to the host-length launch."""
+    rng = np.random.default_rng()
+    rows, group = 4096, 4
+    kc = rng.standard_normal((1, KV, rows, D)).astype(np.float16)
+    vc = rng.standard_normal((1, KV, rows, D)).astype(np.float16)
+    kc[:, :, ctx:], vc[:, :, ctx:] = np.nan, np.nan
+    q = rng.standard_normal((1, KV * group, D)).astype(np.float16)
+    want = ref.attend(q[0], kc[0, :, :ctx].transpose(1, 0, 2), vc[0, :, :ctx].transpose(1, 0, 2), 0.125)
+    args = (mx.array(q), mx.array(kc), mx.array(vc))
+    dev = np.array(at.flash_decode(*args, mx.array([ctx], dtype=mx.int32), 0.125)[0], dtype=np.float64)
+    host = np.array(at.flash_decode(*args, [ctx], 0.125)[0], dtype=np.float64)
+    assert not np.isnan(dev).any()
+    assert np.linalg.norm(dev - want) / np.linalg.norm(want) <= 2e-3
+    assert np.allclose(dev, host, atol=2e-3)

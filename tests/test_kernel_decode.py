@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.decode import generate
+from harness.decode import MODES, generate
 from harness.kernel_decode import KernelDecoder, kernel_plan
 from harness.models import load_gguf, write_random_gguf
 from reference import rel_err
@@ -67,7 +67,26 @@ def test_kernel_variant_modes_agree(models, variant):
     m = models["tiny-qwen3", "q4_0"]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     runs = {mode: generate(KernelDecoder(m, PROMPT + 12, variant), prompt, 12, mode).generated
-            for mode in KernelDecoder.modes}
-    assert runs["step"] == runs["pipelined"] == runs["chained"]
-    with pytest.raises(ValueError, match="mode"):
-        generate(KernelDecoder(m, PROMPT + 4, variant), prompt, 2, "compiled")
+            for mode in MODES}
+    assert runs["step"] == runs["pipelined"] == runs["chained"] == runs["compiled"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["unfused", "fused"])
+def test_compiled_step_logits_match_the_eager_step(models, variant):
+    """The compiled step (position on the device, attention over the whole cache's grid) gives
+    the eager step's logits token after token, and writes the same caches."""
+    import mlx.core as mx
+
+    m = models["tiny-llama", "q8_0"]
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    eager, compiled = KernelDecoder(m, 64, variant), KernelDecoder(m, 64, variant)
+    eager.forward(prompt), compiled.forward(prompt)
+    fn, n = compiled.compiled_step(), m.config.n_layers
+    for token in np.random.default_rng().integers(0, m.config.vocab, 8):
+        want = np.array(eager.forward([int(token)]))
+        pos = mx.array([compiled.pos], dtype=mx.int32)
+        logits, *caches = fn(mx.array([int(token)], dtype=mx.int32), pos, *compiled.k, *compiled.v)
+        compiled.k, compiled.v, compiled.pos = caches[:n], caches[n:], compiled.pos + 1
+        assert rel_err(np.array(logits), want) <= 1e-3
+    assert all(np.array_equal(np.array(a), np.array(b)) for a, b in zip(eager.k, compiled.k))

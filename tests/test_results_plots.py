@@ -211,3 +211,21 @@ def test_plots_reject_empty_and_missing(tmp_path, call):
     with pytest.raises(ValueError, match="missing column"):
         call(_sweep_frame().drop(columns=["seq"]), tmp_path / "m.png")
     assert not list(tmp_path.iterdir())
+
+
+def test_decode_plot_marks_llama_cpp_and_the_roofline(tmp_path, monkeypatch):
+    """One bar per (variant, mode) and config; the llama.cpp mark only on its own device."""
+    marks = []
+    original = matplotlib.axes.Axes.hlines
+
+    def spy(self, y, *args, **kwargs):
+        marks.append((round(float(y), 1), kwargs.get("colors")))
+        return original(self, y, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "hlines", spy)
+    rows = [dict(model=m, qtype="q4_0", depth=0, variant=v, mode=mode, decode_tok_s=t,
+                 bytes=4e9, peak_gbs=4000.0, device=dev, date="2026-11-22T00:00:00Z")
+            for m, dev in (("llama3-8b", "NVIDIA H200"), ("llama2-7b", "NVIDIA H100 80GB HBM3"))
+            for v, t in (("reference", 190.0), ("fused", 250.0)) for mode in ("step", "compiled")]
+    _assert_png(plots.decode_plot(pd.DataFrame(rows), tmp_path / "d.png", "decode"))
+    assert sorted(marks) == [(348.0, "k"), (1000.0, "r"), (1000.0, "r")]

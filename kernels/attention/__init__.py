@@ -57,6 +57,10 @@ def _ints(values: tuple[int, ...]) -> mx.array:
     return mx.array(values, dtype=mx.int32)
 
 
+def _device_ints(values: np.ndarray) -> mx.array:
+    return _ints(tuple(int(x) for x in values))
+
+
 @functools.lru_cache(maxsize=64)
 def _scale(scale: float) -> mx.array:
     return mx.array([scale], dtype=mx.float32)
@@ -92,18 +96,18 @@ def _check_q(q: mx.array, n_kv: int, head_dim: int) -> tuple[int, int]:
 
 
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
-         lens: np.ndarray, table: mx.array | None, rows: int, n_kv: int, group: int, scale: float,
-         partition: int, block_size: int, after: mx.array | None, shared_cache: bool = False,
-         split_from: int = SPLIT_FROM) -> mx.array:
+         lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
+         scale: float, partition: int, block_size: int, after: mx.array | None,
+         shared_cache: bool = False, split_from: int = SPLIT_FROM) -> mx.array:
+    """lens: int32[B] on the device; longest: the most any of them can be (it sizes the grid)."""
     if partition % CHUNK_MULTIPLE or partition <= 0:
         raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     batch, n_heads, head_dim = q.shape
     # One partition holds every context, or contexts are short: the unsplit body writes the output
     # itself and the combine launch is saved (vLLM's dispatcher picks v1 over v2 the same way).
-    longest = int(lens.max())
     split = split and longest > partition and longest > split_from
     parts = -(-longest // partition) if split else 1
-    inputs = [q, k_cache, v_cache, _ints(tuple(int(x) for x in lens))]
+    inputs = [q, k_cache, v_cache, lens]
     if paged:
         inputs.append(table)
     inputs += [_ints((n_kv, rows, partition, parts, 0 if shared_cache else 1)), _scale(float(scale)),
@@ -155,8 +159,9 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
     table_dev = block_table if isinstance(block_table, mx.array) else mx.array(table.astype(np.int32))
     if table_dev.dtype != mx.int32:
         table_dev = table_dev.astype(mx.int32)
-    return _run(True, version == "v2", q, k_cache, v_cache, lens, table_dev, table.shape[1], n_kv,
-                group, scale, partition, block_size, after, split_from=split_from)
+    return _run(True, version == "v2", q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
+                table_dev, table.shape[1], n_kv, group, scale, partition, block_size, after,
+                split_from=split_from)
 
 
 
@@ -174,7 +179,10 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
                  scale: float, *, split: bool = True, partition: int = PARTITION,
                  after: mx.array | None = None, split_from: int = SPLIT_FROM) -> mx.array:
     """out[B, Hq, D] over the contiguous head-major caches [B, Hkv, max_seq, D]; lengths[b] is
-    the number of slots sequence b attends to (see visible_tokens)."""
+    the number of slots sequence b attends to (see visible_tokens). Host lengths are checked;
+    `lengths` may also be int32[B] on the device (a compiled decode step, whose position is an
+    array): then nothing can be checked before the launch, the caller keeps them in 1..max_seq,
+    and the grid is sized for max_seq (partitions past a sequence's end exit at once)."""
     _fp16("k_cache", k_cache)
     _fp16("v_cache", v_cache)
     if k_cache.ndim != 4 or tuple(v_cache.shape) != tuple(k_cache.shape):
@@ -184,11 +192,17 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
     batch, group = _check_q(q, n_kv, head_dim)
     if cache_batch != batch:
         raise ValueError(f"the caches hold {cache_batch} sequences, q has {batch}")
-    lens = _host_ints("lengths", lengths, 1)
-    if lens.shape[0] != batch or lens.min() < 1 or lens.max() > max_seq:
-        raise ValueError(f"lengths must be {batch} values in 1..{max_seq}, got {lens.tolist()}")
-    return _run(False, split, q, k_cache, v_cache, lens, None, max_seq, n_kv, group, scale,
-                partition, 0, after, split_from=split_from)
+    if isinstance(lengths, mx.array):
+        if lengths.dtype != mx.int32 or tuple(lengths.shape) != (batch,):
+            raise ValueError(f"device lengths must be int32[{batch}], got {lengths.dtype}{tuple(lengths.shape)}")
+        lens_dev, longest = lengths, max_seq
+    else:
+        lens = _host_ints("lengths", lengths, 1)
+        if lens.shape[0] != batch or lens.min() < 1 or lens.max() > max_seq:
+            raise ValueError(f"lengths must be {batch} values in 1..{max_seq}, got {lens.tolist()}")
+        lens_dev, longest = _device_ints(lens), int(lens.max())
+    return _run(False, split, q, k_cache, v_cache, lens_dev, longest, None, max_seq, n_kv, group,
+                scale, partition, 0, after, split_from=split_from)
 
 
 def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,
@@ -211,8 +225,9 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
     if pos < 0 or pos + tokens > max_seq:
         raise ValueError(f"positions {pos}..{pos + tokens - 1} do not fit the cache of {max_seq}")
     lens = np.arange(pos + 1, pos + tokens + 1)
-    return _run(False, split, q, k_cache[None], v_cache[None], lens, None, max_seq, n_kv, group,
-                scale, partition, 0, after, shared_cache=True, split_from=split_from)
+    return _run(False, split, q, k_cache[None], v_cache[None], _device_ints(lens), int(lens.max()),
+                None, max_seq, n_kv, group, scale, partition, 0, after, shared_cache=True,
+                split_from=split_from)
 
 
 def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.array,
