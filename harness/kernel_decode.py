@@ -181,7 +181,16 @@ class KernelDecoder:
                 finally:
                     self.k, self.v = held
 
-            self._compiled = mx.compile(step)
+            compiled = mx.compile(step)
+
+            def run(token, pos, *caches):
+                # The caches must be evaluated before the call: on the H200, a first (tracing) call
+                # whose caches were still being written by a lazy prompt graph read stale rows
+                # now and then. Evaluating arrays that are already evaluated costs nothing.
+                mx.eval(caches)
+                return compiled(token, pos, *caches)
+
+            self._compiled = run
         return self._compiled
 
     def layers(self, ids, t: int, pos) -> mx.array:

@@ -81,7 +81,7 @@ def test_compiled_step_logits_match_the_eager_step(models, variant):
     m = models["tiny-llama", "q8_0"]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     eager, compiled = KernelDecoder(m, 64, variant), KernelDecoder(m, 64, variant)
-    eager.forward(prompt), compiled.forward(prompt)
+    eager.forward(prompt), compiled.forward(prompt)  # left lazy: compiled_step evaluates its inputs
     fn, n = compiled.compiled_step(), m.config.n_layers
     for token in np.random.default_rng().integers(0, m.config.vocab, 8):
         want = np.array(eager.forward([int(token)]))
