@@ -24,7 +24,9 @@ from pathlib import Path
 import numpy as np
 
 MARKER = "scan"  # the marker launch's kernel name contains it; nothing in a decode step does
-UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# ncu writes either spelling, depending on its version
+UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+         "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
 def _marker() -> None:
