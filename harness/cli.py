@@ -114,7 +114,7 @@ def cmd_compile(family: str | None) -> int:
 
 def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: str = "step",
                repeat: int = 1, depth: int = 0, write: bool | None = None,
-               variant: str = "reference") -> int:
+               variant: str = "reference", kv: str = "contiguous") -> int:
     """Greedy decode of a GGUF model or preset for each variant and mode given (comma-separated
     lists, as llama-bench's): a llama-bench-like table; on a GPU (or with write=True) its rows
     appended to results/<device>/decode.csv, with the roofline at the peak measured here."""
@@ -127,9 +127,9 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     print(_backend_line())
     write = has_gpu() if write is None else write
     peak = _peak().gbs if has_gpu() else None
-    rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant)
+    rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant, kv)
     if not rows:
-        print(f"lathe decode: no variant among {variant} has a mode among {mode}")
+        print(f"lathe decode: no variant among {variant} runs with kv {kv} (the reference: contiguous only)")
         return 2
     device = device_name() if has_gpu() else "cpu"
     shown = pd.DataFrame(rows).drop(columns=["depth", "prompt", "gen", "repeat", "size_mb",
@@ -226,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--variant", default="reference",
                      help="reference (MLX built-ins), unfused (lathe's kernels one per op) or fused "
                           "(lathe's fused kernels; these two need a GPU); comma-separated for several")
+    dec.add_argument("--kv", default="contiguous",
+                     help="KV cache of the kernel variants: contiguous or paged (vLLM's block pool; "
+                          "rows name it <variant>/paged); comma-separated for both")
     dec.add_argument("--show-plan", action="store_true",
                      help="print the plan (the steps replayed for every token) and stop")
     comp = sub.add_parser("compile", help="NVRTC-compile every kernel instantiation (no GPU needed)")
@@ -241,11 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "decode" and args.show_plan:
         from harness.decode import show_plan
 
-        print(show_plan(args.model, args.qtype, args.seed, args.variant))
+        print(show_plan(args.model, args.qtype, args.seed, args.variant, args.kv))
         return 0
     if args.command == "decode":
         return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode,
-                          args.repeat, args.depth, args.write, args.variant)
+                          args.repeat, args.depth, args.write, args.variant, args.kv)
     if args.command == "compile":
         return cmd_compile(args.family)
     if args.command == "peak":

@@ -399,41 +399,51 @@ def _peak_memory() -> int | None:
 
 
 VARIANTS = ("reference", "unfused", "fused")
+KV_LAYOUTS = ("contiguous", "paged")  # the kernel variants take either; the reference, contiguous
 
 
-def make_decoder(model: Model, max_seq: int, variant: str = "reference"):
-    """The decoder of a variant: MLX built-ins (reference) or lathe's kernels (unfused, fused)."""
-    if variant == "reference":
-        return ReferenceDecoder(model, max_seq)
+def make_decoder(model: Model, max_seq: int, variant: str = "reference", kv: str = "contiguous"):
+    """The decoder of a variant: MLX built-ins (reference) or lathe's kernels (unfused, fused),
+    the latter over a contiguous or a paged KV cache."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if kv not in KV_LAYOUTS:
+        raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {kv!r}")
+    if variant == "reference":
+        if kv != "contiguous":
+            raise ValueError("the reference variant (MLX built-ins) has a contiguous KV cache only")
+        return ReferenceDecoder(model, max_seq)
     from harness.kernel_decode import KernelDecoder
 
-    return KernelDecoder(model, max_seq, variant)
+    return KernelDecoder(model, max_seq, variant, kv)
 
 
-def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference") -> str:
+def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", kv: str = "contiguous") -> str:
     """A variant's plan for a GGUF file or preset, as plan_table prints it."""
     model = load_gguf(model_file(name, qtype, seed))
+    if variant not in VARIANTS or kv not in KV_LAYOUTS or (variant == "reference" and kv != "contiguous"):
+        raise ValueError(f"variant must be one of {VARIANTS} and kv one of {KV_LAYOUTS} (the reference: "
+                         f"contiguous only), got {variant!r}, {kv!r}")
     if variant == "reference":
         return plan_table(reference_plan(model.config))
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     from harness.kernel_decode import kernel_plan
 
-    return plan_table(kernel_plan(model.config, variant == "fused"))
+    return plan_table(kernel_plan(model.config, variant == "fused", kv == "paged"))
 
 
 def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, modes=("step",),
                repeat: int = 1, depth: int = 0, peak_gbs: float | None = None,
-               variants=("reference",)) -> list[dict]:
+               variants=("reference",), kv=("contiguous",)) -> list[dict]:
     """llama-bench's matrix: load (or make) the model once; for each variant build its decoder
     once, and for each mode, per repetition, prefill `depth` + `prompt` random tokens and greedily
     generate `gen`, timed apart (a warm-up run first: compilation and first-use costs are
     reported as compile_s, not timed). One row per (variant, mode) with llama-bench's fields and
     the roofline: weight and KV bytes per token, effective GB/s, % of `peak_gbs` when known.
+    Each kernel variant runs over each KV layout of `kv` (a paged one is named <variant>/paged
+    in the rows); the reference variant over the contiguous cache only.
     """
     modes, variants = _names(modes, MODES, "mode"), _names(variants, VARIANTS, "variant")
+    layouts = _names(kv, KV_LAYOUTS, "kv")
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     path = model_file(name, qtype, seed)
@@ -448,8 +458,9 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                   for n, t in model.tensors.items() if t.dtype == np.uint8)
     weights, kv = traffic(model, depth + prompt + (gen - 1) / 2)  # the mean decode position
     rows = []
-    for variant in variants:
-        decoder = make_decoder(model, depth + prompt + gen, variant)
+    pairs = [(v, k) for v in variants for k in layouts if v != "reference" or k == "contiguous"]
+    for variant, layout in pairs:
+        decoder = make_decoder(model, depth + prompt + gen, variant, layout)
         split = breakdown(decoder, tokens[depth:], min(gen, 32))
         for mode in modes:
             decoder.reset()
@@ -472,7 +483,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
             rows.append(dict(
                 model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
                 params_m=round(params / 1e6, 1), backend=_backend(),
-                variant=decoder.variant, mode=mode, test=test, depth=depth, prompt=prompt, gen=gen,
+                variant=getattr(decoder, "label", decoder.variant), mode=mode, test=test, depth=depth, prompt=prompt, gen=gen,
                 prefill_tok_s=round(float(prefill.mean()), 1),
                 decode_tok_s=round(float(decode.mean()), 1),
                 decode_tok_s_std=round(float(decode.std()), 1),

@@ -6,6 +6,13 @@
   Qwen3's head norms folded into the RoPE + KV write, SiLU folded into the down GEMV, the final
   norm into the output GEMV.
 
+KV cache (`kv=`): `contiguous` (head-major [Hkv, max_seq, D] per layer, the default) or `paged`
+(vLLM's block pool, blocks of BLOCK_SIZE tokens handed out in a fixed shuffled order through a
+block table, unused slots NaN so that a read past the context shows): RoPE, then
+reshape_and_cache, then paged_attention; a prompt's attention reads the blocks gathered into
+contiguous order. The paged form costs the RoPE + KV-write fusion (two RoPE launches and the
+cache write instead of one launch).
+
 Same interface as harness.decode.ReferenceDecoder (forward, reset, pos), so generate() and Session
 run them, in every mode (compiled: KernelDecoder.compiled_step). Matrices
 stay in their GGUF blocks; F16 matrices (the f16 presets) go through MLX's matmul. Prompts
@@ -26,16 +33,34 @@ from harness.decode import Step
 from harness.models import Model
 
 VARIANTS = ("unfused", "fused")
+KV_LAYOUTS = ("contiguous", "paged")
+BLOCK_SIZE = 16  # tokens a block of the paged cache (vLLM's default)
 FUSED_UP_TO = 4  # rows of X the fused RMSNorm+GEMV takes (kernels.gemv.MAX_M)
 
 
-def kernel_plan(c, fused: bool) -> list[Step]:
+def kernel_plan(c, fused: bool, paged: bool = False) -> list[Step]:
     """The steps each token replays (one dispatch each, MLX adds included)."""
     gemv = "lathe gemv_v2 (Q4_0/Q8_0)"
     steps = [Step("embed", "lathe embed", ("token",), ("x",), ("token_embd.weight",), ("token",))]
     for i in range(c.n_layers):
         b = f"blk.{i}."
-        if fused:
+        if paged:
+            if fused:
+                steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("qkv",),
+                               (b + "attn_norm.weight", b + "attn_qkv (q|k|v)"), layer=i)]
+            else:
+                steps += [Step("rms_norm", "lathe rmsnorm", ("x",), ("h",), (b + "attn_norm.weight",), layer=i)]
+                steps += [Step("linear", gemv, ("h",), (n,), (b + f"attn_{n}.weight",), layer=i) for n in "qkv"]
+            if c.head_norm:
+                steps += [Step("head_norm", "lathe head_rmsnorm", (n,), (n,), (b + f"attn_{n}_norm.weight",),
+                               layer=i) for n in "qk"]
+            steps += [Step("rope", "lathe rope_neox" if c.neox else "lathe rope", (n,), (n,), (), ("pos",),
+                           layer=i) for n in "qk"]
+            steps += [Step("kv_write", "lathe reshape_and_cache", ("k", "v"), (f"cache.{i}",), (), ("slot",),
+                           layer=i),
+                      Step("attention", "lathe paged_attention v2 (+ combine past 2048)",
+                           ("q", f"cache.{i}", "block_table"), ("o",), (), ("kv_len",), layer=i)]
+        elif fused:
             steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("qkv",),
                            (b + "attn_norm.weight", b + "attn_qkv (q|k|v)"), layer=i)]
             rope = "lathe head_norm_rope_neox_qkv_write" if c.head_norm else "lathe rope_qkv_write"
@@ -50,8 +75,9 @@ def kernel_plan(c, fused: bool) -> list[Step]:
                                layer=i) for n in "qk"]
             steps += [Step("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"), ("q", f"cache.{i}"),
                            (), ("pos",), layer=i)]
-        steps += [Step("attention", "lathe flash_decode / prefill_attention (+ combine past 2048)",
-                       ("q", f"cache.{i}"), ("o",), (), ("kv_len",), layer=i)]
+        if not paged:
+            steps += [Step("attention", "lathe flash_decode (+ combine past 2048)",
+                           ("q", f"cache.{i}"), ("o",), (), ("kv_len",), layer=i)]
         if fused:  # the residual adds ride in the GEMVs' epilogue
             steps += [Step("linear_residual", gemv + " + residual", ("o", "x"), ("x",),
                            (b + "attn_output.weight",), layer=i),
@@ -80,14 +106,22 @@ def kernel_plan(c, fused: bool) -> list[Step]:
 class KernelDecoder:
     """Prefill and decode with lathe's kernels over a loaded GGUF model (see the module doc)."""
 
-    def __init__(self, model: Model, max_seq: int, variant: str = "fused") -> None:
+    def __init__(self, model: Model, max_seq: int, variant: str = "fused", kv: str = "contiguous") -> None:
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if kv not in KV_LAYOUTS:
+            raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {kv!r}")
         c = model.config
         if max_seq < 1 or max_seq > c.ctx:
             raise ValueError(f"max_seq must be in 1..{c.ctx} (the model's context), got {max_seq}")
-        self.config, self.max_seq, self.variant = c, max_seq, variant
-        self.fused = variant == "fused"
+        self.config, self.max_seq, self.variant, self.kv = c, max_seq, variant, kv
+        self.fused, self.paged = variant == "fused", kv == "paged"
+        if self.paged:
+            # One sequence's blocks, scattered over the pool in a fixed shuffle: every read and
+            # write goes through the table, as with a pool shared by many sequences.
+            blocks = -(-max_seq // BLOCK_SIZE)
+            self.table = np.random.default_rng(0).permutation(blocks).astype(np.int32)[None]
+            self.table_dev = mx.array(self.table)
         self.types = {n: t.lower() for n, t in model.types.items()}
         self.w, self.nk = {}, {}
         for name, t in model.tensors.items():
@@ -106,7 +140,7 @@ class KernelDecoder:
         if self.fused:
             self._concat("attn_qkv", ("attn_q", "attn_k", "attn_v"))
             self._concat("ffn_gate_up", ("ffn_gate", "ffn_up"))
-        self.plan = kernel_plan(c, self.fused)
+        self.plan = kernel_plan(c, self.fused, self.paged)
         self._compiled = None
         self.reset()
 
@@ -128,12 +162,104 @@ class KernelDecoder:
             # seen in Nsight Compute). The parts are dropped: nothing reads them any more.
             mx.eval(self.w[name])
 
+    @property
+    def label(self) -> str:
+        """The variant as results name it: the paged cache is marked (fused/paged)."""
+        return f"{self.variant}/paged" if self.paged else self.variant
+
     def reset(self) -> None:
         c = self.config
-        shape = (c.n_kv_heads, self.max_seq, c.head_dim)
-        self.k = [mx.zeros(shape, mx.float16) for _ in range(c.n_layers)]
-        self.v = [mx.zeros(shape, mx.float16) for _ in range(c.n_layers)]
+        if self.paged:  # vLLM's layouts; NaN in every slot not yet written
+            blocks, d = self.table.shape[1], c.head_dim
+            k_shape, v_shape = (blocks, c.n_kv_heads, d // 8, BLOCK_SIZE, 8), (blocks, c.n_kv_heads, d, BLOCK_SIZE)
+            self.k = [mx.full(k_shape, float("nan"), mx.float16) for _ in range(c.n_layers)]
+            self.v = [mx.full(v_shape, float("nan"), mx.float16) for _ in range(c.n_layers)]
+        else:
+            shape = (c.n_kv_heads, self.max_seq, c.head_dim)
+            self.k = [mx.zeros(shape, mx.float16) for _ in range(c.n_layers)]
+            self.v = [mx.zeros(shape, mx.float16) for _ in range(c.n_layers)]
         self.pos = 0
+
+    def _slots(self, pos, t: int):
+        """Paged slots (block * BLOCK_SIZE + offset) of positions pos .. pos+t-1: host ints, or
+        int32[1] on the device for a compiled step's position array."""
+        if isinstance(pos, int):
+            p = np.arange(pos, pos + t)
+            return self.table[0, p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
+        return mx.take(self.table_dev[0], pos // BLOCK_SIZE) * BLOCK_SIZE + pos % BLOCK_SIZE
+
+    def _gathered(self, k_pool: mx.array, v_pool: mx.array, n: int) -> tuple[mx.array, mx.array]:
+        """The first n tokens' K and V from the pool as contiguous [Hkv, blocks * BS, D] caches
+        (a prompt's attention: prefill_attention reads the contiguous layout)."""
+        c, nb = self.config, -(-n // BLOCK_SIZE)
+        idx = self.table_dev[0, :nb]
+        k = k_pool[idx].transpose(1, 0, 3, 2, 4).reshape(c.n_kv_heads, nb * BLOCK_SIZE, c.head_dim)
+        v = v_pool[idx].transpose(1, 0, 3, 2).reshape(c.n_kv_heads, nb * BLOCK_SIZE, c.head_dim)
+        return k, v
+
+    def _contiguous_attention(self, i: int, x: mx.array, t: int, pos) -> mx.array:
+        """Layer i's attention over the contiguous cache: projections, then RoPE (and Qwen3's head
+        norms) fused with the in-place KV write, then attention; o [t, Hq * D]."""
+        from kernels import attention, loop, rope
+
+        c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
+        if self.fused:  # RoPE (and Qwen3's head norms) read Q, K, V in place in the QKV output
+            qkv = self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight")
+            if c.head_norm:
+                rot = rope.head_norm_rope_neox_qkv_write(
+                    qkv, self.g32[b + "attn_q_norm.weight"], self.g32[b + "attn_k_norm.weight"],
+                    self.k[i], self.v[i], pos, n_heads=c.n_heads, eps=c.eps, theta=c.rope_theta)
+            else:
+                rot = rope.rope_qkv_write(qkv, self.k[i], self.v[i], pos, n_heads=c.n_heads,
+                                          theta=c.rope_theta, neox=c.neox)
+        else:
+            h = loop.rmsnorm(x, self.g16[b + "attn_norm.weight"], c.eps)
+            q, k, v = (self._linear(h, b + f"attn_{n}.weight") for n in "qkv")
+            if c.head_norm:
+                q = rope.head_rmsnorm(q.reshape(t, c.n_heads, hd), self.g32[b + "attn_q_norm.weight"], c.eps)
+                k = rope.head_rmsnorm(k.reshape(t, c.n_kv_heads, hd), self.g32[b + "attn_k_norm.weight"], c.eps)
+            write = rope.rope_neox_batch_kv_write if c.neox else rope.rope_batch_kv_write
+            rot = write(q, k, v, self.k[i], self.v[i], pos, theta=c.rope_theta)
+        self.k[i], self.v[i] = rot.k_cache, rot.v_cache
+        scale = 1.0 / math.sqrt(hd)
+        if t == 1:
+            lens = [pos + 1] if isinstance(pos, int) else pos + 1
+            o = attention.flash_decode(rot.q.reshape(1, c.n_heads, hd), self.k[i][None], self.v[i][None],
+                                       lens, scale, after=rot.written)
+        else:  # a prompt: causal, each token over the cache up to its own position
+            o = attention.prefill_attention(rot.q.reshape(t, c.n_heads, hd), self.k[i], self.v[i],
+                                            pos, scale, after=rot.written)
+        return o.reshape(t, -1)
+
+    def _paged_attention(self, i: int, x: mx.array, t: int, pos) -> mx.array:
+        """Layer i's attention over the paged cache: projections, head norms, RoPE, the cache
+        write, attention; o [t, Hq * D]."""
+        from kernels import attention, gemv, loop, rope
+
+        c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
+        if self.fused:
+            qkv = self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight")
+            q, k, v = gemv.split(qkv, (c.n_heads * hd, c.n_kv_heads * hd, c.n_kv_heads * hd))
+        else:
+            h = loop.rmsnorm(x, self.g16[b + "attn_norm.weight"], c.eps)
+            q, k, v = (self._linear(h, b + f"attn_{n}.weight") for n in "qkv")
+        q, k, v = q.reshape(t, c.n_heads, hd), k.reshape(t, c.n_kv_heads, hd), v.reshape(t, c.n_kv_heads, hd)
+        if c.head_norm:
+            q = rope.head_rmsnorm(q, self.g32[b + "attn_q_norm.weight"], c.eps)
+            k = rope.head_rmsnorm(k, self.g32[b + "attn_k_norm.weight"], c.eps)
+        rotate = rope.rope_neox if c.neox else rope.rope
+        q, k = rotate(q, pos, theta=c.rope_theta), rotate(k, pos, theta=c.rope_theta)
+        self.k[i], self.v[i], written = attention.reshape_and_cache(k, v, self.k[i], self.v[i],
+                                                                    self._slots(pos, t))
+        scale = 1.0 / math.sqrt(hd)
+        if t == 1:
+            lens = [pos + 1] if isinstance(pos, int) else pos + 1
+            table = self.table if isinstance(pos, int) else self.table_dev
+            o = attention.paged_attention(q, self.k[i], self.v[i], table, lens, scale, after=written)
+        else:
+            o = attention.prefill_attention(q, *self._gathered(self.k[i], self.v[i], pos + t), pos, scale,
+                                            after=written)
+        return o.reshape(t, -1)
 
     # -- ops --------------------------------------------------------------------------------------
     def _linear(self, x: mx.array, name: str) -> mx.array:
@@ -200,45 +326,20 @@ class KernelDecoder:
     def layers(self, ids, t: int, pos) -> mx.array:
         """The model over t tokens at positions pos.. (an int; an int32[1] array in a compiled
         step), K and V written into self.k / self.v in place."""
-        from kernels import attention, gemv, loop, rope
+        from kernels import gemv, loop
 
         c = self.config
-        hd = c.head_dim
         embd = "token_embd.weight"
         x = loop.embed(self.w[embd], ids, self.types[embd] if self.types[embd] != "f32" else "f16", c.d_model)
-        write = rope.rope_neox_batch_kv_write if c.neox else rope.rope_batch_kv_write
-        scale = 1.0 / math.sqrt(hd)
+        attend = self._paged_attention if self.paged else self._contiguous_attention
         for i in range(c.n_layers):
             b = f"blk.{i}."
-            if self.fused:  # RoPE (and Qwen3's head norms) read Q, K, V in place in the QKV output
-                qkv = self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight")
-                if c.head_norm:
-                    rot = rope.head_norm_rope_neox_qkv_write(
-                        qkv, self.g32[b + "attn_q_norm.weight"], self.g32[b + "attn_k_norm.weight"],
-                        self.k[i], self.v[i], pos, n_heads=c.n_heads, eps=c.eps, theta=c.rope_theta)
-                else:
-                    rot = rope.rope_qkv_write(qkv, self.k[i], self.v[i], pos, n_heads=c.n_heads,
-                                              theta=c.rope_theta, neox=c.neox)
-            else:
-                h = loop.rmsnorm(x, self.g16[b + "attn_norm.weight"], c.eps)
-                q, k, v = (self._linear(h, b + f"attn_{n}.weight") for n in "qkv")
-                if c.head_norm:
-                    q = rope.head_rmsnorm(q.reshape(t, c.n_heads, hd), self.g32[b + "attn_q_norm.weight"], c.eps)
-                    k = rope.head_rmsnorm(k.reshape(t, c.n_kv_heads, hd), self.g32[b + "attn_k_norm.weight"], c.eps)
-                rot = write(q, k, v, self.k[i], self.v[i], pos, theta=c.rope_theta)
-            self.k[i], self.v[i] = rot.k_cache, rot.v_cache
-            if t == 1:
-                lens = [pos + 1] if isinstance(pos, int) else pos + 1
-                o = attention.flash_decode(rot.q.reshape(1, c.n_heads, hd), self.k[i][None], self.v[i][None],
-                                           lens, scale, after=rot.written)
-            else:  # a prompt: causal, each token over the cache up to its own position
-                o = attention.prefill_attention(rot.q.reshape(t, c.n_heads, hd), self.k[i], self.v[i],
-                                                pos, scale, after=rot.written)
+            o = attend(i, x, t, pos)
             wo, wd = b + "attn_output.weight", b + "ffn_down.weight"
             if self.fused and t <= FUSED_UP_TO and self.types[wo] in ("q4_0", "q8_0"):
-                x = gemv.gemv_v2(o.reshape(t, -1), self.w[wo], self.types[wo], *self.nk[wo], residual=x)
+                x = gemv.gemv_v2(o, self.w[wo], self.types[wo], *self.nk[wo], residual=x)
             else:
-                x = x + self._linear(o.reshape(t, -1), wo)
+                x = x + self._linear(o, wo)
             if self.fused and t <= FUSED_UP_TO:
                 gu = self._norm_linear(x, b + "ffn_norm.weight", b + "ffn_gate_up.weight")
                 x = gemv.silu_down_gemv(gu, self.w[wd], self.types[wd], *self.nk[wd], residual=x)

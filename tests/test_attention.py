@@ -49,6 +49,10 @@ BAD = [
                                   *pools(), [0, NB * BS]), "below 64"),
     (lambda: at.reshape_and_cache(mx.zeros((2, KV, D), mx.float16), mx.zeros((2, KV, D), mx.float16),
                                   *pools(), [0]), "2 tokens but 1 slots"),
+    (lambda: at.reshape_and_cache(mx.zeros((2, KV, D), mx.float16), mx.zeros((2, KV, D), mx.float16),
+                                  *pools(), mx.array([0], dtype=mx.int32)), r"int32\[2\]"),
+    (paged(lens=mx.array([20], dtype=mx.int32)), "block_table must be int32"),  # device lens, host table
+    (paged(lens=mx.array([20.0]), table=mx.array([[0, 1]], dtype=mx.int32)), "context_lens must be int32"),
 ]
 
 
@@ -143,3 +147,53 @@ def test_device_lengths_against_float64(ctx):
     assert not np.isnan(dev).any()
     assert np.linalg.norm(dev - want) / np.linalg.norm(want) <= 2e-3
     assert np.allclose(dev, host, atol=2e-3)
+
+
+def test_paged_device_form_sizes_the_grid_for_the_table(monkeypatch):
+    """Device context lengths with a device block table (a compiled step): nothing read on the
+    host, the grid sized for all the table's blocks (split past SPLIT_FROM)."""
+    jobs = []
+
+    def record(job):
+        jobs.append(job)
+        return [mx.zeros(tuple(s), d) for s, d in job.outputs]
+
+    monkeypatch.setattr(at, "launch", record)
+    k, v = pools(nb=200)
+    table, lens = mx.arange(160, dtype=mx.int32)[None], mx.array([5], dtype=mx.int32)
+    at.paged_attention(q16(), k, v, table, lens, 0.125)
+    assert len(jobs) == 2 and jobs[0].grid == (5 * 32 * at.NSIMD, KV, 1)  # 2560 tokens: 5 partitions
+    assert jobs[0].inputs[3] is lens and jobs[0].inputs[4] is table
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctx", [1, 17, 700, 2100])
+def test_paged_device_form_against_float64(ctx):
+    """reshape_and_cache with device slots (one of them outside the pool: dropped, not written)
+    and paged_attention with device lengths and table, grid sized for all 160 blocks, against
+    the float64 reference; the untouched pool stays NaN."""
+    rng = np.random.default_rng()
+    nb, group = 170, 4
+    table = rng.permutation(nb)[:160].astype(np.int32)
+    kp = np.full((nb, KV, D // 8, BS, 8), np.nan, np.float16)
+    vp = np.full((nb, KV, D, BS), np.nan, np.float16)
+    k = rng.standard_normal((ctx, KV, D)).astype(np.float16)
+    v = rng.standard_normal((ctx, KV, D)).astype(np.float16)
+    slots = table[np.arange(ctx) // BS] * BS + np.arange(ctx) % BS
+    ref_k, ref_v = kp.astype(np.float64), vp.astype(np.float64)
+    ref.reshape_and_cache(ref_k, ref_v, k, v, slots)
+    stray = np.concatenate([slots, [nb * BS + 3]]).astype(np.int32)  # past the pool: dropped
+    k1 = np.concatenate([k, rng.standard_normal((1, KV, D)).astype(np.float16)])
+    v1 = np.concatenate([v, rng.standard_normal((1, KV, D)).astype(np.float16)])
+    kc, vc, written = at.reshape_and_cache(mx.array(k1), mx.array(v1), mx.array(kp), mx.array(vp),
+                                           mx.array(stray))
+    q = rng.standard_normal((1, KV * group, D)).astype(np.float16)
+    out = at.paged_attention(mx.array(q), kc, vc, mx.array(table[None]), mx.array([ctx], dtype=mx.int32),
+                             0.125, after=written)
+    got = np.array(out[0], dtype=np.float64)
+    kk, vv = ref.paged_tokens(ref_k, ref_v, table, ctx)
+    want = ref.attend(q[0], kk, vv, 0.125)
+    assert not np.isnan(got).any()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 2e-3
+    pool_k, pool_v = np.array(kc, dtype=np.float64), np.array(vc, dtype=np.float64)
+    assert np.array_equal(pool_k, ref_k, equal_nan=True) and np.array_equal(pool_v, ref_v, equal_nan=True)

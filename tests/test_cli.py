@@ -83,6 +83,10 @@ def test_decode_rejects_unknown_variants_and_modes():
         run_decode("tiny-llama", "q8_0", 4, 2, modes="step,warp")
     with pytest.raises(ValueError, match="variant must be among"):
         run_decode("tiny-llama", "q8_0", 4, 2, variants=("fastest",))
+    with pytest.raises(ValueError, match="kv must be among"):
+        run_decode("tiny-llama", "q8_0", 4, 2, kv="ring")
+    # the reference variant has no paged cache: that pair is not run (nothing to time)
+    assert run_decode("tiny-llama", "q8_0", 4, 2, kv="paged") == []
 
 
 def test_traffic_counts_the_stored_weights(tmp_path, monkeypatch):
@@ -105,3 +109,6 @@ def test_decode_show_plan():
     run = lathe("decode", "tiny-qwen3", "--show-plan")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "head_norm" in run.stdout and "steps per token" in run.stdout
+    paged = lathe("decode", "tiny-qwen3", "--show-plan", "--variant", "fused", "--kv", "paged")
+    assert paged.returncode == 0, paged.stdout + paged.stderr
+    assert "reshape_and_cache" in paged.stdout and "paged_attention" in paged.stdout

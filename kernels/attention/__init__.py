@@ -125,13 +125,18 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
 
 
 def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_table,
-                    context_lens: Sequence[int], scale: float, *, version: str = "v2",
+                    context_lens: Sequence[int] | mx.array, scale: float, *, version: str = "v2",
                     partition: int = PARTITION, after: mx.array | None = None,
                     split_from: int = SPLIT_FROM) -> mx.array:
     """out[B, Hq, D] for one query token per sequence over vLLM's paged caches (k_cache
     [blocks, Hkv, D/8, BS, 8], v_cache [blocks, Hkv, D, BS]); block_table [B, max_blocks] and
     context_lens [B] are checked on the host before the launch. v2 splits contexts longer than
-    split_from into partitions of `partition` tokens; shorter ones take v1's single launch."""
+    split_from into partitions of `partition` tokens; shorter ones take v1's single launch.
+
+    The device form (a compiled decode step, whose position is an array): context_lens int32[B]
+    and block_table int32[B, max_blocks] both on the device. Only shapes and dtypes can be checked
+    then: the caller checked the table's entries once, when it made it; the kernel clamps a
+    length to the table's blocks, and the grid is sized for them."""
     if version not in ("v1", "v2"):
         raise ValueError(f"version must be 'v1' or 'v2', got {version!r}")
     _fp16("k_cache", k_cache)
@@ -145,6 +150,18 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
     if tuple(v_cache.shape) != (blocks, n_kv, head_dim, block_size):
         raise ValueError(f"v_cache must be {(blocks, n_kv, head_dim, block_size)}, got {tuple(v_cache.shape)}")
     batch, group = _check_q(q, n_kv, head_dim)
+    if isinstance(context_lens, mx.array):
+        if not isinstance(block_table, mx.array) or block_table.dtype != mx.int32 or block_table.ndim != 2 \
+                or block_table.shape[0] != batch:
+            raise ValueError(f"with device context_lens, block_table must be int32[{batch}, max_blocks] "
+                             f"on the device, got {getattr(block_table, 'dtype', type(block_table))}")
+        if context_lens.dtype != mx.int32 or tuple(context_lens.shape) != (batch,):
+            raise ValueError(f"device context_lens must be int32[{batch}], got "
+                             f"{context_lens.dtype}{tuple(context_lens.shape)}")
+        rows = block_table.shape[1]
+        return _run(True, version == "v2", q, k_cache, v_cache, context_lens, rows * block_size,
+                    block_table, rows, n_kv, group, scale, partition, block_size, after,
+                    split_from=split_from)
     table = _host_ints("block_table", block_table, 2)
     lens = _host_ints("context_lens", context_lens, 1)
     if table.shape[0] != batch or lens.shape[0] != batch:
@@ -162,7 +179,6 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
     return _run(True, version == "v2", q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
                 table_dev, table.shape[1], n_kv, group, scale, partition, block_size, after,
                 split_from=split_from)
-
 
 
 def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
@@ -233,7 +249,7 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
 def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.array,
                       slots) -> tuple[mx.array, mx.array, mx.array]:
     """Tokens' k, v [T, Hkv, D] into the paged caches at `slots` (block * BS + offset; -1 skips a
-    padding token), in place. Returns (k_cache, v_cache, written): the caches wrapped by
+    padding token; host ints, checked, or int32[T] on the device), in place. Returns (k_cache, v_cache, written): the caches wrapped by
     mx.depends on the ordering token, and the token for GPU readers (`after=`)."""
     for name, a in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
         _fp16(name, a)
@@ -247,14 +263,20 @@ def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.a
         raise ValueError(f"v_cache must be {(blocks, n_kv, head_dim, block_size)}, got {tuple(v_cache.shape)}")
     if k.ndim != 3 or tuple(k.shape[1:]) != (n_kv, head_dim) or tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"k and v must be [T, {n_kv}, {head_dim}], got {tuple(k.shape)}, {tuple(v.shape)}")
-    slot_arr = _host_ints("slots", slots, 1)
-    if slot_arr.shape[0] != k.shape[0]:
-        raise ValueError(f"{k.shape[0]} tokens but {slot_arr.shape[0]} slots")
-    if slot_arr.max(initial=-1) >= blocks * block_size:
-        raise ValueError(f"slots must be below {blocks * block_size} (the pool), got {slot_arr.max()}")
     tokens = k.shape[0]
-    (written,) = launch(Launch(_RESHAPE, [k, v, mx.array(slot_arr.astype(np.int32)), k_cache, v_cache,
-                                          _ints((tokens, n_kv))], [((1,), mx.uint32)],
+    if isinstance(slots, mx.array):  # device slots (a compiled step): the kernel drops any outside the pool
+        if slots.dtype != mx.int32 or tuple(slots.shape) != (tokens,):
+            raise ValueError(f"device slots must be int32[{tokens}], got {slots.dtype}{tuple(slots.shape)}")
+        slot_dev = slots
+    else:
+        slot_arr = _host_ints("slots", slots, 1)
+        if slot_arr.shape[0] != tokens:
+            raise ValueError(f"{tokens} tokens but {slot_arr.shape[0]} slots")
+        if slot_arr.max(initial=-1) >= blocks * block_size:
+            raise ValueError(f"slots must be below {blocks * block_size} (the pool), got {slot_arr.max()}")
+        slot_dev = mx.array(slot_arr.astype(np.int32))
+    (written,) = launch(Launch(_RESHAPE, [k, v, slot_dev, k_cache, v_cache,
+                                          _ints((tokens, n_kv, blocks * block_size))], [((1,), mx.uint32)],
                                (head_dim // X, n_kv, tokens), (head_dim // X, 1, 1),
                                dict(D=head_dim, BS=block_size)))
     return mx.depends(k_cache, written), mx.depends(v_cache, written), written

@@ -45,7 +45,8 @@ const uint rows = uint(dims[1]);  // S (contiguous) or MAXB (paged)
 // are the tokens of one prompt (prefill: query b sees the cache up to lens[b], its own position).
 const uint cb = b * uint(dims[4]);
 const uint n_heads = n_kv * G;
-const uint ctx = uint(lens[b]);
+// Device lengths (a compiled step) are not checked on the host: clamped to the cache here.
+const uint ctx = min(uint(lens[b]), rows * uint(LATHE_PAGED ? BS : 1));
 const uint t_begin = LATHE_SPLIT ? min(ctx, part * uint(dims[2])) : 0;
 const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
 
