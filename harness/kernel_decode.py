@@ -9,8 +9,7 @@
 KV cache (`kv=`): `contiguous` (head-major [Hkv, max_seq, D] per layer, the default) or `paged`
 (vLLM's block pool, blocks of BLOCK_SIZE tokens handed out in a fixed shuffled order through a
 block table, unused slots NaN so that a read past the context shows): RoPE, then
-reshape_and_cache, then paged_attention; a prompt's attention reads the blocks gathered into
-contiguous order. The paged form costs the RoPE + KV-write fusion (two RoPE launches and the
+reshape_and_cache, then paged_attention (a prompt: prefill_attention over the pool). The paged form costs the RoPE + KV-write fusion (two RoPE launches and the
 cache write instead of one launch).
 
 Same interface as harness.decode.ReferenceDecoder (forward, reset, pos), so generate() and Session
@@ -188,15 +187,6 @@ class KernelDecoder:
             return self.table[0, p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
         return mx.take(self.table_dev[0], pos // BLOCK_SIZE) * BLOCK_SIZE + pos % BLOCK_SIZE
 
-    def _gathered(self, k_pool: mx.array, v_pool: mx.array, n: int) -> tuple[mx.array, mx.array]:
-        """The first n tokens' K and V from the pool as contiguous [Hkv, blocks * BS, D] caches
-        (a prompt's attention: prefill_attention reads the contiguous layout)."""
-        c, nb = self.config, -(-n // BLOCK_SIZE)
-        idx = self.table_dev[0, :nb]
-        k = k_pool[idx].transpose(1, 0, 3, 2, 4).reshape(c.n_kv_heads, nb * BLOCK_SIZE, c.head_dim)
-        v = v_pool[idx].transpose(1, 0, 3, 2).reshape(c.n_kv_heads, nb * BLOCK_SIZE, c.head_dim)
-        return k, v
-
     def _contiguous_attention(self, i: int, x: mx.array, t: int, pos) -> mx.array:
         """Layer i's attention over the contiguous cache: projections, then RoPE (and Qwen3's head
         norms) fused with the in-place KV write, then attention; o [t, Hq * D]."""
@@ -257,7 +247,7 @@ class KernelDecoder:
             table = self.table if isinstance(pos, int) else self.table_dev
             o = attention.paged_attention(q, self.k[i], self.v[i], table, lens, scale, after=written)
         else:
-            o = attention.prefill_attention(q, *self._gathered(self.k[i], self.v[i], pos + t), pos, scale,
+            o = attention.prefill_attention(q, self.k[i], self.v[i], pos, scale, block_table=self.table[0],
                                             after=written)
         return o.reshape(t, -1)
 
@@ -290,6 +280,12 @@ class KernelDecoder:
             raise ValueError("tokens must not be empty")
         if self.pos + t > self.max_seq:
             raise ValueError(f"{self.pos + t} tokens do not fit the cache of {self.max_seq}")
+        if not isinstance(ids, mx.array):
+            # Host tokens do not come out of the graph that wrote the cache, so nothing orders
+            # this step's kernels after those in-place writes (kernels.rope.Rotated): finish
+            # them first. Free when they are done (step mode); a device token (pipelined,
+            # chained) is ordered by its data.
+            mx.eval(self.k, self.v)
         logits = self.layers(ids, t, self.pos)
         self.pos += t
         return logits
@@ -314,9 +310,9 @@ class KernelDecoder:
             compiled = mx.compile(step)
 
             def run(token, pos, *caches):
-                # The caches must be evaluated before the call: on the H200, a first (tracing) call
-                # whose caches were still being written by a lazy prompt graph read stale rows
-                # now and then. Evaluating arrays that are already evaluated costs nothing.
+                # The caches are evaluated before the call: a token from the host is not ordered
+                # after in-place writes still pending in a lazy graph (forward() does the same;
+                # on the H200 such a call read stale rows). Free when they are already done.
                 mx.eval(caches)
                 return compiled(token, pos, *caches)
 

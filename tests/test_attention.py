@@ -53,6 +53,12 @@ BAD = [
                                   *pools(), mx.array([0], dtype=mx.int32)), r"int32\[2\]"),
     (paged(lens=mx.array([20], dtype=mx.int32)), "block_table must be int32"),  # device lens, host table
     (paged(lens=mx.array([20.0]), table=mx.array([[0, 1]], dtype=mx.int32)), "context_lens must be int32"),
+    (lambda: at.prefill_attention(mx.zeros((3, H, D), mx.float16), *pools(), 30, 0.1, block_table=[0, 1]),
+     r"do not fit the cache of 32"),
+    (lambda: at.prefill_attention(mx.zeros((3, H, D), mx.float16), *pools(), 0, 0.1, block_table=[9]),
+     "outside the 4 blocks"),
+    (lambda: at.prefill_attention(mx.zeros((3, H, D), mx.float16), mx.zeros((KV, 32, D), mx.float16),
+                                  mx.zeros((KV, 32, D), mx.float16), 0, 0.1, block_table=[0]), "k_cache must be"),
 ]
 
 

@@ -134,9 +134,11 @@ def _reshape_case(tokens: int, n_kv: int, head_dim: int, block_size: int) -> Che
                      dict(T=tokens, Hkv=n_kv, D=head_dim, bs=block_size), run)
 
 
-def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, split: bool) -> CheckCase:
+def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, split: bool,
+                  block_size: int = 0) -> CheckCase:
     """A prompt of `tokens` at positions pos.. over a cache already holding pos earlier tokens:
-    query i against rows 0 .. pos+i only (rows past pos+tokens are NaN)."""
+    query i against rows 0 .. pos+i only (rows past pos+tokens are NaN). With a block size, the
+    same tokens in a paged pool, blocks scattered by the table (spare blocks NaN)."""
     from kernels.attention import prefill_attention
     from kernels.runtime import poisoned_outputs
 
@@ -150,18 +152,32 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
         vc[:, : pos + tokens] = rng.standard_normal((n_kv, pos + tokens, head_dim))
         q = rng.standard_normal((tokens, n_heads, head_dim)).astype(np.float16)
         scale = head_dim ** -0.5
+        k_all, v_all = kc.transpose(1, 0, 2), vc.transpose(1, 0, 2)  # [tokens, Hkv, D]
+        caches, table = (mx.array(kc), mx.array(vc)), None
+        if block_size:
+            need = -(-max_seq // block_size)
+            blocks = need + 3
+            k_pool = np.full((blocks, n_kv, head_dim // ref.X, block_size, ref.X), np.nan, np.float16)
+            v_pool = np.full((blocks, n_kv, head_dim, block_size), np.nan, np.float16)
+            table = rng.permutation(blocks)[:need].astype(np.int32)
+            n = pos + tokens
+            slots = table[np.arange(n) // block_size] * block_size + np.arange(n) % block_size
+            ref.reshape_and_cache(k_pool, v_pool, k_all[:n], v_all[:n], slots)
+            caches = (mx.array(k_pool), mx.array(v_pool))
         with poisoned_outputs():
-            out = prefill_attention(mx.array(q), mx.array(kc), mx.array(vc), pos, scale, split=split,
+            out = prefill_attention(mx.array(q), *caches, pos, scale, block_table=table, split=split,
                                     split_from=0)
             mx.eval(out)
         out = np.array(out)
-        k_all, v_all = kc.transpose(1, 0, 2), vc.transpose(1, 0, 2)  # [tokens, Hkv, D]
         want = np.stack([ref.attend(q[i], k_all[: pos + i + 1], v_all[: pos + i + 1], scale)
                          for i in range(tokens)])
         return [compare("causal outputs", out, want, TOL)]
 
     shape = dict(T=tokens, pos=pos, heads=f"{n_heads}/{n_kv}", D=head_dim)
-    return CheckCase("attention", "prefill_attention", "split" if split else "whole", shape, run)
+    if block_size:
+        shape["bs"] = block_size
+    variant = ("split" if split else "whole") + (" paged" if block_size else "")
+    return CheckCase("attention", "prefill_attention", variant, shape, run)
 
 
 def check_cases(small: bool = False) -> list[CheckCase]:
@@ -187,6 +203,12 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             continue
         for split in (True, False):
             cases.append(_prefill_case(tokens, pos, heads, d, split))
+    # a prompt over the paged pool (the decode loop's paged option)
+    for tokens, pos, heads, d, bs in ((17, 0, (32, 8), 128, 16), (64, 100, (16, 8), 64, 32),
+                                      (200, 1000, (64, 8), 256, 16)):
+        if small and tokens > 17:
+            continue
+        cases.append(_prefill_case(tokens, pos, heads, d, True, bs))
     cases.append(_reshape_case(37, 8, 128, 16))
     cases.append(_reshape_case(64, 4, 64, 32))
     return cases

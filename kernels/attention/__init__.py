@@ -6,6 +6,8 @@
 - `flash_decode(q, k_cache, v_cache, lengths, scale)`: the contiguous head-major cache
   `[B, Hkv, max_seq, D]`, split in partitions and merged the same way (`split=False`: one
   threadgroup per head, as v1).
+- `prefill_attention(q, k_cache, v_cache, pos, scale, block_table=)`: a prompt's causal
+  attention over either cache.
 - `reshape_and_cache(k, v, k_cache, v_cache, slots)`: new tokens into the paged caches, in place;
   returns the caches and an ordering token that readers take as `after=`.
 - `visible_tokens(written, max_seq, overflow=)`: what a contiguous cache holds after `written`
@@ -222,27 +224,49 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
 
 
 def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,
-                      *, split: bool = True, partition: int = PARTITION,
+                      *, block_table=None, split: bool = True, partition: int = PARTITION,
                       after: mx.array | None = None, split_from: int = SPLIT_FROM) -> mx.array:
     """Causal attention of a prompt's T query tokens q[T, Hq, D], at positions pos .. pos+T-1,
-    over the contiguous head-major cache [Hkv, max_seq, D] (or [1, Hkv, max_seq, D]) that
-    already holds their K and V: token i sees cache rows 0 .. pos+i. The decode kernel with one
-    query per token and every query on the same cache (K and V come through the L2 cache for
-    the other queries: a straightforward kernel, compared against MLX's sdpa)."""
+    over a cache that already holds their K and V: token i sees tokens 0 .. pos+i. The cache is
+    the contiguous head-major [Hkv, max_seq, D] (or [1, Hkv, max_seq, D]), or with `block_table`
+    (one sequence's blocks, host ints) vLLM's paged pool as paged_attention takes it. The decode
+    kernel with one query per token and every query on the same cache (K and V come through the
+    L2 cache for the other queries: a straightforward kernel, compared against MLX's sdpa)."""
     _fp16("k_cache", k_cache)
     _fp16("v_cache", v_cache)
-    if k_cache.ndim == 4 and k_cache.shape[0] == 1:
-        k_cache, v_cache = k_cache[0], v_cache[0]
-    if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"k_cache and v_cache must both be [Hkv, max_seq, D], got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    n_kv, max_seq, head_dim = k_cache.shape
+    if block_table is not None:
+        if k_cache.ndim != 5 or k_cache.shape[4] != X:
+            raise ValueError(f"with a block table, k_cache must be [blocks, Hkv, D/8, BS, 8], got "
+                             f"{tuple(k_cache.shape)}")
+        blocks, n_kv, d_x, block_size, _ = k_cache.shape
+        head_dim = d_x * X
+        if block_size not in BLOCK_SIZES:
+            raise ValueError(f"block size must be one of {BLOCK_SIZES}, got {block_size}")
+        if tuple(v_cache.shape) != (blocks, n_kv, head_dim, block_size):
+            raise ValueError(f"v_cache must be {(blocks, n_kv, head_dim, block_size)}, got {tuple(v_cache.shape)}")
+        table = _host_ints("block_table", block_table, 1)
+        rows, capacity = table.shape[0], table.shape[0] * block_size
+    else:
+        if k_cache.ndim == 4 and k_cache.shape[0] == 1:
+            k_cache, v_cache = k_cache[0], v_cache[0]
+        if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
+            raise ValueError(f"k_cache and v_cache must both be [Hkv, max_seq, D], got "
+                             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        n_kv, capacity, head_dim = k_cache.shape
+        rows, block_size = capacity, 0
+        k_cache, v_cache = k_cache[None], v_cache[None]
     tokens, group = _check_q(q, n_kv, head_dim)
-    if pos < 0 or pos + tokens > max_seq:
-        raise ValueError(f"positions {pos}..{pos + tokens - 1} do not fit the cache of {max_seq}")
+    if pos < 0 or pos + tokens > capacity:
+        raise ValueError(f"positions {pos}..{pos + tokens - 1} do not fit the cache of {capacity}")
+    table_dev = None
+    if block_table is not None:
+        used = table[: -(-(pos + tokens) // block_size)]
+        if used.min() < 0 or used.max() >= k_cache.shape[0]:
+            raise ValueError(f"block_table points outside the {k_cache.shape[0]} blocks of the pool")
+        table_dev = mx.array(table.astype(np.int32)[None])
     lens = np.arange(pos + 1, pos + tokens + 1)
-    return _run(False, split, q, k_cache[None], v_cache[None], _device_ints(lens), int(lens.max()),
-                None, max_seq, n_kv, group, scale, partition, 0, after, shared_cache=True,
+    return _run(block_table is not None, split, q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
+                table_dev, rows, n_kv, group, scale, partition, block_size, after, shared_cache=True,
                 split_from=split_from)
 
 
