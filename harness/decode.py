@@ -1,7 +1,8 @@
-"""The decode loop, so far its `reference` variant: MLX built-ins only (mx.fast.rms_norm,
-mx.fast.rope, mx.fast.scaled_dot_product_attention, dequantized weights and matmul), in the
-modes step, pipelined, chained and compiled (see `generate`). It runs anywhere MLX runs, the CPU included, and is the baseline the
-kernel variants (issue 5) will plug in next to.
+"""The decode loop: generate() in the modes step, pipelined, chained and compiled, run_decode()
+for llama-bench's matrix, and the `reference` variant: MLX built-ins only (mx.fast.rms_norm,
+mx.fast.rope, mx.fast.scaled_dot_product_attention, dequantized weights and matmul). It runs
+anywhere MLX runs, the CPU included, and is the baseline; lathe's kernel variants (unfused,
+fused; contiguous or paged cache) live in harness/kernel_decode.py behind the same interface.
 
 A model's weights are dequantized once (float32 on the CPU, float16 on a GPU); the KV cache is
 head-major [1, n_kv, max_seq, head_dim] per layer, updated by slice assignment (mlx-lm's pattern).
