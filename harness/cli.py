@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--gen", type=int, default=32)
     dec.add_argument("--seed", type=int, default=0)
     dec.add_argument("--mode", default="step",
-                     help="step, pipelined, chained, compiled (comma-separated for several)")
+                     help="step, pipelined, chained, compiled, compiled-pipelined (comma-separated for several)")
     dec.add_argument("--repeat", type=int, default=1, help="timed runs (mean and spread)")
     dec.add_argument("--depth", type=int, default=0, help="tokens already in the cache")
     dec.add_argument("--write", dest="write", action="store_true", default=None,

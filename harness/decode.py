@@ -80,11 +80,12 @@ class ReferenceDecoder:
         self.pos += t
         return logits
 
-    def compiled_step(self):
+    def compiled_step(self, ordered: bool = False):
         """One decode step as an mx.compile'd function of (token, pos, *k caches, *v caches) ->
         (logits, *k caches, *v caches), traced once per decoder: the position is an array, so
         one compiled graph serves every step. Shapes must not depend on it: attention runs over
-        the whole cache with the rows past pos masked out."""
+        the whole cache with the rows past pos masked out. (`ordered` is the kernel variants'
+        flag; MLX orders its own slice updates, so it changes nothing here.)"""
         if self._compiled is None:
             layers = self.config.n_layers
 
@@ -293,7 +294,7 @@ class Session:
         return out, path
 
 
-MODES = ("step", "pipelined", "chained", "compiled")
+MODES = ("step", "pipelined", "chained", "compiled", "compiled-pipelined")
 
 
 def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
@@ -304,7 +305,9 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
     pipelined: token n+1's graph is built and queued (mx.async_eval) before token n is read, so
     host work overlaps device work (mlx-lm's loop); chained: all n tokens in one graph, each
     sampled token feeding the next embedding on the device, one evaluation; compiled: step mode
-    through one mx.compile'd decode step with the position passed as an array.
+    through one mx.compile'd decode step with the position passed as an array; compiled-pipelined:
+    the compiled step queued as pipelined queues the eager one (mlx-lm's loop: compiled and
+    asynchronous).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -331,19 +334,29 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
             if i + 1 < n:
                 token = pick(decoder.forward([out[-1]]))
                 mx.eval(token)
-    elif mode == "compiled":
-        fn, layers = decoder.compiled_step(), decoder.config.n_layers
+    elif mode in ("compiled", "compiled-pipelined"):
+        pipelined = mode == "compiled-pipelined"
+        fn, layers = decoder.compiled_step(ordered=pipelined), decoder.config.n_layers
+
+        def queue(token: mx.array) -> mx.array:  # the next token, through the compiled step
+            if decoder.pos >= decoder.max_seq:
+                raise ValueError(f"the cache of {decoder.max_seq} is full")
+            pos = mx.array([decoder.pos], dtype=mx.int32)
+            logits, *caches = fn(token.reshape(1).astype(mx.int32), pos, *decoder.k, *decoder.v)
+            decoder.k, decoder.v = caches[:layers], caches[layers:]
+            decoder.pos += 1
+            return pick(logits)
+
         for i in range(n):
+            following = None
+            if pipelined and i + 1 < n:
+                following = queue(token)  # ordered after this token's step by its data
+                mx.async_eval(following)
             out.append(int(token.item()))
-            if i + 1 < n:
-                if decoder.pos >= decoder.max_seq:
-                    raise ValueError(f"the cache of {decoder.max_seq} is full")
-                pos = mx.array([decoder.pos], dtype=mx.int32)
-                logits, *caches = fn(token.reshape(1).astype(mx.int32), pos, *decoder.k, *decoder.v)
-                decoder.k, decoder.v = caches[:layers], caches[layers:]
-                decoder.pos += 1
-                token = pick(logits)
-                mx.eval(token)
+            if not pipelined and i + 1 < n:
+                following = queue(token)
+                mx.eval(following)
+            token = following
     elif mode == "pipelined":
         for i in range(n):
             following = None

@@ -290,11 +290,16 @@ class KernelDecoder:
         self.pos += t
         return logits
 
-    def compiled_step(self):
+    def compiled_step(self, ordered: bool = False):
         """One decode step as an mx.compile'd function of (token, pos, *k caches, *v caches) ->
         (logits, *k caches, *v caches), traced once per decoder: the position is an int32[1]
         array, so the RoPE + KV write and attention read it on the device, and attention's grid
-        is sized for max_seq (kernels.attention.flash_decode). Host work per token is one call."""
+        is sized for max_seq (kernels.attention.flash_decode). Host work per token is one call.
+        By default the caches are evaluated before the call: a token from the host is not ordered
+        after in-place writes still pending in a lazy graph (forward() does the same; on the
+        H200 such a call read stale rows), and this is free when they are done. `ordered=True`
+        gives the bare step for a caller whose token comes out of the graph that wrote the
+        caches (the previous step's argmax), so that steps can be queued ahead (pipelined)."""
         if self._compiled is None:
             n = self.config.n_layers
 
@@ -307,17 +312,16 @@ class KernelDecoder:
                 finally:
                     self.k, self.v = held
 
-            compiled = mx.compile(step)
+            self._compiled = mx.compile(step)
+        if ordered:
+            return self._compiled
+        compiled = self._compiled
 
-            def run(token, pos, *caches):
-                # The caches are evaluated before the call: a token from the host is not ordered
-                # after in-place writes still pending in a lazy graph (forward() does the same;
-                # on the H200 such a call read stale rows). Free when they are already done.
-                mx.eval(caches)
-                return compiled(token, pos, *caches)
+        def run(token, pos, *caches):
+            mx.eval(caches)
+            return compiled(token, pos, *caches)
 
-            self._compiled = run
-        return self._compiled
+        return run
 
     def layers(self, ids, t: int, pos) -> mx.array:
         """The model over t tokens at positions pos.. (an int; an int32[1] array in a compiled
