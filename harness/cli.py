@@ -114,7 +114,7 @@ def cmd_compile(family: str | None) -> int:
 
 def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: str = "step",
                repeat: int = 1, depth: int = 0, write: bool | None = None,
-               variant: str = "reference", kv: str = "contiguous") -> int:
+               variant: str = "reference", kv: str = "contiguous", ctx: int | None = None) -> int:
     """Greedy decode of a GGUF model or preset for each variant and mode given (comma-separated
     lists, as llama-bench's): a llama-bench-like table; on a GPU (or with write=True) its rows
     appended to results/<device>/decode.csv, with the roofline at the peak measured here."""
@@ -127,7 +127,7 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     print(_backend_line())
     write = has_gpu() if write is None else write
     peak = _peak().gbs if has_gpu() else None
-    rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant, kv)
+    rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant, kv, ctx)
     if not rows:
         print(f"lathe decode: no variant among {variant} runs with kv {kv} (the reference: contiguous only)")
         return 2
@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="step, pipelined, chained, compiled, compiled-pipelined (comma-separated for several)")
     dec.add_argument("--repeat", type=int, default=1, help="timed runs (mean and spread)")
     dec.add_argument("--depth", type=int, default=0, help="tokens already in the cache")
+    dec.add_argument("--ctx", type=int, default=None,
+                     help="KV cache rows (default depth + prompt + gen); fewer: the reference variant's "
+                          "decode wraps around (circular overflow)")
     dec.add_argument("--write", dest="write", action="store_true", default=None,
                      help="append to results/<device>/decode.csv (the default on a GPU)")
     dec.add_argument("--no-write", dest="write", action="store_false")
@@ -248,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "decode":
         return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode,
-                          args.repeat, args.depth, args.write, args.variant, args.kv)
+                          args.repeat, args.depth, args.write, args.variant, args.kv, args.ctx)
     if args.command == "compile":
         return cmd_compile(args.family)
     if args.command == "peak":

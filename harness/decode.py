@@ -30,6 +30,7 @@ class ReferenceDecoder:
     is built once and replayed for every token."""
 
     variant = "reference"
+    overflow = True  # decode steps past max_seq overwrite the oldest rows (see forward)
 
     def __init__(self, model: Model, max_seq: int, dtype=None) -> None:
         c = model.config
@@ -64,17 +65,21 @@ class ReferenceDecoder:
         t = tokens.size
         if t == 0:
             raise ValueError("tokens must not be empty")
-        if self.pos + t > self.max_seq:
-            raise ValueError(f"{self.pos + t} tokens do not fit the cache of {self.max_seq}")
         start = self.pos
+        if t > 1 and start + t > self.max_seq:
+            raise ValueError(f"a prompt of {t} tokens at position {start} does not fit the cache of "
+                             f"{self.max_seq}: prompts must fit; decode steps past it wrap around")
         mask = None
         if t > 1:  # causal over the cache so far: query i sees keys 0 .. start + i
             mask = mx.arange(start + t)[None, :] <= (start + mx.arange(t))[:, None]
+        # Circular overflow: one token past the cache goes to row pos % max_seq, over the oldest
+        # token, and attends to every row (the last max_seq positions; softmax ignores order).
+        row, seen = start % self.max_seq, min(start + t, self.max_seq)
 
         def store(i: int, k: mx.array, v: mx.array):
-            self.k[i][:, :, start:start + t, :] = k
-            self.v[i][:, :, start:start + t, :] = v
-            return self.k[i][:, :, : start + t, :], self.v[i][:, :, : start + t, :], mask
+            self.k[i][:, :, row:row + t, :] = k
+            self.v[i][:, :, row:row + t, :] = v
+            return self.k[i][:, :, :seen, :], self.v[i][:, :, :seen, :], mask
 
         logits = self.layers(tokens, start, store)
         self.pos += t
@@ -93,9 +98,11 @@ class ReferenceDecoder:
                 ks, vs = list(caches[:layers]), list(caches[layers:])
                 valid = (mx.arange(self.max_seq) <= pos)[None, None, None, :]
 
+                row = pos % self.max_seq  # circular overflow, as in forward()
+
                 def store(i: int, k: mx.array, v: mx.array):
-                    ks[i] = mx.slice_update(ks[i], k, pos, axes=(2,))
-                    vs[i] = mx.slice_update(vs[i], v, pos, axes=(2,))
+                    ks[i] = mx.slice_update(ks[i], k, row, axes=(2,))
+                    vs[i] = mx.slice_update(vs[i], v, row, axes=(2,))
                     return ks[i], vs[i], valid
 
                 logits = self.layers(token, pos.reshape(()), store)
@@ -339,7 +346,7 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
         fn, layers = decoder.compiled_step(ordered=pipelined), decoder.config.n_layers
 
         def queue(token: mx.array) -> mx.array:  # the next token, through the compiled step
-            if decoder.pos >= decoder.max_seq:
+            if decoder.pos >= decoder.max_seq and not getattr(decoder, "overflow", False):
                 raise ValueError(f"the cache of {decoder.max_seq} is full")
             pos = mx.array([decoder.pos], dtype=mx.int32)
             logits, *caches = fn(token.reshape(1).astype(mx.int32), pos, *decoder.k, *decoder.v)
@@ -447,14 +454,16 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
 
 def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, modes=("step",),
                repeat: int = 1, depth: int = 0, peak_gbs: float | None = None,
-               variants=("reference",), kv=("contiguous",)) -> list[dict]:
+               variants=("reference",), kv=("contiguous",), ctx: int | None = None) -> list[dict]:
     """llama-bench's matrix: load (or make) the model once; for each variant build its decoder
     once, and for each mode, per repetition, prefill `depth` + `prompt` random tokens and greedily
     generate `gen`, timed apart (a warm-up run first: compilation and first-use costs are
     reported as compile_s, not timed). One row per (variant, mode) with llama-bench's fields and
     the roofline: weight and KV bytes per token, effective GB/s, % of `peak_gbs` when known.
     Each kernel variant runs over each KV layout of `kv` (a paged one is named <variant>/paged
-    in the rows); the reference variant over the contiguous cache only.
+    in the rows); the reference variant over the contiguous cache only. `ctx`: the KV cache's
+    rows (default depth + prompt + gen); fewer make the reference variant's decode wrap around
+    (circular overflow), which the kernel variants refuse.
     """
     modes, variants = _names(modes, MODES, "mode"), _names(variants, VARIANTS, "variant")
     layouts = _names(kv, KV_LAYOUTS, "kv")
@@ -466,6 +475,13 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     if prompt < 1 or gen < 1 or depth < 0 or depth + prompt + gen > c.ctx:
         raise ValueError(f"depth + prompt + gen = {depth + prompt + gen} must be in 2..{c.ctx} "
                          f"(the context), with prompt and gen at least 1")
+    cache_rows = depth + prompt + gen if ctx is None else ctx
+    if not depth + prompt <= cache_rows <= c.ctx:
+        raise ValueError(f"ctx must hold depth + prompt = {depth + prompt} tokens and be at most the "
+                         f"model's {c.ctx}, got {cache_rows}")
+    if cache_rows < depth + prompt + gen and set(variants) - {"reference"}:
+        raise ValueError(f"ctx {cache_rows} < depth + prompt + gen = {depth + prompt + gen}: only the reference "
+                         f"variant wraps around (circular overflow)")
     tokens = np.random.default_rng(seed).integers(0, c.vocab, depth + prompt)
     params = sum(int(np.prod(t.shape)) for t in model.tensors.values() if t.dtype != np.uint8)
     params += sum(t.size // {"Q8_0": 34, "Q4_0": 18}[model.types[n]] * 32
@@ -474,7 +490,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     rows = []
     pairs = [(v, k) for v in variants for k in layouts if v != "reference" or k == "contiguous"]
     for variant, layout in pairs:
-        decoder = make_decoder(model, depth + prompt + gen, variant, layout)
+        decoder = make_decoder(model, cache_rows, variant, layout)
         split = breakdown(decoder, tokens[depth:], min(gen, 32))
         for mode in modes:
             decoder.reset()

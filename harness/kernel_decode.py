@@ -105,6 +105,8 @@ def kernel_plan(c, fused: bool, paged: bool = False) -> list[Step]:
 class KernelDecoder:
     """Prefill and decode with lathe's kernels over a loaded GGUF model (see the module doc)."""
 
+    overflow = False  # past max_seq: a clear error (see forward)
+
     def __init__(self, model: Model, max_seq: int, variant: str = "fused", kv: str = "contiguous") -> None:
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -278,8 +280,10 @@ class KernelDecoder:
         t = ids.size if isinstance(ids, mx.array) else len(ids)
         if t == 0:
             raise ValueError("tokens must not be empty")
-        if self.pos + t > self.max_seq:
-            raise ValueError(f"{self.pos + t} tokens do not fit the cache of {self.max_seq}")
+        if self.pos + t > self.max_seq:  # circular overflow: the reference variant only, so far
+            raise ValueError(f"{self.pos + t} tokens do not fit the cache of {self.max_seq} (the kernel "
+                             f"variants do not wrap around yet: their fused RoPE + KV write takes one "
+                             f"position for the angle and the row)")
         if not isinstance(ids, mx.array):
             # Host tokens do not come out of the graph that wrote the cache, so nothing orders
             # this step's kernels after those in-place writes (kernels.rope.Rotated): finish

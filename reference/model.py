@@ -44,21 +44,28 @@ class KVCache:
         return self.k[0].shape[0] if self.k else 0
 
 
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
-    """Causal GQA: q [T, H, D] at positions start.., k and v [S, Hkv, D] -> [T, H * D]."""
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, window: int | None = None) -> np.ndarray:
+    """Causal GQA: q [T, H, D] at positions start.., k and v [S, Hkv, D] -> [T, H * D]; with a
+    window, position p sees only the last `window` positions up to p (a KV cache of `window`
+    rows overwritten in a circle)."""
     t, h, d = q.shape
     group = h // k.shape[1]
     kk, vv = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [S, H, D]
     scores = np.einsum("thd,shd->hts", q, kk) / np.sqrt(d)
-    allowed = np.arange(k.shape[0])[None, :] <= (start + np.arange(t))[:, None]
+    key_pos, query_pos = np.arange(k.shape[0])[None, :], (start + np.arange(t))[:, None]
+    allowed = key_pos <= query_pos
+    if window is not None:
+        allowed &= key_pos > query_pos - window
     scores = np.where(allowed[None], scores, -np.inf)
     p = np.exp(scores - scores.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     return np.einsum("hts,shd->thd", p, vv).reshape(t, h * d)
 
 
-def forward(model, tokens, cache: KVCache | None = None) -> tuple[np.ndarray, KVCache]:
-    """Logits [len(tokens), vocab] for tokens at positions cache.length .., and the grown cache."""
+def forward(model, tokens, cache: KVCache | None = None, window: int | None = None) -> tuple[np.ndarray, KVCache]:
+    """Logits [len(tokens), vocab] for tokens at positions cache.length .., and the grown cache;
+    `window`: attention over the last `window` positions only (circular overflow of a cache of
+    that many rows; RoPE keeps the absolute positions)."""
     c = model.config
     tokens = np.asarray(tokens, dtype=np.int64)
     if tokens.ndim != 1 or tokens.size == 0:
@@ -86,7 +93,7 @@ def forward(model, tokens, cache: KVCache | None = None) -> tuple[np.ndarray, KV
         else:
             cache.k[i] = np.concatenate([cache.k[i], k])
             cache.v[i] = np.concatenate([cache.v[i], v])
-        x = x + _attention(q, cache.k[i], cache.v[i], start) @ weight(model, b + "attn_output.weight").T
+        x = x + _attention(q, cache.k[i], cache.v[i], start, window) @ weight(model, b + "attn_output.weight").T
         h = rms_norm(x, weight(model, b + "ffn_norm.weight"), c.eps)
         gate, up = h @ weight(model, b + "ffn_gate.weight").T, h @ weight(model, b + "ffn_up.weight").T
         x = x + (gate / (1 + np.exp(-gate)) * up) @ weight(model, b + "ffn_down.weight").T

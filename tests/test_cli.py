@@ -85,6 +85,10 @@ def test_decode_rejects_unknown_variants_and_modes():
         run_decode("tiny-llama", "q8_0", 4, 2, variants=("fastest",))
     with pytest.raises(ValueError, match="kv must be among"):
         run_decode("tiny-llama", "q8_0", 4, 2, kv="ring")
+    with pytest.raises(ValueError, match="only the reference variant wraps"):
+        run_decode("tiny-llama", "q8_0", 4, 8, variants="reference,fused", ctx=6)
+    with pytest.raises(ValueError, match="ctx must hold"):
+        run_decode("tiny-llama", "q8_0", 4, 8, depth=4, ctx=6)
     # the reference variant has no paged cache: that pair is not run (nothing to time)
     assert run_decode("tiny-llama", "q8_0", 4, 2, kv="paged") == []
 
@@ -103,6 +107,14 @@ def test_traffic_counts_the_stored_weights(tmp_path, monkeypatch):
     c = model.config
     assert kv0 == 0 and kv10 == 10 * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2
     assert 0.5 * path.stat().st_size < weights <= path.stat().st_size
+
+
+def test_decode_wraps_around_a_short_cache():
+    """--ctx below prompt + gen: the reference variant decodes past its cache (circular
+    overflow) and reports the run."""
+    run = lathe("decode", "tiny-llama", "--prompt", "8", "--gen", "24", "--ctx", "12", "--no-write")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "pp8+tg24" in run.stdout
 
 
 def test_decode_show_plan():

@@ -63,6 +63,14 @@ def test_paged_cache_goes_through_the_block_table(models):
         KernelDecoder(m, 32, "unfused", "ring")
 
 
+def test_kernel_variants_refuse_to_wrap_around(models):
+    """Circular overflow is the reference variant's so far: a kernel decoder's full cache is a
+    clear error before any launch (CPU)."""
+    decoder = KernelDecoder(models["tiny-llama", "q8_0"], 4, "fused")
+    with pytest.raises(ValueError, match="do not wrap around"):
+        decoder.forward([1, 2, 3, 4, 5])
+
+
 def test_fused_needs_block_matrices(models):
     with pytest.raises(ValueError, match="one block type"):
         KernelDecoder(models["tiny-llama", "f16"], 32, "fused")
