@@ -43,38 +43,31 @@ def kernel_plan(c, fused: bool, paged: bool = False) -> list[Step]:
     steps = [Step("embed", "lathe embed", ("token",), ("x",), ("token_embd.weight",), ("token",))]
     for i in range(c.n_layers):
         b = f"blk.{i}."
+        if fused:
+            steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("qkv",),
+                           (b + "attn_norm.weight", b + "attn_qkv (q|k|v)"), layer=i)]
+        else:
+            steps += [Step("rms_norm", "lathe rmsnorm", ("x",), ("h",), (b + "attn_norm.weight",), layer=i)]
+            steps += [Step("linear", gemv, ("h",), (n,), (b + f"attn_{n}.weight",), layer=i) for n in "qkv"]
+        if c.head_norm and (paged or not fused):  # the fused contiguous path norms in its RoPE write
+            steps += [Step("head_norm", "lathe head_rmsnorm", (n,), (n,), (b + f"attn_{n}_norm.weight",),
+                           layer=i) for n in "qk"]
         if paged:
-            if fused:
-                steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("qkv",),
-                               (b + "attn_norm.weight", b + "attn_qkv (q|k|v)"), layer=i)]
-            else:
-                steps += [Step("rms_norm", "lathe rmsnorm", ("x",), ("h",), (b + "attn_norm.weight",), layer=i)]
-                steps += [Step("linear", gemv, ("h",), (n,), (b + f"attn_{n}.weight",), layer=i) for n in "qkv"]
-            if c.head_norm:
-                steps += [Step("head_norm", "lathe head_rmsnorm", (n,), (n,), (b + f"attn_{n}_norm.weight",),
-                               layer=i) for n in "qk"]
             steps += [Step("rope", "lathe rope_neox" if c.neox else "lathe rope", (n,), (n,), (), ("pos",),
                            layer=i) for n in "qk"]
             steps += [Step("kv_write", "lathe reshape_and_cache", ("k", "v"), (f"cache.{i}",), (), ("slot",),
                            layer=i),
                       Step("attention", "lathe paged_attention v2 (+ combine past 2048)",
                            ("q", f"cache.{i}", "block_table"), ("o",), (), ("kv_len",), layer=i)]
-        elif fused:
-            steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("qkv",),
-                           (b + "attn_norm.weight", b + "attn_qkv (q|k|v)"), layer=i)]
-            rope = "lathe head_norm_rope_neox_qkv_write" if c.head_norm else "lathe rope_qkv_write"
-            steps += [Step("rope_kv_write", rope, ("qkv",), ("q", f"cache.{i}"),
-                           (b + "attn_q_norm.weight", b + "attn_k_norm.weight") if c.head_norm else (),
-                           ("pos",), layer=i)]
         else:
-            steps += [Step("rms_norm", "lathe rmsnorm", ("x",), ("h",), (b + "attn_norm.weight",), layer=i)]
-            steps += [Step("linear", gemv, ("h",), (n,), (b + f"attn_{n}.weight",), layer=i) for n in "qkv"]
-            if c.head_norm:
-                steps += [Step("head_norm", "lathe head_rmsnorm", (n,), (n,), (b + f"attn_{n}_norm.weight",),
-                               layer=i) for n in "qk"]
-            steps += [Step("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"), ("q", f"cache.{i}"),
-                           (), ("pos",), layer=i)]
-        if not paged:
+            if fused:
+                rope = "lathe head_norm_rope_neox_qkv_write" if c.head_norm else "lathe rope_qkv_write"
+                steps += [Step("rope_kv_write", rope, ("qkv",), ("q", f"cache.{i}"),
+                               (b + "attn_q_norm.weight", b + "attn_k_norm.weight") if c.head_norm else (),
+                               ("pos",), layer=i)]
+            else:
+                steps += [Step("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"),
+                               ("q", f"cache.{i}"), (), ("pos",), layer=i)]
             steps += [Step("attention", "lathe flash_decode (+ combine past 2048)",
                            ("q", f"cache.{i}"), ("o",), (), ("kv_len",), layer=i)]
         if fused:  # the residual adds ride in the GEMVs' epilogue

@@ -97,6 +97,21 @@ def _check_q(q: mx.array, n_kv: int, head_dim: int) -> tuple[int, int]:
     return batch, n_heads // n_kv
 
 
+def _pool(k_cache: mx.array, v_cache: mx.array) -> tuple[int, int, int, int]:
+    """(blocks, Hkv, head_dim, block size) of vLLM's paged pools, checked."""
+    _fp16("k_cache", k_cache)
+    _fp16("v_cache", v_cache)
+    if k_cache.ndim != 5 or k_cache.shape[4] != X:
+        raise ValueError(f"k_cache must be [blocks, Hkv, D/8, BS, 8] (the paged pool), got {tuple(k_cache.shape)}")
+    blocks, n_kv, d_x, block_size, _ = k_cache.shape
+    head_dim = d_x * X
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"block size must be one of {BLOCK_SIZES}, got {block_size}")
+    if tuple(v_cache.shape) != (blocks, n_kv, head_dim, block_size):
+        raise ValueError(f"v_cache must be {(blocks, n_kv, head_dim, block_size)}, got {tuple(v_cache.shape)}")
+    return blocks, n_kv, head_dim, block_size
+
+
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int, block_size: int, after: mx.array | None,
@@ -141,16 +156,7 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
     length to the table's blocks, and the grid is sized for them."""
     if version not in ("v1", "v2"):
         raise ValueError(f"version must be 'v1' or 'v2', got {version!r}")
-    _fp16("k_cache", k_cache)
-    _fp16("v_cache", v_cache)
-    if k_cache.ndim != 5 or k_cache.shape[4] != X:
-        raise ValueError(f"k_cache must be [blocks, Hkv, D/8, BS, 8], got {tuple(k_cache.shape)}")
-    blocks, n_kv, d_x, block_size, _ = k_cache.shape
-    head_dim = d_x * X
-    if block_size not in BLOCK_SIZES:
-        raise ValueError(f"block size must be one of {BLOCK_SIZES}, got {block_size}")
-    if tuple(v_cache.shape) != (blocks, n_kv, head_dim, block_size):
-        raise ValueError(f"v_cache must be {(blocks, n_kv, head_dim, block_size)}, got {tuple(v_cache.shape)}")
+    blocks, n_kv, head_dim, block_size = _pool(k_cache, v_cache)
     batch, group = _check_q(q, n_kv, head_dim)
     if isinstance(context_lens, mx.array):
         if not isinstance(block_table, mx.array) or block_table.dtype != mx.int32 or block_table.ndim != 2 \
@@ -235,15 +241,7 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
     _fp16("k_cache", k_cache)
     _fp16("v_cache", v_cache)
     if block_table is not None:
-        if k_cache.ndim != 5 or k_cache.shape[4] != X:
-            raise ValueError(f"with a block table, k_cache must be [blocks, Hkv, D/8, BS, 8], got "
-                             f"{tuple(k_cache.shape)}")
-        blocks, n_kv, d_x, block_size, _ = k_cache.shape
-        head_dim = d_x * X
-        if block_size not in BLOCK_SIZES:
-            raise ValueError(f"block size must be one of {BLOCK_SIZES}, got {block_size}")
-        if tuple(v_cache.shape) != (blocks, n_kv, head_dim, block_size):
-            raise ValueError(f"v_cache must be {(blocks, n_kv, head_dim, block_size)}, got {tuple(v_cache.shape)}")
+        _, n_kv, head_dim, block_size = _pool(k_cache, v_cache)
         table = _host_ints("block_table", block_table, 1)
         rows, capacity = table.shape[0], table.shape[0] * block_size
     else:
@@ -275,16 +273,11 @@ def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.a
     """Tokens' k, v [T, Hkv, D] into the paged caches at `slots` (block * BS + offset; -1 skips a
     padding token; host ints, checked, or int32[T] on the device), in place. Returns (k_cache, v_cache, written): the caches wrapped by
     mx.depends on the ordering token, and the token for GPU readers (`after=`)."""
-    for name, a in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+    for name, a in (("k", k), ("v", v)):
         _fp16(name, a)
-    if k_cache.ndim != 5 or k_cache.shape[4] != X:
-        raise ValueError(f"k_cache must be [blocks, Hkv, D/8, BS, 8], got {tuple(k_cache.shape)}")
-    blocks, n_kv, d_x, block_size, _ = k_cache.shape
-    head_dim = d_x * X
-    if block_size not in BLOCK_SIZES or head_dim not in HEAD_DIMS:
-        raise ValueError(f"block size {block_size} / head_dim {head_dim} not supported")
-    if tuple(v_cache.shape) != (blocks, n_kv, head_dim, block_size):
-        raise ValueError(f"v_cache must be {(blocks, n_kv, head_dim, block_size)}, got {tuple(v_cache.shape)}")
+    blocks, n_kv, head_dim, block_size = _pool(k_cache, v_cache)
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
     if k.ndim != 3 or tuple(k.shape[1:]) != (n_kv, head_dim) or tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"k and v must be [T, {n_kv}, {head_dim}], got {tuple(k.shape)}, {tuple(v.shape)}")
     tokens = k.shape[0]
