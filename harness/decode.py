@@ -97,7 +97,6 @@ class ReferenceDecoder:
             def step(token, pos, *caches):
                 ks, vs = list(caches[:layers]), list(caches[layers:])
                 valid = (mx.arange(self.max_seq) <= pos)[None, None, None, :]
-
                 row = pos % self.max_seq  # circular overflow, as in forward()
 
                 def store(i: int, k: mx.array, v: mx.array):

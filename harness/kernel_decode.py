@@ -185,7 +185,7 @@ class KernelDecoder:
     def _contiguous_attention(self, i: int, x: mx.array, t: int, pos) -> mx.array:
         """Layer i's attention over the contiguous cache: projections, then RoPE (and Qwen3's head
         norms) fused with the in-place KV write, then attention; o [t, Hq * D]."""
-        from kernels import attention, loop, rope
+        from kernels import attention, rope
 
         c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
         if self.fused:  # RoPE (and Qwen3's head norms) read Q, K, V in place in the QKV output
@@ -198,13 +198,8 @@ class KernelDecoder:
                 rot = rope.rope_qkv_write(qkv, self.k[i], self.v[i], pos, n_heads=c.n_heads,
                                           theta=c.rope_theta, neox=c.neox)
         else:
-            h = loop.rmsnorm(x, self.g16[b + "attn_norm.weight"], c.eps)
-            q, k, v = (self._linear(h, b + f"attn_{n}.weight") for n in "qkv")
-            if c.head_norm:
-                q = rope.head_rmsnorm(q.reshape(t, c.n_heads, hd), self.g32[b + "attn_q_norm.weight"], c.eps)
-                k = rope.head_rmsnorm(k.reshape(t, c.n_kv_heads, hd), self.g32[b + "attn_k_norm.weight"], c.eps)
             write = rope.rope_neox_batch_kv_write if c.neox else rope.rope_batch_kv_write
-            rot = write(q, k, v, self.k[i], self.v[i], pos, theta=c.rope_theta)
+            rot = write(*self._projections(i, x, t), self.k[i], self.v[i], pos, theta=c.rope_theta)
         self.k[i], self.v[i] = rot.k_cache, rot.v_cache
         scale = 1.0 / math.sqrt(hd)
         if t == 1:
@@ -216,10 +211,10 @@ class KernelDecoder:
                                             pos, scale, after=rot.written)
         return o.reshape(t, -1)
 
-    def _paged_attention(self, i: int, x: mx.array, t: int, pos) -> mx.array:
-        """Layer i's attention over the paged cache: projections, head norms, RoPE, the cache
-        write, attention; o [t, Hq * D]."""
-        from kernels import attention, gemv, loop, rope
+    def _projections(self, i: int, x: mx.array, t: int) -> tuple[mx.array, mx.array, mx.array]:
+        """Layer i's Q, K, V [t, heads, D], Qwen3's head norms applied, not yet rotated (the paths
+        whose RoPE is not fused into the projection's output: unfused, paged)."""
+        from kernels import gemv, loop, rope
 
         c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
         if self.fused:
@@ -232,11 +227,20 @@ class KernelDecoder:
         if c.head_norm:
             q = rope.head_rmsnorm(q, self.g32[b + "attn_q_norm.weight"], c.eps)
             k = rope.head_rmsnorm(k, self.g32[b + "attn_k_norm.weight"], c.eps)
+        return q, k, v
+
+    def _paged_attention(self, i: int, x: mx.array, t: int, pos) -> mx.array:
+        """Layer i's attention over the paged cache: projections, head norms, RoPE, the cache
+        write, attention; o [t, Hq * D]."""
+        from kernels import attention, rope
+
+        c = self.config
+        q, k, v = self._projections(i, x, t)
         rotate = rope.rope_neox if c.neox else rope.rope
         q, k = rotate(q, pos, theta=c.rope_theta), rotate(k, pos, theta=c.rope_theta)
         self.k[i], self.v[i], written = attention.reshape_and_cache(k, v, self.k[i], self.v[i],
                                                                     self._slots(pos, t))
-        scale = 1.0 / math.sqrt(hd)
+        scale = 1.0 / math.sqrt(c.head_dim)
         if t == 1:
             lens = [pos + 1] if isinstance(pos, int) else pos + 1
             table = self.table if isinstance(pos, int) else self.table_dev

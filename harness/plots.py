@@ -166,7 +166,7 @@ def decode_plot(df: pd.DataFrame, out_path: str | Path, title: str) -> Path:
     _require(df, [*keys, "variant", "mode", "decode_tok_s", "bytes", "peak_gbs", "device"], "decode_plot")
     data = _latest(df.dropna(subset=["decode_tok_s"]), [*keys, "variant", "mode", "device"])
     bars = list(dict.fromkeys(zip(data["variant"].astype(str), data["mode"].astype(str))))
-    variants = list(dict.fromkeys(v for v, _ in bars))
+    variants, modes = list(dict.fromkeys(v for v, _ in bars)), list(dict.fromkeys(m for _, m in bars))
     groups = list(data.groupby(keys, sort=True))
     width = 0.8 / len(bars)
     fig, ax = plt.subplots(figsize=(min(18.0, 3.0 + 0.35 * len(groups) * len(bars)), 5.5))
@@ -176,7 +176,7 @@ def decode_plot(df: pd.DataFrame, out_path: str | Path, title: str) -> Path:
         for bi, bar in enumerate(bars):
             if bar in by_bar:
                 colour = f"C{variants.index(bar[0]) % 10}"
-                hatch = ("", "//", "..", "xx", "--")[list(dict.fromkeys(m for _, m in bars)).index(bar[1]) % 5]
+                hatch = ("", "//", "..", "xx", "--", "++")[modes.index(bar[1]) % 6]
                 ax.bar(gi - 0.4 + width * (bi + 0.5), by_bar[bar].decode_tok_s, width=width,
                        color=colour, hatch=hatch, edgecolor="white",
                        label=None if bar in marked else f"{bar[0]} {bar[1]}")

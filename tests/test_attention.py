@@ -93,38 +93,37 @@ def test_reference_contiguous_overflow_keeps_the_last_tokens():
     assert k[:, 0, 0].tolist() == [2, 3, 0, 1]
 
 
+@pytest.fixture
+def jobs(monkeypatch):
+    """The launches kernels.attention makes, recorded instead of run (zero outputs)."""
+    made = []
+
+    def record(job):
+        made.append(job)
+        return [mx.zeros(tuple(s), d) for s, d in job.outputs]
+
+    monkeypatch.setattr(at, "launch", record)
+    return made
+
+
 @pytest.mark.parametrize("ctx, split_from, launches, partitions", [
     (300, at.SPLIT_FROM, 1, 1),     # one partition: no split
     (2048, at.SPLIT_FROM, 1, 1),    # short context: one launch, one threadgroup per KV head
     (2049, at.SPLIT_FROM, 2, 5),    # past SPLIT_FROM: partitions of 512, then the combine
     (1000, 0, 2, 2),                # split forced (the checks' setting)
 ])
-def test_split_decision_sets_the_grid(monkeypatch, ctx, split_from, launches, partitions):
+def test_split_decision_sets_the_grid(jobs, ctx, split_from, launches, partitions):
     """The launches flash_decode makes (recorded, not run): the unsplit body gets one threadgroup
     per (KV head, sequence); a split one per partition too, plus the combine."""
-    jobs = []
-
-    def record(job):
-        jobs.append(job)
-        return [mx.zeros(tuple(s), d) for s, d in job.outputs]
-
-    monkeypatch.setattr(at, "launch", record)
     k = mx.zeros((1, KV, 4096, D), mx.float16)
     at.flash_decode(q16(), k, k, [ctx], 0.125, split_from=split_from)
     assert len(jobs) == launches
     assert jobs[0].grid == (partitions * 32 * at.NSIMD, KV, 1)
 
 
-def test_device_lengths_size_the_grid_for_the_cache(monkeypatch):
+def test_device_lengths_size_the_grid_for_the_cache(jobs):
     """Lengths on the device (a compiled decode step) cannot be read before the launch: the
     grid covers the whole cache, split past SPLIT_FROM like a host length of max_seq."""
-    jobs = []
-
-    def record(job):
-        jobs.append(job)
-        return [mx.zeros(tuple(s), d) for s, d in job.outputs]
-
-    monkeypatch.setattr(at, "launch", record)
     k = mx.zeros((1, KV, 4096, D), mx.float16)
     lens = mx.array([5], dtype=mx.int32)
     at.flash_decode(q16(), k, k, lens, 0.125)
@@ -155,16 +154,9 @@ def test_device_lengths_against_float64(ctx):
     assert np.allclose(dev, host, atol=2e-3)
 
 
-def test_paged_device_form_sizes_the_grid_for_the_table(monkeypatch):
+def test_paged_device_form_sizes_the_grid_for_the_table(jobs):
     """Device context lengths with a device block table (a compiled step): nothing read on the
     host, the grid sized for all the table's blocks (split past SPLIT_FROM)."""
-    jobs = []
-
-    def record(job):
-        jobs.append(job)
-        return [mx.zeros(tuple(s), d) for s, d in job.outputs]
-
-    monkeypatch.setattr(at, "launch", record)
     k, v = pools(nb=200)
     table, lens = mx.arange(160, dtype=mx.int32)[None], mx.array([5], dtype=mx.int32)
     at.paged_attention(q16(), k, v, table, lens, 0.125)
