@@ -221,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--repeat", type=int, default=1, help="timed runs (mean and spread)")
     dec.add_argument("--depth", type=int, default=0, help="tokens already in the cache")
     dec.add_argument("--ctx", type=int, default=None,
-                     help="KV cache rows (default depth + prompt + gen); fewer: the reference variant's "
-                          "decode wraps around (circular overflow)")
+                     help="KV cache rows (default depth + prompt + gen); fewer: decode wraps around "
+                          "(circular overflow; contiguous cache only)")
     dec.add_argument("--write", dest="write", action="store_true", default=None,
                      help="append to results/<device>/decode.csv (the default on a GPU)")
     dec.add_argument("--no-write", dest="write", action="store_false")

@@ -345,7 +345,7 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
         fn, layers = decoder.compiled_step(ordered=pipelined), decoder.config.n_layers
 
         def queue(token: mx.array) -> mx.array:  # the next token, through the compiled step
-            if decoder.pos >= decoder.max_seq and not getattr(decoder, "overflow", False):
+            if decoder.pos >= decoder.max_seq and not decoder.overflow:
                 raise ValueError(f"the cache of {decoder.max_seq} is full")
             pos = mx.array([decoder.pos], dtype=mx.int32)
             logits, *caches = fn(token.reshape(1).astype(mx.int32), pos, *decoder.k, *decoder.v)
@@ -422,9 +422,12 @@ VARIANTS = ("reference", "unfused", "fused")
 KV_LAYOUTS = ("contiguous", "paged")  # the kernel variants take either; the reference, contiguous
 
 
-def make_decoder(model: Model, max_seq: int, variant: str = "reference", kv: str = "contiguous"):
+def make_decoder(model: Model, max_seq: int, variant: str = "reference", kv: str = "contiguous",
+                 overflow: bool = False):
     """The decoder of a variant: MLX built-ins (reference) or lathe's kernels (unfused, fused),
-    the latter over a contiguous or a paged KV cache."""
+    the latter over a contiguous or a paged KV cache. `overflow`: decode steps may wrap around
+    the cache (the reference variant always can; a kernel variant takes its wrapping path,
+    contiguous cache only)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if kv not in KV_LAYOUTS:
@@ -435,7 +438,7 @@ def make_decoder(model: Model, max_seq: int, variant: str = "reference", kv: str
         return ReferenceDecoder(model, max_seq)
     from harness.kernel_decode import KernelDecoder
 
-    return KernelDecoder(model, max_seq, variant, kv)
+    return KernelDecoder(model, max_seq, variant, kv, overflow)
 
 
 def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", kv: str = "contiguous") -> str:
@@ -461,8 +464,8 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     the roofline: weight and KV bytes per token, effective GB/s, % of `peak_gbs` when known.
     Each kernel variant runs over each KV layout of `kv` (a paged one is named <variant>/paged
     in the rows); the reference variant over the contiguous cache only. `ctx`: the KV cache's
-    rows (default depth + prompt + gen); fewer make the reference variant's decode wrap around
-    (circular overflow), which the kernel variants refuse.
+    rows (default depth + prompt + gen); fewer make the decode steps wrap around (circular
+    overflow), over the contiguous cache only.
     """
     modes, variants = _names(modes, MODES, "mode"), _names(variants, VARIANTS, "variant")
     layouts = _names(kv, KV_LAYOUTS, "kv")
@@ -478,9 +481,10 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     if not depth + prompt <= cache_rows <= c.ctx:
         raise ValueError(f"ctx must hold depth + prompt = {depth + prompt} tokens and be at most the "
                          f"model's {c.ctx}, got {cache_rows}")
-    if cache_rows < depth + prompt + gen and set(variants) - {"reference"}:
-        raise ValueError(f"ctx {cache_rows} < depth + prompt + gen = {depth + prompt + gen}: only the reference "
-                         f"variant wraps around (circular overflow)")
+    wrap = cache_rows < depth + prompt + gen
+    if wrap and "paged" in layouts and set(variants) - {"reference"}:
+        raise ValueError(f"ctx {cache_rows} < depth + prompt + gen = {depth + prompt + gen}: decode wraps "
+                         f"around (circular overflow), which the paged cache does not do")
     tokens = np.random.default_rng(seed).integers(0, c.vocab, depth + prompt)
     params = sum(int(np.prod(t.shape)) for t in model.tensors.values() if t.dtype != np.uint8)
     params += sum(t.size // {"Q8_0": 34, "Q4_0": 18}[model.types[n]] * 32
@@ -489,7 +493,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     rows = []
     pairs = [(v, k) for v in variants for k in layouts if v != "reference" or k == "contiguous"]
     for variant, layout in pairs:
-        decoder = make_decoder(model, cache_rows, variant, layout)
+        decoder = make_decoder(model, cache_rows, variant, layout, overflow=wrap)
         split = breakdown(decoder, tokens[depth:], min(gen, 32))
         for mode in modes:
             decoder.reset()

@@ -37,8 +37,9 @@ BLOCK_SIZE = 16  # tokens a block of the paged cache (vLLM's default)
 FUSED_UP_TO = 4  # rows of X the fused RMSNorm+GEMV takes (kernels.gemv.MAX_M)
 
 
-def kernel_plan(c, fused: bool, paged: bool = False) -> list[Step]:
-    """The steps each token replays (one dispatch each, MLX adds included)."""
+def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False) -> list[Step]:
+    """The steps each decode token replays (one dispatch each, MLX adds included); `overflow`:
+    the contiguous cache wraps around (RoPE apart from the cache writes, see KernelDecoder)."""
     gemv = "lathe gemv_v2 (Q4_0/Q8_0)"
     steps = [Step("embed", "lathe embed", ("token",), ("x",), ("token_embd.weight",), ("token",))]
     for i in range(c.n_layers):
@@ -49,16 +50,23 @@ def kernel_plan(c, fused: bool, paged: bool = False) -> list[Step]:
         else:
             steps += [Step("rms_norm", "lathe rmsnorm", ("x",), ("h",), (b + "attn_norm.weight",), layer=i)]
             steps += [Step("linear", gemv, ("h",), (n,), (b + f"attn_{n}.weight",), layer=i) for n in "qkv"]
-        if c.head_norm and (paged or not fused):  # the fused contiguous path norms in its RoPE write
+        apart = paged or overflow  # RoPE in launches of its own, then the cache writes
+        if c.head_norm and (apart or not fused):  # the fused contiguous path norms in its RoPE write
             steps += [Step("head_norm", "lathe head_rmsnorm", (n,), (n,), (b + f"attn_{n}_norm.weight",),
                            layer=i) for n in "qk"]
-        if paged:
+        if apart:
             steps += [Step("rope", "lathe rope_neox" if c.neox else "lathe rope", (n,), (n,), (), ("pos",),
                            layer=i) for n in "qk"]
+        if paged:
             steps += [Step("kv_write", "lathe reshape_and_cache", ("k", "v"), (f"cache.{i}",), (), ("slot",),
                            layer=i),
                       Step("attention", "lathe paged_attention v2 (+ combine past 2048)",
                            ("q", f"cache.{i}", "block_table"), ("o",), (), ("kv_len",), layer=i)]
+        elif overflow:
+            steps += [Step("kv_write", "lathe cache_write", (n,), (f"cache.{i}",), (), ("pos % max_seq",),
+                           layer=i) for n in "kv"]
+            steps += [Step("attention", "lathe flash_decode (+ combine past 2048)", ("q", f"cache.{i}"), ("o",),
+                           (), ("min(kv_len, max_seq)",), layer=i)]
         else:
             if fused:
                 rope = "lathe head_norm_rope_neox_qkv_write" if c.head_norm else "lathe rope_qkv_write"
@@ -98,17 +106,24 @@ def kernel_plan(c, fused: bool, paged: bool = False) -> list[Step]:
 class KernelDecoder:
     """Prefill and decode with lathe's kernels over a loaded GGUF model (see the module doc)."""
 
-    overflow = False  # past max_seq: a clear error (see forward)
-
-    def __init__(self, model: Model, max_seq: int, variant: str = "fused", kv: str = "contiguous") -> None:
+    def __init__(self, model: Model, max_seq: int, variant: str = "fused", kv: str = "contiguous",
+                 overflow: bool = False) -> None:
+        """`overflow`: decode steps past max_seq wrap around the contiguous cache (circular
+        overflow, as the reference variant): token p is written at row p % max_seq over the
+        oldest token and attends to all the rows it holds. The fused RoPE + KV write kernels
+        take one position for the angle and the row, so such a decoder rotates Q and K in
+        launches of their own and writes K and V with cache_write (4 launches a layer more).
+        Without it, a decode step past max_seq is a clear error before any launch."""
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if kv not in KV_LAYOUTS:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {kv!r}")
+        if overflow and kv == "paged":
+            raise ValueError("circular overflow is for the contiguous cache; a paged cache grows by blocks")
         c = model.config
         if max_seq < 1 or max_seq > c.ctx:
             raise ValueError(f"max_seq must be in 1..{c.ctx} (the model's context), got {max_seq}")
-        self.config, self.max_seq, self.variant, self.kv = c, max_seq, variant, kv
+        self.config, self.max_seq, self.variant, self.kv, self.overflow = c, max_seq, variant, kv, overflow
         self.fused, self.paged = variant == "fused", kv == "paged"
         if self.paged:
             # One sequence's blocks, scattered over the pool in a fixed shuffle: every read and
@@ -134,7 +149,7 @@ class KernelDecoder:
         if self.fused:
             self._concat("attn_qkv", ("attn_q", "attn_k", "attn_v"))
             self._concat("ffn_gate_up", ("ffn_gate", "ffn_up"))
-        self.plan = kernel_plan(c, self.fused, self.paged)
+        self.plan = kernel_plan(c, self.fused, self.paged, overflow)
         self._compiled = None
         self.reset()
 
@@ -187,6 +202,8 @@ class KernelDecoder:
         norms) fused with the in-place KV write, then attention; o [t, Hq * D]."""
         from kernels import attention, rope
 
+        if self.overflow and t == 1:
+            return self._wrapping_attention(i, x, pos)
         c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
         if self.fused:  # RoPE (and Qwen3's head norms) read Q, K, V in place in the QKV output
             qkv = self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight")
@@ -211,6 +228,34 @@ class KernelDecoder:
                                             pos, scale, after=rot.written)
         return o.reshape(t, -1)
 
+    def _rotated(self, i: int, x: mx.array, t: int, pos) -> tuple[mx.array, mx.array, mx.array]:
+        """Layer i's Q, K (rotated at positions pos..) and V, [t, heads, D]: RoPE in launches of
+        its own (the paged and the wrapping paths)."""
+        from kernels import rope
+
+        c = self.config
+        q, k, v = self._projections(i, x, t)
+        rotate = rope.rope_neox if c.neox else rope.rope
+        return rotate(q, pos, theta=c.rope_theta), rotate(k, pos, theta=c.rope_theta), v
+
+    def _wrapping_attention(self, i: int, x: mx.array, pos) -> mx.array:
+        """Layer i's attention for one decode token over a cache that may wrap around: K and V
+        written at row pos % max_seq, attention over the min(pos + 1, max_seq) rows held (their
+        order does not matter to softmax); o [1, Hq * D]."""
+        from kernels import attention, rope
+
+        c = self.config
+        q, k, v = self._rotated(i, x, 1, pos)
+        if isinstance(pos, int):
+            row, lens = pos % self.max_seq, [min(pos + 1, self.max_seq)]
+        else:  # a compiled step: the position is an int32[1] array
+            row, lens = pos % self.max_seq, mx.minimum(pos + 1, self.max_seq)
+        self.k[i], k_written = rope.cache_write(k.reshape(1, -1), self.k[i], row)
+        self.v[i], v_written = rope.cache_write(v.reshape(1, -1), self.v[i], row)
+        o = attention.flash_decode(q.reshape(1, c.n_heads, c.head_dim), self.k[i][None], self.v[i][None], lens,
+                                   1.0 / math.sqrt(c.head_dim), after=mx.concatenate([k_written, v_written]))
+        return o.reshape(1, -1)
+
     def _projections(self, i: int, x: mx.array, t: int) -> tuple[mx.array, mx.array, mx.array]:
         """Layer i's Q, K, V [t, heads, D], Qwen3's head norms applied, not yet rotated (the paths
         whose RoPE is not fused into the projection's output: unfused, paged)."""
@@ -232,12 +277,10 @@ class KernelDecoder:
     def _paged_attention(self, i: int, x: mx.array, t: int, pos) -> mx.array:
         """Layer i's attention over the paged cache: projections, head norms, RoPE, the cache
         write, attention; o [t, Hq * D]."""
-        from kernels import attention, rope
+        from kernels import attention
 
         c = self.config
-        q, k, v = self._projections(i, x, t)
-        rotate = rope.rope_neox if c.neox else rope.rope
-        q, k = rotate(q, pos, theta=c.rope_theta), rotate(k, pos, theta=c.rope_theta)
+        q, k, v = self._rotated(i, x, t, pos)
         self.k[i], self.v[i], written = attention.reshape_and_cache(k, v, self.k[i], self.v[i],
                                                                     self._slots(pos, t))
         scale = 1.0 / math.sqrt(c.head_dim)
@@ -277,10 +320,9 @@ class KernelDecoder:
         t = ids.size if isinstance(ids, mx.array) else len(ids)
         if t == 0:
             raise ValueError("tokens must not be empty")
-        if self.pos + t > self.max_seq:  # circular overflow: the reference variant only, so far
-            raise ValueError(f"{self.pos + t} tokens do not fit the cache of {self.max_seq} (the kernel "
-                             f"variants do not wrap around yet: their fused RoPE + KV write takes one "
-                             f"position for the angle and the row)")
+        if self.pos + t > self.max_seq and (t > 1 or not self.overflow):
+            raise ValueError(f"{self.pos + t} tokens do not fit the cache of {self.max_seq}: prompts must "
+                             f"fit; decode steps wrap around only in a decoder made with overflow=True")
         if not isinstance(ids, mx.array):
             # Host tokens do not come out of the graph that wrote the cache, so nothing orders
             # this step's kernels after those in-place writes (kernels.rope.Rotated): finish

@@ -4,8 +4,6 @@ greedy tokens identical wherever the reference's top-1/top-2 margin exceeds 1e-2
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 
@@ -13,6 +11,7 @@ from harness.decode import ReferenceDecoder, model_file
 from harness.models import load_gguf, write_random_gguf
 from reference import rel_err
 from reference.model import forward
+from tests.decode_checks import wraps_like_the_window
 
 PROMPT, STEPS = 16, 64
 
@@ -62,36 +61,10 @@ def test_cache_limits_are_clear_errors(models):
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
 def test_circular_overflow_against_float64(models, preset, mode):
-    """Past max_seq a decode step overwrites the oldest row: logits equal the float64 forward
-    pass whose attention sees only the last max_seq positions (RoPE at absolute positions),
-    twice around a cache of 20 rows."""
-    import mlx.core as mx
-
+    """Twice around a cache of 20 rows (tests/decode_checks.py)."""
     m = models[preset, "q8_0"]
-    rows = 20
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
-    decoder = ReferenceDecoder(m, rows)
-    fn = decoder.compiled_step() if mode == "compiled" else None
-    ours = np.array(decoder.forward(prompt))[-1]
-    want, cache = forward(m, prompt, window=rows)
-    want = want[-1]
-    for _ in range(2 * rows):
-        assert rel_err(ours, want) <= 1e-2
-        token = int(np.argmax(want))
-        if fn is None:
-            ours = np.array(decoder.forward([token]))[-1]
-        else:
-            n = m.config.n_layers
-            logits, *caches = fn(mx.array([token], dtype=mx.int32), mx.array([decoder.pos], dtype=mx.int32),
-                                 *decoder.k, *decoder.v)
-            decoder.k, decoder.v, decoder.pos = caches[:n], caches[n:], decoder.pos + 1
-            ours = np.array(logits)[-1]
-        step, cache = forward(m, [token], cache, window=rows)
-        want = step[-1]
-    assert decoder.pos == PROMPT + 2 * rows
-    # the window matters: without it the float64 pass differs by far more than the tolerance
-    full = forward(m, [token], copy.deepcopy(cache))[0][-1]
-    assert rel_err(full, forward(m, [token], copy.deepcopy(cache), window=rows)[0][-1]) > 1e-2
+    wraps_like_the_window(ReferenceDecoder(m, 20), m, prompt, mode)
 
 
 def test_model_file_names_the_presets(tmp_path, monkeypatch):

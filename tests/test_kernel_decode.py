@@ -13,6 +13,7 @@ from harness.kernel_decode import BLOCK_SIZE, KernelDecoder, kernel_plan
 from harness.models import load_gguf, write_random_gguf
 from reference import rel_err
 from reference.model import forward
+from tests.decode_checks import wraps_like_the_window
 
 PROMPT, STEPS = 16, 24
 
@@ -63,12 +64,21 @@ def test_paged_cache_goes_through_the_block_table(models):
         KernelDecoder(m, 32, "unfused", "ring")
 
 
-def test_kernel_variants_refuse_to_wrap_around(models):
-    """Circular overflow is the reference variant's so far: a kernel decoder's full cache is a
-    clear error before any launch (CPU)."""
-    decoder = KernelDecoder(models["tiny-llama", "q8_0"], 4, "fused")
-    with pytest.raises(ValueError, match="do not wrap around"):
-        decoder.forward([1, 2, 3, 4, 5])
+def test_wrapping_is_asked_for(models):
+    """A kernel decoder wraps around only when made with overflow=True (its decode steps then
+    take the wrapping path); otherwise a full cache, and a prompt past it always, are clear
+    errors before any launch; the paged cache does not wrap (CPU)."""
+    m = models["tiny-llama", "q8_0"]
+    with pytest.raises(ValueError, match="overflow=True"):
+        KernelDecoder(m, 4, "fused").forward([1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match="prompts must fit"):
+        KernelDecoder(m, 4, "fused", overflow=True).forward([1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match="paged"):
+        KernelDecoder(m, 32, "fused", "paged", overflow=True)
+    for fused in (False, True):
+        ops = [s.op for s in kernel_plan(m.config, fused, overflow=True) if s.layer == 0]
+        assert ops.count("rope") == 2 and ops.count("kv_write") == 2 and "rope_kv_write" not in ops
+        assert ops.index("kv_write") < ops.index("attention")
 
 
 def test_fused_needs_block_matrices(models):
@@ -136,3 +146,25 @@ def test_compiled_step_logits_match_the_eager_step(models, variant, kv):
         assert rel_err(np.array(logits), want) <= 1e-3
     assert all(np.array_equal(np.array(a), np.array(b), equal_nan=True)  # paged: unwritten slots NaN
                for a, b in zip(eager.k + eager.v, compiled.k + compiled.v))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("variant", ["unfused", "fused"])
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_circular_overflow_against_float64(models, preset, variant, mode):
+    """Twice around a cache of 20 rows, as the reference variant (tests/decode_checks.py)."""
+    m = models[preset, "q4_0"]
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    wraps_like_the_window(KernelDecoder(m, 20, variant, overflow=True), m, prompt, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["unfused", "fused"])
+def test_wrapping_modes_agree(models, variant):
+    """Every mode gives the same tokens while wrapping around a cache of 20 rows."""
+    m = models["tiny-qwen3", "q8_0"]
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    runs = {mode: generate(KernelDecoder(m, 20, variant, overflow=True), prompt, 30, mode).generated
+            for mode in MODES}
+    assert len(set(map(tuple, runs.values()))) == 1, runs
