@@ -5,12 +5,19 @@
         python -m harness.profile_decode llama3-8b --qtype q4_0 --variant fused --mode compiled --marked
     python -m harness.profile_decode --summarize ncu.csv
 
+    python -m harness.profile_decode llama3-8b --qtype q4_0 --variant fused --mode compiled-pipelined
+
 The first form times `--tokens` decode steps after a 16-token prompt (wall ms per token). The
 second runs `--steps` steps for Nsight Compute, each between two marker launches (a tiny
 cumulative sum, whose kernel is the only scan of the run), so that the third form can cut the
 profile into steps and sum each kernel's GPU time over the last complete one. Kernel time far
 below the wall time per token means the token waits on the host (graph building, encoding,
-launch gaps), not on the GPU.
+launch gaps), not on the GPU. The last form (mlx-lm's loop: step n+1 queued before token n is
+read) splits each token's wall time on the host: `call`, the compiled step building its graph;
+`encode`, mx.async_eval, where MLX encodes every op and hands it to the GPU (on CUDA, in the
+calling thread); `wait`, reading the token. With the GPU's busy share sampled by NVML meanwhile:
+encode close to the wall time and a GPU busy well under 100% mean the host's encoding bounds the
+token, not the kernels.
 """
 
 from __future__ import annotations
@@ -76,6 +83,85 @@ def run(preset: str, qtype: str, variant: str, mode: str, tokens: int, marked: b
           f"(median of {n}{', under the profiler' if marked else ''})")
 
 
+def _busy_sampler():
+    """(start, stop) of a thread sampling the GPU's busy share (NVML utilization.gpu: the share of
+    a sample period with a kernel running) every 20 ms; stop() returns the samples' mean, or None
+    without NVML."""
+    import threading
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # no NVML (CPU machine, or the package is missing): not measured
+        return (lambda: None), (lambda: None)
+    samples, done = [], threading.Event()
+
+    def sample():
+        while not done.wait(0.02):
+            samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+
+    thread = threading.Thread(target=sample, daemon=True)
+
+    def stop():
+        done.set()
+        thread.join()
+        return float(np.mean(samples[len(samples) // 5:])) if samples else None  # past the ramp
+
+    return thread.start, stop
+
+
+def run_pipelined(preset: str, qtype: str, variant: str, tokens: int) -> None:
+    """Compiled-pipelined decode of `tokens` tokens, each token's host time split (module doc)."""
+    import mlx.core as mx
+
+    from harness.decode import make_decoder, model_file
+    from harness.models import load_gguf
+
+    model = load_gguf(model_file(preset, qtype))
+    c = model.config
+    decoder = make_decoder(model, 16 + tokens + 16, variant)
+    prompt = np.random.default_rng(0).integers(0, c.vocab, 16)
+    token = mx.argmax(decoder.forward(prompt)[-1]).reshape(1).astype(mx.int32)
+    mx.eval(token, decoder.k, decoder.v)
+    fn = decoder.compiled_step(ordered=True)
+    parts = defaultdict(list)
+
+    def queue(token):
+        t0 = time.perf_counter()
+        logits, *caches = fn(token, mx.array([decoder.pos], dtype=mx.int32), *decoder.k, *decoder.v)
+        decoder.k, decoder.v = caches[: c.n_layers], caches[c.n_layers:]
+        decoder.pos += 1
+        nxt = mx.argmax(logits[-1]).reshape(1).astype(mx.int32)
+        t1 = time.perf_counter()
+        mx.async_eval(nxt)
+        parts["call"].append(t1 - t0)
+        parts["encode"].append(time.perf_counter() - t1)
+        return nxt
+
+    for _ in range(6):  # warm-up: compilation and first-use costs
+        token = queue(token)
+    mx.eval(token)
+    parts.clear()
+    start_busy, stop_busy = _busy_sampler()
+    start_busy()
+    start = time.perf_counter()
+    for _ in range(tokens):
+        following = queue(token)
+        t0 = time.perf_counter()
+        token.item()
+        parts["wait"].append(time.perf_counter() - t0)
+        token = following
+    mx.eval(token)
+    wall = (time.perf_counter() - start) / tokens
+    busy = stop_busy()
+    split = ", ".join(f"{k} {1e3 * float(np.mean(v)):.3f}" for k, v in parts.items())
+    print(f"{preset} {qtype} {variant} compiled-pipelined: {1e3 * wall:.3f} ms per token over {tokens} "
+          f"(host ms per token: {split}); GPU busy {'n/a' if busy is None else f'{busy:.0f}%'}; "
+          f"{len(decoder.plan)} dispatches a token")
+
+
 def summarize(path: Path) -> None:
     """Kernel time of the last complete marked step of an ncu CSV, by kernel name."""
     launches = []  # (ID, kernel name, us) in launch order
@@ -105,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", nargs="?", default="tiny-llama")
     parser.add_argument("--qtype", default="q4_0")
     parser.add_argument("--variant", default="fused")
-    parser.add_argument("--mode", default="compiled", choices=("step", "compiled"))
+    parser.add_argument("--mode", default="compiled", choices=("step", "compiled", "compiled-pipelined"))
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--marked", action="store_true", help="marker launches around each step (for ncu)")
     parser.add_argument("--steps", type=int, default=2)
@@ -113,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.summarize:
         summarize(args.summarize)
+    elif args.mode == "compiled-pipelined":
+        run_pipelined(args.model, args.qtype, args.variant, args.tokens)
     else:
         run(args.model, args.qtype, args.variant, args.mode, args.tokens, args.marked, args.steps)
     return 0
