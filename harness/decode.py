@@ -22,6 +22,7 @@ import numpy as np
 
 from harness.models import PRESETS, Model, load_gguf, write_random_gguf
 from harness.sampling import Sampler
+from kernels.runtime import index, resident
 from reference.model import weight as float64_weight
 
 
@@ -39,9 +40,11 @@ class ReferenceDecoder:
         self.config, self.max_seq = c, max_seq
         self.dtype = dtype or (mx.float32 if mx.default_device() == mx.cpu else mx.float16)
         # Norm weights stay float32; matrices are dequantized once.
-        self.w = {name: mx.array(float64_weight(model, name).astype(np.float32)).astype(
-                      mx.float32 if name.endswith("norm.weight") else self.dtype)
+        # Copied to the device (kernels.runtime.resident), as the kernel variants' weights are.
+        self.w = {name: resident(mx.array(float64_weight(model, name).astype(np.float32)).astype(
+                      mx.float32 if name.endswith("norm.weight") else self.dtype))
                   for name in model.tensors}
+        mx.clear_cache()
         self.plan = reference_plan(c)  # built once, replayed for every token
         self._compiled = None
         self.reset()
@@ -347,7 +350,7 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
         def queue(token: mx.array) -> mx.array:  # the next token, through the compiled step
             if decoder.pos >= decoder.max_seq and not decoder.overflow:
                 raise ValueError(f"the cache of {decoder.max_seq} is full")
-            pos = mx.array([decoder.pos], dtype=mx.int32)
+            pos = index(decoder.pos)  # a view into a resident table: no host write a token
             logits, *caches = fn(token.reshape(1).astype(mx.int32), pos, *decoder.k, *decoder.v)
             decoder.k, decoder.v = caches[:layers], caches[layers:]
             decoder.pos += 1

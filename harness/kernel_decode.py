@@ -30,6 +30,7 @@ import numpy as np
 
 from harness.decode import Step
 from harness.models import Model
+from kernels.runtime import resident
 
 VARIANTS = ("unfused", "fused")
 KV_LAYOUTS = ("contiguous", "paged")
@@ -130,7 +131,7 @@ class KernelDecoder:
             # write goes through the table, as with a pool shared by many sequences.
             blocks = -(-max_seq // BLOCK_SIZE)
             self.table = np.random.default_rng(0).permutation(blocks).astype(np.int32)[None]
-            self.table_dev = mx.array(self.table)
+            self.table_dev = resident(mx.array(self.table))
         self.types = {n: t.lower() for n, t in model.types.items()}
         self.w, self.nk = {}, {}
         for name, t in model.tensors.items():
@@ -138,17 +139,18 @@ class KernelDecoder:
                 continue
             if t.dtype == np.uint8:
                 bb = 18 if self.types[name] == "q4_0" else 34
-                self.w[name] = mx.array(t)
+                self.w[name] = resident(mx.array(t))
                 self.nk[name] = (t.shape[0], t.shape[1] // bb * 32)
             else:
-                self.w[name] = mx.array(np.asarray(t, dtype=np.float16))
+                self.w[name] = resident(mx.array(np.asarray(t, dtype=np.float16)))
                 self.nk[name] = tuple(t.shape)
         norms = [n for n in model.tensors if n.endswith("norm.weight")]
-        self.g16 = {n: mx.array(np.asarray(model.tensors[n], dtype=np.float16)) for n in norms}
-        self.g32 = {n: mx.array(np.asarray(model.tensors[n], dtype=np.float32)) for n in norms}
+        self.g16 = {n: resident(mx.array(np.asarray(model.tensors[n], dtype=np.float16))) for n in norms}
+        self.g32 = {n: resident(mx.array(np.asarray(model.tensors[n], dtype=np.float32))) for n in norms}
         if self.fused:
             self._concat("attn_qkv", ("attn_q", "attn_k", "attn_v"))
             self._concat("ffn_gate_up", ("ffn_gate", "ffn_up"))
+        mx.clear_cache()  # the host-written copies of the weights (kernels.runtime.resident)
         self.plan = kernel_plan(c, self.fused, self.paged, overflow)
         self._compiled = None
         self.reset()

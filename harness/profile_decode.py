@@ -47,6 +47,7 @@ def run(preset: str, qtype: str, variant: str, mode: str, tokens: int, marked: b
 
     from harness.decode import make_decoder, model_file
     from harness.models import load_gguf
+    from kernels.runtime import index
 
     model = load_gguf(model_file(preset, qtype))
     c = model.config
@@ -61,7 +62,7 @@ def run(preset: str, qtype: str, variant: str, mode: str, tokens: int, marked: b
         if fn is None:
             logits = decoder.forward(token)
         else:
-            logits, *caches = fn(token, mx.array([decoder.pos], dtype=mx.int32), *decoder.k, *decoder.v)
+            logits, *caches = fn(token, index(decoder.pos), *decoder.k, *decoder.v)
             decoder.k, decoder.v = caches[: c.n_layers], caches[c.n_layers:]
             decoder.pos += 1
         nxt = mx.argmax(logits[-1]).reshape(1).astype(mx.int32)
@@ -118,6 +119,7 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int) -> None:
 
     from harness.decode import make_decoder, model_file
     from harness.models import load_gguf
+    from kernels.runtime import index
 
     model = load_gguf(model_file(preset, qtype))
     c = model.config
@@ -130,7 +132,7 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int) -> None:
 
     def queue(token):
         t0 = time.perf_counter()
-        logits, *caches = fn(token, mx.array([decoder.pos], dtype=mx.int32), *decoder.k, *decoder.v)
+        logits, *caches = fn(token, index(decoder.pos), *decoder.k, *decoder.v)
         decoder.k, decoder.v = caches[: c.n_layers], caches[c.n_layers:]
         decoder.pos += 1
         nxt = mx.argmax(logits[-1]).reshape(1).astype(mx.int32)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from kernels.runtime import KernelSpec, Launch, launch
+from kernels.runtime import KernelSpec, Launch, constant, index, launch
 
 HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32)
@@ -54,23 +54,22 @@ def _spec(paged: bool, split: bool) -> KernelSpec:
                       prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_SPLIT {int(split)}")
 
 
-@functools.lru_cache(maxsize=256)
 def _ints(values: tuple[int, ...]) -> mx.array:
-    return mx.array(values, dtype=mx.int32)
+    return constant(tuple(int(x) for x in values))
 
 
 def _device_ints(values: np.ndarray) -> mx.array:
-    return _ints(tuple(int(x) for x in values))
+    """Host ints for a kernel: one value (a decode step's length or slot) as a view into the
+    resident index table, so that per-token values neither write managed memory nor wait."""
+    return index(int(values[0])) if len(values) == 1 else _ints(tuple(values))
 
 
-@functools.lru_cache(maxsize=64)
 def _scale(scale: float) -> mx.array:
-    return mx.array([scale], dtype=mx.float32)
+    return constant((scale,), mx.float32)
 
 
-@functools.cache
 def _no_order() -> mx.array:
-    return mx.zeros((1,), mx.uint32)
+    return constant((0,), mx.uint32)
 
 
 def _fp16(name: str, a: mx.array) -> None:
@@ -181,7 +180,7 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
         used = table[b, : -(-int(n) // block_size)]
         if used.min() < 0 or used.max() >= blocks:
             raise ValueError(f"block_table row {b} points outside the {blocks} blocks of the pool")
-    table_dev = block_table if isinstance(block_table, mx.array) else mx.array(table.astype(np.int32))
+    table_dev = block_table if isinstance(block_table, mx.array) else _ints(tuple(table.reshape(-1))).reshape(table.shape)
     if table_dev.dtype != mx.int32:
         table_dev = table_dev.astype(mx.int32)
     return _run(True, version == "v2", q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
@@ -261,7 +260,7 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
         used = table[: -(-(pos + tokens) // block_size)]
         if used.min() < 0 or used.max() >= k_cache.shape[0]:
             raise ValueError(f"block_table points outside the {k_cache.shape[0]} blocks of the pool")
-        table_dev = mx.array(table.astype(np.int32)[None])
+        table_dev = _ints(tuple(table)).reshape(1, -1)
     lens = np.arange(pos + 1, pos + tokens + 1)
     return _run(block_table is not None, split, q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
                 table_dev, rows, n_kv, group, scale, partition, block_size, after, shared_cache=True,
@@ -291,7 +290,7 @@ def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.a
             raise ValueError(f"{tokens} tokens but {slot_arr.shape[0]} slots")
         if slot_arr.max(initial=-1) >= blocks * block_size:
             raise ValueError(f"slots must be below {blocks * block_size} (the pool), got {slot_arr.max()}")
-        slot_dev = mx.array(slot_arr.astype(np.int32))
+        slot_dev = _device_ints(slot_arr)
     (written,) = launch(Launch(_RESHAPE, [k, v, slot_dev, k_cache, v_cache,
                                           _ints((tokens, n_kv, blocks * block_size))], [((1,), mx.uint32)],
                                (head_dim // X, n_kv, tokens), (head_dim // X, 1, 1),

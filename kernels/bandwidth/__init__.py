@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kernels.runtime import KernelSpec, Launch, launch
+from kernels.runtime import KernelSpec, Launch, constant, launch
 
 _COPY = KernelSpec(name="lathe_copy16", body="bandwidth/copy.metal", inputs=("src", "dims"),
                    outputs=("dst",))
@@ -17,6 +17,6 @@ def copy16(src: mx.array) -> mx.array:
     n16 = src.size // 4
     if n16 > 2**31 - 1:
         raise ValueError("src is too large for 32-bit thread indices")
-    (dst,) = launch(Launch(_COPY, [src, mx.array([n16], dtype=mx.int32)], [(src.shape, mx.uint32)],
+    (dst,) = launch(Launch(_COPY, [src, constant((n16,))], [(src.shape, mx.uint32)],
                            (n16, 1, 1), (256, 1, 1)))
     return dst

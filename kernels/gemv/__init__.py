@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
-from kernels.runtime import KernelSpec, Launch, launch
+from kernels.runtime import KernelSpec, Launch, constant, launch
 
 QTYPES = {"q4_0": (0, 18), "q8_0": (1, 34)}
 MAX_M = 4  # rows of X a GEMV launch takes; linear() goes past it
@@ -57,14 +57,12 @@ _QUANTIZE = KernelSpec("lathe_quantize", "gemv/quantize.metal", ("w", "dims"), (
 _DEQUANTIZE = KernelSpec("lathe_dequantize", "gemv/dequantize.metal", ("q", "dims"), ("w",))
 
 
-@functools.lru_cache(maxsize=256)
 def _dims(n: int, k: int) -> mx.array:
-    return mx.array([n, k], dtype=mx.int32)
+    return constant((n, k))
 
 
-@functools.lru_cache(maxsize=64)
 def _eps(eps: float) -> mx.array:
-    return mx.array([eps], dtype=mx.float32)
+    return constant((eps,), mx.float32)
 
 
 def _check_qtype_shape(qtype: str, n: int, k: int) -> None:

@@ -4,12 +4,11 @@ embedding lookup from F16, Q8_0 and Q4_0 tables. fp16 activations, fp32 math."""
 
 from __future__ import annotations
 
-import functools
 
 import mlx.core as mx
 import numpy as np
 
-from kernels.runtime import KernelSpec, Launch, launch
+from kernels.runtime import KernelSpec, Launch, constant, index, launch
 
 NSIMD = 4
 EMBED_TYPES = {"q4_0": (0, 18), "q8_0": (1, 34), "f16": (2, None)}
@@ -26,14 +25,12 @@ _ARGMAX = KernelSpec("lathe_argmax", "loop/argmax.metal", ("logits", "dims"), ("
 _EMBED = KernelSpec("lathe_embed", "loop/embed.metal", ("table", "tokens", "dims"), ("out",))
 
 
-@functools.lru_cache(maxsize=256)
 def _ints(values: tuple[int, ...]) -> mx.array:
-    return mx.array(values, dtype=mx.int32)
+    return constant(values)
 
 
-@functools.lru_cache(maxsize=64)
 def _eps(eps: float) -> mx.array:
-    return mx.array([eps], dtype=mx.float32)
+    return constant((eps,), mx.float32)
 
 
 def _fp16_2d(name: str, a: mx.array, multiple: int = 8) -> tuple[int, int]:
@@ -109,7 +106,7 @@ def embed(table: mx.array, tokens, qtype: str, k: int) -> mx.array:
             raise ValueError("tokens must be a non-empty list of integers")
         if host.min() < 0 or host.max() >= vocab:
             raise ValueError(f"token ids must be in 0..{vocab - 1}, got {host.min()}..{host.max()}")
-        ids = mx.array(host.astype(np.int32))
+        ids = index(int(host[0])) if host.size == 1 else constant(tuple(int(i) for i in host))
     t = ids.shape[0]
     blocks = t * (k // 32)
     (out,) = launch(Launch(_EMBED, [table, ids, _ints((t, k, vocab))], [((t, k), mx.float16)],

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from kernels.runtime import FORMS, KernelSpec, Launch, cache_io, cache_prelude, launch
+from kernels.runtime import FORMS, KernelSpec, Launch, cache_io, cache_prelude, constant, index, launch, resident
 
 FREQS = ("table", "inline")
 # Launch tuning: threads per threadgroup, and heads per thread (HPT, a compile-time constant) for
@@ -109,7 +109,7 @@ def _pos_array(pos: int | mx.array, seq: int, max_seq: int | None) -> mx.array:
         raise ValueError(f"pos must be >= 0, got {pos}")
     if max_seq is not None and pos + seq > max_seq:
         raise ValueError(f"pos + seq = {pos + seq} is beyond the cache ({max_seq} rows)")
-    return _int32((pos,))
+    return index(pos)
 
 
 def position(pos: int | mx.array) -> mx.array:
@@ -133,19 +133,15 @@ def _check_cache(name: str, cache: mx.array, n_kv_heads: int, head_dim: int) -> 
 def inv_freq_table(head_dim: int, theta: float) -> mx.array:
     """theta^(-2i/D) as float32[D/2], computed in float64 on the host."""
     exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
-    return mx.array((np.float64(theta) ** -exponents).astype(np.float32))
+    return resident(mx.array((np.float64(theta) ** -exponents).astype(np.float32)))
 
 
-@functools.lru_cache(maxsize=4096)
 def _int32(values: tuple[int, ...]) -> mx.array:
-    # Cached: on CUDA, MLX keeps arrays in managed memory, and a fresh host-written array costs
-    # the GPU a page migration on first touch. A decode loop passes positions as device arrays.
-    return mx.array(values, dtype=mx.int32)
+    return constant(values)
 
 
-@functools.lru_cache(maxsize=256)
 def _float32(values: tuple[float, ...]) -> mx.array:
-    return mx.array(values, dtype=mx.float32)
+    return constant(values, mx.float32)
 
 
 def _table(head_dim: int, theta: float, inv_freq: mx.array | None) -> mx.array:
