@@ -47,7 +47,7 @@ def timing_row(benchmark: str, kernel: str, variant: str, nbytes: int, flops: in
         us_max=round(timing.us_max, 3), gbs=round(gbs, 2), pct_peak=round(100 * gbs / peak_gbs, 2),
         peak_gbs=round(peak_gbs, 1), bytes=nbytes, flops=flops, launches=timing.launches,
         repeats=timing.repeats, rel_err=rel_err, compile_s=round(timing.compile_s, 3),
-        host_us=round(timing.host_us, 2),
+        host_us=round(timing.host_us, 2), gpu_us=round(timing.gpu_us, 3),
         **meta, **shape,
     )
 
@@ -76,6 +76,8 @@ def summary(rows: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     shape_cols = [c for c in ("seq", "M", "N", "K", "ctx", "batch") if c in df.columns]
     cols = ["benchmark", "kernel", "variant", *shape_cols, "us", "gbs", "pct_peak", "host_us"]
+    if "gpu_us" in df.columns and df.gpu_us.notna().any():  # traced on CUDA (harness.timing)
+        cols.append("gpu_us")
     return df[cols + (["rel_err"] if (df.rel_err != "").any() else [])]
 
 

@@ -6,6 +6,7 @@
     python -m harness.profile_decode --summarize ncu.csv
 
     python -m harness.profile_decode llama3-8b --qtype q4_0 --variant fused --mode compiled-pipelined
+    python -m harness.profile_decode llama3-8b --mode compiled-pipelined --timeline trace.json
 
 The first form times `--tokens` decode steps after a 16-token prompt (wall ms per token). The
 second runs `--steps` steps for Nsight Compute, each between two marker launches (a tiny
@@ -17,18 +18,25 @@ read) splits each token's wall time on the host: `call`, the compiled step build
 `encode`, mx.async_eval, where MLX encodes every op and hands it to the GPU (on CUDA, in the
 calling thread); `wait`, reading the token. With the GPU's busy share sampled by NVML meanwhile:
 encode close to the wall time and a GPU busy well under 100% mean the host's encoding bounds the
-token, not the kernels.
+token, not the kernels. `--timeline` adds the GPU's own record of the same tokens (CUPTI, through
+PyTorch's profiler: harness.gpu_trace): each token's span on the GPU, its kernels' time and the
+gaps between them, and the time of each kernel in the loop as it runs there (Nsight Compute's
+times are of kernels run one at a time, between which the GPU idles and its clock drops). The
+tracer slows the host's encoding, so read the wall time from a run without it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from harness import gpu_trace
 
 MARKER = "scan"  # the marker launch's kernel name contains it; nothing in a decode step does
 # ncu writes either spelling, depending on its version
@@ -113,8 +121,33 @@ def _busy_sampler():
     return thread.start, stop
 
 
-def run_pipelined(preset: str, qtype: str, variant: str, tokens: int) -> None:
-    """Compiled-pipelined decode of `tokens` tokens, each token's host time split (module doc)."""
+def summarize_timeline(kernels: list[tuple[float, float, str]], last: str = "ArgMax") -> None:
+    """Each token's GPU span (from the end of one token's last kernel, the argmax, to the end of
+    the next one's), the kernels' busy time within it and the gaps left; kernel time by name."""
+    ends = [i for i, (_, _, name) in enumerate(kernels) if last in name]
+    if len(ends) < 3:
+        print(f"timeline: {len(ends)} kernels named {last!r}: too few to cut into tokens")
+        return
+    spans, busy, by_name = [], [], defaultdict(list)
+    for a, b in zip(ends[:-1], ends[1:]):
+        spans.append(sum(kernels[b][:2]) - sum(kernels[a][:2]))
+        busy.append(sum(d for _, d, _ in kernels[a + 1:b + 1]))
+        for _, d, name in kernels[a + 1:b + 1]:
+            by_name[name.split("(")[0][:64]].append(d)
+    n = len(spans)
+    span, work = float(np.median(spans)), float(np.median(busy))
+    print(f"timeline over {n} tokens: GPU span {span / 1e3:.3f} ms a token (median), kernels "
+          f"{work / 1e3:.3f} ms, gaps {(span - work) / 1e3:.3f} ms; {ends[1] - ends[0]} kernels a token")
+    print(f"{'kernel':64s} {'a token':>7s} {'us each':>8s} {'us a token':>10s} {'share':>6s}")
+    for name, ds in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{name:64s} {len(ds) / n:7.1f} {np.mean(ds):8.2f} {sum(ds) / n:10.1f} "
+              f"{100 * sum(ds) / n / span:5.1f}%")
+
+
+def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
+                  timeline: Path | None = None) -> None:
+    """Compiled-pipelined decode of `tokens` tokens, each token's host time split (module doc);
+    with `timeline`, the GPU's kernel timeline of the timed tokens too."""
     import mlx.core as mx
 
     from harness.decode import make_decoder, model_file
@@ -146,22 +179,28 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int) -> None:
         token = queue(token)
     mx.eval(token)
     parts.clear()
+    if timeline and not gpu_trace.available():
+        raise SystemExit("--timeline needs the CUDA backend and PyTorch (its profiler reads CUPTI)")
     start_busy, stop_busy = _busy_sampler()
-    start_busy()
-    start = time.perf_counter()
-    for _ in range(tokens):
-        following = queue(token)
-        t0 = time.perf_counter()
-        token.item()
-        parts["wait"].append(time.perf_counter() - t0)
-        token = following
-    mx.eval(token)
-    wall = (time.perf_counter() - start) / tokens
-    busy = stop_busy()
+    trace = gpu_trace.kernel_trace(timeline) if timeline else contextlib.nullcontext([])
+    with trace as kernels:
+        start_busy()
+        start = time.perf_counter()
+        for _ in range(tokens):
+            following = queue(token)
+            t0 = time.perf_counter()
+            token.item()
+            parts["wait"].append(time.perf_counter() - t0)
+            token = following
+        mx.eval(token)
+        wall = (time.perf_counter() - start) / tokens
+        busy = stop_busy()
     split = ", ".join(f"{k} {1e3 * float(np.mean(v)):.3f}" for k, v in parts.items())
     print(f"{preset} {qtype} {variant} compiled-pipelined: {1e3 * wall:.3f} ms per token over {tokens} "
           f"(host ms per token: {split}); GPU busy {'n/a' if busy is None else f'{busy:.0f}%'}; "
-          f"{len(decoder.plan)} dispatches a token")
+          f"{len(decoder.plan)} dispatches a token{', under the kernel tracer' if timeline else ''}")
+    if timeline:
+        summarize_timeline(kernels)
 
 
 def summarize(path: Path) -> None:
@@ -198,11 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--marked", action="store_true", help="marker launches around each step (for ncu)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--summarize", type=Path, help="an ncu CSV of a --marked run")
+    parser.add_argument("--timeline", type=Path, help="compiled-pipelined: trace the GPU's kernels "
+                        "(CUPTI, through PyTorch's profiler) into this Chrome trace and summarize it")
     args = parser.parse_args(argv)
     if args.summarize:
         summarize(args.summarize)
     elif args.mode == "compiled-pipelined":
-        run_pipelined(args.model, args.qtype, args.variant, args.tokens)
+        run_pipelined(args.model, args.qtype, args.variant, args.tokens, args.timeline)
     else:
         run(args.model, args.qtype, args.variant, args.mode, args.tokens, args.marked, args.steps)
     return 0

@@ -21,7 +21,7 @@ import pandas as pd
 COMMON_COLUMNS: list[str] = [
     "benchmark", "kernel", "variant", "backend", "device",
     "us", "us_min", "us_max", "gbs", "pct_peak", "peak_gbs",
-    "bytes", "flops", "launches", "repeats", "rel_err", "compile_s", "host_us",
+    "bytes", "flops", "launches", "repeats", "rel_err", "compile_s", "host_us", "gpu_us",
     "mlx_version", "git_sha", "date",
 ]
 
@@ -40,7 +40,7 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
 
 # Columns a row may leave out; they are written as empty cells.
 OPTIONAL_COLUMNS: frozenset[str] = frozenset(
-    {"rel_err", "compile_s", "host_us", "flops", "launches", "repeats", "us_min", "us_max"}
+    {"rel_err", "compile_s", "host_us", "gpu_us", "flops", "launches", "repeats", "us_min", "us_max"}
 )
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.

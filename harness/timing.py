@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from harness import gpu_trace
+
 State = dict[str, Any]
 
 # L2 sizes by device name, where MLX does not report one (bytes).
@@ -50,6 +52,7 @@ class Timing:
     sets: int  # S, rotated input sets
     compile_s: float  # first call, compilation included
     host_us: float  # median time to build one call's graph on the host (not in `us`)
+    gpu_us: float = math.nan  # kernel time on the GPU per call, one traced round (gpu_trace)
 
 
 def _arrays(state: State) -> list[mx.array]:
@@ -132,6 +135,11 @@ def time_calls(
     for _ in range(repeats):
         samples.append(rounds.run() / rounds.calls * 1e6)
         builds.append(rounds.last_build_s / rounds.calls * 1e6)
+    gpu_us = math.nan
+    if gpu_trace.available():  # one more round, its kernels traced: their time, not the host's
+        with gpu_trace.kernel_trace() as kernels:
+            rounds.run()
+        gpu_us = sum(d for _, d, _ in kernels) / rounds.calls
     return Timing(
         us=statistics.median(samples),
         us_min=min(samples),
@@ -141,4 +149,5 @@ def time_calls(
         sets=len(rounds.sets),
         compile_s=rounds.compile_s,
         host_us=statistics.median(builds),
+        gpu_us=gpu_us,
     )

@@ -30,3 +30,32 @@ def test_summarize_sums_the_last_complete_step(tmp_path, capsys):
     path.write_text(HEAD + "".join(rows[:4]))  # one marker: no complete step
     with pytest.raises(SystemExit, match="fewer than two"):
         profile_decode.summarize(path)
+
+
+def test_timeline_cuts_tokens_at_the_argmax(capsys):
+    # Three tokens of (embed 2 us, gemv 10 us, argmax 3 us), 1 us gaps; before the first argmax:
+    # a partial token, not counted.
+    kernels, t = [(0.0, 50.0, "gemv(half*)")], 60.0
+    for _ in range(3):
+        for name, d in [("lathe_embed(int*)", 2.0), ("gemv(half*)", 10.0),
+                        ("arg_reduce_general<float, ArgMax<float>>(float*)", 3.0)]:
+            kernels.append((t, d, name))
+            t += d + 1.0
+    profile_decode.summarize_timeline(kernels)
+    out = capsys.readouterr().out
+    assert "over 2 tokens: GPU span 0.018 ms a token (median), kernels 0.015 ms, gaps 0.003 ms" in out
+    assert out.index("gemv") < out.index("lathe_embed")  # by time a token
+    profile_decode.summarize_timeline(kernels[:4])
+    assert "too few" in capsys.readouterr().out
+
+
+def test_no_trace_without_a_cuda_backend():
+    from harness import gpu_trace
+    from kernels.runtime import backend
+
+    if backend() == "cuda":
+        pytest.skip("a CUDA machine traces")
+    assert not gpu_trace.available()
+    with gpu_trace.kernel_trace() as kernels:
+        pass
+    assert kernels == []

@@ -38,7 +38,7 @@ def test_common_columns_order():
     assert results.COMMON_COLUMNS == [
         "benchmark", "kernel", "variant", "backend", "device", "us", "us_min", "us_max",
         "gbs", "pct_peak", "peak_gbs", "bytes", "flops", "launches", "repeats", "rel_err",
-        "compile_s", "host_us", "mlx_version", "git_sha", "date",
+        "compile_s", "host_us", "gpu_us", "mlx_version", "git_sha", "date",
     ]
 
 
