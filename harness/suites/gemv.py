@@ -420,7 +420,11 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
 
 SWEEP_ROWS = (1, 2, 4)
 SWEEP_SIMDS = (2, 4, 8)
-SWEEP_SHAPES = ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
+# The decode loop's fused projections, each in the format its ANCHORS model uses: Llama-3-8B's
+# QKV, O, gate+up, down and head in Q4_0, Qwen3-0.6B's QKV, O, gate+up and down in Q8_0.
+SWEEP_SHAPES = (("q4_0", 6144, 4096), ("q4_0", 4096, 4096), ("q4_0", 28672, 4096),
+                ("q4_0", 4096, 14336), ("q4_0", 128256, 4096), ("q8_0", 4096, 1024),
+                ("q8_0", 1024, 2048), ("q8_0", 6144, 1024), ("q8_0", 1024, 3072))
 
 
 def sweep_cases() -> list[BenchCase]:
@@ -429,30 +433,29 @@ def sweep_cases() -> list[BenchCase]:
     from kernels.gemv import SMEM_BUDGET, gemv_v2, v2_smem_bytes
 
     cases = []
-    for n, k in SWEEP_SHAPES:
-        for qtype in QTYPES:
-            weights = _weights_once(qtype, (n, k))
+    for qtype, n, k in SWEEP_SHAPES:
+        weights = _weights_once(qtype, (n, k))
 
-            def make(k=k, weights=weights):
-                return {"w": weights()[0], "x": mx.random.normal((1, k)).astype(mx.float16)}
+        def make(k=k, weights=weights):
+            return {"w": weights()[0], "x": mx.random.normal((1, k)).astype(mx.float16)}
 
-            for r in SWEEP_ROWS:
-                for s in SWEEP_SIMDS:
-                    if v2_smem_bytes(qtype, 1, r, s, 2048) > SMEM_BUDGET:
-                        continue
+        for r in SWEEP_ROWS:
+            for s in SWEEP_SIMDS:
+                if v2_smem_bytes(qtype, 1, r, s, 2048) > SMEM_BUDGET:
+                    continue
 
-                    def step(st, qtype=qtype, n=n, k=k, r=r, s=s):
-                        return [gemv_v2(st["x"], st["w"], qtype, n, k, rows=r, simds=s)]
+                def step(st, qtype=qtype, n=n, k=k, r=r, s=s):
+                    return [gemv_v2(st["x"], st["w"], qtype, n, k, rows=r, simds=s)]
 
-                    def verify(make=make, step=step, qtype=qtype, n=n, k=k):
-                        st = make()
-                        return rel_err(np.array(step(st)[0]),
-                                       np.array(gemv_v2(st["x"], st["w"], qtype, n, k)))
+                def verify(make=make, step=step, qtype=qtype, n=n, k=k):
+                    st = make()
+                    return rel_err(np.array(step(st)[0]),
+                                   np.array(gemv_v2(st["x"], st["w"], qtype, n, k)))
 
-                    nbytes = _io_bytes(qtype, n, k)
-                    cases.append(BenchCase("gemv", "gemv-sweep", f"gemv_{qtype}", f"R{r}-NSIMD{s}",
-                                           dict(M=1, N=n, K=k), make, step, nbytes, 2 * n * k,
-                                           nbytes, verify))
+                nbytes = _io_bytes(qtype, n, k)
+                cases.append(BenchCase("gemv", "gemv-sweep", f"gemv_{qtype}", f"R{r}-NSIMD{s}",
+                                       dict(M=1, N=n, K=k), make, step, nbytes, 2 * n * k,
+                                       nbytes, verify))
     return cases
 
 

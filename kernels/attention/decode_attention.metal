@@ -11,9 +11,11 @@
 // partial output, max and sum (part_out[B, Hq, P, D], part_ml[B, Hq, P, 2]); combine.metal
 // merges them (paged v2, flash decode).
 // Tokens go in chunks of CH: scores for the chunk into threadgroup memory (a thread a token,
-// 16-byte K loads), the running max and sum updated once per chunk (online softmax), then P.V
-// with lane l owning rows d = l + 32 i and SIMD groups taking 8-token vectors in turn; the SIMD
-// groups' sums meet at the end. Tokens past the context are never loaded into a sum: a V vector
+// 16-byte K loads, a row's loads issued together), the running max and sum updated once per
+// chunk (online softmax), then P.V with SIMD groups taking 8-token vectors in turn, each lane
+// owning D / 32 output rows (`dim` below); the SIMD groups' sums meet at the end. At decode's
+// short contexts the kernel is a chain of memory latencies, not a stream: every loop issues all
+// of its loads before it uses one. Tokens past the context are never loaded into a sum: a V vector
 // that straddles the end has its extra lanes replaced by zero, not multiplied by it (unused
 // cache slots may hold anything, NaN included).
 // Constants: D, G, NSIMD, BS (paged block size; 0 contiguous). Prelude: LATHE_PAGED, LATHE_SPLIT.
@@ -21,9 +23,14 @@
 //   dims (int32: Hkv, S or MAXB, PART, P, cache sequence per query: 1, or 0 for a prompt's
 //   tokens over one cache), scale (float[1]), after (ordering token, not read).
 constexpr uint NT = NSIMD * 32;
-constexpr uint CH = 256;       // tokens a chunk
+constexpr uint CH = NT;        // tokens a chunk: a thread a token
+constexpr uint KG = D / 8 < 8 ? D / 8 : 8;  // 16-byte K loads in flight a thread
 constexpr uint DV = D / 8;     // 16-byte vectors of a K row
-constexpr uint ROWS = D / 32;  // V rows a lane owns
+constexpr uint ROWS = D / 32;  // V rows (output dimensions) a lane owns:
+// The paged V block is [D, BS] (a dimension's tokens contiguous): lane l owns d = l + 32 i and
+// reads 8 tokens of one dimension in a 16-byte load. The contiguous V is [S, D] (a token's row
+// contiguous): lane l owns the ROWS neighbours d = ROWS l + i, so a SIMD group reads a row whole.
+#define lane_dim(l, i) (LATHE_PAGED ? (l) + 32 * (i) : (l) * ROWS + (i))
 const float NEG_INF = -as_type<float>(0x7f800000u);  // -inf
 
 threadgroup float q_s[G * D];
@@ -65,8 +72,10 @@ threadgroup_barrier(mem_flags::mem_threadgroup);
 
 for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   const uint cn = min(CH, t_end - c0);
-  // Scores of the chunk, a thread a token.
-  for (uint tl = tid; tl < CH; tl += NT) {
+  // Scores of the chunk, a thread a token (CH = NT: no loop here, so that the compiler keeps
+  // q_s in threadgroup memory rather than hoisting all G * D values into registers).
+  {
+    const uint tl = tid;
     float s[G];
     for (uint g = 0; g < G; ++g) s[g] = 0.0f;
     if (tl < cn) {
@@ -77,19 +86,28 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
 #else
       const uint k0 = ((cb * n_kv + h) * rows + t) * D;  // + c * 8
 #endif
-      for (uint c = 0; c < DV; ++c) {
+      // KG 16-byte loads in flight together, then their products (D / 8 / KG latencies a row).
+      for (uint c0k = 0; c0k < DV; c0k += KG) {
+        uint4 kr[KG];
+        LATHE_UNROLL
+        for (uint c = 0; c < KG; ++c) {
 #if LATHE_PAGED
-        const uint4 kw = load_wide<uint4>(k_cache, (k0 + c * BS * 8) / 8);
+          kr[c] = load_wide<uint4>(k_cache, (k0 + (c0k + c) * BS * 8) / 8);
 #else
-        const uint4 kw = load_wide<uint4>(k_cache, (k0 + c * 8) / 8);
+          kr[c] = load_wide<uint4>(k_cache, (k0 + (c0k + c) * 8) / 8);
 #endif
-        const uint ku[4] = {kw.x, kw.y, kw.z, kw.w};
-        for (uint j = 0; j < 4; ++j) {
-          const half2 k2 = as_type<half2>(ku[j]);
-          const float ka = float(k2.x), kb = float(k2.y);
-          for (uint g = 0; g < G; ++g) {
-            s[g] = fma(q_s[g * D + 8 * c + 2 * j], ka, s[g]);
-            s[g] = fma(q_s[g * D + 8 * c + 2 * j + 1], kb, s[g]);
+        }
+        LATHE_UNROLL
+        for (uint c = 0; c < KG; ++c) {
+          const uint ku[4] = {kr[c].x, kr[c].y, kr[c].z, kr[c].w};
+          for (uint j = 0; j < 4; ++j) {
+            const half2 k2 = as_type<half2>(ku[j]);
+            const float ka = float(k2.x), kb = float(k2.y);
+            const uint e = 8 * (c0k + c) + 2 * j;
+            for (uint g = 0; g < G; ++g) {
+              s[g] = fma(q_s[g * D + e], ka, s[g]);
+              s[g] = fma(q_s[g * D + e + 1], kb, s[g]);
+            }
           }
         }
       }
@@ -137,24 +155,48 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
 #else
     const uint v0 = ((cb * n_kv + h) * rows + t0) * D;  // + j * D + d
 #endif
-    for (uint i = 0; i < ROWS; ++i) {
-      const uint d = lane + 32 * i;
-      float v8[8];
+    // The vector's V values of this lane's rows, all loads issued before any is used.
+    float v8[ROWS][8];
 #if LATHE_PAGED
-      const uint4 vw = load_wide<uint4>(v_cache, (v0 + d * BS) / 8);
-      const uint vu[4] = {vw.x, vw.y, vw.z, vw.w};
+    uint4 vw[ROWS];
+    LATHE_UNROLL
+    for (uint i = 0; i < ROWS; ++i) vw[i] = load_wide<uint4>(v_cache, (v0 + lane_dim(lane, i) * BS) / 8);
+    LATHE_UNROLL
+    for (uint i = 0; i < ROWS; ++i) {
+      const uint vu[4] = {vw[i].x, vw[i].y, vw[i].z, vw[i].w};
       for (uint j = 0; j < 4; ++j) {
         const half2 v2 = as_type<half2>(vu[j]);
-        v8[2 * j] = float(v2.x);
-        v8[2 * j + 1] = float(v2.y);
+        v8[i][2 * j] = float(v2.x);
+        v8[i][2 * j + 1] = float(v2.y);
       }
+    }
 #else
-      for (uint j = 0; j < 8; ++j) v8[j] = j < valid ? float(v_cache[v0 + j * D + d]) : 0.0f;
+    // Token j's row: this lane's ROWS neighbouring values as ROWS / 2 half2 words (a SIMD group
+    // reads the row whole); rows past the context are not loaded.
+    uint vw[8][ROWS / 2];
+    LATHE_UNROLL
+    for (uint j = 0; j < 8; ++j) {
+      LATHE_UNROLL
+      for (uint w = 0; w < ROWS / 2; ++w) {
+        vw[j][w] = j < valid ? load_wide<uint>(v_cache, (v0 + j * D + lane_dim(lane, 2 * w)) / 2) : 0u;
+      }
+    }
+    LATHE_UNROLL
+    for (uint j = 0; j < 8; ++j) {
+      LATHE_UNROLL
+      for (uint w = 0; w < ROWS / 2; ++w) {
+        const half2 v2 = as_type<half2>(vw[j][w]);
+        v8[2 * w][j] = float(v2.x);
+        v8[2 * w + 1][j] = float(v2.y);
+      }
+    }
 #endif
-      for (uint j = 0; j < 8; ++j) v8[j] = j < valid ? v8[j] : 0.0f;
+    LATHE_UNROLL
+    for (uint i = 0; i < ROWS; ++i) {
+      for (uint j = 0; j < 8; ++j) v8[i][j] = j < valid ? v8[i][j] : 0.0f;
       for (uint g = 0; g < G; ++g) {
         float a = acc[g][i];
-        for (uint j = 0; j < 8; ++j) a = fma(pv[g][j], v8[j], a);
+        for (uint j = 0; j < 8; ++j) a = fma(pv[g][j], v8[i][j], a);
         acc[g][i] = a;
       }
     }
@@ -167,7 +209,7 @@ for (uint w = 0; w < NSIMD; ++w) {
   if (simd == w) {
     for (uint g = 0; g < G; ++g) {
       for (uint i = 0; i < ROWS; ++i) {
-        const uint e = g * D + lane + 32 * i;
+        const uint e = g * D + lane_dim(lane, i);
         sum_s[e] = (w == 0 ? 0.0f : sum_s[e]) + acc[g][i];
       }
     }
