@@ -55,3 +55,15 @@ def kernel_trace(save_to: Path | None = None):
         events = json.loads(Path(path).read_text())["traceEvents"]
     kernels.extend(sorted((e["ts"], e["dur"], e["name"]) for e in events
                           if e.get("cat") == "kernel"))
+
+
+def busy_us(kernels: list[Kernel]) -> float:
+    """Time with at least one kernel running (the union of their intervals): kernels that MLX's
+    CUDA graphs run side by side (calls with no data between them) are not counted twice."""
+    total, end = 0.0, -float("inf")
+    for start, duration, _ in sorted(kernels):
+        stop = start + duration
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total

@@ -52,7 +52,7 @@ class Timing:
     sets: int  # S, rotated input sets
     compile_s: float  # first call, compilation included
     host_us: float  # median time to build one call's graph on the host (not in `us`)
-    gpu_us: float = math.nan  # kernel time on the GPU per call, one traced round (gpu_trace)
+    gpu_us: float = math.nan  # GPU busy time per call (kernels running), one traced round
 
 
 def _arrays(state: State) -> list[mx.array]:
@@ -139,7 +139,7 @@ def time_calls(
     if gpu_trace.available():  # one more round, its kernels traced: their time, not the host's
         with gpu_trace.kernel_trace() as kernels:
             rounds.run()
-        gpu_us = sum(d for _, d, _ in kernels) / rounds.calls
+        gpu_us = gpu_trace.busy_us(kernels) / rounds.calls
     return Timing(
         us=statistics.median(samples),
         us_min=min(samples),

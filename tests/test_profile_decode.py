@@ -59,3 +59,11 @@ def test_no_trace_without_a_cuda_backend():
     with gpu_trace.kernel_trace() as kernels:
         pass
     assert kernels == []
+
+
+def test_busy_time_counts_overlap_once():
+    from harness.gpu_trace import busy_us
+
+    # [0, 10) and [5, 12) overlap; [20, 21) stands apart; [6, 8) lies inside the first
+    assert busy_us([(5.0, 7.0, "b"), (0.0, 10.0, "a"), (20.0, 1.0, "c"), (6.0, 2.0, "d")]) == 13.0
+    assert busy_us([]) == 0.0
