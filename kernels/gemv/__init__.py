@@ -30,11 +30,9 @@ MAX_M = 4  # rows of X a GEMV launch takes; linear() goes past it
 ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 
 # v2 launch knobs: rows per SIMD group (R) and SIMD groups per threadgroup (NSIMD), per format,
-# from `lathe bench gemv --sweep` on the device over the decode loop's projections, timed on the
-# GPU (kernels/gemv/NOTES.md has the numbers). Where a matrix has too few rows to give
-# MIN_GROUPS threadgroups, NSIMD and then R are halved.
-TUNING = {"q4_0": {"R": 4, "NSIMD": 8, "MIN_GROUPS": 128},
-          "q8_0": {"R": 2, "NSIMD": 8, "MIN_GROUPS": 256}}
+# from `lathe bench gemv --sweep` on the device (kernels/gemv/NOTES.md has the numbers). Where a
+# matrix has too few rows to give MIN_GROUPS threadgroups, NSIMD and then R are halved.
+TUNING = {"q4_0": {"R": 2, "NSIMD": 8}, "q8_0": {"R": 2, "NSIMD": 8}, "MIN_GROUPS": 256}
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
 
@@ -138,7 +136,7 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
     of 2048 values, at most K rounded up) that fits in threadgroup memory beside them."""
     r = rows or TUNING[qtype]["R"]
     s = simds or TUNING[qtype]["NSIMD"]
-    while -(-n // (r * s)) < TUNING[qtype]["MIN_GROUPS"]:
+    while -(-n // (r * s)) < TUNING["MIN_GROUPS"]:
         if s > 1 and not simds:
             s //= 2
         elif r > 1 and not rows:
