@@ -7,6 +7,7 @@
 
     python -m harness.profile_decode llama3-8b --qtype q4_0 --variant fused --mode compiled-pipelined
     python -m harness.profile_decode llama3-8b --mode compiled-pipelined --timeline trace.json
+    python -m harness.profile_decode --read-timeline trace.json
 
 The first form times `--tokens` decode steps after a 16-token prompt (wall ms per token). The
 second runs `--steps` steps for Nsight Compute, each between two marker launches (a tiny
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -237,11 +239,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--marked", action="store_true", help="marker launches around each step (for ncu)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--summarize", type=Path, help="an ncu CSV of a --marked run")
+    parser.add_argument("--read-timeline", type=Path, help="summarize a Chrome trace that "
+                        "--timeline wrote")
     parser.add_argument("--timeline", type=Path, help="compiled-pipelined: trace the GPU's kernels "
                         "(CUPTI, through PyTorch's profiler) into this Chrome trace and summarize it")
     args = parser.parse_args(argv)
     if args.summarize:
         summarize(args.summarize)
+    elif args.read_timeline:
+        events = json.loads(args.read_timeline.read_text())["traceEvents"]
+        summarize_timeline(sorted((e["ts"], e["dur"], e["name"]) for e in events
+                                  if e.get("cat") == "kernel"))
     elif args.mode == "compiled-pipelined":
         run_pipelined(args.model, args.qtype, args.variant, args.tokens, args.timeline)
     else:
