@@ -10,6 +10,10 @@ device. Bytes are the quantized weights (scales included) + X + Y; `pct_peak` is
 16-byte copy peak measured in the same process. The design and the causes of what is not
 reached are in `kernels/gemv/NOTES.md`."""),
     load_cell("gemv"),
+    ("code", """# The sweep runs apart: `latest` is the newest run of the benchmark proper.
+bench = df[df.benchmark != "gemv-sweep"]
+latest = bench[bench.git_sha == bench.sort_values("date").git_sha.iloc[-1]]
+print("benchmark run:", latest.git_sha.iloc[0])"""),
     ("md", """## M = 1: % of peak, and v2's speed against the peers
 
 Targets: v2 >= 80% of peak at 14336x4096, 4096x14336 and 128256x4096, >= 60% at 4096x4096,
@@ -37,7 +41,10 @@ if sw.empty:
     print("no sweep rows in the CSV (the sweep logs are in results/<device>/logs/)")
 else:
     sw = sw[sw.git_sha == sw.sort_values("date").git_sha.iloc[-1]]
-    display(sw.pivot_table(index=["kernel", "N", "K"], columns="variant", values="pct_peak").round(1))"""),
+    print("sweep run:", sw.git_sha.iloc[0], "(% of peak by round time; GPU busy us a call where traced)")
+    display(sw.pivot_table(index=["kernel", "N", "K"], columns="variant", values="pct_peak").round(1))
+    if sw.gpu_us.notna().any():
+        display(sw.pivot_table(index=["kernel", "N", "K"], columns="variant", values="gpu_us").round(2))"""),
     plots_cell("gemv-*.png"),
 ]
 
