@@ -52,9 +52,13 @@ def kernel_trace(save_to: Path | None = None):
     with tempfile.TemporaryDirectory() as tmp:
         path = save_to or Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        events = json.loads(Path(path).read_text())["traceEvents"]
-    kernels.extend(sorted((e["ts"], e["dur"], e["name"]) for e in events
-                          if e.get("cat") == "kernel"))
+        kernels.extend(read_trace(Path(path)))
+
+
+def read_trace(path: Path) -> list[Kernel]:
+    """The kernels of a Chrome trace that kernel_trace saved, in time order."""
+    events = json.loads(Path(path).read_text())["traceEvents"]
+    return sorted((e["ts"], e["dur"], e["name"]) for e in events if e.get("cat") == "kernel")
 
 
 def busy_us(kernels: list[Kernel]) -> float:

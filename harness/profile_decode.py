@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -247,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.summarize:
         summarize(args.summarize)
     elif args.read_timeline:
-        events = json.loads(args.read_timeline.read_text())["traceEvents"]
-        summarize_timeline(sorted((e["ts"], e["dur"], e["name"]) for e in events
-                                  if e.get("cat") == "kernel"))
+        summarize_timeline(gpu_trace.read_trace(args.read_timeline))
+    elif args.timeline and args.mode != "compiled-pipelined":
+        parser.error("--timeline traces the compiled-pipelined mode only")
     elif args.mode == "compiled-pipelined":
         run_pipelined(args.model, args.qtype, args.variant, args.tokens, args.timeline)
     else:

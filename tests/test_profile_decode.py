@@ -67,3 +67,19 @@ def test_busy_time_counts_overlap_once():
     # [0, 10) and [5, 12) overlap; [20, 21) stands apart; [6, 8) lies inside the first
     assert busy_us([(5.0, 7.0, "b"), (0.0, 10.0, "a"), (20.0, 1.0, "c"), (6.0, 2.0, "d")]) == 13.0
     assert busy_us([]) == 0.0
+
+
+def test_a_saved_trace_reads_back(tmp_path, capsys):
+    import json
+
+    from harness import gpu_trace
+
+    events = [{"cat": "kernel", "ts": 5.0, "dur": 1.0, "name": "b"},
+              {"cat": "cpu_op", "ts": 0.0, "dur": 9.0, "name": "host"},
+              {"cat": "kernel", "ts": 1.0, "dur": 2.0, "name": "a"}]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    assert gpu_trace.read_trace(path) == [(1.0, 2.0, "a"), (5.0, 1.0, "b")]
+    with pytest.raises(SystemExit):
+        profile_decode.main(["--timeline", str(path), "--mode", "step"])
+    assert "compiled-pipelined mode only" in capsys.readouterr().err
