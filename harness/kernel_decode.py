@@ -248,10 +248,8 @@ class KernelDecoder:
 
         c = self.config
         q, k, v = self._rotated(i, x, 1, pos)
-        if isinstance(pos, int):
-            row, lens = pos % self.max_seq, [min(pos + 1, self.max_seq)]
-        else:  # a compiled step: the position is an int32[1] array
-            row, lens = pos % self.max_seq, mx.minimum(pos + 1, self.max_seq)
+        row = pos % self.max_seq  # an int, or an int32[1] array in a compiled step
+        lens = [min(pos + 1, self.max_seq)] if isinstance(pos, int) else mx.minimum(pos + 1, self.max_seq)
         self.k[i], k_written = rope.cache_write(k.reshape(1, -1), self.k[i], row)
         self.v[i], v_written = rope.cache_write(v.reshape(1, -1), self.v[i], row)
         o = attention.flash_decode(q.reshape(1, c.n_heads, c.head_dim), self.k[i][None], self.v[i][None], lens,

@@ -4,7 +4,6 @@ embedding lookup from F16, Q8_0 and Q4_0 tables. fp16 activations, fp32 math."""
 
 from __future__ import annotations
 
-
 import mlx.core as mx
 import numpy as np
 
