@@ -141,9 +141,11 @@ def swiglu64(gate_up: np.ndarray) -> np.ndarray:
     return g / (1 + np.exp(-g)) * u
 
 
-def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = False) -> CheckCase:
+def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = False,
+                knobs: dict | None = None) -> CheckCase:
     """A prologue (rmsnorm: RMSNorm(X) * gamma; swiglu: silu(gate) * up; plain: X) and, with
-    `residual`, the epilogue Y + R, against float64."""
+    `residual`, the epilogue Y + R, against float64; `knobs`: launch knobs (kernels.gemv.gemv_v2)
+    in place of the tuned ones."""
     from kernels.gemv import gemv_v2, rmsnorm_gemv, silu_down_gemv
     from kernels.runtime import poisoned_outputs
 
@@ -151,11 +153,12 @@ def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = 
         host, dev = _blocks(rng, qtype, n, k)
         r = _x(rng, m, n) if residual else None
         extra = dict(residual=mx.array(r)) if residual else {}
+        extra.update(knobs or {})
         with poisoned_outputs():
             if kind == "rmsnorm":
                 x = (_x(rng, m, k).astype(np.float32) * 3 + 1).astype(np.float16)
                 gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
-                y = rmsnorm_gemv(mx.array(x), mx.array(gamma), 1e-5, dev, qtype, n, k)
+                y = rmsnorm_gemv(mx.array(x), mx.array(gamma), 1e-5, dev, qtype, n, k, **(knobs or {}))
                 x64 = rmsnorm64(x, gamma, 1e-5)
             elif kind == "swiglu":
                 x = (_x(rng, m, 2 * k).astype(np.float32) * 2).astype(np.float16)
@@ -173,8 +176,25 @@ def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = 
         return [compare("y + residual", np.array(y).astype(np.float64), want, TOL)]
 
     name = {"rmsnorm": "rmsnorm_gemv", "swiglu": "silu_down_gemv", "plain": "gemv"}[kind]
-    return CheckCase("gemv", f"{name}_{qtype}", "v2 + residual" if residual else "v2",
-                     dict(M=m, N=n, K=k), run)
+    variant = "v2 + residual" if residual else "v2"
+    if knobs:
+        variant += " " + ",".join(f"{key}={value}" for key, value in knobs.items())
+    return CheckCase("gemv", f"{name}_{qtype}", variant, dict(M=m, N=n, K=k), run)
+
+
+# Launch knobs away from the tuned ones: both weight paths (registers, cp.async slots) and grids
+# smaller than the matrix (each SIMD group streaming many row groups, the last ones ragged), on
+# aligned and unaligned K; a cap where X takes several chunks is ignored (the real down shape).
+KNOB_CASES = [
+    ("plain", 1, 1001, 4096, False, dict(slots=0, max_groups=5)),
+    ("plain", 1, 1001, 4096, False, dict(slots=2, max_groups=5)),
+    ("plain", 2, 1001, 4096, True, dict(slots=3, max_groups=7)),
+    ("plain", 1, 333, 4128, False, dict(max_groups=2)),
+    ("rmsnorm", 3, 777, 2048, False, dict(slots=2, max_groups=3)),
+    ("rmsnorm", 1, 777, 2048, False, dict(slots=0, max_groups=3)),
+    ("swiglu", 2, 515, 4096, True, dict(slots=2, max_groups=4)),
+    ("swiglu", 1, 4096, 14336, True, dict(slots=2, max_groups=8)),
+]
 
 
 def _projection_case(qtype: str, sizes: tuple[int, ...], k: int, m: int) -> CheckCase:
@@ -223,6 +243,8 @@ def check_cases(small: bool = False) -> list[CheckCase]:
                                      residual=True))
             cases.append(_fused_case("plain", qtype, m, *((33, 4128) if tail else (4096, 4096)),
                                      residual=True))
+        for kind, m, n, k, residual, knobs in KNOB_CASES[:2] if small else KNOB_CASES:
+            cases.append(_fused_case(kind, qtype, m, n, k, residual, knobs))
         for m in (5, 16) if small else (5, 9, 16, 512):
             for n, k in ((4097, 4128), (4096, 4096)) if not small else ((33, 96),):
                 cases.append(_gemv_case("linear", qtype, m, n, k))

@@ -19,6 +19,7 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -32,7 +33,14 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # v2 launch knobs: rows per SIMD group (R) and SIMD groups per threadgroup (NSIMD), per format,
 # from `lathe bench gemv --sweep` on the device (kernels/gemv/NOTES.md has the numbers). Where a
 # matrix has too few rows to give MIN_GROUPS threadgroups, NSIMD and then R are halved.
-TUNING = {"q4_0": {"R": 2, "NSIMD": 8}, "q8_0": {"R": 2, "NSIMD": 8}, "MIN_GROUPS": 256}
+# SLOTS: 0 stages the next weight tile in registers; n >= 2 copies tiles straight into n
+# threadgroup slots a SIMD group (cp.async on CUDA), n - 1 of them in flight (K % 256 == 0 only).
+# MAX_GROUPS (0: no limit): threadgroups a launch takes at most, each SIMD group then streaming
+# several row groups (only where one chunk of X holds all of K; see gemv_v2.metal). 396 is one
+# wave on the H100/H200: 132 SMs, 3 threadgroups of 256 threads at 80 registers each (chosen in
+# the decode loop and the projection chain, kernels/gemv/NOTES.md).
+TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0}, "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0},
+          "MIN_GROUPS": 256, "MAX_GROUPS": 396}
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
 
@@ -57,8 +65,8 @@ _QUANTIZE = KernelSpec("lathe_quantize", "gemv/quantize.metal", ("w", "dims"), (
 _DEQUANTIZE = KernelSpec("lathe_dequantize", "gemv/dequantize.metal", ("q", "dims"), ("w",))
 
 
-def _dims(n: int, k: int) -> mx.array:
-    return constant((n, k))
+def _dims(n: int, k: int, *more: int) -> mx.array:
+    return constant((n, k, *more))
 
 
 def _eps(eps: float) -> mx.array:
@@ -121,16 +129,22 @@ def gemv_v1(x: mx.array, w: mx.array, qtype: str, n: int, k: int) -> mx.array:
 
 
 # ---- v2 -----------------------------------------------------------------------------------------
-def v2_smem_bytes(qtype: str, m: int, rows: int, simds: int, xchunk: int) -> int:
+def v2_slots(qtype: str, k: int, slots: int | None = None) -> int:
+    """SLOTS of a launch: the tuned (or given) value where rows start 16-byte aligned, else 0."""
+    slots = TUNING[qtype]["SLOTS"] if slots is None else slots
+    return slots if (k // 32) % 8 == 0 else 0
+
+
+def v2_smem_bytes(qtype: str, m: int, rows: int, simds: int, xchunk: int, slots: int = 0) -> int:
     """Threadgroup memory of a v2 launch (gemv_v2.metal's arrays)."""
-    weights = simds * rows * 64 * QTYPES[qtype][1]
+    weights = simds * rows * 64 * QTYPES[qtype][1] * max(1, slots)
     x = m * (xchunk // 64 * 68 * 2 + xchunk // 32 * 8)  # int16 values, scale and sum per block
     return weights + x + 4 * (m + simds)
 
 
 @functools.lru_cache(maxsize=1024)  # pure; called for every launch of the decode loop
 def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
-                simds: int | None = None) -> tuple[int, int, int]:
+                simds: int | None = None, slots: int | None = None) -> tuple[int, int, int]:
     """(R, NSIMD, XCHUNK) for a launch: the tuned R and NSIMD (or the given ones), halved to give
     small matrices MIN_GROUPS threadgroups unless given, and the largest chunk of X (a multiple
     of 2048 values, at most K rounded up) that fits in threadgroup memory beside them."""
@@ -146,21 +160,50 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
     # The largest chunk of X that fits beside the SIMD groups' weight tiles (measured: keeping
     # NSIMD and splitting K beats fewer SIMD groups with all of K, e.g. 4096 x 14336).
     xchunk = -(-k // 2048) * 2048
-    while xchunk > 2048 and v2_smem_bytes(qtype, m, r, s, xchunk) > SMEM_BUDGET:
+    slots = v2_slots(qtype, k, slots)
+    while xchunk > 2048 and v2_smem_bytes(qtype, m, r, s, xchunk, slots) > SMEM_BUDGET:
         xchunk -= 2048
-    while v2_smem_bytes(qtype, m, r, s, xchunk) > SMEM_BUDGET:
+    while v2_smem_bytes(qtype, m, r, s, xchunk, slots) > SMEM_BUDGET:
         if s > 1 and not simds:
             s //= 2
         elif r > 1 and not rows:
             r //= 2
         else:
-            raise ValueError(f"R={r}, NSIMD={s} needs {v2_smem_bytes(qtype, m, r, s, 2048)} bytes "
+            raise ValueError(f"R={r}, NSIMD={s} needs {v2_smem_bytes(qtype, m, r, s, 2048, slots)} bytes "
                              f"of threadgroup memory (at most {SMEM_BUDGET})")
     return r, s, xchunk
 
 
+def set_tuning(text: str) -> dict[str, int]:
+    """Set TUNING from 'KEY=INT,...' (per-format keys R, NSIMD, SLOTS set for both formats;
+    MIN_GROUPS, MAX_GROUPS shared): experiments without editing the table, also through the
+    environment variable LATHE_GEMV_TUNING at import. Returns the values set."""
+    setting = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.strip().partition("=")
+        if key not in {*TUNING["q4_0"], "MIN_GROUPS", "MAX_GROUPS"} or not value.isdigit():
+            raise ValueError(f"bad GEMV tuning {item!r}: KEY=INT, KEY one of R, NSIMD, SLOTS, "
+                             f"MIN_GROUPS, MAX_GROUPS")
+        setting[key] = int(value)
+    for key, value in setting.items():
+        for table in (TUNING[q] for q in QTYPES) if key in TUNING["q4_0"] else (TUNING,):
+            table[key] = value
+    v2_geometry.cache_clear()
+    return setting
+
+
+def v2_groups(n: int, k: int, r: int, s: int, xchunk: int, max_groups: int | None = None) -> int:
+    """Threadgroups of a v2 launch: one per NSIMD * R rows, at most `max_groups` (or the tuned
+    MAX_GROUPS; 0 none) where one chunk of X holds all of K."""
+    groups = -(-n // (r * s))
+    cap = TUNING["MAX_GROUPS"] if max_groups is None else max_groups
+    if cap < 0:
+        raise ValueError(f"max_groups must be >= 0, got {cap}")
+    return min(groups, cap) if cap and k <= xchunk else groups
+
+
 def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: str, n: int,
-        k: int, rows: int | None, simds: int | None, residual: mx.array | None = None) -> mx.array:
+        k: int, knobs: dict, residual: mx.array | None = None) -> mx.array:
     w = w.reshape(-1)
     m = x.shape[0]
     if residual is not None:
@@ -168,26 +211,34 @@ def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: 
         if tuple(residual.shape) != (m, n):
             raise ValueError(f"residual must be [M={m}, N={n}], got {tuple(residual.shape)}")
         inputs = [*inputs, residual]
-    r, s, xchunk = v2_geometry(qtype, m, n, k, rows, simds)
-    groups = -(-n // (r * s))
+    rows, simds, slots = knobs.get("rows"), knobs.get("simds"), knobs.get("slots")
+    r, s, xchunk = v2_geometry(qtype, m, n, k, rows, simds, slots)
+    groups = v2_groups(n, k, r, s, xchunk, knobs.get("max_groups"))
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, ALIGNED=(k // 32) % 8 == 0,
-                  XCHUNK=xchunk)
-    (y,) = launch(Launch(_v2_spec(prologue, residual is not None), [x, w, _dims(n, k), *inputs],
+                  XCHUNK=xchunk, SLOTS=v2_slots(qtype, k, slots))
+    (y,) = launch(Launch(_v2_spec(prologue, residual is not None), [x, w, _dims(n, k, groups), *inputs],
                          [((m, n), mx.float16)],
                          (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
     return y
 
 
-def gemv_v2(x: mx.array, w: mx.array, qtype: str, n: int, k: int, *, rows: int | None = None,
-            simds: int | None = None, residual: mx.array | None = None) -> mx.array:
-    """Y[M, N] = X[M, K] @ W^T (+ residual[M, N]), W in `qtype` blocks, M 1..4 (`rows`, `simds`:
-    launch knobs)."""
+def gemv_v2(x: mx.array, w: mx.array, qtype: str, n: int, k: int, *,
+            residual: mx.array | None = None, **knobs: int | None) -> mx.array:
+    """Y[M, N] = X[M, K] @ W^T (+ residual[M, N]), W in `qtype` blocks, M 1..4. Launch knobs
+    (TUNING's when not given): rows (R), simds (NSIMD), slots (SLOTS), max_groups (MAX_GROUPS)."""
     check_gemv_args(x, w, qtype, n, k)
-    return _v2("plain", [], x, w, qtype, n, k, rows, simds, residual)
+    return _v2("plain", [], x, w, qtype, n, k, _knobs(knobs), residual)
+
+
+def _knobs(knobs: dict) -> dict:
+    unknown = set(knobs) - {"rows", "simds", "slots", "max_groups"}
+    if unknown:
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups")
+    return knobs
 
 
 def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: str, n: int,
-                 k: int, *, rows: int | None = None, simds: int | None = None) -> mx.array:
+                 k: int, **knobs: int | None) -> mx.array:
     """(RMSNorm(X) * gamma) @ W^T in one launch: X is normalized while it is staged."""
     check_gemv_args(x, w, qtype, n, k)
     _check_fp16("gamma", gamma)
@@ -195,16 +246,15 @@ def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: s
         raise ValueError(f"gamma must be [K={k}], got {tuple(gamma.shape)}")
     if not eps > 0:
         raise ValueError(f"eps must be positive, got {eps}")
-    return _v2("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, rows, simds)
+    return _v2("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, _knobs(knobs))
 
 
 def silu_down_gemv(gate_up: mx.array, w: mx.array, qtype: str, n: int, k: int, *,
-                   rows: int | None = None, simds: int | None = None,
-                   residual: mx.array | None = None) -> mx.array:
+                   residual: mx.array | None = None, **knobs: int | None) -> mx.array:
     """(silu(gate) * up) @ W^T (+ residual) with gate_up = [gate | up] as [M, 2K] (a fused
     gate+up output)."""
     check_gemv_args(gate_up, w, qtype, n, k, x_width=2 * k)
-    return _v2("swiglu", [], gate_up, w, qtype, n, k, rows, simds, residual)
+    return _v2("swiglu", [], gate_up, w, qtype, n, k, _knobs(knobs), residual)
 
 
 # ---- quantize and dequantize on the GPU -----------------------------------------------------------
@@ -263,3 +313,7 @@ def split(y: mx.array, sizes: Sequence[int]) -> list[mx.array]:
         raise ValueError(f"sizes {tuple(sizes)} do not add up to {y.shape[-1]}")
     cuts = [sum(sizes[:i]) for i in range(1, len(sizes))]
     return mx.split(y, cuts, axis=-1)
+
+
+if os.environ.get("LATHE_GEMV_TUNING"):
+    set_tuning(os.environ["LATHE_GEMV_TUNING"])

@@ -19,7 +19,9 @@
 //
 // Constants: QTYPE, M (rows of X, 1..4), R (rows per SIMD group), NSIMD (SIMD groups per
 // threadgroup), ALIGNED (K a multiple of 256: rows start 16-byte aligned), XCHUNK (values of K
-// staged at once, a multiple of 2048).
+// staged at once, a multiple of 2048), SLOTS (0: steps 1-2 above, the next tile in registers;
+// 2 or more, ALIGNED only: the tiles copied straight into SLOTS threadgroup slots of the SIMD
+// group, SLOTS - 1 of them in flight, no register staging and no store step).
 // Inputs: x, w (bytes), dims (int32: N, K); prologue 1 adds gamma (half, K) and eps (float, 1).
 // LATHE_RESIDUAL 1 (the epilogue) adds residual (half, [M, N]) to Y before its one rounding:
 // the decode loop's residual add (x + W o, x + W_down a) without a launch of its own.
@@ -34,7 +36,8 @@ constexpr uint XROW = XCHUNK / 64 * XPAD;        // lanes' 8-byte reads then hit
 constexpr uint STAGED = (R * ROW_VECS + 31) / 32;  // 16-byte words a lane loads per tile
 constexpr uint NT = NSIMD * 32;
 
-threadgroup uint4 w_tile[NSIMD * R * ROW_VECS];
+constexpr uint TILE_SLOTS = SLOTS > 1 ? SLOTS : 1;  // weight tiles a SIMD group holds
+threadgroup uint4 w_tile[NSIMD * R * ROW_VECS * TILE_SLOTS];
 threadgroup uint2 x_tile[M * XROW / 4];     // X' as int16, four to a uint2
 threadgroup float x_scale[M * XCHUNK / 32];  // d_x of each block
 threadgroup int x_sum[M * XCHUNK / 32];      // sum of each block's int16 values
@@ -46,27 +49,24 @@ const uint n = uint(dims[0]);
 const uint k = uint(dims[1]);
 const uint nb = k / 32;
 const uint row_bytes = nb * BB;
-const uint row0 = (threadgroup_position_in_grid.x * NSIMD + simd) * R;
-auto my_vecs = w_tile + simd * R * ROW_VECS;
-auto my_words = threadgroup_view<uint>(my_vecs);
+// The row groups (R rows each) of this SIMD group: first, first + stride, ... The host may launch
+// fewer threadgroups than row groups (about one wave): each SIMD group then streams its row
+// groups one after another, its weight loads running ahead across them, and X' is staged once
+// (so only where one chunk of X' holds all of K; otherwise the host launches one threadgroup per
+// NSIMD row groups and every SIMD group has one). A SIMD group past N still takes one (empty)
+// row group: it meets the threadgroup barriers of the staging like the others.
+const uint n_groups = (n + R - 1) / R;
+const uint stride = uint(dims[2]) * NSIMD;
+const uint first = threadgroup_position_in_grid.x * NSIMD + simd;
+const uint mine = first < n_groups ? (n_groups - first + stride - 1) / stride : 1;
+const uint tiles = (nb + TB - 1) / TB;
+const uint items = mine * tiles;  // (row group, tile) pairs, a row group's tiles in order
+const bool one_chunk = nb <= XCHUNK / 32;
+auto my_vecs = w_tile + simd * R * ROW_VECS * TILE_SLOTS;
 
 #if LATHE_PROLOGUE == 1
-// RMSNorm needs the mean square of each whole row of X first.
 threadgroup float inv_rms[M];
 threadgroup float scratch[NSIMD];
-for (uint m = 0; m < uint(M); ++m) {
-  float ss = 0.0f;
-  for (uint i = tid; i < k / 8; i += NT) {
-    const uint4 v = load_wide<uint4>(x + m * k, i);
-    const uint u[4] = {v.x, v.y, v.z, v.w};
-    for (uint j = 0; j < 4; ++j) {
-      const half2 h = as_type<half2>(u[j]);
-      ss += float(h.x) * float(h.x) + float(h.y) * float(h.y);
-    }
-  }
-  const float total = threadgroup_sum<NSIMD>(ss, scratch, simd, lane);
-  if (tid == 0) inv_rms[m] = rsqrt(total / float(k) + eps[0]);
-}
 #endif
 
 float acc[R][M];
@@ -74,38 +74,59 @@ for (uint r = 0; r < uint(R); ++r) {
   for (uint m = 0; m < uint(M); ++m) acc[r][m] = 0.0f;
 }
 
-// Step s handles tile s - 1 and loads tile s in between, so that one place holds each phase
-// (MSL has no lambdas) and a tile's loads are in flight while the one before is computed.
-const uint tiles = (nb + TB - 1) / TB;
-uint4 staged[STAGED];  // this SIMD group's R rows of the next tile, as 16-byte words
+// Step s handles item s - 1 and loads later items in between, so that one place holds each
+// phase (MSL has no lambdas) and weights are in flight while the item before is computed.
+// Step 0 only loads: the first weights are on their way before the prologue reads X.
+uint4 staged[STAGED];  // SLOTS 0: this SIMD group's R rows of the next tile, as 16-byte words
 // Word p of a lane's share of a full tile is word lane + 32p of the SIMD group's slice (rows
-// ROW_VECS words apart), and this word of the weights, counted from the tile's first block
-// (worked out once here: divisions in the tile loop would cost more than the decode).
-constexpr uint NONE = 0xffffffffu;
-uint from[STAGED];
+// ROW_VECS words apart): row `word_row` of the row group (R: none), at `word_at` 16-byte words
+// from the group's first row (worked out once: divisions in the loop cost more than the decode).
+uint word_row[STAGED], word_at[STAGED];
 for (uint p = 0; p < STAGED; ++p) {
   const uint f = lane + 32 * p;
-  const uint r = f / ROW_VECS;
-  from[p] = (f < R * ROW_VECS && row0 + r < n) ? (row0 + r) * (row_bytes / 16) + f % ROW_VECS : NONE;
+  word_row[p] = f < R * ROW_VECS ? f / ROW_VECS : R;
+  word_at[p] = (f / ROW_VECS) * (row_bytes / 16) + f % ROW_VECS;
 }
-for (uint step = 0; step <= tiles; ++step) {
-  const uint b0 = (step - 1) * TB;  // first block of the tile handled in this step
+for (uint step = 0; step <= items; ++step) {
+  // The item handled in this step: row group hj of this SIMD group (rows row0..), tile from b0.
+  const uint h = step - 1;
+  const uint hj = step > 0 ? h / tiles : 0;
+  const uint b0 = step > 0 ? (h - hj * tiles) * TB : 0;
+  const uint row0 = (first + hj * stride) * R;
   const uint tb = step > 0 ? min(TB, nb - b0) : 0;
   const uint cb0 = b0 / (XCHUNK / 32) * (XCHUNK / 32);  // first block of its X' chunk
-  if (step > 0 && b0 == cb0) {
+#if LATHE_PROLOGUE == 1
+  if (step == 1) {
+    // RMSNorm needs the mean square of each whole row of X first.
+    for (uint m = 0; m < uint(M); ++m) {
+      float ss = 0.0f;
+      for (uint i = tid; i < k / 8; i += NT) {
+        const uint4 v = load_wide<uint4>(x + m * k, i);
+        const uint u[4] = {v.x, v.y, v.z, v.w};
+        for (uint j = 0; j < 4; ++j) {
+          const half2 hx = as_type<half2>(u[j]);
+          ss += float(hx.x) * float(hx.x) + float(hx.y) * float(hx.y);
+        }
+      }
+      const float total = threadgroup_sum<NSIMD>(ss, scratch, simd, lane);
+      if (tid == 0) inv_rms[m] = rsqrt(total / float(k) + eps[0]);
+    }
+  }
+#endif
+  if (step > 0 && b0 == cb0 && (hj == 0 || !one_chunk)) {
     // A new chunk of X': every SIMD group is done with the last one past this barrier. Items of
     // half a block (16 values); the same trip count for every lane, so that the two halves of
     // a block can meet in a shuffle.
     threadgroup_barrier(mem_flags::mem_threadgroup);
     const uint cnb = min(XCHUNK / 32, nb - cb0);
-    const uint items = M * cnb * 2;
-    for (uint base = 0; base < items; base += NT) {
+    const uint halves = M * cnb * 2;
+    for (uint base = 0; base < halves; base += NT) {
       const uint i = base + tid;
       const uint m = i / (cnb * 2);
       const uint e = (i % (cnb * 2)) * 16;  // first value of the item within the chunk
       float v[16];
       float amax = 0.0f;
-      if (i < items) {
+      if (i < halves) {
         const uint k0 = cb0 * 32 + e;
 #if LATHE_PROLOGUE == 2
         const auto src = x + m * 2 * k;  // gate; up follows K values later
@@ -144,7 +165,7 @@ for (uint step = 0; step <= tiles; ++step) {
       amax = max(amax, simd_shuffle_xor(amax, 1));
       const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
       int sum = 0;
-      if (i < items) {
+      if (i < halves) {
         uint packed[8];
         for (uint j = 0; j < 8; ++j) {
           const int a = int(rint(v[2 * j] * inv)), b = int(rint(v[2 * j + 1] * inv));
@@ -155,7 +176,7 @@ for (uint step = 0; step <= tiles; ++step) {
         for (uint j = 0; j < 4; ++j) x_tile[at + j] = uint2{packed[2 * j], packed[2 * j + 1]};
       }
       sum += simd_shuffle_xor(sum, 1);
-      if (i < items && i % 2 == 0) {
+      if (i < halves && i % 2 == 0) {
         const uint blk = m * (XCHUNK / 32) + e / 32;
         x_scale[blk] = amax / 32767.0f;
         x_sum[blk] = sum;
@@ -164,8 +185,8 @@ for (uint step = 0; step <= tiles; ++step) {
     threadgroup_barrier(mem_flags::mem_threadgroup);
   }
 
-  if (step > 0) {
-    // 1. this tile's weights into this SIMD group's slice (its lanes finished the last tile).
+  if (SLOTS < 2 && step > 0) {
+    // 1. this item's weights into this SIMD group's slice (its lanes finished the last one).
     simdgroup_barrier(mem_flags::mem_threadgroup);
     if (ALIGNED && tb == TB) {
       LATHE_UNROLL
@@ -191,30 +212,54 @@ for (uint step = 0; step <= tiles; ++step) {
     simdgroup_barrier(mem_flags::mem_threadgroup);
   }
 
-  // 2. the next tile's weights (rows past N read nothing).
-  if (ALIGNED && step < tiles) {
-    const uint next = step * TB;
-    const uint shift = next * BB / 16;  // the tile's first word within a row
-    if (nb - next >= TB) {
-      LATHE_UNROLL
-      for (uint p = 0; p < STAGED; ++p) {
-        staged[p] = uint4{0u, 0u, 0u, 0u};
-        if (from[p] != NONE) staged[p] = load_wide<uint4>(w, from[p] + shift);
-      }
-    } else {  // the last tile of a row, shorter
-      const uint seg = (nb - next) * BB / 16;
-      for (uint p = 0; p < STAGED; ++p) {
-        const uint f = lane + 32 * p;
-        staged[p] = uint4{0u, 0u, 0u, 0u};
-        if (f < R * seg && row0 + f / seg < n) {
-          staged[p] = load_wide<uint4>(w, (row0 + f / seg) * (row_bytes / 16) + shift + f % seg);
+  // 2. the weights of later items (rows past N read nothing). SLOTS 0: item `step` into
+  // registers. SLOTS > 1: copies straight into threadgroup memory, SLOTS - 1 items in flight:
+  // step 0 issues items 0 .. SLOTS - 2, step s > 0 item s + SLOTS - 2 into the slot of item
+  // s - 2, which this SIMD group finished at step s - 1. One group of copies an item (empty past
+  // the last), so that waiting for all but the newest SLOTS - 1 groups means item s - 1 landed.
+  if (SLOTS > 1) simdgroup_barrier(mem_flags::mem_threadgroup);
+  const uint last = SLOTS > 1 ? step + SLOTS - 2 : step;
+  for (uint it = (step == 0 || SLOTS < 2) ? step : last; ALIGNED && it <= last; ++it) {
+    if (it < items) {
+      const uint jj = it / tiles;
+      const uint next = (it - jj * tiles) * TB;  // the tile's first block
+      const uint r0 = (first + jj * stride) * R;
+      const uint base = r0 * (row_bytes / 16) + next * BB / 16;
+      auto slot = my_vecs + (it % TILE_SLOTS) * R * ROW_VECS;
+      if (nb - next >= TB) {
+        LATHE_UNROLL
+        for (uint p = 0; p < STAGED; ++p) {
+          const bool live = word_row[p] < R && r0 + word_row[p] < n;
+          if (SLOTS > 1) {
+            if (live) async_copy_wide(slot + lane + 32 * p, w, base + word_at[p]);
+          } else {
+            staged[p] = live ? load_wide<uint4>(w, base + word_at[p]) : uint4{0u, 0u, 0u, 0u};
+          }
+        }
+      } else {  // the last tile of a row, shorter
+        const uint seg = (nb - next) * BB / 16;
+        for (uint p = 0; p < STAGED; ++p) {
+          const uint f = lane + 32 * p;
+          const bool live = f < R * seg && r0 + f / seg < n;
+          const uint from = base + (f / seg) * (row_bytes / 16) + f % seg;
+          if (SLOTS > 1) {
+            if (live) async_copy_wide(slot + (f / seg) * ROW_VECS + f % seg, w, from);
+          } else {
+            staged[p] = live ? load_wide<uint4>(w, from) : uint4{0u, 0u, 0u, 0u};
+          }
         }
       }
     }
+    if (SLOTS > 1) async_commit();
+  }
+  if (SLOTS > 1 && step > 0) {
+    async_wait<(SLOTS > 1 ? SLOTS - 1 : 0)>();
+    simdgroup_barrier(mem_flags::mem_threadgroup);
   }
   if (step == 0) continue;
 
   // 3. blocks 2*lane (A) and 2*lane + 1 (B) of every row.
+  auto my_words = threadgroup_view<uint>(my_vecs + (h % TILE_SLOTS) * R * ROW_VECS);
   LATHE_UNROLL
   for (uint half_ = 0; half_ < 2; ++half_) {
     const uint blk = 2 * lane + half_;
@@ -264,17 +309,20 @@ for (uint step = 0; step <= tiles; ++step) {
       for (uint r = 0; r < uint(R); ++r) acc[r][m] = fma(d[r] * dx, float(dot[r][m] - offset), acc[r][m]);
     }
   }
-}
 
-for (uint r = 0; r < uint(R); ++r) {
-  for (uint m = 0; m < uint(M); ++m) {
-    const float total = simd_sum(acc[r][m]);
-    if (lane == 0 && row0 + r < n) {
+  if (b0 + tb == nb) {  // the row group's last tile: its rows are done
+    for (uint r = 0; r < uint(R); ++r) {
+      for (uint m = 0; m < uint(M); ++m) {
+        const float total = simd_sum(acc[r][m]);
+        acc[r][m] = 0.0f;
+        if (lane == 0 && row0 + r < n) {
 #if LATHE_RESIDUAL
-      y[m * n + row0 + r] = half(total + float(residual[m * n + row0 + r]));
+          y[m * n + row0 + r] = half(total + float(residual[m * n + row0 + r]));
 #else
-      y[m * n + row0 + r] = half(total);
+          y[m * n + row0 + r] = half(total);
 #endif
+        }
+      }
     }
   }
 }

@@ -115,6 +115,23 @@ __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, 
 __device__ __forceinline__ int dot2_lo(uint a, uint b, int c) { return __dp2a_lo(int(a), int(b), c); }
 __device__ __forceinline__ int dot2_hi(uint a, uint b, int c) { return __dp2a_hi(int(a), int(b), c); }
 
+// async_copy_wide(dst, src, i): element i of src viewed as uint4 (16 bytes) into *dst in
+// threadgroup memory, without passing through registers (cp.async: the thread goes on while the
+// bytes travel). async_commit() closes this thread's group of copies; async_wait<N>() returns
+// once at most N of its groups are still in flight. Each thread waits for its own copies only:
+// a barrier then makes them visible to the others. (lathe.h: on Metal, a plain copy.)
+template <typename T>
+__device__ __forceinline__ void async_copy_wide(uint4* dst, const T* src, uint i) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to),
+               "l"(reinterpret_cast<const uint4*>(src) + i));
+}
+__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 // LATHE_UNROLL before a loop of constant trip count: unroll it fully (register arrays indexed by
 // its variable then stay in registers).
 #define LATHE_UNROLL _Pragma("unroll")

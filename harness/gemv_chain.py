@@ -1,0 +1,136 @@
+"""The decode loop's projections alone, one after another as in the loop, timed on the GPU.
+
+    python -m harness.gemv_chain llama3-8b --qtype q4_0 [--layers 32] [--settings "SLOTS=0;SLOTS=2,MAX_GROUPS=396"]
+
+A token of the fused variant, without attention: per layer RMSNorm+QKV, O (+ residual),
+RMSNorm+gate+up and SiLU+down (+ residual), each taking the one before's output, and the output
+head; weights of a preset's shapes, random, in `--sets` copies cycled through the layers so that
+they stream from memory as a model's do. Each kernel waits for the one before, as in the loop,
+which a benchmark round of independent calls does not show (kernels/gemv/NOTES.md). The GPU's
+time per projection comes from its kernel trace (harness.gpu_trace), for each GEMV setting given
+(`--settings`: values of kernels.gemv.TUNING's keys, the formats' R, NSIMD, SLOTS and the shared
+MIN_GROUPS, MAX_GROUPS; settings apart by ';'). Needs the CUDA backend and PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import numpy as np
+
+from harness import gpu_trace
+
+
+def _weights(qtype: str, n: int, k: int):
+    import mlx.core as mx
+
+    from kernels.gemv import quantize
+
+    w = (mx.random.normal((n, k)) * 0.02).astype(mx.float16)
+    q = quantize(w, qtype, check_finite=False)
+    mx.eval(q)
+    return q
+
+
+def parse_settings(text: str) -> list[str]:
+    """'SLOTS=0;SLOTS=2,MAX_GROUPS=396' -> the settings, checked (kernels.gemv.set_tuning)."""
+    from kernels import gemv
+
+    saved = {q: dict(gemv.TUNING[q]) for q in gemv.QTYPES}, gemv.TUNING["MIN_GROUPS"], gemv.TUNING["MAX_GROUPS"]
+    try:
+        for part in text.split(";"):
+            gemv.set_tuning(part)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    finally:
+        restore(saved)
+    return text.split(";")
+
+
+def restore(saved) -> None:
+    from kernels import gemv
+
+    formats, gemv.TUNING["MIN_GROUPS"], gemv.TUNING["MAX_GROUPS"] = saved
+    for q, table in formats.items():
+        gemv.TUNING[q].update(table)
+    gemv.v2_geometry.cache_clear()
+
+
+def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: list[str]) -> None:
+    import mlx.core as mx
+
+    import kernels.gemv as gemv
+    from harness.models import PRESETS
+
+    c = PRESETS[preset]
+    d, ff = c.d_model, c.ff
+    qkv = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+    shapes = {"qkv": (qkv, d), "o": (d, c.n_heads * c.head_dim), "gate_up": (2 * ff, d),
+              "down": (d, ff)}
+    weights = [{name: _weights(qtype, n, k) for name, (n, k) in shapes.items()} for _ in range(sets)]
+    head = _weights(qtype, c.vocab, d)
+    gamma = mx.ones((d,), mx.float16)
+
+    def token(x):
+        for i in range(layers):
+            w = weights[i % sets]
+            h = gemv.rmsnorm_gemv(x, gamma, 1e-5, w["qkv"], qtype, *shapes["qkv"])
+            o = gemv.gemv_v2(h[:, : shapes["o"][1]], w["o"], qtype, *shapes["o"], residual=x)
+            g = gemv.rmsnorm_gemv(o, gamma, 1e-5, w["gate_up"], qtype, *shapes["gate_up"])
+            x = gemv.silu_down_gemv(g, w["down"], qtype, *shapes["down"], residual=o)
+        return x, gemv.rmsnorm_gemv(x, gamma, 1e-5, head, qtype, c.vocab, d)
+
+    names = ["qkv", "o", "gate_up", "down"]
+    print(f"{preset} {qtype}: {layers} layers of QKV {shapes['qkv']}, O {shapes['o']}, gate+up "
+          f"{shapes['gate_up']}, down {shapes['down']}, head ({c.vocab}, {d}); {sets} weight sets")
+    tuned = {q: dict(gemv.TUNING[q]) for q in gemv.QTYPES}, gemv.TUNING["MIN_GROUPS"], gemv.TUNING["MAX_GROUPS"]
+    for setting in settings:
+        restore(tuned)
+        gemv.set_tuning(setting)
+        label = setting or "tuned"
+        x = (mx.random.normal((1, d)) * 0.1).astype(mx.float16)
+        for _ in range(2):  # compile, warm up
+            x, logits = token(x)
+            mx.eval(x, logits)
+        with gpu_trace.kernel_trace() as kernels:
+            for _ in range(tokens):
+                x, logits = token(x)
+                mx.eval(x, logits)
+        gemvs = [k for k in kernels if "gemv" in k[2]]
+        per = 4 * layers + 1
+        if len(gemvs) != per * tokens:
+            print(f"{label}: {len(gemvs)} GEMV kernels traced, expected {per * tokens}")
+            continue
+        by = defaultdict(list)
+        for t in range(tokens):
+            run_ = gemvs[t * per:(t + 1) * per]
+            for j, (_, dur, _) in enumerate(run_[:-1]):
+                by[names[j % 4]].append(dur)
+            by["head"].append(run_[-1][1])
+            by["token"].append(run_[-1][0] + run_[-1][1] - run_[0][0])
+        out = ", ".join(f"{n} {np.median(by[n]):.1f}" for n in [*names, "head"])
+        mbytes = {n: gemv.QTYPES[qtype][1] / 32 * shapes[n][0] * shapes[n][1] / 1e6 for n in names}
+        tbs = ", ".join(f"{n} {mbytes[n] / np.median(by[n]):.2f}" for n in names)
+        print(f"{label}: us a call: {out}; token span {np.median(by['token']) / 1e3:.3f} ms; "
+              f"TB/s: {tbs}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.gemv_chain")
+    parser.add_argument("model", nargs="?", default="llama3-8b")
+    parser.add_argument("--qtype", default="q4_0")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--sets", type=int, default=4, help="distinct weight sets, cycled")
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--settings", default="SLOTS=0;SLOTS=2",
+                        help="GEMV TUNING settings to compare, apart by ';'")
+    args = parser.parse_args(argv)
+    if not gpu_trace.available():
+        raise SystemExit("gemv_chain needs the CUDA backend and PyTorch (the GPU's kernel trace)")
+    run(args.model, args.qtype, args.layers, args.sets, args.tokens, parse_settings(args.settings))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
