@@ -3,8 +3,9 @@
 - `unfused`: one of lathe's kernels per op: embedding, RMSNorm, the Q4_0/Q8_0 GEMV (`linear`),
   RoPE + KV write (in place), flash decode, SwiGLU; residual adds are MLX adds.
 - `fused`: RMSNorm folded into one QKV GEMV and one gate+up GEMV over concatenated matrices,
-  Qwen3's head norms folded into the RoPE + KV write, SiLU folded into the down GEMV, the final
-  norm into the output GEMV.
+  a decode token's RoPE + KV write folded into the attention launch (Llama; Qwen3's head norms
+  fold into a RoPE + KV write of their own), SiLU folded into the down GEMV, the final norm into
+  the output GEMV.
 
 KV cache (`kv=`): `contiguous` (head-major [Hkv, max_seq, D] per layer, the default) or `paged`
 (vLLM's block pool, blocks of BLOCK_SIZE tokens handed out in a fixed shuffled order through a
@@ -68,11 +69,13 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False) -> 
                            layer=i) for n in "kv"]
             steps += [Step("attention", "lathe flash_decode (+ combine past 2048)", ("q", f"cache.{i}"), ("o",),
                            (), ("min(kv_len, max_seq)",), layer=i)]
+        elif fused and not c.head_norm:  # RoPE and the KV write ride in the attention launch
+            steps += [Step("rope_attention", "lathe rope_flash_decode (+ combine past 2048)",
+                           ("qkv", f"cache.{i}"), ("o", f"cache.{i}"), (), ("pos",), layer=i)]
         else:
             if fused:
-                rope = "lathe head_norm_rope_neox_qkv_write" if c.head_norm else "lathe rope_qkv_write"
-                steps += [Step("rope_kv_write", rope, ("qkv",), ("q", f"cache.{i}"),
-                               (b + "attn_q_norm.weight", b + "attn_k_norm.weight") if c.head_norm else (),
+                steps += [Step("rope_kv_write", "lathe head_norm_rope_neox_qkv_write", ("qkv",),
+                               ("q", f"cache.{i}"), (b + "attn_q_norm.weight", b + "attn_k_norm.weight"),
                                ("pos",), layer=i)]
             else:
                 steps += [Step("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"),
@@ -209,6 +212,11 @@ class KernelDecoder:
         c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
         if self.fused:  # RoPE (and Qwen3's head norms) read Q, K, V in place in the QKV output
             qkv = self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight")
+            if t == 1 and not c.head_norm:  # RoPE and the KV write inside the attention launch
+                o, self.k[i], self.v[i] = attention.rope_flash_decode(
+                    qkv, self.k[i], self.v[i], pos, 1.0 / math.sqrt(hd), n_heads=c.n_heads,
+                    theta=c.rope_theta, neox=c.neox)
+                return o.reshape(1, -1)
             if c.head_norm:
                 rot = rope.head_norm_rope_neox_qkv_write(
                     qkv, self.g32[b + "attn_q_norm.weight"], self.g32[b + "attn_k_norm.weight"],

@@ -180,6 +180,54 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
     return CheckCase("attention", "prefill_attention", variant, shape, run)
 
 
+def _rope_decode_case(pos: int, heads: tuple[int, int], head_dim: int, neox: bool, split: bool,
+                      device_pos: bool = False) -> CheckCase:
+    """rope_flash_decode: one token's QKV row at `pos` over a cache holding rows 0..pos-1 (row
+    pos and later NaN: the kernel must write row pos before it reads it), against float64 RoPE
+    (reference/rope.py) and attention; the new cache rows against the rotated K and V, every
+    other row unchanged, NaN included. `device_pos`: the position as int32[1] on the device (a
+    compiled step's form)."""
+    from kernels.attention import rope_flash_decode
+    from kernels.runtime import poisoned_outputs
+    from reference import rope as ref_rope
+
+    n_heads, n_kv = heads
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        max_seq = pos + 9
+        kc = np.full((n_kv, max_seq, head_dim), np.nan, np.float16)
+        vc = np.full_like(kc, np.nan)
+        kc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+        vc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+        qkv = rng.standard_normal((n_heads + 2 * n_kv) * head_dim).astype(np.float16)
+        q, k, v = np.split(qkv, [n_heads * head_dim, (n_heads + n_kv) * head_dim])
+        theta, scale = 500000.0, head_dim ** -0.5
+        at = mx.array(np.array([pos], np.int32)) if device_pos else pos
+        with poisoned_outputs():
+            out, k_new, v_new = rope_flash_decode(mx.array(qkv), mx.array(kc), mx.array(vc), at, scale,
+                                                  n_heads=n_heads, theta=theta, neox=neox, split=split,
+                                                  split_from=0)
+            mx.eval(out, k_new, v_new)
+        q_rot, k_want, v_want = ref_rope.rope_kv_write(
+            q.reshape(1, n_heads, head_dim), k.reshape(1, n_kv, head_dim), v.reshape(1, n_kv, head_dim),
+            kc, vc, pos, theta=theta, neox=neox)
+        k_got, v_got = np.array(k_new), np.array(v_new)
+        others = np.arange(max_seq) != pos
+        checks = [compare("K row pos (rotated)", k_got[:, pos], k_want[:, pos], 1e-3),
+                  exact("V row pos", v_got[:, pos], v_want[:, pos].astype(np.float16)),
+                  # bit patterns: NaN rows must stay the same NaN
+                  exact("K other rows untouched", k_got[:, others].view(np.uint16), kc[:, others].view(np.uint16)),
+                  exact("V other rows untouched", v_got[:, others].view(np.uint16), vc[:, others].view(np.uint16))]
+        keys = k_want[:, : pos + 1].transpose(1, 0, 2)
+        values = v_want[:, : pos + 1].transpose(1, 0, 2)
+        checks.append(compare("attention output", np.array(out)[0], ref.attend(q_rot[0], keys, values, scale), TOL))
+        return checks
+
+    shape = dict(pos=pos, heads=f"{n_heads}/{n_kv}", D=head_dim)
+    variant = ("neox " if neox else "") + ("split" if split else "whole") + (" device pos" if device_pos else "")
+    return CheckCase("attention", "rope_flash_decode", variant, shape, run)
+
+
 def check_cases(small: bool = False) -> list[CheckCase]:
     contexts = (1, 17, 513) if small else CONTEXTS
     cases = []
@@ -209,6 +257,13 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         if small and tokens > 17:
             continue
         cases.append(_prefill_case(tokens, pos, heads, d, True, bs))
+    # RoPE + KV write + attention in one launch (the fused decode loop's attention)
+    for pos, heads, d, neox, split, dev in ((0, (32, 8), 128, False, False, False), (16, (32, 8), 128, False, True, True),
+                                            (70, (16, 16), 64, True, False, True), (600, (64, 8), 256, True, True, False),
+                                            (1500, (32, 8), 128, False, True, False)):
+        if small and pos > 16:
+            continue
+        cases.append(_rope_decode_case(pos, heads, d, neox, split, dev))
     cases.append(_reshape_case(37, 8, 128, 16))
     cases.append(_reshape_case(64, 4, 64, 32))
     return cases

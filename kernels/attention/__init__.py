@@ -6,6 +6,8 @@
 - `flash_decode(q, k_cache, v_cache, lengths, scale)`: the contiguous head-major cache
   `[B, Hkv, max_seq, D]`, split in partitions and merged the same way (`split=False`: one
   threadgroup per head, as v1).
+- `rope_flash_decode(qkv, k_cache, v_cache, pos, scale, n_heads=)`: one decode token's RoPE,
+  KV-cache write and flash decode in one launch, from the fused QKV projection's output.
 - `prefill_attention(q, k_cache, v_cache, pos, scale, block_table=)`: a prompt's causal
   attention over either cache.
 - `reshape_and_cache(k, v, k_cache, v_cache, slots)`: new tokens into the paged caches, in place;
@@ -45,13 +47,18 @@ _RESHAPE = KernelSpec("lathe_reshape_and_cache", "attention/reshape_and_cache.me
 
 
 @functools.cache
-def _spec(paged: bool, split: bool) -> KernelSpec:
-    inputs = ("q", "k_cache", "v_cache", "lens") + (("table",) if paged else ()) + (
-        "dims", "scale", "after")
+def _spec(paged: bool, split: bool, rope: bool = False) -> KernelSpec:
+    if rope:  # the QKV row and its position in place of q, lens and the ordering token
+        inputs = ("qkv", "k_cache", "v_cache", "pos", "inv_freq", "rope_scalars", "dims", "scale")
+    else:
+        inputs = ("q", "k_cache", "v_cache", "lens") + (("table",) if paged else ()) + (
+            "dims", "scale", "after")
     outputs = ("part_out", "part_ml") if split else ("out",)
-    name = f"lathe_{'paged' if paged else 'contiguous'}_attention_{'split' if split else 'whole'}"
+    name = (f"lathe_{'paged' if paged else 'contiguous'}_{'rope_' if rope else ''}attention_"
+            f"{'split' if split else 'whole'}")
     return KernelSpec(name, "attention/decode_attention.metal", inputs, outputs,
-                      prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_SPLIT {int(split)}")
+                      prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_SPLIT {int(split)}\n"
+                              f"#define LATHE_ROPE {int(rope)}")
 
 
 def _ints(values: tuple[int, ...]) -> mx.array:
@@ -114,24 +121,33 @@ def _pool(k_cache: mx.array, v_cache: mx.array) -> tuple[int, int, int, int]:
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int, block_size: int, after: mx.array | None,
-         shared_cache: bool = False, split_from: int = SPLIT_FROM) -> mx.array:
-    """lens: int32[B] on the device; longest: the most any of them can be (it sizes the grid)."""
+         shared_cache: bool = False, split_from: int = SPLIT_FROM, head_dim: int | None = None,
+         rope: tuple | None = None) -> mx.array:
+    """lens: int32[B] on the device; longest: the most any of them can be (it sizes the grid).
+    rope: (inv_freq, rope_scalars, constants) of rope_flash_decode, whose q is the QKV row."""
     if partition % CHUNK_MULTIPLE or partition <= 0:
         raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
-    batch, n_heads, head_dim = q.shape
+    if rope is None:
+        batch, n_heads, head_dim = q.shape
     # One partition holds every context, or contexts are short: the unsplit body writes the output
     # itself and the combine launch is saved (vLLM's dispatcher picks v1 over v2 the same way).
     split = split and longest > partition and longest > split_from
     parts = -(-longest // partition) if split else 1
-    inputs = [q, k_cache, v_cache, lens]
-    if paged:
-        inputs.append(table)
-    inputs += [_ints((n_kv, rows, partition, parts, 0 if shared_cache else 1)), _scale(float(scale)),
-               _no_order() if after is None else after]
+    dims = _ints((n_kv, rows, partition, parts, 0 if shared_cache else 1))
+    constants = dict(D=head_dim, G=group, NSIMD=NSIMD, BS=block_size)
+    if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
+        inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale))]
+        constants.update(rope[2])
+        batch, n_heads = 1, n_kv * group
+    else:
+        inputs = [q, k_cache, v_cache, lens]
+        if paged:
+            inputs.append(table)
+        inputs += [dims, _scale(float(scale)), _no_order() if after is None else after]
     outputs = ([((batch, n_heads, parts, head_dim), mx.float32), ((batch, n_heads, parts, 2), mx.float32)]
                if split else [((batch, n_heads, head_dim), mx.float16)])
-    res = launch(Launch(_spec(paged, split), inputs, outputs, (parts * 32 * NSIMD, n_kv, batch),
-                        (32 * NSIMD, 1, 1), dict(D=head_dim, G=group, NSIMD=NSIMD, BS=block_size)))
+    res = launch(Launch(_spec(paged, split, rope is not None), inputs, outputs,
+                        (parts * 32 * NSIMD, n_kv, batch), (32 * NSIMD, 1, 1), constants))
     if not split:
         return res[0]
     (out,) = launch(Launch(_COMBINE, [res[0], res[1], _ints((n_heads, parts))],
@@ -226,6 +242,45 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
         lens_dev, longest = _device_ints(lens), int(lens.max())
     return _run(False, split, q, k_cache, v_cache, lens_dev, longest, None, max_seq, n_kv, group,
                 scale, partition, 0, after, split_from=split_from)
+
+
+def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int | mx.array,
+                      scale: float, *, n_heads: int, theta: float = 10000.0, freq_scale: float = 1.0,
+                      inv_freq: mx.array | None = None, neox: bool = False, split: bool = True,
+                      partition: int = PARTITION,
+                      split_from: int = SPLIT_FROM) -> tuple[mx.array, mx.array, mx.array]:
+    """One decode token's RoPE, KV-cache write and attention in one launch (a launch a layer
+    fewer than kernels.rope.rope_qkv_write then flash_decode, same results): qkv[(n_heads + 2
+    n_kv) * D] (or [1, ...]) is the fused projection's unrotated output, the head-major caches
+    [n_kv, max_seq, D] take K (rotated) and V at row pos, and the token attends to rows
+    0..pos. Returns (out[1, n_heads, D], k_cache, v_cache), the caches ordered after the write.
+    pos: an int (checked here) or int32[1] on the device (a compiled step: a position past the
+    cache writes nothing and attends to the rows held; the caller keeps it in range)."""
+    from kernels import rope as rope_kernels
+
+    _fp16("k_cache", k_cache)
+    _fp16("v_cache", v_cache)
+    if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"k_cache and v_cache must both be [Hkv, max_seq, D], got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    n_kv, max_seq, head_dim = k_cache.shape
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    if n_heads < n_kv or n_heads % n_kv:
+        raise ValueError(f"n_heads ({n_heads}) must be a multiple of the cache's {n_kv} kv heads")
+    _fp16("qkv", qkv)
+    width = (n_heads + 2 * n_kv) * head_dim
+    if qkv.size != width or qkv.ndim > 2 or (qkv.ndim == 2 and qkv.shape[0] != 1):
+        raise ValueError(f"qkv must be one token's [(n_heads + 2 * n_kv) * D = {width}], got {tuple(qkv.shape)}")
+    pos_arr = rope_kernels._pos_array(pos, 1, max_seq)
+    freqs = rope_kernels._table(head_dim, theta, inv_freq)
+    scalars = constant((float(theta), float(freq_scale)), mx.float32)
+    longest = pos + 1 if isinstance(pos, int) else max_seq  # sizes the grid, as flash_decode's
+    out = _run(False, split, qkv.reshape(-1), k_cache[None], v_cache[None], pos_arr, longest, None,
+               max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from,
+               head_dim=head_dim, rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True)))
+    k_cache, v_cache = mx.depends([k_cache, v_cache], [out])
+    return out, k_cache, v_cache
 
 
 def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,

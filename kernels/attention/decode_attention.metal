@@ -18,10 +18,20 @@
 // of its loads before it uses one. Tokens past the context are never loaded into a sum: a V vector
 // that straddles the end has its extra lanes replaced by zero, not multiplied by it (unused
 // cache slots may hold anything, NaN included).
-// Constants: D, G, NSIMD, BS (paged block size; 0 contiguous). Prelude: LATHE_PAGED, LATHE_SPLIT.
+// LATHE_ROPE 1 (contiguous, one sequence, one new token): RoPE and the KV-cache write ride in
+// this kernel, saving the launch of rope_kv_write a layer. q is then the unrotated QKV row of
+// the token (Q heads, K heads, V heads: the fused projection's output) at position pos: each
+// threadgroup rotates its G query heads into q_s, and the one whose tokens include pos rotates
+// K and copies V of its kv head into cache row pos before any of its threads reads that row
+// (its K and V come back through the cache, rounded to fp16 as every other row's). The context
+// is pos + 1 tokens.
+// Constants: D, G, NSIMD, BS (paged block size; 0 contiguous); with LATHE_ROPE also NEOX and
+// FREQ_TABLE (rope_kv_write.metal's). Prelude: LATHE_PAGED, LATHE_SPLIT, LATHE_ROPE.
 // Inputs: q[B, Hq, D], k_cache, v_cache, lens (int32[B]), table (int32[B, MAXB]; paged),
 //   dims (int32: Hkv, S or MAXB, PART, P, cache sequence per query: 1, or 0 for a prompt's
-//   tokens over one cache), scale (float[1]), after (ordering token, not read).
+//   tokens over one cache), scale (float[1]), after (ordering token, not read). LATHE_ROPE:
+//   qkv[(Hq + 2 Hkv) * D] in place of q, pos (int32[1]) in place of lens and after, inv_freq
+//   (f32[D/2]) and rope_scalars (f32: theta, freq_scale).
 constexpr uint NT = NSIMD * 32;
 constexpr uint CH = NT;        // tokens a chunk: a thread a token
 constexpr uint KG = D / 8 < 8 ? D / 8 : 8;  // 16-byte K loads in flight a thread
@@ -53,13 +63,49 @@ const uint rows = uint(dims[1]);  // S (contiguous) or MAXB (paged)
 const uint cb = b * uint(dims[4]);
 const uint n_heads = n_kv * G;
 // Device lengths (a compiled step) are not checked on the host: clamped to the cache here.
+#if LATHE_ROPE
+const uint ctx = min(uint(pos[0]) + 1, rows);
+#else
 const uint ctx = min(uint(lens[b]), rows * uint(LATHE_PAGED ? BS : 1));
+#endif
 const uint t_begin = LATHE_SPLIT ? min(ctx, part * uint(dims[2])) : 0;
 const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
 
+#if LATHE_ROPE
+{
+  // Pair i of a head turns by pos * freq_scale * inv_freq(i) (rope_kv_write.metal's angles).
+  const float p = float(pos[0]) * rope_scalars[1];
+  for (uint e = tid; e < G * D / 2; e += NT) {
+    const uint g = e / (D / 2), i = e % (D / 2);
+    const float angle = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, i, rope_scalars[0]);
+    const float c = cos(angle), sn = sin(angle);
+    const uint i0 = rope_first<D, NEOX>(i), i1 = rope_second<D, NEOX>(i);
+    const float a = float(qkv[(h * G + g) * D + i0]), bq = float(qkv[(h * G + g) * D + i1]);
+    q_s[g * D + i0] = (a * c - bq * sn) * scale[0];
+    q_s[g * D + i1] = (a * sn + bq * c) * scale[0];
+  }
+  const uint row_at = uint(pos[0]);
+  if (row_at >= t_begin && row_at < t_end) {  // this threadgroup reads the new row: write it first
+    auto k_row = writable(k_cache) + (h * rows + row_at) * D;
+    auto v_row = writable(v_cache) + (h * rows + row_at) * D;
+    const auto k_src = qkv + (n_heads + h) * D;
+    const auto v_src = qkv + (n_heads + n_kv + h) * D;
+    for (uint i = tid; i < D / 2; i += NT) {
+      const float angle = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, i, rope_scalars[0]);
+      const float c = cos(angle), sn = sin(angle);
+      const uint i0 = rope_first<D, NEOX>(i), i1 = rope_second<D, NEOX>(i);
+      const float a = float(k_src[i0]), bk = float(k_src[i1]);
+      k_row[i0] = half(a * c - bk * sn);
+      k_row[i1] = half(a * sn + bk * c);
+    }
+    for (uint e = tid; e < D; e += NT) v_row[e] = v_src[e];
+  }
+}
+#else
 for (uint e = tid; e < G * D; e += NT) {
   q_s[e] = float(q[(b * n_heads + h * G) * D + e]) * scale[0];
 }
+#endif
 if (tid < G) {
   m_s[tid] = NEG_INF;
   l_s[tid] = 0.0f;
@@ -68,7 +114,8 @@ float acc[G][ROWS];
 for (uint g = 0; g < G; ++g) {
   for (uint i = 0; i < ROWS; ++i) acc[g][i] = 0.0f;
 }
-threadgroup_barrier(mem_flags::mem_threadgroup);
+// (LATHE_ROPE: the new cache row, written above, is read by other threads of this threadgroup.)
+threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
 
 for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   const uint cn = min(CH, t_end - c0);
