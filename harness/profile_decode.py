@@ -143,6 +143,40 @@ def summarize_timeline(kernels: list[tuple[float, float, str]], last: str = "Arg
     for name, ds in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
         print(f"{name:64s} {len(ds) / n:7.1f} {np.mean(ds):8.2f} {sum(ds) / n:10.1f} "
               f"{100 * sum(ds) / n / span:5.1f}%")
+    _by_position(kernels, ends)
+
+
+def _by_position(kernels: list[tuple[float, float, str]], ends: list[int]) -> None:
+    """Median time of each kernel by its place in a layer (the same kernel name plays several
+    parts, e.g. the QKV and gate+up RMSNorm+GEMVs): the layers are the longest run of a repeated
+    sequence of kernels; what comes before and after them (the embedding, the output head, the
+    argmax) is listed by its place in the token. Tokens whose kernels differ from the most common sequence
+    are left out."""
+    tokens = [kernels[a + 1:b + 1] for a, b in zip(ends[:-1], ends[1:])]
+    sequences = [tuple(name.split("(")[0] for _, _, name in t) for t in tokens]
+    names = max(set(sequences), key=sequences.count)
+    kept = [t for t, seq in zip(tokens, sequences) if seq == names]
+    def repeats(start: int, p: int) -> int:  # whole layers of p kernels from `start`
+        n = 0
+        while start + (n + 1) * p <= len(names) and \
+                names[start + n * p:start + (n + 1) * p] == names[start:start + p]:
+            n += 1
+        return n
+
+    # layers: the (start, period) whose repeats cover the most kernels, the shortest among equals
+    # (a first layer unlike the rest, e.g. one with an extra launch, is left to the token list)
+    choices = [(start, p) for start in range(min(len(names), 16)) for p in range(1, (len(names) - start) // 2 + 1)]
+    if not choices:
+        return
+    first, period = max(choices, key=lambda c: (c[1] * repeats(*c), -c[1], -c[0]))
+    layers = repeats(first, period)
+    durations = np.array([[d for _, d, _ in t] for t in kept])  # [tokens, kernels]
+    print(f"by position over {len(kept)} tokens ({layers} layers of {period} kernels; medians):")
+    for j in range(period):
+        cols = [first + layer * period + j for layer in range(layers)]
+        print(f"  layer slot {j}: {names[first + j][:68]:68s} {np.median(durations[:, cols]):8.2f} us")
+    for i in [*range(first), *range(first + layers * period, len(names))]:
+        print(f"  token kernel {i}: {names[i][:66]:66s} {np.median(durations[:, i]):8.2f} us")
 
 
 def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,

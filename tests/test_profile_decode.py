@@ -83,3 +83,21 @@ def test_a_saved_trace_reads_back(tmp_path, capsys):
     with pytest.raises(SystemExit):
         profile_decode.main(["--timeline", str(path), "--mode", "step"])
     assert "compiled-pipelined mode only" in capsys.readouterr().err
+
+
+def test_timeline_by_position_in_the_layer(capsys):
+    # Tokens of embed, 3 layers of (norm_gemv qkv 10 us, attention 5 us, norm_gemv gate_up 20 us),
+    # the head (norm_gemv, 40 us) and the argmax: the two parts of norm_gemv come apart.
+    kernels, t = [], 0.0
+    layer = [("norm_gemv(half*)", 10.0), ("attention(half*)", 5.0), ("norm_gemv(half*)", 20.0)]
+    for _ in range(4):
+        for name, d in [("embed(int*)", 2.0), *layer * 3, ("norm_gemv(half*)", 40.0),
+                        ("arg_reduce_general<ArgMax>(float*)", 3.0)]:
+            kernels.append((t, d, name))
+            t += d + 1.0
+    profile_decode.summarize_timeline(kernels)
+    out = capsys.readouterr().out
+    assert "by position over 3 tokens (3 layers of 3 kernels; medians)" in out
+    assert "layer slot 0: norm_gemv" in out and "10.00 us" in out.split("layer slot 0")[1].splitlines()[0]
+    assert "20.00 us" in out.split("layer slot 2")[1].splitlines()[0]
+    assert "40.00 us" in out.split("token kernel 10: norm_gemv")[1].splitlines()[0]
