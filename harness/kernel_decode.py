@@ -25,6 +25,7 @@ the next step, once the variants have run on the device.
 from __future__ import annotations
 
 import math
+import os
 
 import mlx.core as mx
 import numpy as np
@@ -37,6 +38,10 @@ VARIANTS = ("unfused", "fused")
 KV_LAYOUTS = ("contiguous", "paged")
 BLOCK_SIZE = 16  # tokens a block of the paged cache (vLLM's default)
 FUSED_UP_TO = 4  # rows of X the fused RMSNorm+GEMV takes (kernels.gemv.MAX_M)
+# The fused variant's decode tokens rotate and write K/V inside the attention launch
+# (attention.rope_flash_decode); LATHE_ROPE_IN_ATTENTION=0 gives the separate RoPE + KV-write
+# launch back, to compare the two in the loop.
+ROPE_IN_ATTENTION = os.environ.get("LATHE_ROPE_IN_ATTENTION", "1") != "0"
 
 
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False) -> list[Step]:
@@ -69,7 +74,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False) -> 
                            layer=i) for n in "kv"]
             steps += [Step("attention", "lathe flash_decode (+ combine past 2048)", ("q", f"cache.{i}"), ("o",),
                            (), ("min(kv_len, max_seq)",), layer=i)]
-        elif fused and not c.head_norm:  # RoPE and the KV write ride in the attention launch
+        elif fused and not c.head_norm and ROPE_IN_ATTENTION:  # RoPE and the KV write ride in attention
             steps += [Step("rope_attention", "lathe rope_flash_decode (+ combine past 2048)",
                            ("qkv", f"cache.{i}"), ("o", f"cache.{i}"), (), ("pos",), layer=i)]
         else:
@@ -212,7 +217,7 @@ class KernelDecoder:
         c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
         if self.fused:  # RoPE (and Qwen3's head norms) read Q, K, V in place in the QKV output
             qkv = self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight")
-            if t == 1 and not c.head_norm:  # RoPE and the KV write inside the attention launch
+            if t == 1 and not c.head_norm and ROPE_IN_ATTENTION:  # RoPE and the KV write ride in attention
                 o, self.k[i], self.v[i] = attention.rope_flash_decode(
                     qkv, self.k[i], self.v[i], pos, 1.0 / math.sqrt(hd), n_heads=c.n_heads,
                     theta=c.rope_theta, neox=c.neox)
