@@ -32,15 +32,22 @@ def test_summarize_sums_the_last_complete_step(tmp_path, capsys):
         profile_decode.summarize(path)
 
 
+def _timeline(token: list[tuple[str, float]], tokens: int, start: float = 0.0) -> list:
+    """(start, duration, name) of `tokens` repeats of `token`'s (name, us), 1 us apart."""
+    kernels, t = [], start
+    for _ in range(tokens):
+        for name, d in token:
+            kernels.append((t, d, name))
+            t += d + 1.0
+    return kernels
+
+
 def test_timeline_cuts_tokens_at_the_argmax(capsys):
     # Three tokens of (embed 2 us, gemv 10 us, argmax 3 us), 1 us gaps; before the first argmax:
     # a partial token, not counted.
-    kernels, t = [(0.0, 50.0, "gemv(half*)")], 60.0
-    for _ in range(3):
-        for name, d in [("lathe_embed(int*)", 2.0), ("gemv(half*)", 10.0),
-                        ("arg_reduce_general<float, ArgMax<float>>(float*)", 3.0)]:
-            kernels.append((t, d, name))
-            t += d + 1.0
+    token = [("lathe_embed(int*)", 2.0), ("gemv(half*)", 10.0),
+             ("arg_reduce_general<float, ArgMax<float>>(float*)", 3.0)]
+    kernels = [(0.0, 50.0, "gemv(half*)"), *_timeline(token, 3, start=60.0)]
     profile_decode.summarize_timeline(kernels)
     out = capsys.readouterr().out
     assert "over 2 tokens: GPU span 0.018 ms a token (median), kernels 0.015 ms, gaps 0.003 ms" in out
@@ -88,14 +95,10 @@ def test_a_saved_trace_reads_back(tmp_path, capsys):
 def test_timeline_by_position_in_the_layer(capsys):
     # Tokens of embed, 3 layers of (norm_gemv qkv 10 us, attention 5 us, norm_gemv gate_up 20 us),
     # the head (norm_gemv, 40 us) and the argmax: the two parts of norm_gemv come apart.
-    kernels, t = [], 0.0
     layer = [("norm_gemv(half*)", 10.0), ("attention(half*)", 5.0), ("norm_gemv(half*)", 20.0)]
-    for _ in range(4):
-        for name, d in [("embed(int*)", 2.0), *layer * 3, ("norm_gemv(half*)", 40.0),
-                        ("arg_reduce_general<ArgMax>(float*)", 3.0)]:
-            kernels.append((t, d, name))
-            t += d + 1.0
-    profile_decode.summarize_timeline(kernels)
+    token = [("embed(int*)", 2.0), *layer * 3, ("norm_gemv(half*)", 40.0),
+             ("arg_reduce_general<ArgMax>(float*)", 3.0)]
+    profile_decode.summarize_timeline(_timeline(token, 4))
     out = capsys.readouterr().out
     assert "by position over 3 tokens (3 layers of 3 kernels; medians)" in out
     assert "layer slot 0: norm_gemv" in out and "10.00 us" in out.split("layer slot 0")[1].splitlines()[0]
