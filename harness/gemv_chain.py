@@ -15,6 +15,7 @@ MIN_GROUPS, MAX_GROUPS; settings apart by ';'). Needs the CUDA backend and PyTor
 from __future__ import annotations
 
 import argparse
+import copy
 from collections import defaultdict
 
 import numpy as np
@@ -34,27 +35,16 @@ def _weights(qtype: str, n: int, k: int):
 
 
 def parse_settings(text: str) -> list[str]:
-    """'SLOTS=0;SLOTS=2,MAX_GROUPS=396' -> the settings, checked (kernels.gemv.set_tuning)."""
+    """'SLOTS=0;SLOTS=2,MAX_GROUPS=396' -> the settings, each checked (kernels.gemv.parse_tuning)."""
     from kernels import gemv
 
-    saved = {q: dict(gemv.TUNING[q]) for q in gemv.QTYPES}, gemv.TUNING["MIN_GROUPS"], gemv.TUNING["MAX_GROUPS"]
+    settings = text.split(";")
     try:
-        for part in text.split(";"):
-            gemv.set_tuning(part)
+        for setting in settings:
+            gemv.parse_tuning(setting)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    finally:
-        restore(saved)
-    return text.split(";")
-
-
-def restore(saved) -> None:
-    from kernels import gemv
-
-    formats, gemv.TUNING["MIN_GROUPS"], gemv.TUNING["MAX_GROUPS"] = saved
-    for q, table in formats.items():
-        gemv.TUNING[q].update(table)
-    gemv.v2_geometry.cache_clear()
+    return settings
 
 
 def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: list[str]) -> None:
@@ -84,9 +74,9 @@ def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: 
     names = ["qkv", "o", "gate_up", "down"]
     print(f"{preset} {qtype}: {layers} layers of QKV {shapes['qkv']}, O {shapes['o']}, gate+up "
           f"{shapes['gate_up']}, down {shapes['down']}, head ({c.vocab}, {d}); {sets} weight sets")
-    tuned = {q: dict(gemv.TUNING[q]) for q in gemv.QTYPES}, gemv.TUNING["MIN_GROUPS"], gemv.TUNING["MAX_GROUPS"]
-    for setting in settings:
-        restore(tuned)
+    tuned = copy.deepcopy(gemv.TUNING)
+    for setting in settings:  # each from the tuned table, not from the setting before
+        gemv.TUNING.update(copy.deepcopy(tuned))
         gemv.set_tuning(setting)
         label = setting or "tuned"
         x = (mx.random.normal((1, d)) * 0.1).astype(mx.float16)

@@ -121,14 +121,13 @@ def _pool(k_cache: mx.array, v_cache: mx.array) -> tuple[int, int, int, int]:
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int, block_size: int, after: mx.array | None,
-         shared_cache: bool = False, split_from: int = SPLIT_FROM, head_dim: int | None = None,
-         rope: tuple | None = None) -> mx.array:
+         shared_cache: bool = False, split_from: int = SPLIT_FROM, rope: tuple | None = None) -> mx.array:
     """lens: int32[B] on the device; longest: the most any of them can be (it sizes the grid).
     rope: (inv_freq, rope_scalars, constants) of rope_flash_decode, whose q is the QKV row."""
     if partition % CHUNK_MULTIPLE or partition <= 0:
         raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
-    if rope is None:
-        batch, n_heads, head_dim = q.shape
+    # rope: one token, q the flat QKV row, k_cache [1, Hkv, S, D]
+    batch, n_heads, head_dim = (1, n_kv * group, k_cache.shape[-1]) if rope is not None else q.shape
     # One partition holds every context, or contexts are short: the unsplit body writes the output
     # itself and the combine launch is saved (vLLM's dispatcher picks v1 over v2 the same way).
     split = split and longest > partition and longest > split_from
@@ -138,7 +137,6 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
         inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale))]
         constants.update(rope[2])
-        batch, n_heads = 1, n_kv * group
     else:
         inputs = [q, k_cache, v_cache, lens]
         if paged:
@@ -250,7 +248,8 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
                       partition: int = PARTITION,
                       split_from: int = SPLIT_FROM) -> tuple[mx.array, mx.array, mx.array]:
     """One decode token's RoPE, KV-cache write and attention in one launch (a launch a layer
-    fewer than kernels.rope.rope_qkv_write then flash_decode, same results): qkv[(n_heads + 2
+    fewer than kernels.rope.rope_qkv_write then flash_decode: the same cache rows; the rotated
+    query stays in fp32 instead of being rounded to fp16 in between): qkv[(n_heads + 2
     n_kv) * D] (or [1, ...]) is the fused projection's unrotated output, the head-major caches
     [n_kv, max_seq, D] take K (rotated) and V at row pos, and the token attends to rows
     0..pos. Returns (out[1, n_heads, D], k_cache, v_cache), the caches ordered after the write.
@@ -278,7 +277,7 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     longest = pos + 1 if isinstance(pos, int) else max_seq  # sizes the grid, as flash_decode's
     out = _run(False, split, qkv.reshape(-1), k_cache[None], v_cache[None], pos_arr, longest, None,
                max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from,
-               head_dim=head_dim, rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True)))
+               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True)))
     k_cache, v_cache = mx.depends([k_cache, v_cache], [out])
     return out, k_cache, v_cache
 

@@ -174,10 +174,9 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
     return r, s, xchunk
 
 
-def set_tuning(text: str) -> dict[str, int]:
-    """Set TUNING from 'KEY=INT,...' (per-format keys R, NSIMD, SLOTS set for both formats;
-    MIN_GROUPS, MAX_GROUPS shared): experiments without editing the table, also through the
-    environment variable LATHE_GEMV_TUNING at import. Returns the values set."""
+def parse_tuning(text: str) -> dict[str, int]:
+    """'KEY=INT,...' -> {KEY: INT}, KEY one of TUNING's: per-format R, NSIMD, SLOTS (set for
+    both formats) or the shared MIN_GROUPS, MAX_GROUPS. A clear error for anything else."""
     setting = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.strip().partition("=")
@@ -185,6 +184,13 @@ def set_tuning(text: str) -> dict[str, int]:
             raise ValueError(f"bad GEMV tuning {item!r}: KEY=INT, KEY one of R, NSIMD, SLOTS, "
                              f"MIN_GROUPS, MAX_GROUPS")
         setting[key] = int(value)
+    return setting
+
+
+def set_tuning(text: str) -> dict[str, int]:
+    """Set TUNING from 'KEY=INT,...' (parse_tuning): experiments without editing the table, also
+    through the environment variable LATHE_GEMV_TUNING at import. Returns the values set."""
+    setting = parse_tuning(text)
     for key, value in setting.items():
         for table in (TUNING[q] for q in QTYPES) if key in TUNING["q4_0"] else (TUNING,):
             table[key] = value

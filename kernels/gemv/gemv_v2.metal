@@ -5,11 +5,13 @@
 // staged in threadgroup memory once per chunk of XCHUNK values of K (one chunk when it fits,
 // which is every M = 1 shape up to K = 16384) as int16 with one scale per block of 32: 1/32767
 // of its largest magnitude (relative error ~1e-5, against fp16's 5e-4 on X itself).
-// Then each SIMD group walks its R rows on its own, in tiles of 64 blocks:
+// Then each SIMD group walks its row groups (R rows each; several when the host launches fewer
+// threadgroups than row groups, see below) on its own, in tiles of 64 blocks:
 //  1. store the tile's weights, loaded earlier into registers, to its own threadgroup slice
 //     (ALIGNED: 16-byte words, a SIMD group's loads covering each row contiguously; otherwise
 //     rows start only 2-byte aligned and are copied in 2-byte words);
-//  2. load the next tile into registers (in flight while 3 runs);
+//  2. load the next tile into registers (in flight while 3 runs; SLOTS > 1: copied straight
+//     into threadgroup memory instead, and step 1 falls away);
 //  3. lane l takes blocks 2l and 2l+1 of each row (a pair starts on a 4-byte boundary), its
 //     X' values reused across the R rows. Inside a block the products are exact integer dot
 //     products (int16 X' by the int8 or 4-bit weights, two per dp2a instruction on NVIDIA:
@@ -22,7 +24,8 @@
 // staged at once, a multiple of 2048), SLOTS (0: steps 1-2 above, the next tile in registers;
 // 2 or more, ALIGNED only: the tiles copied straight into SLOTS threadgroup slots of the SIMD
 // group, SLOTS - 1 of them in flight, no register staging and no store step).
-// Inputs: x, w (bytes), dims (int32: N, K); prologue 1 adds gamma (half, K) and eps (float, 1).
+// Inputs: x, w (bytes), dims (int32: N, K, threadgroups launched); prologue 1 adds gamma
+// (half, K) and eps (float, 1).
 // LATHE_RESIDUAL 1 (the epilogue) adds residual (half, [M, N]) to Y before its one rounding:
 // the decode loop's residual add (x + W o, x + W_down a) without a launch of its own.
 constexpr uint BB = QTYPE == 0 ? 18 : 34;      // bytes a block
