@@ -88,6 +88,10 @@ class ReferenceDecoder:
         self.pos += t
         return logits
 
+    def greedy(self, logits: mx.array) -> mx.array:
+        """The next token id (int32[1], on the device): the argmax of the last row of logits."""
+        return mx.argmax(logits[-1]).reshape(1).astype(mx.int32)
+
     def compiled_step(self, ordered: bool = False):
         """One decode step as an mx.compile'd function of (token, pos, *k caches, *v caches) ->
         (logits, *k caches, *v caches), traced once per decoder: the position is an array, so
@@ -324,10 +328,10 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
 
     def pick(logits: mx.array) -> mx.array:  # on the device; step i uses key seed + i
         if sampler is None:
-            token = mx.argmax(logits[-1])
+            token = decoder.greedy(logits)  # the variant's own argmax (ours: one kernel)
         else:
             key = mx.random.key((sampler.seed or 0) + len(history))
-            token = sampler(logits[-1], mx.concatenate(history), key)
+            token = sampler(logits[-1].astype(mx.float32), mx.concatenate(history), key)
         history.append(token.reshape(1).astype(mx.int32))
         return token
 
@@ -541,12 +545,12 @@ def breakdown(decoder, prompt, n: int) -> dict:
     op calls); eval_ms, mx.eval of that graph (MLX encodes each op on the host and the GPU runs
     them; the host waits). Their sum is the step-mode time per token."""
     decoder.reset()
-    token = mx.argmax(decoder.forward(prompt)[-1])
+    token = decoder.greedy(decoder.forward(prompt))
     mx.eval(token)
     build, run = [], []
     for _ in range(n):
         t0 = time.perf_counter()
-        token = mx.argmax(decoder.forward(token)[-1])
+        token = decoder.greedy(decoder.forward(token))
         t1 = time.perf_counter()
         mx.eval(token)
         build.append(t1 - t0)

@@ -342,13 +342,21 @@ class KernelDecoder:
             # them first. Free when they are done (step mode); a device token (pipelined,
             # chained) is ordered by its data.
             mx.eval(self.k, self.v)
-        logits = self.layers(ids, t, self.pos)
+        logits = self.layers(ids, t, self.pos).astype(mx.float32)
         self.pos += t
         return logits
 
+    def greedy(self, logits: mx.array) -> mx.array:
+        """The next token id (int32[1], on the device): our argmax kernel over the last row of
+        logits, read in the head's fp16 in a compiled step (no converted copy, no gather)."""
+        from kernels import loop
+
+        return loop.argmax(logits[-1:])
+
     def compiled_step(self, ordered: bool = False):
         """One decode step as an mx.compile'd function of (token, pos, *k caches, *v caches) ->
-        (logits, *k caches, *v caches), traced once per decoder: the position is an int32[1]
+        (logits, *k caches, *v caches), traced once per decoder, the logits fp16 as the output
+        head writes them (forward() returns them as float32): the position is an int32[1]
         array, so the RoPE + KV write and attention read it on the device, and attention's grid
         is sized for max_seq (kernels.attention.flash_decode). Host work per token is one call.
         By default the caches are evaluated before the call: a token from the host is not ordered
@@ -381,7 +389,8 @@ class KernelDecoder:
 
     def layers(self, ids, t: int, pos) -> mx.array:
         """The model over t tokens at positions pos.. (an int; an int32[1] array in a compiled
-        step), K and V written into self.k / self.v in place."""
+        step), K and V written into self.k / self.v in place; the logits as the head wrote them
+        (fp16, or float32 from an F32 output matrix)."""
         from kernels import gemv, loop
 
         c = self.config
@@ -408,4 +417,4 @@ class KernelDecoder:
                                              axis=-1)
                 x = x + self._linear(loop.swiglu(gate_up), wd)
         out = "token_embd.weight" if c.tied else "output.weight"
-        return self._norm_linear(x, "output_norm.weight", out).astype(mx.float32)
+        return self._norm_linear(x, "output_norm.weight", out)

@@ -63,7 +63,7 @@ def run(preset: str, qtype: str, variant: str, mode: str, tokens: int, marked: b
     n = steps if marked else tokens
     decoder = make_decoder(model, 16 + n + 8, variant)
     prompt = np.random.default_rng(0).integers(0, c.vocab, 16)
-    token = mx.argmax(decoder.forward(prompt)[-1]).reshape(1).astype(mx.int32)
+    token = decoder.greedy(decoder.forward(prompt))
     mx.eval(token)
     fn = decoder.compiled_step() if mode == "compiled" else None
 
@@ -74,7 +74,7 @@ def run(preset: str, qtype: str, variant: str, mode: str, tokens: int, marked: b
             logits, *caches = fn(token, index(decoder.pos), *decoder.k, *decoder.v)
             decoder.k, decoder.v = caches[: c.n_layers], caches[c.n_layers:]
             decoder.pos += 1
-        nxt = mx.argmax(logits[-1]).reshape(1).astype(mx.int32)
+        nxt = decoder.greedy(logits)
         mx.eval(nxt)
         return nxt
 
@@ -193,7 +193,7 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
     c = model.config
     decoder = make_decoder(model, 16 + tokens + 16, variant)
     prompt = np.random.default_rng(0).integers(0, c.vocab, 16)
-    token = mx.argmax(decoder.forward(prompt)[-1]).reshape(1).astype(mx.int32)
+    token = decoder.greedy(decoder.forward(prompt))
     mx.eval(token, decoder.k, decoder.v)
     fn = decoder.compiled_step(ordered=True)
     parts = defaultdict(list)
@@ -203,7 +203,7 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
         logits, *caches = fn(token, index(decoder.pos), *decoder.k, *decoder.v)
         decoder.k, decoder.v = caches[: c.n_layers], caches[c.n_layers:]
         decoder.pos += 1
-        nxt = mx.argmax(logits[-1]).reshape(1).astype(mx.int32)
+        nxt = decoder.greedy(logits)
         t1 = time.perf_counter()
         mx.async_eval(nxt)
         parts["call"].append(t1 - t0)

@@ -67,11 +67,28 @@ def test_geometry_fits_and_spreads():
     for qtype in gemv.QTYPES:
         for m in range(1, gemv.MAX_M + 1):
             for n, k in ((1, 32), (1024, 4096), (4096, 14336), (151936, 1024), (7, 40960)):
-                r, s, xchunk = gemv.v2_geometry(qtype, m, n, k)
-                assert gemv.v2_smem_bytes(qtype, m, r, s, xchunk) <= gemv.SMEM_BUDGET
+                r, s, xchunk, slots = gemv.v2_geometry(qtype, m, n, k)
+                assert gemv.v2_smem_bytes(qtype, m, r, s, xchunk, slots) <= gemv.SMEM_BUDGET
                 assert r >= 1 and s >= 1 and xchunk % 2048 == 0 and xchunk >= 2048
                 assert xchunk <= max(2048, -(-k // 2048) * 2048)
     # a small matrix gets more, smaller threadgroups than a large one; K = 4096 is one chunk
     small, large = gemv.v2_geometry("q4_0", 1, 1024, 4096), gemv.v2_geometry("q4_0", 1, 14336, 4096)
     assert small[0] * small[1] < large[0] * large[1]
     assert gemv.v2_geometry("q4_0", 1, 14336, 4096)[2] == 4096
+
+
+def test_tuned_slots_only_where_all_of_k_fits_one_chunk():
+    saved = gemv.TUNING["q4_0"]["SLOTS"], gemv.TUNING["q8_0"]["SLOTS"]
+    try:
+        gemv.set_tuning("SLOTS=2")
+        # gate+up (K 4096): two slots beside all of K; down (K 14336): the register path, one
+        # chunk of 12288 as before, rather than slots and an X cut in four
+        assert gemv.v2_geometry("q4_0", 1, 28672, 4096)[2:] == (4096, 2)
+        assert gemv.v2_geometry("q4_0", 1, 4096, 14336)[2:] == (12288, 0)
+        # a value given for one launch is kept, the chunk shrinks for it
+        assert gemv.v2_geometry("q4_0", 1, 4096, 14336, slots=2)[2:] == (4096, 2)
+        # unaligned rows never take slots
+        assert gemv.v2_geometry("q4_0", 1, 4096, 4096 + 32)[3] == 0
+    finally:
+        gemv.TUNING["q4_0"]["SLOTS"], gemv.TUNING["q8_0"]["SLOTS"] = saved
+        gemv.v2_geometry.cache_clear()

@@ -144,6 +144,8 @@ def test_compiled_step_logits_match_the_eager_step(models, variant, kv):
         logits, *caches = fn(mx.array([int(token)], dtype=mx.int32), pos, *compiled.k, *compiled.v)
         compiled.k, compiled.v, compiled.pos = caches[:n], caches[n:], compiled.pos + 1
         assert rel_err(np.array(logits), want) <= 1e-3
+        # greedy: our argmax kernel over the fp16 logits of the compiled step, as generate() reads them
+        assert logits.dtype == mx.float16 and compiled.greedy(logits).tolist() == [int(np.argmax(np.array(logits)[-1]))]
     assert all(np.array_equal(np.array(a), np.array(b), equal_nan=True)  # paged: unwritten slots NaN
                for a, b in zip(eager.k + eager.v, compiled.k + compiled.v))
 

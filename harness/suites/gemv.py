@@ -194,6 +194,8 @@ KNOB_CASES = [
     ("rmsnorm", 1, 777, 2048, False, dict(slots=0, max_groups=3)),
     ("swiglu", 2, 515, 4096, True, dict(slots=2, max_groups=4)),
     ("swiglu", 1, 4096, 14336, True, dict(slots=2, max_groups=8)),
+    # fewer items a SIMD group than slots (all issued at the start), the second tile short
+    ("plain", 1, 40, 2304, False, dict(slots=3)),
 ]
 
 

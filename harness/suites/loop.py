@@ -50,21 +50,24 @@ def _swiglu_case(m: int, f: int) -> CheckCase:
     return CheckCase("loop", "swiglu", "kernel", dict(M=m, F=f), run)
 
 
-def _argmax_case(m: int, v: int) -> CheckCase:
+def _argmax_case(m: int, v: int, dtype: str = "float32") -> CheckCase:
     from kernels.loop import argmax
     from kernels.runtime import poisoned_outputs
 
     def run(rng: np.random.Generator) -> list[Comparison]:
-        logits = rng.standard_normal((m, v)).astype(np.float32)
+        logits = rng.standard_normal((m, v)).astype(dtype)
         for row in range(m):  # a tie for the maximum: the first index must win
             spots = rng.choice(v, size=min(v, 3), replace=False)
             logits[row, spots] = logits[row].max() + 1.0
+        # The last row alone, as the decode loop passes it (a view that starts past row 0).
+        last = mx.array(logits)[-1:]
         with poisoned_outputs(-7):
-            tok = argmax(mx.array(logits))
-            mx.eval(tok)
-        return [exact("token ids", np.array(tok), ref.argmax(logits))]
+            tok, tail = argmax(mx.array(logits)), argmax(last)
+            mx.eval(tok, tail)
+        want = ref.argmax(logits.astype(np.float32))
+        return [exact("token ids", np.array(tok), want), exact("last row", np.array(tail), want[-1:])]
 
-    return CheckCase("loop", "argmax", "kernel", dict(M=m, V=v), run)
+    return CheckCase("loop", f"argmax_{dtype}", "kernel", dict(M=m, V=v), run)
 
 
 def _embed_case(qtype: str, t: int, k: int, vocab: int) -> CheckCase:
@@ -96,8 +99,11 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         cases += [_rmsnorm_case(m, k, False), _rmsnorm_case(m, k, True)]
     for m, f in ((1, 8), (5, 3080), (1, 14336)) if not small else ((1, 8),):
         cases.append(_swiglu_case(m, f))
-    for m, v in ((1, 1), (2, 33), (1, 32000), (4, 151936)) if not small else ((1, 1), (2, 33)):
-        cases.append(_argmax_case(m, v))
+    # V: tiny, odd (scalar loads only), 16-byte rows of float but not of half (4 | V, not 8),
+    # vocabularies (Llama 2, Llama 3 and Qwen3: 1024 threads and 16-byte loads).
+    for m, v in ((1, 1), (2, 33), (3, 8196), (1, 32000), (2, 128256), (4, 151936)) if not small else ((1, 1), (2, 33)):
+        for dtype in ("float32", "float16"):
+            cases.append(_argmax_case(m, v, dtype))
     for qtype in ("f16", "q8_0", "q4_0"):
         for t, k, vocab in ((1, 32, 7), (5, 96, 300), (16, 4096, 1000)) if not small else ((1, 32, 7),):
             cases.append(_embed_case(qtype, t, k, vocab))
@@ -128,6 +134,7 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
         return {"x": x(), "r": x(), "g": (1 + 0.1 * mx.random.normal((k,))).astype(mx.float16),
                 "gu": mx.random.normal((1, 2 * f)).astype(mx.float16),
                 "logits": mx.random.normal((1, vocab)),
+                "logits16": mx.random.normal((1, vocab)).astype(mx.float16),
                 "table": mx.random.normal((vocab, k)).astype(mx.float16) * 0.1,
                 "ids": mx.array([17], dtype=mx.int32)}
 
@@ -147,6 +154,10 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
              lambda s: [s["gu"][:, :f] * mx.sigmoid(s["gu"][:, :f]) * s["gu"][:, f:]], 6 * f),
         case("argmax", "ours", dict(M=1, V=vocab), lambda s: [loop.argmax(s["logits"])], 4 * vocab),
         case("argmax", "mx.argmax", dict(M=1, V=vocab), lambda s: [mx.argmax(s["logits"], axis=-1)], 4 * vocab),
+        # fp16, as the output head writes them (the decode loop's greedy step reads these)
+        case("argmax_f16", "ours", dict(M=1, V=vocab), lambda s: [loop.argmax(s["logits16"])], 2 * vocab),
+        case("argmax_f16", "mx.argmax", dict(M=1, V=vocab), lambda s: [mx.argmax(s["logits16"], axis=-1)],
+             2 * vocab),
         case("embed_f16", "ours", dict(T=1, K=k), lambda s: [loop.embed(s["table"], s["ids"], "f16", k)], 4 * k),
         case("embed_f16", "mx take", dict(T=1, K=k), lambda s: [s["table"][s["ids"]]], 4 * k),
     ]

@@ -34,7 +34,8 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # from `lathe bench gemv --sweep` on the device (kernels/gemv/NOTES.md has the numbers). Where a
 # matrix has too few rows to give MIN_GROUPS threadgroups, NSIMD and then R are halved.
 # SLOTS: 0 stages the next weight tile in registers; n >= 2 copies tiles straight into n
-# threadgroup slots a SIMD group (cp.async on CUDA), n - 1 of them in flight (K % 256 == 0 only).
+# threadgroup slots a SIMD group (cp.async on CUDA), all n issued before the prologue and n - 1
+# in flight after (K % 256 == 0, and all of K in one chunk of X beside them: see v2_geometry).
 # MAX_GROUPS (0: no limit): threadgroups a launch takes at most, each SIMD group then streaming
 # several row groups (only where one chunk of X holds all of K; see gemv_v2.metal). 396 is one
 # wave on the H100/H200: 132 SMs, 3 threadgroups of 256 threads at 80 registers each (chosen in
@@ -130,7 +131,8 @@ def gemv_v1(x: mx.array, w: mx.array, qtype: str, n: int, k: int) -> mx.array:
 
 # ---- v2 -----------------------------------------------------------------------------------------
 def v2_slots(qtype: str, k: int, slots: int | None = None) -> int:
-    """SLOTS of a launch: the tuned (or given) value where rows start 16-byte aligned, else 0."""
+    """SLOTS of a launch: the tuned (or given) value where rows start 16-byte aligned, else 0.
+    (v2_geometry also drops the tuned value where the slots would split X into chunks.)"""
     slots = TUNING[qtype]["SLOTS"] if slots is None else slots
     return slots if (k // 32) % 8 == 0 else 0
 
@@ -144,10 +146,13 @@ def v2_smem_bytes(qtype: str, m: int, rows: int, simds: int, xchunk: int, slots:
 
 @functools.lru_cache(maxsize=1024)  # pure; called for every launch of the decode loop
 def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
-                simds: int | None = None, slots: int | None = None) -> tuple[int, int, int]:
-    """(R, NSIMD, XCHUNK) for a launch: the tuned R and NSIMD (or the given ones), halved to give
-    small matrices MIN_GROUPS threadgroups unless given, and the largest chunk of X (a multiple
-    of 2048 values, at most K rounded up) that fits in threadgroup memory beside them."""
+                simds: int | None = None, slots: int | None = None) -> tuple[int, int, int, int]:
+    """(R, NSIMD, XCHUNK, SLOTS) for a launch: the tuned R and NSIMD (or the given ones), halved
+    to give small matrices MIN_GROUPS threadgroups unless given; the tuned SLOTS (or the given)
+    where rows are aligned, the tuned value only where all of K still fits one chunk of X beside
+    the slots (a chunked X costs more than the slots gain: down's K = 14336 keeps SLOTS 0); and
+    the largest chunk of X (a multiple of 2048 values, at most K rounded up) that fits in
+    threadgroup memory beside them."""
     r = rows or TUNING[qtype]["R"]
     s = simds or TUNING[qtype]["NSIMD"]
     while -(-n // (r * s)) < TUNING["MIN_GROUPS"]:
@@ -160,7 +165,10 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
     # The largest chunk of X that fits beside the SIMD groups' weight tiles (measured: keeping
     # NSIMD and splitting K beats fewer SIMD groups with all of K, e.g. 4096 x 14336).
     xchunk = -(-k // 2048) * 2048
+    tuned = slots is None
     slots = v2_slots(qtype, k, slots)
+    if tuned and slots and v2_smem_bytes(qtype, m, r, s, xchunk, slots) > SMEM_BUDGET:
+        slots = 0
     while xchunk > 2048 and v2_smem_bytes(qtype, m, r, s, xchunk, slots) > SMEM_BUDGET:
         xchunk -= 2048
     while v2_smem_bytes(qtype, m, r, s, xchunk, slots) > SMEM_BUDGET:
@@ -171,7 +179,7 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
         else:
             raise ValueError(f"R={r}, NSIMD={s} needs {v2_smem_bytes(qtype, m, r, s, 2048, slots)} bytes "
                              f"of threadgroup memory (at most {SMEM_BUDGET})")
-    return r, s, xchunk
+    return r, s, xchunk, slots
 
 
 def parse_tuning(text: str) -> dict[str, int]:
@@ -218,10 +226,10 @@ def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: 
             raise ValueError(f"residual must be [M={m}, N={n}], got {tuple(residual.shape)}")
         inputs = [*inputs, residual]
     rows, simds, slots = knobs.get("rows"), knobs.get("simds"), knobs.get("slots")
-    r, s, xchunk = v2_geometry(qtype, m, n, k, rows, simds, slots)
+    r, s, xchunk, slots = v2_geometry(qtype, m, n, k, rows, simds, slots)
     groups = v2_groups(n, k, r, s, xchunk, knobs.get("max_groups"))
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, ALIGNED=(k // 32) % 8 == 0,
-                  XCHUNK=xchunk, SLOTS=v2_slots(qtype, k, slots))
+                  XCHUNK=xchunk, SLOTS=slots)
     (y,) = launch(Launch(_v2_spec(prologue, residual is not None), [x, w, _dims(n, k, groups), *inputs],
                          [((m, n), mx.float16)],
                          (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))

@@ -23,7 +23,8 @@
 // threadgroup), ALIGNED (K a multiple of 256: rows start 16-byte aligned), XCHUNK (values of K
 // staged at once, a multiple of 2048), SLOTS (0: steps 1-2 above, the next tile in registers;
 // 2 or more, ALIGNED only: the tiles copied straight into SLOTS threadgroup slots of the SIMD
-// group, SLOTS - 1 of them in flight, no register staging and no store step).
+// group, all SLOTS issued at the start and SLOTS - 1 in flight after, no register staging and
+// no store step).
 // Inputs: x, w (bytes), dims (int32: N, K, threadgroups launched); prologue 1 adds gamma
 // (half, K) and eps (float, 1).
 // LATHE_RESIDUAL 1 (the epilogue) adds residual (half, [M, N]) to Y before its one rounding:
@@ -216,13 +217,17 @@ for (uint step = 0; step <= items; ++step) {
   }
 
   // 2. the weights of later items (rows past N read nothing). SLOTS 0: item `step` into
-  // registers. SLOTS > 1: copies straight into threadgroup memory, SLOTS - 1 items in flight:
-  // step 0 issues items 0 .. SLOTS - 2, step s > 0 item s + SLOTS - 2 into the slot of item
-  // s - 2, which this SIMD group finished at step s - 1. One group of copies an item (empty past
-  // the last), so that waiting for all but the newest SLOTS - 1 groups means item s - 1 landed.
+  // registers. SLOTS > 1: copies straight into threadgroup memory. Step 0 fills every slot
+  // (items 0 .. SLOTS - 1, all in flight before the prologue: a SIMD group with two items, as
+  // in the 4096-wide projections, has all its weights on the way at once); step 1 issues none;
+  // step s > 1 issues item s + SLOTS - 2 into the slot of item s - 2, which this SIMD group
+  // finished at step s - 1. So SLOTS - 1 items are in flight while one is computed. One group
+  // of copies an item (empty past the last): waiting for all but the newest SLOTS - 1 groups
+  // means item s - 1 landed.
   if (SLOTS > 1) simdgroup_barrier(mem_flags::mem_threadgroup);
-  const uint last = SLOTS > 1 ? step + SLOTS - 2 : step;
-  for (uint it = (step == 0 || SLOTS < 2) ? step : last; ALIGNED && it <= last; ++it) {
+  const uint last = SLOTS < 2 ? step : step == 0 ? SLOTS - 1 : step + SLOTS - 2;
+  const uint first_it = SLOTS < 2 ? step : step == 0 ? 0 : max(step + SLOTS - 2, uint(SLOTS));
+  for (uint it = first_it; ALIGNED && it <= last; ++it) {
     if (it < items) {
       const uint jj = it / tiles;
       const uint next = (it - jj * tiles) * TB;  // the tile's first block

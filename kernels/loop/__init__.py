@@ -68,14 +68,24 @@ def swiglu(gate_up: mx.array) -> mx.array:
     return y
 
 
+ARGMAX_LOADS = 4  # 16-byte loads in flight per thread before any is compared
+
+
 def argmax(logits: mx.array) -> mx.array:
-    """The first index of the largest value of each row of float32 logits [M, V], int32 [M]."""
-    if not isinstance(logits, mx.array) or logits.dtype != mx.float32 or logits.ndim != 2 or 0 in logits.shape:
-        raise ValueError(f"logits must be float32 [M, V], got {getattr(logits, 'dtype', None)} "
+    """The first index of the largest value of each row of logits [M, V] (float32, or float16
+    as the output head writes them), int32 [M]. A vocabulary-sized row gets 1024 threads."""
+    if (not isinstance(logits, mx.array) or logits.dtype not in (mx.float32, mx.float16)
+            or logits.ndim != 2 or 0 in logits.shape):
+        raise ValueError(f"logits must be float32 or float16 [M, V], got {getattr(logits, 'dtype', None)} "
                          f"{tuple(getattr(logits, 'shape', ()))}")
     m, v = logits.shape
+    if m * v > 2**31 - 1:
+        raise ValueError("the kernel indexes with 32-bit integers: logits are too large")
+    nsimd = 32 if v >= 8192 else NSIMD
+    wide = v * logits.dtype.size % 16 == 0
     (tok,) = launch(Launch(_ARGMAX, [logits, _ints((m, v))], [((m,), mx.int32)],
-                           (m * 32 * NSIMD, 1, 1), (32 * NSIMD, 1, 1), dict(NSIMD=NSIMD)))
+                           (m * 32 * nsimd, 1, 1), (32 * nsimd, 1, 1),
+                           dict(T=logits.dtype, NSIMD=nsimd, WIDE=wide, U=ARGMAX_LOADS)))
     return tok
 
 
