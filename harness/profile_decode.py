@@ -122,12 +122,15 @@ def _busy_sampler():
     return thread.start, stop
 
 
-def summarize_timeline(kernels: list[tuple[float, float, str]], last: str = "ArgMax") -> None:
+TOKEN_ENDS = ("ArgMax", "lathe_argmax")  # a token's last kernel: MLX's argmax (reference), ours
+
+
+def summarize_timeline(kernels: list[tuple[float, float, str]], last: tuple[str, ...] = TOKEN_ENDS) -> None:
     """Each token's GPU span (from the end of one token's last kernel, the argmax, to the end of
     the next one's), the kernels' busy time within it and the gaps left; kernel time by name."""
-    ends = [i for i, (_, _, name) in enumerate(kernels) if last in name]
+    ends = [i for i, (_, _, name) in enumerate(kernels) if any(mark in name for mark in last)]
     if len(ends) < 3:
-        print(f"timeline: {len(ends)} kernels named {last!r}: too few to cut into tokens")
+        print(f"timeline: {len(ends)} kernels named {' or '.join(last)}: too few to cut into tokens")
         return
     spans, busy, by_name = [], [], defaultdict(list)
     for a, b in zip(ends[:-1], ends[1:]):

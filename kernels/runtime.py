@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -79,11 +80,25 @@ def resident(a: mx.array) -> mx.array:
     return out
 
 
+# MLX's CUDA allocator serves arrays of at most 8 bytes from one small managed pool (advised
+# read-mostly) that also holds MLX's own scalars, such as the token id the host reads back every
+# step. A kernel constant of one or two values would live there too: PAD_CONSTANTS keeps each in
+# a buffer of its own (a view of the first values of a 16-byte array). LATHE_PAD_CONSTANTS=0
+# turns it off, for the comparison.
+PAD_CONSTANTS = os.environ.get("LATHE_PAD_CONSTANTS", "1") != "0"
+
+
 @functools.lru_cache(maxsize=4096)
 def constant(values: tuple, dtype: mx.Dtype = mx.int32) -> mx.array:
     """A small constant input (dims, eps, scale) as a resident array, made once per value. Not
     for values that change every token: making one waits for the GPU (see `index`)."""
-    return resident(mx.array(values, dtype=dtype))
+    if not PAD_CONSTANTS:
+        return resident(mx.array(values, dtype=dtype))
+    width = max(len(values), -(-16 // dtype.size))
+    held = resident(mx.array(tuple(values) + (0,) * (width - len(values)), dtype=dtype))
+    view = held[: len(values)]
+    mx.eval(view)
+    return view
 
 
 _INDEX_FROM = 4096  # entries of the first index table; it doubles as needed
