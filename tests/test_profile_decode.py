@@ -54,6 +54,10 @@ def test_timeline_cuts_tokens_at_the_argmax(capsys):
     assert out.index("gemv") < out.index("lathe_embed")  # by time a token
     profile_decode.summarize_timeline(kernels[:4])
     assert "too few" in capsys.readouterr().out
+    # our argmax kernel ends a token as MLX's does
+    ours = [*token[:2], ("custom_kernel_lathe_argmax_float16_t_32_t_4(__half const*)", 8.0)]
+    profile_decode.summarize_timeline(_timeline(ours, 4))
+    assert "over 3 tokens: GPU span 0.023 ms a token" in capsys.readouterr().out
 
 
 def test_no_trace_without_a_cuda_backend():
