@@ -44,6 +44,13 @@ FUSED_UP_TO = 4  # rows of X the fused RMSNorm+GEMV takes (kernels.gemv.MAX_M)
 ROPE_IN_ATTENTION = os.environ.get("LATHE_ROPE_IN_ATTENTION", "1") != "0"
 
 
+def rope_in_attention(c) -> bool:
+    """Whether a fused contiguous decode token's RoPE + KV write rides in its attention launch:
+    models without head norms (Qwen3's norm in a RoPE + KV write of its own), unless turned off.
+    The plan and the decoder both ask here, so the plan shows what runs."""
+    return ROPE_IN_ATTENTION and not c.head_norm
+
+
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False) -> list[Step]:
     """The steps each decode token replays (one dispatch each, MLX adds included); `overflow`:
     the contiguous cache wraps around (RoPE apart from the cache writes, see KernelDecoder)."""
@@ -74,13 +81,14 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False) -> 
                            layer=i) for n in "kv"]
             steps += [Step("attention", "lathe flash_decode (+ combine past 2048)", ("q", f"cache.{i}"), ("o",),
                            (), ("min(kv_len, max_seq)",), layer=i)]
-        elif fused and not c.head_norm and ROPE_IN_ATTENTION:  # RoPE and the KV write ride in attention
+        elif fused and rope_in_attention(c):  # RoPE and the KV write ride in attention
             steps += [Step("rope_attention", "lathe rope_flash_decode (+ combine past 2048)",
                            ("qkv", f"cache.{i}"), ("o", f"cache.{i}"), (), ("pos",), layer=i)]
         else:
             if fused:
-                steps += [Step("rope_kv_write", "lathe head_norm_rope_neox_qkv_write", ("qkv",),
-                               ("q", f"cache.{i}"), (b + "attn_q_norm.weight", b + "attn_k_norm.weight"),
+                rope = "lathe head_norm_rope_neox_qkv_write" if c.head_norm else "lathe rope_qkv_write"
+                steps += [Step("rope_kv_write", rope, ("qkv",), ("q", f"cache.{i}"),
+                               (b + "attn_q_norm.weight", b + "attn_k_norm.weight") if c.head_norm else (),
                                ("pos",), layer=i)]
             else:
                 steps += [Step("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"),
@@ -217,7 +225,7 @@ class KernelDecoder:
         c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
         if self.fused:  # RoPE (and Qwen3's head norms) read Q, K, V in place in the QKV output
             qkv = self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight")
-            if t == 1 and not c.head_norm and ROPE_IN_ATTENTION:  # RoPE and the KV write ride in attention
+            if t == 1 and rope_in_attention(c):  # RoPE and the KV write ride in attention
                 o, self.k[i], self.v[i] = attention.rope_flash_decode(
                     qkv, self.k[i], self.v[i], pos, 1.0 / math.sqrt(hd), n_heads=c.n_heads,
                     theta=c.rope_theta, neox=c.neox)

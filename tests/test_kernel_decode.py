@@ -31,6 +31,23 @@ def test_fused_plan_has_fewer_steps(models, preset):
     assert len(kernel_plan(c, True)) < len(kernel_plan(c, False))
 
 
+@pytest.mark.parametrize("inside", [True, False])
+def test_fused_plan_shows_where_rope_runs(models, monkeypatch, inside):
+    """Llama's decode RoPE + KV write: inside attention, or (LATHE_ROPE_IN_ATTENTION=0) its own
+    launch, rope_qkv_write with no norm weights; Qwen3 keeps its head-norm RoPE + KV write."""
+    from harness import kernel_decode
+
+    monkeypatch.setattr(kernel_decode, "ROPE_IN_ATTENTION", inside)
+    llama = {s.op: s for s in kernel_plan(models["tiny-llama", "q8_0"].config, True) if s.layer == 0}
+    if inside:
+        assert "rope_attention" in llama and "rope_kv_write" not in llama and "attention" not in llama
+    else:
+        assert llama["rope_kv_write"].kernel == "lathe rope_qkv_write" and llama["rope_kv_write"].weights == ()
+        assert "attention" in llama and "rope_attention" not in llama
+    qwen = {s.op: s for s in kernel_plan(models["tiny-qwen3", "q8_0"].config, True) if s.layer == 0}
+    assert qwen["rope_kv_write"].kernel == "lathe head_norm_rope_neox_qkv_write" and "rope_attention" not in qwen
+
+
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_paged_plan_writes_the_pool_then_reads_it(models, preset):
     c = models[preset, "q8_0"].config
