@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -500,9 +501,12 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     rows = []
     pairs = [(v, k) for v in variants for k in layouts if v != "reference" or k == "contiguous"]
     for variant, layout in pairs:
+        built = time.perf_counter()
         decoder = make_decoder(model, cache_rows, variant, layout, overflow=wrap)
         split = breakdown(decoder, tokens[depth:], min(gen, 32))
+        built = time.perf_counter() - built
         for mode in modes:
+            began = time.perf_counter()
             decoder.reset()
             start = time.perf_counter()
             generate(decoder, tokens[: min(4, prompt)], 2, mode)  # warm-up: first-use costs stay out
@@ -534,6 +538,11 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                 peak_memory_mb=round(_peak_memory() / 2**20, 1) if _peak_memory() else None,
                 dispatches_per_token=len(decoder.plan),
                 compile_s=round(compile_s, 3), repeat=repeat, **split))
+            # what the matrix itself costs, per row (a full matrix is budgeted against device time)
+            print(f"decode {name} {qtype} d{depth} {rows[-1]['variant']} {mode}: {rows[-1]['decode_tok_s']} tok/s; "
+                  f"{time.perf_counter() - began:.1f} s (warm-up {compile_s:.1f}), decoder built in {built:.1f} s",
+                  file=sys.stderr, flush=True)
+            built = 0.0
         del decoder  # one variant's weights on the device at a time
         gc.collect()
     return rows
