@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.decode import ReferenceDecoder, model_file
+from harness.decode import ReferenceDecoder, host_weight, model_file
 from harness.models import load_gguf, write_random_gguf
 from reference import rel_err
-from reference.model import forward
+from reference.model import forward, weight
 from tests.decode_checks import wraps_like_the_window
 
 PROMPT, STEPS = 16, 64
@@ -21,6 +21,18 @@ def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("decode")
     return {(p, q): load_gguf(write_random_gguf(d / f"{p}-{q}.gguf", p, q, seed=2))
             for p in ("tiny-llama", "tiny-qwen3") for q in ("f16", "q8_0", "q4_0")}
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("qtype", ["f16", "q8_0", "q4_0"])
+def test_reference_weights_are_the_oracles(models, preset, qtype):
+    """The reference variant's float32 dequantization (no float64 copy) gives the oracle's values
+    exactly: a block's scale times a small integer is exact in float32."""
+    m = models[preset, qtype]
+    for name in m.tensors:
+        ours = host_weight(m, name)
+        assert ours.dtype == np.float32
+        np.testing.assert_array_equal(ours, weight(m, name).astype(np.float32), err_msg=name)
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
