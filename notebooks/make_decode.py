@@ -23,15 +23,18 @@ for sha in sorted(df.git_sha.unique(), key=lambda s: df[df.git_sha == s].date.ma
                             values="decode_tok_s")
     print("run", sha)
     display(table.round(1))"""),
-    ("code", """rows = []
-for (model, qtype, depth), g in latest.groupby(["model", "qtype", "depth"]):
+    ("code", """# The newest row of each (model, qtype, depth, variant, mode): a matrix may span device calls and
+# commits (each row names its git_sha), while `latest` holds only the newest commit's rows.
+newest = df.sort_values("date").groupby(["model", "qtype", "depth", "variant", "mode"]).tail(1)
+rows = []
+for (model, qtype, depth), g in newest.groupby(["model", "qtype", "depth"]):
     ref = g[g.variant == "reference"].decode_tok_s.max()
     ours = g[g.variant != "reference"].sort_values("decode_tok_s").iloc[-1]
     anchor = llama_cpp_tok_s(ours.device, model, qtype, int(depth))
     rows.append(dict(model=model, qtype=qtype, depth=depth, best=f"{ours.variant} {ours['mode']}",
                      tok_s=ours.decode_tok_s, vs_builtins=round(ours.decode_tok_s / ref, 2),
                      llama_cpp=anchor, vs_llama_cpp=round(ours.decode_tok_s / anchor, 2) if anchor else None,
-                     pct_roofline=ours.pct_roofline))
+                     pct_roofline=ours.pct_roofline, git_sha=ours.git_sha))
 pd.DataFrame(rows)"""),
     plots_cell("decode.png"),
 ]
