@@ -132,8 +132,8 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
         print(f"lathe decode: no variant among {variant} runs with kv {kv} (the reference: contiguous only)")
         return 2
     device = device_name() if has_gpu() else "cpu"
-    shown = pd.DataFrame(rows).drop(columns=["depth", "prompt", "gen", "repeat", "size_mb",
-                                             "params_m", "backend", "weight_mb", "kv_mb"])
+    shown = pd.DataFrame(rows).drop(columns=["depth", "prompt", "gen", "repeat", "size_mb", "params_m",
+                                             "backend", "weight_mb", "kv_mb", "ms_per_token_min", "ms_per_token_max"])
     anchor = llama_cpp_tok_s(device, rows[0]["model"], qtype, depth)
     if anchor:  # the target: llama.cpp on the same GPU (harness/anchors.py)
         shown["x_llama_cpp"] = (shown["decode_tok_s"] / anchor).round(3)

@@ -545,6 +545,8 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                 decode_tok_s=round(float(decode.mean()), 1),
                 decode_tok_s_std=round(float(decode.std()), 1),
                 ms_per_token=round(1e3 / float(decode.mean()), 3),
+                ms_per_token_min=round(1e3 / float(decode.max()), 3),  # the fastest repeat
+                ms_per_token_max=round(1e3 / float(decode.min()), 3),
                 weight_mb=round(weights / 2**20, 2), kv_mb=round(kv / 2**20, 3),
                 gbs=round(gbs, 2),
                 pct_roofline=round(100 * gbs / peak_gbs, 2) if peak_gbs else None,
@@ -591,12 +593,15 @@ def _names(value, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
 
 
 def decode_row(run: dict, peak_gbs: float | None, device: str, meta: dict) -> dict:
-    """A results/<device>/decode.csv row from run_decode's fields (us = time per decoded token,
-    bytes = weight + KV bytes it reads)."""
+    """A results/<device>/decode.csv row from run_decode's fields (us = time per decoded token at
+    the mean tok/s, us_min / us_max at the fastest / slowest repeat's; bytes = weight + KV bytes
+    it reads)."""
     us = run["ms_per_token"] * 1e3
     nbytes = int((run["weight_mb"] + run["kv_mb"]) * 2**20)
+    # the repeats' spread: us a token of the fastest and of the slowest repeat
     return dict(benchmark="decode", kernel=run["model"], variant=run["variant"],
                 backend=run["backend"], device=device, us=round(us, 3), gbs=run["gbs"],
+                us_min=round(run["ms_per_token_min"] * 1e3, 3), us_max=round(run["ms_per_token_max"] * 1e3, 3),
                 pct_peak=run["pct_roofline"], peak_gbs=peak_gbs, bytes=nbytes,
                 repeats=run["repeat"], compile_s=run["compile_s"], **meta,
                 model=run["model"], qtype=run["qtype"], mode=run["mode"], depth=run["depth"],

@@ -73,6 +73,7 @@ def test_decode_writes_a_results_row(tmp_path, monkeypatch):
     for _, row in df.iterrows():
         assert (row.model, row.qtype, row.depth, row.prompt, row.gen) == ("tiny-qwen3", "q4_0", 4, 8, 4)
         assert row.decode_tok_s > 0 and row.bytes > 0 and row.us > 0
+        assert row.repeats == 2 and 0 < row.us_min <= row.us <= row.us_max  # the repeats' spread
     assert csv.with_suffix(".png").stat().st_size > 0  # the tok/s plot drawn from the CSV
 
 
