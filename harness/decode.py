@@ -25,7 +25,7 @@ import numpy as np
 from harness.models import PRESETS, Model, load_gguf, write_random_gguf
 from harness.sampling import Sampler
 from kernels.runtime import index, resident
-from reference.quant import dequantize
+from reference.model import weight32
 
 
 class ReferenceDecoder:
@@ -41,12 +41,12 @@ class ReferenceDecoder:
             raise ValueError(f"max_seq must be in 1..{c.ctx} (the model's context), got {max_seq}")
         self.config, self.max_seq = c, max_seq
         self.dtype = dtype or (mx.float32 if mx.default_device() == mx.cpu else mx.float16)
-        # Norm weights stay float32; matrices are dequantized once, on the host in float32 (exact:
-        # a block's scale times its small integer) and in parallel threads (NumPy frees the GIL):
-        # an 8B model in seconds, where float64 copies took 90 s and twice the weights' memory.
+        # Norm weights stay float32; matrices are dequantized once, on the host in float32 and in
+        # parallel threads (NumPy frees the GIL): an 8B model in seconds, where the oracle's
+        # cached float64 copies took 90 s and twice the weights' memory.
         # Copied to the device (kernels.runtime.resident), as the kernel variants' weights are.
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            host = pool.map(lambda name: (name, host_weight(model, name)), model.tensors)
+            host = pool.map(lambda name: (name, weight32(model, name)), model.tensors)
             self.w = {name: resident(mx.array(w).astype(
                           mx.float32 if name.endswith("norm.weight") else self.dtype))
                       for name, w in host}
@@ -409,14 +409,6 @@ def model_file(name: str, qtype: str = "q8_0", seed: int = 0) -> Path:
         write_random_gguf(tmp, name, qtype, seed)
         tmp.replace(path)  # complete files only: a run cut short leaves no half-written model
     return path
-
-
-def host_weight(model: Model, name: str) -> np.ndarray:
-    """One tensor as float32 on the host, dequantized from its GGUF blocks if quantized."""
-    data, kind = model.tensors[name], model.types.get(name, "F32")
-    if kind in ("Q8_0", "Q4_0"):
-        return dequantize(data, kind.lower(), data.shape[1] // (2 + (32 if kind == "Q8_0" else 16)) * 32)
-    return np.asarray(data, dtype=np.float32)
 
 
 def traffic(model: Model, position: float) -> tuple[int, int]:

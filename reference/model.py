@@ -15,20 +15,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reference.quant import dequantize
+from reference.quant import BLOCK, BLOCK_BYTES, dequantize
 from reference.rope import rms_norm, rope
+
+
+def weight32(model, name: str) -> np.ndarray:
+    """A tensor as float32, dequantized from its blocks if quantized (exact: a block's scale times
+    a small integer), not cached: what a decoder copies to the device once."""
+    data, kind = model.tensors[name], model.types.get(name, "F32")
+    if kind in ("Q8_0", "Q4_0"):
+        qtype = kind.lower()
+        return dequantize(data, qtype, data.shape[1] // BLOCK_BYTES[qtype] * BLOCK)
+    return np.asarray(data, dtype=np.float32)
 
 
 def weight(model, name: str) -> np.ndarray:
     """A tensor as float64 (dequantized from its blocks if quantized); cached on the model."""
     cache = model.__dict__.setdefault("_float64", {})
     if name not in cache:
-        data, kind = model.tensors[name], model.types.get(name, "F32")
-        if kind in ("Q8_0", "Q4_0"):
-            k = data.shape[1] // (2 + (32 if kind == "Q8_0" else 16)) * 32
-            cache[name] = dequantize(data, kind.lower(), k).astype(np.float64)
-        else:
-            cache[name] = np.asarray(data, dtype=np.float64)
+        kind = model.types.get(name, "F32")
+        data = weight32(model, name) if kind in ("Q8_0", "Q4_0") else model.tensors[name]
+        cache[name] = np.asarray(data, dtype=np.float64)
     return cache[name]
 
 

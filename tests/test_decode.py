@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.decode import ReferenceDecoder, host_weight, model_file
+from harness.decode import ReferenceDecoder, model_file
 from harness.models import load_gguf, write_random_gguf
 from reference import rel_err
-from reference.model import forward, weight
+from reference.model import forward, weight32
 from tests.decode_checks import wraps_like_the_window
 
 PROMPT, STEPS = 16, 64
@@ -25,14 +25,18 @@ def models(tmp_path_factory):
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("qtype", ["f16", "q8_0", "q4_0"])
-def test_reference_weights_are_the_oracles(models, preset, qtype):
-    """The reference variant's float32 dequantization (no float64 copy) gives the oracle's values
-    exactly: a block's scale times a small integer is exact in float32."""
+def test_reference_weights_are_the_files(models, preset, qtype):
+    """The float32 weights the reference variant copies to the device (weight32, no float64
+    copy) are exactly the GGUF's values, as the gguf package's own dequantizer reads them."""
+    from gguf import GGMLQuantizationType, quants
+
     m = models[preset, qtype]
     for name in m.tensors:
-        ours = host_weight(m, name)
+        ours, kind = weight32(m, name), m.types.get(name, "F32")
+        want = (quants.dequantize(m.tensors[name], GGMLQuantizationType[kind]) if kind in ("Q8_0", "Q4_0")
+                else np.asarray(m.tensors[name], dtype=np.float32))
         assert ours.dtype == np.float32
-        np.testing.assert_array_equal(ours, weight(m, name).astype(np.float32), err_msg=name)
+        np.testing.assert_array_equal(ours, want, err_msg=name)
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
