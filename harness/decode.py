@@ -243,11 +243,11 @@ def plan_table(plan: list[Step], layers: tuple[int, ...] = (0,)) -> str:
 
     rows = [dict(step=n, layer="" if s.layer is None else s.layer, op=s.op, kernel=s.kernel,
                  reads=",".join(s.reads), writes=",".join(s.writes),
-                 weights=",".join(w.split(".", 2)[-1] if w.startswith("blk.") else w for w in s.weights),
+                 weights=",".join(w.removeprefix(f"blk.{s.layer}.") for w in s.weights),
                  per_token=",".join(s.per_token))
             for n, s in enumerate(plan) if s.layer is None or s.layer in layers]
-    per_layer = sum(1 for s in plan if s.layer == 0)
     layer_count = len({s.layer for s in plan if s.layer is not None})
+    per_layer = sum(1 for s in plan if s.layer == layer_count - 1)  # the last (the first may differ)
     with pd.option_context("display.width", 250, "display.max_colwidth", 60):
         table = pd.DataFrame(rows).to_string(index=False)
     return (f"{table}\n(layer 0 shown; {per_layer} steps a layer x {layer_count} layers; "
@@ -462,9 +462,10 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
                          f"contiguous only), got {variant!r}, {kv!r}")
     if variant == "reference":
         return plan_table(reference_plan(model.config))
-    from harness.kernel_decode import kernel_plan
+    from harness.kernel_decode import kernel_plan, seams_apply
 
-    return plan_table(kernel_plan(model.config, variant == "fused", kv == "paged"))
+    fused = variant == "fused"
+    return plan_table(kernel_plan(model.config, fused, kv == "paged", seams=fused and seams_apply(model.config, model.types)))
 
 
 def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, modes=("step",),

@@ -42,6 +42,10 @@ FUSED_UP_TO = 4  # rows of X the fused RMSNorm+GEMV takes (kernels.gemv.MAX_M)
 # (attention.rope_flash_decode); LATHE_ROPE_IN_ATTENTION=0 gives the separate RoPE + KV-write
 # launch back, to compare the two in the loop.
 ROPE_IN_ATTENTION = os.environ.get("LATHE_ROPE_IN_ATTENTION", "1") != "0"
+# The fused variant's decode tokens run each layer's output projection and the next block's
+# RMSNorm+GEMV as one launch (kernels.gemv.seam): O | gate+up, then down | the next layer's QKV
+# (or the head), 64 launches a Llama token fewer. LATHE_SEAMS=0 gives the separate launches back.
+SEAMS = os.environ.get("LATHE_SEAMS", "1") != "0"
 
 
 def rope_in_attention(c) -> bool:
@@ -51,14 +55,30 @@ def rope_in_attention(c) -> bool:
     return ROPE_IN_ATTENTION and not c.head_norm
 
 
-def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False) -> list[Step]:
+def seams_apply(c, types: dict[str, str]) -> bool:
+    """Whether the fused variant's decode tokens run seams (kernels.gemv.seam): unless turned off,
+    when every matrix that seams pair is in one block type (Q4_0 or Q8_0; both GEMVs of a seam
+    share one instantiation). `types`: GGUF tensor name -> type name, any case."""
+    head = "token_embd.weight" if c.tied else "output.weight"
+    names = [head] + [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
+                      for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
+    kinds = {types[n].lower() for n in names}
+    return SEAMS and len(kinds) == 1 and kinds <= {"q4_0", "q8_0"}
+
+
+def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False,
+                seams: bool = False) -> list[Step]:
     """The steps each decode token replays (one dispatch each, MLX adds included); `overflow`:
-    the contiguous cache wraps around (RoPE apart from the cache writes, see KernelDecoder)."""
+    the contiguous cache wraps around (RoPE apart from the cache writes, see KernelDecoder);
+    `seams` (fused): each output projection shares its launch with the next RMSNorm+GEMV."""
     gemv = "lathe gemv_v2 (Q4_0/Q8_0)"
+    seams = seams and fused
     steps = [Step("embed", "lathe embed", ("token",), ("x",), ("token_embd.weight",), ("token",))]
     for i in range(c.n_layers):
         b = f"blk.{i}."
-        if fused:
+        if seams and i > 0:
+            pass  # this layer's QKV came out of the last seam of the layer before
+        elif fused:
             steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("qkv",),
                            (b + "attn_norm.weight", b + "attn_qkv (q|k|v)"), layer=i)]
         else:
@@ -95,6 +115,14 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False) -> 
                                ("q", f"cache.{i}"), (), ("pos",), layer=i)]
             steps += [Step("attention", "lathe flash_decode (+ combine past 2048)",
                            ("q", f"cache.{i}"), ("o",), (), ("kv_len",), layer=i)]
+        if seams:
+            nxt = (f"blk.{i + 1}.attn_norm.weight", f"blk.{i + 1}.attn_qkv (q|k|v)") if i + 1 < c.n_layers \
+                else ("output_norm.weight", "token_embd.weight" if c.tied else "output.weight")
+            steps += [Step("seam", "lathe seam (gemv + residual | rmsnorm_gemv)", ("o", "x"), ("x", "gate_up"),
+                           (b + "attn_output.weight", b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i),
+                      Step("seam", "lathe seam (silu_down_gemv + residual | rmsnorm_gemv)", ("gate_up", "x"),
+                           ("x", "qkv" if i + 1 < c.n_layers else "logits"), (b + "ffn_down.weight", *nxt), layer=i)]
+            continue
         if fused:  # the residual adds ride in the GEMVs' epilogue
             steps += [Step("linear_residual", gemv + " + residual", ("o", "x"), ("x",),
                            (b + "attn_output.weight",), layer=i),
@@ -112,7 +140,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False) -> 
                   Step("linear", gemv, ("a",), ("ffn",), (b + "ffn_down.weight",), layer=i),
                   Step("add", "mx.add", ("x", "ffn"), ("x",), layer=i)]
     out = "token_embd.weight" if c.tied else "output.weight"
-    if fused:
+    if seams:
+        pass  # the head came out of the last seam
+    elif fused:
         steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("logits",), ("output_norm.weight", out))]
     else:
         steps += [Step("rms_norm", "lathe rmsnorm", ("x",), ("h",), ("output_norm.weight",)),
@@ -166,8 +196,13 @@ class KernelDecoder:
         if self.fused:
             self._concat("attn_qkv", ("attn_q", "attn_k", "attn_v"))
             self._concat("ffn_gate_up", ("ffn_gate", "ffn_up"))
+        self.seams = self.fused and seams_apply(c, self.types)
+        if self.seams:
+            from kernels.gemv import seam_queue
+
+            self.queues = [(seam_queue(), seam_queue()) for _ in range(c.n_layers)]
         mx.clear_cache()  # the host-written copies of the weights (kernels.runtime.resident)
-        self.plan = kernel_plan(c, self.fused, self.paged, overflow)
+        self.plan = kernel_plan(c, self.fused, self.paged, overflow, self.seams)
         self._compiled = None
         self.reset()
 
@@ -215,16 +250,17 @@ class KernelDecoder:
             return self.table[0, p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
         return mx.take(self.table_dev[0], pos // BLOCK_SIZE) * BLOCK_SIZE + pos % BLOCK_SIZE
 
-    def _contiguous_attention(self, i: int, x: mx.array, t: int, pos) -> mx.array:
+    def _contiguous_attention(self, i: int, x: mx.array, t: int, pos, qkv=None) -> mx.array:
         """Layer i's attention over the contiguous cache: projections, then RoPE (and Qwen3's head
-        norms) fused with the in-place KV write, then attention; o [t, Hq * D]."""
+        norms) fused with the in-place KV write, then attention; o [t, Hq * D]. `qkv`: the fused
+        projection's output when a seam made it already (else made here from x)."""
         from kernels import attention, rope
 
         if self.overflow and t == 1:
-            return self._wrapping_attention(i, x, pos)
+            return self._wrapping_attention(i, x, pos, qkv)
         c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
         if self.fused:  # RoPE (and Qwen3's head norms) read Q, K, V in place in the QKV output
-            qkv = self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight")
+            qkv = self._qkv(i, x, qkv)
             if t == 1 and rope_in_attention(c):  # RoPE and the KV write ride in attention
                 o, self.k[i], self.v[i] = attention.rope_flash_decode(
                     qkv, self.k[i], self.v[i], pos, 1.0 / math.sqrt(hd), n_heads=c.n_heads,
@@ -251,24 +287,24 @@ class KernelDecoder:
                                             pos, scale, after=rot.written)
         return o.reshape(t, -1)
 
-    def _rotated(self, i: int, x: mx.array, t: int, pos) -> tuple[mx.array, mx.array, mx.array]:
+    def _rotated(self, i: int, x: mx.array, t: int, pos, qkv=None) -> tuple[mx.array, mx.array, mx.array]:
         """Layer i's Q, K (rotated at positions pos..) and V, [t, heads, D]: RoPE in launches of
         its own (the paged and the wrapping paths)."""
         from kernels import rope
 
         c = self.config
-        q, k, v = self._projections(i, x, t)
+        q, k, v = self._projections(i, x, t, qkv)
         rotate = rope.rope_neox if c.neox else rope.rope
         return rotate(q, pos, theta=c.rope_theta), rotate(k, pos, theta=c.rope_theta), v
 
-    def _wrapping_attention(self, i: int, x: mx.array, pos) -> mx.array:
+    def _wrapping_attention(self, i: int, x: mx.array, pos, qkv=None) -> mx.array:
         """Layer i's attention for one decode token over a cache that may wrap around: K and V
         written at row pos % max_seq, attention over the min(pos + 1, max_seq) rows held (their
         order does not matter to softmax); o [1, Hq * D]."""
         from kernels import attention, rope
 
         c = self.config
-        q, k, v = self._rotated(i, x, 1, pos)
+        q, k, v = self._rotated(i, x, 1, pos, qkv)
         row = pos % self.max_seq  # an int, or an int32[1] array in a compiled step
         lens = [min(pos + 1, self.max_seq)] if isinstance(pos, int) else mx.minimum(pos + 1, self.max_seq)
         self.k[i], k_written = rope.cache_write(k.reshape(1, -1), self.k[i], row)
@@ -277,14 +313,14 @@ class KernelDecoder:
                                    1.0 / math.sqrt(c.head_dim), after=mx.concatenate([k_written, v_written]))
         return o.reshape(1, -1)
 
-    def _projections(self, i: int, x: mx.array, t: int) -> tuple[mx.array, mx.array, mx.array]:
+    def _projections(self, i: int, x: mx.array, t: int, qkv=None) -> tuple[mx.array, mx.array, mx.array]:
         """Layer i's Q, K, V [t, heads, D], Qwen3's head norms applied, not yet rotated (the paths
         whose RoPE is not fused into the projection's output: unfused, paged)."""
         from kernels import gemv, loop, rope
 
         c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
         if self.fused:
-            qkv = self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight")
+            qkv = self._qkv(i, x, qkv)
             q, k, v = gemv.split(qkv, (c.n_heads * hd, c.n_kv_heads * hd, c.n_kv_heads * hd))
         else:
             h = loop.rmsnorm(x, self.g16[b + "attn_norm.weight"], c.eps)
@@ -295,13 +331,13 @@ class KernelDecoder:
             k = rope.head_rmsnorm(k, self.g32[b + "attn_k_norm.weight"], c.eps)
         return q, k, v
 
-    def _paged_attention(self, i: int, x: mx.array, t: int, pos) -> mx.array:
+    def _paged_attention(self, i: int, x: mx.array, t: int, pos, qkv=None) -> mx.array:
         """Layer i's attention over the paged cache: projections, head norms, RoPE, the cache
         write, attention; o [t, Hq * D]."""
         from kernels import attention
 
         c = self.config
-        q, k, v = self._rotated(i, x, t, pos)
+        q, k, v = self._rotated(i, x, t, pos, qkv)
         self.k[i], self.v[i], written = attention.reshape_and_cache(k, v, self.k[i], self.v[i],
                                                                     self._slots(pos, t))
         scale = 1.0 / math.sqrt(c.head_dim)
@@ -315,6 +351,24 @@ class KernelDecoder:
         return o.reshape(t, -1)
 
     # -- ops --------------------------------------------------------------------------------------
+    def _qkv(self, i: int, x: mx.array, qkv=None) -> mx.array:
+        """Layer i's fused QKV output: `qkv` when a seam made it, else RMSNorm+GEMV of x."""
+        b = f"blk.{i}."
+        return self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight") if qkv is None else qkv
+
+    def _seam(self, i: int, second: bool, x: mx.array, residual: mx.array, norm: str,
+              name: str) -> tuple[mx.array, mx.array]:
+        """Layer i's first seam (second=False: O + residual | RMSNorm+GEMV gate+up, x = o) or its
+        second (down of silu(gate) * up + residual | RMSNorm+GEMV of the next QKV or the head,
+        x = gate_up): (the residual stream, the next projection's output), one launch."""
+        from kernels.gemv import seam
+
+        wa = f"blk.{i}." + ("ffn_down.weight" if second else "attn_output.weight")
+        n_a, k_a = self.nk[wa]
+        n_b, _ = self.nk[name]
+        return seam(x, self.w[wa], n_a, k_a, residual, self.g16[norm], self.config.eps, self.w[name], n_b,
+                    self.types[wa], swiglu=second, queue=self.queues[i][second])
+
     def _linear(self, x: mx.array, name: str) -> mx.array:
         from kernels.gemv import linear
 
@@ -405,6 +459,8 @@ class KernelDecoder:
         embd = "token_embd.weight"
         x = loop.embed(self.w[embd], ids, self.types[embd] if self.types[embd] != "f32" else "f16", c.d_model)
         attend = self._paged_attention if self.paged else self._contiguous_attention
+        if self.seams and t <= FUSED_UP_TO:
+            return self._seamed_layers(x, t, pos, attend)
         for i in range(c.n_layers):
             b = f"blk.{i}."
             o = attend(i, x, t, pos)
@@ -426,3 +482,18 @@ class KernelDecoder:
                 x = x + self._linear(loop.swiglu(gate_up), wd)
         out = "token_embd.weight" if c.tied else "output.weight"
         return self._norm_linear(x, "output_norm.weight", out)
+
+    def _seamed_layers(self, x: mx.array, t: int, pos, attend) -> mx.array:
+        """layers() for a decode token (t <= FUSED_UP_TO) with the seams: layer 0's QKV on its
+        own, then per layer attention and two seams, the last of which makes the logits."""
+        c = self.config
+        out = "token_embd.weight" if c.tied else "output.weight"
+        h = self._qkv(0, x)
+        for i in range(c.n_layers):
+            b, after = f"blk.{i}.", f"blk.{i + 1}."
+            o = attend(i, x, t, pos, h)
+            x, gate_up = self._seam(i, False, o, x, b + "ffn_norm.weight", b + "ffn_gate_up.weight")
+            last = i + 1 == c.n_layers
+            x, h = self._seam(i, True, gate_up, x, "output_norm.weight" if last else after + "attn_norm.weight",
+                              out if last else after + "attn_qkv.weight")
+        return h

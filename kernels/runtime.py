@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -129,10 +130,16 @@ def _header() -> str:
     return shared
 
 
+_INCLUDE = re.compile(r'^[ \t]*#include "([^"]+)"[ \t]*$', re.MULTILINE)
+
+
 @functools.cache
 def read_body(path: str) -> str:
-    """An MSL body by path relative to kernels/, e.g. 'rope/rope.metal'."""
-    return (KERNEL_ROOT / path).read_text()
+    """An MSL body by path relative to kernels/, e.g. 'rope/rope.metal'. A line
+    `#include "family/part.metal"` is replaced by that file (itself read this way): MLX compiles
+    a source string, not files, so the parts that several bodies share are pasted in here."""
+    text = (KERNEL_ROOT / path).read_text()
+    return _INCLUDE.sub(lambda m: read_body(m.group(1)).rstrip("\n"), text)
 
 
 @dataclass(frozen=True)

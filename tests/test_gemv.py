@@ -33,6 +33,13 @@ def _bad_inputs(fn):
     ]
 
 
+def _seam(x=None, w_b=None, residual=None, gamma=None, eps=1e-5, queue=None, swiglu=False, **knobs):
+    """A seam of A = [32, K] and B = [N, 32] (Q4_0), with the arguments given made wrong."""
+    return gemv.seam(x16() if x is None else x, w8(32 * 36), 32, K,
+                     x16(1, 32) if residual is None else residual, x16(k=32)[0] if gamma is None else gamma,
+                     eps, w8(N * 18) if w_b is None else w_b, N, "q4_0", swiglu=swiglu, queue=queue, **knobs)
+
+
 BAD = [
     *_bad_inputs(gemv.gemv_v1),
     *_bad_inputs(gemv.gemv_v2),
@@ -41,6 +48,15 @@ BAD = [
     (lambda: gemv.rmsnorm_gemv(x16(), mx.zeros((K,)), 1e-5, w8(N * 36), "q4_0", N, K), "gamma must be float16"),
     (lambda: gemv.rmsnorm_gemv(x16(), x16()[0], 0.0, w8(N * 36), "q4_0", N, K), "eps"),
     (lambda: gemv.silu_down_gemv(x16(), w8(N * 36), "q4_0", N, K), r"\[M, 128\]"),
+    (lambda: _seam(x=x16(k=2 * K)), r"\[M, 64\]"),
+    (lambda: _seam(x=x16(k=K), swiglu=True), r"\[M, 128\]"),
+    (lambda: _seam(w_b=w8(N * 36)), "takes 144"),
+    (lambda: _seam(residual=x16(2, 32)), r"residual must be \[M=1, N=32\]"),
+    (lambda: _seam(gamma=x16(k=K)[0]), r"gamma must be \[32\]"),
+    (lambda: _seam(eps=0.0), "eps"),
+    (lambda: _seam(queue=mx.zeros((4,), mx.int32)), "queue must be uint32"),
+    (lambda: _seam(launched=0), "launched must be"),
+    (lambda: _seam(groups=3), "unknown launch knobs"),
     (lambda: gemv.linear(x16(9, k=32), w8(N * 36), "q4_0", N, K), r"M >= 1"),
     (lambda: gemv.quantize(mx.zeros((4, 64)), "q4_0"), "float16"),
     (lambda: gemv.quantize(mx.zeros((4, 48), mx.float16), "q4_0"), "multiple of 32"),

@@ -49,6 +49,27 @@ def test_fused_plan_shows_where_rope_runs(models, monkeypatch, inside):
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_seams_take_two_launches_a_layer(models, monkeypatch, preset):
+    """With seams, a layer's output projection shares a launch with the gate+up RMSNorm+GEMV and
+    its down GEMV with the next QKV (the last one's with the head): two launches a layer fewer;
+    only where every paired matrix is in one block type, and never with LATHE_SEAMS=0."""
+    from harness import kernel_decode
+
+    m = models[preset, "q4_0"]
+    c = m.config
+    assert kernel_decode.seams_apply(c, m.types)
+    plain, seamed = kernel_plan(c, True), kernel_plan(c, True, seams=True)
+    assert len(seamed) == len(plain) - 2 * c.n_layers
+    assert [s.op for s in seamed if s.layer == c.n_layers - 1][-2:] == ["seam", "seam"]
+    assert seamed[-1].writes == ("x", "logits") and "rmsnorm_linear" not in {s.op for s in seamed[2:]}
+    assert kernel_plan(c, False, seams=True) == kernel_plan(c, False)  # unfused: no seams
+    mixed = dict(m.types, **{"blk.0.ffn_down.weight": "Q8_0"})
+    assert not kernel_decode.seams_apply(c, mixed)
+    monkeypatch.setattr(kernel_decode, "SEAMS", False)
+    assert not kernel_decode.seams_apply(c, m.types)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_paged_plan_writes_the_pool_then_reads_it(models, preset):
     c = models[preset, "q8_0"].config
     for fused in (False, True):
@@ -109,11 +130,16 @@ def test_fused_needs_block_matrices(models):
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("variant", ["unfused", "fused"])
-def test_kernel_variant_against_float64(models, preset, qtype, variant, kv):
+@pytest.mark.parametrize("variant", ["unfused", "fused", "fused without seams"])
+def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, variant, kv):
+    from harness import kernel_decode
+
     m = models[preset, qtype]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
-    decoder = KernelDecoder(m, PROMPT + STEPS, variant, kv)
+    seams = variant == "fused"
+    monkeypatch.setattr(kernel_decode, "SEAMS", seams)
+    decoder = KernelDecoder(m, PROMPT + STEPS, variant.split()[0], kv)
+    assert decoder.seams == seams  # the decode steps take the path this case names
     ours = np.array(decoder.forward(prompt))[-1]
     want, cache = forward(m, prompt)
     want = want[-1]

@@ -1,7 +1,8 @@
 """The quantized GEMV family (Q4_0, Q8_0).
 
 Checks: GPU quantize/dequantize byte for byte against reference.quant; v1 and v2 GEMV, the fused
-RMSNorm+GEMV and SiLU+down, the batched (M > 4) path and the fused projections against float64
+RMSNorm+GEMV and SiLU+down, the seam (two GEMVs in one launch), the batched (M > 4) path and the
+fused projections against float64
 on the dequantized weights, on odd small shapes and on real models' shapes, outputs poisoned.
 Benchmarks (M = 1 unless said): v1 and v2 against MLX's fp16 matvec and quantized_matmul at
 4 and 8 bits; fused against the unfused sequences; the batched path against repeated GEMVs over
@@ -199,6 +200,59 @@ KNOB_CASES = [
 ]
 
 
+def _seam_case(qtype: str, swiglu: bool, m: int, n_a: int, k_a: int, n_b: int,
+               knobs: dict | None = None) -> CheckCase:
+    """The seam (kernels.gemv.seam): a_y = residual + X' W_a^T against float64, and b_y against
+    float64 RMSNorm of the a_y it wrote (GEMV B reads that fp16 a_y); launched twice on one
+    queue, which each launch must leave zero."""
+    from kernels.gemv import seam, seam_queue
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        host_a, dev_a = _blocks(rng, qtype, n_a, k_a)
+        host_b, dev_b = _blocks(rng, qtype, n_b, n_a)
+        gamma = rng.uniform(0.5, 1.5, n_a).astype(np.float16)
+        queue = seam_queue()
+        checks = []
+        for launch_ in range(2):
+            r = (_x(rng, m, n_a).astype(np.float32) * 3 + 1).astype(np.float16)
+            x = (_x(rng, m, 2 * k_a if swiglu else k_a).astype(np.float32) * (2 if swiglu else 1)).astype(np.float16)
+            with poisoned_outputs():
+                a_y, b_y = seam(mx.array(x), dev_a, n_a, k_a, mx.array(r), mx.array(gamma), 1e-5, dev_b, n_b,
+                                qtype, swiglu=swiglu, queue=queue, **(knobs or {}))
+                mx.eval(a_y, b_y, queue)
+            x64 = swiglu64(x) if swiglu else x.astype(np.float64)
+            want_a = x64 @ dequantize(host_a, qtype, k_a).astype(np.float64).T + r.astype(np.float64)
+            checks.append(compare(f"a_y + residual (launch {launch_})", np.array(a_y).astype(np.float64),
+                                  want_a, TOL))
+            checks += _against_float64(f"b_y (launch {launch_})", b_y, rmsnorm64(np.array(a_y), gamma, 1e-5),
+                                       host_b, qtype, n_a, rng)
+            checks.append(exact(f"queue left zero (launch {launch_})", np.array(queue).tolist(), [0, 0, 0, 0]))
+        return checks
+
+    variant = "seam " + ("swiglu" if swiglu else "plain")
+    if knobs:
+        variant += " " + ",".join(f"{key}={value}" for key, value in knobs.items())
+    return CheckCase("gemv", f"seam_{qtype}", variant, dict(M=m, N=f"{n_a}|{n_b}", K=k_a), run)
+
+
+# Seams of real layers (output projection | gate+up; down | next QKV or the head) and tails, with
+# launches of one threadgroup and of far more than fit on the GPU at once (tickets left for none).
+SEAM_CASES = [
+    (False, 1, 4096, 4096, 28672, None),    # Llama-3-8B O | gate+up
+    (True, 1, 4096, 14336, 6144, None),     # Llama-3-8B down (X in chunks) | QKV
+    (True, 1, 4096, 11008, 12288, None),    # Llama-2-7B down | QKV
+    (True, 1, 4096, 11008, 32000, None),    # Llama-2-7B down | output head
+    (False, 1, 1024, 2048, 6144, None),     # Qwen3-0.6B O | gate+up
+    (True, 2, 1024, 3072, 4096, None),      # Qwen3-0.6B down | QKV, two rows
+    (False, 3, 4128, 96, 33, None),         # tails: unaligned rows, N_b smaller than a group
+    (True, 4, 160, 4128, 4097, None),
+    (False, 1, 4096, 4096, 4096, dict(launched=1)),
+    (True, 1, 1024, 3072, 4096, dict(launched=4000)),
+    (False, 2, 1001 // 32 * 32, 4096, 1001, dict(max_groups=5, slots=2)),
+]
+
+
 def _projection_case(qtype: str, sizes: tuple[int, ...], k: int, m: int) -> CheckCase:
     """A fused projection (QKV, gate+up): one matrix from the parts, one product, split."""
     from kernels.gemv import concat_rows, linear, split
@@ -250,6 +304,8 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         for m in (5, 16) if small else (5, 9, 16, 512):
             for n, k in ((4097, 4128), (4096, 4096)) if not small else ((33, 96),):
                 cases.append(_gemv_case("linear", qtype, m, n, k))
+        for swiglu, m, n_a, k_a, n_b, knobs in SEAM_CASES[6:8] if small else SEAM_CASES:
+            cases.append(_seam_case(qtype, swiglu, m, n_a, k_a, n_b, knobs))
         if not small:
             cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1))
             cases.append(_projection_case(qtype, (14336, 14336), 4096, 2))

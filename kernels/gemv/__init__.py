@@ -9,6 +9,8 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
   flight, exact integer dot products inside a block (gemv_v2.metal; M 1..4).
 - `rmsnorm_gemv`, `silu_down_gemv`: v2 with RMSNorm(X) * gamma, or silu(gate) * up, computed
   while X is staged (no normalized or activated copy in device memory).
+- `seam`: a layer's output projection (+ residual) and the next block's RMSNorm+GEMV in one
+  launch, the second waiting in the kernel for the first (gemv/seam.metal).
 - `quantize`, `dequantize`: the GGUF blocks made and read on the GPU.
 - `linear`: any M; GEMV launches of up to 4 rows, and from `BATCHED_FROM` rows W dequantized
   to fp16 once and MLX's matmul.
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
-from kernels.runtime import KernelSpec, Launch, constant, launch
+from kernels.runtime import KernelSpec, Launch, constant, launch, resident
 
 QTYPES = {"q4_0": (0, 18), "q8_0": (1, 34)}
 MAX_M = 4  # rows of X a GEMV launch takes; linear() goes past it
@@ -269,6 +271,81 @@ def silu_down_gemv(gate_up: mx.array, w: mx.array, qtype: str, n: int, k: int, *
     gate+up output)."""
     check_gemv_args(gate_up, w, qtype, n, k, x_width=2 * k)
     return _v2("swiglu", [], gate_up, w, qtype, n, k, _knobs(knobs), residual)
+
+
+# ---- the seam: two GEMVs in one launch ---------------------------------------------------------------
+_SEAM_PROLOGUES = ("plain", "swiglu")
+
+
+@functools.cache
+def _seam_spec(prologue: str) -> KernelSpec:
+    return KernelSpec(f"lathe_seam_{prologue}", "gemv/seam.metal",
+                      ("a_x", "a_w", "a_dims", "residual", "gamma", "eps", "b_w", "b_dims", "queue"),
+                      ("a_y", "b_y"), prelude=f"#define PROLOGUE_A {PROLOGUES[prologue]}")
+
+
+def seam_queue() -> mx.array:
+    """The work counters of one seam launch site (gemv/seam.metal): zero, on the device. A
+    launch leaves them zero; two launches in flight at once must not share one."""
+    return resident(mx.zeros((4,), mx.uint32))
+
+
+def seam_geometry(qtype: str, m: int, n_a: int, k_a: int, n_b: int,
+                  **knobs: int | None) -> tuple[int, int, int, int]:
+    """(R, NSIMD, XCHUNK, SLOTS) shared by a seam's two GEMVs (one set of threadgroup memory):
+    the smaller of their own R and NSIMD, the chunk of X that fits for the longer K, and slots
+    only where both GEMVs would take them."""
+    geo_a = v2_geometry(qtype, m, n_a, k_a, knobs.get("rows"), knobs.get("simds"), knobs.get("slots"))
+    geo_b = v2_geometry(qtype, m, n_b, n_a, knobs.get("rows"), knobs.get("simds"), knobs.get("slots"))
+    r, s = min(geo_a[0], geo_b[0]), min(geo_a[1], geo_b[1])
+    slots = min(geo_a[3], geo_b[3])
+    return v2_geometry(qtype, m, 1, max(k_a, n_a), rows=r, simds=s, slots=slots)
+
+
+def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gamma: mx.array,
+         eps: float, w_b: mx.array, n_b: int, qtype: str, *, swiglu: bool = False,
+         queue: mx.array | None = None, **knobs: int | None) -> tuple[mx.array, mx.array]:
+    """(a_y, b_y) in one launch: a_y = residual + X' @ W_a^T, X' = X (or silu(gate) * up of
+    X = [gate | up] with `swiglu`), then b_y = (RMSNorm(a_y) * gamma) @ W_b^T: a decoder layer's
+    output projection and the next block's normed input projection (gemv/seam.metal). `queue`:
+    this launch site's counters (seam_queue); a fresh one when not given. Launch knobs as
+    gemv_v2's, and `launched`: threadgroups launched (default: the larger GEMV's count)."""
+    unknown = set(knobs) - {"rows", "simds", "slots", "max_groups", "launched"}
+    if unknown:
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, launched")
+    check_gemv_args(x, w_a, qtype, n_a, k_a, x_width=2 * k_a if swiglu else None)
+    _check_weights(w_b, qtype, n_b, n_a)
+    _check_qtype_shape(qtype, n_b, n_a)
+    m = x.shape[0]
+    _check_fp16("residual", residual)
+    if tuple(residual.shape) != (m, n_a):
+        raise ValueError(f"residual must be [M={m}, N={n_a}], got {tuple(residual.shape)}")
+    _check_fp16("gamma", gamma)
+    if tuple(gamma.shape) != (n_a,):
+        raise ValueError(f"gamma must be [{n_a}] (GEMV A's N), got {tuple(gamma.shape)}")
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    if queue is None:
+        queue = mx.zeros((4,), mx.uint32)
+    if not isinstance(queue, mx.array) or queue.dtype != mx.uint32 or queue.shape != (4,):
+        raise ValueError(f"queue must be uint32 [4] (seam_queue()), got {getattr(queue, 'shape', type(queue))}")
+    r, s, xchunk, slots = seam_geometry(qtype, m, n_a, k_a, n_b, **{k: v for k, v in knobs.items()
+                                                                   if k != "launched"})
+    tickets_a = v2_groups(n_a, k_a, r, s, xchunk, knobs.get("max_groups"))
+    tickets_b = v2_groups(n_b, n_a, r, s, xchunk, knobs.get("max_groups"))
+    launched = knobs.get("launched")
+    launched = max(tickets_a, tickets_b) if launched is None else launched
+    if launched < 1:
+        raise ValueError(f"launched must be >= 1, got {launched}")
+    consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s,
+                  ALIGNED=(k_a // 32) % 8 == 0 and (n_a // 32) % 8 == 0, XCHUNK=xchunk, SLOTS=slots)
+    a_y, b_y = launch(Launch(
+        _seam_spec("swiglu" if swiglu else "plain"),
+        [x, w_a.reshape(-1), _dims(n_a, k_a, tickets_a, launched), residual, gamma, _eps(float(eps)),
+         w_b.reshape(-1), _dims(n_b, n_a, tickets_b), queue],
+        [((m, n_a), mx.float16), ((m, n_b), mx.float16)],
+        (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts))
+    return a_y, b_y
 
 
 # ---- quantize and dequantize on the GPU -----------------------------------------------------------

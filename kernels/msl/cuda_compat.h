@@ -132,6 +132,31 @@ __device__ __forceinline__ void async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// ---- work shared across threadgroups (gemv/seam.metal) -------------------------------------------
+// Counters in a uint32 buffer that the kernel takes as an input (MLX passes inputs read-only; the
+// same const_cast as `writable`). grid_ticket: claim the next number. grid_signal: make this
+// thread's earlier device writes visible to the whole GPU, then count one; both return the count
+// before. grid_wait: spin until a count reaches `target`, then see what the signalling threads
+// wrote (one thread polls; a threadgroup barrier after it hands that on to the rest, as CUDA's
+// cooperative grid sync does). grid_reset: zero `count` counters, after this thread's earlier
+// atomics. (lathe.h: the Metal twins.)
+__device__ __forceinline__ uint grid_ticket(const uint* counter) {
+  return atomicAdd(const_cast<uint*>(counter), 1u);
+}
+__device__ __forceinline__ uint grid_signal(const uint* counter) {
+  __threadfence();
+  return atomicAdd(const_cast<uint*>(counter), 1u);
+}
+__device__ __forceinline__ void grid_wait(const uint* counter, uint target) {
+  const volatile uint* count = counter;
+  while (*count < target) __nanosleep(32);
+  __threadfence();
+}
+__device__ __forceinline__ void grid_reset(const uint* counter, uint count) {
+  __threadfence();
+  for (uint i = 0; i < count; ++i) atomicExch(const_cast<uint*>(counter) + i, 0u);
+}
+
 // LATHE_UNROLL before a loop of constant trip count: unroll it fully (register arrays indexed by
 // its variable then stay in registers).
 #define LATHE_UNROLL _Pragma("unroll")

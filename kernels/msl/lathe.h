@@ -58,6 +58,31 @@ LATHE_FN void async_copy_wide(threadgroup uint4* dst, const device T* src, uint 
 LATHE_FN void async_commit() {}
 template <int N>
 LATHE_FN void async_wait() {}
+// grid_ticket / grid_signal / grid_wait / grid_reset: counters shared by the threadgroups of a
+// launch (cuda_compat.h has the CUDA twins and their contract). Device-scope fences need MSL 3.2
+// (atomic_thread_fence with thread_scope_device). Not run on Metal: this project has no Apple GPU.
+LATHE_FN device atomic_uint* lathe_counter(const device uint* counter) {
+  return (device atomic_uint*)const_cast<device uint*>(counter);
+}
+LATHE_FN void lathe_device_fence() {
+  atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device);
+}
+LATHE_FN uint grid_ticket(const device uint* counter) {
+  return atomic_fetch_add_explicit(lathe_counter(counter), 1u, memory_order_relaxed);
+}
+LATHE_FN uint grid_signal(const device uint* counter) {
+  lathe_device_fence();
+  return atomic_fetch_add_explicit(lathe_counter(counter), 1u, memory_order_relaxed);
+}
+LATHE_FN void grid_wait(const device uint* counter, uint target) {
+  while (atomic_load_explicit(lathe_counter(counter), memory_order_relaxed) < target) {
+  }
+  lathe_device_fence();
+}
+LATHE_FN void grid_reset(const device uint* counter, uint count) {
+  lathe_device_fence();
+  for (uint i = 0; i < count; ++i) atomic_store_explicit(lathe_counter(counter + i), 0u, memory_order_relaxed);
+}
 #endif
 
 // ---- reductions ----------------------------------------------------------------------------------

@@ -1,0 +1,76 @@
+// The seam between two blocks of a decoder layer, in one launch: GEMV A, whose output is the
+// residual stream, then GEMV B over RMSNorm of that output (v2 GEMVs, gemv_v2.metal):
+//   a_y = residual + W_a X'       X' = a_x (PROLOGUE_A 0: attention's output into W_o), or
+//                                 silu(gate) * up of a_x = [gate | up] (2: the FFN's down)
+//   b_y = (RMSNorm(a_y) * gamma) W_b^T    (the next block's gate+up, QKV, or the output head)
+// Every row of b_y needs all of a_y, which a threadgroup of B can only read once all of A is
+// written: the two were separate launches, each costing the host a kernel node (about 12-17 us
+// in MLX, kernels/loop/NOTES.md). Here the threadgroups wait for each other in the kernel.
+//
+// A wait between threadgroups is safe only if the ones waited on can run: a launch larger
+// than what fits on the GPU at once (or sharing it) would deadlock on a plain grid barrier.
+// So nothing waits on a threadgroup, only on work: each GEMV's threadgroups (a_dims[2] and
+// b_dims[2] of them, as gemv_v2 would launch) are tickets that the launched threadgroups
+// (a_dims[3]) claim from `queue` one at a time. A threadgroup claims A tickets until none are
+// left, then waits for all A tickets to be done: every one of them was claimed by a
+// threadgroup already running, which finishes it without waiting on anything. Then the same
+// for B (nothing waits after it). Launched at one wave, each threadgroup takes about one
+// ticket of each; launched larger, the extra ones find none left.
+//
+// queue: uint32 [4], zero before the first launch and left zero after each (the last
+// threadgroup out resets it): A tickets claimed, A tickets done, B tickets claimed,
+// threadgroups out. One queue per launch in flight: two launches running at once on one
+// queue would mix their counts.
+// Inputs: a_x [M, K_a] (PROLOGUE_A 2: [M, 2 K_a]), a_w, a_dims (int32: N_a, K_a, A tickets,
+// threadgroups launched), residual [M, N_a], gamma [N_a], eps, b_w, b_dims (N_b, K_b = N_a,
+// B tickets), queue. Outputs a_y [M, N_a], b_y [M, N_b]. Constants as gemv_v2's, shared by both.
+#include "gemv/v2_tiles.metal"
+threadgroup uint ticket;
+const uint launched = uint(a_dims[3]);
+
+#define LATHE_PROLOGUE PROLOGUE_A
+#define LATHE_RESIDUAL 1
+for (;;) {
+  if (tid == 0) ticket = grid_ticket(queue + 0);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  const uint group = ticket;
+  threadgroup_barrier(mem_flags::mem_threadgroup);  // read by all before the next claim
+  if (group >= uint(a_dims[2])) break;
+  {
+    auto x = a_x;
+    auto w = a_w;
+    auto dims = a_dims;
+    auto y = a_y;
+#include "gemv/v2_rows.metal"
+  }
+  threadgroup_barrier(mem_flags::mem_device);  // this ticket's rows of a_y are written
+  if (tid == 0) grid_signal(queue + 1);
+}
+#undef LATHE_PROLOGUE
+#undef LATHE_RESIDUAL
+
+if (tid == 0) grid_wait(queue + 1, uint(a_dims[2]));
+threadgroup_barrier(mem_flags::mem_device);  // all of a_y is written and visible past here
+
+#define LATHE_PROLOGUE 1
+#define LATHE_RESIDUAL 0
+for (;;) {
+  if (tid == 0) ticket = grid_ticket(queue + 2);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  const uint group = ticket;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (group >= uint(b_dims[2])) break;
+  {
+    auto x = a_y;
+    auto w = b_w;
+    auto dims = b_dims;
+    auto y = b_y;
+#include "gemv/v2_rows.metal"
+  }
+}
+#undef LATHE_PROLOGUE
+#undef LATHE_RESIDUAL
+
+// The last threadgroup out leaves the queue zero for the next launch (every other one has made
+// its last claim before taking its exit number: grid_signal fences first).
+if (tid == 0 && grid_signal(queue + 3) == launched - 1) grid_reset(queue, 4);
