@@ -149,7 +149,13 @@ __device__ __forceinline__ uint grid_signal(const uint* counter) {
 }
 __device__ __forceinline__ void grid_wait(const uint* counter, uint target) {
   const volatile uint* count = counter;
-  while (*count < target) __nanosleep(32);
+  const long long start = clock64();
+  while (*count < target) {
+    __nanosleep(32);
+    // Seconds of waiting mean a count that will never come (a bug, not a slow GEMV): fail the
+    // launch loudly rather than hang the GPU.
+    if (clock64() - start > (1ll << 32)) __trap();
+  }
   __threadfence();
 }
 __device__ __forceinline__ void grid_reset(const uint* counter, uint count) {
