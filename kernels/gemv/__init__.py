@@ -42,8 +42,13 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # several row groups (only where one chunk of X holds all of K; see gemv_v2.metal). 396 is one
 # wave on the H100/H200: 132 SMs, 3 threadgroups of 256 threads at 80 registers each (chosen in
 # the decode loop and the projection chain, kernels/gemv/NOTES.md).
+# SEAM_SLOTS, SEAM_GROUPS: the seam's (two GEMVs in one launch, gemv/seam.metal) own. Its loop
+# over claimed work costs registers: NVRTC gives the seam 113-115 a thread with the next tile in
+# registers (2 threadgroups of 256 an SM, so at most SEAM_GROUPS = 264 launched: one wave) and
+# 80 with SLOTS 2 (3 an SM, MAX_GROUPS), where the plain GEMVs take 79-83 either way. So a seam
+# takes SEAM_SLOTS where both of its GEMVs hold all of K in one chunk of X beside the slots.
 TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0}, "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0},
-          "MIN_GROUPS": 256, "MAX_GROUPS": 396}
+          "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264}
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
 
@@ -184,15 +189,19 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
     return r, s, xchunk, slots
 
 
+SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS")
+
+
 def parse_tuning(text: str) -> dict[str, int]:
     """'KEY=INT,...' -> {KEY: INT}, KEY one of TUNING's: per-format R, NSIMD, SLOTS (set for
-    both formats) or the shared MIN_GROUPS, MAX_GROUPS. A clear error for anything else."""
+    both formats) or the shared MIN_GROUPS, MAX_GROUPS, SEAM_SLOTS, SEAM_GROUPS. A clear error
+    for anything else."""
     setting = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.strip().partition("=")
-        if key not in {*TUNING["q4_0"], "MIN_GROUPS", "MAX_GROUPS"} or not value.isdigit():
+        if key not in {*TUNING["q4_0"], *SHARED_KNOBS} or not value.isdigit():
             raise ValueError(f"bad GEMV tuning {item!r}: KEY=INT, KEY one of R, NSIMD, SLOTS, "
-                             f"MIN_GROUPS, MAX_GROUPS")
+                             f"{', '.join(SHARED_KNOBS)}")
         setting[key] = int(value)
     return setting
 
@@ -290,16 +299,20 @@ def seam_queue() -> mx.array:
     return resident(mx.zeros((4,), mx.uint32))
 
 
-def seam_geometry(qtype: str, m: int, n_a: int, k_a: int, n_b: int,
-                  **knobs: int | None) -> tuple[int, int, int, int]:
+def seam_geometry(qtype: str, m: int, n_a: int, k_a: int, n_b: int, rows: int | None = None,
+                  simds: int | None = None, slots: int | None = None) -> tuple[int, int, int, int]:
     """(R, NSIMD, XCHUNK, SLOTS) shared by a seam's two GEMVs (one set of threadgroup memory):
-    the smaller of their own R and NSIMD, the chunk of X that fits for the longer K, and slots
-    only where both GEMVs would take them."""
-    geo_a = v2_geometry(qtype, m, n_a, k_a, knobs.get("rows"), knobs.get("simds"), knobs.get("slots"))
-    geo_b = v2_geometry(qtype, m, n_b, n_a, knobs.get("rows"), knobs.get("simds"), knobs.get("slots"))
+    the smaller of their own R and NSIMD, the chunk of X that fits for the longer K, and
+    SEAM_SLOTS (or the given slots) only where both GEMVs take them with all of K in one chunk."""
+    slots = TUNING["SEAM_SLOTS"] if slots is None else slots
+    geo_a = v2_geometry(qtype, m, n_a, k_a, rows, simds)
+    geo_b = v2_geometry(qtype, m, n_b, n_a, rows, simds)
     r, s = min(geo_a[0], geo_b[0]), min(geo_a[1], geo_b[1])
-    slots = min(geo_a[3], geo_b[3])
-    return v2_geometry(qtype, m, 1, max(k_a, n_a), rows=r, simds=s, slots=slots)
+    k = max(k_a, n_a)
+    slots = min(v2_slots(qtype, k_a, slots), v2_slots(qtype, n_a, slots))
+    if slots and v2_smem_bytes(qtype, m, r, s, -(-k // 2048) * 2048, slots) > SMEM_BUDGET:
+        slots = 0
+    return v2_geometry(qtype, m, 1, k, rows=r, simds=s, slots=slots)
 
 
 def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gamma: mx.array,
@@ -329,10 +342,12 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
         queue = mx.zeros((4,), mx.uint32)
     if not isinstance(queue, mx.array) or queue.dtype != mx.uint32 or queue.shape != (4,):
         raise ValueError(f"queue must be uint32 [4] (seam_queue()), got {getattr(queue, 'shape', type(queue))}")
-    r, s, xchunk, slots = seam_geometry(qtype, m, n_a, k_a, n_b, **{k: v for k, v in knobs.items()
-                                                                   if k != "launched"})
-    tickets_a = v2_groups(n_a, k_a, r, s, xchunk, knobs.get("max_groups"))
-    tickets_b = v2_groups(n_b, n_a, r, s, xchunk, knobs.get("max_groups"))
+    r, s, xchunk, slots = seam_geometry(qtype, m, n_a, k_a, n_b, knobs.get("rows"), knobs.get("simds"),
+                                        knobs.get("slots"))
+    cap = knobs.get("max_groups")
+    cap = (TUNING["MAX_GROUPS"] if slots else TUNING["SEAM_GROUPS"]) if cap is None else cap
+    tickets_a = v2_groups(n_a, k_a, r, s, xchunk, cap)
+    tickets_b = v2_groups(n_b, n_a, r, s, xchunk, cap)
     launched = knobs.get("launched")
     launched = max(tickets_a, tickets_b) if launched is None else launched
     if launched < 1:
