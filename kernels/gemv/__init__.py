@@ -293,10 +293,13 @@ def _seam_spec(prologue: str) -> KernelSpec:
                       ("a_y", "b_y"), prelude=f"#define PROLOGUE_A {PROLOGUES[prologue]}")
 
 
+SEAM_QUEUE = 3 * 64  # gemv/seam.metal's counters, each on a 256-byte line of its own
+
+
 def seam_queue() -> mx.array:
     """The work counters of one seam launch site (gemv/seam.metal): zero, on the device. A
     launch leaves them zero; two launches in flight at once must not share one."""
-    return resident(mx.zeros((4,), mx.uint32))
+    return resident(mx.zeros((SEAM_QUEUE,), mx.uint32))
 
 
 def seam_geometry(qtype: str, m: int, n_a: int, k_a: int, n_b: int, rows: int | None = None,
@@ -322,7 +325,8 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
     X = [gate | up] with `swiglu`), then b_y = (RMSNorm(a_y) * gamma) @ W_b^T: a decoder layer's
     output projection and the next block's normed input projection (gemv/seam.metal). `queue`:
     this launch site's counters (seam_queue); a fresh one when not given. Launch knobs as
-    gemv_v2's, and `launched`: threadgroups launched (default: the larger GEMV's count)."""
+    gemv_v2's, and `launched`: threadgroups launched (default: the larger GEMV's count; at
+    least GEMV B's)."""
     unknown = set(knobs) - {"rows", "simds", "slots", "max_groups", "launched"}
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, launched")
@@ -339,9 +343,10 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
     if not eps > 0:
         raise ValueError(f"eps must be positive, got {eps}")
     if queue is None:
-        queue = mx.zeros((4,), mx.uint32)
-    if not isinstance(queue, mx.array) or queue.dtype != mx.uint32 or queue.shape != (4,):
-        raise ValueError(f"queue must be uint32 [4] (seam_queue()), got {getattr(queue, 'shape', type(queue))}")
+        queue = mx.zeros((SEAM_QUEUE,), mx.uint32)
+    if not isinstance(queue, mx.array) or queue.dtype != mx.uint32 or queue.shape != (SEAM_QUEUE,):
+        raise ValueError(f"queue must be uint32 [{SEAM_QUEUE}] (seam_queue()), got "
+                         f"{getattr(queue, 'dtype', type(queue))} {getattr(queue, 'shape', '')}")
     r, s, xchunk, slots = seam_geometry(qtype, m, n_a, k_a, n_b, knobs.get("rows"), knobs.get("simds"),
                                         knobs.get("slots"))
     cap = knobs.get("max_groups")
@@ -350,8 +355,8 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
     tickets_b = v2_groups(n_b, n_a, r, s, xchunk, cap)
     launched = knobs.get("launched")
     launched = max(tickets_a, tickets_b) if launched is None else launched
-    if launched < 1:
-        raise ValueError(f"launched must be >= 1, got {launched}")
+    if launched < tickets_b:  # B's threadgroups are the launched ones (gemv/seam.metal)
+        raise ValueError(f"launched must be at least GEMV B's {tickets_b} threadgroups, got {launched}")
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s,
                   ALIGNED=(k_a // 32) % 8 == 0 and (n_a // 32) % 8 == 0, XCHUNK=xchunk, SLOTS=slots)
     a_y, b_y = launch(Launch(

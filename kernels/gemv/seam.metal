@@ -9,29 +9,34 @@
 //
 // A wait between threadgroups is safe only if the ones waited on can run: a launch larger
 // than what fits on the GPU at once (or sharing it) would deadlock on a plain grid barrier.
-// So nothing waits on a threadgroup, only on work: each GEMV's threadgroups (a_dims[2] and
-// b_dims[2] of them, as gemv_v2 would launch) are tickets that the launched threadgroups
-// (a_dims[3]) claim from `queue` one at a time. A threadgroup claims A tickets until none are
-// left, then waits for all A tickets to be done: every one of them was claimed by a
-// threadgroup already running, which finishes it without waiting on anything. Then the same
-// for B (nothing waits after it). Launched at one wave, each threadgroup takes about one
-// ticket of each; launched larger, the extra ones find none left.
+// So nothing waits on a threadgroup, only on work: GEMV A's threadgroups (a_dims[2] of them,
+// as gemv_v2 would launch) are tickets that the launched threadgroups (a_dims[3]) claim from
+// `queue` one at a time. A threadgroup claims A tickets until none are left, then waits for
+// all of them to be done: every one was claimed by a threadgroup already running, which
+// finishes it without waiting on anything. GEMV B's threadgroups (b_dims[2], at most as many
+// as launched) need no tickets, as nothing waits after them: threadgroup g is B's g. (A loop
+// over B's threadgroups cost 13 registers, a third of the threadgroups an SM. With B claimed too,
+// a seam ran 3-5 us longer on the H200 than its two GEMVs launched apart; suspected: every
+// threadgroup leaves the wait at once and their claims on one counter queue up.)
 //
-// queue: uint32 [4], zero before the first launch and left zero after each (the last
-// threadgroup out resets it): A tickets claimed, A tickets done, B tickets claimed,
-// threadgroups out. One queue per launch in flight: two launches running at once on one
-// queue would mix their counts.
+// queue: uint32 [3 * QUEUE_STRIDE], zero before the first launch and left zero after each (the
+// last threadgroup out resets it): A tickets claimed, A tickets done, threadgroups out, each
+// counter in a 256-byte line of its own (QUEUE_STRIDE words apart: atomics on one line are
+// served one after another). One queue per launch in flight: two launches running at once on
+// one queue would mix their counts.
 // Inputs: a_x [M, K_a] (PROLOGUE_A 2: [M, 2 K_a]), a_w, a_dims (int32: N_a, K_a, A tickets,
 // threadgroups launched), residual [M, N_a], gamma [N_a], eps, b_w, b_dims (N_b, K_b = N_a,
 // B tickets), queue. Outputs a_y [M, N_a], b_y [M, N_b]. Constants as gemv_v2's, shared by both.
 #include "gemv/v2_tiles.metal"
+constexpr uint QUEUE_STRIDE = 64;
 threadgroup uint ticket;
 const uint launched = uint(a_dims[3]);
+const auto claimed = queue, done = queue + QUEUE_STRIDE, out = queue + 2 * QUEUE_STRIDE;
 
 #define LATHE_PROLOGUE PROLOGUE_A
 #define LATHE_RESIDUAL 1
 for (;;) {
-  if (tid == 0) ticket = grid_ticket(queue + 0);
+  if (tid == 0) ticket = grid_ticket(claimed);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   const uint group = ticket;
   threadgroup_barrier(mem_flags::mem_threadgroup);  // read by all before the next claim
@@ -44,23 +49,19 @@ for (;;) {
 #include "gemv/v2_rows.metal"
   }
   threadgroup_barrier(mem_flags::mem_device);  // this ticket's rows of a_y are written
-  if (tid == 0) grid_signal(queue + 1);
+  if (tid == 0) grid_signal(done);
 }
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
 
-if (tid == 0) grid_wait(queue + 1, uint(a_dims[2]));
+if (tid == 0) grid_wait(done, uint(a_dims[2]));
 threadgroup_barrier(mem_flags::mem_device);  // all of a_y is written and visible past here
 
 #define LATHE_PROLOGUE 1
 #define LATHE_RESIDUAL 0
-for (;;) {
-  if (tid == 0) ticket = grid_ticket(queue + 2);
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  const uint group = ticket;
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (group >= uint(b_dims[2])) break;
-  {
+{
+  const uint group = threadgroup_position_in_grid.x;
+  if (group < uint(b_dims[2])) {
     auto x = a_y;
     auto w = b_w;
     auto dims = b_dims;
@@ -73,4 +74,8 @@ for (;;) {
 
 // The last threadgroup out leaves the queue zero for the next launch (every other one has made
 // its last claim before taking its exit number: grid_signal fences first).
-if (tid == 0 && grid_signal(queue + 3) == launched - 1) grid_reset(queue, 4);
+if (tid == 0 && grid_signal(out) == launched - 1) {
+  grid_reset(claimed, 1);
+  grid_reset(done, 1);
+  grid_reset(out, 1);
+}
