@@ -124,7 +124,9 @@ def test_sampled_generation_is_seeded_and_mode_independent(models):
 def test_session_paths_match_a_full_prefill(models):
     """Decode, prefix reuse and full prefill give a full prefill's logits. In float32 on any
     device: the GPU's default fp16 rounds a prefix-then-suffix and a whole prompt differently
-    (seen on the H200: 4e-2 apart), which says nothing about which tokens were computed."""
+    (seen on the H200: 4e-2 apart), which says nothing about which tokens were computed. On
+    the GPU float32 matmuls still differ by about 1e-3 (seen: 3e-2 on logits of 20, as from
+    TF32 products), so there the bound is relative, 2e-3; 1e-4 on the CPU."""
     import mlx.core as mx
 
     from harness.decode import Session
@@ -141,7 +143,10 @@ def test_session_paths_match_a_full_prefill(models):
                          (seq[25:30], "prefix")):
         got, taken = s.logits(tokens)
         assert taken == path, (len(tokens), taken, path)
-        np.testing.assert_allclose(np.array(got), full(tokens), rtol=1e-4, atol=1e-4)
+        if mx.default_device() == mx.cpu:
+            np.testing.assert_allclose(np.array(got), full(tokens), rtol=1e-4, atol=1e-4)
+        else:
+            assert rel_err(np.array(got), full(tokens)) <= 2e-3
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])

@@ -247,7 +247,7 @@ SEAM_CASES = [
     (True, 2, 1024, 3072, 4096, None),      # Qwen3-0.6B down | QKV, two rows
     (False, 3, 4128, 96, 33, None),         # tails: unaligned rows, N_b smaller than a group
     (True, 4, 160, 4128, 4097, None),
-    (False, 1, 4096, 4096, 32, dict(launched=2)),  # 2 threadgroups take all 256 of A's tickets
+    (False, 1, 4096, 4096, 32, dict(rows=2, simds=8, launched=2)),  # 2 threadgroups take A's 256
     (True, 1, 1024, 3072, 4096, dict(launched=4000)),
     (False, 2, 1001 // 32 * 32, 4096, 1001, dict(max_groups=5, slots=2)),
 ]
