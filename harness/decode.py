@@ -464,8 +464,8 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
         return plan_table(reference_plan(model.config))
     from harness.kernel_decode import kernel_plan, seams_apply
 
-    fused = variant == "fused"
-    return plan_table(kernel_plan(model.config, fused, kv == "paged", seams=fused and seams_apply(model.config, model.types)))
+    return plan_table(kernel_plan(model.config, variant == "fused", kv == "paged",
+                                  seams=seams_apply(model.config, model.types)))
 
 
 def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, modes=("step",),

@@ -52,7 +52,7 @@ BAD = [
     (lambda: _seam(x=x16(k=K), swiglu=True), r"\[M, 128\]"),
     (lambda: _seam(w_b=w8(N * 36)), "takes 144"),
     (lambda: _seam(residual=x16(2, 32)), r"residual must be \[M=1, N=32\]"),
-    (lambda: _seam(gamma=x16(k=K)[0]), r"gamma must be \[32\]"),
+    (lambda: _seam(gamma=x16(k=K)[0]), r"gamma must be \[K=32\]"),
     (lambda: _seam(eps=0.0), "eps"),
     (lambda: _seam(queue=mx.zeros((gemv.SEAM_QUEUE,), mx.int32)), "queue must be uint32"),
     (lambda: _seam(queue=mx.zeros((4,), mx.uint32)), "queue must be uint32"),

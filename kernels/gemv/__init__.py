@@ -106,6 +106,21 @@ def _check_fp16(name: str, a: mx.array) -> None:
         raise ValueError(f"{name} must be float16, got {getattr(a, 'dtype', type(a))}")
 
 
+def _check_residual(residual: mx.array, m: int, n: int) -> None:
+    _check_fp16("residual", residual)
+    if tuple(residual.shape) != (m, n):
+        raise ValueError(f"residual must be [M={m}, N={n}], got {tuple(residual.shape)}")
+
+
+def _check_norm(gamma: mx.array, eps: float, k: int) -> None:
+    """The RMSNorm prologue's weights (fp16 [K]) and eps (> 0)."""
+    _check_fp16("gamma", gamma)
+    if gamma.shape != (k,):
+        raise ValueError(f"gamma must be [K={k}], got {tuple(gamma.shape)}")
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+
+
 def check_gemv_args(x: mx.array, w: mx.array, qtype: str, n: int, k: int,
                     x_width: int | None = None, max_m: int | None = MAX_M) -> None:
     """Every argument check of the GEMV kernels (before any launch). `x_width` is X's row length
@@ -214,6 +229,7 @@ def set_tuning(text: str) -> dict[str, int]:
         for table in (TUNING[q] for q in QTYPES) if key in TUNING["q4_0"] else (TUNING,):
             table[key] = value
     v2_geometry.cache_clear()
+    seam_geometry.cache_clear()
     return setting
 
 
@@ -232,9 +248,7 @@ def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: 
     w = w.reshape(-1)
     m = x.shape[0]
     if residual is not None:
-        _check_fp16("residual", residual)
-        if tuple(residual.shape) != (m, n):
-            raise ValueError(f"residual must be [M={m}, N={n}], got {tuple(residual.shape)}")
+        _check_residual(residual, m, n)
         inputs = [*inputs, residual]
     rows, simds, slots = knobs.get("rows"), knobs.get("simds"), knobs.get("slots")
     r, s, xchunk, slots = v2_geometry(qtype, m, n, k, rows, simds, slots)
@@ -266,11 +280,7 @@ def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: s
                  k: int, **knobs: int | None) -> mx.array:
     """(RMSNorm(X) * gamma) @ W^T in one launch: X is normalized while it is staged."""
     check_gemv_args(x, w, qtype, n, k)
-    _check_fp16("gamma", gamma)
-    if gamma.shape != (k,):
-        raise ValueError(f"gamma must be [K={k}], got {tuple(gamma.shape)}")
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps}")
+    _check_norm(gamma, eps, k)
     return _v2("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, _knobs(knobs))
 
 
@@ -283,9 +293,6 @@ def silu_down_gemv(gate_up: mx.array, w: mx.array, qtype: str, n: int, k: int, *
 
 
 # ---- the seam: two GEMVs in one launch ---------------------------------------------------------------
-_SEAM_PROLOGUES = ("plain", "swiglu")
-
-
 @functools.cache
 def _seam_spec(prologue: str) -> KernelSpec:
     return KernelSpec(f"lathe_seam_{prologue}", "gemv/seam.metal",
@@ -302,6 +309,7 @@ def seam_queue() -> mx.array:
     return resident(mx.zeros((SEAM_QUEUE,), mx.uint32))
 
 
+@functools.lru_cache(maxsize=1024)  # pure; called for every seam launch (set_tuning clears it)
 def seam_geometry(qtype: str, m: int, n_a: int, k_a: int, n_b: int, rows: int | None = None,
                   simds: int | None = None, slots: int | None = None) -> tuple[int, int, int, int]:
     """(R, NSIMD, XCHUNK, SLOTS) shared by a seam's two GEMVs (one set of threadgroup memory):
@@ -331,17 +339,11 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, launched")
     check_gemv_args(x, w_a, qtype, n_a, k_a, x_width=2 * k_a if swiglu else None)
+    _check_qtype_shape(qtype, n_b, n_a)  # GEMV B's K is A's N
     _check_weights(w_b, qtype, n_b, n_a)
-    _check_qtype_shape(qtype, n_b, n_a)
     m = x.shape[0]
-    _check_fp16("residual", residual)
-    if tuple(residual.shape) != (m, n_a):
-        raise ValueError(f"residual must be [M={m}, N={n_a}], got {tuple(residual.shape)}")
-    _check_fp16("gamma", gamma)
-    if tuple(gamma.shape) != (n_a,):
-        raise ValueError(f"gamma must be [{n_a}] (GEMV A's N), got {tuple(gamma.shape)}")
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps}")
+    _check_residual(residual, m, n_a)
+    _check_norm(gamma, eps, n_a)
     if queue is None:
         queue = mx.zeros((SEAM_QUEUE,), mx.uint32)
     if not isinstance(queue, mx.array) or queue.dtype != mx.uint32 or queue.shape != (SEAM_QUEUE,):
