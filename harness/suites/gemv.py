@@ -250,6 +250,10 @@ SEAM_CASES = [
     (False, 1, 4096, 4096, 32, dict(rows=2, simds=8, launched=2)),  # 2 threadgroups take A's 256
     (True, 1, 1024, 3072, 4096, dict(launched=4000)),
     (False, 2, 1001 // 32 * 32, 4096, 1001, dict(max_groups=5, slots=2)),
+    # B's first weights before the wait or after it, against the defaults (slots: after)
+    (True, 1, 4096, 11008, 12288, dict(prefetch=0)),
+    (False, 1, 4096, 4096, 22016, dict(prefetch=1)),
+    (False, 1, 4096, 4096, 32, dict(rows=2, simds=8, launched=2, prefetch=1)),
 ]
 
 

@@ -47,8 +47,12 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # registers (2 threadgroups of 256 an SM, so at most SEAM_GROUPS = 264 launched: one wave) and
 # 80 with SLOTS 2 (3 an SM, MAX_GROUPS), where the plain GEMVs take 79-83 either way. So a seam
 # takes SEAM_SLOTS where both of its GEMVs hold all of K in one chunk of X beside the slots.
+# SEAM_PREFETCH 1: GEMV B's first weights are issued before the wait for A (0: after it), where
+# the seam keeps tiles in registers (SLOTS 0): with slots, issuing B's copies before the wait took
+# 88 registers instead of 76 (2 threadgroups an SM, not 3).
 TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0}, "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0},
-          "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264}
+          "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
+          "SEAM_PREFETCH": 1}
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
 
@@ -204,12 +208,12 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
     return r, s, xchunk, slots
 
 
-SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS")
+SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH")
 
 
 def parse_tuning(text: str) -> dict[str, int]:
     """'KEY=INT,...' -> {KEY: INT}, KEY one of TUNING's: per-format R, NSIMD, SLOTS (set for
-    both formats) or the shared MIN_GROUPS, MAX_GROUPS, SEAM_SLOTS, SEAM_GROUPS. A clear error
+    both formats) or the shared ones (SHARED_KNOBS). A clear error
     for anything else."""
     setting = {}
     for item in filter(None, text.split(",")):
@@ -333,11 +337,13 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
     X = [gate | up] with `swiglu`), then b_y = (RMSNorm(a_y) * gamma) @ W_b^T: a decoder layer's
     output projection and the next block's normed input projection (gemv/seam.metal). `queue`:
     this launch site's counters (seam_queue); a fresh one when not given. Launch knobs as
-    gemv_v2's, and `launched`: threadgroups launched (default: the larger GEMV's count; at
-    least GEMV B's)."""
-    unknown = set(knobs) - {"rows", "simds", "slots", "max_groups", "launched"}
+    gemv_v2's, `launched`: threadgroups launched (default: the larger GEMV's count; at least
+    GEMV B's), and `prefetch`: B's first weights issued before the wait (default: SEAM_PREFETCH
+    where the seam takes no slots)."""
+    unknown = set(knobs) - {"rows", "simds", "slots", "max_groups", "launched", "prefetch"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, launched")
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, "
+                         "launched, prefetch")
     check_gemv_args(x, w_a, qtype, n_a, k_a, x_width=2 * k_a if swiglu else None)
     _check_qtype_shape(qtype, n_b, n_a)  # GEMV B's K is A's N
     _check_weights(w_b, qtype, n_b, n_a)
@@ -359,8 +365,11 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
     launched = max(tickets_a, tickets_b) if launched is None else launched
     if launched < tickets_b:  # B's threadgroups are the launched ones (gemv/seam.metal)
         raise ValueError(f"launched must be at least GEMV B's {tickets_b} threadgroups, got {launched}")
+    prefetch = knobs.get("prefetch")
+    prefetch = bool(TUNING["SEAM_PREFETCH"]) and not slots if prefetch is None else bool(prefetch)
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s,
-                  ALIGNED=(k_a // 32) % 8 == 0 and (n_a // 32) % 8 == 0, XCHUNK=xchunk, SLOTS=slots)
+                  ALIGNED=(k_a // 32) % 8 == 0 and (n_a // 32) % 8 == 0, XCHUNK=xchunk, SLOTS=slots,
+                  PREFETCH=prefetch)
     a_y, b_y = launch(Launch(
         _seam_spec("swiglu" if swiglu else "plain"),
         [x, w_a.reshape(-1), _dims(n_a, k_a, tickets_a, launched), residual, gamma, _eps(float(eps)),

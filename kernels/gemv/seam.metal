@@ -19,14 +19,20 @@
 // a seam ran 3-5 us longer on the H200 than its two GEMVs launched apart; suspected: every
 // threadgroup leaves the wait at once and their claims on one counter queue up.)
 //
+// GEMV B's first weights need nothing of A: with PREFETCH, threadgroup g issues them (v2_rows's
+// step 0) before it waits, so that they are on their way while A's last rows are computed and
+// its count reaches the waiting threadgroups (two launches cannot overlap so; PREFETCH 0 waits
+// first, for comparison).
+//
 // queue: uint32 [3 * QUEUE_STRIDE], zero before the first launch and left zero after each (the
-// last threadgroup out resets it): A tickets claimed, A tickets done, threadgroups out, each
-// counter in a 256-byte line of its own (QUEUE_STRIDE words apart: atomics on one line are
-// served one after another). One queue per launch in flight: two launches running at once on
-// one queue would mix their counts.
+// last threadgroup past the wait resets it, while B runs): A tickets claimed, A tickets done,
+// threadgroups past the wait, each counter in a 256-byte line of its own (QUEUE_STRIDE words
+// apart: atomics on one line are served one after another). One queue per launch in flight:
+// two launches running at once on one queue would mix their counts.
 // Inputs: a_x [M, K_a] (PROLOGUE_A 2: [M, 2 K_a]), a_w, a_dims (int32: N_a, K_a, A tickets,
 // threadgroups launched), residual [M, N_a], gamma [N_a], eps, b_w, b_dims (N_b, K_b = N_a,
-// B tickets), queue. Outputs a_y [M, N_a], b_y [M, N_b]. Constants as gemv_v2's, shared by both.
+// B tickets), queue. Outputs a_y [M, N_a], b_y [M, N_b]. Constants as gemv_v2's, shared by both,
+// and PREFETCH.
 #include "gemv/v2_tiles.metal"
 constexpr uint QUEUE_STRIDE = 64;
 threadgroup uint ticket;
@@ -54,13 +60,21 @@ for (;;) {
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
 
-if (tid == 0) grid_wait(done, uint(a_dims[2]));
-threadgroup_barrier(mem_flags::mem_device);  // all of a_y is written and visible past here
+// The wait for all of A. Past it a_y is written and visible to the threadgroup; it counts
+// itself out, and the last one out zeroes the queue for the next launch (a threadgroup out has
+// made its last claim and its last read of `done`).
+#define SEAM_WAIT                                   \
+  if (tid == 0) {                                   \
+    grid_wait(done, uint(a_dims[2]));               \
+  }                                                 \
+  threadgroup_barrier(mem_flags::mem_device);
 
 #define LATHE_PROLOGUE 1
 #define LATHE_RESIDUAL 0
+#define V2_BEFORE_X if (PREFETCH) { SEAM_WAIT }  // v2_rows: B's first weights are in flight
 {
   const uint group = threadgroup_position_in_grid.x;
+  if (!PREFETCH || group >= uint(b_dims[2])) { SEAM_WAIT }  // no rows of B: only counted out
   if (group < uint(b_dims[2])) {
     auto x = a_y;
     auto w = b_w;
@@ -69,11 +83,12 @@ threadgroup_barrier(mem_flags::mem_device);  // all of a_y is written and visibl
 #include "gemv/v2_rows.metal"
   }
 }
+#undef V2_BEFORE_X
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
 
 // The last threadgroup out leaves the queue zero for the next launch (every other one has made
-// its last claim before taking its exit number: grid_signal fences first).
+// its last claim and its last read of `done` before it counts itself out).
 if (tid == 0 && grid_signal(out) == launched - 1) {
   grid_reset(claimed, 1);
   grid_reset(done, 1);

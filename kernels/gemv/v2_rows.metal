@@ -28,7 +28,7 @@ for (uint r = 0; r < uint(R); ++r) {
 // Step s handles item s - 1 and loads later items in between, so that one place holds each
 // phase (MSL has no lambdas) and weights are in flight while the item before is computed.
 // Step 0 only loads: the first weights are on their way before the prologue reads X.
-uint4 staged[STAGED];  // SLOTS 0: this SIMD group's R rows of the next tile, as 16-byte words
+uint4 staged[STAGED] = {};  // SLOTS 0: this SIMD group's R rows of the next tile, as 16-byte words
 // Word p of a lane's share of a full tile is word lane + 32p of the SIMD group's slice (rows
 // ROW_VECS words apart): row `word_row` of the row group (R: none), at `word_at` 16-byte words
 // from the group's first row (worked out once: divisions in the loop cost more than the decode).
@@ -75,7 +75,7 @@ for (uint step = 0; step <= items; ++step) {
       const uint i = base + tid;
       const uint m = i / (cnb * 2);
       const uint e = (i % (cnb * 2)) * 16;  // first value of the item within the chunk
-      float v[16];
+      float v[16] = {};
       float amax = 0.0f;
       if (i < halves) {
         const uint k0 = cb0 * 32 + e;
@@ -211,7 +211,14 @@ for (uint step = 0; step <= items; ++step) {
     async_wait<(SLOTS > 1 ? SLOTS - 1 : 0)>();
     simdgroup_barrier(mem_flags::mem_threadgroup);
   }
-  if (step == 0) continue;
+  if (step == 0) {
+#ifdef V2_BEFORE_X
+    // The includer's code between the issue of the first weights and the first read of X
+    // (seam.metal: the wait for X to be written).
+    V2_BEFORE_X
+#endif
+    continue;
+  }
 
   // 3. blocks 2*lane (A) and 2*lane + 1 (B) of every row.
   auto my_words = threadgroup_view<uint>(my_vecs + (h % TILE_SLOTS) * R * ROW_VECS);

@@ -134,32 +134,39 @@ __device__ __forceinline__ void async_wait() {
 
 // ---- work shared across threadgroups (gemv/seam.metal) -------------------------------------------
 // Counters in a uint32 buffer that the kernel takes as an input (MLX passes inputs read-only; the
-// same const_cast as `writable`). grid_ticket: claim the next number. grid_signal: make this
-// thread's earlier device writes visible to the whole GPU, then count one; both return the count
-// before. grid_wait: spin until a count reaches `target`, then see what the signalling threads
-// wrote (one thread polls; a threadgroup barrier after it hands that on to the rest, as CUDA's
-// cooperative grid sync does). grid_reset: zero `count` counters, after this thread's earlier
-// atomics. (lathe.h: the Metal twins.)
+// same const_cast as `writable`). grid_ticket: claim the next number (relaxed: it orders nothing).
+// grid_signal: count one, after this thread's earlier device writes and reads (a release; the
+// threadgroup barrier before it hands the other threads' writes to this one, as in CUTLASS's
+// generic barrier); returns the count before. grid_wait: spin until a count reaches `target`,
+// then see what the signalling threads wrote (an acquire load; a threadgroup barrier after it
+// hands that on). grid_reset: zero `count` counters, after everything the signals before it
+// ordered (an acquire fence: the last of a set of releasing signals resets). Release and
+// acquire, not the sequentially consistent fence of __threadfence() (MEMBAR.SC.GPU in sm_90
+// SASS), which a seam paid twice on its path from GEMV A's last rows to GEMV B.
+// (lathe.h: the Metal twins.)
 __device__ __forceinline__ uint grid_ticket(const uint* counter) {
   return atomicAdd(const_cast<uint*>(counter), 1u);
 }
 __device__ __forceinline__ uint grid_signal(const uint* counter) {
-  __threadfence();
-  return atomicAdd(const_cast<uint*>(counter), 1u);
+  uint before;
+  asm volatile("atom.release.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+  return before;
+}
+__device__ __forceinline__ uint lathe_load_acquire(const uint* counter) {
+  uint value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(counter) : "memory");
+  return value;
 }
 __device__ __forceinline__ void grid_wait(const uint* counter, uint target) {
-  const volatile uint* count = counter;
-  const long long start = clock64();
-  while (*count < target) {
-    __nanosleep(32);
-    // Seconds of waiting mean a count that will never come (a bug, not a slow GEMV): fail the
+  for (uint polls = 0; lathe_load_acquire(counter) < target; ++polls) {
+    __nanosleep(64);
+    // 2^25 polls (seconds) mean a count that will never come (a bug, not a slow GEMV): fail the
     // launch loudly rather than hang the GPU.
-    if (clock64() - start > (1ll << 32)) __trap();
+    if (polls == (1u << 25)) __trap();
   }
-  __threadfence();
 }
 __device__ __forceinline__ void grid_reset(const uint* counter, uint count) {
-  __threadfence();
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
   for (uint i = 0; i < count; ++i) atomicExch(const_cast<uint*>(counter) + i, 0u);
 }
 

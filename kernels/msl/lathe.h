@@ -71,13 +71,13 @@ LATHE_FN uint grid_ticket(const device uint* counter) {
   return atomic_fetch_add_explicit(lathe_counter(counter), 1u, memory_order_relaxed);
 }
 LATHE_FN uint grid_signal(const device uint* counter) {
-  lathe_device_fence();
+  lathe_device_fence();  // MSL's atomics are relaxed only: a fence stands for the release
   return atomic_fetch_add_explicit(lathe_counter(counter), 1u, memory_order_relaxed);
 }
 LATHE_FN void grid_wait(const device uint* counter, uint target) {
   while (atomic_load_explicit(lathe_counter(counter), memory_order_relaxed) < target) {
   }
-  lathe_device_fence();
+  lathe_device_fence();  // ... and for the acquire
 }
 LATHE_FN void grid_reset(const device uint* counter, uint count) {
   lathe_device_fence();
