@@ -8,6 +8,7 @@
     python -m harness.profile_decode llama3-8b --qtype q4_0 --variant fused --mode compiled-pipelined
     python -m harness.profile_decode llama3-8b --mode compiled-pipelined --timeline trace.json
     python -m harness.profile_decode --read-timeline trace.json
+    python -m harness.profile_decode llama2-7b --seams-ab 5
 
 The first form times `--tokens` decode steps after a 16-token prompt (wall ms per token). The
 second runs `--steps` steps for Nsight Compute, each between two marker launches (a tiny
@@ -24,6 +25,11 @@ PyTorch's profiler: harness.gpu_trace): each token's span on the GPU, its kernel
 gaps between them, and the time of each kernel in the loop as it runs there (Nsight Compute's
 times are of kernels run one at a time, between which the GPU idles and its clock drops). The
 tracer slows the host's encoding, so read the wall time from a run without it.
+
+`--seams-ab ROUNDS` builds the fused decoder twice in one process, without seams and with them
+(kernels.gemv.seam), and alternates the decode matrix's own tg128 (harness.decode.generate,
+compiled-pipelined) between the two for ROUNDS rounds: the host's speed, which differs from one
+process to the next by more than the seams change, is then the same for both.
 """
 
 from __future__ import annotations
@@ -241,6 +247,44 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
         summarize_timeline(kernels)
 
 
+def seams_ab(preset: str, qtype: str, rounds: int, prompt: int = 16, gen: int = 128) -> None:
+    """The fused decoder without seams and with them, side by side in one process: tg128 after a
+    `prompt`-token prompt, compiled-pipelined, alternated (which goes first swaps each round)."""
+    from harness import kernel_decode
+    from harness.decode import generate, make_decoder, model_file
+    from harness.models import load_gguf
+
+    model = load_gguf(model_file(preset, qtype))
+    decoders = {}
+    default = kernel_decode.SEAMS
+    try:
+        for seams in (False, True):
+            kernel_decode.SEAMS = seams
+            decoders[seams] = make_decoder(model, prompt + gen, "fused")
+    finally:
+        kernel_decode.SEAMS = default
+    if not decoders[True].seams:
+        raise SystemExit(f"{preset} {qtype}: seams do not apply (kernel_decode.seams_apply)")
+    tokens = np.random.default_rng(0).integers(0, model.config.vocab, prompt)
+    for decoder in decoders.values():  # warm-up: compilation and first-use costs
+        decoder.reset()
+        generate(decoder, tokens[:4], 2, "compiled-pipelined")
+    tok_s = {False: [], True: []}
+    outputs = {}
+    for r in range(rounds):
+        for seams in (False, True) if r % 2 == 0 else (True, False):
+            decoders[seams].reset()
+            run = generate(decoders[seams], tokens, gen, "compiled-pipelined")
+            tok_s[seams].append(run.decode_tok_s)
+            outputs[seams] = run.generated
+        print(f"round {r}: without seams {tok_s[False][-1]:.1f} tok/s, with seams {tok_s[True][-1]:.1f} tok/s")
+    off, on = (float(np.median(tok_s[s])) for s in (False, True))
+    print(f"{preset} {qtype} fused compiled-pipelined tg{gen}, medians over {rounds} rounds: without seams "
+          f"{off:.1f} tok/s ({len(decoders[False].plan)} dispatches), with seams {on:.1f} tok/s "
+          f"({len(decoders[True].plan)} dispatches): {on / off:.3f}x; same greedy tokens: "
+          f"{outputs[False] == outputs[True]}")
+
+
 def summarize(path: Path) -> None:
     """Kernel time of the last complete marked step of an ncu CSV, by kernel name."""
     launches = []  # (ID, kernel name, us) in launch order
@@ -279,8 +323,12 @@ def main(argv: list[str] | None = None) -> int:
                         "--timeline wrote")
     parser.add_argument("--timeline", type=Path, help="compiled-pipelined: trace the GPU's kernels "
                         "(CUPTI, through PyTorch's profiler) into this Chrome trace and summarize it")
+    parser.add_argument("--seams-ab", type=int, metavar="ROUNDS", help="tg128 without seams and with "
+                        "them, alternated in one process for ROUNDS rounds")
     args = parser.parse_args(argv)
-    if args.summarize:
+    if args.seams_ab:
+        seams_ab(args.model, args.qtype, args.seams_ab)
+    elif args.summarize:
         summarize(args.summarize)
     elif args.read_timeline:
         summarize_timeline(gpu_trace.read_trace(args.read_timeline))
