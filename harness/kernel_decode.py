@@ -42,12 +42,13 @@ FUSED_UP_TO = 4  # rows of X the fused RMSNorm+GEMV takes (kernels.gemv.MAX_M)
 # (attention.rope_flash_decode); LATHE_ROPE_IN_ATTENTION=0 gives the separate RoPE + KV-write
 # launch back, to compare the two in the loop.
 ROPE_IN_ATTENTION = os.environ.get("LATHE_ROPE_IN_ATTENTION", "1") != "0"
-# LATHE_SEAMS=1: the fused variant's decode tokens run each layer's output projection and the
-# next block's RMSNorm+GEMV as one launch (kernels.gemv.seam): O | gate+up, then down | the next
-# layer's QKV (or the head), 64 launches a Llama token fewer. Off by default: on the H200 the
-# seams ran 3 us longer each than the two launches, so the token only gains where the host,
-# not the GPU, bounds it (kernels/loop/NOTES.md, "Seams").
-SEAMS = os.environ.get("LATHE_SEAMS", "0") == "1"
+# Seams (LATHE_SEAMS=0 turns them off): the fused variant's decode tokens run each layer's output
+# projection and the next block's RMSNorm+GEMV as one launch (kernels.gemv.seam): O | gate+up,
+# then down | the next layer's QKV (or the head), 64 launches a Llama token fewer. On the H200
+# each seam still runs 2-3 us longer than its two launches, but the host's encoding of 64
+# launches more cost more: alternated in one process, seams made Llama-2-7B 1.22x and
+# Llama-3-8B 1.09x faster (kernels/loop/NOTES.md, "Seams, the default").
+SEAMS = os.environ.get("LATHE_SEAMS", "1") != "0"
 
 
 def rope_in_attention(c) -> bool:

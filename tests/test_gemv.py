@@ -109,3 +109,11 @@ def test_tuned_slots_only_where_all_of_k_fits_one_chunk():
     finally:
         gemv.TUNING["q4_0"]["SLOTS"], gemv.TUNING["q8_0"]["SLOTS"] = saved
         gemv.v2_geometry.cache_clear()
+
+
+def test_tuning_text_takes_every_knob_and_names_them_when_wrong():
+    assert gemv.parse_tuning("R=4, SLOTS=2,SEAM_PREFETCH=0") == {"R": 4, "SLOTS": 2, "SEAM_PREFETCH": 0}
+    with pytest.raises(ValueError, match="SEAM_PREFETCH"):
+        gemv.parse_tuning("PREFETCH=1")
+    with pytest.raises(ValueError, match="KEY=INT"):
+        gemv.parse_tuning("R=two")

@@ -52,7 +52,7 @@ def test_fused_plan_shows_where_rope_runs(models, monkeypatch, inside):
 def test_seams_take_two_launches_a_layer(models, monkeypatch, preset):
     """With seams, a layer's output projection shares a launch with the gate+up RMSNorm+GEMV and
     its down GEMV with the next QKV (the last one's with the head): two launches a layer fewer;
-    only where every paired matrix is in one block type, and only with LATHE_SEAMS=1."""
+    only where every paired matrix is in one block type, and not with LATHE_SEAMS=0."""
     from harness import kernel_decode
 
     m = models[preset, "q4_0"]

@@ -43,13 +43,13 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # wave on the H100/H200: 132 SMs, 3 threadgroups of 256 threads at 80 registers each (chosen in
 # the decode loop and the projection chain, kernels/gemv/NOTES.md).
 # SEAM_SLOTS, SEAM_GROUPS: the seam's (two GEMVs in one launch, gemv/seam.metal) own. Its loop
-# over claimed work costs registers: NVRTC gives the seam 113-115 a thread with the next tile in
-# registers (2 threadgroups of 256 an SM, so at most SEAM_GROUPS = 264 launched: one wave) and
-# 80 with SLOTS 2 (3 an SM, MAX_GROUPS), where the plain GEMVs take 79-83 either way. So a seam
-# takes SEAM_SLOTS where both of its GEMVs hold all of K in one chunk of X beside the slots.
-# SEAM_PREFETCH 1: GEMV B's first weights are issued before the wait for A (0: after it), where
-# the seam keeps tiles in registers (SLOTS 0): with slots, issuing B's copies before the wait took
-# 88 registers instead of 76 (2 threadgroups an SM, not 3).
+# over claimed work costs registers: NVRTC's sm_90 cubin gives the seam 93-96 a thread with the
+# next tile in registers (2 threadgroups of 256 an SM, so at most SEAM_GROUPS = 264 launched: one
+# wave) and 76 with SLOTS 2 (3 an SM, MAX_GROUPS), where the plain GEMVs take 77-90 (0c9c12a).
+# So a seam takes SEAM_SLOTS where both of its GEMVs hold all of K in one chunk of X beside the
+# slots. SEAM_PREFETCH 1: GEMV B's first weights are issued before the wait for A (0: after it),
+# where the seam keeps tiles in registers (SLOTS 0): with slots, issuing B's copies before the
+# wait took 88 registers instead of 76 (2 threadgroups an SM, not 3).
 TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0}, "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
           "SEAM_PREFETCH": 1}
