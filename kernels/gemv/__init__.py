@@ -213,8 +213,7 @@ SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_P
 
 def parse_tuning(text: str) -> dict[str, int]:
     """'KEY=INT,...' -> {KEY: INT}, KEY one of TUNING's: per-format R, NSIMD, SLOTS (set for
-    both formats) or the shared ones (SHARED_KNOBS). A clear error
-    for anything else."""
+    both formats) or the shared ones (SHARED_KNOBS). A clear error for anything else."""
     setting = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.strip().partition("=")

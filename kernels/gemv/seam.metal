@@ -25,9 +25,9 @@
 // first, for comparison).
 //
 // queue: uint32 [3 * QUEUE_STRIDE], zero before the first launch and left zero after each (the
-// last threadgroup past the wait resets it, while B runs): A tickets claimed, A tickets done,
-// threadgroups past the wait, each counter in a 256-byte line of its own (QUEUE_STRIDE words
-// apart: atomics on one line are served one after another). One queue per launch in flight:
+// last threadgroup out resets it): A tickets claimed, A tickets done, threadgroups out, each
+// counter in a 256-byte line of its own (QUEUE_STRIDE words apart: atomics on one line are
+// served one after another). One queue per launch in flight:
 // two launches running at once on one queue would mix their counts.
 // Inputs: a_x [M, K_a] (PROLOGUE_A 2: [M, 2 K_a]), a_w, a_dims (int32: N_a, K_a, A tickets,
 // threadgroups launched), residual [M, N_a], gamma [N_a], eps, b_w, b_dims (N_b, K_b = N_a,
@@ -60,9 +60,8 @@ for (;;) {
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
 
-// The wait for all of A. Past it a_y is written and visible to the threadgroup; it counts
-// itself out, and the last one out zeroes the queue for the next launch (a threadgroup out has
-// made its last claim and its last read of `done`).
+// The wait for all of A: past it a_y is written and visible to the whole threadgroup (thread 0's
+// acquire, then the barrier).
 #define SEAM_WAIT                                   \
   if (tid == 0) {                                   \
     grid_wait(done, uint(a_dims[2]));               \
@@ -74,7 +73,7 @@ for (;;) {
 #define V2_BEFORE_X if (PREFETCH) { SEAM_WAIT }  // v2_rows: B's first weights are in flight
 {
   const uint group = threadgroup_position_in_grid.x;
-  if (!PREFETCH || group >= uint(b_dims[2])) { SEAM_WAIT }  // no rows of B: only counted out
+  if (!PREFETCH || group >= uint(b_dims[2])) { SEAM_WAIT }  // (no rows of B: nothing to issue)
   if (group < uint(b_dims[2])) {
     auto x = a_y;
     auto w = b_w;
