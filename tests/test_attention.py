@@ -114,11 +114,27 @@ def jobs(monkeypatch):
 ])
 def test_split_decision_sets_the_grid(jobs, ctx, split_from, launches, partitions):
     """The launches flash_decode makes (recorded, not run): the unsplit body gets one threadgroup
-    per (KV head, sequence); a split one per partition too, plus the combine."""
+    per (KV head, sequence); a split one per partition too, plus the combine. Grids this small
+    also split each KV head's 4 query heads over 4 threadgroups (QS), one query head each."""
     k = mx.zeros((1, KV, 4096, D), mx.float16)
     at.flash_decode(q16(), k, k, [ctx], 0.125, split_from=split_from)
     assert len(jobs) == launches
-    assert jobs[0].grid == (partitions * 32 * at.NSIMD, KV, 1)
+    assert jobs[0].grid == (partitions * 32 * at.NSIMD, KV * 4, 1)
+    assert (jobs[0].constants["G"], jobs[0].constants["QS"]) == (1, 4)
+
+
+@pytest.mark.parametrize("group, threadgroups, most, want", [
+    (4, 8, 64, 4),     # Llama-3-8B decode: 8 KV heads of 4 query heads -> 32 threadgroups
+    (4, 64, 64, 1),    # already 64 threadgroups (partitions, or a batch): one per KV head
+    (4, 16, 64, 4),
+    (4, 24, 64, 2),    # 48 fits, 96 would not
+    (8, 8, 64, 8),
+    (6, 8, 64, 2),     # powers of two that divide the group
+    (1, 8, 64, 1),     # no grouping: nothing to split
+    (4, 8, 0, 1),      # switched off (LATHE_ATTN_QUERY_SPLIT=0)
+])
+def test_query_split_keeps_small_grids_within_the_limit(group, threadgroups, most, want):
+    assert at.query_split(group, threadgroups, most) == want
 
 
 def test_device_lengths_size_the_grid_for_the_cache(jobs):
@@ -127,7 +143,7 @@ def test_device_lengths_size_the_grid_for_the_cache(jobs):
     k = mx.zeros((1, KV, 4096, D), mx.float16)
     lens = mx.array([5], dtype=mx.int32)
     at.flash_decode(q16(), k, k, lens, 0.125)
-    assert len(jobs) == 2 and jobs[0].grid == (8 * 32 * at.NSIMD, KV, 1)
+    assert len(jobs) == 2 and jobs[0].grid == (8 * 32 * at.NSIMD, KV * 4, 1)  # 16 threadgroups x QS 4
     assert jobs[0].inputs[3] is lens  # read by the kernel as it is, no host copy
     with pytest.raises(ValueError, match="int32"):
         at.flash_decode(q16(), k, k, mx.array([5.0]), 0.125)
@@ -160,7 +176,7 @@ def test_paged_device_form_sizes_the_grid_for_the_table(jobs):
     k, v = pools(nb=200)
     table, lens = mx.arange(160, dtype=mx.int32)[None], mx.array([5], dtype=mx.int32)
     at.paged_attention(q16(), k, v, table, lens, 0.125)
-    assert len(jobs) == 2 and jobs[0].grid == (5 * 32 * at.NSIMD, KV, 1)  # 2560 tokens: 5 partitions
+    assert len(jobs) == 2 and jobs[0].grid == (5 * 32 * at.NSIMD, KV * 4, 1)  # 2560 tokens: 5 partitions, QS 4
     assert jobs[0].inputs[3] is lens and jobs[0].inputs[4] is table
 
 

@@ -16,12 +16,14 @@
   tokens (circular overflow, or an error).
 
 One body (decode_attention.metal) serves all: the layout and the split are compile-time
-switches. Query heads of a group share their threadgroup, so K and V are read once per group.
+switches. Query heads of a group share their threadgroup, so K and V are read once per group,
+unless the grid is small (QUERY_SPLIT_TO): then a group's query heads are split over threadgroups.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -38,6 +40,12 @@ PARTITION = 512  # tokens a threadgroup takes in the split kernels
 # split; results/nvidia-h200/attention.csv at 22ac020). Checks pass split_from=0 to test the split.
 SPLIT_FROM = 2048
 CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.metal)
+# A kv head's query heads are split over threadgroups (decode_attention.metal's QS, halving the
+# heads a threadgroup takes while they divide) as long as the grid stays within this many
+# threadgroups: at short contexts the kernel is a chain of latencies, and a grid of one
+# threadgroup per kv head (Llama-3-8B: 8) leaves most SMs idle, while the extra reads of K and V
+# are few and meet in the L2. LATHE_ATTN_QUERY_SPLIT=0 keeps a group in one threadgroup.
+QUERY_SPLIT_TO = int(os.environ.get("LATHE_ATTN_QUERY_SPLIT", "64"))
 NSIMD = 4
 
 _COMBINE = KernelSpec("lathe_attention_combine", "attention/combine.metal",
@@ -118,6 +126,17 @@ def _pool(k_cache: mx.array, v_cache: mx.array) -> tuple[int, int, int, int]:
     return blocks, n_kv, head_dim, block_size
 
 
+def query_split(group: int, threadgroups: int, most: int | None = None) -> int:
+    """Threadgroups that share a kv head's `group` query heads (decode_attention.metal's QS): a
+    power of two dividing the group, doubled while the grid of `threadgroups` (one per kv head,
+    partition and sequence) times it stays within `most` (QUERY_SPLIT_TO when not given)."""
+    most = QUERY_SPLIT_TO if most is None else most
+    qs = 1
+    while group % (2 * qs) == 0 and threadgroups * 2 * qs <= most:
+        qs *= 2
+    return qs
+
+
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int, block_size: int, after: mx.array | None,
@@ -133,7 +152,8 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     split = split and longest > partition and longest > split_from
     parts = -(-longest // partition) if split else 1
     dims = _ints((n_kv, rows, partition, parts, 0 if shared_cache else 1))
-    constants = dict(D=head_dim, G=group, NSIMD=NSIMD, BS=block_size)
+    qs = query_split(group, n_kv * parts * batch)
+    constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size)
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
         inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale))]
         constants.update(rope[2])
@@ -145,7 +165,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     outputs = ([((batch, n_heads, parts, head_dim), mx.float32), ((batch, n_heads, parts, 2), mx.float32)]
                if split else [((batch, n_heads, head_dim), mx.float16)])
     res = launch(Launch(_spec(paged, split, rope is not None), inputs, outputs,
-                        (parts * 32 * NSIMD, n_kv, batch), (32 * NSIMD, 1, 1), constants))
+                        (parts * 32 * NSIMD, n_kv * qs, batch), (32 * NSIMD, 1, 1), constants))
     if not split:
         return res[0]
     (out,) = launch(Launch(_COMBINE, [res[0], res[1], _ints((n_heads, parts))],

@@ -1,6 +1,10 @@
 // Decode attention: one query token per sequence against its cached K and V (fp16), fp32 softmax
-// and sums, grouped-query: threadgroup (partition, kv head h, sequence b) serves the G query
-// heads h*G .. h*G+G-1, so K and V are read once per group.
+// and sums, grouped-query: threadgroup (partition, y, sequence b) serves the G query heads
+// y*G .. y*G+G-1 of kv head h = y / QS, so K and V are read once per G query heads. QS = 1:
+// a threadgroup takes all of its kv head's query heads; QS > 1 splits them over QS threadgroups,
+// which read the same K and V (from the L2 when they run together): at short contexts the
+// kernel is a chain of latencies, and Llama-3's 8 kv heads as 8 threadgroups left 124 of the
+// H200's 132 SMs idle.
 //
 // The cache layout is a switch (LATHE_PAGED, set by the prelude):
 //  0  contiguous, head-major k/v_cache[B, Hkv, S, D]; token t in slot t;
@@ -23,9 +27,9 @@
 // the token (Q heads, K heads, V heads: the fused projection's output) at position pos: each
 // threadgroup rotates its G query heads into q_s, and the one whose tokens include pos rotates
 // K and copies V of its kv head into cache row pos before any of its threads reads that row
-// (its K and V come back through the cache, rounded to fp16 as every other row's). The context
-// is pos + 1 tokens.
-// Constants: D, G, NSIMD, BS (paged block size; 0 contiguous); with LATHE_ROPE also NEOX and
+// (its K and V come back through the cache, rounded to fp16 as every other row's; with QS > 1
+// each of the QS threadgroups writes the same bytes). The context is pos + 1 tokens.
+// Constants: D, G, QS, NSIMD, BS (paged block size; 0 contiguous); with LATHE_ROPE also NEOX and
 // FREQ_TABLE (rope_kv_write.metal's). Prelude: LATHE_PAGED, LATHE_SPLIT, LATHE_ROPE.
 // Inputs: q[B, Hq, D], k_cache, v_cache, lens (int32[B]), table (int32[B, MAXB]; paged),
 //   dims (int32: Hkv, S or MAXB, PART, P, cache sequence per query: 1, or 0 for a prompt's
@@ -54,14 +58,15 @@ const uint tid = thread_index_in_threadgroup;
 const uint lane = thread_index_in_simdgroup;
 const uint simd = simdgroup_index_in_threadgroup;
 const uint part = threadgroup_position_in_grid.x;
-const uint h = threadgroup_position_in_grid.y;
+const uint hg = threadgroup_position_in_grid.y;  // query heads hg*G .. hg*G+G-1
+const uint h = hg / QS;                          // their kv head
 const uint b = threadgroup_position_in_grid.z;
 const uint n_kv = uint(dims[0]);
 const uint rows = uint(dims[1]);  // S (contiguous) or MAXB (paged)
 // The cache sequence (and block-table row) of query b: b, or 0 for every query when the queries
 // are the tokens of one prompt (prefill: query b sees the cache up to lens[b], its own position).
 const uint cb = b * uint(dims[4]);
-const uint n_heads = n_kv * G;
+const uint n_heads = n_kv * QS * G;
 // Device lengths (a compiled step) are not checked on the host: clamped to the cache here.
 #if LATHE_ROPE
 const uint ctx = min(uint(pos[0]) + 1, rows);
@@ -80,7 +85,7 @@ const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
     const float angle = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, i, rope_scalars[0]);
     const float c = cos(angle), sn = sin(angle);
     const uint i0 = rope_first<D, NEOX>(i), i1 = rope_second<D, NEOX>(i);
-    const float a = float(qkv[(h * G + g) * D + i0]), bq = float(qkv[(h * G + g) * D + i1]);
+    const float a = float(qkv[(hg * G + g) * D + i0]), bq = float(qkv[(hg * G + g) * D + i1]);
     q_s[g * D + i0] = (a * c - bq * sn) * scale[0];
     q_s[g * D + i1] = (a * sn + bq * c) * scale[0];
   }
@@ -103,7 +108,7 @@ const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
 }
 #else
 for (uint e = tid; e < G * D; e += NT) {
-  q_s[e] = float(q[(b * n_heads + h * G) * D + e]) * scale[0];
+  q_s[e] = float(q[(b * n_heads + hg * G) * D + e]) * scale[0];
 }
 #endif
 if (tid < G) {
@@ -265,7 +270,7 @@ for (uint w = 0; w < NSIMD; ++w) {
 }
 for (uint e = tid; e < G * D; e += NT) {
   const uint g = e / D, d = e % D;
-  const uint hq = h * G + g;
+  const uint hq = hg * G + g;
   const float o = l_s[g] > 0.0f ? sum_s[e] / l_s[g] : 0.0f;
 #if LATHE_SPLIT
   const uint at = (b * n_heads + hq) * uint(dims[3]) + part;
