@@ -58,9 +58,6 @@ BAD = [
     (lambda: _seam(queue=mx.zeros((4,), mx.uint32)), "queue must be uint32"),
     (lambda: _seam(launched=0), "launched must be at least"),
     (lambda: _seam(groups=3), "unknown launch knobs"),
-    (lambda: _seam(seam_l2=3), "seam_l2 must be 0"),
-    (lambda: _seam(l2_ahead=-1), "l2_ahead must be >= 0"),
-    (lambda: gemv.gemv_v2(x16(), w8(N * 36), "q4_0", N, K, l2_ahead=-2), "l2_ahead must be >= 0"),
     (lambda: gemv.linear(x16(9, k=32), w8(N * 36), "q4_0", N, K), r"M >= 1"),
     (lambda: gemv.quantize(mx.zeros((4, 64)), "q4_0"), "float16"),
     (lambda: gemv.quantize(mx.zeros((4, 48), mx.float16), "q4_0"), "multiple of 32"),
@@ -116,7 +113,6 @@ def test_tuned_slots_only_where_all_of_k_fits_one_chunk():
 
 def test_tuning_text_takes_every_knob_and_names_them_when_wrong():
     assert gemv.parse_tuning("R=4, SLOTS=2,SEAM_PREFETCH=0") == {"R": 4, "SLOTS": 2, "SEAM_PREFETCH": 0}
-    assert gemv.parse_tuning("L2_AHEAD=2,SEAM_L2=1") == {"L2_AHEAD": 2, "SEAM_L2": 1}
     with pytest.raises(ValueError, match="SEAM_PREFETCH"):
         gemv.parse_tuning("PREFETCH=1")
     with pytest.raises(ValueError, match="KEY=INT"):

@@ -197,11 +197,6 @@ KNOB_CASES = [
     ("swiglu", 1, 4096, 14336, True, dict(slots=2, max_groups=8)),
     # fewer items a SIMD group than slots (all issued at the start), the second tile short
     ("plain", 1, 40, 2304, False, dict(slots=3)),
-    # L2 prefetch ahead of the loads: both weight paths, ragged rows, X in chunks, unaligned (none)
-    ("plain", 1, 1001, 4096, False, dict(slots=0, max_groups=5, l2_ahead=2)),
-    ("rmsnorm", 3, 777, 2048, False, dict(slots=2, max_groups=3, l2_ahead=3)),
-    ("swiglu", 1, 4096, 14336, True, dict(l2_ahead=1)),
-    ("plain", 1, 333, 4128, False, dict(max_groups=2, l2_ahead=1)),
 ]
 
 
@@ -259,11 +254,6 @@ SEAM_CASES = [
     (True, 1, 4096, 11008, 12288, dict(prefetch=0)),
     (False, 1, 4096, 4096, 22016, dict(prefetch=1)),
     (False, 1, 4096, 4096, 32, dict(rows=2, simds=8, launched=2, prefetch=1)),
-    # B's rows into the L2 before the wait or at the start, with A's and B's loads prefetched ahead
-    (True, 1, 4096, 14336, 6144, dict(l2_ahead=1, seam_l2=1)),
-    (False, 1, 4096, 4096, 28672, dict(l2_ahead=2, seam_l2=2)),
-    (False, 2, 1001 // 32 * 32, 4096, 1001, dict(max_groups=5, slots=2, l2_ahead=1, seam_l2=1)),
-    (False, 1, 4096, 4096, 32, dict(rows=2, simds=8, launched=2, seam_l2=2)),
 ]
 
 

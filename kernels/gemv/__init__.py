@@ -50,13 +50,9 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # slots. SEAM_PREFETCH 1: GEMV B's first weights are issued before the wait for A (0: after it),
 # where the seam keeps tiles in registers (SLOTS 0): with slots, issuing B's copies before the
 # wait took 88 registers instead of 76 (2 threadgroups an SM, not 3).
-# L2_AHEAD (v2 and seam launches, aligned rows): a SIMD group prefetches into the L2 cache the
-# rows of the item L2_AHEAD tiles past the last it loads (gemv/v2_rows.metal; 0: none). SEAM_L2:
-# the seam's GEMV B prefetches its rows into the L2 while A runs (1: before the wait, 2: at the
-# start; gemv/seam.metal).
 TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0}, "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
-          "SEAM_PREFETCH": 1, "L2_AHEAD": 0, "SEAM_L2": 0}
+          "SEAM_PREFETCH": 1}
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
 
@@ -212,8 +208,7 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
     return r, s, xchunk, slots
 
 
-SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH", "L2_AHEAD",
-                "SEAM_L2")
+SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH")
 
 
 def parse_tuning(text: str) -> dict[str, int]:
@@ -262,7 +257,7 @@ def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: 
     r, s, xchunk, slots = v2_geometry(qtype, m, n, k, rows, simds, slots)
     groups = v2_groups(n, k, r, s, xchunk, knobs.get("max_groups"))
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, ALIGNED=(k // 32) % 8 == 0,
-                  XCHUNK=xchunk, SLOTS=slots, L2_AHEAD=_l2_ahead(knobs))
+                  XCHUNK=xchunk, SLOTS=slots)
     (y,) = launch(Launch(_v2_spec(prologue, residual is not None), [x, w, _dims(n, k, groups), *inputs],
                          [((m, n), mx.float16)],
                          (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
@@ -272,25 +267,16 @@ def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: 
 def gemv_v2(x: mx.array, w: mx.array, qtype: str, n: int, k: int, *,
             residual: mx.array | None = None, **knobs: int | None) -> mx.array:
     """Y[M, N] = X[M, K] @ W^T (+ residual[M, N]), W in `qtype` blocks, M 1..4. Launch knobs
-    (TUNING's when not given): rows (R), simds (NSIMD), slots (SLOTS), max_groups (MAX_GROUPS),
-    l2_ahead (L2_AHEAD)."""
+    (TUNING's when not given): rows (R), simds (NSIMD), slots (SLOTS), max_groups (MAX_GROUPS)."""
     check_gemv_args(x, w, qtype, n, k)
     return _v2("plain", [], x, w, qtype, n, k, _knobs(knobs), residual)
 
 
 def _knobs(knobs: dict) -> dict:
-    unknown = set(knobs) - {"rows", "simds", "slots", "max_groups", "l2_ahead"}
+    unknown = set(knobs) - {"rows", "simds", "slots", "max_groups"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, l2_ahead")
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups")
     return knobs
-
-
-def _l2_ahead(knobs: dict) -> int:
-    ahead = knobs.get("l2_ahead")
-    ahead = TUNING["L2_AHEAD"] if ahead is None else ahead
-    if ahead < 0:
-        raise ValueError(f"l2_ahead must be >= 0, got {ahead}")
-    return ahead
 
 
 def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: str, n: int,
@@ -351,12 +337,12 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
     output projection and the next block's normed input projection (gemv/seam.metal). `queue`:
     this launch site's counters (seam_queue); a fresh one when not given. Launch knobs as
     gemv_v2's, `launched`: threadgroups launched (default: the larger GEMV's count; at least
-    GEMV B's), `prefetch`: B's first weights issued before the wait (default: SEAM_PREFETCH
-    where the seam takes no slots), and `seam_l2`: B's rows prefetched into the L2 cache (SEAM_L2)."""
-    unknown = set(knobs) - {"rows", "simds", "slots", "max_groups", "launched", "prefetch", "l2_ahead", "seam_l2"}
+    GEMV B's), and `prefetch`: B's first weights issued before the wait (default: SEAM_PREFETCH
+    where the seam takes no slots)."""
+    unknown = set(knobs) - {"rows", "simds", "slots", "max_groups", "launched", "prefetch"}
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, "
-                         "launched, prefetch, l2_ahead, seam_l2")
+                         "launched, prefetch")
     check_gemv_args(x, w_a, qtype, n_a, k_a, x_width=2 * k_a if swiglu else None)
     _check_qtype_shape(qtype, n_b, n_a)  # GEMV B's K is A's N
     _check_weights(w_b, qtype, n_b, n_a)
@@ -380,13 +366,9 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
         raise ValueError(f"launched must be at least GEMV B's {tickets_b} threadgroups, got {launched}")
     prefetch = knobs.get("prefetch")
     prefetch = bool(TUNING["SEAM_PREFETCH"]) and not slots if prefetch is None else bool(prefetch)
-    seam_l2 = knobs.get("seam_l2")
-    seam_l2 = TUNING["SEAM_L2"] if seam_l2 is None else seam_l2
-    if seam_l2 not in (0, 1, 2):
-        raise ValueError(f"seam_l2 must be 0 (none), 1 (before the wait) or 2 (at the start), got {seam_l2}")
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s,
                   ALIGNED=(k_a // 32) % 8 == 0 and (n_a // 32) % 8 == 0, XCHUNK=xchunk, SLOTS=slots,
-                  PREFETCH=prefetch, L2_AHEAD=_l2_ahead(knobs), SEAM_L2=seam_l2)
+                  PREFETCH=prefetch)
     a_y, b_y = launch(Launch(
         _seam_spec("swiglu" if swiglu else "plain"),
         [x, w_a.reshape(-1), _dims(n_a, k_a, tickets_a, launched), residual, gamma, _eps(float(eps)),

@@ -24,8 +24,7 @@
 // staged at once, a multiple of 2048), SLOTS (0: steps 1-2 above, the next tile in registers;
 // 2 or more, ALIGNED only: the tiles copied straight into SLOTS threadgroup slots of the SIMD
 // group, all SLOTS issued at the start and SLOTS - 1 in flight after, no register staging and
-// no store step), L2_AHEAD (ALIGNED only: the rows of the item that many past the last one
-// issued are prefetched into the L2 cache; 0 none).
+// no store step).
 // Inputs: x, w (bytes), dims (int32: N, K, threadgroups launched); prologue 1 adds gamma
 // (half, K) and eps (float, 1).
 // LATHE_RESIDUAL 1 (the epilogue) adds residual (half, [M, N]) to Y before its one rounding:

@@ -32,27 +32,12 @@
 // Inputs: a_x [M, K_a] (PROLOGUE_A 2: [M, 2 K_a]), a_w, a_dims (int32: N_a, K_a, A tickets,
 // threadgroups launched), residual [M, N_a], gamma [N_a], eps, b_w, b_dims (N_b, K_b = N_a,
 // B tickets), queue. Outputs a_y [M, N_a], b_y [M, N_b]. Constants as gemv_v2's, shared by both,
-// and PREFETCH, SEAM_L2.
+// and PREFETCH.
 #include "gemv/v2_tiles.metal"
 constexpr uint QUEUE_STRIDE = 64;
 threadgroup uint ticket;
 const uint launched = uint(a_dims[3]);
 const auto claimed = queue, done = queue + QUEUE_STRIDE, out = queue + 2 * QUEUE_STRIDE;
-
-// SEAM_L2 1 or 2: the L2 cache fetches this threadgroup's rows of GEMV B (its SIMD groups' row
-// groups, R rows in a row each: a bulk prefetch each) while A's last rows are still being
-// computed, 1 just before the wait, 2 at the start of the kernel, so that B reads its weights
-// from the L2 once A is done (0: none). Lane j takes row groups j, j + 32, ... of its SIMD group.
-#define SEAM_L2_B                                                                            \
-  if (ALIGNED && threadgroup_position_in_grid.x < uint(b_dims[2])) {                          \
-    const uint rows_b = uint(b_dims[0]), words_b = uint(b_dims[1]) / 32 * BB / 16;            \
-    const uint stride_b = uint(b_dims[2]) * NSIMD;                                            \
-    for (uint r0 = (threadgroup_position_in_grid.x * NSIMD + simd + lane * stride_b) * R;     \
-         r0 < rows_b; r0 += 32 * stride_b * R) {                                              \
-      prefetch_l2(b_w, r0 * words_b, min(uint(R), rows_b - r0) * words_b);                    \
-    }                                                                                         \
-  }
-if (SEAM_L2 == 2) { SEAM_L2_B }
 
 #define LATHE_PROLOGUE PROLOGUE_A
 #define LATHE_RESIDUAL 1
@@ -78,7 +63,6 @@ for (;;) {
 // The wait for all of A: past it a_y is written and visible to the whole threadgroup (thread 0's
 // acquire, then the barrier).
 #define SEAM_WAIT                                   \
-  if (SEAM_L2 == 1) { SEAM_L2_B }                   \
   if (tid == 0) {                                   \
     grid_wait(done, uint(a_dims[2]));               \
   }                                                 \

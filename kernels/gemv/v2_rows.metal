@@ -207,18 +207,6 @@ for (uint step = 0; step <= items; ++step) {
     }
     if (SLOTS > 1) async_commit();
   }
-  // L2_AHEAD > 0: the rows of the item L2_AHEAD past the last one issued are brought into the L2
-  // cache now (step 0: every item up to it), a prefetch per row by lanes 0 .. R - 1. The loads
-  // of an item then wait on the L2, not on DRAM, and the SIMD group keeps more bytes on their
-  // way than its registers or slots hold (a whole row of the tile in one bulk prefetch).
-  if (L2_AHEAD > 0 && ALIGNED && first_it <= last && lane < uint(R)) {
-    for (uint it = step == 0 ? last + 1 : last + L2_AHEAD; it <= last + L2_AHEAD && it < items; ++it) {
-      const uint jj = it / tiles;
-      const uint next = (it - jj * tiles) * TB;
-      const uint row = (first + jj * stride) * R + lane;
-      if (row < n) prefetch_l2(w, row * (row_bytes / 16) + next * BB / 16, min(TB, nb - next) * BB / 16);
-    }
-  }
   if (SLOTS > 1 && step > 0) {
     async_wait<(SLOTS > 1 ? SLOTS - 1 : 0)>();
     simdgroup_barrier(mem_flags::mem_threadgroup);

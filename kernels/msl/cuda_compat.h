@@ -132,19 +132,6 @@ __device__ __forceinline__ void async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// prefetch_l2(src, i, n): a hint that 16-byte words i .. i + n - 1 of src will be read soon. The
-// L2 cache fetches them while the thread goes on: no registers held, nothing to wait for, so
-// more bytes are on their way from DRAM than a thread's registers could hold (one bulk copy
-// of any multiple of 16 bytes on sm_90: cp.async.bulk.prefetch.L2; nothing on older GPUs).
-template <typename T>
-__device__ __forceinline__ void prefetch_l2(const T* src, uint i, uint n) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(
-                   __cvta_generic_to_global(reinterpret_cast<const uint4*>(src) + i)),
-               "r"(16 * n));
-#endif
-}
-
 // ---- work shared across threadgroups (gemv/seam.metal) -------------------------------------------
 // Counters in a uint32 buffer that the kernel takes as an input (MLX passes inputs read-only; the
 // same const_cast as `writable`). grid_ticket: claim the next number (relaxed: it orders nothing).
