@@ -49,10 +49,6 @@ ROPE_IN_ATTENTION = os.environ.get("LATHE_ROPE_IN_ATTENTION", "1") != "0"
 # launches more cost more: alternated in one process, seams made Llama-2-7B 1.22x and
 # Llama-3-8B 1.09x faster (kernels/loop/NOTES.md, "Seams, the default").
 SEAMS = os.environ.get("LATHE_SEAMS", "1") != "0"
-# Attention seams (LATHE_ATTENTION_SEAMS=0 turns them off): with seams, a decode token's RoPE + KV
-# write + attention also joins the O | gate+up launch (kernels.gemv.attention_seam): two launches
-# a layer, where a contiguous cache's attention runs unsplit (max_seq up to SPLIT_FROM).
-ATTENTION_SEAMS = os.environ.get("LATHE_ATTENTION_SEAMS", "1") != "0"
 
 
 def rope_in_attention(c) -> bool:
@@ -74,14 +70,12 @@ def seams_apply(c, types: dict[str, str]) -> bool:
 
 
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False,
-                seams: bool = False, attention_seams: bool = False) -> list[Step]:
+                seams: bool = False) -> list[Step]:
     """The steps each decode token replays (one dispatch each, MLX adds included); `overflow`:
     the contiguous cache wraps around (RoPE apart from the cache writes, see KernelDecoder);
-    `seams` (fused): each output projection shares its launch with the next RMSNorm+GEMV;
-    `attention_seams` (with seams): attention joins the first seam of its layer."""
+    `seams` (fused): each output projection shares its launch with the next RMSNorm+GEMV."""
     gemv = "lathe gemv_v2 (Q4_0/Q8_0)"
     seams = seams and fused
-    attention_seams = attention_seams and seams
     steps = [Step("embed", "lathe embed", ("token",), ("x",), ("token_embd.weight",), ("token",))]
     for i in range(c.n_layers):
         b = f"blk.{i}."
@@ -110,11 +104,6 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False,
                            layer=i) for n in "kv"]
             steps += [Step("attention", "lathe flash_decode (+ combine past 2048)", ("q", f"cache.{i}"), ("o",),
                            (), ("min(kv_len, max_seq)",), layer=i)]
-        elif attention_seams:  # RoPE, the KV write and attention ride in the first seam
-            steps += [Step("attention_seam", "lathe attention seam (rope_flash_decode | gemv + residual | "
-                           "rmsnorm_gemv)", ("qkv", f"cache.{i}", "x"), ("x", "gate_up", f"cache.{i}"),
-                           (b + "attn_output.weight", b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), ("pos",),
-                           layer=i)]
         elif fused and rope_in_attention(c):  # RoPE and the KV write ride in attention
             steps += [Step("rope_attention", "lathe rope_flash_decode (+ combine past 2048)",
                            ("qkv", f"cache.{i}"), ("o", f"cache.{i}"), (), ("pos",), layer=i)]
@@ -132,11 +121,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False,
         if seams:
             nxt = (f"blk.{i + 1}.attn_norm.weight", f"blk.{i + 1}.attn_qkv (q|k|v)") if i + 1 < c.n_layers \
                 else ("output_norm.weight", "token_embd.weight" if c.tied else "output.weight")
-            if not attention_seams:
-                steps += [Step("seam", "lathe seam (gemv + residual | rmsnorm_gemv)", ("o", "x"), ("x", "gate_up"),
-                               (b + "attn_output.weight", b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"),
-                               layer=i)]
-            steps += [Step("seam", "lathe seam (silu_down_gemv + residual | rmsnorm_gemv)", ("gate_up", "x"),
+            steps += [Step("seam", "lathe seam (gemv + residual | rmsnorm_gemv)", ("o", "x"), ("x", "gate_up"),
+                           (b + "attn_output.weight", b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i),
+                      Step("seam", "lathe seam (silu_down_gemv + residual | rmsnorm_gemv)", ("gate_up", "x"),
                            ("x", "qkv" if i + 1 < c.n_layers else "logits"), (b + "ffn_down.weight", *nxt), layer=i)]
             continue
         if fused:  # the residual adds ride in the GEMVs' epilogue
@@ -217,26 +204,10 @@ class KernelDecoder:
             from kernels.gemv import seam_queue
 
             self.queues = [(seam_queue(), seam_queue()) for _ in range(c.n_layers)]
-        self.attention_seams = self.seams and self._attention_seams_apply()
         mx.clear_cache()  # the host-written copies of the weights (kernels.runtime.resident)
-        self.plan = kernel_plan(c, self.fused, self.paged, overflow, self.seams, self.attention_seams)
+        self.plan = kernel_plan(c, self.fused, self.paged, overflow, self.seams)
         self._compiled = None
         self.reset()
-
-    def _attention_seams_apply(self) -> bool:
-        """Whether decode tokens run attention inside the first seam of each layer: unless turned
-        off, where attention would run as rope_flash_decode unsplit (a contiguous cache of at most
-        SPLIT_FROM rows that does not wrap, RoPE inside attention) and its arrays fit."""
-        from kernels import attention
-        from kernels.gemv import attention_seam_fits
-
-        c = self.config
-        if not (ATTENTION_SEAMS and not self.paged and not self.overflow and rope_in_attention(c)
-                and self.max_seq <= attention.SPLIT_FROM):
-            return False
-        n_b = self.nk["blk.0.ffn_gate_up.weight"][0]
-        return attention_seam_fits(self.types["blk.0.attn_output.weight"], c.n_heads, c.n_kv_heads, c.head_dim,
-                                   c.d_model, n_b)
 
     def _concat(self, fused_name: str, parts: tuple[str, ...]) -> None:
         from kernels.gemv import concat_rows
@@ -401,20 +372,6 @@ class KernelDecoder:
         return seam(x, self.w[wa], n_a, k_a, residual, self.g16[norm], self.config.eps, self.w[name], n_b,
                     self.types[wa], swiglu=second, queue=self.queues[i][second])
 
-    def _attention_seam(self, i: int, qkv: mx.array, x: mx.array, pos) -> tuple[mx.array, mx.array]:
-        """Layer i's RoPE + KV write + attention of one decode token, its output projection +
-        residual and the RMSNorm+GEMV gate+up, one launch (kernels.gemv.attention_seam): (the
-        residual stream, gate_up); the caches updated in place."""
-        from kernels.gemv import attention_seam
-
-        c, b = self.config, f"blk.{i}."
-        wo, wgu = b + "attn_output.weight", b + "ffn_gate_up.weight"
-        x, gate_up, self.k[i], self.v[i] = attention_seam(
-            qkv, self.k[i], self.v[i], pos, 1.0 / math.sqrt(c.head_dim), self.w[wo], x,
-            self.g16[b + "ffn_norm.weight"], c.eps, self.w[wgu], self.nk[wgu][0], self.types[wo],
-            n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox, queue=self.queues[i][0])
-        return x, gate_up
-
     def _linear(self, x: mx.array, name: str) -> mx.array:
         from kernels.gemv import linear
 
@@ -537,11 +494,8 @@ class KernelDecoder:
         h = self._qkv(0, x)
         for i in range(c.n_layers):
             b, after = f"blk.{i}.", f"blk.{i + 1}."
-            if self.attention_seams and t == 1:
-                x, gate_up = self._attention_seam(i, h, x, pos)
-            else:
-                o = attend(i, x, t, pos, h)
-                x, gate_up = self._seam(i, False, o, x, b + "ffn_norm.weight", b + "ffn_gate_up.weight")
+            o = attend(i, x, t, pos, h)
+            x, gate_up = self._seam(i, False, o, x, b + "ffn_norm.weight", b + "ffn_gate_up.weight")
             last = i + 1 == c.n_layers
             x, h = self._seam(i, True, gate_up, x, "output_norm.weight" if last else after + "attn_norm.weight",
                               out if last else after + "attn_qkv.weight")

@@ -70,32 +70,6 @@ def test_seams_take_two_launches_a_layer(models, monkeypatch, preset):
     assert not kernel_decode.seams_apply(c, m.types)
 
 
-def test_attention_seams_take_a_launch_a_layer_fewer(models, monkeypatch):
-    """With attention seams, a Llama decode token's RoPE + KV write + attention rides in the
-    O | gate+up seam: one launch a layer fewer; the decoder takes them only for a contiguous
-    cache that does not wrap and is short enough for unsplit attention, not with
-    LATHE_ATTENTION_SEAMS=0, and never for Qwen3 (its head norms keep RoPE apart) (CPU)."""
-    from harness import kernel_decode
-    from kernels import attention
-
-    m = models["tiny-llama", "q4_0"]
-    c = m.config
-    monkeypatch.setattr(kernel_decode, "SEAMS", True)
-    seamed, joined = kernel_plan(c, True, seams=True), kernel_plan(c, True, seams=True, attention_seams=True)
-    assert len(joined) == len(seamed) - c.n_layers
-    assert [s.op for s in joined if s.layer == 0] == ["rmsnorm_linear", "attention_seam", "seam"]
-    assert [s.op for s in joined if s.layer == 1] == ["attention_seam", "seam"]
-    assert kernel_plan(c, True, attention_seams=True) == kernel_plan(c, True)  # no seams: no attention seams
-    assert KernelDecoder(m, 64, "fused").attention_seams
-    assert not KernelDecoder(m, 64, "fused", overflow=True).attention_seams
-    assert not KernelDecoder(m, 64, "fused", "paged").attention_seams
-    monkeypatch.setattr(attention, "SPLIT_FROM", 63)  # a cache longer than unsplit attention takes
-    assert not KernelDecoder(m, 64, "fused").attention_seams
-    assert not KernelDecoder(models["tiny-qwen3", "q4_0"], 64, "fused").attention_seams
-    monkeypatch.setattr(kernel_decode, "ATTENTION_SEAMS", False)
-    assert not KernelDecoder(m, 64, "fused").attention_seams
-
-
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_paged_plan_writes_the_pool_then_reads_it(models, preset):
     c = models[preset, "q8_0"].config
@@ -157,19 +131,16 @@ def test_fused_needs_block_matrices(models):
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("variant", ["unfused", "fused", "fused, attention apart", "fused without seams"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "fused without seams"])
 def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, variant, kv):
     from harness import kernel_decode
 
     m = models[preset, qtype]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
-    seams = variant.startswith("fused") and "without" not in variant
+    seams = variant == "fused"
     monkeypatch.setattr(kernel_decode, "SEAMS", seams)
-    monkeypatch.setattr(kernel_decode, "ATTENTION_SEAMS", variant == "fused")
-    decoder = KernelDecoder(m, PROMPT + STEPS, variant.split()[0].rstrip(","), kv)
+    decoder = KernelDecoder(m, PROMPT + STEPS, variant.split()[0], kv)
     assert decoder.seams == seams  # the decode steps take the path this case names
-    # attention seams: the Llama contiguous cache only (Qwen3's head norms keep RoPE apart)
-    assert decoder.attention_seams == (variant == "fused" and kv == "contiguous" and preset == "tiny-llama")
     ours = np.array(decoder.forward(prompt))[-1]
     want, cache = forward(m, prompt)
     want = want[-1]

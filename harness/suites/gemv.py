@@ -236,80 +236,6 @@ def _seam_case(qtype: str, swiglu: bool, m: int, n_a: int, k_a: int, n_b: int,
     return CheckCase("gemv", f"seam_{qtype}", variant, dict(M=m, N=f"{n_a}|{n_b}", K=k_a), run)
 
 
-def _attention_seam_case(qtype: str, n_heads: int, n_kv: int, head_dim: int, d_model: int, n_b: int,
-                         pos: int, neox: bool = False, device_pos: bool = False,
-                         knobs: dict | None = None) -> CheckCase:
-    """The attention seam (kernels.gemv.attention_seam) at positions pos and pos + 1 on one queue:
-    the new cache rows against float64 RoPE of K and V, every other row untouched (NaN past
-    pos: the kernel must write row pos before it reads it), a_y = residual + attention @ W_o^T
-    against float64 RoPE + attention + GEMV, b_y against float64 RMSNorm of the a_y it wrote
-    times W_b, the queue left zero."""
-    from kernels.gemv import attention_seam, seam_queue
-    from kernels.runtime import poisoned_outputs
-    from reference import attention as ref_attention
-    from reference import rope as ref_rope
-
-    def run(rng: np.random.Generator) -> list[Comparison]:
-        max_seq = pos + 9
-        kc = np.full((n_kv, max_seq, head_dim), np.nan, np.float16)
-        vc = np.full_like(kc, np.nan)
-        kc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
-        vc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
-        host_o, dev_o = _blocks(rng, qtype, d_model, n_heads * head_dim)
-        host_b, dev_b = _blocks(rng, qtype, n_b, d_model)
-        gamma = rng.uniform(0.5, 1.5, d_model).astype(np.float16)
-        theta, scale = 500000.0, head_dim ** -0.5
-        queue, k_dev, v_dev = seam_queue(), mx.array(kc), mx.array(vc)
-        checks = []
-        for at in (pos, pos + 1):
-            qkv = rng.standard_normal((n_heads + 2 * n_kv) * head_dim).astype(np.float16)
-            q, k, v = np.split(qkv, [n_heads * head_dim, (n_heads + n_kv) * head_dim])
-            r = (_x(rng, 1, d_model).astype(np.float32) * 3 + 1).astype(np.float16)
-            where = mx.array(np.array([at], np.int32)) if device_pos else at
-            with poisoned_outputs():
-                a_y, b_y, k_dev, v_dev = attention_seam(
-                    mx.array(qkv), k_dev, v_dev, where, scale, dev_o, mx.array(r), mx.array(gamma), 1e-5, dev_b,
-                    n_b, qtype, n_heads=n_heads, theta=theta, neox=neox, queue=queue, **(knobs or {}))
-                mx.eval(a_y, b_y, k_dev, v_dev, queue)
-            q_rot, k_want, v_want = ref_rope.rope_kv_write(
-                q.reshape(1, n_heads, head_dim), k.reshape(1, n_kv, head_dim), v.reshape(1, n_kv, head_dim),
-                kc, vc, at, theta=theta, neox=neox)
-            k_got, v_got = np.array(k_dev), np.array(v_dev)
-            others = np.arange(max_seq) != at
-            checks += [compare(f"K row {at} (rotated)", k_got[:, at], k_want[:, at], 1e-3),
-                       exact(f"V row {at}", v_got[:, at], v_want[:, at].astype(np.float16)),
-                       exact(f"other rows untouched (position {at})",  # bit patterns: NaN stays NaN
-                             np.stack([k_got[:, others], v_got[:, others]]).view(np.uint16),
-                             np.stack([kc[:, others], vc[:, others]]).view(np.uint16))]
-            kc, vc = k_got, v_got  # the next position's cache: these rows as the kernel rounded them
-            o = ref_attention.attend(q_rot[0], k_want[:, : at + 1].transpose(1, 0, 2),
-                                     v_want[:, : at + 1].transpose(1, 0, 2), scale).reshape(1, -1)
-            want_a = o @ dequantize(host_o, qtype, n_heads * head_dim).astype(np.float64).T + r.astype(np.float64)
-            checks.append(compare(f"a_y = residual + attention W_o (position {at})",
-                                  np.array(a_y).astype(np.float64), want_a, TOL))
-            checks += _against_float64(f"b_y (position {at})", b_y, rmsnorm64(np.array(a_y), gamma, 1e-5),
-                                       host_b, qtype, d_model, rng)
-            checks.append(exact(f"queue left zero (position {at})", int(np.abs(np.array(queue)).sum()), 0))
-        return checks
-
-    variant = "attention seam" + (" neox" if neox else "") + (" device pos" if device_pos else "")
-    if knobs:
-        variant += " " + ",".join(f"{key}={value}" for key, value in knobs.items())
-    shape = dict(pos=pos, heads=f"{n_heads}/{n_kv}", D=head_dim, N=f"{d_model}|{n_b}")
-    return CheckCase("gemv", f"attention_seam_{qtype}", variant, shape, run)
-
-
-# The attention seam: Llama-3-8B's layer (8 kv heads of 4, QS 4) and Llama-2-7B's (no grouping),
-# a context past one chunk of tokens, NeoX pairs, the tiny test models' shapes, a grid of one.
-ATTENTION_SEAM_CASES = [
-    (32, 8, 128, 4096, 28672, 16, False, True, None),
-    (32, 32, 128, 4096, 22016, 300, False, False, None),
-    (16, 8, 64, 1024, 6144, 70, True, True, None),
-    (4, 2, 64, 256, 1024, 5, False, True, None),
-    (8, 2, 128, 1024, 32, 0, False, False, dict(rows=2, simds=8, launched=2)),
-]
-
-
 # Seams of real layers (output projection | gate+up; down | next QKV or the head) and tails, with
 # launches of one threadgroup and of far more than fit on the GPU at once (tickets left for none).
 SEAM_CASES = [
@@ -384,8 +310,6 @@ def check_cases(small: bool = False) -> list[CheckCase]:
                 cases.append(_gemv_case("linear", qtype, m, n, k))
         for swiglu, m, n_a, k_a, n_b, knobs in SEAM_CASES[6:8] if small else SEAM_CASES:
             cases.append(_seam_case(qtype, swiglu, m, n_a, k_a, n_b, knobs))
-        for case in ATTENTION_SEAM_CASES[3:4] if small else ATTENTION_SEAM_CASES:
-            cases.append(_attention_seam_case(qtype, *case))
         if not small:
             cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1))
             cases.append(_projection_case(qtype, (14336, 14336), 4096, 2))

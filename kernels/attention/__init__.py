@@ -275,21 +275,6 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     0..pos. Returns (out[1, n_heads, D], k_cache, v_cache), the caches ordered after the write.
     pos: an int (checked here) or int32[1] on the device (a compiled step: a position past the
     cache writes nothing and attends to the rows held; the caller keeps it in range)."""
-    n_kv, max_seq, pos_arr, rope = rope_decode_inputs(qkv, k_cache, v_cache, pos, n_heads, theta, freq_scale,
-                                                      inv_freq, neox)
-    longest = pos + 1 if isinstance(pos, int) else max_seq  # sizes the grid, as flash_decode's
-    out = _run(False, split, qkv.reshape(-1), k_cache[None], v_cache[None], pos_arr, longest, None,
-               max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from, rope=rope)
-    k_cache, v_cache = mx.depends([k_cache, v_cache], [out])
-    return out, k_cache, v_cache
-
-
-def rope_decode_inputs(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int | mx.array,
-                       n_heads: int, theta: float, freq_scale: float, inv_freq: mx.array | None,
-                       neox: bool) -> tuple[int, int, mx.array, tuple]:
-    """rope_flash_decode's arguments checked (also for kernels.gemv.attention_seam, which runs
-    the same body): (n_kv, max_seq, pos as int32[1] on the device, (inv_freq table, rope
-    scalars, constants NEOX and FREQ_TABLE))."""
     from kernels import rope as rope_kernels
 
     _fp16("k_cache", k_cache)
@@ -309,7 +294,12 @@ def rope_decode_inputs(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos:
     pos_arr = rope_kernels._pos_array(pos, 1, max_seq)
     freqs = rope_kernels._table(head_dim, theta, inv_freq)
     scalars = constant((float(theta), float(freq_scale)), mx.float32)
-    return n_kv, max_seq, pos_arr, (freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True))
+    longest = pos + 1 if isinstance(pos, int) else max_seq  # sizes the grid, as flash_decode's
+    out = _run(False, split, qkv.reshape(-1), k_cache[None], v_cache[None], pos_arr, longest, None,
+               max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from,
+               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True)))
+    k_cache, v_cache = mx.depends([k_cache, v_cache], [out])
+    return out, k_cache, v_cache
 
 
 def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,

@@ -38,12 +38,7 @@
 //   (f32[D/2]) and rope_scalars (f32: theta, freq_scale).
 constexpr uint NT = NSIMD * 32;
 constexpr uint CH = NT;        // tokens a chunk: a thread a token
-// 16-byte K loads in flight a thread: 8 (ATTENTION_KG: fewer, for an includer short of registers)
-#ifdef ATTENTION_KG
-constexpr uint KG = D / 8 < ATTENTION_KG ? D / 8 : ATTENTION_KG;
-#else
-constexpr uint KG = D / 8 < 8 ? D / 8 : 8;
-#endif
+constexpr uint KG = D / 8 < 8 ? D / 8 : 8;  // 16-byte K loads in flight a thread
 constexpr uint DV = D / 8;     // 16-byte vectors of a K row
 constexpr uint ROWS = D / 32;  // V rows (output dimensions) a lane owns:
 // The paged V block is [D, BS] (a dimension's tokens contiguous): lane l owns d = l + 32 i and
@@ -52,35 +47,20 @@ constexpr uint ROWS = D / 32;  // V rows (output dimensions) a lane owns:
 #define lane_dim(l, i) (LATHE_PAGED ? (l) + 32 * (i) : (l) * ROWS + (i))
 const float NEG_INF = -as_type<float>(0x7f800000u);  // -inf
 
-// ATTENTION_JOB (gemv/seam.metal includes this body for one decode token, LATHE_ROPE, unsplit):
-// the job is the threadgroup's query heads in place of the grid's y (partition and sequence 0),
-// and the threadgroup arrays are views into ATTENTION_SMEM, the includer's threadgroup memory
-// (ATTENTION_FLOATS floats) that is free while attention runs.
-#ifdef ATTENTION_JOB
-constexpr uint ATTENTION_FLOATS = 2 * G * D + G * CH + 3 * G;
-auto q_s = threadgroup_view<float>(ATTENTION_SMEM);
-auto p_s = q_s + G * D;
-auto sum_s = p_s + G * CH;
-auto m_s = sum_s + G * D;
-auto l_s = m_s + G;
-auto alpha_s = l_s + G;
-const uint part = 0, hg = ATTENTION_JOB, b = 0;
-#else
 threadgroup float q_s[G * D];
 threadgroup float p_s[G * CH];
 threadgroup float m_s[G];
 threadgroup float l_s[G];
 threadgroup float alpha_s[G];
 threadgroup float sum_s[G * D];
-const uint part = threadgroup_position_in_grid.x;
-const uint hg = threadgroup_position_in_grid.y;  // query heads hg*G .. hg*G+G-1
-const uint b = threadgroup_position_in_grid.z;
-#endif
 
 const uint tid = thread_index_in_threadgroup;
 const uint lane = thread_index_in_simdgroup;
 const uint simd = simdgroup_index_in_threadgroup;
+const uint part = threadgroup_position_in_grid.x;
+const uint hg = threadgroup_position_in_grid.y;  // query heads hg*G .. hg*G+G-1
 const uint h = hg / QS;                          // their kv head
+const uint b = threadgroup_position_in_grid.z;
 const uint n_kv = uint(dims[0]);
 const uint rows = uint(dims[1]);  // S (contiguous) or MAXB (paged)
 // The cache sequence (and block-table row) of query b: b, or 0 for every query when the queries

@@ -11,7 +11,6 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
   while X is staged (no normalized or activated copy in device memory).
 - `seam`: a layer's output projection (+ residual) and the next block's RMSNorm+GEMV in one
   launch, the second waiting in the kernel for the first (gemv/seam.metal).
-- `attention_seam`: the same with a decode token's RoPE, KV-cache write and attention first.
 - `quantize`, `dequantize`: the GGUF blocks made and read on the GPU.
 - `linear`: any M; GEMV launches of up to 4 rows, and from `BATCHED_FROM` rows W dequantized
   to fp16 once and MLX's matmul.
@@ -297,25 +296,14 @@ def silu_down_gemv(gate_up: mx.array, w: mx.array, qtype: str, n: int, k: int, *
 
 
 # ---- the seam: two GEMVs in one launch ---------------------------------------------------------------
-_SEAM_GEMV_INPUTS = ("a_w", "a_dims", "residual", "gamma", "eps", "b_w", "b_dims", "queue")
-
-
 @functools.cache
 def _seam_spec(prologue: str) -> KernelSpec:
-    return KernelSpec(f"lathe_seam_{prologue}", "gemv/seam.metal", ("a_x", *_SEAM_GEMV_INPUTS),
+    return KernelSpec(f"lathe_seam_{prologue}", "gemv/seam.metal",
+                      ("a_x", "a_w", "a_dims", "residual", "gamma", "eps", "b_w", "b_dims", "queue"),
                       ("a_y", "b_y"), prelude=f"#define PROLOGUE_A {PROLOGUES[prologue]}")
 
 
-# The seam with a decode token's attention first (attention_seam): rope_flash_decode's inputs in
-# place of a_x, its output first.
-_ATTENTION_SEAM = KernelSpec(
-    "lathe_attention_seam", "gemv/seam.metal",
-    ("qkv", "k_cache", "v_cache", "pos", "inv_freq", "rope_scalars", "att_dims", "scale", *_SEAM_GEMV_INPUTS),
-    ("att_out", "a_y", "b_y"),
-    prelude="#define PROLOGUE_A 0\n#define SEAM_ATTENTION 1\n#define LATHE_PAGED 0\n#define LATHE_SPLIT 0\n"
-            "#define LATHE_ROPE 1")
-
-SEAM_QUEUE = 5 * 64  # gemv/seam.metal's counters, each on a 256-byte line of its own
+SEAM_QUEUE = 3 * 64  # gemv/seam.metal's counters, each on a 256-byte line of its own
 
 
 def seam_queue() -> mx.array:
@@ -341,17 +329,24 @@ def seam_geometry(qtype: str, m: int, n_a: int, k_a: int, n_b: int, rows: int | 
     return v2_geometry(qtype, m, 1, k, rows=r, simds=s, slots=slots)
 
 
-def _seam_gemvs(w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gamma: mx.array, eps: float,
-                w_b: mx.array, n_b: int, qtype: str, m: int, queue: mx.array | None,
-                knobs: dict) -> tuple[list[mx.array], list, tuple[int, int, int], tuple[int, int, int], dict]:
-    """A seam's two GEMVs checked and laid out (seam, attention_seam): their inputs after A's X,
-    their outputs, the grid, the threadgroup and the constants."""
+def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gamma: mx.array,
+         eps: float, w_b: mx.array, n_b: int, qtype: str, *, swiglu: bool = False,
+         queue: mx.array | None = None, **knobs: int | None) -> tuple[mx.array, mx.array]:
+    """(a_y, b_y) in one launch: a_y = residual + X' @ W_a^T, X' = X (or silu(gate) * up of
+    X = [gate | up] with `swiglu`), then b_y = (RMSNorm(a_y) * gamma) @ W_b^T: a decoder layer's
+    output projection and the next block's normed input projection (gemv/seam.metal). `queue`:
+    this launch site's counters (seam_queue); a fresh one when not given. Launch knobs as
+    gemv_v2's, `launched`: threadgroups launched (default: the larger GEMV's count; at least
+    GEMV B's), and `prefetch`: B's first weights issued before the wait (default: SEAM_PREFETCH
+    where the seam takes no slots)."""
     unknown = set(knobs) - {"rows", "simds", "slots", "max_groups", "launched", "prefetch"}
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, "
                          "launched, prefetch")
+    check_gemv_args(x, w_a, qtype, n_a, k_a, x_width=2 * k_a if swiglu else None)
     _check_qtype_shape(qtype, n_b, n_a)  # GEMV B's K is A's N
     _check_weights(w_b, qtype, n_b, n_a)
+    m = x.shape[0]
     _check_residual(residual, m, n_a)
     _check_norm(gamma, eps, n_a)
     if queue is None:
@@ -374,82 +369,13 @@ def _seam_gemvs(w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gamma: mx
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s,
                   ALIGNED=(k_a // 32) % 8 == 0 and (n_a // 32) % 8 == 0, XCHUNK=xchunk, SLOTS=slots,
                   PREFETCH=prefetch)
-    inputs = [w_a.reshape(-1), _dims(n_a, k_a, tickets_a, launched), residual, gamma, _eps(float(eps)),
-              w_b.reshape(-1), _dims(n_b, n_a, tickets_b), queue]
-    return (inputs, [((m, n_a), mx.float16), ((m, n_b), mx.float16)], (launched * 32 * s, 1, 1),
-            (32 * s, 1, 1), consts)
-
-
-def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gamma: mx.array,
-         eps: float, w_b: mx.array, n_b: int, qtype: str, *, swiglu: bool = False,
-         queue: mx.array | None = None, **knobs: int | None) -> tuple[mx.array, mx.array]:
-    """(a_y, b_y) in one launch: a_y = residual + X' @ W_a^T, X' = X (or silu(gate) * up of
-    X = [gate | up] with `swiglu`), then b_y = (RMSNorm(a_y) * gamma) @ W_b^T: a decoder layer's
-    output projection and the next block's normed input projection (gemv/seam.metal). `queue`:
-    this launch site's counters (seam_queue); a fresh one when not given. Launch knobs as
-    gemv_v2's, `launched`: threadgroups launched (default: the larger GEMV's count; at least
-    GEMV B's), and `prefetch`: B's first weights issued before the wait (default: SEAM_PREFETCH
-    where the seam takes no slots)."""
-    check_gemv_args(x, w_a, qtype, n_a, k_a, x_width=2 * k_a if swiglu else None)
-    inputs, outputs, grid, group, consts = _seam_gemvs(w_a, n_a, k_a, residual, gamma, eps, w_b, n_b, qtype,
-                                                       x.shape[0], queue, knobs)
-    a_y, b_y = launch(Launch(_seam_spec("swiglu" if swiglu else "plain"), [x, *inputs], outputs, grid, group,
-                             consts))
+    a_y, b_y = launch(Launch(
+        _seam_spec("swiglu" if swiglu else "plain"),
+        [x, w_a.reshape(-1), _dims(n_a, k_a, tickets_a, launched), residual, gamma, _eps(float(eps)),
+         w_b.reshape(-1), _dims(n_b, n_a, tickets_b), queue],
+        [((m, n_a), mx.float16), ((m, n_b), mx.float16)],
+        (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts))
     return a_y, b_y
-
-
-def _attention_smem(qtype: str, g: int, head_dim: int, r: int, simds: int, slots: int) -> tuple[int, int]:
-    """(bytes attention's arrays take, bytes of the seam's weight tiles that hold them): G query
-    heads of head_dim, a chunk of 32 * simds tokens (decode_attention.metal's ATTENTION_FLOATS)."""
-    return 4 * (2 * g * head_dim + g * 32 * simds + 3 * g), simds * r * 64 * QTYPES[qtype][1] * max(1, slots)
-
-
-def attention_seam_fits(qtype: str, n_heads: int, n_kv: int, head_dim: int, d_model: int, n_b: int) -> bool:
-    """Whether attention_seam takes this layer at the tuned geometry (its attention's arrays
-    fit the weight tiles' threadgroup memory)."""
-    from kernels import attention
-
-    r, simds, _, slots = seam_geometry(qtype, 1, d_model, n_heads * head_dim, n_b)
-    g = n_heads // n_kv // attention.query_split(n_heads // n_kv, n_kv)
-    need, have = _attention_smem(qtype, g, head_dim, r, simds, slots)
-    return need <= have
-
-
-def attention_seam(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int | mx.array, scale: float,
-                   w_o: mx.array, residual: mx.array, gamma: mx.array, eps: float, w_b: mx.array, n_b: int,
-                   qtype: str, *, n_heads: int, theta: float = 10000.0, freq_scale: float = 1.0,
-                   inv_freq: mx.array | None = None, neox: bool = False, queue: mx.array | None = None,
-                   **knobs: int | None) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """A decode token's attention block and the next block's input projection in one launch
-    (gemv/seam.metal, SEAM_ATTENTION): o = kernels.attention.rope_flash_decode(qkv, ...) (RoPE,
-    K and V into row pos of the head-major caches [Hkv, max_seq, D], attention over rows 0..pos,
-    one threadgroup a job of query heads, unsplit at any length), then the seam of
-    a_y = residual + o @ W_o^T and b_y = (RMSNorm(a_y) * gamma) @ W_b^T. Returns (a_y, b_y,
-    k_cache, v_cache), the caches ordered after the write. Knobs and queue as seam's."""
-    from kernels import attention
-
-    n_kv, max_seq, pos_arr, (freqs, scalars, rope_consts) = attention.rope_decode_inputs(
-        qkv, k_cache, v_cache, pos, n_heads, theta, freq_scale, inv_freq, neox)
-    head_dim = k_cache.shape[2]
-    n_a, k_a = residual.shape[-1], n_heads * head_dim
-    _check_qtype_shape(qtype, n_a, k_a)
-    _check_weights(w_o, qtype, n_a, k_a)
-    inputs, outputs, grid, group, consts = _seam_gemvs(w_o, n_a, k_a, residual, gamma, eps, w_b, n_b, qtype, 1,
-                                                       queue, knobs)
-    qs = attention.query_split(n_heads // n_kv, n_kv)
-    g = n_heads // n_kv // qs
-    need, have = _attention_smem(qtype, g, head_dim, consts["R"], consts["NSIMD"], consts["SLOTS"])
-    if need > have:
-        raise ValueError(f"attention of {g} query heads of {head_dim} needs {need} bytes of threadgroup memory, "
-                         f"the seam's weight tiles have {have}: use rope_flash_decode and seam")
-    consts.update(rope_consts, D=head_dim, G=g, QS=qs, BS=0)
-    att_dims = constant((n_kv, max_seq, attention.PARTITION, 1, 1))
-    att_out, a_y, b_y = launch(Launch(
-        _ATTENTION_SEAM, [qkv.reshape(-1), k_cache, v_cache, pos_arr, freqs, scalars, att_dims,
-                          constant((float(scale),), mx.float32), *inputs],
-        [((1, n_heads * head_dim), mx.float16), *outputs], grid, group, consts))
-    k_cache, v_cache = mx.depends([k_cache, v_cache], [a_y])
-    return a_y, b_y, k_cache, v_cache
 
 
 # ---- quantize and dequantize on the GPU -----------------------------------------------------------

@@ -24,60 +24,20 @@
 // its count reaches the waiting threadgroups (two launches cannot overlap so; PREFETCH 0 waits
 // first, for comparison).
 //
-// queue: uint32 [5 * QUEUE_STRIDE], zero before the first launch and left zero after each (the
-// last threadgroup out resets it): A tickets claimed, A tickets done, threadgroups out (then,
-// with SEAM_ATTENTION, attention jobs claimed and done; see phase 0 below), each
+// queue: uint32 [3 * QUEUE_STRIDE], zero before the first launch and left zero after each (the
+// last threadgroup out resets it): A tickets claimed, A tickets done, threadgroups out, each
 // counter in a 256-byte line of its own (QUEUE_STRIDE words apart: atomics on one line are
 // served one after another). One queue per launch in flight:
 // two launches running at once on one queue would mix their counts.
 // Inputs: a_x [M, K_a] (PROLOGUE_A 2: [M, 2 K_a]), a_w, a_dims (int32: N_a, K_a, A tickets,
 // threadgroups launched), residual [M, N_a], gamma [N_a], eps, b_w, b_dims (N_b, K_b = N_a,
 // B tickets), queue. Outputs a_y [M, N_a], b_y [M, N_b]. Constants as gemv_v2's, shared by both,
-// and PREFETCH. SEAM_ATTENTION 1 (prelude) puts a decode token's attention first: a_x gives way
-// to rope_flash_decode's inputs (qkv, k_cache, v_cache, pos, inv_freq, rope_scalars, att_dims
-// as its dims, scale) and its output att_out [Hq * D] comes first; constants D, G, QS, BS (0),
-// NEOX, FREQ_TABLE as decode_attention.metal's (its NSIMD is the GEMVs').
+// and PREFETCH.
 #include "gemv/v2_tiles.metal"
 constexpr uint QUEUE_STRIDE = 64;
 threadgroup uint ticket;
 const uint launched = uint(a_dims[3]);
 const auto claimed = queue, done = queue + QUEUE_STRIDE, out = queue + 2 * QUEUE_STRIDE;
-
-#if SEAM_ATTENTION
-// Phase 0 (SEAM_ATTENTION): one decode token's RoPE, KV-cache write and attention
-// (attention/decode_attention.metal, LATHE_ROPE, unsplit), whose output is GEMV A's X. Its jobs
-// (G query heads each, QS of them a kv head) are claimed as A's tickets are, so every job is
-// held by a running threadgroup before any threadgroup waits for all of them. While it runs,
-// the weight tiles' threadgroup memory holds attention's arrays.
-const uint jobs = uint(att_dims[0]) * QS;
-const auto att_claimed = queue + 3 * QUEUE_STRIDE, att_done = queue + 4 * QUEUE_STRIDE;
-for (;;) {
-  if (tid == 0) ticket = grid_ticket(att_claimed);
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  const uint job = ticket;
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (job >= jobs) break;
-  {
-    auto dims = att_dims;
-    auto out = att_out;
-#define ATTENTION_JOB job
-#define ATTENTION_SMEM w_tile
-#define ATTENTION_KG 2  // half the K loads in flight: the seam's GEMVs keep 3 threadgroups an SM
-#include "attention/decode_attention.metal"
-#undef ATTENTION_JOB
-#undef ATTENTION_SMEM
-#undef ATTENTION_KG
-    static_assert(ATTENTION_FLOATS * 4 <= sizeof(w_tile), "attention's arrays must fit the weight tiles");
-  }
-  threadgroup_barrier(mem_flags::mem_device);  // this job's output and cache rows are written
-  if (tid == 0) grid_signal(att_done);
-}
-if (tid == 0) grid_wait(att_done, jobs);
-threadgroup_barrier(mem_flags::mem_device);
-#define SEAM_A_X att_out
-#else
-#define SEAM_A_X a_x
-#endif
 
 #define LATHE_PROLOGUE PROLOGUE_A
 #define LATHE_RESIDUAL 1
@@ -88,7 +48,7 @@ for (;;) {
   threadgroup_barrier(mem_flags::mem_threadgroup);  // read by all before the next claim
   if (group >= uint(a_dims[2])) break;
   {
-    auto x = SEAM_A_X;
+    auto x = a_x;
     auto w = a_w;
     auto dims = a_dims;
     auto y = a_y;
@@ -129,12 +89,7 @@ for (;;) {
 // The last threadgroup out leaves the queue zero for the next launch (every other one has made
 // its last claim and its last read of `done` before it counts itself out).
 if (tid == 0 && grid_signal(out) == launched - 1) {
-#if SEAM_ATTENTION
-  grid_reset(att_claimed, 1);
-  grid_reset(att_done, 1);
-#endif
   grid_reset(claimed, 1);
   grid_reset(done, 1);
   grid_reset(out, 1);
 }
-#undef SEAM_A_X
