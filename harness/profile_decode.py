@@ -219,12 +219,18 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
         parts["encode"].append(time.perf_counter() - t1)
         return nxt
 
+    def read(token):  # a function of its own, so that a profile can tell the wait (host_profile)
+        t0 = time.perf_counter()
+        token.item()
+        parts["wait"].append(time.perf_counter() - t0)
+
     for _ in range(6):  # warm-up: compilation and first-use costs
         token = queue(token)
     mx.eval(token)
     parts.clear()
     if timeline and not gpu_trace.available():
         raise SystemExit("--timeline needs the CUDA backend and PyTorch (its profiler reads CUPTI)")
+    print(f"timing {tokens} tokens", flush=True)  # the warm-up is over (harness.host_profile waits for it)
     start_busy, stop_busy = _busy_sampler()
     trace = gpu_trace.kernel_trace(timeline) if timeline else contextlib.nullcontext([])
     with trace as kernels:
@@ -232,9 +238,7 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
         start = time.perf_counter()
         for _ in range(tokens):
             following = queue(token)
-            t0 = time.perf_counter()
-            token.item()
-            parts["wait"].append(time.perf_counter() - t0)
+            read(token)
             token = following
         mx.eval(token)
         wall = (time.perf_counter() - start) / tokens

@@ -161,16 +161,45 @@ class KernelSpec:
         return self.prelude + "\n" + read_body(self.body)
 
 
+# MLX's CUDA backend hashes a custom kernel's whole source at every launch: CustomKernel::eval_gpu
+# (0.32.4) names the kernel's compiled module by std::hash of the generated source, header
+# included, each time it encodes the kernel. Our header and a seam's body came to ~50 KB a launch,
+# 4 MB a Llama token, and the hashing to ~30% of the host's time per token (py-spy of the
+# compiled-pipelined loop, harness.host_profile). So on CUDA the header and the body MLX holds are
+# one `#include` line each, of a file named by its content's digest that NVRTC reads when MLX
+# compiles the kernel (the body's file is pasted inside the kernel function, as the text would be).
+# LATHE_INLINE_SOURCE=1 hands MLX the text itself, for the comparison.
+INLINE_SOURCE = os.environ.get("LATHE_INLINE_SOURCE", "0") == "1"
+SOURCE_DIR = Path(os.environ.get("LATHE_SOURCE_DIR") or
+                  Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lathe" / "sources")
+
+
+def include_line(text: str, suffix: str, directory: Path | None = None) -> str:
+    """`#include "<dir>/<digest><suffix>"` of a file holding `text`, written once (atomically: a
+    concurrent process writes the same bytes under the same name)."""
+    directory = SOURCE_DIR if directory is None else directory
+    path = directory / f"{hashlib.sha1(text.encode()).hexdigest()[:20]}{suffix}"
+    if not path.exists() or path.read_text() != text:
+        directory.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        part.write_text(text)
+        os.replace(part, path)
+    return f'#include "{path}"\n'
+
+
 @functools.cache
 def compile_kernel(spec: KernelSpec) -> Any:
     """The MLX kernel object for `spec` (built once per process; see module docstring)."""
     require_gpu()
+    source, header = spec.source(), _header()
+    if backend() == "cuda" and not INLINE_SOURCE:
+        source, header = include_line(source, ".body.cuh"), include_line(header, ".header.cuh")
     common = dict(
         name=spec.name,
         input_names=list(spec.inputs),
         output_names=list(spec.outputs),
-        source=spec.source(),
-        header=_header(),
+        source=source,
+        header=header,
         ensure_row_contiguous=spec.ensure_row_contiguous,
     )
     if backend() == "metal":
