@@ -106,21 +106,38 @@ def jobs(monkeypatch):
     return made
 
 
-@pytest.mark.parametrize("ctx, split_from, launches, partitions", [
-    (300, at.SPLIT_FROM, 1, 1),     # one partition: no split
-    (2048, at.SPLIT_FROM, 1, 1),    # short context: one launch, one threadgroup per KV head
-    (2049, at.SPLIT_FROM, 2, 5),    # past SPLIT_FROM: partitions of 512, then the combine
-    (1000, 0, 2, 2),                # split forced (the checks' setting)
+@pytest.mark.parametrize("ctx, split_from, partition, launches, partitions, qs", [
+    (300, at.SPLIT_FROM, None, 1, 1, 4),   # one partition: no split
+    (2048, at.SPLIT_FROM, None, 1, 1, 4),  # short context: one launch, one threadgroup per KV head
+    (2049, at.SPLIT_FROM, None, 2, 17, 1),  # past SPLIT_FROM: partitions of 128, then the combine
+    (1000, 0, None, 2, 8, 4),              # split forced (the checks' setting)
+    (4096, 0, None, 2, 32, 1),             # 64 threadgroups: no query split
+    (2049, at.SPLIT_FROM, 512, 2, 5, 4),   # partitions of a given length
 ])
-def test_split_decision_sets_the_grid(jobs, ctx, split_from, launches, partitions):
+def test_split_decision_sets_the_grid(jobs, ctx, split_from, partition, launches, partitions, qs):
     """The launches flash_decode makes (recorded, not run): the unsplit body gets one threadgroup
-    per (KV head, sequence); a split one per partition too, plus the combine. Grids this small
-    also split each KV head's 4 query heads over 4 threadgroups (QS), one query head each."""
+    per (KV head, sequence); a split one per partition too, plus the combine. Grids of at most
+    64 threadgroups also split each KV head's 4 query heads over threadgroups (QS)."""
     k = mx.zeros((1, KV, 4096, D), mx.float16)
-    at.flash_decode(q16(), k, k, [ctx], 0.125, split_from=split_from)
+    at.flash_decode(q16(), k, k, [ctx], 0.125, split_from=split_from, partition=partition)
     assert len(jobs) == launches
-    assert jobs[0].grid == (partitions * 32 * at.NSIMD, KV * 4, 1)
-    assert (jobs[0].constants["G"], jobs[0].constants["QS"]) == (1, 4)
+    assert jobs[0].grid == (partitions * 32 * at.NSIMD, KV * qs, 1)
+    assert (jobs[0].constants["G"], jobs[0].constants["QS"]) == (4 // qs, qs)
+    if launches == 2:
+        assert jobs[1].grid[1] == H  # the combine: every query head
+
+
+@pytest.mark.parametrize("longest, grids, want", [
+    (4240, 8, 128),     # Llama-3 decode at depth 4096: 34 partitions, 272 threadgroups
+    (2049, 8, 128),
+    (16384, 8, 256),    # 64 partitions of 256
+    (32768, 8, 512),    # at most PARTITION_MOST
+    (100, 8, 128),      # at least one chunk (a thread a token)
+    (4096, 8 * 16, 512),  # a 16-token prompt's grid is large already
+    (4096, 1, 128),
+])
+def test_auto_partition_aims_at_the_split_grid(longest, grids, want):
+    assert at.auto_partition(longest, grids) == want
 
 
 @pytest.mark.parametrize("group, threadgroups, most, want", [
@@ -143,7 +160,7 @@ def test_device_lengths_size_the_grid_for_the_cache(jobs):
     k = mx.zeros((1, KV, 4096, D), mx.float16)
     lens = mx.array([5], dtype=mx.int32)
     at.flash_decode(q16(), k, k, lens, 0.125)
-    assert len(jobs) == 2 and jobs[0].grid == (8 * 32 * at.NSIMD, KV * 4, 1)  # 16 threadgroups x QS 4
+    assert len(jobs) == 2 and jobs[0].grid == (32 * 32 * at.NSIMD, KV, 1)  # 32 partitions of 128
     assert jobs[0].inputs[3] is lens  # read by the kernel as it is, no host copy
     with pytest.raises(ValueError, match="int32"):
         at.flash_decode(q16(), k, k, mx.array([5.0]), 0.125)
@@ -153,7 +170,7 @@ def test_device_lengths_size_the_grid_for_the_cache(jobs):
 @pytest.mark.parametrize("ctx", [1, 300, 2049, 4096])
 def test_device_lengths_against_float64(ctx):
     """flash_decode with its length on the device (grid sized for the 4096-row cache, split in
-    8 partitions, most of them empty for short contexts) against the float64 reference, with the
+    32 partitions, most of them empty for short contexts) against the float64 reference, with the
     slots past the context NaN, and equal to the host-length launch."""
     rng = np.random.default_rng()
     rows, group = 4096, 4
@@ -176,7 +193,7 @@ def test_paged_device_form_sizes_the_grid_for_the_table(jobs):
     k, v = pools(nb=200)
     table, lens = mx.arange(160, dtype=mx.int32)[None], mx.array([5], dtype=mx.int32)
     at.paged_attention(q16(), k, v, table, lens, 0.125)
-    assert len(jobs) == 2 and jobs[0].grid == (5 * 32 * at.NSIMD, KV * 4, 1)  # 2560 tokens: 5 partitions, QS 4
+    assert len(jobs) == 2 and jobs[0].grid == (20 * 32 * at.NSIMD, KV, 1)  # 2560 tokens: 20 partitions
     assert jobs[0].inputs[3] is lens and jobs[0].inputs[4] is table
 
 

@@ -2,7 +2,8 @@
 
 - `paged_attention(q, k_cache, v_cache, block_table, context_lens, scale, version=)`: vLLM's
   paged cache; "v1" one threadgroup per (KV head, sequence) walking the whole context, "v2" the
-  context split in partitions of `partition` tokens, merged by a combine kernel.
+  context split in partitions (of `partition` tokens, or as `auto_partition` sizes them), merged
+  by a combine kernel.
 - `flash_decode(q, k_cache, v_cache, lengths, scale)`: the contiguous head-major cache
   `[B, Hkv, max_seq, D]`, split in partitions and merged the same way (`split=False`: one
   threadgroup per head, as v1).
@@ -34,7 +35,16 @@ from kernels.runtime import KernelSpec, Launch, constant, index, launch
 HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32)
 X = 8  # fp16 values in one 16-byte K vector of the paged layout
-PARTITION = 512  # tokens a threadgroup takes in the split kernels
+# Tokens a threadgroup takes in the split kernels: by default as few as give the launch about
+# SPLIT_GRID threadgroups, from one chunk (NSIMD * 32 tokens, a thread a token) up to
+# PARTITION_MOST. The kernel walks its chunks one after another, each a chain of latencies, so a
+# small grid of long partitions is slow: Llama-3-8B decode at depth 4096 (8 kv heads, one
+# sequence) took 254.9 tok/s with partitions of 512 tokens (72 threadgroups), 301.4 with 256 and
+# 323.2 with 128 (272 threadgroups; logs/ab-partition-fc8d352.log). Batches and prompts, whose
+# grids are large already, keep partitions of PARTITION_MOST. LATHE_ATTN_PARTITION fixes it.
+PARTITION_MOST = 512
+SPLIT_GRID = 512
+PARTITION = int(os.environ["LATHE_ATTN_PARTITION"]) if os.environ.get("LATHE_ATTN_PARTITION") else None
 # Split only past this many tokens: below it a second launch (the combine) costs more than the
 # partitions' parallelism gains (H200: one launch 14-17 us at 512-2048 tokens against 29-40 us
 # split; results/nvidia-h200/attention.csv at 22ac020). Checks pass split_from=0 to test the split.
@@ -126,6 +136,16 @@ def _pool(k_cache: mx.array, v_cache: mx.array) -> tuple[int, int, int, int]:
     return blocks, n_kv, head_dim, block_size
 
 
+@functools.cache
+def auto_partition(longest: int, grids: int) -> int:
+    """Partition length for a split launch over `longest` tokens with `grids` (kv head, sequence)
+    pairs: about SPLIT_GRID threadgroups in all, whole chunks, at most PARTITION_MOST tokens."""
+    chunk = NSIMD * 32
+    want = max(1, SPLIT_GRID // max(1, grids))
+    tokens = -(-(-(-longest // want)) // chunk) * chunk
+    return min(max(tokens, chunk), PARTITION_MOST)
+
+
 def query_split(group: int, threadgroups: int, most: int | None = None) -> int:
     """Threadgroups that share a kv head's `group` query heads (decode_attention.metal's QS): a
     power of two dividing the group, doubled while the grid of `threadgroups` (one per kv head,
@@ -139,14 +159,16 @@ def query_split(group: int, threadgroups: int, most: int | None = None) -> int:
 
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
-         scale: float, partition: int, block_size: int, after: mx.array | None,
+         scale: float, partition: int | None, block_size: int, after: mx.array | None,
          shared_cache: bool = False, split_from: int = SPLIT_FROM, rope: tuple | None = None) -> mx.array:
     """lens: int32[B] on the device; longest: the most any of them can be (it sizes the grid).
     rope: (inv_freq, rope_scalars, constants) of rope_flash_decode, whose q is the QKV row."""
-    if partition % CHUNK_MULTIPLE or partition <= 0:
-        raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     # rope: one token, q the flat QKV row, k_cache [1, Hkv, S, D]
     batch, n_heads, head_dim = (1, n_kv * group, k_cache.shape[-1]) if rope is not None else q.shape
+    if partition is None:
+        partition = auto_partition(longest, n_kv * batch)
+    if partition % CHUNK_MULTIPLE or partition <= 0:
+        raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     # One partition holds every context, or contexts are short: the unsplit body writes the output
     # itself and the combine launch is saved (vLLM's dispatcher picks v1 over v2 the same way).
     split = split and longest > partition and longest > split_from
@@ -176,7 +198,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
 
 def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_table,
                     context_lens: Sequence[int] | mx.array, scale: float, *, version: str = "v2",
-                    partition: int = PARTITION, after: mx.array | None = None,
+                    partition: int | None = PARTITION, after: mx.array | None = None,
                     split_from: int = SPLIT_FROM) -> mx.array:
     """out[B, Hq, D] for one query token per sequence over vLLM's paged caches (k_cache
     [blocks, Hkv, D/8, BS, 8], v_cache [blocks, Hkv, D, BS]); block_table [B, max_blocks] and
@@ -233,7 +255,7 @@ def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
 
 
 def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Sequence[int],
-                 scale: float, *, split: bool = True, partition: int = PARTITION,
+                 scale: float, *, split: bool = True, partition: int | None = PARTITION,
                  after: mx.array | None = None, split_from: int = SPLIT_FROM) -> mx.array:
     """out[B, Hq, D] over the contiguous head-major caches [B, Hkv, max_seq, D]; lengths[b] is
     the number of slots sequence b attends to (see visible_tokens). Host lengths are checked;
@@ -265,7 +287,7 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
 def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int | mx.array,
                       scale: float, *, n_heads: int, theta: float = 10000.0, freq_scale: float = 1.0,
                       inv_freq: mx.array | None = None, neox: bool = False, split: bool = True,
-                      partition: int = PARTITION,
+                      partition: int | None = PARTITION,
                       split_from: int = SPLIT_FROM) -> tuple[mx.array, mx.array, mx.array]:
     """One decode token's RoPE, KV-cache write and attention in one launch (a launch a layer
     fewer than kernels.rope.rope_qkv_write then flash_decode: the same cache rows; the rotated
@@ -303,7 +325,7 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
 
 
 def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,
-                      *, block_table=None, split: bool = True, partition: int = PARTITION,
+                      *, block_table=None, split: bool = True, partition: int | None = PARTITION,
                       after: mx.array | None = None, split_from: int = SPLIT_FROM) -> mx.array:
     """Causal attention of a prompt's T query tokens q[T, Hq, D], at positions pos .. pos+T-1,
     over a cache that already holds their K and V: token i sees tokens 0 .. pos+i. The cache is
