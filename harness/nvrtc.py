@@ -5,7 +5,8 @@ family's check cases are run with `kernels.runtime.launch` replaced by a recorde
 zeros, comparisons are ignored), which collects each distinct kernel instantiation: its source,
 its input and output dtypes and its template constants. Each is then wrapped the way MLX's CUDA
 backend wraps a custom kernel (its default header, our header, a generated `__global__`
-signature, constants as `constexpr`) and compiled with NVRTC for sm_90.
+signature, constants as `constexpr`; header and body as the include lines the runtime hands MLX)
+and compiled with NVRTC for sm_90.
 
 Needs NVRTC (libnvrtc.so, e.g. from the nvidia-cuda-nvrtc wheel; set LATHE_NVRTC to its path) and
 the CUDA headers (cuda_fp16.h and CCCL's cuda/std; set LATHE_CUDA_INCLUDE, default
@@ -31,7 +32,12 @@ class Instantiation:
     constants: tuple[tuple[str, object], ...]
 
     def cuda_source(self, header: str) -> str:
-        return ptx.cuda_source(self.name, self.source, header, self.inputs, self.outputs, self.constants)
+        """The translation unit MLX compiles: the body and header handed over as the runtime hands
+        them (kernels.runtime.cuda_sources: include lines of their text, by default)."""
+        from kernels.runtime import cuda_sources
+
+        source, header = cuda_sources(self.source, header)
+        return ptx.cuda_source(self.name, source, header, self.inputs, self.outputs, self.constants)
 
 
 def record_instantiations(cases) -> list[Instantiation]:

@@ -187,13 +187,21 @@ def include_line(text: str, suffix: str, directory: Path | None = None) -> str:
     return f'#include "{path}"\n'
 
 
+def cuda_sources(source: str, header: str) -> tuple[str, str]:
+    """(source, header) as MLX's CUDA backend gets them: include lines (above), or the text itself
+    with LATHE_INLINE_SOURCE=1. `lathe compile` compiles the same."""
+    if INLINE_SOURCE:
+        return source, header
+    return include_line(source, ".body.cuh"), include_line(header, ".header.cuh")
+
+
 @functools.cache
 def compile_kernel(spec: KernelSpec) -> Any:
     """The MLX kernel object for `spec` (built once per process; see module docstring)."""
     require_gpu()
     source, header = spec.source(), _header()
-    if backend() == "cuda" and not INLINE_SOURCE:
-        source, header = include_line(source, ".body.cuh"), include_line(header, ".header.cuh")
+    if backend() == "cuda":
+        source, header = cuda_sources(source, header)
     common = dict(
         name=spec.name,
         input_names=list(spec.inputs),
