@@ -108,3 +108,29 @@ def test_timeline_by_position_in_the_layer(capsys):
     assert "layer slot 0: norm_gemv" in out and "10.00 us" in out.split("layer slot 0")[1].splitlines()[0]
     assert "20.00 us" in out.split("layer slot 2")[1].splitlines()[0]
     assert "40.00 us" in out.split("token kernel 10: norm_gemv")[1].splitlines()[0]
+
+
+def test_host_profile_keeps_the_tokens_and_names_the_frames(tmp_path, capsys):
+    """harness.host_profile on py-spy's raw format: the warm-up's compiling and other threads
+    are left out, C++ names lose their template and argument lists, shares add up."""
+    from harness import host_profile
+
+    loop = "main (harness/profile_decode.py:300);run_pipelined (harness/profile_decode.py:240)"
+    queue = loop + ";run_pipelined.<locals>.queue (harness/profile_decode.py:215)"
+    raw = tmp_path / "raw.txt"
+    raw.write_text("\n".join([
+        queue + ";mlx::core::async_eval (libmlx.so);mlx::core::eval_impl (libmlx.so);"
+        "std::_Hash_bytes(void const*, unsigned long, unsigned long) (libstdc++.so) 3",
+        queue + ";mlx::core::async_eval (libmlx.so);mlx::core::eval_impl (libmlx.so);"
+        "mlx::core::cu::CommandEncoder::commit<int>(int) (libmlx.so) 1",
+        loop + ";run_pipelined.<locals>.read (harness/profile_decode.py:224);0x7f00 (libcuda.so) 4",
+        queue + ";mlx::core::detail::compile_trace (libmlx.so) 50",   # the first token's tracing
+        "worker (threading.py:10);pthread_cond_wait (libc.so.6) 70",  # another thread
+    ]) + "\n")
+    assert host_profile.frame_name("f<a<b>, c>(int) (libx.so)") == "f"
+    assert host_profile.frame_name("0x7f00 (libcuda.so)") == "[libcuda.so]"
+    host_profile.summarize(raw)
+    out = capsys.readouterr().out
+    assert "8 samples of the loop's tokens (50 that compiled or traced left out)" in out
+    assert " 37.5%  std::_Hash_bytes" in out and " 50.0%  [libcuda.so]" in out
+    assert "mlx::core::cu::CommandEncoder::commit\n" in out
