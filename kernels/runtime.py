@@ -7,7 +7,8 @@ objects are cached by name (MLX caches each compiled instantiation by its templa
 `ptx_kernel` compiles an instantiation to PTX with NVRTC (kernels.ptx, the same translation unit
 MLX builds) for ``mx.fast.precompiled_cuda_kernel``: `lathe bench launch` times that path against
 ``mx.fast.cuda_kernel``. It measured slower per call on the H200 (results/nvidia-h200/launch.csv),
-so launches keep to ``cuda_kernel``.
+so launches keep to ``cuda_kernel``. A likely cause, not measured: MLX hashes a custom kernel's
+whole source at every launch, and PTX is longer than the CUDA source (`cuda_sources` below).
 """
 
 from __future__ import annotations

@@ -141,9 +141,9 @@ def auto_partition(longest: int, grids: int) -> int:
     """Partition length for a split launch over `longest` tokens with `grids` (kv head, sequence)
     pairs: about SPLIT_GRID threadgroups in all, whole chunks, at most PARTITION_MOST tokens."""
     chunk = NSIMD * 32
-    want = max(1, SPLIT_GRID // max(1, grids))
-    tokens = -(-(-(-longest // want)) // chunk) * chunk
-    return min(max(tokens, chunk), PARTITION_MOST)
+    partitions = max(1, SPLIT_GRID // max(1, grids))  # wanted per (kv head, sequence)
+    tokens = -(-longest // partitions)
+    return min(max(-(-tokens // chunk) * chunk, chunk), PARTITION_MOST)  # whole chunks
 
 
 def query_split(group: int, threadgroups: int, most: int | None = None) -> int:
