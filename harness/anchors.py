@@ -3,8 +3,10 @@
 LLAMA_CPP_TOK_S: llama.cpp's CUDA decode (flash attention on, batch 1, tg128) on one NVIDIA H200,
 random-weight GGUF files of the presets' shapes, as recorded in the project's shared ANCHORS.md
 (measured 2026-11-21, llama.cpp as vendored in llama-cpp-python 0.3.36, sm_90). Keyed by
-(preset, qtype, depth). These are the only figures in the workbench not measured by it: they are
-the targets of `lathe decode` on that GPU and are shown only beside rows from that GPU.
+(preset, qtype, depth). These are the only figures in the workbench not measured by it, and only
+a labelled fallback: `lathe decode --peer llama.cpp` times llama.cpp on the same file in the same
+run (harness.peers), and its rows are what x_llama_cpp divides by. Without them, these are shown
+(as x_anchors_md, and as a mark on decode.png named as another run's) beside rows from that GPU.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
     lathe bench [family]   benchmarks: results/<device>/<family>.csv and PNG plots, a short table
     lathe peak             the device's memory peak (copy bandwidth)
     lathe compile [family] NVRTC-compile every kernel instantiation for CUDA, without a GPU
-    lathe decode [model]   greedy decode of a GGUF file or preset (reference variant, so far)
+    lathe decode [model]   greedy decode of a GGUF file or preset, per variant, mode and depth
+                           (--peer llama.cpp: llama-bench on the same file in the same run)
 
 Without a GPU backend each command says so and runs what can run: the references' own checks.
 """
@@ -113,32 +114,60 @@ def cmd_compile(family: str | None) -> int:
 
 
 def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: str = "step",
-               repeat: int = 1, depth: int = 0, write: bool | None = None,
-               variant: str = "reference", kv: str = "contiguous", ctx: int | None = None) -> int:
-    """Greedy decode of a GGUF model or preset for each variant and mode given (comma-separated
-    lists, as llama-bench's): a llama-bench-like table; on a GPU (or with write=True) its rows
-    appended to results/<device>/decode.csv, with the roofline at the peak measured here."""
+               repeat: int = 1, depth: int | str = 0, write: bool | None = None,
+               variant: str = "reference", kv: str = "contiguous", ctx: int | None = None,
+               peer: str | None = None, rounds: int | None = None) -> int:
+    """Greedy decode of a GGUF model or preset for each variant, mode and depth given
+    (comma-separated lists, as llama-bench's): a llama-bench-like table; on a GPU (or with
+    write=True) its rows appended to results/<device>/decode.csv, with the roofline at the peak
+    measured here. `peer="llama.cpp"`: llama-bench on the same file, alternated with lathe's rows
+    for `rounds` rounds (default 2), each lathe row's x_llama_cpp from that run's llama.cpp row."""
     from harness.anchors import llama_cpp_tok_s
     from harness.decode import decode_row, run_decode
+    from harness.peers import HOW_TO_GET, PEERS, VARIANT, LlamaBench, find_llama_bench, pair_with_peer
     from harness.plots import decode_plot
     from harness.results import append_rows, read_results, results_dir, run_metadata
     from kernels.runtime import device_name, has_gpu
 
     print(_backend_line())
+    bench = None
+    if peer is not None:
+        if peer not in PEERS:
+            raise ValueError(f"peer must be one of {PEERS}, got {peer!r}")
+        exe = find_llama_bench()
+        if exe is None:
+            print(f"lathe decode: --peer {peer}: {HOW_TO_GET}", file=sys.stderr)
+        else:
+            bench = LlamaBench(exe)
+    rounds = rounds or (2 if bench else 1)
     write = has_gpu() if write is None else write
     peak = _peak().gbs if has_gpu() else None
-    rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant, kv, ctx)
+    rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant, kv, ctx,
+                      rounds=rounds, peer=bench)
     if not rows:
         print(f"lathe decode: no variant among {variant} runs with kv {kv} (the reference: contiguous only)")
         return 2
+    pair_with_peer(rows)
     device = device_name() if has_gpu() else "cpu"
-    shown = pd.DataFrame(rows).drop(columns=["depth", "prompt", "gen", "repeat", "size_mb", "params_m",
-                                             "backend", "weight_mb", "kv_mb", "ms_per_token_min", "ms_per_token_max"])
-    anchor = llama_cpp_tok_s(device, rows[0]["model"], qtype, depth)
-    if anchor:  # the target: llama.cpp on the same GPU (harness/anchors.py)
-        shown["x_llama_cpp"] = (shown["decode_tok_s"] / anchor).round(3)
+    shown = pd.DataFrame(rows).drop(columns=["prompt", "gen", "repeat", "size_mb", "params_m",
+                                             "backend", "weight_mb", "kv_mb", "ms_per_token_min", "ms_per_token_max",
+                                             "peer_build", "depth", *(["round"] if rounds == 1 else [])],
+                                    errors="ignore")
+    peer_rows = [r for r in rows if r["variant"] == VARIANT]
+    if not peer_rows:
+        shown = shown.drop(columns=["x_llama_cpp"])
+        # Only a labelled fallback: llama.cpp measured on another day on a machine of this kind.
+        anchors = [llama_cpp_tok_s(device, rows[0]["model"], qtype, r["depth"]) for r in rows]
+        if any(anchors):
+            shown["x_anchors_md"] = [round(r["decode_tok_s"] / a, 3) if a else None for r, a in zip(rows, anchors)]
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(shown.to_string(index=False))
+    if peer_rows:
+        builds = sorted({r["peer_build"] for r in peer_rows})
+        print(f"x_llama_cpp: over llama-bench {', '.join(builds)} on the same file, same round of this run")
+    elif "x_anchors_md" in shown:
+        print("x_anchors_md: over llama.cpp's figure in ANCHORS.md (another day and machine of this kind; "
+              "`--peer llama.cpp` measures it in this run)")
     if write:
         meta = run_metadata()
         csv = append_rows(results_dir(ROOT, device) / "decode.csv", "decode",
@@ -147,6 +176,10 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
         png = decode_plot(read_results(csv), csv.with_suffix(".png"),
                           f"lathe decode on {device}: tok/s per variant and mode")
         print(f"wrote {png.relative_to(ROOT)}")
+    if bench is not None and len({r["round"] for r in peer_rows}) < rounds:
+        print(f"lathe decode: llama.cpp ran in {len({r['round'] for r in peer_rows})} of {rounds} rounds",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -219,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--mode", default="step",
                      help="step, pipelined, chained, compiled, compiled-pipelined (comma-separated for several)")
     dec.add_argument("--repeat", type=int, default=1, help="timed runs (mean and spread)")
-    dec.add_argument("--depth", type=int, default=0, help="tokens already in the cache")
+    dec.add_argument("--depth", default="0",
+                     help="tokens already in the cache (comma-separated for several, as llama-bench's -d)")
     dec.add_argument("--ctx", type=int, default=None,
                      help="KV cache rows (default depth + prompt + gen); fewer: decode wraps around "
                           "(circular overflow; contiguous cache only)")
@@ -232,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--kv", default="contiguous",
                      help="KV cache of the kernel variants: contiguous or paged (vLLM's block pool; "
                           "rows name it <variant>/paged); comma-separated for both")
+    dec.add_argument("--peer", choices=("llama.cpp",), default=None,
+                     help="time llama.cpp's llama-bench on the same file in this run (PATH or $LLAMA_BENCH), "
+                          "alternated with lathe's rows; x_llama_cpp comes from its rows")
+    dec.add_argument("--rounds", type=int, default=None,
+                     help="rounds of the matrix (with --peer: lathe, llama.cpp, lathe, ...; default 2 with "
+                          "--peer, else 1)")
     dec.add_argument("--show-plan", action="store_true",
                      help="print the plan (the steps replayed for every token) and stop")
     comp = sub.add_parser("compile", help="NVRTC-compile every kernel instantiation (no GPU needed)")
@@ -251,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "decode":
         return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode,
-                          args.repeat, args.depth, args.write, args.variant, args.kv, args.ctx)
+                          args.repeat, args.depth, args.write, args.variant, args.kv, args.ctx,
+                          args.peer, args.rounds)
     if args.command == "compile":
         return cmd_compile(args.family)
     if args.command == "peak":

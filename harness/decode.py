@@ -39,7 +39,7 @@ class ReferenceDecoder:
         c = model.config
         if max_seq < 1 or max_seq > c.ctx:
             raise ValueError(f"max_seq must be in 1..{c.ctx} (the model's context), got {max_seq}")
-        self.config, self.max_seq = c, max_seq
+        self.config = c
         self.dtype = dtype or (mx.float32 if mx.default_device() == mx.cpu else mx.float16)
         # Norm weights stay float32; matrices are dequantized once, on the host in float32 and in
         # parallel threads (NumPy frees the GIL): an 8B model in seconds, where the oracle's
@@ -52,7 +52,15 @@ class ReferenceDecoder:
                       for name, w in host}
         mx.clear_cache()
         self.plan = reference_plan(c)  # built once, replayed for every token
-        self._compiled = None
+        self.resize(max_seq)
+
+    def resize(self, max_seq: int) -> None:
+        """An empty cache of max_seq rows, the weights kept (a run over several depths sizes the
+        cache for each, as the kernel variants must)."""
+        if max_seq < 1 or max_seq > self.config.ctx:
+            raise ValueError(f"max_seq must be in 1..{self.config.ctx} (the model's context), got {max_seq}")
+        self.max_seq = max_seq
+        self._compiled = None  # traced for the old size
         self.reset()
 
     def reset(self) -> None:
@@ -469,91 +477,155 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
 
 
 def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, modes=("step",),
-               repeat: int = 1, depth: int = 0, peak_gbs: float | None = None,
-               variants=("reference",), kv=("contiguous",), ctx: int | None = None) -> list[dict]:
+               repeat: int = 1, depth=0, peak_gbs: float | None = None,
+               variants=("reference",), kv=("contiguous",), ctx: int | None = None,
+               rounds: int = 1, peer=None) -> list[dict]:
     """llama-bench's matrix: load (or make) the model once; for each variant build its decoder
-    once, and for each mode, per repetition, prefill `depth` + `prompt` random tokens and greedily
-    generate `gen`, timed apart (a warm-up run first: compilation and first-use costs are
-    reported as compile_s, not timed). One row per (variant, mode) with llama-bench's fields and
-    the roofline: weight and KV bytes per token, effective GB/s, % of `peak_gbs` when known.
-    Each kernel variant runs over each KV layout of `kv` (a paged one is named <variant>/paged
-    in the rows); the reference variant over the contiguous cache only. `ctx`: the KV cache's
-    rows (default depth + prompt + gen); fewer make the decode steps wrap around (circular
-    overflow), over the contiguous cache only.
+    once, and for each depth (one or several, as llama-bench's -d) and mode, per repetition,
+    prefill `depth` + `prompt` random tokens and greedily generate `gen`, timed apart (a warm-up
+    run first: compilation and first-use costs are reported as compile_s, not timed). One row per
+    (variant, depth, mode) with llama-bench's fields and the roofline: weight and KV bytes per
+    token, effective GB/s, % of `peak_gbs` when known. Each kernel variant runs over each KV
+    layout of `kv` (a paged one is named <variant>/paged in the rows); the reference variant
+    over the contiguous cache only. `ctx`: the KV cache's rows (default depth + prompt + gen for
+    each depth; one given size serves every depth); fewer make the decode steps wrap around
+    (circular overflow), over the contiguous cache only.
+
+    `peer` (a harness.peers.LlamaBench): llama.cpp timed on the same file, same prompt, gen,
+    depths and repeats, after lathe's rows in each of `rounds` rounds (lathe, llama.cpp, lathe,
+    llama.cpp, ...: drift between the two shows as a difference between rounds). Every row
+    names its round; a decoder is kept across rounds when it is the only one, else rebuilt.
     """
+    from harness import peers
+
     modes, variants = _names(modes, MODES, "mode"), _names(variants, VARIANTS, "variant")
     layouts = _names(kv, KV_LAYOUTS, "kv")
-    if repeat < 1:
-        raise ValueError(f"repeat must be at least 1, got {repeat}")
+    depths = _depths(depth)
+    if repeat < 1 or rounds < 1:
+        raise ValueError(f"repeat and rounds must be at least 1, got {repeat} and {rounds}")
     path = model_file(name, qtype, seed)
     model = load_gguf(path)
     c = model.config
-    if prompt < 1 or gen < 1 or depth < 0 or depth + prompt + gen > c.ctx:
-        raise ValueError(f"depth + prompt + gen = {depth + prompt + gen} must be in 2..{c.ctx} "
+    deepest = max(depths)
+    if prompt < 1 or gen < 1 or deepest + prompt + gen > c.ctx:
+        raise ValueError(f"depth + prompt + gen = {deepest + prompt + gen} must be in 2..{c.ctx} "
                          f"(the context), with prompt and gen at least 1")
-    cache_rows = depth + prompt + gen if ctx is None else ctx
-    if not depth + prompt <= cache_rows <= c.ctx:
-        raise ValueError(f"ctx must hold depth + prompt = {depth + prompt} tokens and be at most the "
-                         f"model's {c.ctx}, got {cache_rows}")
-    wrap = cache_rows < depth + prompt + gen
+    if ctx is not None and not deepest + prompt <= ctx <= c.ctx:
+        raise ValueError(f"ctx must hold depth + prompt = {deepest + prompt} tokens and be at most the "
+                         f"model's {c.ctx}, got {ctx}")
+    wrap = ctx is not None and ctx < deepest + prompt + gen
     if wrap and "paged" in layouts and set(variants) - {"reference"}:
-        raise ValueError(f"ctx {cache_rows} < depth + prompt + gen = {depth + prompt + gen}: decode wraps "
+        raise ValueError(f"ctx {ctx} < depth + prompt + gen = {deepest + prompt + gen}: decode wraps "
                          f"around (circular overflow), which the paged cache does not do")
-    tokens = np.random.default_rng(seed).integers(0, c.vocab, depth + prompt)
+    tokens = np.random.default_rng(seed).integers(0, c.vocab, deepest + prompt)
     params = sum(int(np.prod(t.shape)) for t in model.tensors.values() if t.dtype != np.uint8)
     params += sum(t.size // {"Q8_0": 34, "Q4_0": 18}[model.types[n]] * 32
                   for n, t in model.tensors.items() if t.dtype == np.uint8)
-    weights, kv = traffic(model, depth + prompt + (gen - 1) / 2)  # the mean decode position
+    common = dict(model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
+                  params_m=round(params / 1e6, 1), repeat=repeat)
     rows = []
     pairs = [(v, k) for v in variants for k in layouts if v != "reference" or k == "contiguous"]
-    for variant, layout in pairs:
-        built = time.perf_counter()
-        decoder = make_decoder(model, cache_rows, variant, layout, overflow=wrap)
-        split = breakdown(decoder, tokens[depth:], min(gen, 32))
-        built = time.perf_counter() - built
-        for mode in modes:
+    kept = {}  # the one decoder of a single-variant matrix (and its breakdown), across rounds
+    for rnd in range(1, rounds + 1):
+        tag = dict(round=rnd) if rounds > 1 or peer else {}
+        for variant, layout in pairs:
+            built = time.perf_counter()
+            if (variant, layout) in kept:
+                decoder, split = kept[(variant, layout)]
+            else:
+                decoder = make_decoder(model, ctx or depths[0] + prompt + gen, variant, layout, overflow=wrap)
+                split = breakdown(decoder, tokens[deepest:], min(gen, 32))
+                if len(pairs) == 1:
+                    kept[(variant, layout)] = decoder, split
+            built = time.perf_counter() - built
+            for d in depths:
+                if ctx is None:
+                    decoder.resize(d + prompt + gen)
+                weights, kv_bytes = traffic(model, d + prompt + (gen - 1) / 2)  # at the mean decode position
+                for mode in modes:
+                    timed = _time_mode(decoder, tokens, d, prompt, gen, mode, repeat)
+                    rows.append(dict(common, backend=_backend(), variant=getattr(decoder, "label", decoder.variant),
+                                     mode=mode, **timed, dispatches_per_token=len(decoder.plan), **split, **tag,
+                                     **roofline(weights, kv_bytes, timed["decode_tok_s"], peak_gbs)))
+                    print(f"decode {name} {qtype} d{d} {rows[-1]['variant']} {mode}{_round(tag)}: "
+                          f"{rows[-1]['decode_tok_s']} tok/s; {rows[-1].pop('_elapsed'):.1f} s (warm-up "
+                          f"{rows[-1]['compile_s']:.1f}), decoder built in {built:.1f} s", file=sys.stderr, flush=True)
+                    built = 0.0
+            if len(pairs) > 1:
+                del decoder  # one variant's weights on the device at a time
+                gc.collect()
+        if peer is not None:
             began = time.perf_counter()
-            decoder.reset()
-            start = time.perf_counter()
-            generate(decoder, tokens[: min(4, prompt)], 2, mode)  # warm-up: first-use costs stay out
-            compile_s = time.perf_counter() - start
-            reset = getattr(mx, "reset_peak_memory", None)
-            if reset:
-                reset()
-            runs = []
-            for _ in range(repeat):
-                decoder.reset()
-                if depth:
-                    decoder.forward(tokens[:depth])  # the context already there, not timed
-                runs.append(generate(decoder, tokens[depth:], gen, mode))
-            decode = np.array([r.decode_tok_s for r in runs])
-            prefill = np.array([r.prefill_tok_s for r in runs])
-            gbs = (weights + kv) * decode.mean() / 1e9
-            test = f"pp{prompt}+tg{gen}" + (f" @ d{depth}" if depth else "")
-            rows.append(dict(
-                model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
-                params_m=round(params / 1e6, 1), backend=_backend(),
-                variant=getattr(decoder, "label", decoder.variant), mode=mode, test=test, depth=depth, prompt=prompt, gen=gen,
-                prefill_tok_s=round(float(prefill.mean()), 1),
-                decode_tok_s=round(float(decode.mean()), 1),
-                decode_tok_s_std=round(float(decode.std()), 1),
-                ms_per_token=round(1e3 / float(decode.mean()), 3),
-                ms_per_token_min=round(1e3 / float(decode.max()), 3),  # the fastest repeat
-                ms_per_token_max=round(1e3 / float(decode.min()), 3),
-                weight_mb=round(weights / 2**20, 2), kv_mb=round(kv / 2**20, 3),
-                gbs=round(gbs, 2),
-                pct_roofline=round(100 * gbs / peak_gbs, 2) if peak_gbs else None,
-                peak_memory_mb=round(_peak_memory() / 2**20, 1) if _peak_memory() else None,
-                dispatches_per_token=len(decoder.plan),
-                compile_s=round(compile_s, 3), repeat=repeat, **split))
-            # what the matrix itself costs, per row (a full matrix is budgeted against device time)
-            print(f"decode {name} {qtype} d{depth} {rows[-1]['variant']} {mode}: {rows[-1]['decode_tok_s']} tok/s; "
-                  f"{time.perf_counter() - began:.1f} s (warm-up {compile_s:.1f}), decoder built in {built:.1f} s",
-                  file=sys.stderr, flush=True)
-            built = 0.0
-        del decoder  # one variant's weights on the device at a time
-        gc.collect()
+            try:
+                tests = peer.run(path, prompt, gen, depths, repeat)
+            except peers.PeerError as exc:  # lathe's rows still count; the caller sees no peer rows
+                print(f"lathe decode: llama.cpp failed, no more peer runs: {exc}", file=sys.stderr, flush=True)
+                peer = None
+                continue
+            found = peers.peer_rows(tests, prompt, gen, depths, dict(common, **tag),
+                                    lambda position, tok_s: roofline(*traffic(model, position), tok_s, peak_gbs))
+            for row in found:
+                print(f"decode {name} {qtype} d{row['depth']} llama.cpp{_round(tag)}: {row['decode_tok_s']} tok/s "
+                      f"(llama-bench {row['peer_build']}); {time.perf_counter() - began:.1f} s",
+                      file=sys.stderr, flush=True)
+            rows += found
     return rows
+
+
+def roofline(weights: int, kv: int, tok_s: float, peak_gbs: float | None) -> dict:
+    """A decode row's traffic fields: weight and KV MiB a token reads, the GB/s that makes at
+    tok_s, and its % of the measured peak when known."""
+    gbs = (weights + kv) * tok_s / 1e9
+    return dict(weight_mb=round(weights / 2**20, 2), kv_mb=round(kv / 2**20, 3), gbs=round(gbs, 2),
+                pct_roofline=round(100 * gbs / peak_gbs, 2) if peak_gbs else None)
+
+
+def _time_mode(decoder, tokens, depth: int, prompt: int, gen: int, mode: str, repeat: int) -> dict:
+    """One (depth, mode) of the matrix: a warm-up run, then `repeat` timed runs, each after
+    `depth` tokens put in the cache untimed; the row's timing fields."""
+    began = time.perf_counter()
+    decoder.reset()
+    start = time.perf_counter()
+    generate(decoder, tokens[: min(4, prompt)], 2, mode)  # warm-up: first-use costs stay out
+    compile_s = time.perf_counter() - start
+    reset = getattr(mx, "reset_peak_memory", None)
+    if reset:
+        reset()
+    runs = []
+    for _ in range(repeat):
+        decoder.reset()
+        if depth:
+            decoder.forward(tokens[:depth])  # the context already there, not timed
+        runs.append(generate(decoder, tokens[depth:depth + prompt], gen, mode))
+    decode = np.array([r.decode_tok_s for r in runs])
+    prefill = np.array([r.prefill_tok_s for r in runs])
+    return dict(
+        test=f"pp{prompt}+tg{gen}" + (f" @ d{depth}" if depth else ""), depth=depth, prompt=prompt, gen=gen,
+        prefill_tok_s=round(float(prefill.mean()), 1),
+        decode_tok_s=round(float(decode.mean()), 1),
+        decode_tok_s_std=round(float(decode.std()), 1),
+        ms_per_token=round(1e3 / float(decode.mean()), 3),
+        ms_per_token_min=round(1e3 / float(decode.max()), 3),  # the fastest repeat
+        ms_per_token_max=round(1e3 / float(decode.min()), 3),
+        peak_memory_mb=round(_peak_memory() / 2**20, 1) if _peak_memory() else None,
+        compile_s=round(compile_s, 3), _elapsed=time.perf_counter() - began)
+
+
+def _depths(depth) -> tuple[int, ...]:
+    """One depth or several (a list, or a string such as "0,4096", as llama-bench's -d)."""
+    if isinstance(depth, str):
+        try:
+            depth = [int(d) for d in depth.split(",")]
+        except ValueError:
+            raise ValueError(f"depth must be a number or comma-separated numbers, got {depth!r}") from None
+    found = tuple(int(d) for d in (depth if isinstance(depth, (list, tuple)) else [depth]))
+    if not found or min(found) < 0 or len(set(found)) != len(found):
+        raise ValueError(f"depths must be distinct and at least 0, got {found}")
+    return found
+
+
+def _round(tag: dict) -> str:
+    return f" (round {tag['round']})" if tag else ""
 
 
 def breakdown(decoder, prompt, n: int) -> dict:
@@ -600,4 +672,5 @@ def decode_row(run: dict, peak_gbs: float | None, device: str, meta: dict) -> di
                 model=run["model"], qtype=run["qtype"], mode=run["mode"], depth=run["depth"],
                 prompt=run["prompt"], gen=run["gen"], prefill_tok_s=run["prefill_tok_s"],
                 decode_tok_s=run["decode_tok_s"], ms_per_token=run["ms_per_token"],
-                dispatches_per_token=run["dispatches_per_token"], pct_roofline=run["pct_roofline"])
+                dispatches_per_token=run["dispatches_per_token"], pct_roofline=run["pct_roofline"],
+                round=run.get("round"), x_llama_cpp=run.get("x_llama_cpp"), peer_build=run.get("peer_build"))

@@ -175,12 +175,6 @@ class KernelDecoder:
             raise ValueError(f"max_seq must be in 1..{c.ctx} (the model's context), got {max_seq}")
         self.config, self.max_seq, self.variant, self.kv, self.overflow = c, max_seq, variant, kv, overflow
         self.fused, self.paged = variant == "fused", kv == "paged"
-        if self.paged:
-            # One sequence's blocks, scattered over the pool in a fixed shuffle: every read and
-            # write goes through the table, as with a pool shared by many sequences.
-            blocks = -(-max_seq // BLOCK_SIZE)
-            self.table = np.random.default_rng(0).permutation(blocks).astype(np.int32)[None]
-            self.table_dev = resident(mx.array(self.table))
         self.types = {n: t.lower() for n, t in model.types.items()}
         self.w, self.nk = {}, {}
         for name, t in model.tensors.items():
@@ -206,7 +200,21 @@ class KernelDecoder:
             self.queues = [(seam_queue(), seam_queue()) for _ in range(c.n_layers)]
         mx.clear_cache()  # the host-written copies of the weights (kernels.runtime.resident)
         self.plan = kernel_plan(c, self.fused, self.paged, overflow, self.seams)
-        self._compiled = None
+        self.resize(max_seq)
+
+    def resize(self, max_seq: int) -> None:
+        """An empty cache of max_seq rows, the weights kept (a run over several depths sizes the
+        cache for each: a compiled step's attention grid covers the whole cache)."""
+        if max_seq < 1 or max_seq > self.config.ctx:
+            raise ValueError(f"max_seq must be in 1..{self.config.ctx} (the model's context), got {max_seq}")
+        self.max_seq = max_seq
+        if self.paged:
+            # One sequence's blocks, scattered over the pool in a fixed shuffle: every read and
+            # write goes through the table, as with a pool shared by many sequences.
+            blocks = -(-max_seq // BLOCK_SIZE)
+            self.table = np.random.default_rng(0).permutation(blocks).astype(np.int32)[None]
+            self.table_dev = resident(mx.array(self.table))
+        self._compiled = None  # traced for the old size
         self.reset()
 
     def _concat(self, fused_name: str, parts: tuple[str, ...]) -> None:

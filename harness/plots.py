@@ -33,6 +33,40 @@ def _latest(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     return df.drop_duplicates(subset=list(keys), keep="last")
 
 
+RUN = ["git_sha", "date"]  # the rows of one run (one command) share both (results.run_metadata)
+
+
+def _runs(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """The runs of these rows, oldest first (rows without provenance are one unnamed run)."""
+    if not set(RUN) <= set(df.columns):
+        return []
+    found = df[RUN].astype(str).drop_duplicates().itertuples(index=False, name=None)
+    return sorted(found, key=lambda run: run[1])
+
+
+def _run_label(df: pd.DataFrame, sep: str = ", ") -> str:
+    """The runs of these rows, each as `sha MM-DD HH:MM` (UTC)."""
+    return sep.join(f"{sha} {date[5:16].replace('T', ' ')}" for sha, date in _runs(df))
+
+
+def _newest_run_per(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """For each key, all the rows of the newest run that has it (its rounds included; a run is
+    one command, whose rows share their date)."""
+    if not set(RUN) <= set(df.columns):
+        return df
+    newest = df.groupby(list(keys), dropna=False)["date"].transform("max")
+    return df[df["date"] == newest]
+
+
+def _say_if_runs_mix(fig: plt.Figure, data: pd.DataFrame) -> None:
+    """A footnote naming the runs when a plot's rows come from more than one (compare across
+    them as ratios only: machines of one kind differ by up to 1.4x)."""
+    runs = _runs(data)
+    if len(runs) > 1:
+        fig.text(0.01, -0.02, f"rows of {len(runs)} runs (git sha, date): {_run_label(data)}; "
+                 "compare across runs as ratios only", fontsize="x-small", ha="left", va="top", wrap=True)
+
+
 def _label(values: object) -> str:
     vals = values if isinstance(values, tuple) else (values,)
     return " / ".join(str(v) for v in vals)
@@ -91,6 +125,7 @@ def bandwidth_plot(
         else:
             ax.set_xscale("log")
 
+    _say_if_runs_mix(fig, data)
     ax.set_xlabel(x_label if x_label is not None else x)
     ax.set_ylabel("GB/s")
     ax.set_title(title)
@@ -144,6 +179,7 @@ def fused_unfused_plot(
             if base is not None and variant != baseline_variant and us > 0:
                 ax.text(pos, us, f"{base / us:.2f}x", ha="center", va="bottom", fontsize="small")
 
+    _say_if_runs_mix(fig, data)
     crowded = len(groups) > 4  # slant long group labels so they do not overlap
     ax.set_xticks(range(len(groups)), [_label(k) for k, _ in groups],
                   rotation=30 if crowded else 0, ha="right" if crowded else "center")
@@ -157,40 +193,50 @@ def fused_unfused_plot(
 
 
 def decode_plot(df: pd.DataFrame, out_path: str | Path, title: str) -> Path:
-    """End-to-end decode tok/s: one group of bars per (model, qtype, depth), a bar per
-    (variant, mode) from the latest rows; llama.cpp's figure (harness.anchors, same device)
-    and the roofline (the row's bytes per token at its measured peak) as marks over each group."""
+    """End-to-end decode tok/s: one group of bars per (model, qtype, depth), a bar per (variant,
+    mode) from the newest run that measured it (one command: a `--peer llama.cpp` run gives
+    lathe's and llama.cpp's bars together), the mean of the run's rounds with their range as a
+    black line. The runs a group's bars come from are named under it. A group with no llama.cpp
+    bar gets ANCHORS.md's figure as a mark labelled as another run's (harness.anchors, same
+    device only). The roofline: the row's bytes per token at its measured peak."""
     from harness.anchors import llama_cpp_tok_s
+    from harness.peers import VARIANT as PEER
 
     keys = ["model", "qtype", "depth"]
     _require(df, [*keys, "variant", "mode", "decode_tok_s", "bytes", "peak_gbs", "device"], "decode_plot")
-    data = _latest(df.dropna(subset=["decode_tok_s"]), [*keys, "variant", "mode", "device"])
+    data = _newest_run_per(df.dropna(subset=["decode_tok_s"]), [*keys, "device", "variant", "mode"])
     bars = list(dict.fromkeys(zip(data["variant"].astype(str), data["mode"].astype(str))))
+    bars.sort(key=lambda bar: bar[0] == PEER)  # the peer's bar last in every group
     variants, modes = list(dict.fromkeys(v for v, _ in bars)), list(dict.fromkeys(m for _, m in bars))
     groups = list(data.groupby(keys, sort=True))
     width = 0.8 / len(bars)
     fig, ax = plt.subplots(figsize=(min(18.0, 3.0 + 0.35 * len(groups) * len(bars)), 5.5))
     marked = set()
     for gi, ((model, qtype, depth), grp) in enumerate(groups):
-        by_bar = {(str(r.variant), str(r.mode)): r for r in grp.itertuples()}
         for bi, bar in enumerate(bars):
-            if bar in by_bar:
-                colour = f"C{variants.index(bar[0]) % 10}"
-                hatch = ("", "//", "..", "xx", "--", "++")[modes.index(bar[1]) % 6]
-                ax.bar(gi - 0.4 + width * (bi + 0.5), by_bar[bar].decode_tok_s, width=width,
-                       color=colour, hatch=hatch, edgecolor="white",
-                       label=None if bar in marked else f"{bar[0]} {bar[1]}")
-                marked.add(bar)
+            tok_s = grp[(grp.variant.astype(str) == bar[0]) & (grp["mode"].astype(str) == bar[1])].decode_tok_s
+            if tok_s.empty:
+                continue
+            x = gi - 0.4 + width * (bi + 0.5)
+            peer = bar[0] == PEER
+            ax.bar(x, tok_s.mean(), width=width, color="0.35" if peer else f"C{variants.index(bar[0]) % 10}",
+                   hatch="" if peer else ("", "//", "..", "xx", "--", "++")[modes.index(bar[1]) % 6],
+                   edgecolor="white", label=None if bar in marked else f"{bar[0]} {bar[1]}")
+            if len(tok_s) > 1:  # rounds of the run: their range
+                ax.vlines(x, tok_s.min(), tok_s.max(), colors="k", linewidth=1)
+            marked.add(bar)
         row = grp.iloc[-1]
-        marks = [("roofline (weights + KV at the measured peak)", float(row["peak_gbs"]) * 1e9 / float(row["bytes"]), "r", "--"),
-                 ("llama.cpp (ANCHORS.md)", llama_cpp_tok_s(str(row["device"]), model, qtype, depth), "k", "-")]
+        marks = [("roofline (weights + KV at the measured peak)", float(row["peak_gbs"]) * 1e9 / float(row["bytes"]), "r", "--")]
+        if not (grp.variant.astype(str) == PEER).any():
+            marks.append(("llama.cpp, ANCHORS.md (another run)", llama_cpp_tok_s(str(row["device"]), model, qtype, depth),
+                          "k", ":"))
         for name, tok_s, colour, style in marks:
             if tok_s and tok_s == tok_s:
                 ax.hlines(tok_s, gi - 0.45, gi + 0.45, colors=colour, linestyles=style, linewidth=2,
                           label=None if name in marked else name)
                 marked.add(name)
-    ax.set_xticks(range(len(groups)), [f"{m} {q}" + (f"\n@ depth {d}" if d else "")
-                                       for (m, q, d), _ in groups])
+    ax.set_xticks(range(len(groups)), [f"{m} {q}" + (f" @ depth {d}" if d else "") + "\n" + _run_label(g, "\n")
+                                       for (m, q, d), g in groups], fontsize="small")
     ax.set_yscale("log")
     ax.set_ylabel("decode tok/s (batch 1, log scale)")
     ax.set_title(title)

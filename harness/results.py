@@ -32,20 +32,24 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
     "loop": ["M", "K", "F", "V", "T"],
     "launch": ["n"],
     # "variant" is already a common column; columns() drops the repeat.
+    # round: the alternation round of a run with a peer (lathe and llama.cpp take turns);
+    # x_llama_cpp: a lathe row's tok/s over llama.cpp's row of the same run and round;
+    # peer_build: the peer's own build (llama-bench's build_commit and build_number).
     "decode": ["model", "qtype", "variant", "mode", "depth", "prompt", "gen",
                "prefill_tok_s", "decode_tok_s", "ms_per_token",
-               "dispatches_per_token", "pct_roofline"],
+               "dispatches_per_token", "pct_roofline", "round", "x_llama_cpp", "peer_build"],
     "peak": ["nbytes"],
 }
 
 # Columns a row may leave out; they are written as empty cells.
 OPTIONAL_COLUMNS: frozenset[str] = frozenset(
-    {"rel_err", "compile_s", "host_us", "gpu_us", "flops", "launches", "repeats", "us_min", "us_max"}
+    {"rel_err", "compile_s", "host_us", "gpu_us", "flops", "launches", "repeats", "us_min", "us_max",
+     "dispatches_per_token", "round", "x_llama_cpp", "peer_build"}
 )
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.
 _TEXT_COLUMNS = ["benchmark", "kernel", "variant", "backend", "device",
-                 "mlx_version", "git_sha", "date", "model", "qtype", "mode"]
+                 "mlx_version", "git_sha", "date", "model", "qtype", "mode", "peer_build"]
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,18 +135,36 @@ def _schema_diff(found: list[str], expected: list[str]) -> str:
     return "; ".join(parts)
 
 
+def _upgrade(path: Path, header: list[str], cols: list[str]) -> bool:
+    """Rewrite a CSV written under an older schema with the columns added since (left empty),
+    when those are all optional and the old ones keep their order; False if it cannot be."""
+    added = [c for c in cols if c not in header]
+    if not added or [c for c in cols if c in header] != header or not set(added) <= OPTIONAL_COLUMNS:
+        return False
+    with path.open(newline="") as f:
+        old = list(csv.DictReader(f))
+    tmp = path.with_suffix(".upgrade")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=cols)
+        writer.writeheader()
+        writer.writerows(old)
+    tmp.replace(path)
+    return True
+
+
 def append_rows(path: str | Path, family: str, rows: Iterable[Mapping[str, Any]]) -> Path:
     """Validate `rows` against the family schema and append them to the CSV at `path`."""
     path = Path(path)
     cols = columns(family)
     checked = [_check_row(r, cols, i) for i, r in enumerate(rows)]
 
-    # An existing file must have exactly this schema, or rows would be misaligned.
+    # An existing file must have exactly this schema, or rows would be misaligned; a file of an
+    # older schema that lacks only optional columns is rewritten with them (empty) first.
     new_file = not path.exists() or path.stat().st_size == 0
     if not new_file:
         with path.open(newline="") as f:
             header = next(csv.reader(f), [])
-        if header != cols:
+        if header != cols and not _upgrade(path, header, cols):
             raise ValueError(
                 f"schema changed for {path} (family {family!r}): {_schema_diff(header, cols)}"
             )

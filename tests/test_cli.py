@@ -94,6 +94,22 @@ def test_decode_rejects_unknown_variants_and_modes():
     assert run_decode("tiny-llama", "q8_0", 4, 2, kv="paged") == []
 
 
+def test_decode_over_several_depths():
+    """--depth 0,5 (as llama-bench's -d): one row per depth from one decoder, each timed after
+    its own depth, the KV traffic growing with it; bad depth lists are clear errors."""
+    from harness.decode import run_decode
+
+    rows = run_decode("tiny-llama", "q8_0", 4, 3, modes="step,compiled", depth="0,5")
+    assert [(r["depth"], r["mode"]) for r in rows] == [(0, "step"), (0, "compiled"), (5, "step"), (5, "compiled")]
+    assert rows[0]["kv_mb"] < rows[2]["kv_mb"] and rows[2]["test"] == "pp4+tg3 @ d5"
+    assert all("round" not in r for r in rows)  # one round, no peer: nothing to tell apart
+    for bad, match in (("0,x", "comma-separated numbers"), ("4,4", "distinct"), ("-1", "at least 0")):
+        with pytest.raises(ValueError, match=match):
+            run_decode("tiny-llama", "q8_0", 4, 3, depth=bad)
+    with pytest.raises(ValueError, match="ctx must hold"):  # one given cache serves every depth
+        run_decode("tiny-llama", "q8_0", 4, 3, depth="0,8", ctx=10)
+
+
 def test_traffic_counts_the_stored_weights(tmp_path, monkeypatch):
     """Weight bytes per token: every stored matrix once (one embedding row unless tied), so
     close to the file size; KV bytes grow with the position."""

@@ -83,6 +83,25 @@ def test_circular_overflow_against_float64(models, preset, mode):
     wraps_like_the_window(ReferenceDecoder(m, 20), m, prompt, mode)
 
 
+@pytest.mark.parametrize("mode", ["step", "compiled-pipelined"])
+def test_a_resized_decoder_is_a_fresh_one(models, mode):
+    """resize() (one decoder over several depths): a cache grown, then shrunk, gives the tokens
+    of a decoder made at that size; the compiled step is traced again for the new size."""
+    from harness.decode import generate
+
+    m = models["tiny-qwen3", "q8_0"]
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    resized = ReferenceDecoder(m, PROMPT + 8)
+    generate(resized, prompt, 8, mode)
+    for rows in (PROMPT + 40, PROMPT + 8):
+        resized.resize(rows)
+        assert resized.max_seq == rows and resized.pos == 0 and resized.k[0].shape[2] == rows
+        assert generate(resized, prompt, 8, mode).generated == generate(ReferenceDecoder(m, rows), prompt, 8,
+                                                                       mode).generated
+    with pytest.raises(ValueError, match="max_seq"):
+        resized.resize(m.config.ctx + 1)
+
+
 def test_model_file_names_the_presets(tmp_path, monkeypatch):
     monkeypatch.setenv("LATHE_CACHE", str(tmp_path))
     with pytest.raises(ValueError, match="neither a GGUF file nor a preset"):

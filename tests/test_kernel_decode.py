@@ -172,6 +172,23 @@ def test_kernel_variant_modes_agree(models, variant, kv):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 @pytest.mark.parametrize("variant", ["unfused", "fused"])
+def test_a_resized_decoder_is_a_fresh_one(models, variant, kv):
+    """resize() (one decoder over several depths): a cache grown, then shrunk, gives the tokens
+    of a decoder made at that size, in the compiled modes too (traced again for the new size)."""
+    m = models["tiny-qwen3", "q8_0"]
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    resized = KernelDecoder(m, PROMPT + 12, variant, kv)
+    for mode in ("compiled-pipelined", "step"):
+        for rows in (PROMPT + 12 + 3 * BLOCK_SIZE + 5, PROMPT + 12):
+            resized.resize(rows)
+            want = generate(KernelDecoder(m, rows, variant, kv), prompt, 12, mode).generated
+            assert generate(resized, prompt, 12, mode).generated == want, (mode, rows)
+            assert resized.max_seq == rows and resized.k[0].shape == KernelDecoder(m, rows, variant, kv).k[0].shape
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["contiguous", "paged"])
+@pytest.mark.parametrize("variant", ["unfused", "fused"])
 def test_compiled_step_logits_match_the_eager_step(models, variant, kv):
     """The compiled step (position on the device, attention over the whole cache's grid) gives
     the eager step's logits token after token, and writes the same caches."""

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import matplotlib.axes
+import matplotlib.figure
 import pandas as pd
 import pytest
 
@@ -47,7 +48,8 @@ def test_common_columns_order():
     ("gemv", ["M", "N", "K"]),
     ("attention", ["batch", "ctx", "n_heads", "n_kv_heads", "head_dim", "block_size"]),
     ("decode", ["model", "qtype", "mode", "depth", "prompt", "gen", "prefill_tok_s",
-                "decode_tok_s", "ms_per_token", "dispatches_per_token", "pct_roofline"]),
+                "decode_tok_s", "ms_per_token", "dispatches_per_token", "pct_roofline",
+                "round", "x_llama_cpp", "peer_build"]),
     ("peak", ["nbytes"]),
 ])
 def test_columns_per_family(family, shape):
@@ -117,6 +119,31 @@ def test_append_rows_schema_mismatch(tmp_path):
     with pytest.raises(ValueError, match="schema changed"):
         results.append_rows(path, "rope", [_rope_row()])
     assert path.read_text() == "benchmark,kernel,us\nrope,k,1.0\n"  # left untouched
+
+
+def test_append_rows_upgrades_a_file_of_an_older_schema(tmp_path):
+    """Columns added to a schema since a file was written (optional ones only) are added to it,
+    empty in its old rows; the old rows keep every value."""
+    path = tmp_path / "decode.csv"
+    new = ["round", "x_llama_cpp", "peer_build"]
+    old_cols = [c for c in results.columns("decode") if c not in new]
+    old_row = dict(zip(old_cols, ["decode", "llama3-8b", "fused", "cuda", "NVIDIA H200", "2600.0", "", "", "1500.5",
+                                  "36.1", "4150.0", "4000000000", "", "", "3", "", "0.5", "", "", "0.32.4",
+                                  "abc1234", "2026-11-22T00:00:00Z", "llama3-8b", "q4_0", "compiled", "0", "16",
+                                  "128", "900.0", "384.6", "2.6", "290", "36.1"]))
+    path.write_text(",".join(old_cols) + "\n" + ",".join(old_row[c] for c in old_cols) + "\n")
+    row = {**{c: v for c, v in old_row.items() if v}, "date": "2026-11-23T00:00:00Z", "round": 1,
+           "x_llama_cpp": 1.1, "peer_build": "0c1e570 (0)"}
+    results.append_rows(path, "decode", [row])
+    df = results.read_results(path)
+    assert list(df.columns) == results.columns("decode")
+    assert df["decode_tok_s"].tolist() == [384.6, 384.6] and df["git_sha"].tolist() == ["abc1234"] * 2
+    assert df.loc[0, new].isna().all() and df.loc[1, "peer_build"] == "0c1e570 (0)"
+    # a missing required column is still a schema change, and the file is left alone
+    before = path.read_text()
+    with pytest.raises(ValueError, match="schema changed"):
+        results.append_rows(path, "rope", [_rope_row()])
+    assert path.read_text() == before
 
 
 def test_append_rows_empty_is_noop(tmp_path):
@@ -213,19 +240,78 @@ def test_plots_reject_empty_and_missing(tmp_path, call):
     assert not list(tmp_path.iterdir())
 
 
-def test_decode_plot_marks_llama_cpp_and_the_roofline(tmp_path, monkeypatch):
-    """One bar per (variant, mode) and config; the llama.cpp mark only on its own device."""
-    marks = []
-    original = matplotlib.axes.Axes.hlines
+def _decode_rows(run: str, date: str, device: str = "NVIDIA H200", peer: float | None = None, **over) -> list[dict]:
+    rows = [dict(dict(model="llama3-8b", qtype="q4_0", depth=0, variant=v, mode=mode, decode_tok_s=t, bytes=4e9,
+                      peak_gbs=4000.0, device=device, git_sha=run, date=date, round=rnd), **over)
+            for v, t in (("reference", 190.0), ("fused", 250.0)) for mode in ("step", "compiled")
+            for rnd in (1, 2)]
+    if peer:
+        rows += [dict(rows[0], variant="llama.cpp", mode="llama-bench", decode_tok_s=peer + rnd, round=rnd)
+                 for rnd in (1, 2)]
+    return rows
 
-    def spy(self, y, *args, **kwargs):
-        marks.append((round(float(y), 1), kwargs.get("colors")))
-        return original(self, y, *args, **kwargs)
 
-    monkeypatch.setattr(matplotlib.axes.Axes, "hlines", spy)
-    rows = [dict(model=m, qtype="q4_0", depth=0, variant=v, mode=mode, decode_tok_s=t,
-                 bytes=4e9, peak_gbs=4000.0, device=dev, date="2026-11-22T00:00:00Z")
-            for m, dev in (("llama3-8b", "NVIDIA H200"), ("llama2-7b", "NVIDIA H100 80GB HBM3"))
-            for v, t in (("reference", 190.0), ("fused", 250.0)) for mode in ("step", "compiled")]
+@pytest.fixture
+def marks(monkeypatch):
+    """The horizontal marks (tok/s, colour) and the bars (height) a decode plot draws."""
+    seen = {"marks": [], "bars": []}
+    hlines, bar = matplotlib.axes.Axes.hlines, matplotlib.axes.Axes.bar
+
+    def spy_hlines(self, y, *args, **kwargs):
+        seen["marks"].append((round(float(y), 1), kwargs.get("colors")))
+        return hlines(self, y, *args, **kwargs)
+
+    def spy_bar(self, x, height, *args, **kwargs):
+        seen["bars"].append(round(float(height), 1))
+        return bar(self, x, height, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "hlines", spy_hlines)
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", spy_bar)
+    return seen
+
+
+def test_decode_plot_takes_each_bar_from_its_newest_run(tmp_path, marks, monkeypatch):
+    """Each bar comes from the newest run that measured it, its rounds averaged; llama.cpp's bar
+    from a --peer run stands for the figure (ANCHORS.md's is not drawn); the runs a group's bars
+    come from are named under it."""
+    ticks = []
+    original = matplotlib.axes.Axes.set_xticks
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xticks",
+                        lambda self, t, labels=None, **kw: ticks.extend(labels) or original(self, t, labels, **kw))
+    old = _decode_rows("old1234", "2026-11-21T00:00:00Z", peer=300.0)
+    new = [r for r in _decode_rows("new5678", "2026-11-23T00:00:00Z", peer=340.0) if r["variant"] != "reference"]
+    for r in new:
+        r["decode_tok_s"] *= 1 if r["variant"] == "llama.cpp" else 2
+    _assert_png(plots.decode_plot(pd.DataFrame(old + new), tmp_path / "d.png", "decode"))
+    # fused (step, compiled) and llama.cpp from the new run, reference (step, compiled) from the old
+    assert marks["bars"] == [190.0, 190.0, 500.0, 500.0, 341.5]
+    assert marks["marks"] == [(1000.0, "r")]  # the roofline only: llama.cpp measured in a run
+    assert ticks == ["llama3-8b q4_0\nold1234 11-21 00:00\nnew5678 11-23 00:00"]
+
+
+def test_decode_plot_falls_back_to_anchors_only_where_the_run_has_no_peer(tmp_path, marks):
+    rows = (_decode_rows("abc1234", "2026-11-22T00:00:00Z")
+            + _decode_rows("abc1234", "2026-11-22T00:00:00Z", device="NVIDIA H100 80GB HBM3", model="llama2-7b"))
     _assert_png(plots.decode_plot(pd.DataFrame(rows), tmp_path / "d.png", "decode"))
-    assert sorted(marks) == [(348.0, "k"), (1000.0, "r"), (1000.0, "r")]
+    # ANCHORS.md's Llama-3-8B Q4_0 figure on its own device (the H200) only
+    assert sorted(marks["marks"]) == [(348.0, "k"), (1000.0, "r"), (1000.0, "r")]
+
+
+def test_plots_say_when_their_rows_come_from_several_runs(tmp_path, monkeypatch):
+    notes = []
+    original = matplotlib.figure.Figure.text
+
+    def spy(self, x, y, s, *args, **kwargs):
+        notes.append(s)
+        return original(self, x, y, s, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "text", spy)
+    one_run = _sweep_frame()
+    one_run = one_run[one_run.date != "2020-01-01T00:00:00Z"]
+    plots.bandwidth_plot(one_run, "seq", tmp_path / "a.png", "t")
+    assert notes == []
+    mixed = pd.concat([one_run, pd.DataFrame([_rope_row(seq=16384, git_sha="fff0000",
+                                                        date="2026-11-23T05:00:00Z")])])
+    plots.bandwidth_plot(mixed, "seq", tmp_path / "b.png", "t")
+    plots.fused_unfused_plot(mixed, "seq", tmp_path / "c.png", "t", baseline_variant="unfused")
+    assert len(notes) == 2 and all("rows of 2 runs" in n and "fff0000" in n and "abc1234" in n for n in notes)
