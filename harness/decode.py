@@ -594,8 +594,8 @@ def _time_mode(decoder, tokens, depth: int, prompt: int, gen: int, mode: str, re
     runs = []
     for _ in range(repeat):
         decoder.reset()
-        if depth:
-            decoder.forward(tokens[:depth])  # the context already there, not timed
+        if depth:  # the context already there, evaluated here so that no timer counts it
+            mx.eval(decoder.forward(tokens[:depth]))
         runs.append(generate(decoder, tokens[depth:depth + prompt], gen, mode))
     decode = np.array([r.decode_tok_s for r in runs])
     prefill = np.array([r.prefill_tok_s for r in runs])
