@@ -25,37 +25,32 @@ the next step, once the variants have run on the device.
 from __future__ import annotations
 
 import math
-import os
 
 import mlx.core as mx
 import numpy as np
 
-from harness.decode import Step
+from harness.plan import Step
 from harness.models import Model
+from kernels import options
 from kernels.runtime import resident
 
 VARIANTS = ("unfused", "fused")
 KV_LAYOUTS = ("contiguous", "paged")
 BLOCK_SIZE = 16  # tokens a block of the paged cache (vLLM's default)
 FUSED_UP_TO = 4  # rows of X the fused RMSNorm+GEMV takes (kernels.gemv.MAX_M)
-# The fused variant's decode tokens rotate and write K/V inside the attention launch
-# (attention.rope_flash_decode); LATHE_ROPE_IN_ATTENTION=0 gives the separate RoPE + KV-write
-# launch back, to compare the two in the loop.
-ROPE_IN_ATTENTION = os.environ.get("LATHE_ROPE_IN_ATTENTION", "1") != "0"
-# Seams (LATHE_SEAMS=0 turns them off): the fused variant's decode tokens run each layer's output
-# projection and the next block's RMSNorm+GEMV as one launch (kernels.gemv.seam): O | gate+up,
-# then down | the next layer's QKV (or the head), 64 launches a Llama token fewer. On the H200
-# each seam still runs 2-3 us longer than its two launches, but the host's encoding of 64
-# launches more cost more: alternated in one process, seams made Llama-2-7B 1.22x and
-# Llama-3-8B 1.09x faster (kernels/loop/NOTES.md, "Seams, the default").
-SEAMS = os.environ.get("LATHE_SEAMS", "1") != "0"
+# Two options of kernels.options shape the fused variant, read when a decoder is built (its
+# plan and its forward() agree): rope_in_attention, a decode token's RoPE + KV write inside the
+# attention launch (attention.rope_flash_decode); seams, each layer's output projection and the
+# next block's RMSNorm+GEMV as one launch (kernels.gemv.seam): O | gate+up, then down | the next
+# layer's QKV (or the head), 64 launches a Llama token fewer (kernels/loop/NOTES.md, "Seams, the
+# default").
 
 
 def rope_in_attention(c) -> bool:
     """Whether a fused contiguous decode token's RoPE + KV write rides in its attention launch:
     models without head norms (Qwen3's norm in a RoPE + KV write of its own), unless turned off.
     The plan and the decoder both ask here, so the plan shows what runs."""
-    return ROPE_IN_ATTENTION and not c.head_norm
+    return options.get("rope_in_attention") and not c.head_norm
 
 
 def seams_apply(c, types: dict[str, str]) -> bool:
@@ -66,16 +61,18 @@ def seams_apply(c, types: dict[str, str]) -> bool:
     names = [head] + [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
                       for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
     kinds = {types[n].lower() for n in names}
-    return SEAMS and len(kinds) == 1 and kinds <= {"q4_0", "q8_0"}
+    return options.get("seams") and len(kinds) == 1 and kinds <= {"q4_0", "q8_0"}
 
 
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False,
-                seams: bool = False) -> list[Step]:
+                seams: bool = False, rope_attention: bool | None = None) -> list[Step]:
     """The steps each decode token replays (one dispatch each, MLX adds included); `overflow`:
     the contiguous cache wraps around (RoPE apart from the cache writes, see KernelDecoder);
-    `seams` (fused): each output projection shares its launch with the next RMSNorm+GEMV."""
+    `seams` (fused): each output projection shares its launch with the next RMSNorm+GEMV;
+    `rope_attention` (fused): RoPE + KV write inside attention (default: rope_in_attention)."""
     gemv = "lathe gemv_v2 (Q4_0/Q8_0)"
     seams = seams and fused
+    rope_attention = rope_in_attention(c) if rope_attention is None else rope_attention
     steps = [Step("embed", "lathe embed", ("token",), ("x",), ("token_embd.weight",), ("token",))]
     for i in range(c.n_layers):
         b = f"blk.{i}."
@@ -104,7 +101,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False,
                            layer=i) for n in "kv"]
             steps += [Step("attention", "lathe flash_decode (+ combine past 2048)", ("q", f"cache.{i}"), ("o",),
                            (), ("min(kv_len, max_seq)",), layer=i)]
-        elif fused and rope_in_attention(c):  # RoPE and the KV write ride in attention
+        elif fused and rope_attention:  # RoPE and the KV write ride in attention
             steps += [Step("rope_attention", "lathe rope_flash_decode (+ combine past 2048)",
                            ("qkv", f"cache.{i}"), ("o", f"cache.{i}"), (), ("pos",), layer=i)]
         else:
@@ -194,12 +191,13 @@ class KernelDecoder:
             self._concat("attn_qkv", ("attn_q", "attn_k", "attn_v"))
             self._concat("ffn_gate_up", ("ffn_gate", "ffn_up"))
         self.seams = self.fused and seams_apply(c, self.types)
+        self.rope_attention = self.fused and rope_in_attention(c)
         if self.seams:
             from kernels.gemv import seam_queue
 
             self.queues = [(seam_queue(), seam_queue()) for _ in range(c.n_layers)]
         mx.clear_cache()  # the host-written copies of the weights (kernels.runtime.resident)
-        self.plan = kernel_plan(c, self.fused, self.paged, overflow, self.seams)
+        self.plan = kernel_plan(c, self.fused, self.paged, overflow, self.seams, self.rope_attention)
         self.resize(max_seq)
 
     def resize(self, max_seq: int) -> None:
@@ -272,7 +270,7 @@ class KernelDecoder:
         c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
         if self.fused:  # RoPE (and Qwen3's head norms) read Q, K, V in place in the QKV output
             qkv = self._qkv(i, x, qkv)
-            if t == 1 and rope_in_attention(c):  # RoPE and the KV write ride in attention
+            if t == 1 and self.rope_attention:  # RoPE and the KV write ride in attention
                 o, self.k[i], self.v[i] = attention.rope_flash_decode(
                     qkv, self.k[i], self.v[i], pos, 1.0 / math.sqrt(hd), n_heads=c.n_heads,
                     theta=c.rope_theta, neox=c.neox)

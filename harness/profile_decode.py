@@ -254,19 +254,15 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
 def seams_ab(preset: str, qtype: str, rounds: int, prompt: int = 16, gen: int = 128) -> None:
     """The fused decoder without seams and with them, side by side in one process: tg128 after a
     `prompt`-token prompt, compiled-pipelined, alternated (which goes first swaps each round)."""
-    from harness import kernel_decode
     from harness.decode import generate, make_decoder, model_file
     from harness.models import load_gguf
+    from kernels import options
 
     model = load_gguf(model_file(preset, qtype))
     decoders = {}
-    default = kernel_decode.SEAMS
-    try:
-        for seams in (False, True):
-            kernel_decode.SEAMS = seams
+    for seams in (False, True):
+        with options.use(seams=seams):  # read when the decoder is built
             decoders[seams] = make_decoder(model, prompt + gen, "fused")
-    finally:
-        kernel_decode.SEAMS = default
     if not decoders[True].seams:
         raise SystemExit(f"{preset} {qtype}: seams do not apply (kernel_decode.seams_apply)")
     tokens = np.random.default_rng(0).integers(0, model.config.vocab, prompt)

@@ -23,6 +23,7 @@ COMMON_COLUMNS: list[str] = [
     "us", "us_min", "us_max", "gbs", "pct_peak", "peak_gbs",
     "bytes", "flops", "launches", "repeats", "rel_err", "compile_s", "host_us", "gpu_us",
     "mlx_version", "git_sha", "date",
+    "options",  # kernels.options that differed from their defaults in the run ("" when none)
 ]
 
 SHAPE_COLUMNS: dict[str, list[str]] = {
@@ -44,12 +45,12 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
 # Columns a row may leave out; they are written as empty cells.
 OPTIONAL_COLUMNS: frozenset[str] = frozenset(
     {"rel_err", "compile_s", "host_us", "gpu_us", "flops", "launches", "repeats", "us_min", "us_max",
-     "dispatches_per_token", "round", "x_llama_cpp", "peer_build"}
+     "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options"}
 )
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.
 _TEXT_COLUMNS = ["benchmark", "kernel", "variant", "backend", "device",
-                 "mlx_version", "git_sha", "date", "model", "qtype", "mode", "peer_build"]
+                 "mlx_version", "git_sha", "date", "options", "model", "qtype", "mode", "peer_build"]
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,10 +106,13 @@ def _mlx_version() -> str:
 
 def run_metadata() -> dict[str, str]:
     """Provenance fields shared by every row of one run."""
+    from kernels import options
+
     return {
         "mlx_version": _mlx_version(),
         "git_sha": git_sha(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "options": options.describe(),
     }
 
 

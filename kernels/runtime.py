@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from kernels import options
+
 KERNEL_ROOT = Path(__file__).resolve().parent
 MSL_DIR = KERNEL_ROOT / "msl"
 
@@ -85,16 +87,19 @@ def resident(a: mx.array) -> mx.array:
 # MLX's CUDA allocator serves arrays of at most 8 bytes from one small managed pool (advised
 # read-mostly) that also holds MLX's own scalars, such as the token id the host reads back every
 # step. A kernel constant of one or two values would live there too: PAD_CONSTANTS keeps each in
-# a buffer of its own (a view of the first values of a 16-byte array). LATHE_PAD_CONSTANTS=0
+# a buffer of its own (a view of the first values of a 16-byte array). The pad_constants option
 # turns it off, for the comparison.
-PAD_CONSTANTS = os.environ.get("LATHE_PAD_CONSTANTS", "1") != "0"
 
 
-@functools.lru_cache(maxsize=4096)
 def constant(values: tuple, dtype: mx.Dtype = mx.int32) -> mx.array:
     """A small constant input (dims, eps, scale) as a resident array, made once per value. Not
     for values that change every token: making one waits for the GPU (see `index`)."""
-    if not PAD_CONSTANTS:
+    return _constant(values, dtype, options.get("pad_constants"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _constant(values: tuple, dtype: mx.Dtype, pad: bool) -> mx.array:
+    if not pad:
         return resident(mx.array(values, dtype=dtype))
     width = max(len(values), -(-16 // dtype.size))
     held = resident(mx.array(tuple(values) + (0,) * (width - len(values)), dtype=dtype))
@@ -169,8 +174,7 @@ class KernelSpec:
 # compiled-pipelined loop, harness.host_profile). So on CUDA the header and the body MLX holds are
 # one `#include` line each, of a file named by its content's digest that NVRTC reads when MLX
 # compiles the kernel (the body's file is pasted inside the kernel function, as the text would be).
-# LATHE_INLINE_SOURCE=1 hands MLX the text itself, for the comparison.
-INLINE_SOURCE = os.environ.get("LATHE_INLINE_SOURCE", "0") == "1"
+# The inline_source option hands MLX the text itself, for the comparison.
 SOURCE_DIR = Path(os.environ.get("LATHE_SOURCE_DIR") or
                   Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lathe" / "sources")
 
@@ -190,15 +194,20 @@ def include_line(text: str, suffix: str, directory: Path | None = None) -> str:
 
 def cuda_sources(source: str, header: str) -> tuple[str, str]:
     """(source, header) as MLX's CUDA backend gets them: include lines (above), or the text itself
-    with LATHE_INLINE_SOURCE=1. `lathe compile` compiles the same."""
-    if INLINE_SOURCE:
+    with the inline_source option. `lathe compile` compiles the same."""
+    if options.get("inline_source"):
         return source, header
     return include_line(source, ".body.cuh"), include_line(header, ".header.cuh")
 
 
-@functools.cache
 def compile_kernel(spec: KernelSpec) -> Any:
-    """The MLX kernel object for `spec` (built once per process; see module docstring)."""
+    """The MLX kernel object for `spec` (built once per process and source form; see module
+    docstring)."""
+    return _compile_kernel(spec, options.get("inline_source"))
+
+
+@functools.cache
+def _compile_kernel(spec: KernelSpec, inline: bool) -> Any:
     require_gpu()
     source, header = spec.source(), _header()
     if backend() == "cuda":

@@ -11,6 +11,7 @@ import pytest
 from harness.decode import MODES, generate
 from harness.kernel_decode import BLOCK_SIZE, KernelDecoder, kernel_plan
 from harness.models import load_gguf, write_random_gguf
+from kernels import options
 from reference import rel_err
 from reference.model import forward
 from tests.decode_checks import wraps_like_the_window
@@ -33,11 +34,9 @@ def test_fused_plan_has_fewer_steps(models, preset):
 
 @pytest.mark.parametrize("inside", [True, False])
 def test_fused_plan_shows_where_rope_runs(models, monkeypatch, inside):
-    """Llama's decode RoPE + KV write: inside attention, or (LATHE_ROPE_IN_ATTENTION=0) its own
-    launch, rope_qkv_write with no norm weights; Qwen3 keeps its head-norm RoPE + KV write."""
-    from harness import kernel_decode
-
-    monkeypatch.setattr(kernel_decode, "ROPE_IN_ATTENTION", inside)
+    """Llama's decode RoPE + KV write: inside attention, or (option rope_in_attention=off) its
+    own launch, rope_qkv_write with no norm weights; Qwen3 keeps its head-norm RoPE + KV write."""
+    monkeypatch.setitem(options._values, "rope_in_attention", inside)
     llama = {s.op: s for s in kernel_plan(models["tiny-llama", "q8_0"].config, True) if s.layer == 0}
     if inside:
         assert "rope_attention" in llama and "rope_kv_write" not in llama and "attention" not in llama
@@ -52,12 +51,12 @@ def test_fused_plan_shows_where_rope_runs(models, monkeypatch, inside):
 def test_seams_take_two_launches_a_layer(models, monkeypatch, preset):
     """With seams, a layer's output projection shares a launch with the gate+up RMSNorm+GEMV and
     its down GEMV with the next QKV (the last one's with the head): two launches a layer fewer;
-    only where every paired matrix is in one block type, and not with LATHE_SEAMS=0."""
+    only where every paired matrix is in one block type, and not with the option seams=off."""
     from harness import kernel_decode
 
     m = models[preset, "q4_0"]
     c = m.config
-    monkeypatch.setattr(kernel_decode, "SEAMS", True)
+    monkeypatch.setitem(options._values, "seams", True)
     assert kernel_decode.seams_apply(c, m.types)
     plain, seamed = kernel_plan(c, True), kernel_plan(c, True, seams=True)
     assert len(seamed) == len(plain) - 2 * c.n_layers
@@ -66,7 +65,7 @@ def test_seams_take_two_launches_a_layer(models, monkeypatch, preset):
     assert kernel_plan(c, False, seams=True) == kernel_plan(c, False)  # unfused: no seams
     mixed = dict(m.types, **{"blk.0.ffn_down.weight": "Q8_0"})
     assert not kernel_decode.seams_apply(c, mixed)
-    monkeypatch.setattr(kernel_decode, "SEAMS", False)
+    monkeypatch.setitem(options._values, "seams", False)
     assert not kernel_decode.seams_apply(c, m.types)
 
 
@@ -133,12 +132,10 @@ def test_fused_needs_block_matrices(models):
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("variant", ["unfused", "fused", "fused without seams"])
 def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, variant, kv):
-    from harness import kernel_decode
-
     m = models[preset, qtype]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     seams = variant == "fused"
-    monkeypatch.setattr(kernel_decode, "SEAMS", seams)
+    monkeypatch.setitem(options._values, "seams", seams)
     decoder = KernelDecoder(m, PROMPT + STEPS, variant.split()[0], kv)
     assert decoder.seams == seams  # the decode steps take the path this case names
     ours = np.array(decoder.forward(prompt))[-1]

@@ -39,8 +39,23 @@ def test_common_columns_order():
     assert results.COMMON_COLUMNS == [
         "benchmark", "kernel", "variant", "backend", "device", "us", "us_min", "us_max",
         "gbs", "pct_peak", "peak_gbs", "bytes", "flops", "launches", "repeats", "rel_err",
-        "compile_s", "host_us", "gpu_us", "mlx_version", "git_sha", "date",
+        "compile_s", "host_us", "gpu_us", "mlx_version", "git_sha", "date", "options",
     ]
+
+
+def test_a_file_without_the_options_column_is_upgraded_and_rows_name_their_options(tmp_path):
+    from kernels import options
+
+    path = tmp_path / "rope.csv"
+    old = [c for c in results.columns("rope") if c != "options"]
+    path.write_text(",".join(old) + "\n")
+    with options.use(seams=False, attn_partition=128):
+        meta = results.run_metadata()
+    assert meta["options"] == "seams=off,attn_partition=128"
+    assert results.run_metadata()["options"] == ""
+    results.append_rows(path, "rope", [_rope_row(**meta)])
+    df = results.read_results(path)
+    assert list(df.columns) == results.columns("rope") and df.options[0] == "seams=off,attn_partition=128"
 
 
 @pytest.mark.parametrize("family, shape", [
@@ -79,7 +94,7 @@ def test_results_dir(tmp_path):
 
 def test_run_metadata():
     meta = results.run_metadata()
-    assert set(meta) == {"mlx_version", "git_sha", "date"}
+    assert set(meta) == {"mlx_version", "git_sha", "date", "options"}
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta["date"])
     assert meta["git_sha"] and meta["mlx_version"]
 
@@ -125,7 +140,7 @@ def test_append_rows_upgrades_a_file_of_an_older_schema(tmp_path):
     """Columns added to a schema since a file was written (optional ones only) are added to it,
     empty in its old rows; the old rows keep every value."""
     path = tmp_path / "decode.csv"
-    new = ["round", "x_llama_cpp", "peer_build"]
+    new = ["options", "round", "x_llama_cpp", "peer_build"]
     old_cols = [c for c in results.columns("decode") if c not in new]
     old_row = dict(zip(old_cols, ["decode", "llama3-8b", "fused", "cuda", "NVIDIA H200", "2600.0", "", "", "1500.5",
                                   "36.1", "4150.0", "4000000000", "", "", "3", "", "0.5", "", "", "0.32.4",

@@ -18,18 +18,18 @@
 
 One body (decode_attention.metal) serves all: the layout and the split are compile-time
 switches. Query heads of a group share their threadgroup, so K and V are read once per group,
-unless the grid is small (QUERY_SPLIT_TO): then a group's query heads are split over threadgroups.
+unless the grid is small (the attn_query_split option): then a group's query heads are split over threadgroups.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 
 import mlx.core as mx
 import numpy as np
 
+from kernels import options
 from kernels.runtime import KernelSpec, Launch, constant, index, launch
 
 HEAD_DIMS = (64, 128, 256)
@@ -41,10 +41,9 @@ X = 8  # fp16 values in one 16-byte K vector of the paged layout
 # small grid of long partitions is slow: Llama-3-8B decode at depth 4096 (8 kv heads, one
 # sequence) took 254.9 tok/s with partitions of 512 tokens (72 threadgroups), 301.4 with 256 and
 # 323.2 with 128 (272 threadgroups; logs/ab-partition-fc8d352.log). Batches and prompts, whose
-# grids are large already, keep partitions of PARTITION_MOST. LATHE_ATTN_PARTITION fixes it.
+# grids are large already, keep partitions of PARTITION_MOST. The attn_partition option fixes it.
 PARTITION_MOST = 512
 SPLIT_GRID = 512
-PARTITION = int(os.environ["LATHE_ATTN_PARTITION"]) if os.environ.get("LATHE_ATTN_PARTITION") else None
 # Split only past this many tokens: below it a second launch (the combine) costs more than the
 # partitions' parallelism gains (H200: one launch 14-17 us at 512-2048 tokens against 29-40 us
 # split; results/nvidia-h200/attention.csv at 22ac020). Checks pass split_from=0 to test the split.
@@ -54,8 +53,8 @@ CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.meta
 # heads a threadgroup takes while they divide) as long as the grid stays within this many
 # threadgroups: at short contexts the kernel is a chain of latencies, and a grid of one
 # threadgroup per kv head (Llama-3-8B: 8) leaves most SMs idle, while the extra reads of K and V
-# are few and meet in the L2. LATHE_ATTN_QUERY_SPLIT=0 keeps a group in one threadgroup.
-QUERY_SPLIT_TO = int(os.environ.get("LATHE_ATTN_QUERY_SPLIT", "64"))
+# are few and meet in the L2. The attn_query_split option (default 64) sets the bound; 0 keeps a
+# group in one threadgroup.
 NSIMD = 4
 
 _COMBINE = KernelSpec("lathe_attention_combine", "attention/combine.metal",
@@ -149,8 +148,9 @@ def auto_partition(longest: int, grids: int) -> int:
 def query_split(group: int, threadgroups: int, most: int | None = None) -> int:
     """Threadgroups that share a kv head's `group` query heads (decode_attention.metal's QS): a
     power of two dividing the group, doubled while the grid of `threadgroups` (one per kv head,
-    partition and sequence) times it stays within `most` (QUERY_SPLIT_TO when not given)."""
-    most = QUERY_SPLIT_TO if most is None else most
+    partition and sequence) times it stays within `most` (the attn_query_split option when not
+    given)."""
+    most = options.get("attn_query_split") if most is None else most
     qs = 1
     while group % (2 * qs) == 0 and threadgroups * 2 * qs <= most:
         qs *= 2
@@ -165,8 +165,8 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     rope: (inv_freq, rope_scalars, constants) of rope_flash_decode, whose q is the QKV row."""
     # rope: one token, q the flat QKV row, k_cache [1, Hkv, S, D]
     batch, n_heads, head_dim = (1, n_kv * group, k_cache.shape[-1]) if rope is not None else q.shape
-    if partition is None:
-        partition = auto_partition(longest, n_kv * batch)
+    if partition is None:  # the attn_partition option, else sized for the grid
+        partition = options.get("attn_partition") or auto_partition(longest, n_kv * batch)
     if partition % CHUNK_MULTIPLE or partition <= 0:
         raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     # One partition holds every context, or contexts are short: the unsplit body writes the output
@@ -198,7 +198,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
 
 def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_table,
                     context_lens: Sequence[int] | mx.array, scale: float, *, version: str = "v2",
-                    partition: int | None = PARTITION, after: mx.array | None = None,
+                    partition: int | None = None, after: mx.array | None = None,
                     split_from: int = SPLIT_FROM) -> mx.array:
     """out[B, Hq, D] for one query token per sequence over vLLM's paged caches (k_cache
     [blocks, Hkv, D/8, BS, 8], v_cache [blocks, Hkv, D, BS]); block_table [B, max_blocks] and
@@ -255,7 +255,7 @@ def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
 
 
 def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Sequence[int],
-                 scale: float, *, split: bool = True, partition: int | None = PARTITION,
+                 scale: float, *, split: bool = True, partition: int | None = None,
                  after: mx.array | None = None, split_from: int = SPLIT_FROM) -> mx.array:
     """out[B, Hq, D] over the contiguous head-major caches [B, Hkv, max_seq, D]; lengths[b] is
     the number of slots sequence b attends to (see visible_tokens). Host lengths are checked;
@@ -287,7 +287,7 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
 def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int | mx.array,
                       scale: float, *, n_heads: int, theta: float = 10000.0, freq_scale: float = 1.0,
                       inv_freq: mx.array | None = None, neox: bool = False, split: bool = True,
-                      partition: int | None = PARTITION,
+                      partition: int | None = None,
                       split_from: int = SPLIT_FROM) -> tuple[mx.array, mx.array, mx.array]:
     """One decode token's RoPE, KV-cache write and attention in one launch (a launch a layer
     fewer than kernels.rope.rope_qkv_write then flash_decode: the same cache rows; the rotated
@@ -325,7 +325,7 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
 
 
 def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,
-                      *, block_table=None, split: bool = True, partition: int | None = PARTITION,
+                      *, block_table=None, split: bool = True, partition: int | None = None,
                       after: mx.array | None = None, split_from: int = SPLIT_FROM) -> mx.array:
     """Causal attention of a prompt's T query tokens q[T, Hq, D], at positions pos .. pos+T-1,
     over a cache that already holds their K and V: token i sees tokens 0 .. pos+i. The cache is

@@ -20,12 +20,14 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
 
 from __future__ import annotations
 
+import copy
 import functools
-import os
+import re
 from collections.abc import Sequence
 
 import mlx.core as mx
 
+from kernels import options
 from kernels.runtime import KernelSpec, Launch, constant, launch, resident
 
 QTYPES = {"q4_0": (0, 18), "q8_0": (1, 34)}
@@ -53,6 +55,7 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0}, "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
           "SEAM_PREFETCH": 1}
+_TUNING_DEFAULTS = copy.deepcopy(TUNING)
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
 
@@ -212,10 +215,11 @@ SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_P
 
 
 def parse_tuning(text: str) -> dict[str, int]:
-    """'KEY=INT,...' -> {KEY: INT}, KEY one of TUNING's: per-format R, NSIMD, SLOTS (set for
-    both formats) or the shared ones (SHARED_KNOBS). A clear error for anything else."""
+    """'KEY=INT,...' (or joined by '+', as the gemv_tuning option writes it) -> {KEY: INT}, KEY
+    one of TUNING's: per-format R, NSIMD, SLOTS (set for both formats) or the shared ones
+    (SHARED_KNOBS). A clear error for anything else."""
     setting = {}
-    for item in filter(None, text.split(",")):
+    for item in filter(None, re.split(r"[,+]", text)):
         key, _, value = item.strip().partition("=")
         if key not in {*TUNING["q4_0"], *SHARED_KNOBS} or not value.isdigit():
             raise ValueError(f"bad GEMV tuning {item!r}: KEY=INT, KEY one of R, NSIMD, SLOTS, "
@@ -224,10 +228,12 @@ def parse_tuning(text: str) -> dict[str, int]:
     return setting
 
 
-def set_tuning(text: str) -> dict[str, int]:
-    """Set TUNING from 'KEY=INT,...' (parse_tuning): experiments without editing the table, also
-    through the environment variable LATHE_GEMV_TUNING at import. Returns the values set."""
+def set_tuning(text: str, from_defaults: bool = False) -> dict[str, int]:
+    """Set TUNING from 'KEY=INT,...' (parse_tuning): experiments without editing the table (the
+    gemv_tuning option sets it from the defaults, kernels.options). Returns the values set."""
     setting = parse_tuning(text)
+    if from_defaults:
+        TUNING.update(copy.deepcopy(_TUNING_DEFAULTS))
     for key, value in setting.items():
         for table in (TUNING[q] for q in QTYPES) if key in TUNING["q4_0"] else (TUNING,):
             table[key] = value
@@ -436,5 +442,4 @@ def split(y: mx.array, sizes: Sequence[int]) -> list[mx.array]:
     return mx.split(y, cuts, axis=-1)
 
 
-if os.environ.get("LATHE_GEMV_TUNING"):
-    set_tuning(os.environ["LATHE_GEMV_TUNING"])
+options.on_change("gemv_tuning", lambda text: set_tuning(text, from_defaults=True))

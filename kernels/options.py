@@ -1,0 +1,172 @@
+"""Experiment options: the switches that change what the kernels and the decode loop do, declared
+once (name, default, type, help) and recorded in every results row that differs from the defaults.
+
+They are process-wide and meant to be set before the first launch: `lathe decode --set
+seams=off,attn_partition=128`, `lathe bench --set ...`, or in the environment, which is read
+here and nowhere else, as `LATHE_SET="seams=off,attn_partition=128"` or one variable an option
+(`LATHE_SEAMS=0`, the option's name upper-cased). Code reads an option when it needs it
+(`options.get("seams")`), never into a constant at import, so that a test or a profile can
+change it (`with options.use(seams=False): ...`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    raise ValueError(f"expected on/off (or 1/0, true/false, yes/no), got {text!r}")
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ValueError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def _auto_or_count(text: str) -> int | None:
+    return None if text.strip().lower() in ("auto", "") else _count(text)
+
+
+def _tuning(text: str) -> str:
+    # The form only: kernels.gemv checks the keys when the option is applied (its hook). Pairs
+    # are joined by '+' ('--set' splits options at commas; LATHE_GEMV_TUNING may use either).
+    pairs = [p.strip() for p in re.split(r"[,+]", text) if p.strip()]
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not (key.strip().isidentifier() and eq and value.strip().isdigit()):
+            raise ValueError(f"expected KEY=INT pairs joined by '+', got {text!r}")
+    return "+".join(pairs)
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    default: Any
+    parse: Callable[[str], Any]
+    help: str
+
+    @property
+    def env(self) -> str:
+        return "LATHE_" + self.name.upper()
+
+    def show(self, value: Any) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return "auto" if value is None else str(value) or "none"
+
+
+DECLARED = (
+    Option("seams", True, _flag,
+           "fused loop: each output projection and the next RMSNorm+GEMV in one launch (kernels.gemv.seam)"),
+    Option("rope_in_attention", True, _flag,
+           "fused loop (no head norms): a decode token's RoPE + KV write inside the attention launch"),
+    Option("attn_partition", None, _auto_or_count,
+           "split attention's tokens a threadgroup (auto: sized for about 512 threadgroups)"),
+    Option("attn_query_split", 64, _count,
+           "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
+    Option("pad_constants", True, _flag,
+           "kernel constants in buffers of their own, not MLX's small managed pool (kernels/loop/NOTES.md)"),
+    Option("inline_source", False, _flag,
+           "CUDA: hand MLX each kernel's text instead of an #include line of it (kernels/runtime.py)"),
+    Option("gemv_tuning", "", _tuning,
+           "GEMV launch knobs, KEY=INT pairs of kernels.gemv.TUNING joined by '+' (e.g. R=4+NSIMD=4)"),
+)
+OPTIONS = {o.name: o for o in DECLARED}
+_values: dict[str, Any] = {o.name: o.default for o in DECLARED}
+_hooks: dict[str, Callable[[Any], None]] = {}
+
+
+def get(name: str) -> Any:
+    return _values[_known(name)]
+
+
+def _known(name: str) -> str:
+    if name not in OPTIONS:
+        raise ValueError(f"unknown option {name!r}; the options are: {', '.join(OPTIONS)}")
+    return name
+
+
+def parse(text: str) -> dict[str, Any]:
+    """'name=value,name=value' -> {name: value}, each checked against its declaration."""
+    found: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, eq, value = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not eq:
+            raise ValueError(f"an option is name=value, got {item!r}")
+        option = OPTIONS[_known(name)]
+        try:
+            found[name] = option.parse(value.strip())
+        except ValueError as exc:
+            raise ValueError(f"option {name}: {exc}") from None
+    return found
+
+
+def set_options(changes: dict[str, Any]) -> None:
+    """Set options (already parsed values); an option with a hook (gemv_tuning) applies itself."""
+    for name, value in changes.items():
+        _values[_known(name)] = value
+        if name in _hooks:
+            _hooks[name](value)
+
+
+def on_change(name: str, hook: Callable[[Any], None]) -> None:
+    """Call `hook(value)` whenever the option is set (and now, if it differs from its default)."""
+    _hooks[_known(name)] = hook
+    if _values[name] != OPTIONS[name].default:
+        hook(_values[name])
+
+
+@contextlib.contextmanager
+def use(**changes: Any) -> Iterator[None]:
+    """Options changed inside the block only (tests, A/B runs in one process): every option is
+    back to its value before the block afterwards, whatever the block set."""
+    held = dict(_values)
+    set_options(changes)
+    try:
+        yield
+    finally:
+        set_options({n: v for n, v in held.items() if _values[n] != v})
+
+
+def changed() -> dict[str, Any]:
+    return {n: v for n, v in _values.items() if v != OPTIONS[n].default}
+
+
+def describe(values: dict[str, Any] | None = None) -> str:
+    """'name=value,...' of the options that differ from their defaults ('' when none): the
+    `options` column of results rows."""
+    values = changed() if values is None else values
+    return ",".join(f"{n}={OPTIONS[n].show(v)}" for n, v in values.items())
+
+
+def table() -> str:
+    """Every option: its value now, its default and what it does (for --help-options and the plan)."""
+    width = max(len(n) for n in OPTIONS)
+    return "\n".join(f"{o.name:<{width}}  {o.show(_values[o.name]):>5} (default {o.show(o.default)})  {o.help}"
+                     for o in DECLARED)
+
+
+def _from_environment(env: os._Environ | dict) -> dict[str, Any]:
+    found = parse(env.get("LATHE_SET", ""))
+    for o in DECLARED:
+        if env.get(o.env):
+            try:
+                found[o.name] = o.parse(env[o.env])
+            except ValueError as exc:
+                raise ValueError(f"{o.env}: {exc}") from None
+    return found
+
+
+set_options(_from_environment(os.environ))

@@ -1,0 +1,47 @@
+"""kernels.options: the declared experiment options, parsed, applied and restored."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels import gemv, options
+
+
+def test_parse_reads_each_kind_and_names_the_option_when_wrong():
+    assert options.parse("seams=off, attn-partition=128,attn_query_split=0,gemv_tuning=R=4+NSIMD=4") == dict(
+        seams=False, attn_partition=128, attn_query_split=0, gemv_tuning="R=4+NSIMD=4")
+    assert options.parse("attn_partition=auto,inline_source=yes") == dict(attn_partition=None, inline_source=True)
+    assert options.parse("") == {}
+    for text, said in [("seams", "name=value"), ("seams=2", "option seams"), ("nosuch=1", "unknown option"),
+                       ("attn_query_split=-1", "whole number"), ("gemv_tuning=R", "KEY=INT")]:
+        with pytest.raises(ValueError, match=said):
+            options.parse(text)
+
+
+def test_use_restores_every_option_and_describe_names_what_differs():
+    before = options.describe()
+    with options.use(seams=False, attn_partition=64):
+        assert options.get("seams") is False and options.get("attn_partition") == 64
+        assert options.describe() == "seams=off,attn_partition=64"
+        options.set_options({"pad_constants": False})  # set inside the block: undone too
+    assert options.describe() == before == ""
+
+
+def test_gemv_tuning_is_applied_from_the_defaults_and_undone():
+    default = {q: dict(gemv.TUNING[q]) for q in ("q4_0", "q8_0")}
+    with options.use(gemv_tuning="R=4+SEAM_SLOTS=0"):
+        assert gemv.TUNING["q4_0"]["R"] == gemv.TUNING["q8_0"]["R"] == 4 and gemv.TUNING["SEAM_SLOTS"] == 0
+        options.set_options({"gemv_tuning": "NSIMD=4"})  # a new setting starts from the defaults
+        assert gemv.TUNING["q4_0"]["R"] == 2 and gemv.TUNING["q4_0"]["NSIMD"] == 4
+    assert {q: gemv.TUNING[q] for q in default} == default and gemv.TUNING["SEAM_SLOTS"] == 2
+    with pytest.raises(ValueError, match="bad GEMV tuning"):  # the form passes; the key does not
+        options.set_options(options.parse("gemv_tuning=PREFETCH=1"))
+    options.set_options({"gemv_tuning": ""})
+
+
+def test_the_environment_is_read_in_one_place():
+    found = options._from_environment({"LATHE_SET": "seams=off,attn_partition=256", "LATHE_ATTN_PARTITION": "128",
+                                       "LATHE_INLINE_SOURCE": "1"})
+    assert found == dict(seams=False, attn_partition=128, inline_source=True)  # one variable wins over LATHE_SET
+    with pytest.raises(ValueError, match="LATHE_SEAMS"):
+        options._from_environment({"LATHE_SEAMS": "maybe"})
