@@ -8,6 +8,7 @@
     lathe compile [family] NVRTC-compile every kernel instantiation for CUDA, without a GPU
     lathe decode [model]   greedy decode of a GGUF file or preset, per variant, mode and depth
                            (--peer llama.cpp: llama-bench on the same file in the same run)
+    lathe options          the experiment options (--set NAME=VALUE on decode, bench, check)
 
 Without a GPU backend each command says so and runs what can run: the references' own checks.
 """
@@ -28,7 +29,11 @@ def _backend_line() -> str:
 
     from kernels.runtime import backend, device_name
 
-    return f"lathe: mlx {mx.__version__}, backend {backend()}, device {device_name()}"
+    from kernels import options
+
+    changed = options.describe()
+    return (f"lathe: mlx {mx.__version__}, backend {backend()}, device {device_name()}"
+            + (f", options {changed}" if changed else ""))
 
 
 def _no_gpu_notice() -> None:
@@ -227,15 +232,24 @@ def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool, sweep:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    # --debug on every command (the subcommands' copies suppress their default so that a
+    # `lathe --debug decode` is not undone); --set on the commands that launch kernels.
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the whole traceback of an error")
+    opts = argparse.ArgumentParser(add_help=False)
+    opts.add_argument("--set", action="append", default=[], metavar="NAME=VALUE[,...]",
+                      help="experiment options (`lathe options` lists them); recorded in every row")
     parser = argparse.ArgumentParser(prog="lathe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the whole traceback of an error")
     sub = parser.add_subparsers(dest="command")
-    check = sub.add_parser("check", help="correctness against the float64 references")
+    check = sub.add_parser("check", parents=[debug, opts], help="correctness against the float64 references")
     check.add_argument("family", nargs="?")
     check.add_argument("--seed", type=int, default=None, help="fixed seed (default: fresh data)")
     check.add_argument("-k", dest="match", default=None, help="only cases whose id contains this")
-    bench = sub.add_parser("bench", help="benchmarks, CSV and plots under results/<device>/")
+    bench = sub.add_parser("bench", parents=[debug, opts], help="benchmarks, CSV and plots under results/<device>/")
     bench.add_argument("family", nargs="?")
     bench.add_argument("--quick", action="store_true", help="fewer sizes")
     bench.add_argument("--sweep", action="store_true",
@@ -243,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--no-write", dest="write", action="store_false",
                        help="print only; write no CSV or PNG")
-    dec = sub.add_parser("decode", help="greedy decode of a GGUF model or preset, per variant and mode")
+    dec = sub.add_parser("decode", parents=[debug, opts],
+                         help="greedy decode of a GGUF model or preset, per variant and mode")
     dec.add_argument("model", nargs="?", default="tiny-llama", help="a .gguf file or a preset")
     dec.add_argument("--qtype", default="q8_0", help="weights of a preset: f16, q8_0, q4_0")
     dec.add_argument("--prompt", type=int, default=16)
@@ -274,12 +289,42 @@ def main(argv: list[str] | None = None) -> int:
                           "--peer, else 1)")
     dec.add_argument("--show-plan", action="store_true",
                      help="print the plan (the steps replayed for every token) and stop")
-    comp = sub.add_parser("compile", help="NVRTC-compile every kernel instantiation (no GPU needed)")
+    comp = sub.add_parser("compile", parents=[debug], help="NVRTC-compile every kernel instantiation (no GPU needed)")
     comp.add_argument("family", nargs="?")
-    peak = sub.add_parser("peak", help="measure the device's memory peak")
+    peak = sub.add_parser("peak", parents=[debug], help="measure the device's memory peak")
     peak.add_argument("--no-write", dest="write", action="store_false")
-    args = parser.parse_args(argv)
+    sub.add_parser("options", parents=[debug], help="the experiment options: values, defaults, what they do")
+    return parser
 
+
+# What a user can cause (a bad argument, file or machine) and the message says: one line, exit 2,
+# as argparse does; anything else is a bug and keeps its traceback.
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from harness.peers import PeerError
+    from kernels.runtime import NoGpuBackend
+
+    return (ValueError, FileNotFoundError, NoGpuBackend, PeerError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except _user_errors() as exc:
+        if args.debug:
+            raise
+        print(f"lathe: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kernels import options
+
+    options.set_options(options.parse(",".join(getattr(args, "set", []))))
+    if args.command == "options":
+        print(options.table())
+        print("set with --set NAME=VALUE[,...] (decode, bench, check) or LATHE_SET / LATHE_<NAME> in the environment")
+        return 0
     if args.command == "check":
         return cmd_check(args.family, args.seed, args.match)
     if args.command == "bench":

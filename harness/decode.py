@@ -23,6 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from harness.models import PRESETS, Model, load_gguf, write_random_gguf
+from harness.plan import Step, plan_table
 from harness.sampling import Sampler
 from kernels.runtime import index, resident
 from reference.model import weight32
@@ -142,21 +143,6 @@ class ReferenceDecoder:
         return env["logits"]
 
 
-@dataclass(frozen=True)
-class Step:
-    """One dispatch of a decode step (the seeds' command list): the op, what carries it out, the
-    buffers it reads and writes, the weights bound to it, and the fields that change from token
-    to token (pos: the position; kv_len: how much of the cache attention reads)."""
-
-    op: str
-    kernel: str
-    reads: tuple[str, ...]
-    writes: tuple[str, ...]
-    weights: tuple[str, ...] = ()
-    per_token: tuple[str, ...] = ()
-    layer: int | None = None
-
-
 def reference_plan(c) -> list[Step]:
     """The reference variant's plan: MLX built-ins, one step per op."""
     mm = "mx.matmul (dequantized weights)"
@@ -242,25 +228,6 @@ def _op_swiglu(d, s, env, t, offset, store):
 _OPS = {"embed": _op_embed, "rms_norm": _op_rms_norm, "linear": _op_linear,
         "head_norm": _op_head_norm, "rope": _op_rope, "kv_write": _op_kv_write,
         "attention": _op_attention, "add": _op_add, "swiglu": _op_swiglu}
-
-
-def plan_table(plan: list[Step], layers: tuple[int, ...] = (0,)) -> str:
-    """The plan as a readable table (the steps outside the layers and those of `layers`), and
-    the dispatches per token."""
-    import pandas as pd
-
-    rows = [dict(step=n, layer="" if s.layer is None else s.layer, op=s.op, kernel=s.kernel,
-                 reads=",".join(s.reads), writes=",".join(s.writes),
-                 weights=",".join(w.removeprefix(f"blk.{s.layer}.") for w in s.weights),
-                 per_token=",".join(s.per_token))
-            for n, s in enumerate(plan) if s.layer is None or s.layer in layers]
-    layer_count = len({s.layer for s in plan if s.layer is not None})
-    per_layer = sum(1 for s in plan if s.layer == layer_count - 1)  # the last (the first may differ)
-    with pd.option_context("display.width", 250, "display.max_colwidth", 60):
-        table = pd.DataFrame(rows).to_string(index=False)
-    return (f"{table}\n(layer 0 shown; {per_layer} steps a layer x {layer_count} layers; "
-            f"{len(plan)} steps per token: one dispatch each for our kernels, while an MLX op of "
-            f"the reference variant may launch more than one kernel)")
 
 
 def _backend() -> str:
@@ -463,16 +430,20 @@ def make_decoder(model: Model, max_seq: int, variant: str = "reference", kv: str
 
 
 def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", kv: str = "contiguous") -> str:
-    """A variant's plan for a GGUF file or preset, as plan_table prints it."""
+    """A variant's plan for a GGUF file or preset, as plan_table prints it, after the options
+    that differ from their defaults (kernels.options)."""
+    from kernels import options
+
+    said = f"options: {options.describe() or 'the defaults'}\n"
     model = load_gguf(model_file(name, qtype, seed))
     if variant not in VARIANTS or kv not in KV_LAYOUTS or (variant == "reference" and kv != "contiguous"):
         raise ValueError(f"variant must be one of {VARIANTS} and kv one of {KV_LAYOUTS} (the reference: "
                          f"contiguous only), got {variant!r}, {kv!r}")
     if variant == "reference":
-        return plan_table(reference_plan(model.config))
+        return said + plan_table(reference_plan(model.config))
     from harness.kernel_decode import kernel_plan, seams_apply
 
-    return plan_table(kernel_plan(model.config, variant == "fused", kv == "paged",
+    return said + plan_table(kernel_plan(model.config, variant == "fused", kv == "paged",
                                   seams=seams_apply(model.config, model.types)))
 
 

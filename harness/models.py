@@ -162,6 +162,89 @@ def _field(reader, key: str, required: bool = True):
     return value.item() if hasattr(value, "item") else value
 
 
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value types
+_STRING, _ARRAY = 8, 9
+
+
+def truncation(path: str | Path) -> str | None:
+    """Why a GGUF file is cut short (the header, or the first tensor whose bytes run past the
+    end, and how many bytes are missing), or None when everything its header names is there.
+    A walk of the header alone (GGUF v2/v3 layout), so that it works where the reader fails."""
+    import struct
+
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    with Path(path).open("rb") as fh:
+        head = fh.read(1 << 24)  # the metadata and tensor infos come first
+        size = fh.seek(0, 2)
+    at = 0
+
+    def take(fmt: str):
+        nonlocal at
+        n = struct.calcsize(fmt)
+        if at + n > len(head):
+            raise EOFError
+        value = struct.unpack_from("<" + fmt, head, at)
+        at += n
+        return value[0] if len(value) == 1 else value
+
+    def text() -> str:
+        nonlocal at
+        n = take("Q")
+        if at + n > len(head):
+            raise EOFError
+        at += n
+        return head[at - n:at].decode(errors="replace")
+
+    def skip(kind: int) -> None:
+        nonlocal at
+        if kind == _STRING:
+            text()
+        elif kind == _ARRAY:
+            inner, count = take("I"), take("Q")
+            if inner in _SCALAR_BYTES:
+                at += _SCALAR_BYTES[inner] * count
+            else:
+                for _ in range(count):
+                    skip(inner)
+        else:
+            at += _SCALAR_BYTES[kind]
+
+    try:
+        take("4sI")  # magic, version
+        n_tensors, n_kv = take("Q"), take("Q")
+        alignment = 32
+        for _ in range(n_kv):
+            key, kind = text(), take("I")
+            if key == "general.alignment" and kind == 4:
+                alignment = take("I")
+            else:
+                skip(kind)
+        infos = []
+        for _ in range(n_tensors):
+            name, dims = text(), take("I")
+            shape = [take("Q") for _ in range(dims)]
+            infos.append((name, shape, take("I"), take("Q")))
+    except EOFError:
+        return f"the header ends early ({size} bytes in all)"
+    except (KeyError, struct.error):
+        return None  # not a layout this walk knows: leave the verdict to the reader
+    start = -(-at // alignment) * alignment
+    for name, shape, kind, offset in infos:
+        try:
+            block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            continue  # a type this walk does not know: the reader (or the type check) says
+        elements = 1
+        for d in shape:
+            elements *= d
+        end = start + offset + elements // block * nbytes
+        if end > size:
+            return (f"tensor {name} ends at byte {end}, past the file's end at {size} "
+                    f"({end - size} bytes missing)")
+    return None
+
+
 def load_gguf(path: str | Path) -> Model:
     """Read a GGUF file into a checked Model; anything unusable is a GGUFError saying why."""
     import gguf
@@ -172,9 +255,12 @@ def load_gguf(path: str | Path) -> Model:
     with path.open("rb") as fh:
         if fh.read(4) != b"GGUF":
             raise GGUFError(f"{path}: not a GGUF file (wrong magic)")
+    short = truncation(path)  # the reader's own error for a cut file names no tensor
+    if short:
+        raise GGUFError(f"{path}: truncated: {short}")
     try:
         reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # noqa: BLE001 - truncated or corrupt files fail in many ways
+    except Exception as exc:  # noqa: BLE001 - corrupt files fail in many ways
         raise GGUFError(f"{path}: unreadable GGUF ({type(exc).__name__}: {exc})") from exc
     arch = _field(reader, "general.architecture")
     if arch not in ARCHS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,79 @@ def test_decode_show_plan():
     paged = lathe("decode", "tiny-qwen3", "--show-plan", "--variant", "fused", "--kv", "paged")
     assert paged.returncode == 0, paged.stdout + paged.stderr
     assert "reshape_and_cache" in paged.stdout and "paged_attention" in paged.stdout
+
+
+def _cut(path: Path, keep: int) -> Path:
+    data = path.read_bytes()
+    out = path.with_name(f"cut-{keep}.gguf")
+    out.write_bytes(data[:keep] if keep >= 0 else data[:keep])
+    return out
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory) -> dict[str, Path]:
+    from harness.models import write_random_gguf
+
+    root = tmp_path_factory.mktemp("bad")
+    good = write_random_gguf(root / "tiny.gguf", "tiny-llama", "q8_0")
+    (root / "empty.gguf").write_bytes(b"")
+    (root / "text.gguf").write_text("not a model\n")
+    return {"missing": root / "nope.gguf", "empty": root / "empty.gguf", "text": root / "text.gguf",
+            "cut data": _cut(good, 100_000), "cut end": _cut(good, -10), "cut header": _cut(good, 300)}
+
+
+# A user's mistake, as a new user makes them: one line on stderr naming it, exit 2 (argparse's
+# code), no traceback; --debug shows the traceback.
+USER_ERRORS = [
+    (("decode", "{missing}"), "neither a GGUF file nor a preset"),
+    (("decode", "{empty}"), "not a GGUF file"),
+    (("decode", "{text}"), "not a GGUF file"),
+    (("decode", "{cut data}"), "truncated: tensor token_embd.weight ends at byte"),
+    (("decode", "{cut end}"), "truncated: tensor blk.1.ffn_down.weight ends at byte"),
+    (("decode", "{cut header}"), "truncated: the header ends early"),
+    (("decode", "no-such-preset"), "neither a GGUF file nor a preset (tiny-llama"),
+    (("decode", "tiny-llama", "--mode", "bogus"), "mode must be among"),
+    (("decode", "tiny-llama", "--gen", "0"), "prompt and gen at least 1"),
+    (("decode", "tiny-llama", "--ctx", "4"), "ctx must hold depth + prompt = 16 tokens"),
+    (("decode", "tiny-llama", "--qtype", "q5_1"), "qtype must be one of"),
+    (("decode", "tiny-llama", "--depth", "x"), "depth must be a number"),
+    (("decode", "tiny-llama", "--set", "seams=maybe"), "option seams: expected on/off"),
+    (("decode", "tiny-llama", "--set", "nosuch=1"), "unknown option 'nosuch'"),
+    (("bench", "--set", "gemv_tuning=R=x"), "expected KEY=INT pairs"),
+]
+
+
+@pytest.mark.parametrize("args, said", USER_ERRORS, ids=[" ".join(a) for a, _ in USER_ERRORS])
+def test_a_user_error_is_one_line_and_exit_2(bad_files, capsys, monkeypatch, tmp_path, args, said):
+    from harness import cli
+
+    monkeypatch.setenv("LATHE_CACHE", str(tmp_path))
+    args = [a.format(**bad_files) for a in args]
+    assert cli.main([*args, "--no-write"] if args[0] == "decode" else args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("lathe: error: ") and said in err[0], err
+    with pytest.raises(ValueError, match=re.escape(said.split(" (")[0])):
+        cli.main([*args, "--debug"])
+
+
+@cpu_only
+def test_a_kernel_variant_without_a_gpu_is_one_line(capsys, monkeypatch, tmp_path):
+    from harness import cli
+
+    monkeypatch.setenv("LATHE_CACHE", str(tmp_path))
+    assert cli.main(["decode", "tiny-llama", "--variant", "fused", "--gen", "2", "--no-write"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("lathe: error: NoGpuBackend:")
+
+
+def test_options_are_listed_and_the_plan_names_those_set(capsys, monkeypatch, tmp_path):
+    from harness import cli
+    from kernels import options
+
+    monkeypatch.setenv("LATHE_CACHE", str(tmp_path))
+    assert cli.main(["options"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in options.OPTIONS)
+    with options.use():  # main() sets process-wide options: put them back afterwards
+        assert cli.main(["decode", "tiny-llama", "--show-plan", "--set", "seams=off,attn_partition=64"]) == 0
+    assert capsys.readouterr().out.startswith("options: seams=off,attn_partition=64\n")

@@ -1,0 +1,42 @@
+"""A decode plan: the ordered steps a token replays (the seeds' dispatch table), each naming its
+op, what carries it out, the buffers it reads and writes, the weights bound to it and the fields
+that change from token to token. Every variant builds one (harness.decode.reference_plan,
+harness.kernel_decode.kernel_plan) and `lathe decode --show-plan` prints it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Step:
+    """One dispatch of a decode step (the seeds' command list): the op, what carries it out, the
+    buffers it reads and writes, the weights bound to it, and the fields that change from token
+    to token (pos: the position; kv_len: how much of the cache attention reads)."""
+
+    op: str
+    kernel: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    weights: tuple[str, ...] = ()
+    per_token: tuple[str, ...] = ()
+    layer: int | None = None
+
+
+def plan_table(plan: list[Step], layers: tuple[int, ...] = (0,)) -> str:
+    """The plan as a readable table (the steps outside the layers and those of `layers`), and
+    the dispatches per token."""
+    import pandas as pd
+
+    rows = [dict(step=n, layer="" if s.layer is None else s.layer, op=s.op, kernel=s.kernel,
+                 reads=",".join(s.reads), writes=",".join(s.writes),
+                 weights=",".join(w.removeprefix(f"blk.{s.layer}.") for w in s.weights),
+                 per_token=",".join(s.per_token))
+            for n, s in enumerate(plan) if s.layer is None or s.layer in layers]
+    layer_count = len({s.layer for s in plan if s.layer is not None})
+    per_layer = sum(1 for s in plan if s.layer == layer_count - 1)  # the last (the first may differ)
+    with pd.option_context("display.width", 250, "display.max_colwidth", 60):
+        table = pd.DataFrame(rows).to_string(index=False)
+    return (f"{table}\n(layer 0 shown; {per_layer} steps a layer x {layer_count} layers; "
+            f"{len(plan)} steps per token: one dispatch each for our kernels, while an MLX op of "
+            f"the reference variant may launch more than one kernel)")
