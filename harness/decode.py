@@ -444,7 +444,7 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
     from harness.kernel_decode import kernel_plan, seams_apply
 
     return said + plan_table(kernel_plan(model.config, variant == "fused", kv == "paged",
-                                  seams=seams_apply(model.config, model.types)))
+                                         seams=seams_apply(model.config, model.types), types=model.types))
 
 
 def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, modes=("step",),

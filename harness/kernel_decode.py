@@ -14,22 +14,25 @@ reshape_and_cache, then paged_attention (a prompt: prefill_attention over the po
 cache write instead of one launch).
 
 Same interface as harness.decode.ReferenceDecoder (forward, reset, pos), so generate() and Session
-run them, in every mode (compiled: KernelDecoder.compiled_step). Matrices
-stay in their GGUF blocks; F16 matrices (the f16 presets) go through MLX's matmul. Prompts
-(more than 4 tokens) take the batched GEMV path and kernels.attention.prefill_attention.
-`kernel_plan` lists the steps forward() dispatches (for --show-plan); forward() is written out
-rather than replaying that list as the reference variant does: making it the executed list is
-the next step, once the variants have run on the device.
+run them, in every mode (compiled: KernelDecoder.compiled_step). Matrices stay in their GGUF
+blocks; F16 matrices (the f16 presets) go through MLX's matmul.
+
+The plan is the program: `kernel_plan` builds, once per decoder and phase (a decode token; 2-4
+tokens, which the fused GEMVs still take; a longer prompt, which takes the batched GEMV path and
+kernels.attention.prefill_attention), the ordered steps with what executes each, and forward()
+replays them (harness.plan.replay). `--show-plan` prints the decode token's plan, and a CPU test
+holds the launches forward() makes against it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import mlx.core as mx
 import numpy as np
 
-from harness.plan import Step
+from harness.plan import Step, replay
 from harness.models import Model
 from kernels import options
 from kernels.runtime import resident
@@ -64,90 +67,347 @@ def seams_apply(c, types: dict[str, str]) -> bool:
     return options.get("seams") and len(kinds) == 1 and kinds <= {"q4_0", "q8_0"}
 
 
-def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False,
-                seams: bool = False, rope_attention: bool | None = None) -> list[Step]:
-    """The steps each decode token replays (one dispatch each, MLX adds included); `overflow`:
-    the contiguous cache wraps around (RoPE apart from the cache writes, see KernelDecoder);
-    `seams` (fused): each output projection shares its launch with the next RMSNorm+GEMV;
-    `rope_attention` (fused): RoPE + KV write inside attention (default: rope_in_attention)."""
-    gemv = "lathe gemv_v2 (Q4_0/Q8_0)"
-    seams = seams and fused
+QUANTIZED = ("q4_0", "q8_0")
+PHASES = ("decode", "short", "prompt")  # 1 token; 2..FUSED_UP_TO (the fused GEMVs' rows); more
+
+
+def phase_of(t: int) -> str:
+    return "decode" if t == 1 else "short" if t <= FUSED_UP_TO else "prompt"
+
+
+def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, seams: bool = False,
+                rope_attention: bool | None = None, types: dict[str, str] | None = None,
+                phase: str = "decode") -> list[Step]:
+    """The steps a forward() of `phase` replays, in order, each with what executes it (one
+    dispatch each where it is our kernel; an MLX op where the kernel says so). `overflow`: the
+    contiguous cache wraps around (a decode token's RoPE apart from its cache writes); `seams`
+    (fused, up to FUSED_UP_TO tokens): each output projection shares its launch with the next
+    RMSNorm+GEMV; `rope_attention` (fused): a decode token's RoPE + KV write inside attention
+    (default: rope_in_attention); `types`: GGUF tensor name -> block type (default: all Q8_0),
+    which decides between our GEMVs and MLX's matmul."""
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     rope_attention = rope_in_attention(c) if rope_attention is None else rope_attention
-    steps = [Step("embed", "lathe embed", ("token",), ("x",), ("token_embd.weight",), ("token",))]
+    kinds = {n: t.lower() for n, t in (types or {}).items()}
+    quant = lambda name: kinds.get(name, "q8_0") in QUANTIZED  # noqa: E731
+    decode, small = phase == "decode", phase != "prompt"
+    seams = seams and fused and small
+    wrap = overflow and decode and not paged
+    head = "token_embd.weight" if c.tied else "output.weight"
+    steps: list[Step] = []
+
+    def add(op, kernel, reads, writes, run, *args, weights=(), per_token=(), layer=None, launches=()):
+        steps.append(Step(op, kernel, tuple(reads), tuple(writes), tuple(weights), tuple(per_token), layer,
+                          functools.partial(run, *args) if args else run, tuple(launches)))
+
+    def linear(src, dst, name, layer=None, residual=False):
+        """Y = X @ W^T (+ the residual stream, in the GEMV's epilogue where it can)."""
+        if quant(name) and residual and fused and small:
+            add("linear_residual", "lathe gemv_v2 (Q4_0/Q8_0) + residual", (src, "x"), ("x",), _run_linear_residual,
+                src, name, weights=(name,), layer=layer, launches=("lathe_gemv_v2_residual",))
+            return
+        gemv = ("lathe_gemv_v2",) if small else ("lathe_gemv_v2", "lathe_dequantize")  # linear()'s two paths
+        add("linear", "lathe gemv_v2 (Q4_0/Q8_0)" if quant(name) else "mx.matmul (F16)", (src,), (dst,),
+            _run_linear, src, dst, name, weights=(name,), layer=layer, launches=gemv if quant(name) else ())
+        if residual:
+            add("add", "mx.add", ("x", dst), ("x",), _run_add, dst, layer=layer)
+
+    def norm_linear(norm, name, dst, layer=None, shown=None):
+        """RMSNorm of the residual stream, then a projection: one launch where the GEMV fuses it."""
+        if fused and small and quant(name):
+            add("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), (dst,), _run_norm_linear, norm, name, dst,
+                weights=(norm, shown or name), layer=layer, launches=("lathe_rmsnorm_gemv_v2",))
+        else:
+            add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, norm, weights=(norm,), layer=layer,
+                launches=("lathe_rmsnorm",))
+            linear("h", dst, name, layer)
+
+    add("embed", "lathe embed", ("token",), ("x",), _run_embed, weights=("token_embd.weight",), per_token=("token",),
+        launches=("lathe_embed",))
     for i in range(c.n_layers):
         b = f"blk.{i}."
+        qkv_name = b + "attn_qkv.weight"
+        # -- Q, K and V (rotated or not yet), into the cache, and attention -------------------------
         if seams and i > 0:
             pass  # this layer's QKV came out of the last seam of the layer before
         elif fused:
-            steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("qkv",),
-                           (b + "attn_norm.weight", b + "attn_qkv (q|k|v)"), layer=i)]
+            norm_linear(b + "attn_norm.weight", qkv_name, "qkv", i, shown=b + "attn_qkv (q|k|v)")
         else:
-            steps += [Step("rms_norm", "lathe rmsnorm", ("x",), ("h",), (b + "attn_norm.weight",), layer=i)]
-            steps += [Step("linear", gemv, ("h",), (n,), (b + f"attn_{n}.weight",), layer=i) for n in "qkv"]
-        apart = paged or overflow  # RoPE in launches of its own, then the cache writes
-        if c.head_norm and (apart or not fused):  # the fused contiguous path norms in its RoPE write
-            steps += [Step("head_norm", "lathe head_rmsnorm", (n,), (n,), (b + f"attn_{n}_norm.weight",),
-                           layer=i) for n in "qk"]
+            add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, b + "attn_norm.weight",
+                weights=(b + "attn_norm.weight",), layer=i, launches=("lathe_rmsnorm",))
+            for n in "qkv":
+                linear("h", n, b + f"attn_{n}.weight", i)
+        apart = paged or wrap  # RoPE in launches of its own, then the cache writes
+        if apart or not fused:  # (fused: Q, K and V are slices of the projection's output)
+            if c.head_norm:
+                for n in "qk":
+                    add("head_norm", "lathe head_rmsnorm", (n,), (n,), _run_head_norm, n, i,
+                        weights=(b + f"attn_{n}_norm.weight",), layer=i, launches=("lathe_head_rmsnorm",))
         if apart:
-            steps += [Step("rope", "lathe rope_neox" if c.neox else "lathe rope", (n,), (n,), (), ("pos",),
-                           layer=i) for n in "qk"]
+            for n in "qk":
+                add("rope", "lathe rope_neox" if c.neox else "lathe rope", (n,), (n,), _run_rope, n, i, per_token=("pos",),
+                    layer=i, launches=("lathe_rope",))
         if paged:
-            steps += [Step("kv_write", "lathe reshape_and_cache", ("k", "v"), (f"cache.{i}",), (), ("slot",),
-                           layer=i),
-                      Step("attention", "lathe paged_attention v2 (+ combine past 2048)",
-                           ("q", f"cache.{i}", "block_table"), ("o",), (), ("kv_len",), layer=i)]
-        elif overflow:
-            steps += [Step("kv_write", "lathe cache_write", (n,), (f"cache.{i}",), (), ("pos % max_seq",),
-                           layer=i) for n in "kv"]
-            steps += [Step("attention", "lathe flash_decode (+ combine past 2048)", ("q", f"cache.{i}"), ("o",),
-                           (), ("min(kv_len, max_seq)",), layer=i)]
-        elif fused and rope_attention:  # RoPE and the KV write ride in attention
-            steps += [Step("rope_attention", "lathe rope_flash_decode (+ combine past 2048)",
-                           ("qkv", f"cache.{i}"), ("o", f"cache.{i}"), (), ("pos",), layer=i)]
+            add("kv_write", "lathe reshape_and_cache", ("k", "v"), (f"cache.{i}",), _run_reshape_and_cache, i,
+                per_token=("slot",), layer=i, launches=("lathe_reshape_and_cache",))
+            add("attention", "lathe paged_attention v2 (+ combine past 2048)" if decode else "lathe prefill_attention (paged)",
+                ("q", f"cache.{i}", "block_table"), ("o",), _run_paged_attention, i, per_token=("kv_len",), layer=i,
+                launches=("lathe_paged_attention", "lathe_attention_combine"))
+        elif wrap:
+            for n in "kv":
+                add("kv_write", "lathe cache_write", (n,), (f"cache.{i}",), _run_cache_write, n, i,
+                    per_token=("pos % max_seq",), layer=i, launches=("lathe_cache_write",))
+            add("attention", "lathe flash_decode (+ combine past 2048)", ("q", f"cache.{i}"), ("o",),
+                _run_wrapping_attention, i, per_token=("min(kv_len, max_seq)",), layer=i,
+                launches=("lathe_contiguous_attention", "lathe_attention_combine"))
+        elif fused and decode and rope_attention:  # RoPE and the KV write ride in attention
+            add("rope_attention", "lathe rope_flash_decode (+ combine past 2048)", ("qkv", f"cache.{i}"),
+                ("o", f"cache.{i}"), _run_rope_attention, i, per_token=("pos",), layer=i,
+                launches=("lathe_contiguous_rope_attention", "lathe_attention_combine"))
         else:
-            if fused:
-                rope = "lathe head_norm_rope_neox_qkv_write" if c.head_norm else "lathe rope_qkv_write"
-                steps += [Step("rope_kv_write", rope, ("qkv",), ("q", f"cache.{i}"),
-                               (b + "attn_q_norm.weight", b + "attn_k_norm.weight") if c.head_norm else (),
-                               ("pos",), layer=i)]
+            if fused and c.head_norm:
+                add("rope_kv_write", "lathe head_norm_rope_neox_qkv_write", ("qkv",), ("q", f"cache.{i}"),
+                    _run_rope_kv_write, i, weights=(b + "attn_q_norm.weight", b + "attn_k_norm.weight"),
+                    per_token=("pos",), layer=i, launches=("lathe_head_norm_rope_kv_write",))
+            elif fused:
+                add("rope_kv_write", "lathe rope_qkv_write", ("qkv",), ("q", f"cache.{i}"), _run_rope_kv_write, i,
+                    per_token=("pos",), layer=i, launches=("lathe_rope_kv_write",))
             else:
-                steps += [Step("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"),
-                               ("q", f"cache.{i}"), (), ("pos",), layer=i)]
-            steps += [Step("attention", "lathe flash_decode (+ combine past 2048)",
-                           ("q", f"cache.{i}"), ("o",), (), ("kv_len",), layer=i)]
+                add("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"), ("q", f"cache.{i}"),
+                    _run_rope_kv_write, i, per_token=("pos",), layer=i, launches=("lathe_rope_kv_write",))
+            add("attention", "lathe flash_decode (+ combine past 2048)" if decode else "lathe prefill_attention",
+                ("q", f"cache.{i}"), ("o",), _run_attention, i, per_token=("kv_len",), layer=i,
+                launches=("lathe_contiguous_attention", "lathe_attention_combine"))
+        # -- the output projection and the FFN --------------------------------------------------------
         if seams:
-            nxt = (f"blk.{i + 1}.attn_norm.weight", f"blk.{i + 1}.attn_qkv (q|k|v)") if i + 1 < c.n_layers \
-                else ("output_norm.weight", "token_embd.weight" if c.tied else "output.weight")
-            steps += [Step("seam", "lathe seam (gemv + residual | rmsnorm_gemv)", ("o", "x"), ("x", "gate_up"),
-                           (b + "attn_output.weight", b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i),
-                      Step("seam", "lathe seam (silu_down_gemv + residual | rmsnorm_gemv)", ("gate_up", "x"),
-                           ("x", "qkv" if i + 1 < c.n_layers else "logits"), (b + "ffn_down.weight", *nxt), layer=i)]
+            last = i + 1 == c.n_layers
+            nxt = ("output_norm.weight", head) if last else (f"blk.{i + 1}.attn_norm.weight", f"blk.{i + 1}.attn_qkv.weight")
+            add("seam", "lathe seam (gemv + residual | rmsnorm_gemv)", ("o", "x"), ("x", "gate_up"), _run_seam,
+                i, False, b + "ffn_norm.weight", b + "ffn_gate_up.weight", "gate_up",
+                weights=(b + "attn_output.weight", b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i,
+                launches=("lathe_seam_plain",))
+            add("seam", "lathe seam (silu_down_gemv + residual | rmsnorm_gemv)", ("gate_up", "x"),
+                ("x", "logits" if last else "qkv"), _run_seam, i, True, *nxt, "logits" if last else "qkv",
+                weights=(b + "ffn_down.weight", nxt[0], nxt[1] if last else f"blk.{i + 1}.attn_qkv (q|k|v)"),
+                layer=i, launches=("lathe_seam_swiglu",))
             continue
-        if fused:  # the residual adds ride in the GEMVs' epilogue
-            steps += [Step("linear_residual", gemv + " + residual", ("o", "x"), ("x",),
-                           (b + "attn_output.weight",), layer=i),
-                      Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("gate_up",),
-                           (b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i),
-                      Step("silu_down_residual", "lathe silu_down_gemv + residual", ("gate_up", "x"),
-                           ("x",), (b + "ffn_down.weight",), layer=i)]
+        linear("o", "attn", b + "attn_output.weight", i, residual=True)
+        gate_up = b + "ffn_gate_up.weight"
+        if fused and small and quant(gate_up):
+            add("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("gate_up",), _run_norm_linear, b + "ffn_norm.weight",
+                gate_up, "gate_up", weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i,
+                launches=("lathe_rmsnorm_gemv_v2",))
+            add("silu_down_residual", "lathe silu_down_gemv + residual", ("gate_up", "x"), ("x",), _run_silu_down, i,
+                weights=(b + "ffn_down.weight",), layer=i, launches=("lathe_silu_down_gemv_v2_residual",))
             continue
-        steps += [Step("linear", gemv, ("o",), ("attn",), (b + "attn_output.weight",), layer=i),
-                  Step("add", "mx.add", ("x", "attn"), ("x",), layer=i)]
-        steps += [Step("rms_norm", "lathe rmsnorm", ("x",), ("h",), (b + "ffn_norm.weight",), layer=i),
-                  Step("linear", gemv, ("h",), ("gate",), (b + "ffn_gate.weight",), layer=i),
-                  Step("linear", gemv, ("h",), ("up",), (b + "ffn_up.weight",), layer=i),
-                  Step("swiglu", "lathe swiglu", ("gate", "up"), ("a",), layer=i),
-                  Step("linear", gemv, ("a",), ("ffn",), (b + "ffn_down.weight",), layer=i),
-                  Step("add", "mx.add", ("x", "ffn"), ("x",), layer=i)]
-    out = "token_embd.weight" if c.tied else "output.weight"
-    if seams:
-        pass  # the head came out of the last seam
-    elif fused:
-        steps += [Step("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("logits",), ("output_norm.weight", out))]
-    else:
-        steps += [Step("rms_norm", "lathe rmsnorm", ("x",), ("h",), ("output_norm.weight",)),
-                  Step("linear", gemv, ("h",), ("logits",), (out,))]
+        add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, b + "ffn_norm.weight",
+            weights=(b + "ffn_norm.weight",), layer=i, launches=("lathe_rmsnorm",))
+        if fused:  # a prompt: the gate+up matrix, then SwiGLU over its [gate | up] rows
+            linear("h", "gate_up", gate_up, i)
+            add("swiglu", "lathe swiglu", ("gate_up",), ("a",), _run_swiglu, ("gate_up",), layer=i,
+                launches=("lathe_swiglu",))
+        else:
+            linear("h", "gate", b + "ffn_gate.weight", i)
+            linear("h", "up", b + "ffn_up.weight", i)
+            add("swiglu", "lathe swiglu (over mx.concatenate of gate, up)", ("gate", "up"), ("a",), _run_swiglu,
+                ("gate", "up"), layer=i, launches=("lathe_swiglu",))
+        linear("a", "ffn", b + "ffn_down.weight", i, residual=True)
+    if not seams:  # else the head came out of the last seam
+        norm_linear("output_norm.weight", head, "logits")
     return steps
+
+
+# ---- what the steps execute: run(decoder, env, t, pos, ...) over env's named buffers ----------------
+def _run_embed(d, env, t, pos):
+    from kernels import loop
+
+    embd = "token_embd.weight"
+    env["x"] = loop.embed(d.w[embd], env["token"], d.types[embd] if d.types[embd] != "f32" else "f16",
+                          d.config.d_model)
+
+
+def _run_rmsnorm(norm, d, env, t, pos):
+    from kernels import loop
+
+    env["h"] = loop.rmsnorm(env["x"], d.g16[norm], d.config.eps)
+
+
+def _run_linear(src, dst, name, d, env, t, pos):
+    env[dst] = d._linear(env[src], name)
+
+
+def _run_add(src, d, env, t, pos):
+    env["x"] = env["x"] + env[src]
+
+
+def _run_linear_residual(src, name, d, env, t, pos):
+    from kernels import gemv
+
+    env["x"] = gemv.gemv_v2(env[src], d.w[name], d.types[name], *d.nk[name], residual=env["x"])
+
+
+def _run_norm_linear(norm, name, dst, d, env, t, pos):
+    from kernels.gemv import rmsnorm_gemv
+
+    n, k = d.nk[name]
+    env[dst] = rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.w[name], d.types[name], n, k)
+
+
+def _run_silu_down(i, d, env, t, pos):
+    from kernels import gemv
+
+    wd = f"blk.{i}.ffn_down.weight"
+    env["x"] = gemv.silu_down_gemv(env["gate_up"], d.w[wd], d.types[wd], *d.nk[wd], residual=env["x"])
+
+
+def _run_swiglu(parts, d, env, t, pos):
+    from kernels import loop
+
+    gate_up = env[parts[0]] if len(parts) == 1 else mx.concatenate([env[p] for p in parts], axis=-1)
+    env["a"] = loop.swiglu(gate_up)
+
+
+def _run_seam(i, second, norm, name, dst, d, env, t, pos):
+    """Layer i's first seam (O + residual | RMSNorm+GEMV gate+up) or its second (down of
+    silu(gate) * up + residual | RMSNorm+GEMV of the next QKV or the head), one launch."""
+    from kernels.gemv import seam
+
+    wa = f"blk.{i}." + ("ffn_down.weight" if second else "attn_output.weight")
+    n_a, k_a = d.nk[wa]
+    env["x"], env[dst] = seam(env["gate_up" if second else "o"], d.w[wa], n_a, k_a, env["x"], d.g16[norm],
+                              d.config.eps, d.w[name], d.nk[name][0], d.types[wa], swiglu=second,
+                              queue=d.queues[i][second])
+
+
+def _heads_of(d, env, t) -> tuple[mx.array, mx.array, mx.array]:
+    """Q, K, V [t, heads, D] from the projections: the fused one's output (split, MLX slices) or
+    the three of their own."""
+    from kernels import gemv
+
+    c, hd = d.config, d.config.head_dim
+    if "q" not in env:
+        env["q"], env["k"], env["v"] = gemv.split(env["qkv"], (c.n_heads * hd, c.n_kv_heads * hd, c.n_kv_heads * hd))
+    shapes = dict(q=c.n_heads, k=c.n_kv_heads, v=c.n_kv_heads)
+    for n in "qkv":
+        env[n] = env[n].reshape(t, shapes[n], hd)
+    return env["q"], env["k"], env["v"]
+
+
+def _run_head_norm(n, i, d, env, t, pos):
+    from kernels import rope
+
+    _heads_of(d, env, t)
+    env[n] = rope.head_rmsnorm(env[n], d.g32[f"blk.{i}.attn_{n}_norm.weight"], d.config.eps)
+
+
+def _run_rope(n, i, d, env, t, pos):
+    from kernels import rope
+
+    _heads_of(d, env, t)
+    rotate = rope.rope_neox if d.config.neox else rope.rope
+    env[n] = rotate(env[n], pos, theta=d.config.rope_theta)
+
+
+def _run_rope_kv_write(i, d, env, t, pos):
+    """RoPE (Qwen3: and the head norms) with the in-place K/V write of t tokens at pos: from the
+    fused projection's output where there is one, else from Q, K, V."""
+    from kernels import rope
+
+    c, b = d.config, f"blk.{i}."
+    if "qkv" in env and d.fused:
+        if c.head_norm:
+            rot = rope.head_norm_rope_neox_qkv_write(
+                env["qkv"], d.g32[b + "attn_q_norm.weight"], d.g32[b + "attn_k_norm.weight"], d.k[i], d.v[i], pos,
+                n_heads=c.n_heads, eps=c.eps, theta=c.rope_theta)
+        else:
+            rot = rope.rope_qkv_write(env["qkv"], d.k[i], d.v[i], pos, n_heads=c.n_heads, theta=c.rope_theta,
+                                      neox=c.neox)
+    else:
+        write = rope.rope_neox_batch_kv_write if c.neox else rope.rope_batch_kv_write
+        rot = write(*_heads_of(d, env, t), d.k[i], d.v[i], pos, theta=c.rope_theta)
+    d.k[i], d.v[i] = rot.k_cache, rot.v_cache
+    env["q"], env["written"] = rot.q, rot.written
+
+
+def _lens(pos, rows=None):
+    """Context lengths of a decode token at pos: host ints, or int32[1] on the device."""
+    if isinstance(pos, int):
+        return [pos + 1 if rows is None else min(pos + 1, rows)]
+    return pos + 1 if rows is None else mx.minimum(pos + 1, rows)
+
+
+def _run_attention(i, d, env, t, pos):
+    """Attention over the contiguous cache after its write: a decode token (flash decode) or a
+    prompt (causal, each token over the cache up to its own position)."""
+    from kernels import attention
+
+    c, hd = d.config, d.config.head_dim
+    scale = 1.0 / math.sqrt(hd)
+    if t == 1:
+        o = attention.flash_decode(env["q"].reshape(1, c.n_heads, hd), d.k[i][None], d.v[i][None], _lens(pos),
+                                   scale, after=env["written"])
+    else:
+        o = attention.prefill_attention(env["q"].reshape(t, c.n_heads, hd), d.k[i], d.v[i], pos, scale,
+                                        after=env["written"])
+    _end_layer_attention(env, o.reshape(t, -1))
+
+
+def _run_rope_attention(i, d, env, t, pos):
+    from kernels import attention
+
+    c = d.config
+    o, d.k[i], d.v[i] = attention.rope_flash_decode(env["qkv"], d.k[i], d.v[i], pos, 1.0 / math.sqrt(c.head_dim),
+                                                     n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox)
+    _end_layer_attention(env, o.reshape(1, -1))
+
+
+def _run_cache_write(n, i, d, env, t, pos):
+    """K or V of one decode token into row pos % max_seq of a cache that may wrap around."""
+    from kernels import rope
+
+    caches = d.k if n == "k" else d.v
+    caches[i], written = rope.cache_write(env[n].reshape(1, -1), caches[i], pos % d.max_seq)
+    env[f"written.{n}"] = written
+
+
+def _run_wrapping_attention(i, d, env, t, pos):
+    """Attention of one decode token over the min(pos + 1, max_seq) rows the cache holds (their
+    order does not matter to softmax)."""
+    from kernels import attention
+
+    c = d.config
+    o = attention.flash_decode(env["q"].reshape(1, c.n_heads, c.head_dim), d.k[i][None], d.v[i][None],
+                               _lens(pos, d.max_seq), 1.0 / math.sqrt(c.head_dim),
+                               after=mx.concatenate([env["written.k"], env["written.v"]]))
+    _end_layer_attention(env, o.reshape(1, -1))
+
+
+def _run_reshape_and_cache(i, d, env, t, pos):
+    from kernels import attention
+
+    _heads_of(d, env, t)
+    d.k[i], d.v[i], env["written"] = attention.reshape_and_cache(env["k"], env["v"], d.k[i], d.v[i],
+                                                                 d._slots(pos, t))
+
+
+def _run_paged_attention(i, d, env, t, pos):
+    from kernels import attention
+
+    scale = 1.0 / math.sqrt(d.config.head_dim)
+    if t == 1:
+        table = d.table if isinstance(pos, int) else d.table_dev
+        o = attention.paged_attention(env["q"], d.k[i], d.v[i], table, _lens(pos), scale, after=env["written"])
+    else:
+        o = attention.prefill_attention(env["q"], d.k[i], d.v[i], pos, scale, block_table=d.table[0],
+                                        after=env["written"])
+    _end_layer_attention(env, o.reshape(t, -1))
+
+
+def _end_layer_attention(env, o: mx.array) -> None:
+    """o [t, Hq * D] for the output projection; the layer's Q, K, V and projections are done."""
+    for n in ("q", "k", "v", "qkv", "h", "written", "written.k", "written.v"):
+        env.pop(n, None)
+    env["o"] = o
 
 
 class KernelDecoder:
@@ -197,7 +457,8 @@ class KernelDecoder:
 
             self.queues = [(seam_queue(), seam_queue()) for _ in range(c.n_layers)]
         mx.clear_cache()  # the host-written copies of the weights (kernels.runtime.resident)
-        self.plan = kernel_plan(c, self.fused, self.paged, overflow, self.seams, self.rope_attention)
+        self._plans: dict[str, list[Step]] = {}
+        self.plan = self.plan_for(1)  # a decode token's: --show-plan's, and the dispatches per token
         self.resize(max_seq)
 
     def resize(self, max_seq: int) -> None:
@@ -259,125 +520,7 @@ class KernelDecoder:
             return self.table[0, p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
         return mx.take(self.table_dev[0], pos // BLOCK_SIZE) * BLOCK_SIZE + pos % BLOCK_SIZE
 
-    def _contiguous_attention(self, i: int, x: mx.array, t: int, pos, qkv=None) -> mx.array:
-        """Layer i's attention over the contiguous cache: projections, then RoPE (and Qwen3's head
-        norms) fused with the in-place KV write, then attention; o [t, Hq * D]. `qkv`: the fused
-        projection's output when a seam made it already (else made here from x)."""
-        from kernels import attention, rope
-
-        if self.overflow and t == 1:
-            return self._wrapping_attention(i, x, pos, qkv)
-        c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
-        if self.fused:  # RoPE (and Qwen3's head norms) read Q, K, V in place in the QKV output
-            qkv = self._qkv(i, x, qkv)
-            if t == 1 and self.rope_attention:  # RoPE and the KV write ride in attention
-                o, self.k[i], self.v[i] = attention.rope_flash_decode(
-                    qkv, self.k[i], self.v[i], pos, 1.0 / math.sqrt(hd), n_heads=c.n_heads,
-                    theta=c.rope_theta, neox=c.neox)
-                return o.reshape(1, -1)
-            if c.head_norm:
-                rot = rope.head_norm_rope_neox_qkv_write(
-                    qkv, self.g32[b + "attn_q_norm.weight"], self.g32[b + "attn_k_norm.weight"],
-                    self.k[i], self.v[i], pos, n_heads=c.n_heads, eps=c.eps, theta=c.rope_theta)
-            else:
-                rot = rope.rope_qkv_write(qkv, self.k[i], self.v[i], pos, n_heads=c.n_heads,
-                                          theta=c.rope_theta, neox=c.neox)
-        else:
-            write = rope.rope_neox_batch_kv_write if c.neox else rope.rope_batch_kv_write
-            rot = write(*self._projections(i, x, t), self.k[i], self.v[i], pos, theta=c.rope_theta)
-        self.k[i], self.v[i] = rot.k_cache, rot.v_cache
-        scale = 1.0 / math.sqrt(hd)
-        if t == 1:
-            lens = [pos + 1] if isinstance(pos, int) else pos + 1
-            o = attention.flash_decode(rot.q.reshape(1, c.n_heads, hd), self.k[i][None], self.v[i][None],
-                                       lens, scale, after=rot.written)
-        else:  # a prompt: causal, each token over the cache up to its own position
-            o = attention.prefill_attention(rot.q.reshape(t, c.n_heads, hd), self.k[i], self.v[i],
-                                            pos, scale, after=rot.written)
-        return o.reshape(t, -1)
-
-    def _rotated(self, i: int, x: mx.array, t: int, pos, qkv=None) -> tuple[mx.array, mx.array, mx.array]:
-        """Layer i's Q, K (rotated at positions pos..) and V, [t, heads, D]: RoPE in launches of
-        its own (the paged and the wrapping paths)."""
-        from kernels import rope
-
-        c = self.config
-        q, k, v = self._projections(i, x, t, qkv)
-        rotate = rope.rope_neox if c.neox else rope.rope
-        return rotate(q, pos, theta=c.rope_theta), rotate(k, pos, theta=c.rope_theta), v
-
-    def _wrapping_attention(self, i: int, x: mx.array, pos, qkv=None) -> mx.array:
-        """Layer i's attention for one decode token over a cache that may wrap around: K and V
-        written at row pos % max_seq, attention over the min(pos + 1, max_seq) rows held (their
-        order does not matter to softmax); o [1, Hq * D]."""
-        from kernels import attention, rope
-
-        c = self.config
-        q, k, v = self._rotated(i, x, 1, pos, qkv)
-        row = pos % self.max_seq  # an int, or an int32[1] array in a compiled step
-        lens = [min(pos + 1, self.max_seq)] if isinstance(pos, int) else mx.minimum(pos + 1, self.max_seq)
-        self.k[i], k_written = rope.cache_write(k.reshape(1, -1), self.k[i], row)
-        self.v[i], v_written = rope.cache_write(v.reshape(1, -1), self.v[i], row)
-        o = attention.flash_decode(q.reshape(1, c.n_heads, c.head_dim), self.k[i][None], self.v[i][None], lens,
-                                   1.0 / math.sqrt(c.head_dim), after=mx.concatenate([k_written, v_written]))
-        return o.reshape(1, -1)
-
-    def _projections(self, i: int, x: mx.array, t: int, qkv=None) -> tuple[mx.array, mx.array, mx.array]:
-        """Layer i's Q, K, V [t, heads, D], Qwen3's head norms applied, not yet rotated (the paths
-        whose RoPE is not fused into the projection's output: unfused, paged)."""
-        from kernels import gemv, loop, rope
-
-        c, b, hd = self.config, f"blk.{i}.", self.config.head_dim
-        if self.fused:
-            qkv = self._qkv(i, x, qkv)
-            q, k, v = gemv.split(qkv, (c.n_heads * hd, c.n_kv_heads * hd, c.n_kv_heads * hd))
-        else:
-            h = loop.rmsnorm(x, self.g16[b + "attn_norm.weight"], c.eps)
-            q, k, v = (self._linear(h, b + f"attn_{n}.weight") for n in "qkv")
-        q, k, v = q.reshape(t, c.n_heads, hd), k.reshape(t, c.n_kv_heads, hd), v.reshape(t, c.n_kv_heads, hd)
-        if c.head_norm:
-            q = rope.head_rmsnorm(q, self.g32[b + "attn_q_norm.weight"], c.eps)
-            k = rope.head_rmsnorm(k, self.g32[b + "attn_k_norm.weight"], c.eps)
-        return q, k, v
-
-    def _paged_attention(self, i: int, x: mx.array, t: int, pos, qkv=None) -> mx.array:
-        """Layer i's attention over the paged cache: projections, head norms, RoPE, the cache
-        write, attention; o [t, Hq * D]."""
-        from kernels import attention
-
-        c = self.config
-        q, k, v = self._rotated(i, x, t, pos, qkv)
-        self.k[i], self.v[i], written = attention.reshape_and_cache(k, v, self.k[i], self.v[i],
-                                                                    self._slots(pos, t))
-        scale = 1.0 / math.sqrt(c.head_dim)
-        if t == 1:
-            lens = [pos + 1] if isinstance(pos, int) else pos + 1
-            table = self.table if isinstance(pos, int) else self.table_dev
-            o = attention.paged_attention(q, self.k[i], self.v[i], table, lens, scale, after=written)
-        else:
-            o = attention.prefill_attention(q, self.k[i], self.v[i], pos, scale, block_table=self.table[0],
-                                            after=written)
-        return o.reshape(t, -1)
-
-    # -- ops --------------------------------------------------------------------------------------
-    def _qkv(self, i: int, x: mx.array, qkv=None) -> mx.array:
-        """Layer i's fused QKV output: `qkv` when a seam made it, else RMSNorm+GEMV of x."""
-        b = f"blk.{i}."
-        return self._norm_linear(x, b + "attn_norm.weight", b + "attn_qkv.weight") if qkv is None else qkv
-
-    def _seam(self, i: int, second: bool, x: mx.array, residual: mx.array, norm: str,
-              name: str) -> tuple[mx.array, mx.array]:
-        """Layer i's first seam (second=False: O + residual | RMSNorm+GEMV gate+up, x = o) or its
-        second (down of silu(gate) * up + residual | RMSNorm+GEMV of the next QKV or the head,
-        x = gate_up): (the residual stream, the next projection's output), one launch."""
-        from kernels.gemv import seam
-
-        wa = f"blk.{i}." + ("ffn_down.weight" if second else "attn_output.weight")
-        n_a, k_a = self.nk[wa]
-        n_b, _ = self.nk[name]
-        return seam(x, self.w[wa], n_a, k_a, residual, self.g16[norm], self.config.eps, self.w[name], n_b,
-                    self.types[wa], swiglu=second, queue=self.queues[i][second])
-
+    # -- ops ------------------------------------------------------------------------------------------
     def _linear(self, x: mx.array, name: str) -> mx.array:
         from kernels.gemv import linear
 
@@ -385,15 +528,6 @@ class KernelDecoder:
         if self.types[name] in ("q4_0", "q8_0"):
             return linear(x, self.w[name], self.types[name], n, k)
         return x @ self.w[name].T
-
-    def _norm_linear(self, x: mx.array, norm: str, name: str) -> mx.array:
-        from kernels.gemv import rmsnorm_gemv
-        from kernels.loop import rmsnorm
-
-        if self.fused and x.shape[0] <= FUSED_UP_TO and self.types[name] in ("q4_0", "q8_0"):
-            n, k = self.nk[name]
-            return rmsnorm_gemv(x, self.g16[norm], self.config.eps, self.w[name], self.types[name], n, k)
-        return self._linear(rmsnorm(x, self.g16[norm], self.config.eps), name)
 
     def forward(self, tokens) -> mx.array:
         """Logits [len(tokens), vocab] (float32) for tokens at positions pos..; advances pos."""
@@ -458,51 +592,16 @@ class KernelDecoder:
 
         return run
 
+    def plan_for(self, t: int) -> list[Step]:
+        """The plan that t tokens replay (kernel_plan of their phase), built once per phase."""
+        phase = phase_of(t)
+        if phase not in self._plans:
+            self._plans[phase] = kernel_plan(self.config, self.fused, self.paged, self.overflow, self.seams,
+                                             self.rope_attention, self.types, phase)
+        return self._plans[phase]
+
     def layers(self, ids, t: int, pos) -> mx.array:
         """The model over t tokens at positions pos.. (an int; an int32[1] array in a compiled
-        step), K and V written into self.k / self.v in place; the logits as the head wrote them
-        (fp16, or float32 from an F32 output matrix)."""
-        from kernels import gemv, loop
-
-        c = self.config
-        embd = "token_embd.weight"
-        x = loop.embed(self.w[embd], ids, self.types[embd] if self.types[embd] != "f32" else "f16", c.d_model)
-        attend = self._paged_attention if self.paged else self._contiguous_attention
-        if self.seams and t <= FUSED_UP_TO:
-            return self._seamed_layers(x, t, pos, attend)
-        for i in range(c.n_layers):
-            b = f"blk.{i}."
-            o = attend(i, x, t, pos)
-            wo, wd = b + "attn_output.weight", b + "ffn_down.weight"
-            if self.fused and t <= FUSED_UP_TO and self.types[wo] in ("q4_0", "q8_0"):
-                x = gemv.gemv_v2(o, self.w[wo], self.types[wo], *self.nk[wo], residual=x)
-            else:
-                x = x + self._linear(o, wo)
-            if self.fused and t <= FUSED_UP_TO:
-                gu = self._norm_linear(x, b + "ffn_norm.weight", b + "ffn_gate_up.weight")
-                x = gemv.silu_down_gemv(gu, self.w[wd], self.types[wd], *self.nk[wd], residual=x)
-            else:
-                h = loop.rmsnorm(x, self.g16[b + "ffn_norm.weight"], c.eps)
-                if self.fused:  # a prompt: the gate+up matrix, then SwiGLU over its [gate | up] rows
-                    gate_up = self._linear(h, b + "ffn_gate_up.weight")
-                else:
-                    gate_up = mx.concatenate([self._linear(h, b + f"ffn_{n}.weight") for n in ("gate", "up")],
-                                             axis=-1)
-                x = x + self._linear(loop.swiglu(gate_up), wd)
-        out = "token_embd.weight" if c.tied else "output.weight"
-        return self._norm_linear(x, "output_norm.weight", out)
-
-    def _seamed_layers(self, x: mx.array, t: int, pos, attend) -> mx.array:
-        """layers() for a decode token (t <= FUSED_UP_TO) with the seams: layer 0's QKV on its
-        own, then per layer attention and two seams, the last of which makes the logits."""
-        c = self.config
-        out = "token_embd.weight" if c.tied else "output.weight"
-        h = self._qkv(0, x)
-        for i in range(c.n_layers):
-            b, after = f"blk.{i}.", f"blk.{i + 1}."
-            o = attend(i, x, t, pos, h)
-            x, gate_up = self._seam(i, False, o, x, b + "ffn_norm.weight", b + "ffn_gate_up.weight")
-            last = i + 1 == c.n_layers
-            x, h = self._seam(i, True, gate_up, x, "output_norm.weight" if last else after + "attn_norm.weight",
-                              out if last else after + "attn_qkv.weight")
-        return h
+        step) by replaying the plan of their phase, K and V written into self.k / self.v in
+        place; the logits as the head wrote them (fp16, or float32 from an F32 output matrix)."""
+        return replay(self.plan_for(t), self, {"token": ids}, t, pos)["logits"]

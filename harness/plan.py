@@ -5,14 +5,20 @@ harness.kernel_decode.kernel_plan) and `lathe decode --show-plan` prints it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Step:
     """One dispatch of a decode step (the seeds' command list): the op, what carries it out, the
     buffers it reads and writes, the weights bound to it, and the fields that change from token
-    to token (pos: the position; kv_len: how much of the cache attention reads)."""
+    to token (pos: the position; kv_len: how much of the cache attention reads).
+
+    A kernel variant's step also carries what executes it, `run(decoder, env, t, pos)` (env: the
+    named buffers of the token so far), and `launches`: the name prefixes of the lathe kernels
+    it may launch (none: MLX ops only), which a CPU test holds against the launches it makes."""
 
     op: str
     kernel: str
@@ -21,6 +27,15 @@ class Step:
     weights: tuple[str, ...] = ()
     per_token: tuple[str, ...] = ()
     layer: int | None = None
+    run: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    launches: tuple[str, ...] = field(default=(), compare=False)
+
+
+def replay(plan: list[Step], decoder: Any, env: dict, t: int, pos: Any) -> dict:
+    """Execute a kernel variant's plan for t tokens at position pos: each step in order."""
+    for step in plan:
+        step.run(decoder, env, t, pos)
+    return env
 
 
 def plan_table(plan: list[Step], layers: tuple[int, ...] = (0,)) -> str:

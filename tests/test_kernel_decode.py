@@ -22,8 +22,9 @@ PROMPT, STEPS = 16, 24
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("kdecode")
-    return {(p, q): load_gguf(write_random_gguf(d / f"{p}-{q}.gguf", p, q, seed=2))
-            for p in ("tiny-llama", "tiny-qwen3") for q in ("f16", "q8_0", "q4_0")}
+    paths = {(p, q): write_random_gguf(d / f"{p}-{q}.gguf", p, q, seed=2)
+             for p in ("tiny-llama", "tiny-qwen3") for q in ("f16", "q8_0", "q4_0")}
+    return {key: load_gguf(path) for key, path in paths.items()} | {"_paths": paths}
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
@@ -228,3 +229,69 @@ def test_wrapping_modes_agree(models, variant):
     runs = {mode: generate(KernelDecoder(m, 20, variant, overflow=True), prompt, 30, mode).generated
             for mode in MODES}
     assert len(set(map(tuple, runs.values()))) == 1, runs
+
+
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    """Every lathe kernel launch as (step index, spec name), with zeros for its outputs: what
+    forward() dispatches, seen on any machine (the kernels themselves do not run)."""
+    import importlib
+
+    import mlx.core as mx
+
+    record: list[tuple[int, str]] = []
+    current = [-1]
+
+    def fake_launch(job):
+        record.append((current[0], job.spec.name))
+        return [mx.zeros(shape, dtype) for shape, dtype in job.outputs]
+
+    for name in ("kernels.attention", "kernels.gemv", "kernels.loop", "kernels.rope"):
+        monkeypatch.setattr(importlib.import_module(name), "launch", fake_launch)
+    return record, current
+
+
+PLAN_CASES = [(preset, variant, kv, overflow, rope_inside)
+              for preset in ("tiny-llama", "tiny-qwen3") for variant in ("unfused", "fused", "fused without seams")
+              for kv in ("contiguous", "paged") for overflow in (False, True) for rope_inside in (True, False)
+              if not (overflow and kv == "paged") and (rope_inside or (variant != "unfused" and kv == "contiguous"))]
+
+
+@pytest.mark.parametrize("preset, variant, kv, overflow, rope_inside", PLAN_CASES)
+def test_forward_launches_what_the_plan_says(models, monkeypatch, recorded_launches, preset, variant, kv, overflow,
+                                            rope_inside):
+    """The plan is the program: forward() of a prompt of 20 tokens, of 3 and of one decode token
+    replays its phase's plan step by step, each step launching only the kernels it names (at
+    least one; none for an MLX op), and nothing launches outside a step. The decode plan is
+    the one --show-plan prints."""
+    from dataclasses import replace
+
+    from harness.decode import show_plan
+    from harness.kernel_decode import phase_of
+    from harness.plan import plan_table
+
+    record, current = recorded_launches
+    monkeypatch.setitem(options._values, "seams", variant == "fused")
+    monkeypatch.setitem(options._values, "rope_in_attention", rope_inside)
+    m = models[preset, "q8_0"]
+    decoder = KernelDecoder(m, 32 if overflow else 64, variant.split()[0], kv, overflow=overflow)
+    for tokens in (20, 3, 1, 1):
+        plan = decoder.plan_for(tokens)
+        for n, step in enumerate(plan):
+            def run(d, env, t, pos, _n=n, _run=step.run):
+                current[0] = _n
+                _run(d, env, t, pos)
+                current[0] = -1
+            plan[n] = replace(step, run=run)
+        record.clear()
+        logits = decoder.forward(np.arange(tokens) % m.config.vocab)
+        assert logits.shape == (tokens, m.config.vocab)
+        assert all(n >= 0 for n, _ in record), "a launch outside the plan's steps"
+        for n, step in enumerate(plan):
+            names = [name for at, name in record if at == n]
+            assert bool(names) == bool(step.launches), (phase_of(tokens), n, step.op, names)
+            assert all(name.startswith(step.launches) for name in names), (phase_of(tokens), n, step, names)
+    assert decoder.plan is decoder.plan_for(1) and len(decoder.plan) == len(plan)
+    if not overflow:  # --show-plan builds the same decode plan from the file alone
+        path = models["_paths"][preset, "q8_0"]
+        assert show_plan(str(path), "q8_0", variant=variant.split()[0], kv=kv).endswith(plan_table(decoder.plan))
