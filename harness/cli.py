@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -54,7 +55,18 @@ def _print_check_rows(results) -> None:
         print(pd.DataFrame(rows).to_string(index=False))
 
 
-def cmd_check(family: str | None, seed: int | None, match: str | None) -> int:
+def _one_of_each(cases: list) -> list:
+    """The first case of each (kernel, variant): `lathe check --quick`, a smoke run of every
+    kernel path on short inputs."""
+    seen, kept = set(), []
+    for case in cases:
+        if (case.kernel, case.variant) not in seen:
+            seen.add((case.kernel, case.variant))
+            kept.append(case)
+    return kept
+
+
+def cmd_check(family: str | None, seed: int | None, match: str | None, quick: bool = False) -> int:
     from harness.check import run_case
     from harness.progress import progress
     from harness.suites import select
@@ -67,13 +79,14 @@ def cmd_check(family: str | None, seed: int | None, match: str | None) -> int:
     for fam in select(family):
         cases = list(fam.reference_cases())
         if has_gpu():
-            cases += fam.check_cases()
+            cases += _one_of_each(fam.check_cases(small=True)) if quick else fam.check_cases()
         if match:
             cases = [c for c in cases if match in c.id]
+        began = time.perf_counter()
         results = [run_case(c, seed) for c in progress(cases, len(cases), f"check {fam.name}")]
         _print_check_rows(results)
         bad = sum(not r.passed for r in results)
-        print(f"{fam.name}: {len(results) - bad} passed, {bad} failed")
+        print(f"{fam.name}: {len(results) - bad} passed, {bad} failed ({time.perf_counter() - began:.1f} s)")
         failed += bad
     return 1 if failed else 0
 
@@ -249,6 +262,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("family", nargs="?")
     check.add_argument("--seed", type=int, default=None, help="fixed seed (default: fresh data)")
     check.add_argument("-k", dest="match", default=None, help="only cases whose id contains this")
+    check.add_argument("--quick", action="store_true",
+                       help="a smoke run: one case of each kernel and variant, on short inputs")
     bench = sub.add_parser("bench", parents=[debug, opts], help="benchmarks, CSV and plots under results/<device>/")
     bench.add_argument("family", nargs="?")
     bench.add_argument("--quick", action="store_true", help="fewer sizes")
@@ -326,7 +341,7 @@ def _run(args: argparse.Namespace) -> int:
         print("set with --set NAME=VALUE[,...] (decode, bench, check) or LATHE_SET / LATHE_<NAME> in the environment")
         return 0
     if args.command == "check":
-        return cmd_check(args.family, args.seed, args.match)
+        return cmd_check(args.family, args.seed, args.match, args.quick)
     if args.command == "bench":
         return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep)
     if args.command == "decode" and args.show_plan:

@@ -41,14 +41,13 @@ def paged_tokens(k_cache: np.ndarray, v_cache: np.ndarray, block_row: np.ndarray
                  context: int) -> tuple[np.ndarray, np.ndarray]:
     """The first `context` tokens of one sequence out of the paged caches: k, v [context, Hkv, D]."""
     _, n_kv, d_x, block_size, x = k_cache.shape
-    head_dim = d_x * x
-    k = np.empty((context, n_kv, head_dim))
-    v = np.empty((context, n_kv, head_dim))
-    for t in range(context):
-        block, off = int(block_row[t // block_size]), t % block_size
-        k[t] = k_cache[block, :, :, off, :].reshape(n_kv, head_dim)
-        v[t] = v_cache[block, :, :, off]
-    return k, v
+    t = np.arange(context)
+    blocks, offsets = np.asarray(block_row)[t // block_size].astype(np.int64), t % block_size
+    # token t is at [block, :, :, offset, :] (K) and [block, :, :, offset] (V); the gathered axis
+    # comes first: k [context, n_kv, D / x, x], v [context, n_kv, D]
+    k = k_cache[blocks, :, :, offsets, :].reshape(context, n_kv, d_x * x)
+    v = v_cache[blocks, :, :, offsets]
+    return k.astype(np.float64), v.astype(np.float64)
 
 
 def contiguous_tokens(k_cache: np.ndarray, v_cache: np.ndarray, b: int,

@@ -30,8 +30,8 @@ def _paged_state(rng: np.random.Generator, lens: list[int], n_kv: int, head_dim:
     for b, n in enumerate(lens):
         table[b, : need[b]] = order[at: at + need[b]]
         at += need[b]
-        k = rng.standard_normal((n, n_kv, head_dim)).astype(np.float16)
-        v = rng.standard_normal((n, n_kv, head_dim)).astype(np.float16)
+        k = rng.standard_normal((n, n_kv, head_dim), dtype=np.float32).astype(np.float16)
+        v = rng.standard_normal((n, n_kv, head_dim), dtype=np.float32).astype(np.float16)
         slots = table[b, np.arange(n) // block_size] * block_size + np.arange(n) % block_size
         ref.reshape_and_cache(k_pool, v_pool, k, v, slots)
     return k_pool, v_pool, table
