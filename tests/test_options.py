@@ -45,3 +45,11 @@ def test_the_environment_is_read_in_one_place():
     assert found == dict(seams=False, attn_partition=128, inline_source=True)  # one variable wins over LATHE_SET
     with pytest.raises(ValueError, match="LATHE_SEAMS"):
         options._from_environment({"LATHE_SEAMS": "maybe"})
+
+
+def test_the_readme_lists_every_option():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for o in options.DECLARED:
+        assert f"| `{o.name}` | {o.show(o.default)} |" in readme, o.name
