@@ -74,9 +74,9 @@ def device_name() -> str:
 # On CUDA, MLX keeps an array made from host data (mx.array(numpy), mx.array([3])) in managed
 # memory written by the host; a kernel that reads it then waits on page migration or on remote
 # reads over PCIe, every time the host has touched the page. Outputs of GPU ops are allocated on
-# the device. Measured in the compiled-pipelined decode on the H200 (logs/resident-*.log): weights
-# and kernel constants copied to the device took Qwen3-0.6B from 4.22 to 2.65 ms a token and
-# Llama-3-8B Q4_0 from 5.99 to 3.82 ms. So every constant a kernel reads comes from here.
+# the device; copying weights and kernel constants there cut a decode token by a third
+# (kernels/loop/NOTES.md, "Kernel inputs resident on the device"). So every constant a kernel
+# reads comes from here.
 def resident(a: mx.array) -> mx.array:
     """A copy of `a` made by a GPU op (an add of zero) and evaluated: device memory on CUDA."""
     out = a + mx.zeros((), a.dtype)

@@ -38,15 +38,14 @@ X = 8  # fp16 values in one 16-byte K vector of the paged layout
 # Tokens a threadgroup takes in the split kernels: by default as few as give the launch about
 # SPLIT_GRID threadgroups, from one chunk (NSIMD * 32 tokens, a thread a token) up to
 # PARTITION_MOST. The kernel walks its chunks one after another, each a chain of latencies, so a
-# small grid of long partitions is slow: Llama-3-8B decode at depth 4096 (8 kv heads, one
-# sequence) took 254.9 tok/s with partitions of 512 tokens (72 threadgroups), 301.4 with 256 and
-# 323.2 with 128 (272 threadgroups; logs/ab-partition-fc8d352.log). Batches and prompts, whose
-# grids are large already, keep partitions of PARTITION_MOST. The attn_partition option fixes it.
+# small grid of long partitions is slow (one decode sequence with few kv heads; measured in
+# kernels/attention/NOTES.md). Batches and prompts, whose grids are large already, keep
+# partitions of PARTITION_MOST. The attn_partition option fixes it.
 PARTITION_MOST = 512
 SPLIT_GRID = 512
 # Split only past this many tokens: below it a second launch (the combine) costs more than the
-# partitions' parallelism gains (H200: one launch 14-17 us at 512-2048 tokens against 29-40 us
-# split; results/nvidia-h200/attention.csv at 22ac020). Checks pass split_from=0 to test the split.
+# partitions' parallelism gains (results/<device>/attention.csv). Checks pass split_from=0 to
+# test the split.
 SPLIT_FROM = 2048
 CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.metal)
 # A kv head's query heads are split over threadgroups (decode_attention.metal's QS, halving the
