@@ -34,7 +34,7 @@ import numpy as np
 
 from harness.plan import Step, replay
 from harness.models import Model
-from kernels import options
+from kernels import attention, gemv, loop, options, rope
 from kernels.runtime import resident
 
 VARIANTS = ("unfused", "fused")
@@ -106,9 +106,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             add("linear_residual", "lathe gemv_v2 (Q4_0/Q8_0) + residual", (src, "x"), ("x",), _run_linear_residual,
                 src, name, weights=(name,), layer=layer, launches=("lathe_gemv_v2_residual",))
             return
-        gemv = ("lathe_gemv_v2",) if small else ("lathe_gemv_v2", "lathe_dequantize")  # linear()'s two paths
+        gemvs = ("lathe_gemv_v2",) if small else ("lathe_gemv_v2", "lathe_dequantize")  # linear()'s two paths
         add("linear", "lathe gemv_v2 (Q4_0/Q8_0)" if quant(name) else "mx.matmul (F16)", (src,), (dst,),
-            _run_linear, src, dst, name, weights=(name,), layer=layer, launches=gemv if quant(name) else ())
+            _run_linear, src, dst, name, weights=(name,), layer=layer, launches=gemvs if quant(name) else ())
         if residual:
             add("add", "mx.add", ("x", dst), ("x",), _run_add, dst, layer=layer)
 
@@ -219,16 +219,12 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
 
 # ---- what the steps execute: run(decoder, env, t, pos, ...) over env's named buffers ----------------
 def _run_embed(d, env, t, pos):
-    from kernels import loop
-
     embd = "token_embd.weight"
     env["x"] = loop.embed(d.w[embd], env["token"], d.types[embd] if d.types[embd] != "f32" else "f16",
                           d.config.d_model)
 
 
 def _run_rmsnorm(norm, d, env, t, pos):
-    from kernels import loop
-
     env["h"] = loop.rmsnorm(env["x"], d.g16[norm], d.config.eps)
 
 
@@ -241,28 +237,20 @@ def _run_add(src, d, env, t, pos):
 
 
 def _run_linear_residual(src, name, d, env, t, pos):
-    from kernels import gemv
-
     env["x"] = gemv.gemv_v2(env[src], d.w[name], d.types[name], *d.nk[name], residual=env["x"])
 
 
 def _run_norm_linear(norm, name, dst, d, env, t, pos):
-    from kernels.gemv import rmsnorm_gemv
-
     n, k = d.nk[name]
-    env[dst] = rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.w[name], d.types[name], n, k)
+    env[dst] = gemv.rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.w[name], d.types[name], n, k)
 
 
 def _run_silu_down(i, d, env, t, pos):
-    from kernels import gemv
-
     wd = f"blk.{i}.ffn_down.weight"
     env["x"] = gemv.silu_down_gemv(env["gate_up"], d.w[wd], d.types[wd], *d.nk[wd], residual=env["x"])
 
 
 def _run_swiglu(parts, d, env, t, pos):
-    from kernels import loop
-
     gate_up = env[parts[0]] if len(parts) == 1 else mx.concatenate([env[p] for p in parts], axis=-1)
     env["a"] = loop.swiglu(gate_up)
 
@@ -270,11 +258,9 @@ def _run_swiglu(parts, d, env, t, pos):
 def _run_seam(i, second, norm, name, dst, d, env, t, pos):
     """Layer i's first seam (O + residual | RMSNorm+GEMV gate+up) or its second (down of
     silu(gate) * up + residual | RMSNorm+GEMV of the next QKV or the head), one launch."""
-    from kernels.gemv import seam
-
     wa = f"blk.{i}." + ("ffn_down.weight" if second else "attn_output.weight")
     n_a, k_a = d.nk[wa]
-    env["x"], env[dst] = seam(env["gate_up" if second else "o"], d.w[wa], n_a, k_a, env["x"], d.g16[norm],
+    env["x"], env[dst] = gemv.seam(env["gate_up" if second else "o"], d.w[wa], n_a, k_a, env["x"], d.g16[norm],
                               d.config.eps, d.w[name], d.nk[name][0], d.types[wa], swiglu=second,
                               queue=d.queues[i][second])
 
@@ -282,8 +268,6 @@ def _run_seam(i, second, norm, name, dst, d, env, t, pos):
 def _heads_of(d, env, t) -> tuple[mx.array, mx.array, mx.array]:
     """Q, K, V [t, heads, D] from the projections: the fused one's output (split, MLX slices) or
     the three of their own."""
-    from kernels import gemv
-
     c, hd = d.config, d.config.head_dim
     if "q" not in env:
         env["q"], env["k"], env["v"] = gemv.split(env["qkv"], (c.n_heads * hd, c.n_kv_heads * hd, c.n_kv_heads * hd))
@@ -294,15 +278,11 @@ def _heads_of(d, env, t) -> tuple[mx.array, mx.array, mx.array]:
 
 
 def _run_head_norm(n, i, d, env, t, pos):
-    from kernels import rope
-
     _heads_of(d, env, t)
     env[n] = rope.head_rmsnorm(env[n], d.g32[f"blk.{i}.attn_{n}_norm.weight"], d.config.eps)
 
 
 def _run_rope(n, i, d, env, t, pos):
-    from kernels import rope
-
     _heads_of(d, env, t)
     rotate = rope.rope_neox if d.config.neox else rope.rope
     env[n] = rotate(env[n], pos, theta=d.config.rope_theta)
@@ -311,8 +291,6 @@ def _run_rope(n, i, d, env, t, pos):
 def _run_rope_kv_write(i, d, env, t, pos):
     """RoPE (Qwen3: and the head norms) with the in-place K/V write of t tokens at pos: from the
     fused projection's output where there is one, else from Q, K, V."""
-    from kernels import rope
-
     c, b = d.config, f"blk.{i}."
     if "qkv" in env and d.fused:
         if c.head_norm:
@@ -339,8 +317,6 @@ def _lens(pos, rows=None):
 def _run_attention(i, d, env, t, pos):
     """Attention over the contiguous cache after its write: a decode token (flash decode) or a
     prompt (causal, each token over the cache up to its own position)."""
-    from kernels import attention
-
     c, hd = d.config, d.config.head_dim
     scale = 1.0 / math.sqrt(hd)
     if t == 1:
@@ -353,8 +329,6 @@ def _run_attention(i, d, env, t, pos):
 
 
 def _run_rope_attention(i, d, env, t, pos):
-    from kernels import attention
-
     c = d.config
     o, d.k[i], d.v[i] = attention.rope_flash_decode(env["qkv"], d.k[i], d.v[i], pos, 1.0 / math.sqrt(c.head_dim),
                                                      n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox)
@@ -363,8 +337,6 @@ def _run_rope_attention(i, d, env, t, pos):
 
 def _run_cache_write(n, i, d, env, t, pos):
     """K or V of one decode token into row pos % max_seq of a cache that may wrap around."""
-    from kernels import rope
-
     caches = d.k if n == "k" else d.v
     caches[i], written = rope.cache_write(env[n].reshape(1, -1), caches[i], pos % d.max_seq)
     env[f"written.{n}"] = written
@@ -373,8 +345,6 @@ def _run_cache_write(n, i, d, env, t, pos):
 def _run_wrapping_attention(i, d, env, t, pos):
     """Attention of one decode token over the min(pos + 1, max_seq) rows the cache holds (their
     order does not matter to softmax)."""
-    from kernels import attention
-
     c = d.config
     o = attention.flash_decode(env["q"].reshape(1, c.n_heads, c.head_dim), d.k[i][None], d.v[i][None],
                                _lens(pos, d.max_seq), 1.0 / math.sqrt(c.head_dim),
@@ -383,16 +353,12 @@ def _run_wrapping_attention(i, d, env, t, pos):
 
 
 def _run_reshape_and_cache(i, d, env, t, pos):
-    from kernels import attention
-
     _heads_of(d, env, t)
     d.k[i], d.v[i], env["written"] = attention.reshape_and_cache(env["k"], env["v"], d.k[i], d.v[i],
                                                                  d._slots(pos, t))
 
 
 def _run_paged_attention(i, d, env, t, pos):
-    from kernels import attention
-
     scale = 1.0 / math.sqrt(d.config.head_dim)
     if t == 1:
         table = d.table if isinstance(pos, int) else d.table_dev
@@ -453,9 +419,7 @@ class KernelDecoder:
         self.seams = self.fused and seams_apply(c, self.types)
         self.rope_attention = self.fused and rope_in_attention(c)
         if self.seams:
-            from kernels.gemv import seam_queue
-
-            self.queues = [(seam_queue(), seam_queue()) for _ in range(c.n_layers)]
+            self.queues = [(gemv.seam_queue(), gemv.seam_queue()) for _ in range(c.n_layers)]
         mx.clear_cache()  # the host-written copies of the weights (kernels.runtime.resident)
         self._plans: dict[str, list[Step]] = {}
         self.plan = self.plan_for(1)  # a decode token's: --show-plan's, and the dispatches per token
@@ -477,8 +441,6 @@ class KernelDecoder:
         self.reset()
 
     def _concat(self, fused_name: str, parts: tuple[str, ...]) -> None:
-        from kernels.gemv import concat_rows
-
         for i in range(self.config.n_layers):
             names = [f"blk.{i}.{p}.weight" for p in parts]
             kinds = {self.types[n] for n in names}
@@ -486,7 +448,7 @@ class KernelDecoder:
                 raise ValueError(f"the fused variant needs {parts} in one block type (Q4_0 or Q8_0), "
                                  f"got {sorted(kinds)}")
             name = f"blk.{i}.{fused_name}.weight"
-            self.w[name] = concat_rows([self.w.pop(n) for n in names])
+            self.w[name] = gemv.concat_rows([self.w.pop(n) for n in names])
             self.nk[name] = (sum(self.nk[n][0] for n in names), self.nk[names[0]][1])
             self.types[name] = kinds.pop()
             # Evaluated here, once: a lazy concatenation captured by mx.compile is part of the
@@ -522,11 +484,9 @@ class KernelDecoder:
 
     # -- ops ------------------------------------------------------------------------------------------
     def _linear(self, x: mx.array, name: str) -> mx.array:
-        from kernels.gemv import linear
-
         n, k = self.nk[name]
         if self.types[name] in ("q4_0", "q8_0"):
-            return linear(x, self.w[name], self.types[name], n, k)
+            return gemv.linear(x, self.w[name], self.types[name], n, k)
         return x @ self.w[name].T
 
     def forward(self, tokens) -> mx.array:
@@ -554,8 +514,6 @@ class KernelDecoder:
     def greedy(self, logits: mx.array) -> mx.array:
         """The next token id (int32[1], on the device): our argmax kernel over the last row of
         logits, read in the head's fp16 in a compiled step (no converted copy, no gather)."""
-        from kernels import loop
-
         return loop.argmax(logits[-1:])
 
     def compiled_step(self, ordered: bool = False):
