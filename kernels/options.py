@@ -116,9 +116,9 @@ def parse(text: str) -> dict[str, Any]:
 def set_options(changes: dict[str, Any]) -> None:
     """Set options (already parsed values); an option with a hook (gemv_tuning) applies itself."""
     for name, value in changes.items():
-        _values[_known(name)] = value
-        if name in _hooks:
-            _hooks[name](value)
+        if _known(name) in _hooks:
+            _hooks[name](value)  # first: a value its hook refuses is not kept
+        _values[name] = value
 
 
 def on_change(name: str, hook: Callable[[Any], None]) -> None:
@@ -152,7 +152,7 @@ def describe(values: dict[str, Any] | None = None) -> str:
 
 
 def table() -> str:
-    """Every option: its value now, its default and what it does (for --help-options and the plan)."""
+    """Every option: its value now, its default and what it does (`lathe options`)."""
     width = max(len(n) for n in OPTIONS)
     return "\n".join(f"{o.name:<{width}}  {o.show(_values[o.name]):>5} (default {o.show(o.default)})  {o.help}"
                      for o in DECLARED)
