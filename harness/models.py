@@ -1,9 +1,8 @@
 """GGUF models: presets of real shapes, a random-weight GGUF writer, and a checked loader.
 
-Architectures `llama` and `qwen3` (per-head Q/K norms, tied embeddings). Tensor types F32, F16,
-Q8_0 and Q4_0; quantized tensors stay in their GGUF block bytes ([N, K / 32 * block bytes] uint8,
-reference.quant's layout). RoPE pairing follows llama.cpp: `llama` turns neighbouring pairs
-(the converter permutes Q and K to match), `qwen3` NeoX pairs.
+The architectures and their presets are described in harness/arch/ (llama, qwen3), one module
+each. Tensor types F32, F16, Q8_0 and Q4_0; quantized tensors stay in their GGUF block bytes
+([N, K / 32 * block bytes] uint8, reference.quant's layout).
 """
 
 from __future__ import annotations
@@ -15,9 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.arch import architectures
 from reference.quant import BLOCK_BYTES, quantize
 
-ARCHS = ("llama", "qwen3")
+ARCHITECTURES = architectures()
+ARCHS = tuple(ARCHITECTURES)
 QTYPES = ("f16", "q8_0", "q4_0")
 _SUPPORTED_TENSOR_TYPES = ("F32", "F16", "Q8_0", "Q4_0")
 
@@ -43,20 +44,15 @@ class Config:
 
     @property
     def neox(self) -> bool:
-        return self.arch == "qwen3"
+        return ARCHITECTURES[self.arch].neox
 
     @property
     def head_norm(self) -> bool:
-        return self.arch == "qwen3"
+        return ARCHITECTURES[self.arch].head_norm
 
 
-PRESETS = {
-    "tiny-llama": Config("llama", 2, 256, 4, 2, 64, 512, 512, 1024, 10000.0, 1e-5, False),
-    "tiny-qwen3": Config("qwen3", 2, 256, 4, 2, 64, 512, 512, 1024, 1000000.0, 1e-6, True),
-    "qwen3-0.6b": Config("qwen3", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1000000.0, 1e-6, True),
-    "llama2-7b": Config("llama", 32, 4096, 32, 32, 128, 11008, 32000, 4096, 10000.0, 1e-5, False),
-    "llama3-8b": Config("llama", 32, 4096, 32, 8, 128, 14336, 128256, 8192, 500000.0, 1e-5, False),
-}
+PRESETS = {name: Config(arch.name, **fields) for arch in ARCHITECTURES.values()
+           for name, fields in arch.presets.items()}
 
 
 def tensor_shapes(c: Config) -> dict[str, tuple[int, int] | tuple[int]]:

@@ -1,0 +1,16 @@
+"""Llama (Llama 2, Llama 3): neighbouring RoPE pairs, as llama.cpp turns them (its converter
+permutes Q and K to match), no head norms, a separate output matrix."""
+
+from harness.arch import Architecture
+
+ARCHITECTURE = Architecture(
+    name="llama", neox=False, head_norm=False,
+    presets={
+        "tiny-llama": dict(n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, head_dim=64, ff=512, vocab=512,
+                           ctx=1024, rope_theta=10000.0, eps=1e-5, tied=False),
+        "llama2-7b": dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, head_dim=128, ff=11008, vocab=32000,
+                          ctx=4096, rope_theta=10000.0, eps=1e-5, tied=False),
+        "llama3-8b": dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, ff=14336, vocab=128256,
+                          ctx=8192, rope_theta=500000.0, eps=1e-5, tied=False),
+    },
+)
