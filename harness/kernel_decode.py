@@ -35,7 +35,7 @@ import numpy as np
 from harness.plan import Step, replay
 from harness.models import Model
 from kernels import attention, gemv, loop, options, rope
-from kernels.runtime import resident
+from kernels.runtime import index, prepare, recording, resident
 
 VARIANTS = ("unfused", "fused")
 KV_LAYOUTS = ("contiguous", "paged")
@@ -439,6 +439,26 @@ class KernelDecoder:
             self.table_dev = resident(mx.array(self.table))
         self._compiled = None  # traced for the old size
         self.reset()
+        self.prepare_kernels()
+
+    def prepare_kernels(self) -> int:
+        """Compile ahead, in parallel, the kernels this decoder launches that the on-disk kernel
+        cache lacks (kernels.jit_cache; CUDA only): one token of each phase and a compiled
+        step's, recorded rather than run. Returns how many were compiled. A kernel whose
+        constants depend on a prompt's length may still compile at its first launch."""
+        held = list(self.k), list(self.v)  # the recorded steps replace cache entries with zeros
+        try:
+            with recording() as rec:
+                for t in (1, 2, FUSED_UP_TO + 1):  # decode, short, prompt
+                    if t <= self.max_seq:
+                        self.layers(list(range(t)), t, 0)
+                self.layers(mx.zeros((1,), mx.int32), 1, index(0))  # a compiled step's form
+                for dtype in (mx.float16, mx.float32):
+                    self.greedy(mx.zeros((1, self.config.vocab), dtype))
+        finally:
+            self.k, self.v = held
+        compiled, _ = prepare(rec.jobs)  # a kernel that fails to compile fails at its launch
+        return compiled
 
     def _concat(self, fused_name: str, parts: tuple[str, ...]) -> None:
         for i in range(self.config.n_layers):

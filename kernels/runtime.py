@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from kernels import options
+from kernels import jit_cache, options
 
 KERNEL_ROOT = Path(__file__).resolve().parent
 MSL_DIR = KERNEL_ROOT / "msl"
@@ -128,10 +128,15 @@ def index(i: int) -> mx.array:
     return _indices(n)[i: i + 1]
 
 
+# On CUDA, compiled modules are kept on disk across processes (kernels.jit_cache); MLX reads where
+# they go once, before it compiles anything, so that is set up here, at import.
+_CUDA = [backend() == "cuda" and jit_cache.activate() is not None]
+
+
 @functools.cache
-def _header() -> str:
+def _header(cuda: bool | None = None) -> str:
     shared = (MSL_DIR / "lathe.h").read_text()
-    if backend() == "cuda":
+    if backend() == "cuda" if cuda is None else cuda:
         return (MSL_DIR / "cuda_compat.h").read_text() + "\n" + shared
     return shared
 
@@ -200,6 +205,17 @@ def cuda_sources(source: str, header: str) -> tuple[str, str]:
     return include_line(source, ".body.cuh"), include_line(header, ".header.cuh")
 
 
+@functools.cache
+def handed_sources(spec: KernelSpec, inline: bool, cuda: bool | None = None) -> tuple[str, str]:
+    """(source, header) exactly as MLX gets them for `spec`, once per process and source form;
+    `cuda` (default: the backend's) asks for the CUDA form on any machine (`lathe compile`)."""
+    cuda = backend() == "cuda" if cuda is None else cuda
+    source, header = spec.source(), _header(cuda)
+    if cuda:
+        source, header = cuda_sources(source, header)
+    return source, header
+
+
 def compile_kernel(spec: KernelSpec) -> Any:
     """The MLX kernel object for `spec` (built once per process and source form; see module
     docstring)."""
@@ -209,9 +225,7 @@ def compile_kernel(spec: KernelSpec) -> Any:
 @functools.cache
 def _compile_kernel(spec: KernelSpec, inline: bool) -> Any:
     require_gpu()
-    source, header = spec.source(), _header()
-    if backend() == "cuda":
-        source, header = cuda_sources(source, header)
+    source, header = handed_sources(spec, inline)
     common = dict(
         name=spec.name,
         input_names=list(spec.inputs),
@@ -271,10 +285,62 @@ def ptx_kernel(spec: KernelSpec, constants: tuple, inputs: tuple, outputs: tuple
     return name, ptx.compile_ptx(unit, name)
 
 
+def instance(job: Launch, inline: bool | None = None, cuda: bool | None = None) -> jit_cache.Instance:
+    """The module MLX's CUDA backend compiles for `job` (kernels.jit_cache)."""
+    inline = options.get("inline_source") if inline is None else inline
+    source, header = handed_sources(job.spec, inline, cuda)
+    return jit_cache.Instance(
+        job.spec.name, source, header,
+        tuple((n, jit_cache.dtype_name(a.dtype), a.ndim) for n, a in zip(job.spec.inputs, job.inputs)),
+        tuple((n, jit_cache.dtype_name(d)) for n, (_, d) in zip(job.spec.outputs, job.outputs)),
+        tuple(job.constants.items()))
+
+
+_seen: set = set()  # launches whose module is in the on-disk cache (or left to MLX)
+
+
+class recording:
+    """Context manager: launches inside are recorded (`.jobs`), not run; each returns zeros of its
+    output shapes, lazily (nothing reaches the GPU unless evaluated). For compiling ahead
+    (`prepare`) and for `lathe compile`."""
+
+    def __enter__(self) -> "recording":
+        self.jobs: list[Launch] = []
+        self._saved = _recorder[0]
+        _recorder[0] = self.jobs
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _recorder[0] = self._saved
+
+
+_recorder: list[list | None] = [None]
+
+
+def prepare(jobs: Sequence[Launch]) -> tuple[int, dict[str, str]]:
+    """Compile, in parallel, the modules of recorded launches that the on-disk cache lacks (CUDA;
+    nothing elsewhere). Returns how many were compiled and the NVRTC log of each failure."""
+    if not _CUDA[0]:
+        return 0, {}
+    return jit_cache.prepare([instance(j) for j in jobs])
+
+
 def launch(job: Launch) -> list[mx.array]:
     if len(job.inputs) != len(job.spec.inputs):
         raise ValueError(f"{job.spec.name}: {len(job.inputs)} inputs for {job.spec.inputs}")
+    if _recorder[0] is not None:
+        _recorder[0].append(job)
+        return [mx.zeros(tuple(s), d) for s, d in job.outputs]
     kernel = compile_kernel(job.spec)
+    if _CUDA[0]:
+        # The first launch of an instantiation in this process: MLX is about to compile it,
+        # unless the on-disk cache has it; if not, compile it there first (a few us a launch
+        # for this check, after the first).
+        key = (job.spec, tuple(job.constants.items()), tuple(a.dtype for a in job.inputs),
+               tuple(d for _, d in job.outputs), options.get("inline_source"))
+        if key not in _seen:
+            jit_cache.ensure(instance(job))
+            _seen.add(key)
     return kernel(
         inputs=list(job.inputs),
         template=list(job.constants.items()),

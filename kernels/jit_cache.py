@@ -1,0 +1,351 @@
+"""Each CUDA kernel instantiation compiled once per machine, not once per process.
+
+MLX 0.32.4 compiles a custom kernel with NVRTC the first time a process launches it (0.5-0.7 s
+each; a model needs about 25, so the first tokens took 13-17 s, harness/NOTES.md) and keeps the
+result in memory only. Its loader does look on disk first, for every module, custom kernels
+included: `$MLX_PTX_CACHE_DIR/<module>.ptx` (PTX or a cubin) and `<module>.txt` (kernel name, tab,
+symbol); it just never writes a custom kernel there. So lathe does:
+
+- it rebuilds, byte for byte, the CUDA source MLX generates around a body (`mlx_source`, after
+  mlx/backend/cuda/custom_kernel.cpp) and names the module as MLX does: the kernel's name, its
+  template constants, `_`, then std::hash of that whole source in hex (libstdc++'s _Hash_bytes,
+  called through ctypes, so the value is MLX's own);
+- it compiles that source with NVRTC as MLX would (MLX's own device headers, read out of
+  libmlx.so; its options) for this GPU's architecture, and writes the cubin and its symbol there.
+
+Nothing here can make MLX run a wrong kernel: the module's name holds a hash of its complete
+source, so a file is found only for the source it was compiled from. A name computed wrongly,
+or a machine where any step fails, is a miss, and MLX compiles as it always did (a warning
+says so, once). tests/test_jit_cache.py proves on the GPU that the rebuilt source is MLX's (its
+verbose print) for every kernel the checks launch, and that MLX runs what it finds (a module
+planted under a name computes something else, and that is what runs).
+
+Instantiations are compiled when first launched (`ensure`, from kernels.runtime.launch), or
+ahead and in parallel from a recorded list (`prepare`: the decoder records one token of each
+phase before it runs; `lathe compile` records every check case).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import struct
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+
+# MLX's spellings (mlx/backend/cuda/utils, mlx/backend/common/utils at 0.32.4): the C type of an
+# argument, and the type's name in a kernel's name.
+_CUDA_TYPE = {"bool": "bool", "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t",
+              "uint64": "uint64_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
+              "int64": "int64_t", "float16": "__half", "bfloat16": "__nv_bfloat16",
+              "float32": "float", "float64": "double"}
+_TYPE_STRING = {"bool": "bool", "float16": "float16_t", "bfloat16": "bfloat16_t", "float32": "float",
+                "float64": "double"}
+
+_DEFAULT_HEADER = """
+#include "mlx/backend/cuda/device/utils.cuh"
+
+#include <cooperative_groups.h>
+
+#define inf cuda::std::numeric_limits<float>::infinity()
+
+"""
+
+
+def dtype_name(d) -> str:
+    """'float16' for mx.float16."""
+    return str(d).split(".")[-1]
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One compiled module: what MLX's generated source depends on. `source` and `header` are the
+    strings handed to mx.fast.cuda_kernel (kernels.runtime.cuda_sources); inputs are
+    (name, dtype, ndim), outputs (name, dtype), constants (name, value) in launch order."""
+
+    name: str
+    source: str
+    header: str
+    inputs: tuple[tuple[str, str, int], ...]
+    outputs: tuple[tuple[str, str], ...]
+    constants: tuple[tuple[str, object], ...]
+
+    @property
+    def kernel_name(self) -> str:
+        """custom_kernel_<name><template hash>: the __global__ function's name."""
+        tail = ""
+        for _, v in self.constants:
+            if isinstance(v, bool):
+                tail += "_t" if v else "_f"
+            elif isinstance(v, int):
+                tail += f"_{v}"
+            else:
+                d = dtype_name(v)
+                tail += "_" + _TYPE_STRING.get(d, f"{d}_t")
+        return f"custom_kernel_{self.name}{tail}"
+
+    def mlx_source(self) -> str:
+        """The translation unit MLX's build_kernel makes of this instance, byte for byte."""
+        parts = [_DEFAULT_HEADER, self.header, "namespace mlx::core::cu {\n\n",
+                 "namespace cg = cooperative_groups;\n\n", f"__global__ void {self.kernel_name}(\n"]
+        for name, dtype, ndim in self.inputs:
+            parts.append(f"    const {_CUDA_TYPE[dtype]}* {name},\n")
+            if ndim > 0:  # MLX finds these by searching the source it was given for the name
+                if f"{name}_shape" in self.source:
+                    parts.append(f"    const __grid_constant__ Shape {name}_shape,\n")
+                if f"{name}_strides" in self.source:
+                    parts.append(f"    const __grid_constant__ Strides {name}_strides,\n")
+                if f"{name}_ndim" in self.source:
+                    parts.append(f"    const __grid_constant__ int {name}_ndim,\n")
+        outs = [f"    {_CUDA_TYPE[dtype]}* {name}" for name, dtype in self.outputs]
+        parts.append(",\n".join(outs) + ") {\n")
+        if self.constants:
+            for k, v in self.constants:
+                if isinstance(v, bool):
+                    parts.append(f"  constexpr bool {k} = {str(v).lower()};\n")
+                elif isinstance(v, int):
+                    parts.append(f"  constexpr int {k} = {v};\n")
+                else:
+                    parts.append(f"  using {k} = {_CUDA_TYPE[dtype_name(v)]};\n")
+            parts.append("\n")
+        parts += [self.source, "\n}\n\n} // namespace mlx::core::cu\n"]
+        return "".join(parts)
+
+    def module_name(self, source: str | None = None) -> str:
+        """MLX's name for the compiled module: fmt "{}_{:x}" of the kernel name and
+        std::hash<std::string> of the source."""
+        return f"{self.kernel_name}_{std_hash((source or self.mlx_source()).encode()):x}"
+
+
+# ---- what MLX's process has: libstdc++'s hash, libmlx's device headers, NVRTC, the GPU ----------
+@functools.cache
+def _libstdcxx() -> ctypes.CDLL:
+    lib = ctypes.CDLL("libstdc++.so.6")
+    fn = lib._ZSt11_Hash_bytesPKvmm  # std::_Hash_bytes(const void*, size_t, size_t seed)
+    fn.restype, fn.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t]
+    return lib
+
+
+def std_hash(data: bytes) -> int:
+    """std::hash<std::string> of libstdc++ (what MLX's module names use): _Hash_bytes with the
+    seed its std::hash specialization passes."""
+    return _libstdcxx()._ZSt11_Hash_bytesPKvmm(data, len(data), 0xC70F6907)
+
+
+def _libmlx() -> Path:
+    import mlx
+
+    for p in mlx.__path__:
+        lib = Path(p, "lib", "libmlx.so")
+        if lib.exists():
+            return lib
+    raise FileNotFoundError("libmlx.so not found next to the mlx package")
+
+
+@functools.cache
+def mlx_device_headers() -> dict[str, str]:
+    """MLX's device headers as NVRTC gets them ('mlx/backend/cuda/device/utils.cuh' -> text):
+    MLX embeds them in libmlx.so as arrays `jit_source_<stem>`, found by its symbol table."""
+    data = _libmlx().read_bytes()
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    headers = {}
+    for sec in sections:
+        if sec[1] != 2:  # SHT_SYMTAB
+            continue
+        strtab = sections[sec[6]][4]
+        for off in range(sec[4], sec[4] + sec[5], 24):
+            st_name, _, _, shndx, value, size = struct.unpack_from("<IBBHQQ", data, off)
+            name = data[strtab + st_name: data.index(b"\0", strtab + st_name)]
+            if b"jit_source_" not in name or not name.startswith(b"_ZN3mlx4core"):
+                continue
+            stem = name.split(b"jit_source_", 1)[1][:-1].decode()  # ..._utilsE -> utils
+            at = value - sections[shndx][3] + sections[shndx][4]
+            text = data[at: at + size].split(b"\0", 1)[0].decode()
+            prefix = f"mlx/backend/cuda/device/{stem}.".encode()
+            ext = data.find(prefix)
+            suffix = data[ext + len(prefix): ext + len(prefix) + 4].split(b"\0")[0].split(b'"')[0]
+            headers.setdefault(f"mlx/backend/cuda/device/{stem}.{suffix.decode() or 'cuh'}", text)
+    if "mlx/backend/cuda/device/utils.cuh" not in headers:
+        raise FileNotFoundError(f"MLX's device headers are not in {_libmlx()}'s symbol table")
+    return headers
+
+
+@functools.cache
+def _nvrtc() -> ctypes.CDLL:
+    """The NVRTC that MLX's process loaded (so the same compiler), else kernels.ptx's search."""
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            if "libnvrtc.so" in line and "builtins" not in line:
+                return ctypes.CDLL(line.split()[-1])
+    except OSError:
+        pass
+    from kernels import ptx
+
+    return ptx.nvrtc()
+
+
+@functools.cache
+def compute_capability() -> tuple[int, int]:
+    """(major, minor) of CUDA device 0 (MLX's default), asked of the driver."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), 0):
+        raise RuntimeError("the CUDA driver found no device")
+    cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)  # COMPUTE_CAPABILITY_MAJOR
+    cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)
+    return major.value, minor.value
+
+
+def _cuda_home() -> str:
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return os.environ[var]
+    return "/usr/local/cuda"
+
+
+@functools.cache
+def _options() -> tuple[bytes, ...]:
+    """MLX's NVRTC options (jit_module.cpp): the architecture, CCCL shipped with MLX, CUDA's
+    headers, functions on the device by default."""
+    import mlx
+
+    major, minor = compute_capability()
+    opts = [f"--gpu-architecture=sm_{major}{minor}"]
+    for p in mlx.__path__:
+        if Path(p, "include", "cccl").exists():
+            opts.append(f"--include-path={Path(p, 'include', 'cccl')}")
+            break
+    opts += [f"--include-path={_cuda_home()}/include", "--device-as-default-execution-space"]
+    return tuple(o.encode() for o in opts)
+
+
+class CompileError(RuntimeError):
+    pass
+
+
+def compile_cubin(source: str, kernel: str, file_name: str = "kernel.cu") -> tuple[bytes, str]:
+    """NVRTC: (cubin, lowered symbol of `kernel`) of one translation unit, compiled as MLX does."""
+    lib = _nvrtc()
+    headers = mlx_device_headers()
+    names = (ctypes.c_char_p * len(headers))(*[n.encode() for n in headers])
+    texts = (ctypes.c_char_p * len(headers))(*[t.encode() for t in headers.values()])
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), file_name.encode(), len(headers),
+                              texts, names):
+        raise CompileError("nvrtcCreateProgram failed")
+    try:
+        lib.nvrtcAddNameExpression(prog, kernel.encode())
+        opts = _options()
+        if lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)):
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, log)
+            raise CompileError(f"{file_name}:\n{log.value.decode(errors='replace')}")
+        lowered = ctypes.c_char_p()
+        lib.nvrtcGetLoweredName(prog, kernel.encode(), ctypes.byref(lowered))
+        symbol = lowered.value.decode()
+        size = ctypes.c_size_t()
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        cubin = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetCUBIN(prog, cubin)
+        return cubin.raw, symbol
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+# ---- the cache ------------------------------------------------------------------------------------
+def default_dir() -> Path:
+    """Where lathe keeps compiled modules: per MLX version and GPU architecture, since a module's
+    name does not say which GPU its cubin is for."""
+    major, minor = compute_capability()
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "lathe" / "cuda-modules" / f"mlx-{mx.__version__}-sm_{major}{minor}"
+
+
+_state = {"dir": None, "off": None}
+_known: set = set()
+_lock = threading.Lock()
+
+
+def activate() -> Path | None:
+    """Point MLX's on-disk module cache at lathe's (unless $MLX_PTX_CACHE_DIR already names one):
+    called before MLX compiles anything, as MLX reads the variable once. Returns the directory,
+    or None (and a warning) where this machine cannot take part."""
+    if _state["dir"] is None and _state["off"] is None:
+        try:
+            if not os.environ.get("MLX_PTX_CACHE_DIR"):
+                os.environ["MLX_PTX_CACHE_DIR"] = str(default_dir())
+            path = Path(os.environ["MLX_PTX_CACHE_DIR"])
+            path.mkdir(parents=True, exist_ok=True)
+            std_hash(b"")
+            _state["dir"] = path
+        except (OSError, RuntimeError, AttributeError) as exc:
+            _disable(exc)
+    return _state["dir"]
+
+
+def _disable(exc: BaseException) -> None:
+    _state["off"] = str(exc)
+    print(f"lathe: kernel cache off, each process compiles its kernels ({exc})", file=sys.stderr)
+
+
+def cached(inst: Instance) -> Path | None:
+    """The module file MLX would load for `inst`, if it is there."""
+    if _state["dir"] is None:
+        return None
+    path = _state["dir"] / f"{inst.module_name()}.ptx"
+    return path if path.exists() else None
+
+
+def _build(inst: Instance) -> None:
+    source = inst.mlx_source()
+    module = inst.module_name(source)
+    path = _state["dir"] / f"{module}.ptx"
+    if path.exists():
+        return
+    kernel = f"mlx::core::cu::{inst.kernel_name}"
+    cubin, symbol = compile_cubin(source, kernel, f"{module}.cu")
+    # The symbol table first, then the module: MLX looks for the .ptx and then reads the .txt.
+    for suffix, data in ((".txt", f"{kernel}\t{symbol}\n".encode()), (".ptx", cubin)):
+        part = path.with_name(f"{module}{suffix}.{os.getpid()}.{threading.get_ident()}.part")
+        part.write_bytes(data)
+        os.replace(part, path.with_suffix(suffix))
+
+
+def ensure(inst: Instance) -> str | None:
+    """Compile `inst` into the cache unless it is there (once per process and instance). Returns
+    NVRTC's log where the body does not compile; the launch is then left to MLX, which reports
+    the error as it always did."""
+    if inst in _known or _state["dir"] is None:
+        return None
+    _known.add(inst)
+    try:
+        _build(inst)
+    except CompileError as exc:
+        return str(exc)
+    except (OSError, RuntimeError, struct.error) as exc:  # no NVRTC, no headers: MLX compiles
+        _disable(exc)
+        _state["dir"] = None
+    return None
+
+
+def prepare(instances, workers: int | None = None) -> tuple[int, dict[str, str]]:
+    """Compile the instances not yet cached, in parallel (NVRTC runs outside the GIL). Returns
+    how many were compiled and NVRTC's log of each that failed, by kernel name."""
+    todo = [i for i in dict.fromkeys(instances) if i not in _known]
+    if _state["dir"] is None or not todo:
+        return 0, {}
+    missing = [i for i in todo if cached(i) is None]
+    _known.update(i for i in todo if i not in missing)
+    with ThreadPoolExecutor(workers or min(32, os.cpu_count() or 4)) as pool:
+        logs = list(pool.map(ensure, missing))
+    return len(missing), {i.kernel_name: log for i, log in zip(missing, logs) if log}
