@@ -53,8 +53,6 @@ _DEFAULT_HEADER = """
 
 #include <cooperative_groups.h>
 
-#define inf cuda::std::numeric_limits<float>::infinity()
-
 """
 
 
