@@ -439,24 +439,30 @@ class KernelDecoder:
             self.table_dev = resident(mx.array(self.table))
         self._compiled = None  # traced for the old size
         self.reset()
+        self._prepared: set[int] = set()
         self.prepare_kernels()
 
-    def prepare_kernels(self) -> int:
-        """Compile ahead, in parallel, the kernels this decoder launches that the on-disk kernel
-        cache lacks (kernels.jit_cache; CUDA only): one token of each phase and a compiled
-        step's, recorded rather than run. Returns how many were compiled. A kernel whose
-        constants depend on a prompt's length may still compile at its first launch."""
+    def prepare_kernels(self, tokens: tuple[int, ...] = (), pos: int = 0) -> int:
+        """Compile ahead, in parallel, the kernels that the on-disk kernel cache lacks
+        (kernels.jit_cache; CUDA only) for a forward() of each length in `tokens`, recorded
+        rather than run; without `tokens`, a decode token's, in both forms (position on the
+        host, and on the device as in a compiled step), and the argmax. Returns how many were
+        compiled. Constants follow the token count (the fused GEMVs' rows, the prompt's
+        kernels), so forward() prepares each new length it meets (at its position: a few
+        kernels also change with the cache's length, and compile at their first launch)."""
         held = list(self.k), list(self.v)  # the recorded steps replace cache entries with zeros
         try:
             with recording() as rec:
-                for t in (1, 2, FUSED_UP_TO + 1):  # decode, short, prompt
-                    if t <= self.max_seq:
-                        self.layers(list(range(t)), t, 0)
-                self.layers(mx.zeros((1,), mx.int32), 1, index(0))  # a compiled step's form
-                for dtype in (mx.float16, mx.float32):
-                    self.greedy(mx.zeros((1, self.config.vocab), dtype))
+                for t in tokens:
+                    self.layers(list(range(t)), t, pos)
+                if not tokens:
+                    self.layers([0], 1, 0)
+                    self.layers(mx.zeros((1,), mx.int32), 1, index(0))
+                    for dtype in (mx.float16, mx.float32):
+                        self.greedy(mx.zeros((1, self.config.vocab), dtype))
         finally:
             self.k, self.v = held
+        self._prepared.update(tokens or (1,))
         compiled, _ = prepare(rec.jobs)  # a kernel that fails to compile fails at its launch
         return compiled
 
@@ -521,6 +527,8 @@ class KernelDecoder:
         if self.pos + t > self.max_seq and (t > 1 or not self.overflow):
             raise ValueError(f"{self.pos + t} tokens do not fit the cache of {self.max_seq}: prompts must "
                              f"fit; decode steps wrap around only in a decoder made with overflow=True")
+        if t not in self._prepared:
+            self.prepare_kernels((t,), self.pos)
         if not isinstance(ids, mx.array):
             # Host tokens do not come out of the graph that wrote the cache, so nothing orders
             # this step's kernels after those in-place writes (kernels.rope.Rotated): finish
