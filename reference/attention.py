@@ -12,7 +12,7 @@ Caches (the layouts the kernels read):
   ``[num_blocks, n_kv_heads, head_dim / x, block_size, x]`` (x = 8 fp16 values, 16 bytes) and V
   ``[num_blocks, n_kv_heads, head_dim, block_size]``; token t of sequence b is in block
   ``block_table[b, t // block_size]`` at offset ``t % block_size``.
-The readers here walk those layouts token by token, as the definition says.
+The readers here gather each token by its own block and offset, as the definition says.
 """
 
 from __future__ import annotations
@@ -23,18 +23,17 @@ X = 8  # fp16 values in one 16-byte K vector of the paged layout
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
-    """q [n_heads, D], k and v [tokens, n_kv_heads, D] -> [n_heads, D] (float64)."""
+    """q [n_heads, D], k and v [tokens, n_kv_heads, D] -> [n_heads, D] (float64). Query head h
+    reads KV head h // G: the heads are grouped [n_kv_heads, G] and each group is one product."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     n_heads, n_kv = q.shape[0], k.shape[1]
     if n_heads % n_kv:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv}")
-    group = n_heads // n_kv
-    out = np.empty_like(q)
-    for h in range(n_heads):
-        s = scale * (k[:, h // group, :] @ q[h])
-        p = np.exp(s - s.max())
-        out[h] = (p / p.sum()) @ v[:, h // group, :]
-    return out
+    qg = q.reshape(n_kv, n_heads // n_kv, -1)
+    s = scale * np.einsum("kgd,tkd->kgt", qg, k)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    out = np.einsum("kgt,tkd->kgd", p / p.sum(axis=-1, keepdims=True), v)
+    return out.reshape(n_heads, -1)
 
 
 def paged_tokens(k_cache: np.ndarray, v_cache: np.ndarray, block_row: np.ndarray,
@@ -64,11 +63,15 @@ def contiguous_tokens(k_cache: np.ndarray, v_cache: np.ndarray, b: int,
 def reshape_and_cache(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndarray,
                       slots: np.ndarray) -> None:
     """Write tokens' k, v [T, Hkv, D] into the paged caches at slot numbers (block * block_size
-    + offset); a negative slot is skipped (a padding token). In place."""
+    + offset); a negative slot is skipped (a padding token). In place. Slots must be distinct
+    (one sequence's tokens each have their own)."""
     block_size, x = k_cache.shape[3], k_cache.shape[4]
-    for t, slot in enumerate(np.asarray(slots)):
-        if slot < 0:
-            continue
-        block, off = int(slot) // block_size, int(slot) % block_size
-        k_cache[block, :, :, off, :] = k[t].reshape(k.shape[1], -1, x)
-        v_cache[block, :, :, off] = v[t]
+    slots = np.asarray(slots).astype(np.int64)
+    keep = slots >= 0
+    if len(np.unique(slots[keep])) != int(keep.sum()):
+        raise ValueError("two tokens were given one slot")
+    blocks, offs = slots[keep] // block_size, slots[keep] % block_size
+    # token t goes to [block, :, :, off, :] (K) and [block, :, :, off] (V): the indexed axes come
+    # first in the assigned values, [T, Hkv, D / x, x] and [T, Hkv, D]
+    k_cache[blocks, :, :, offs, :] = np.asarray(k)[keep].reshape(len(blocks), k.shape[1], -1, x)
+    v_cache[blocks, :, :, offs] = np.asarray(v)[keep]

@@ -87,6 +87,28 @@ def test_reference_paged_layout_round_trip():
     assert np.isnan(kp[1]).all() and np.isnan(vp[2]).all()  # untouched blocks
 
 
+@pytest.mark.parametrize("n_heads, n_kv, tokens", [(8, 8, 1), (8, 2, 33), (12, 4, 7)])
+def test_reference_attend_is_the_definition(n_heads, n_kv, tokens):
+    """The grouped einsum of reference.attend against the definition written head by head."""
+    rng = np.random.default_rng()
+    q, k, v = rng.standard_normal((n_heads, D)), rng.standard_normal((tokens, n_kv, D)), rng.standard_normal((tokens, n_kv, D))
+    want = np.empty_like(q)
+    for h in range(n_heads):
+        s = 0.3 * (k[:, h // (n_heads // n_kv)] @ q[h])
+        p = np.exp(s - s.max())
+        want[h] = (p / p.sum()) @ v[:, h // (n_heads // n_kv)]
+    np.testing.assert_allclose(ref.attend(q, k, v, 0.3), want, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_padding_slot_is_skipped_and_slots_are_distinct():
+    kp, vp = np.full((2, KV, D // 8, BS, 8), np.nan), np.full((2, KV, D, BS), np.nan)
+    k = np.ones((2, KV, D))
+    ref.reshape_and_cache(kp, vp, k, k, np.array([3, -1]))
+    assert (kp[0, :, :, 3] == 1).all() and np.isnan(kp[0, :, :, 4]).all()
+    with pytest.raises(ValueError, match="one slot"):
+        ref.reshape_and_cache(kp, vp, k, k, np.array([5, 5]))
+
+
 def test_reference_contiguous_overflow_keeps_the_last_tokens():
     kc = np.arange(2 * 1 * 4 * 1, dtype=np.float64).reshape(2, 1, 4, 1)
     k, _ = ref.contiguous_tokens(kc, kc, 0, 6)  # positions 2..5 in slots 2, 3, 0, 1

@@ -77,10 +77,10 @@ def _contiguous_case(split: bool, lens: list[int], heads: tuple[int, int], head_
         batch = len(written)
         kc = np.full((batch, n_kv, max_seq, head_dim), np.nan, np.float16)
         vc = np.full_like(kc, np.nan)
-        for b, n in enumerate(written):  # token p into slot p % max_seq, later ones overwrite
-            for p in range(max(0, n - max_seq), n):
-                kc[b, :, p % max_seq] = rng.standard_normal((n_kv, head_dim))
-                vc[b, :, p % max_seq] = rng.standard_normal((n_kv, head_dim))
+        for b, n in enumerate(written):  # token p in slot p % max_seq: the last max_seq survive
+            slots = np.arange(max(0, n - max_seq), n) % max_seq
+            kc[b][:, slots] = rng.standard_normal((n_kv, len(slots), head_dim), dtype=np.float32)
+            vc[b][:, slots] = rng.standard_normal((n_kv, len(slots), head_dim), dtype=np.float32)
         q = rng.standard_normal((batch, n_heads, head_dim)).astype(np.float16)
         scale = head_dim ** -0.5
         seen = [visible_tokens(n, max_seq) for n in written]
@@ -153,6 +153,7 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
         q = rng.standard_normal((tokens, n_heads, head_dim)).astype(np.float16)
         scale = head_dim ** -0.5
         k_all, v_all = kc.transpose(1, 0, 2), vc.transpose(1, 0, 2)  # [tokens, Hkv, D]
+        k64, v64 = k_all.astype(np.float64), v_all.astype(np.float64)  # once, not per query
         caches, table = (mx.array(kc), mx.array(vc)), None
         if block_size:
             need = -(-max_seq // block_size)
@@ -169,7 +170,7 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
                                     split_from=0)
             mx.eval(out)
         out = np.array(out)
-        want = np.stack([ref.attend(q[i], k_all[: pos + i + 1], v_all[: pos + i + 1], scale)
+        want = np.stack([ref.attend(q[i], k64[: pos + i + 1], v64[: pos + i + 1], scale)
                          for i in range(tokens)])
         return [compare("causal outputs", out, want, TOL)]
 
