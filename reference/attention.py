@@ -29,10 +29,10 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndar
     n_heads, n_kv = q.shape[0], k.shape[1]
     if n_heads % n_kv:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv}")
-    qg = q.reshape(n_kv, n_heads // n_kv, -1)
-    s = scale * np.einsum("kgd,tkd->kgt", qg, k)
+    qg = q.reshape(n_kv, n_heads // n_kv, -1)  # [Hkv, G, D]
+    s = scale * (qg @ k.transpose(1, 2, 0))  # [Hkv, G, tokens]
     p = np.exp(s - s.max(axis=-1, keepdims=True))
-    out = np.einsum("kgt,tkd->kgd", p / p.sum(axis=-1, keepdims=True), v)
+    out = (p / p.sum(axis=-1, keepdims=True)) @ v.transpose(1, 0, 2)  # [Hkv, G, D]
     return out.reshape(n_heads, -1)
 
 
