@@ -1,6 +1,7 @@
 """Every kernel instantiation compiled ahead: `lathe compile [family]`.
 
-The family's check cases (small inputs) run with their launches recorded rather than executed
+The family's check cases (all of them on CUDA, the small ones otherwise) run with their launches
+recorded rather than executed
 (kernels.runtime.recording: outputs are zeros, comparisons fail and are ignored), which collects
 each distinct instantiation: its body and header as MLX gets them, its input and output dtypes
 and its template constants (kernels.jit_cache.Instance).

@@ -46,11 +46,14 @@ def rope(
     freqs = inv_freq(head_dim, theta) if freqs is None else np.asarray(freqs, np.float64)
     ang = angles(positions, freqs, freq_scale)[:, None, :]  # [seq, 1, D/2]
     cos, sin = np.cos(ang), np.sin(ang)
-    a, b = pair_indices(head_dim, neox)
-    out = np.empty_like(x)
-    out[..., a] = x[..., a] * cos - x[..., b] * sin
-    out[..., b] = x[..., a] * sin + x[..., b] * cos
-    return out
+    # The pairs of pair_indices as views: NeoX's halves, or the standard layout's (even, odd).
+    half = head_dim // 2
+    pairs = x.reshape(*x.shape[:-1], half, 2)
+    x1, x2 = (x[..., :half], x[..., half:]) if neox else (pairs[..., 0], pairs[..., 1])
+    o1, o2 = x1 * cos - x2 * sin, x1 * sin + x2 * cos
+    if neox:
+        return np.concatenate([o1, o2], axis=-1)
+    return np.stack([o1, o2], axis=-1).reshape(x.shape)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -58,3 +58,16 @@ def test_covering_shapes_meet_every_value():
         assert {x.seq for x in s if (x.n_heads, x.n_kv_heads) == (hq, hkv)} == set(SEQS)
     assert {x.theta for x in s} == set(THETAS) and {x.freq_scale for x in s} == set(FREQ_SCALES)
     assert max(x.pos + x.seq for x in s) == MAX_POSITION and min(x.pos for x in s) == 0
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_is_the_pair_definition(neox):
+    """reference.rope (pairs as views) equals the rotation written with pair_indices, exactly."""
+    rng = np.random.default_rng()
+    x, positions = rng.standard_normal((5, 3, 64)), rng.integers(0, 40000, 5)
+    a, b = ref.pair_indices(64, neox)
+    ang = ref.angles(positions, ref.inv_freq(64, 500000.0), 0.25)[:, None, :]
+    want = np.empty_like(x)
+    want[..., a] = x[..., a] * np.cos(ang) - x[..., b] * np.sin(ang)
+    want[..., b] = x[..., a] * np.sin(ang) + x[..., b] * np.cos(ang)
+    assert np.array_equal(ref.rope(x, positions, 500000.0, 0.25, neox), want)
