@@ -17,12 +17,12 @@ Nothing here can make MLX run a wrong kernel: the module's name holds a hash of 
 source, so a file is found only for the source it was compiled from. A name computed wrongly,
 or a machine where any step fails, is a miss, and MLX compiles as it always did (a warning
 says so, once). tests/test_jit_cache.py proves on the GPU that the rebuilt source is MLX's (its
-verbose print) for every kernel the checks launch, and that MLX runs what it finds (a module
-planted under a name computes something else, and that is what runs).
+verbose print) for every kernel the small checks launch, and that MLX runs what it finds (a
+module planted under a name computes something else, and that is what runs).
 
 Instantiations are compiled when first launched (`ensure`, from kernels.runtime.launch), or
-ahead and in parallel from a recorded list (`prepare`: the decoder records one token of each
-phase before it runs; `lathe compile` records every check case).
+ahead, in parallel worker processes, from recorded launches (`prepare`: the decoder records a
+forward() of each token count before it runs it; `lathe compile` records every check case).
 """
 
 from __future__ import annotations
