@@ -45,6 +45,9 @@ def _no_gpu_notice() -> None:
 
 
 def _print_check_rows(results) -> None:
+    if not results:
+        print("(no case of this family runs without a GPU)")
+        return
     rows = [
         dict(kernel=r.case.kernel, variant=r.case.variant,
              shape=" ".join(f"{k}={v}" for k, v in r.case.shape.items()),
