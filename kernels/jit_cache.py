@@ -40,6 +40,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from kernels.ptx import CompileError
+
 # MLX's spellings (mlx/backend/cuda/utils, mlx/backend/common/utils at 0.32.4): the C type of an
 # argument, and the type's name in a kernel's name.
 _CUDA_TYPE = {"bool": "bool", "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t",
@@ -226,10 +228,6 @@ def _options() -> tuple[bytes, ...]:
     return tuple(o.encode() for o in opts)
 
 
-class CompileError(RuntimeError):
-    pass
-
-
 def compile_cubin(source: str, kernel: str, file_name: str = "kernel.cu") -> tuple[bytes, str]:
     """NVRTC: (cubin, lowered symbol of `kernel`) of one translation unit, compiled as MLX does."""
     return _compile(_nvrtc(), mlx_device_headers(), _options(), source, kernel, file_name)
@@ -237,30 +235,9 @@ def compile_cubin(source: str, kernel: str, file_name: str = "kernel.cu") -> tup
 
 def _compile(lib, headers: dict[str, str], opts: tuple[bytes, ...], source: str, kernel: str,
              file_name: str) -> tuple[bytes, str]:
-    names = (ctypes.c_char_p * len(headers))(*[n.encode() for n in headers])
-    texts = (ctypes.c_char_p * len(headers))(*[t.encode() for t in headers.values()])
-    prog = ctypes.c_void_p()
-    if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), file_name.encode(), len(headers),
-                              texts, names):
-        raise CompileError("nvrtcCreateProgram failed")
-    try:
-        lib.nvrtcAddNameExpression(prog, kernel.encode())
-        if lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)):
-            size = ctypes.c_size_t()
-            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-            log = ctypes.create_string_buffer(size.value)
-            lib.nvrtcGetProgramLog(prog, log)
-            raise CompileError(f"{file_name}:\n{log.value.decode(errors='replace')}")
-        lowered = ctypes.c_char_p()
-        lib.nvrtcGetLoweredName(prog, kernel.encode(), ctypes.byref(lowered))
-        symbol = lowered.value.decode()
-        size = ctypes.c_size_t()
-        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-        cubin = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetCUBIN(prog, cubin)
-        return cubin.raw, symbol
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    from kernels.ptx import run_nvrtc
+
+    return run_nvrtc(lib, source, file_name, opts, headers, kernel, cubin=True)
 
 
 def _write(path: Path, kernel: str, symbol: str, cubin: bytes) -> None:

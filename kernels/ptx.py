@@ -6,9 +6,8 @@ which times a kernel launched from PTX with `mx.fast.precompiled_cuda_kernel` ag
 kernel through `mx.fast.cuda_kernel` (which rebuilds the whole source string on every call).
 
 The CUDA source is what MLX's CUDA backend generates around a custom kernel body
-(mlx/backend/cuda/custom_kernel.cpp): its default header, our header, a `__global__` signature of
-the input pointers then the output pointers, and the template constants as `constexpr`. MLX's
-device header is replaced by a stub holding what the generated code uses.
+(kernels.jit_cache.Instance.mlx_source). Without MLX's CUDA build its device header is not at
+hand, so a stub holding what the generated code uses stands in for it.
 """
 
 from __future__ import annotations
@@ -17,17 +16,9 @@ import ctypes
 import functools
 import glob
 import os
-import re
 import tempfile
 from pathlib import Path
 
-CUDA_TYPES = {"float16": "__half", "float32": "float", "int32": "int32_t", "uint32": "uint32_t",
-              "bfloat16": "__nv_bfloat16", "uint8": "uint8_t", "int8": "int8_t"}
-
-_MLX_DEFAULT_HEADER = """#include "mlx/backend/cuda/device/utils.cuh"
-#include <cooperative_groups.h>
-#define inf cuda::std::numeric_limits<float>::infinity()
-"""
 _MLX_UTILS_STUB = """#pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,36 +26,6 @@ _MLX_UTILS_STUB = """#pragma once
 #include <cuda/std/limits>
 #include <cuda/std/tuple>
 """
-
-
-def dtype_name(dtype) -> str:
-    return str(dtype).split(".")[-1]
-
-
-def kernel_name(base: str, constants: dict) -> str:
-    """A C identifier naming one instantiation: the spec's name and its constants' values."""
-    return re.sub(r"\W", "_", base + "".join(f"_{dtype_name(v)}" for v in constants.values()))
-
-
-def cuda_source(name: str, body: str, header: str, inputs, outputs, constants,
-                extern_c: bool = False) -> str:
-    """The translation unit of one instantiation. inputs/outputs: (name, dtype name) pairs;
-    extern_c gives the kernel an unmangled symbol (the PTX path looks it up by name)."""
-    params = [f"const {CUDA_TYPES[d]}* {n}" for n, d in inputs]
-    params += [f"{CUDA_TYPES[d]}* {n}" for n, d in outputs]
-    consts = []
-    for k, v in constants:
-        if isinstance(v, bool):
-            consts.append(f"  constexpr bool {k} = {str(v).lower()};")
-        elif isinstance(v, int):
-            consts.append(f"  constexpr int {k} = {v};")
-        else:
-            consts.append(f"  using {k} = {CUDA_TYPES[dtype_name(v)]};")
-    linkage = 'extern "C" ' if extern_c else ""
-    return (_MLX_DEFAULT_HEADER + header + "\nnamespace mlx::core::cu {\n"
-            "namespace cg = cooperative_groups;\n"
-            f"{linkage}__global__ void {name}({', '.join(params)}) {{\n" + "\n".join(consts)
-            + "\n" + body + "\n}\n}\n")
 
 
 @functools.cache
@@ -123,23 +84,43 @@ class CompileError(RuntimeError):
 
 def compile_ptx(source: str, name: str, arch: str = "compute_90") -> bytes:
     """NVRTC: CUDA source -> PTX (raises CompileError with NVRTC's log)."""
-    lib = nvrtc()
     opts = [b"--std=c++17", f"-arch={arch}".encode()] + [f"-I{d}".encode() for d in include_dirs()]
+    ptx, _ = run_nvrtc(nvrtc(), source, name, opts)
+    return ptx.rstrip(b"\0") + b"\0"
+
+
+def run_nvrtc(lib, source: str, file_name: str, opts, headers: dict[str, str] | None = None,
+              kernel: str | None = None, cubin: bool = False) -> tuple[bytes, str | None]:
+    """One NVRTC program: (PTX, or a cubin, and the lowered symbol of `kernel` if given). Headers
+    (include name -> text) are handed over in memory, as MLX does; raises CompileError with
+    NVRTC's log."""
+    headers = headers or {}
+    names = (ctypes.c_char_p * len(headers))(*[n.encode() for n in headers])
+    texts = (ctypes.c_char_p * len(headers))(*[t.encode() for t in headers.values()])
     prog = ctypes.c_void_p()
-    if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None):
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), file_name.encode(), len(headers),
+                              texts, names):
         raise CompileError("nvrtcCreateProgram failed")
     try:
-        argv = (ctypes.c_char_p * len(opts))(*opts)
-        if lib.nvrtcCompileProgram(prog, len(opts), argv) != 0:
+        if kernel:
+            lib.nvrtcAddNameExpression(prog, kernel.encode())
+        if lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)):
             size = ctypes.c_size_t()
             lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
             log = ctypes.create_string_buffer(size.value)
             lib.nvrtcGetProgramLog(prog, log)
-            raise CompileError(f"{name}:\n{log.value.decode(errors='replace')}")
+            raise CompileError(f"{file_name}:\n{log.value.decode(errors='replace')}")
+        symbol = None
+        if kernel:
+            lowered = ctypes.c_char_p()
+            lib.nvrtcGetLoweredName(prog, kernel.encode(), ctypes.byref(lowered))
+            symbol = lowered.value.decode()
+        get_size, get = ((lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN) if cubin
+                         else (lib.nvrtcGetPTXSize, lib.nvrtcGetPTX))
         size = ctypes.c_size_t()
-        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
-        ptx = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetPTX(prog, ptx)
-        return ptx.raw.rstrip(b"\0") + b"\0"
+        get_size(prog, ctypes.byref(size))
+        out = ctypes.create_string_buffer(size.value)
+        get(prog, out)
+        return out.raw, symbol
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))

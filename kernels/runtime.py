@@ -272,17 +272,19 @@ class poisoned_outputs:
 
 @functools.cache
 def ptx_kernel(spec: KernelSpec, constants: tuple, inputs: tuple, outputs: tuple) -> tuple[str, bytes]:
-    """(symbol, PTX) of one instantiation: inputs and outputs as dtype names; the symbol carries a
-    hash of everything that shapes the code, so no two instantiations share a module name."""
+    """(symbol, PTX) of one instantiation: inputs and outputs as dtype names. The translation unit
+    is MLX's (kernels.jit_cache) with the kernel extern "C", so that its symbol is its name; the
+    name carries a hash of everything that shapes the code, so no two share a module."""
     from kernels import ptx
 
     require_gpu()
     source = spec.source()
     digest = hashlib.sha1(repr((source, constants, inputs, outputs)).encode()).hexdigest()[:10]
-    name = ptx.kernel_name(spec.name, dict(constants)) + "_" + digest
-    unit = ptx.cuda_source(name, source, _header(), tuple(zip(spec.inputs, inputs)),
-                           tuple(zip(spec.outputs, outputs)), constants, extern_c=True)
-    return name, ptx.compile_ptx(unit, name)
+    inst = jit_cache.Instance(f"{spec.name}_{digest}", source, _header(True),
+                              tuple((n, d, 1) for n, d in zip(spec.inputs, inputs)),
+                              tuple(zip(spec.outputs, outputs)), tuple(constants))
+    unit = inst.mlx_source().replace("__global__ void", 'extern "C" __global__ void', 1)
+    return inst.kernel_name, ptx.compile_ptx(unit, inst.kernel_name)
 
 
 def instance(job: Launch, inline: bool | None = None, cuda: bool | None = None) -> jit_cache.Instance:

@@ -30,9 +30,12 @@ def test_every_instantiation_compiles_with_nvrtc():
 @pytest.mark.skipif(bool(_available()), reason=_available() or "available")
 def test_ptx_has_the_unmangled_kernel_symbol():
     """The ptx launch path finds the kernel by its name: extern "C" keeps it unmangled."""
-    src = ptx.cuda_source("lathe_probe_1", "out[0] = in[0] + N;", "", [("in", "int32")],
-                          [("out", "int32")], [("N", 1)], extern_c=True)
-    text = ptx.compile_ptx(src, "lathe_probe_1").decode()
-    assert ".entry lathe_probe_1(" in text
+    from kernels.jit_cache import Instance
+
+    inst = Instance("lathe_probe", "out[0] = in[0] + N;", "", (("in", "int32", 1),),
+                    (("out", "int32"),), (("N", 1),))
+    src = inst.mlx_source().replace("__global__ void", 'extern "C" __global__ void', 1)
+    text = ptx.compile_ptx(src, inst.kernel_name).decode()
+    assert f".entry {inst.kernel_name}(" in text
     with pytest.raises(ptx.CompileError, match="undefined"):
         ptx.compile_ptx(src.replace("in[0]", "nowhere[0]"), "broken")
