@@ -5,7 +5,9 @@
 
 Each case whose label contains the text (labels as `lathe bench` prints them: benchmark, kernel,
 [variant], shape) is built once and stepped `--calls` times, one evaluation per call, so that
-the profiler sees each kernel launch on its own, with no timing harness around it.
+the profiler sees each kernel launch on its own, with no timing harness around it. `--marked`
+puts a marker launch before and after each case's calls, so that `python -m harness.ncu_table`
+can give each case its kernels (the labels, one a line, are what this prints).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 
 import mlx.core as mx
 
+from harness.profile_decode import _marker
 from harness.suites import select
 
 
@@ -23,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("match", nargs="*", help="texts a case label must contain (any of them)")
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--sweep", action="store_true", help="look among the sweep cases")
+    parser.add_argument("--marked", action="store_true",
+                        help="a marker launch before and after each case's calls (harness.ncu_table)")
     args = parser.parse_intermixed_args(argv)
     (fam,) = select(args.family)
     cases = fam.sweep_cases() if args.sweep else fam.bench_cases()
@@ -30,8 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     for case in chosen:
         state = case.make_set()
         mx.eval(state)
+        if args.marked:  # the case's own launches sit between two markers, its inputs' outside
+            _marker()
         for _ in range(args.calls):
             mx.eval(case.step(state))
+        if args.marked:
+            _marker()
         print(case.label)
     if not chosen:
         print("no case matched")

@@ -1,0 +1,68 @@
+"""harness.ncu_table on ncu CSVs of both shapes (written here as ncu writes them): each case gets
+the launches between its two markers, medians over its calls, the top stall reasons."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from harness.ncu_table import read_launches, table
+
+STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+# (kernel, time in ns, dram %, bytes read in MB, long-scoreboard stall, barrier stall)
+LAUNCHES = [("scan_kernel", 2000, 1, 0, 0, 0),
+            ("custom_kernel_lathe_gemv_v2_1(int)", 30000, 80, 29.4, 9.0, 1.0),
+            ("custom_kernel_lathe_gemv_v2_1(int)", 31000, 82, 29.4, 8.0, 2.0),
+            ("custom_kernel_lathe_gemv_v2_1(int)", 32000, 81, 29.4, 7.0, 3.0),
+            ("scan_kernel", 2000, 1, 0, 0, 0),
+            ("random_bits", 5000, 50, 1, 0, 0),  # the next case's inputs: outside its markers
+            ("scan_kernel", 2000, 1, 0, 0, 0),
+            ("custom_kernel_lathe_seam_plain(int)", 10000, 40, 4.0, 1.0, 5.0),
+            ("scan_kernel", 2000, 1, 0, 0, 0)]
+
+
+def _write_raw(path):
+    names = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+             "dram__bytes_read.sum", STALL.format("long_scoreboard"), STALL.format("barrier")]
+    units = ["", "", "nsecond", "%", "Mbyte", "", ""]
+    with open(path, "w", newline="") as f:
+        f.write("==PROF== Connected to process 1\n")
+        w = csv.writer(f, quoting=csv.QUOTE_ALL)
+        w.writerow(names)
+        w.writerow(units)
+        for i, (k, t, d, b, ls, ba) in enumerate(LAUNCHES):
+            w.writerow([i, k, f"{t:,}", d, b, ls, ba])
+
+
+def _write_long(path):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, quoting=csv.QUOTE_ALL)
+        w.writerow(["ID", "Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"])
+        for i, (k, t, d, b, ls, ba) in enumerate(LAUNCHES):
+            w.writerow([i, k, "s", "gpu__time_duration.sum", "usecond", t / 1000])
+            w.writerow([i, k, "s", "dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", d])
+            w.writerow([i, k, "s", "dram__bytes_read.sum", "Mbyte", b])
+            w.writerow([i, k, "s", STALL.format("long_scoreboard"), "", ls])
+            w.writerow([i, k, "s", STALL.format("barrier"), "", ba])
+
+
+@pytest.mark.parametrize("write", [_write_raw, _write_long], ids=["raw", "long"])
+def test_each_case_gets_its_own_launches(tmp_path, write):
+    path = tmp_path / "ncu.csv"
+    write(path)
+    rows = table(read_launches(path), ["gemv case", "seam case"])
+    assert [(r["case"], r["kernel"], r["launches"]) for r in rows] == [
+        ("gemv case", "custom_kernel_lathe_gemv_v2_1", 3), ("seam case", "custom_kernel_lathe_seam_plain", 1)]
+    gemv = rows[0]
+    assert gemv["gpu_us"] == pytest.approx(31.0) and gemv["dram_pct"] == 81
+    assert gemv["dram_read_gbs"] == pytest.approx(29.4e6 / 31.0 / 1e3)
+    assert gemv["top_stalls"] == "long_scoreboard 8.00, barrier 2.00"
+    assert rows[1]["top_stalls"] == "barrier 5.00, long_scoreboard 1.00"
+
+
+def test_markers_must_pair_with_the_labels(tmp_path):
+    path = tmp_path / "ncu.csv"
+    _write_raw(path)
+    with pytest.raises(ValueError, match="4 marker launches for 3 cases"):
+        table(read_launches(path), ["a", "b", "c"])
