@@ -163,7 +163,7 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     measured here. `peer="llama.cpp"`: llama-bench on the same file, alternated with lathe's rows
     for `rounds` rounds (default 2), each lathe row's x_llama_cpp from that run's llama.cpp row."""
     from harness.anchors import llama_cpp_tok_s
-    from harness.decode import decode_row, run_decode
+    from harness.decode_bench import decode_row, run_decode
     from harness.peers import HOW_TO_GET, PEERS, VARIANT, LlamaBench, find_llama_bench, pair_with_peer
     from harness.plots import decode_plot
     from harness.results import append_rows, read_results, results_dir, run_metadata

@@ -79,7 +79,7 @@ def test_decode_writes_a_results_row(tmp_path, monkeypatch):
 
 
 def test_decode_rejects_unknown_variants_and_modes():
-    from harness.decode import run_decode
+    from harness.decode_bench import run_decode
 
     with pytest.raises(ValueError, match="mode must be among"):
         run_decode("tiny-llama", "q8_0", 4, 2, modes="step,warp")
@@ -98,7 +98,7 @@ def test_decode_rejects_unknown_variants_and_modes():
 def test_decode_over_several_depths():
     """--depth 0,5 (as llama-bench's -d): one row per depth from one decoder, each timed after
     its own depth, the KV traffic growing with it; bad depth lists are clear errors."""
-    from harness.decode import run_decode
+    from harness.decode_bench import run_decode
 
     rows = run_decode("tiny-llama", "q8_0", 4, 3, modes="step,compiled", depth="0,5")
     assert [(r["depth"], r["mode"]) for r in rows] == [(0, "step"), (0, "compiled"), (5, "step"), (5, "compiled")]
@@ -114,7 +114,8 @@ def test_decode_over_several_depths():
 def test_traffic_counts_the_stored_weights(tmp_path, monkeypatch):
     """Weight bytes per token: every stored matrix once (one embedding row unless tied), so
     close to the file size; KV bytes grow with the position."""
-    from harness.decode import model_file, traffic
+    from harness.decode import model_file
+    from harness.decode_bench import traffic
     from harness.models import load_gguf
 
     monkeypatch.setenv("LATHE_CACHE", str(tmp_path))
