@@ -40,7 +40,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from kernels.ptx import CompileError
+from kernels.ptx import CompileError, run_nvrtc
 
 # MLX's spellings (mlx/backend/cuda/utils, mlx/backend/common/utils at 0.32.4): the C type of an
 # argument, and the type's name in a kernel's name.
@@ -230,14 +230,7 @@ def _options() -> tuple[bytes, ...]:
 
 def compile_cubin(source: str, kernel: str, file_name: str = "kernel.cu") -> tuple[bytes, str]:
     """NVRTC: (cubin, lowered symbol of `kernel`) of one translation unit, compiled as MLX does."""
-    return _compile(_nvrtc(), mlx_device_headers(), _options(), source, kernel, file_name)
-
-
-def _compile(lib, headers: dict[str, str], opts: tuple[bytes, ...], source: str, kernel: str,
-             file_name: str) -> tuple[bytes, str]:
-    from kernels.ptx import run_nvrtc
-
-    return run_nvrtc(lib, source, file_name, opts, headers, kernel, cubin=True)
+    return run_nvrtc(_nvrtc(), source, file_name, _options(), mlx_device_headers(), kernel, cubin=True)
 
 
 def _write(path: Path, kernel: str, symbol: str, cubin: bytes) -> None:
@@ -256,8 +249,8 @@ def _work(payload: dict) -> list[str | None]:
     logs = []
     for source, kernel, path in payload["jobs"]:
         try:
-            cubin, symbol = _compile(lib, payload["headers"], payload["options"], source, kernel,
-                                     f"{Path(path).stem}.cu")
+            cubin, symbol = run_nvrtc(lib, source, f"{Path(path).stem}.cu", payload["options"],
+                                      payload["headers"], kernel, cubin=True)
             _write(Path(path), kernel, symbol, cubin)
             logs.append(None)
         except CompileError as exc:
@@ -276,7 +269,6 @@ def default_dir() -> Path:
 
 _state = {"dir": None, "off": None}
 _known: set = set()
-_lock = threading.Lock()
 
 
 def activate() -> Path | None:
@@ -297,71 +289,72 @@ def activate() -> Path | None:
 
 
 def _disable(exc: BaseException) -> None:
-    _state["off"] = str(exc)
+    _state["dir"], _state["off"] = None, str(exc)
     print(f"lathe: kernel cache off, each process compiles its kernels ({exc})", file=sys.stderr)
+
+
+def _job(inst: Instance) -> tuple[str, str, str]:
+    """(MLX's source, the kernel's name as MLX looks it up, the module's path in the cache)."""
+    source = inst.mlx_source()
+    return source, f"mlx::core::cu::{inst.kernel_name}", str(_state["dir"] / f"{inst.module_name(source)}.ptx")
 
 
 def cached(inst: Instance) -> Path | None:
     """The module file MLX would load for `inst`, if it is there."""
     if _state["dir"] is None:
         return None
-    path = _state["dir"] / f"{inst.module_name()}.ptx"
+    path = Path(_job(inst)[2])
     return path if path.exists() else None
 
 
-def _job(inst: Instance) -> tuple[str, str, str]:
-    source = inst.mlx_source()
-    return source, f"mlx::core::cu::{inst.kernel_name}", str(_state["dir"] / f"{inst.module_name(source)}.ptx")
-
-
-def _build(inst: Instance) -> None:
+def _build(inst: Instance) -> str | None:
+    """Compile `inst` into the cache unless its module is there; NVRTC's log where the body does
+    not compile (the launch is then left to MLX, which reports the error as it always did)."""
     source, kernel, path = _job(inst)
-    if not Path(path).exists():
-        cubin, symbol = compile_cubin(source, kernel, f"{Path(path).stem}.cu")
-        _write(Path(path), kernel, symbol, cubin)
-
-
-def ensure(inst: Instance) -> str | None:
-    """Compile `inst` into the cache unless it is there (once per process and instance). Returns
-    NVRTC's log where the body does not compile; the launch is then left to MLX, which reports
-    the error as it always did."""
-    if inst in _known or _state["dir"] is None:
-        return None
-    _known.add(inst)
     try:
-        _build(inst)
+        if not Path(path).exists():
+            cubin, symbol = compile_cubin(source, kernel, f"{Path(path).stem}.cu")
+            _write(Path(path), kernel, symbol, cubin)
     except CompileError as exc:
         return str(exc)
     except (OSError, RuntimeError, struct.error) as exc:  # no NVRTC, no headers: MLX compiles
         _disable(exc)
-        _state["dir"] = None
     return None
+
+
+def ensure(inst: Instance) -> str | None:
+    """`_build` once per process and instance."""
+    if inst in _known or _state["dir"] is None:
+        return None
+    _known.add(inst)
+    return _build(inst)
 
 
 def prepare(instances, workers: int | None = None) -> tuple[int, dict[str, str]]:
     """Compile the instances not yet cached, in parallel worker processes (NVRTC compiles one
-    program at a time in a process: 45 modules took 35 s from 16 threads on the H200). Returns
+    program at a time in a process: on the H200 16 threads took 60 s for 32 modules, 16
+    processes 7.6 s; results/nvidia-h200/logs/nvrtc-parallel.log). Returns
     how many were compiled and NVRTC's log of each that failed, by kernel name."""
     todo = [i for i in dict.fromkeys(instances) if i not in _known]
     if _state["dir"] is None or not todo:
         return 0, {}
-    missing = [i for i in todo if cached(i) is None]
-    _known.update(set(todo) - set(missing))
+    jobs = {i: _job(i) for i in todo}
+    missing = [i for i in todo if not Path(jobs[i][2]).exists()]
+    _known.update(todo)
     workers = min(len(missing), workers or os.cpu_count() or 4)
     if workers <= 1:
-        logs = [ensure(i) for i in missing]
+        logs = [_build(i) for i in missing]
     else:
         try:
             shared = dict(nvrtc=_nvrtc()._name, headers=mlx_device_headers(), options=_options())
         except (OSError, RuntimeError, struct.error) as exc:
             _disable(exc)
-            _state["dir"] = None
             return 0, {}
         shares = [missing[w::workers] for w in range(workers)]
         procs = [subprocess.Popen([sys.executable, "-m", "kernels.jit_cache"], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE) for _ in shares]
         for proc, share in zip(procs, shares):  # each reads its whole input before it works
-            proc.stdin.write(pickle.dumps(dict(shared, jobs=[_job(i) for i in share])))
+            proc.stdin.write(pickle.dumps(dict(shared, jobs=[jobs[i] for i in share])))
             proc.stdin.close()
         logs = [None] * len(missing)
         for w, (proc, share) in enumerate(zip(procs, shares)):
@@ -369,8 +362,7 @@ def prepare(instances, workers: int | None = None) -> tuple[int, dict[str, str]]
             if proc.wait() == 0:
                 logs[w::workers] = pickle.loads(out)
             else:  # a worker that died: its share here, one by one
-                logs[w::workers] = [ensure(i) for i in share]
-    _known.update(missing)
+                logs[w::workers] = [_build(i) for i in share]
     return len(missing), {i.kernel_name: log for i, log in zip(missing, logs) if log}
 
 

@@ -333,15 +333,16 @@ def launch(job: Launch) -> list[mx.array]:
     if _recorder[0] is not None:
         _recorder[0].append(job)
         return [mx.zeros(tuple(s), d) for s, d in job.outputs]
-    kernel = compile_kernel(job.spec)
+    inline = options.get("inline_source")
+    kernel = _compile_kernel(job.spec, inline)
     if _CUDA[0]:
         # The first launch of an instantiation in this process: MLX is about to compile it,
         # unless the on-disk cache has it; if not, compile it there first. The key leaves out
-        # the dtypes (a key with them cost 1.4 us more a launch, 4% of a step-mode token): a
-        # second dtype under one spec and constants would be compiled by MLX, as before.
-        key = (id(job.spec), tuple(job.constants.values()), options.get("inline_source"))
+        # the dtypes, which cost more than the rest to read (harness/NOTES.md): a second dtype
+        # under one spec and constants is compiled by MLX, as before.
+        key = (id(job.spec), tuple(job.constants.values()), inline)
         if key not in _seen:
-            jit_cache.ensure(instance(job))
+            jit_cache.ensure(instance(job, inline))
             _seen.add(key)
     return kernel(
         inputs=list(job.inputs),

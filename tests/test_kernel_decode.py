@@ -231,26 +231,6 @@ def test_wrapping_modes_agree(models, variant):
     assert len(set(map(tuple, runs.values()))) == 1, runs
 
 
-@pytest.fixture
-def recorded_launches(monkeypatch):
-    """Every lathe kernel launch as (step index, spec name), with zeros for its outputs: what
-    forward() dispatches, seen on any machine (the kernels themselves do not run)."""
-    import importlib
-
-    import mlx.core as mx
-
-    record: list[tuple[int, str]] = []
-    current = [-1]
-
-    def fake_launch(job):
-        record.append((current[0], job.spec.name))
-        return [mx.zeros(shape, dtype) for shape, dtype in job.outputs]
-
-    for name in ("kernels.attention", "kernels.gemv", "kernels.loop", "kernels.rope"):
-        monkeypatch.setattr(importlib.import_module(name), "launch", fake_launch)
-    return record, current
-
-
 PLAN_CASES = [(preset, variant, kv, overflow, rope_inside)
               for preset in ("tiny-llama", "tiny-qwen3") for variant in ("unfused", "fused", "fused without seams")
               for kv in ("contiguous", "paged") for overflow in (False, True) for rope_inside in (True, False)
@@ -258,37 +238,42 @@ PLAN_CASES = [(preset, variant, kv, overflow, rope_inside)
 
 
 @pytest.mark.parametrize("preset, variant, kv, overflow, rope_inside", PLAN_CASES)
-def test_forward_launches_what_the_plan_says(models, monkeypatch, recorded_launches, preset, variant, kv, overflow,
-                                            rope_inside):
+def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, variant, kv, overflow, rope_inside):
     """The plan is the program: forward() of a prompt of 20 tokens, of 3 and of one decode token
     replays its phase's plan step by step, each step launching only the kernels it names (at
     least one; none for an MLX op), and nothing launches outside a step. The decode plan is
-    the one --show-plan prints."""
+    the one --show-plan prints. Launches are recorded (kernels.runtime.recording), so this runs
+    on any machine: the kernels themselves do not run."""
     from dataclasses import replace
 
     from harness.decode import show_plan
     from harness.kernel_decode import phase_of
     from harness.plan import plan_table
+    from kernels.runtime import recording
 
-    record, current = recorded_launches
     monkeypatch.setitem(options._values, "seams", variant == "fused")
     monkeypatch.setitem(options._values, "rope_in_attention", rope_inside)
     m = models[preset, "q8_0"]
-    decoder = KernelDecoder(m, 32 if overflow else 64, variant.split()[0], kv, overflow=overflow)
+    with recording():  # the decoder's own look-ahead at its kernels, apart from what is checked
+        decoder = KernelDecoder(m, 32 if overflow else 64, variant.split()[0], kv, overflow=overflow)
     for tokens in (20, 3, 1, 1):
+        with recording():
+            decoder.prepare_kernels((tokens,), decoder.pos)  # forward() would, inside the spans
         plan = decoder.plan_for(tokens)
-        for n, step in enumerate(plan):
+        original, spans = list(plan), []  # (step, first launch, end) for each step that ran
+        for n, step in enumerate(original):
             def run(d, env, t, pos, _n=n, _run=step.run):
-                current[0] = _n
+                first = len(rec.jobs)
                 _run(d, env, t, pos)
-                current[0] = -1
+                spans.append((_n, first, len(rec.jobs)))
             plan[n] = replace(step, run=run)
-        record.clear()
-        logits = decoder.forward(np.arange(tokens) % m.config.vocab)
+        with recording() as rec:
+            logits = decoder.forward(np.arange(tokens) % m.config.vocab)
+        plan[:] = original
         assert logits.shape == (tokens, m.config.vocab)
-        assert all(n >= 0 for n, _ in record), "a launch outside the plan's steps"
+        assert sum(end - first for _, first, end in spans) == len(rec.jobs), "a launch outside the plan's steps"
         for n, step in enumerate(plan):
-            names = [name for at, name in record if at == n]
+            names = [job.spec.name for at, first, end in spans if at == n for job in rec.jobs[first:end]]
             assert bool(names) == bool(step.launches), (phase_of(tokens), n, step.op, names)
             assert all(name.startswith(step.launches) for name in names), (phase_of(tokens), n, step, names)
     assert decoder.plan is decoder.plan_for(1) and len(decoder.plan) == len(plan)
