@@ -239,7 +239,8 @@ def cmd_peak(write: bool = True):
     return peak
 
 
-def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool, sweep: bool = False) -> int:
+def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool, sweep: bool = False,
+              match: str | None = None) -> int:
     from harness.bench import run_cases, summary, write_results
     from harness.results import run_metadata
     from harness.suites import select
@@ -256,6 +257,10 @@ def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool, sweep:
             print(f"{fam.name}: no launch knobs to sweep")
             continue
         cases = fam.sweep_cases() if sweep else fam.bench_cases(quick=quick)
+        cases = [c for c in cases if match is None or match in c.label]
+        if not cases:
+            print(f"{fam.name}: no case label contains {match!r}")
+            continue
         rows = run_cases(cases, peak.gbs, backend(), device_name(), meta, repeats=repeats,
                          progress_label=f"bench {fam.name}")
         with pd.option_context("display.max_rows", None, "display.width", 200):
@@ -292,6 +297,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--sweep", action="store_true",
                        help="time the launch knobs (threads, heads per thread) instead")
     bench.add_argument("--repeats", type=int, default=7)
+    bench.add_argument("-k", dest="match", default=None, help="only cases whose label contains this")
     bench.add_argument("--no-write", dest="write", action="store_false",
                        help="print only; write no CSV or PNG")
     dec = sub.add_parser("decode", parents=[debug, opts],
@@ -366,7 +372,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "check":
         return cmd_check(args.family, args.seed, args.match, args.quick)
     if args.command == "bench":
-        return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep)
+        return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep, args.match)
     if args.command == "decode" and args.show_plan:
         from harness.decode import show_plan
 

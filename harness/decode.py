@@ -419,8 +419,12 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
                          f"contiguous only), got {variant!r}, {kv!r}")
     if variant == "reference":
         return said + plan_table(reference_plan(model.config))
-    from harness.kernel_decode import kernel_plan, seams_apply
+    from harness.kernel_decode import kernel_plan, repacked, seams_apply
 
+    if repacked():
+        said += ("load-time transform: every Q4_0/Q8_0 projection (after QKV and gate+up are concatenated) "
+                 "repacked on the device into quants, then scales (kernels.gemv.repack, exact); the GGUF "
+                 "file is not changed; the embedding keeps its blocks\n")
     return said + plan_table(kernel_plan(model.config, variant == "fused", kv == "paged",
                                          seams=seams_apply(model.config, model.types), types=model.types))
 

@@ -1,6 +1,7 @@
 """The decode loop's projections alone, one after another as in the loop, timed on the GPU.
 
     python -m harness.gemv_chain llama3-8b --qtype q4_0 [--layers 32] [--settings "SLOTS=0;SLOTS=2,MAX_GROUPS=396"]
+        [--layout gguf,packed]
 
 A token of the fused variant, without attention: per layer RMSNorm+QKV, O (+ residual),
 RMSNorm+gate+up and SiLU+down (+ residual), each taking the one before's output, and the output
@@ -8,8 +9,9 @@ head; weights of a preset's shapes, random, in `--sets` copies cycled through th
 they stream from memory as a model's do. Each kernel waits for the one before, as in the loop,
 which a benchmark round of independent calls does not show (kernels/gemv/NOTES.md). The GPU's
 time per projection comes from its kernel trace (harness.gpu_trace), for each GEMV setting given
-(`--settings`: values of kernels.gemv.TUNING's keys, the formats' R, NSIMD, SLOTS and the shared
-MIN_GROUPS, MAX_GROUPS; settings apart by ';'). Needs the CUDA backend and PyTorch.
+(`--settings`: values of kernels.gemv.TUNING's keys, the formats' R, NSIMD, SLOTS, V3_R, V3_NSIMD,
+V3_P and the shared ones; settings apart by ';'), on the GGUF blocks (v2) or repacked ones (v3),
+or both (`--layout`). Needs the CUDA backend and PyTorch.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def parse_settings(text: str) -> list[str]:
     return settings
 
 
-def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: list[str]) -> None:
+def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: list[str],
+        layouts: tuple[str, ...] = ("gguf",)) -> None:
     import mlx.core as mx
 
     import kernels.gemv as gemv
@@ -58,15 +61,19 @@ def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: 
     qkv = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
     shapes = {"qkv": (qkv, d), "o": (d, c.n_heads * c.head_dim), "gate_up": (2 * ff, d),
               "down": (d, ff)}
-    weights = [{name: _weights(qtype, n, k) for name, (n, k) in shapes.items()} for _ in range(sets)]
-    head = _weights(qtype, c.vocab, d)
+    raw = [{name: _weights(qtype, n, k) for name, (n, k) in shapes.items()} for _ in range(sets)]
+    raw_head = _weights(qtype, c.vocab, d)
+    packed = [{name: gemv.repack(w, qtype, *shapes[name]) for name, w in ws.items()} for ws in raw] \
+        if "packed" in layouts else []
+    packed_head = gemv.repack(raw_head, qtype, c.vocab, d) if "packed" in layouts else None
     gamma = mx.ones((d,), mx.float16)
+    weights, head = raw, raw_head
 
     def token(x):
         for i in range(layers):
             w = weights[i % sets]
             h = gemv.rmsnorm_gemv(x, gamma, 1e-5, w["qkv"], qtype, *shapes["qkv"])
-            o = gemv.gemv_v2(h[:, : shapes["o"][1]], w["o"], qtype, *shapes["o"], residual=x)
+            o = gemv.gemv(h[:, : shapes["o"][1]], w["o"], qtype, *shapes["o"], residual=x)
             g = gemv.rmsnorm_gemv(o, gamma, 1e-5, w["gate_up"], qtype, *shapes["gate_up"])
             x = gemv.silu_down_gemv(g, w["down"], qtype, *shapes["down"], residual=o)
         return x, gemv.rmsnorm_gemv(x, gamma, 1e-5, head, qtype, c.vocab, d)
@@ -75,10 +82,11 @@ def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: 
     print(f"{preset} {qtype}: {layers} layers of QKV {shapes['qkv']}, O {shapes['o']}, gate+up "
           f"{shapes['gate_up']}, down {shapes['down']}, head ({c.vocab}, {d}); {sets} weight sets")
     tuned = copy.deepcopy(gemv.TUNING)
-    for setting in settings:  # each from the tuned table, not from the setting before
-        gemv.TUNING.update(copy.deepcopy(tuned))
+    for layout, setting in [(lay, st) for lay in layouts for st in settings]:
+        gemv.TUNING.update(copy.deepcopy(tuned))  # each from the tuned table, not the one before
         gemv.set_tuning(setting)
-        label = setting or "tuned"
+        weights, head = (packed, packed_head) if layout == "packed" else (raw, raw_head)
+        label = f"{layout} {setting or 'tuned'}"
         x = (mx.random.normal((1, d)) * 0.1).astype(mx.float16)
         for _ in range(2):  # compile, warm up
             x, logits = token(x)
@@ -115,10 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--settings", default="SLOTS=0;SLOTS=2",
                         help="GEMV TUNING settings to compare, apart by ';'")
+    parser.add_argument("--layout", default="gguf",
+                        help="weights: gguf (the v2 GEMVs), packed (repacked: v3), or both: gguf,packed")
     args = parser.parse_args(argv)
+    layouts = tuple(args.layout.split(","))
+    if not set(layouts) <= {"gguf", "packed"}:
+        raise SystemExit(f"--layout: gguf, packed or both, got {args.layout!r}")
     if not gpu_trace.available():
         raise SystemExit("gemv_chain needs the CUDA backend and PyTorch (the GPU's kernel trace)")
-    run(args.model, args.qtype, args.layers, args.sets, args.tokens, parse_settings(args.settings))
+    run(args.model, args.qtype, args.layers, args.sets, args.tokens, parse_settings(args.settings), layouts)
     return 0
 
 

@@ -56,10 +56,21 @@ def rope_in_attention(c) -> bool:
     return options.get("rope_in_attention") and not c.head_norm
 
 
+def repacked() -> bool:
+    """Whether a decoder repacks its Q4_0/Q8_0 matrices when it loads (the `repack` option):
+    once, on the device (kernels.gemv.repack; the file is never changed), for the v3 GEMVs. The
+    embedding keeps its GGUF blocks (the embed kernel reads them); a tied head gets a repacked
+    copy of its own."""
+    return options.get("repack")
+
+
 def seams_apply(c, types: dict[str, str]) -> bool:
     """Whether the fused variant's decode tokens run seams (kernels.gemv.seam): unless turned off,
     when every matrix that seams pair is in one block type (Q4_0 or Q8_0; both GEMVs of a seam
-    share one instantiation). `types`: GGUF tensor name -> type name, any case."""
+    share one instantiation), and the matrices keep their GGUF blocks (the seam is v2's: not with
+    `repack`). `types`: GGUF tensor name -> type name, any case."""
+    if repacked():
+        return False
     head = "token_embd.weight" if c.tied else "output.weight"
     names = [head] + [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
                       for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
@@ -77,17 +88,21 @@ def phase_of(t: int) -> str:
 
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, seams: bool = False,
                 rope_attention: bool | None = None, types: dict[str, str] | None = None,
-                phase: str = "decode") -> list[Step]:
+                phase: str = "decode", packed: bool | None = None) -> list[Step]:
     """The steps a forward() of `phase` replays, in order, each with what executes it (one
     dispatch each where it is our kernel; an MLX op where the kernel says so). `overflow`: the
     contiguous cache wraps around (a decode token's RoPE apart from its cache writes); `seams`
     (fused, up to FUSED_UP_TO tokens): each output projection shares its launch with the next
     RMSNorm+GEMV; `rope_attention` (fused): a decode token's RoPE + KV write inside attention
     (default: rope_in_attention); `types`: GGUF tensor name -> block type (default: all Q8_0),
-    which decides between our GEMVs and MLX's matmul."""
+    which decides between our GEMVs and MLX's matmul; `packed` (default: the repack option): the
+    quantized matrices repacked at load, run by the v3 GEMVs."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     rope_attention = rope_in_attention(c) if rope_attention is None else rope_attention
+    packed = repacked() if packed is None else packed
+    v = "v3" if packed else "v2"  # the GEMV generation that the weights' layout takes
+    shown = " (Q4_0/Q8_0, repacked)" if packed else " (Q4_0/Q8_0)"
     kinds = {n: t.lower() for n, t in (types or {}).items()}
     quant = lambda name: kinds.get(name, "q8_0") in QUANTIZED  # noqa: E731
     decode, small = phase == "decode", phase != "prompt"
@@ -103,20 +118,20 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     def linear(src, dst, name, layer=None, residual=False):
         """Y = X @ W^T (+ the residual stream, in the GEMV's epilogue where it can)."""
         if quant(name) and residual and fused and small:
-            add("linear_residual", "lathe gemv_v2 (Q4_0/Q8_0) + residual", (src, "x"), ("x",), _run_linear_residual,
-                src, name, weights=(name,), layer=layer, launches=("lathe_gemv_v2_residual",))
+            add("linear_residual", f"lathe gemv_{v}{shown} + residual", (src, "x"), ("x",), _run_linear_residual,
+                src, name, weights=(name,), layer=layer, launches=(f"lathe_gemv_{v}_residual",))
             return
-        gemvs = ("lathe_gemv_v2",) if small else ("lathe_gemv_v2", "lathe_dequantize")  # linear()'s two paths
-        add("linear", "lathe gemv_v2 (Q4_0/Q8_0)" if quant(name) else "mx.matmul (F16)", (src,), (dst,),
+        gemvs = (f"lathe_gemv_{v}",) if small else (f"lathe_gemv_{v}", "lathe_dequantize")  # linear()'s two paths
+        add("linear", f"lathe gemv_{v}{shown}" if quant(name) else "mx.matmul (F16)", (src,), (dst,),
             _run_linear, src, dst, name, weights=(name,), layer=layer, launches=gemvs if quant(name) else ())
         if residual:
             add("add", "mx.add", ("x", dst), ("x",), _run_add, dst, layer=layer)
 
-    def norm_linear(norm, name, dst, layer=None, shown=None):
+    def norm_linear(norm, name, dst, layer=None, label=None):
         """RMSNorm of the residual stream, then a projection: one launch where the GEMV fuses it."""
         if fused and small and quant(name):
-            add("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), (dst,), _run_norm_linear, norm, name, dst,
-                weights=(norm, shown or name), layer=layer, launches=("lathe_rmsnorm_gemv_v2",))
+            add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v}", ("x",), (dst,), _run_norm_linear, norm, name, dst,
+                weights=(norm, label or name), layer=layer, launches=(f"lathe_rmsnorm_gemv_{v}",))
         else:
             add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, norm, weights=(norm,), layer=layer,
                 launches=("lathe_rmsnorm",))
@@ -131,7 +146,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         if seams and i > 0:
             pass  # this layer's QKV came out of the last seam of the layer before
         elif fused:
-            norm_linear(b + "attn_norm.weight", qkv_name, "qkv", i, shown=b + "attn_qkv (q|k|v)")
+            norm_linear(b + "attn_norm.weight", qkv_name, "qkv", i, label=b + "attn_qkv (q|k|v)")
         else:
             add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, b + "attn_norm.weight",
                 weights=(b + "attn_norm.weight",), layer=i, launches=("lathe_rmsnorm",))
@@ -194,11 +209,11 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         linear("o", "attn", b + "attn_output.weight", i, residual=True)
         gate_up = b + "ffn_gate_up.weight"
         if fused and small and quant(gate_up):
-            add("rmsnorm_linear", "lathe rmsnorm_gemv", ("x",), ("gate_up",), _run_norm_linear, b + "ffn_norm.weight",
+            add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v}", ("x",), ("gate_up",), _run_norm_linear, b + "ffn_norm.weight",
                 gate_up, "gate_up", weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i,
-                launches=("lathe_rmsnorm_gemv_v2",))
-            add("silu_down_residual", "lathe silu_down_gemv + residual", ("gate_up", "x"), ("x",), _run_silu_down, i,
-                weights=(b + "ffn_down.weight",), layer=i, launches=("lathe_silu_down_gemv_v2_residual",))
+                launches=(f"lathe_rmsnorm_gemv_{v}",))
+            add("silu_down_residual", f"lathe silu_down_gemv_{v} + residual", ("gate_up", "x"), ("x",), _run_silu_down, i,
+                weights=(b + "ffn_down.weight",), layer=i, launches=(f"lathe_silu_down_gemv_{v}_residual",))
             continue
         add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, b + "ffn_norm.weight",
             weights=(b + "ffn_norm.weight",), layer=i, launches=("lathe_rmsnorm",))
@@ -237,17 +252,17 @@ def _run_add(src, d, env, t, pos):
 
 
 def _run_linear_residual(src, name, d, env, t, pos):
-    env["x"] = gemv.gemv_v2(env[src], d.w[name], d.types[name], *d.nk[name], residual=env["x"])
+    env["x"] = gemv.gemv(env[src], d.matrix(name), d.types[name], *d.nk[name], residual=env["x"])
 
 
 def _run_norm_linear(norm, name, dst, d, env, t, pos):
     n, k = d.nk[name]
-    env[dst] = gemv.rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.w[name], d.types[name], n, k)
+    env[dst] = gemv.rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.matrix(name), d.types[name], n, k)
 
 
 def _run_silu_down(i, d, env, t, pos):
     wd = f"blk.{i}.ffn_down.weight"
-    env["x"] = gemv.silu_down_gemv(env["gate_up"], d.w[wd], d.types[wd], *d.nk[wd], residual=env["x"])
+    env["x"] = gemv.silu_down_gemv(env["gate_up"], d.matrix(wd), d.types[wd], *d.nk[wd], residual=env["x"])
 
 
 def _run_swiglu(parts, d, env, t, pos):
@@ -416,6 +431,13 @@ class KernelDecoder:
         if self.fused:
             self._concat("attn_qkv", ("attn_q", "attn_k", "attn_v"))
             self._concat("ffn_gate_up", ("ffn_gate", "ffn_up"))
+        self.packed: dict[str, gemv.Packed] = {}  # repacked matrices (the repack option)
+        if repacked():
+            for name, t in self.types.items():
+                if t in QUANTIZED and name in self.w and (name != "token_embd.weight" or c.tied):
+                    self.packed[name] = gemv.repack(self.w[name], t, *self.nk[name])
+                    if name != "token_embd.weight":
+                        del self.w[name]  # the embedding keeps its blocks for the embed kernel
         self.seams = self.fused and seams_apply(c, self.types)
         self.rope_attention = self.fused and rope_in_attention(c)
         if self.seams:
@@ -509,10 +531,15 @@ class KernelDecoder:
         return mx.take(self.table_dev[0], pos // BLOCK_SIZE) * BLOCK_SIZE + pos % BLOCK_SIZE
 
     # -- ops ------------------------------------------------------------------------------------------
+    def matrix(self, name: str) -> mx.array | gemv.Packed:
+        """A projection's weights as the GEMVs take them: repacked where the decoder repacked
+        them, else the GGUF blocks (or fp16 values)."""
+        return self.packed.get(name, self.w.get(name))
+
     def _linear(self, x: mx.array, name: str) -> mx.array:
         n, k = self.nk[name]
         if self.types[name] in ("q4_0", "q8_0"):
-            return gemv.linear(x, self.w[name], self.types[name], n, k)
+            return gemv.linear(x, self.matrix(name), self.types[name], n, k)
         return x @ self.w[name].T
 
     def forward(self, tokens) -> mx.array:
@@ -583,7 +610,7 @@ class KernelDecoder:
         phase = phase_of(t)
         if phase not in self._plans:
             self._plans[phase] = kernel_plan(self.config, self.fused, self.paged, self.overflow, self.seams,
-                                             self.rope_attention, self.types, phase)
+                                             self.rope_attention, self.types, phase, bool(self.packed))
         return self._plans[phase]
 
     def layers(self, ids, t: int, pos) -> mx.array:

@@ -25,11 +25,18 @@ from statistics import median
 from harness.profile_decode import MARKER, UNITS
 
 TIME = "gpu__time_duration.sum"
-COLUMNS = {  # what the table shows -> the raw metric
-    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "dram_read_bytes": "dram__bytes_read.sum",
-    "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "issue_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+# What the table shows -> the raw metrics that give it, the first present wins (the sections'
+# metrics differ between ncu versions: ncu 2025 on the H200 wrote gpu__dram_throughput and
+# sm__issue_active, and DRAM bytes only as a rate).
+COLUMNS = {
+    "dram_pct": ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                 "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
+    "dram_read_bytes": ("dram__bytes_read.sum",),
+    "dram_bytes_per_s": ("dram__bytes.sum.per_second",),
+    "occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active",),
+    "issue_pct": ("smsp__issue_active.avg.pct_of_peak_sustained_active",
+                  "sm__issue_active.avg.pct_of_peak_sustained_elapsed"),
+    "registers": ("launch__registers_per_thread",),
 }
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
 BYTES = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
@@ -48,7 +55,7 @@ def _scaled(name: str, value: float | None, unit: str) -> float | None:
         return None
     if name == TIME:
         return value * UNITS.get(unit, 1.0)
-    if name.startswith("dram__bytes"):
+    if name.startswith("dram__bytes") and not name.endswith("per_second"):
         return value * BYTES.get(unit, 1.0)
     return value
 
@@ -94,9 +101,11 @@ def table(launches: list[tuple[str, dict[str, float]]], labels: list[str]) -> li
             med = lambda m: median(v for c in calls if (v := c.get(m)) is not None) \
                 if any(c.get(m) is not None for c in calls) else None  # noqa: E731
             row = dict(case=label, kernel=kernel, launches=len(calls), gpu_us=med(TIME))
-            row.update({k: med(m) for k, m in COLUMNS.items()})
-            if row["gpu_us"] and row["dram_read_bytes"]:
-                row["dram_read_gbs"] = row["dram_read_bytes"] / row["gpu_us"] / 1e3
+            for column, names in COLUMNS.items():
+                row[column] = next((v for m in names if (v := med(m)) is not None), None)
+            rate = row.pop("dram_bytes_per_s")
+            row["dram_gbs"] = (row["dram_read_bytes"] / row["gpu_us"] / 1e3 if row["gpu_us"] and row["dram_read_bytes"]
+                               else rate / 1e9 if rate else None)  # reads, or all DRAM traffic
             stalls = {m.group(1): med(name) for name in calls[0] if (m := STALL.fullmatch(name))}
             top = sorted(((v, k) for k, v in stalls.items() if v), reverse=True)[:3]
             row["top_stalls"] = ", ".join(f"{k} {v:.2f}" for v, k in top)

@@ -90,8 +90,11 @@ def bandwidth_plot(
     peak_gbs: float | None = None,
     line_by: str | Sequence[str] = ("kernel", "variant"),
     x_label: str | None = None,
+    gpu_time: bool = False,
 ) -> Path:
-    """Achieved GB/s against shape column `x`, one line per `line_by` combination."""
+    """Achieved GB/s against shape column `x`, one line per `line_by` combination. `gpu_time`:
+    a second panel beside it with GB/s by the GPU's own time per call (`gpu_us`, CUPTI: what
+    the kernel costs) where the first is by wall time per call (`us`: what a caller waits)."""
     line_by = _as_tuple(line_by)
     needed = ["gbs", x, *line_by] + (["peak_gbs"] if peak_gbs is None else [])
     _require(df, needed, "bandwidth_plot")
@@ -102,17 +105,36 @@ def bandwidth_plot(
     data = _latest(df.dropna(subset=["gbs", x]), [*line_by, x])
     if data.empty:
         raise ValueError(f"bandwidth_plot: no rows with both 'gbs' and {x!r}")
+    panels = [("gbs", "GB/s by wall time per call (us)")]
+    if gpu_time and "gpu_us" in data and pd.to_numeric(data["gpu_us"], errors="coerce").notna().any():
+        data = data.copy()
+        data["gpu_gbs"] = pd.to_numeric(data["bytes"], errors="coerce") / pd.to_numeric(data["gpu_us"], errors="coerce") / 1e3
+        panels.append(("gpu_gbs", "GB/s by GPU time per call (gpu_us, CUPTI)"))
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    n_lines = 0
-    for key, grp in data.groupby(list(line_by), sort=True):
-        grp = grp.sort_values(x)
-        ax.plot(grp[x], grp["gbs"], marker="o", label=_label(key))
-        n_lines += 1
-    if peak_gbs is not None:
-        ax.axhline(peak_gbs, color="black", linestyle="--", linewidth=1,
-                   label=f"measured peak {peak_gbs:.0f} GB/s")
+    fig, axes = plt.subplots(1, len(panels), figsize=(8 * len(panels), 5), squeeze=False)
+    n_lines = data.groupby(list(line_by)).ngroups
+    for ax, (column, y_label) in zip(axes[0], panels):
+        for key, grp in data.groupby(list(line_by), sort=True):
+            grp = grp.dropna(subset=[column]).sort_values(x)
+            ax.plot(grp[x], grp[column], marker="o", label=_label(key))
+        if peak_gbs is not None:
+            ax.axhline(peak_gbs, color="black", linestyle="--", linewidth=1,
+                       label=f"measured peak {peak_gbs:.0f} GB/s")
+        _x_axis(ax, data, x)
+        ax.set_xlabel(x_label if x_label is not None else x)
+        ax.set_ylabel(y_label if len(panels) > 1 else "GB/s")
+        ax.set_title(title if len(panels) == 1 else f"{title}\n{y_label}", fontsize="medium")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, which="major", alpha=0.4)
+    _say_if_runs_mix(fig, data)
+    if n_lines > 6:  # many lines would cover the data: move the legend out
+        axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
+    else:
+        axes[0][-1].legend(loc="best", fontsize="small")
+    return _save(fig, out_path)
 
+
+def _x_axis(ax, data: pd.DataFrame, x: str) -> None:
     # Shape sweeps are usually powers of two: a log2 axis spaces them evenly, one tick a value.
     # Anything else (e.g. bytes moved, which differ per kernel) gets a plain log axis.
     xs = sorted(pd.to_numeric(data[x], errors="coerce").dropna().unique())
@@ -124,18 +146,6 @@ def bandwidth_plot(
             ax.minorticks_off()
         else:
             ax.set_xscale("log")
-
-    _say_if_runs_mix(fig, data)
-    ax.set_xlabel(x_label if x_label is not None else x)
-    ax.set_ylabel("GB/s")
-    ax.set_title(title)
-    ax.set_ylim(bottom=0)
-    ax.grid(True, which="major", alpha=0.4)
-    if n_lines > 6:  # many lines would cover the data: move the legend out
-        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
-    else:
-        ax.legend(loc="best", fontsize="small")
-    return _save(fig, out_path)
 
 
 def fused_unfused_plot(

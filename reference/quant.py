@@ -85,6 +85,25 @@ def dequantize(data: np.ndarray, qtype: str, k: int) -> np.ndarray:
     return (q * d).reshape(data.shape[0], k)
 
 
+def dequantize_packed(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarray:
+    """The v3 GEMV's load-time layout (kernels.gemv.repack) -> [n, k] float32, read from its
+    definition: all the blocks' quants first, row after row and block after block (each in its
+    GGUF order: 16 bytes for Q4_0, 32 for Q8_0), then all the fp16 scales in the same order."""
+    _check(qtype, k)
+    data = np.asarray(data, dtype=np.uint8).reshape(-1)
+    n_blocks = k // BLOCK
+    quant_bytes = BLOCK_BYTES[qtype] - 2
+    if data.size != n * n_blocks * BLOCK_BYTES[qtype]:
+        raise ValueError(f"packed {qtype} [{n}, {k}] takes {n * n_blocks * BLOCK_BYTES[qtype]} bytes, got {data.size}")
+    body = data[: n * n_blocks * quant_bytes].reshape(n, n_blocks, quant_bytes)
+    d = data[n * n_blocks * quant_bytes:].view(np.float16).astype(np.float32).reshape(n, n_blocks, 1)
+    if qtype == "q4_0":
+        q = np.concatenate([body & 0x0F, body >> 4], axis=-1).astype(np.float32) - 8
+    else:
+        q = body.view(np.int8).astype(np.float32)
+    return (q * d).reshape(n, k)
+
+
 def gguf_rows(data: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
     """A GGUF 2-D tensor as the [N, K] row-major matrix the kernels use.
 

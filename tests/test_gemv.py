@@ -67,6 +67,53 @@ BAD = [
 ]
 
 
+def _packed(qtype="q4_0", n=N, k=K):
+    return gemv.Packed(w8(n * k // 32 * gemv.QTYPES[qtype][1]), qtype, n, k)
+
+
+BAD += [
+    (lambda: gemv.gemv_v3(x16(), w8(N * 36), "q4_0", N, K), "Packed"),  # GGUF blocks to v3
+    (lambda: gemv.gemv_v2(x16(), _packed(), "q4_0", N, K), "GGUF blocks"),  # and the other way
+    (lambda: gemv.gemv_v3(x16(), _packed(), "q8_0", N, K), r"packed weights are q4_0 \[N=8, K=64\]"),
+    (lambda: gemv.gemv_v3(x16(), _packed(n=2 * N), "q4_0", N, K), r"packed weights are q4_0 \[N=16"),
+    (lambda: gemv.gemv_v3(x16(5), _packed(), "q4_0", N, K), "M in 1..4"),
+    (lambda: gemv.gemv_v3(x16(), _packed(), "q4_0", N, K, slots=2), "unknown launch knobs"),
+    (lambda: gemv.gemv_v3(x16(), _packed(), "q4_0", N, K, max_groups=-1), "max_groups"),
+    (lambda: gemv.gemv_v3(x16(), gemv.Packed(w8(N * 36 - 2), "q4_0", N, K), "q4_0", N, K), "takes 288"),
+    (lambda: gemv.rmsnorm_gemv(x16(), x16()[0], 0.0, _packed(), "q4_0", N, K), "eps"),
+    (lambda: gemv.silu_down_gemv(x16(), _packed(), "q4_0", N, K), r"\[M, 128\]"),
+    (lambda: gemv.repack(w8(N * 36 + 2), "q4_0", N, K), "takes 288"),
+]
+
+
+@pytest.mark.parametrize("qtype", gemv.QTYPES)
+@pytest.mark.parametrize("n, k", [(1, 32), (33, 4128), (7, 96)])
+def test_repack_keeps_every_weight(qtype, n, k):
+    """The load-time layout decodes (from its own definition, reference.quant) to the weights of
+    the GGUF blocks it came from, and unpacks to those very bytes."""
+    import numpy as np
+
+    from reference.quant import dequantize, dequantize_packed, quantize
+
+    blocks = quantize(np.random.default_rng(0).standard_normal((n, k)).astype(np.float32), qtype)
+    packed = gemv.repack(mx.array(blocks), qtype, n, k)
+    assert (packed.qtype, packed.n, packed.k) == (qtype, n, k) and packed.data.size == blocks.size
+    assert np.array_equal(dequantize_packed(np.array(packed.data), qtype, n, k), dequantize(blocks, qtype, k))
+    assert np.array_equal(np.array(gemv.unpack(packed)), blocks)
+
+
+def test_v3_geometry_fits_and_streams():
+    for qtype in gemv.QTYPES:
+        for m in range(1, gemv.MAX_M + 1):
+            for n, k in ((1, 32), (1024, 4096), (4096, 14336), (151936, 1024), (7, 40960)):
+                r, s, p, xchunk = gemv.v3_geometry(qtype, m, n, k)
+                assert gemv.v3_smem_bytes(m, xchunk, s) <= gemv.SMEM_BUDGET
+                assert r >= 1 and s >= 1 and p >= 1 and xchunk % 32 == 0 and 0 < xchunk <= k
+                assert xchunk == k or xchunk % 2048 == 0
+    assert gemv.v3_geometry("q4_0", 1, 4096, 14336)[3] == 14336  # M = 1: all of K at once
+    assert gemv.v3_geometry("q4_0", 4, 4096, 14336)[3] == 4096   # four rows of X: in chunks
+
+
 @pytest.mark.parametrize("call, message", BAD)
 def test_bad_input_is_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):

@@ -56,9 +56,27 @@ def test_each_case_gets_its_own_launches(tmp_path, write):
         ("gemv case", "custom_kernel_lathe_gemv_v2_1", 3), ("seam case", "custom_kernel_lathe_seam_plain", 1)]
     gemv = rows[0]
     assert gemv["gpu_us"] == pytest.approx(31.0) and gemv["dram_pct"] == 81
-    assert gemv["dram_read_gbs"] == pytest.approx(29.4e6 / 31.0 / 1e3)
+    assert gemv["dram_gbs"] == pytest.approx(29.4e6 / 31.0 / 1e3)
     assert gemv["top_stalls"] == "long_scoreboard 8.00, barrier 2.00"
     assert rows[1]["top_stalls"] == "barrier 5.00, long_scoreboard 1.00"
+
+
+def test_newer_metric_names(tmp_path):
+    """ncu 2025's sections: DRAM % and issue slots under other names, DRAM bytes only as a rate."""
+    names = ["ID", "Kernel Name", "gpu__time_duration.sum", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+             "dram__bytes.sum.per_second", "sm__issue_active.avg.pct_of_peak_sustained_elapsed",
+             "launch__registers_per_thread"]
+    path = tmp_path / "ncu.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, quoting=csv.QUOTE_ALL)
+        w.writerow(names)
+        w.writerow(["", "", "nsecond", "%", "byte/s", "%", "register/thread"])
+        for i, k in enumerate(["scan_kernel", "custom_kernel_lathe_gemv_v3", "scan_kernel"]):
+            w.writerow([i, k, "8,288", 23.8, "1,142,486,486,486.49", 30.9, 77])
+    (row,) = table(read_launches(path), ["case"])
+    assert row["gpu_us"] == pytest.approx(8.288) and row["dram_pct"] == pytest.approx(23.8)
+    assert row["dram_gbs"] == pytest.approx(1142.486, rel=1e-6)
+    assert row["issue_pct"] == pytest.approx(30.9) and row["registers"] == 77
 
 
 def test_markers_must_pair_with_the_labels(tmp_path):

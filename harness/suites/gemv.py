@@ -121,17 +121,22 @@ def _gemv_case(version: str, qtype: str, m: int, n: int, k: int) -> CheckCase:
     from kernels import gemv
     from kernels.runtime import poisoned_outputs
 
-    fn = {"v1": gemv.gemv_v1, "v2": gemv.gemv_v2, "linear": gemv.linear}[version]
+    fn = {"v1": gemv.gemv_v1, "v2": gemv.gemv_v2, "v3": gemv.gemv_v3, "linear": gemv.linear,
+          "linear v3": gemv.linear}[version]
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         host, dev = _blocks(rng, qtype, n, k)
+        if version.endswith("v3"):
+            dev = gemv.repack(dev, qtype, n, k)
         x = _x(rng, m, k)
         with poisoned_outputs():
             y = fn(mx.array(x), dev, qtype, n, k)
             mx.eval(y)
         return _against_float64("y", y, x.astype(np.float64), host, qtype, k, rng)
 
-    variant = "batched" if version == "linear" and m >= gemv.BATCHED_FROM else version
+    variant = version
+    if version.startswith("linear") and m >= gemv.BATCHED_FROM:
+        variant = version.replace("linear", "batched")
     return CheckCase("gemv", f"gemv_{qtype}", variant, dict(M=m, N=n, K=k), run)
 
 
@@ -146,15 +151,19 @@ def swiglu64(gate_up: np.ndarray) -> np.ndarray:
 
 
 def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = False,
-                knobs: dict | None = None) -> CheckCase:
+                knobs: dict | None = None, version: str = "v2") -> CheckCase:
     """A prologue (rmsnorm: RMSNorm(X) * gamma; swiglu: silu(gate) * up; plain: X) and, with
-    `residual`, the epilogue Y + R, against float64; `knobs`: launch knobs (kernels.gemv.gemv_v2)
-    in place of the tuned ones."""
-    from kernels.gemv import gemv_v2, rmsnorm_gemv, silu_down_gemv
+    `residual`, the epilogue Y + R, against float64; `knobs`: launch knobs (kernels.gemv.gemv_v2,
+    gemv_v3) in place of the tuned ones; `version` v3: on repacked weights."""
+    from kernels.gemv import gemv_v2, gemv_v3, repack, rmsnorm_gemv, silu_down_gemv
     from kernels.runtime import poisoned_outputs
+
+    plain = gemv_v3 if version == "v3" else gemv_v2
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         host, dev = _blocks(rng, qtype, n, k)
+        if version == "v3":
+            dev = repack(dev, qtype, n, k)
         r = _x(rng, m, n) if residual else None
         extra = dict(residual=mx.array(r)) if residual else {}
         extra.update(knobs or {})
@@ -170,7 +179,7 @@ def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = 
                 x64 = swiglu64(x)
             else:
                 x = _x(rng, m, k)
-                y = gemv_v2(mx.array(x), dev, qtype, n, k, **extra)
+                y = plain(mx.array(x), dev, qtype, n, k, **extra)
                 x64 = x.astype(np.float64)
             mx.eval(y)
         if not residual:
@@ -180,7 +189,7 @@ def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = 
         return [compare("y + residual", np.array(y).astype(np.float64), want, TOL)]
 
     name = {"rmsnorm": "rmsnorm_gemv", "swiglu": "silu_down_gemv", "plain": "gemv"}[kind]
-    variant = "v2 + residual" if residual else "v2"
+    variant = version + (" + residual" if residual else "")
     if knobs:
         variant += " " + ",".join(f"{key}={value}" for key, value in knobs.items())
     return CheckCase("gemv", f"{name}_{qtype}", variant, dict(M=m, N=n, K=k), run)
@@ -200,6 +209,21 @@ KNOB_CASES = [
     ("swiglu", 1, 4096, 14336, True, dict(slots=2, max_groups=8)),
     # fewer items a SIMD group than slots (all issued at the start), the second tile short
     ("plain", 1, 40, 2304, False, dict(slots=3)),
+]
+
+
+# The same for v3 (gemv_v3.metal): grids smaller than the matrix with ragged ends, R, NSIMD and P
+# (loads in flight) away from the tuned ones, passes of a row that end short (P = 16 over a Q8_0
+# lane's 28 chunks of K = 14336), and X' in chunks (M = 2 and 4 at K = 14336: a last chunk that
+# is short, and a grid cap that must be ignored).
+V3_KNOB_CASES = [
+    ("plain", 1, 1001, 4096, False, dict(max_groups=5)),
+    ("plain", 2, 1001, 4128, True, dict(max_groups=7, depth=1)),
+    ("plain", 1, 333, 4096, False, dict(rows=4, simds=2, depth=2)),
+    ("rmsnorm", 3, 777, 2048, False, dict(max_groups=3, rows=1)),
+    ("swiglu", 2, 4096, 14336, True, dict(max_groups=8)),
+    ("swiglu", 4, 515, 14336, True, dict(depth=8)),
+    ("plain", 1, 40, 14336, False, dict(depth=16, simds=8)),
 ]
 
 
@@ -260,17 +284,20 @@ SEAM_CASES = [
 ]
 
 
-def _projection_case(qtype: str, sizes: tuple[int, ...], k: int, m: int) -> CheckCase:
-    """A fused projection (QKV, gate+up): one matrix from the parts, one product, split."""
-    from kernels.gemv import concat_rows, linear, split
+def _projection_case(qtype: str, sizes: tuple[int, ...], k: int, m: int, packed: bool = False) -> CheckCase:
+    """A fused projection (QKV, gate+up): one matrix from the parts (`packed`: then repacked, as
+    the decoder does), one product, split."""
+    from kernels.gemv import concat_rows, linear, repack, split
     from kernels.runtime import poisoned_outputs
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         parts = [_blocks(rng, qtype, n, k) for n in sizes]
         x = _x(rng, m, k)
+        w = concat_rows([d for _, d in parts])
+        if packed:
+            w = repack(w, qtype, sum(sizes), k)
         with poisoned_outputs():
-            ys = split(linear(mx.array(x), concat_rows([d for _, d in parts]), qtype, sum(sizes), k),
-                       sizes)
+            ys = split(linear(mx.array(x), w, qtype, sum(sizes), k), sizes)
             mx.eval(ys)
         checks = []
         for i, ((host, _), y) in enumerate(zip(parts, ys)):
@@ -278,7 +305,7 @@ def _projection_case(qtype: str, sizes: tuple[int, ...], k: int, m: int) -> Chec
         return checks
 
     name = "qkv" if len(sizes) == 3 else "gate_up"
-    return CheckCase("gemv", f"{name}_{qtype}", "fused projection",
+    return CheckCase("gemv", f"{name}_{qtype}", "fused projection" + (" v3" if packed else ""),
                      dict(M=m, N="+".join(map(str, sizes)), K=k), run)
 
 
@@ -316,6 +343,31 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         if not small:
             cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1))
             cases.append(_projection_case(qtype, (14336, 14336), 4096, 2))
+        cases += _v3_cases(qtype, small, odd)
+    return cases
+
+
+def _v3_cases(qtype: str, small: bool, odd: list[tuple[int, int]]) -> list[CheckCase]:
+    """v3 on repacked weights: what v2 is checked on, but the seam (v2 only)."""
+    cases = [_gemv_case("v3", qtype, 1 + c % 4, n, k)
+             for c, (n, k) in enumerate(odd + ([] if small else [*REAL, *VOCAB]))]
+    if not small:
+        cases += [_gemv_case("v3", qtype, m, 4096, 4096) for m in (1, 2, 3)]
+    for m in (1, 2, 3, 4):
+        tail = small or m > 2
+        cases.append(_fused_case("rmsnorm", qtype, m, *((33, 4128) if tail else (4096, 4096)), version="v3"))
+        cases.append(_fused_case("swiglu", qtype, m, *((33, 4128) if tail else (4096, 14336)), version="v3"))
+        cases.append(_fused_case("swiglu", qtype, m, *((33, 4128) if tail else (4096, 14336)), residual=True,
+                                 version="v3"))
+        cases.append(_fused_case("plain", qtype, m, *((33, 4128) if tail else (4096, 4096)), residual=True,
+                                 version="v3"))
+    for kind, m, n, k, residual, knobs in V3_KNOB_CASES[:2] if small else V3_KNOB_CASES:
+        cases.append(_fused_case(kind, qtype, m, n, k, residual, knobs, version="v3"))
+    for m in (5, 16) if small else (5, 16, 512):
+        cases.append(_gemv_case("linear v3", qtype, m, *((33, 96) if small else (4097, 4128))))
+    if not small:
+        cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1, packed=True))
+        cases.append(_projection_case(qtype, (14336, 14336), 4096, 2, packed=True))
     return cases
 
 
@@ -370,11 +422,19 @@ def _io_bytes(qtype: str, n: int, k: int, m: int = 1, x_width: int | None = None
     return storage_bytes(qtype, n, k) + 2 * m * (x_width or k) + 2 * m * n
 
 
-def _bench_ours(version: str, qtype: str, n: int, k: int) -> BenchCase:
-    from kernels.gemv import gemv_v1, gemv_v2
+def _packed_once(qtype: str, *shapes: tuple[int, int]):
+    """_weights_once's sets, each repacked for the v3 GEMVs (kernels.gemv.repack)."""
+    from kernels.gemv import repack
 
-    fn = gemv_v1 if version == "v1" else gemv_v2
-    weights = _weights_once(qtype, (n, k))
+    fresh = _weights_once(qtype, *shapes)
+    return lambda: [repack(w, qtype, n, k) for w, (n, k) in zip(fresh(), shapes)]
+
+
+def _bench_ours(version: str, qtype: str, n: int, k: int) -> BenchCase:
+    from kernels.gemv import gemv_v1, gemv_v2, gemv_v3
+
+    fn = {"v1": gemv_v1, "v2": gemv_v2, "v3": gemv_v3}[version]
+    weights = (_packed_once if version == "v3" else _weights_once)(qtype, (n, k))
 
     def make():
         return {"w": weights()[0], "x": mx.random.normal((1, k)).astype(mx.float16)}
@@ -408,11 +468,12 @@ def _bench_mlx(kind: str, n: int, k: int) -> BenchCase:
 
 
 def _bench_fused(kind: str, path: str, qtype: str, n: int, k: int) -> BenchCase:
-    """Fused RMSNorm+GEMV or SiLU+down (`path` 'fused') against the unfused sequence ('unfused':
-    mx.fast.rms_norm or MLX's silu * up, then the v2 GEMV). Bytes: the fused kernel's."""
+    """Fused RMSNorm+GEMV or SiLU+down (`path` 'fused', or 'fused-v3' on repacked weights) against
+    the unfused sequence ('unfused': mx.fast.rms_norm or MLX's silu * up, then the v2 GEMV).
+    Bytes: the fused kernel's."""
     from kernels.gemv import gemv_v2, rmsnorm_gemv, silu_down_gemv
 
-    weights = _weights_once(qtype, (n, k))
+    weights = (_packed_once if path == "fused-v3" else _weights_once)(qtype, (n, k))
     width = k if kind == "rmsnorm" else 2 * k
 
     def make():
@@ -422,13 +483,13 @@ def _bench_fused(kind: str, path: str, qtype: str, n: int, k: int) -> BenchCase:
 
     if kind == "rmsnorm":
         name = f"rmsnorm_gemv_{qtype}"
-        if path == "fused":
+        if path.startswith("fused"):
             step = lambda s: [rmsnorm_gemv(s["x"], s["gamma"], 1e-5, s["w"], qtype, n, k)]  # noqa: E731
         else:
             step = lambda s: [gemv_v2(mx.fast.rms_norm(s["x"], s["gamma"], 1e-5), s["w"], qtype, n, k)]  # noqa: E731
     else:
         name = f"silu_down_gemv_{qtype}"
-        if path == "fused":
+        if path.startswith("fused"):
             step = lambda s: [silu_down_gemv(s["x"], s["w"], qtype, n, k)]  # noqa: E731
         else:
             def step(s):
@@ -440,24 +501,27 @@ def _bench_fused(kind: str, path: str, qtype: str, n: int, k: int) -> BenchCase:
 
 
 def _bench_projection(path: str, qtype: str, sizes: tuple[int, ...], k: int) -> BenchCase:
-    """QKV or gate+up as one GEMV over the concatenated matrix ('fused') or one per part."""
-    from kernels.gemv import concat_rows, gemv_v2, split
+    """QKV or gate+up as one GEMV over the concatenated matrix ('fused'; 'fused-v3': repacked) or
+    one v2 GEMV per part."""
+    from kernels.gemv import concat_rows, gemv, repack, split
 
     weights = _weights_once(qtype, *((n, k) for n in sizes))
 
     def make():
         parts = weights()
         state = {"x": mx.random.normal((1, k)).astype(mx.float16)}
-        if path == "fused":
+        if path.startswith("fused"):
             state["w"] = concat_rows(parts)
+            if path == "fused-v3":
+                state["w"] = repack(state["w"], qtype, sum(sizes), k)
         else:
             state.update({f"w{i}": p for i, p in enumerate(parts)})
         return state
 
-    if path == "fused":
-        step = lambda s: split(gemv_v2(s["x"], s["w"], qtype, sum(sizes), k), sizes)  # noqa: E731
+    if path.startswith("fused"):
+        step = lambda s: split(gemv(s["x"], s["w"], qtype, sum(sizes), k), sizes)  # noqa: E731
     else:
-        step = lambda s: [gemv_v2(s["x"], s[f"w{i}"], qtype, n, k) for i, n in enumerate(sizes)]  # noqa: E731
+        step = lambda s: [gemv(s["x"], s[f"w{i}"], qtype, n, k) for i, n in enumerate(sizes)]  # noqa: E731
     name = ("qkv" if len(sizes) == 3 else "gate_up") + f"_{qtype}"
     nbytes = _io_bytes(qtype, sum(sizes), k)
     return BenchCase("gemv", "gemv-fused", name, path,
@@ -466,18 +530,18 @@ def _bench_projection(path: str, qtype: str, sizes: tuple[int, ...], k: int) -> 
 
 
 def _bench_batched(path: str, qtype: str, m: int, n: int, k: int) -> BenchCase:
-    """M rows of X: the v2 GEMV in launches of up to 4 rows ('gemv') against dequantize + MLX
-    matmul ('batched'), to find where one overtakes the other."""
-    from kernels.gemv import MAX_M, dequantize, gemv_v2
+    """M rows of X: the v2 GEMV in launches of up to 4 rows ('gemv'; 'gemv-v3': v3 on repacked
+    weights) against dequantize + MLX matmul ('batched'), to find where one overtakes the other."""
+    from kernels.gemv import MAX_M, dequantize, gemv
 
-    weights = _weights_once(qtype, (n, k))
+    weights = (_packed_once if path == "gemv-v3" else _weights_once)(qtype, (n, k))
 
     def make():
         return {"w": weights()[0], "x": mx.random.normal((m, k)).astype(mx.float16)}
 
-    if path == "gemv":
+    if path.startswith("gemv"):
         def step(s):
-            return [gemv_v2(s["x"][i:i + MAX_M], s["w"], qtype, n, k) for i in range(0, m, MAX_M)]
+            return [gemv(s["x"][i:i + MAX_M], s["w"], qtype, n, k) for i in range(0, m, MAX_M)]
     else:
         step = lambda s: [s["x"] @ dequantize(s["w"], qtype, n, k).T]  # noqa: E731
     nbytes = _io_bytes(qtype, n, k, m)
@@ -490,18 +554,22 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
     shapes = BENCH_SHAPES[:2] if quick else BENCH_SHAPES
     for n, k in shapes:
         for qtype in QTYPES:
-            cases += [_bench_ours(v, qtype, n, k) for v in ("v1", "v2")]
+            cases += [_bench_ours(v, qtype, n, k) for v in ("v1", "v2", "v3")]
         cases += [_bench_mlx(kind, n, k) for kind in ("fp16", "4bit-gs32", "8bit-gs32")]
+    fused = ("fused", "fused-v3", "unfused")
     for qtype in QTYPES:
         for n, k in ((4096, 4096), (14336, 4096)) if not quick else ((4096, 4096),):
-            cases += [_bench_fused("rmsnorm", p, qtype, n, k) for p in ("fused", "unfused")]
+            cases += [_bench_fused("rmsnorm", p, qtype, n, k) for p in fused]
         for n, k in ((4096, 14336),) if not quick else ():
-            cases += [_bench_fused("swiglu", p, qtype, n, k) for p in ("fused", "unfused")]
+            cases += [_bench_fused("swiglu", p, qtype, n, k) for p in fused]
         if not quick:
             for sizes in ((4096, 1024, 1024), (14336, 14336)):
-                cases += [_bench_projection(p, qtype, sizes, 4096) for p in ("fused", "unfused")]
+                cases += [_bench_projection(p, qtype, sizes, 4096) for p in fused]
     for m in (1, 2, 4, 8, 16, 32, 64, 512) if not quick else (4, 16):
-        cases += [_bench_batched(p, "q4_0", m, 4096, 4096) for p in ("gemv", "batched")]
+        cases += [_bench_batched(p, "q4_0", m, 4096, 4096) for p in ("gemv", "gemv-v3", "batched")]
+    for m in (1, 2, 3, 4) if not quick else ():  # the issue's M = 2..4 against M = 1, large shapes
+        cases += [_bench_batched("gemv-v3", qtype, m, n, k) for qtype in QTYPES
+                  for n, k in ((14336, 4096), (4096, 14336), (128256, 4096))]
     return cases
 
 
@@ -543,6 +611,39 @@ def sweep_cases() -> list[BenchCase]:
                 cases.append(BenchCase("gemv", "gemv-sweep", f"gemv_{qtype}", f"R{r}-NSIMD{s}",
                                        dict(M=1, N=n, K=k), make, step, nbytes, 2 * n * k,
                                        nbytes, verify))
+    return cases + _v3_sweep_cases()
+
+
+# v3's knobs: R rows a SIMD group, NSIMD, P 16-byte loads in flight a lane and row, and the grid
+# cap G (0: none; 528 = 132 SMs x 4).
+V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for s in (4, 8) for p in (2, 4, 8)] + \
+    [dict(rows=2, simds=4, depth=4, max_groups=g) for g in (264, 528, 1056)]
+
+
+def _v3_sweep_cases() -> list[BenchCase]:
+    """v3's launch knobs over the loop's shapes (variant 'v3 R.-NSIMD.-P.-G.'); rel_err against
+    the default launch's output."""
+    from kernels.gemv import gemv_v3
+
+    cases = []
+    for qtype, n, k in SWEEP_SHAPES:
+        weights = _packed_once(qtype, (n, k))
+
+        def make(k=k, weights=weights):
+            return {"w": weights()[0], "x": mx.random.normal((1, k)).astype(mx.float16)}
+
+        for knobs in V3_SWEEP:
+            def step(st, qtype=qtype, n=n, k=k, knobs=knobs):
+                return [gemv_v3(st["x"], st["w"], qtype, n, k, **knobs)]
+
+            def verify(make=make, step=step, qtype=qtype, n=n, k=k):
+                st = make()
+                return rel_err(np.array(step(st)[0]), np.array(gemv_v3(st["x"], st["w"], qtype, n, k)))
+
+            label = "v3 R{rows}-NSIMD{simds}-P{depth}-G{max_groups}".format(**knobs)
+            nbytes = _io_bytes(qtype, n, k)
+            cases.append(BenchCase("gemv", "gemv-sweep", f"gemv_{qtype}", label, dict(M=1, N=n, K=k), make,
+                                   step, nbytes, 2 * n * k, nbytes, verify))
     return cases
 
 
@@ -554,14 +655,15 @@ def plots(df: pd.DataFrame, out_dir: Path, peak_gbs: float) -> list[Path]:
     if not m1.empty:
         paths.append(bandwidth_plot(m1, "bytes", out_dir / "gemv-m1.png",
                                     "GEMV M=1: GB/s against bytes moved", peak_gbs=peak_gbs,
-                                    x_label="bytes moved per call (weights + x + y)"))
+                                    x_label="bytes moved per call (weights + x + y)", gpu_time=True))
     fused = df[df.benchmark == "gemv-fused"].copy()
     if not fused.empty:
         fused["op"] = fused.kernel + "\n" + fused.N.astype(str) + "x" + fused.K.astype(str)
         paths.append(fused_unfused_plot(fused, "op", out_dir / "gemv-fused.png",
                                         "Fused against unfused, M=1: us per call (ratio: unfused / this)",
                                         baseline_variant="unfused"))
-    batched = df[df.benchmark == "gemv-batched"]
+    batched = df[(df.benchmark == "gemv-batched") & (df.kernel == "linear_q4_0")
+                 & (df.N.astype(str) == "4096") & (df.K.astype(str) == "4096")]
     if not batched.empty:
         paths.append(bandwidth_plot(batched, "M", out_dir / "gemv-batched.png",
                                     "Q4_0 4096x4096, M rows: GEMV launches vs dequantize + matmul",

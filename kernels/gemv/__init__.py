@@ -7,8 +7,12 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
 - `gemv_v2`: R rows per SIMD group, X staged once per threadgroup in threadgroup memory (as
   int16 with a scale per block), weights in coalesced 16-byte loads with the next tile in
   flight, exact integer dot products inside a block (gemv_v2.metal; M 1..4).
-- `rmsnorm_gemv`, `silu_down_gemv`: v2 with RMSNorm(X) * gamma, or silu(gate) * up, computed
-  while X is staged (no normalized or activated copy in device memory).
+- `gemv_v3`: on weights repacked once when the model loads (`repack` -> `Packed`: quants apart
+  from scales, every 16 bytes of quants aligned), each lane loading its chunks straight into
+  registers, several in flight, X' staged as v2 stages it (gemv_v3.metal; M 1..4). `gemv` picks
+  v2 or v3 by the weights' type.
+- `rmsnorm_gemv`, `silu_down_gemv`: v2 (v3 on Packed weights) with RMSNorm(X) * gamma, or
+  silu(gate) * up, computed while X is staged (no normalized or activated copy in device memory).
 - `seam`: a layer's output projection (+ residual) and the next block's RMSNorm+GEMV in one
   launch, the second waiting in the kernel for the first (gemv/seam.metal).
 - `quantize`, `dequantize`: the GGUF blocks made and read on the GPU.
@@ -24,6 +28,7 @@ import copy
 import functools
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -52,9 +57,12 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # slots. SEAM_PREFETCH 1: GEMV B's first weights are issued before the wait for A (0: after it),
 # where the seam keeps tiles in registers (SLOTS 0): with slots, issuing B's copies before the
 # wait took 88 registers instead of 76 (2 threadgroups an SM, not 3).
-TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0}, "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0},
+# V3_R, V3_NSIMD, V3_P, V3_MAX_GROUPS: the v3 GEMV's (gemv_v3.metal) rows per SIMD group, SIMD
+# groups per threadgroup, 16-byte loads in flight per lane and row, and its grid cap.
+TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 2, "V3_NSIMD": 4, "V3_P": 4},
+          "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 2, "V3_NSIMD": 4, "V3_P": 4},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
-          "SEAM_PREFETCH": 1}
+          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0}
 _TUNING_DEFAULTS = copy.deepcopy(TUNING)
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
@@ -97,8 +105,11 @@ def _check_qtype_shape(qtype: str, n: int, k: int) -> None:
         raise ValueError(f"N must be positive, got {n}")
 
 
-def _check_weights(w: mx.array, qtype: str, n: int, k: int) -> None:
+def _check_weights(w, qtype: str, n: int, k: int) -> None:
     row_bytes = k // 32 * QTYPES[qtype][1]
+    if isinstance(w, Packed):
+        _check_packed(w, qtype, n, k)
+        w = w.data
     if not isinstance(w, mx.array) or w.dtype != mx.uint8:
         raise ValueError(f"w must be uint8 blocks, got {getattr(w, 'dtype', type(w))}")
     if w.size != n * row_bytes:
@@ -211,18 +222,18 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
     return r, s, xchunk, slots
 
 
-SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH")
+SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH", "V3_MAX_GROUPS")
 
 
 def parse_tuning(text: str) -> dict[str, int]:
     """'KEY=INT,...' (or joined by '+', as the gemv_tuning option writes it) -> {KEY: INT}, KEY
-    one of TUNING's: per-format R, NSIMD, SLOTS (set for both formats) or the shared ones
+    one of TUNING's: per-format R, NSIMD, SLOTS, V3_R, V3_NSIMD, V3_P (set for both formats) or the shared ones
     (SHARED_KNOBS). A clear error for anything else."""
     setting = {}
     for item in filter(None, re.split(r"[,+]", text)):
         key, _, value = item.strip().partition("=")
         if key not in {*TUNING["q4_0"], *SHARED_KNOBS} or not value.isdigit():
-            raise ValueError(f"bad GEMV tuning {item!r}: KEY=INT, KEY one of R, NSIMD, SLOTS, "
+            raise ValueError(f"bad GEMV tuning {item!r}: KEY=INT, KEY one of {', '.join(TUNING['q4_0'])}, "
                              f"{', '.join(SHARED_KNOBS)}")
         setting[key] = int(value)
     return setting
@@ -239,6 +250,7 @@ def set_tuning(text: str, from_defaults: bool = False) -> dict[str, int]:
             table[key] = value
     v2_geometry.cache_clear()
     seam_geometry.cache_clear()
+    v3_geometry.cache_clear()
     return setting
 
 
@@ -254,6 +266,8 @@ def v2_groups(n: int, k: int, r: int, s: int, xchunk: int, max_groups: int | Non
 
 def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: str, n: int,
         k: int, knobs: dict, residual: mx.array | None = None) -> mx.array:
+    if isinstance(w, Packed):
+        raise ValueError("v2 takes GGUF blocks; repacked (Packed) weights go to the v3 GEMVs")
     w = w.reshape(-1)
     m = x.shape[0]
     if residual is not None:
@@ -290,6 +304,8 @@ def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: s
     """(RMSNorm(X) * gamma) @ W^T in one launch: X is normalized while it is staged."""
     check_gemv_args(x, w, qtype, n, k)
     _check_norm(gamma, eps, k)
+    if isinstance(w, Packed):
+        return _v3("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, knobs)
     return _v2("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, _knobs(knobs))
 
 
@@ -298,7 +314,128 @@ def silu_down_gemv(gate_up: mx.array, w: mx.array, qtype: str, n: int, k: int, *
     """(silu(gate) * up) @ W^T (+ residual) with gate_up = [gate | up] as [M, 2K] (a fused
     gate+up output)."""
     check_gemv_args(gate_up, w, qtype, n, k, x_width=2 * k)
+    if isinstance(w, Packed):
+        return _v3("swiglu", [], gate_up, w, qtype, n, k, knobs, residual)
     return _v2("swiglu", [], gate_up, w, qtype, n, k, _knobs(knobs), residual)
+
+
+# ---- v3: weights repacked when the model loads ----------------------------------------------------
+@dataclass(frozen=True)
+class Packed:
+    """A [N, K] matrix's blocks in the v3 layout (repack): every block's quants, row after row
+    (16 bytes a Q4_0 block, 32 a Q8_0 one, each in its GGUF order), then every fp16 scale in the
+    same order; as many bytes as the GGUF blocks. A type of its own so that no kernel can take
+    one layout for the other."""
+    data: mx.array  # uint8, flat
+    qtype: str
+    n: int
+    k: int
+
+
+def repack(w: mx.array, qtype: str, n: int, k: int) -> Packed:
+    """GGUF blocks [N, K/32 * block bytes] -> Packed: a byte shuffle on the device, exact (the
+    same weights: tests/test_gemv.py against reference.quant.dequantize_packed). Once, when a
+    model loads; the file is never changed. Fused matrices are concatenated first (concat_rows)."""
+    _check_qtype_shape(qtype, n, k)
+    _check_weights(w, qtype, n, k)
+    blocks = w.reshape(n, k // 32, QTYPES[qtype][1])
+    data = mx.concatenate([blocks[:, :, 2:].reshape(-1), blocks[:, :, :2].reshape(-1)])
+    mx.eval(data)
+    return Packed(data, qtype, n, k)
+
+
+def unpack(p: Packed) -> mx.array:
+    """Packed -> the GGUF blocks again (the prompt path's dequantize reads those)."""
+    nb, bb = p.k // 32, QTYPES[p.qtype][1]
+    quants = p.data[: p.n * nb * (bb - 2)].reshape(p.n, nb, bb - 2)
+    scales = p.data[p.n * nb * (bb - 2):].reshape(p.n, nb, 2)
+    return mx.concatenate([scales, quants], axis=2).reshape(p.n, nb * bb)
+
+
+def _check_packed(w: Packed, qtype: str, n: int, k: int) -> None:
+    if (w.qtype, w.n, w.k) != (qtype, n, k):
+        raise ValueError(f"packed weights are {w.qtype} [N={w.n}, K={w.k}], the call says {qtype} [N={n}, K={k}]")
+
+
+@functools.cache
+def _v3_spec(prologue: str, residual: bool) -> KernelSpec:
+    name = {"plain": "lathe_gemv_v3", "rmsnorm": "lathe_rmsnorm_gemv_v3",
+            "swiglu": "lathe_silu_down_gemv_v3"}[prologue] + ("_residual" if residual else "")
+    return KernelSpec(name, "gemv/gemv_v3.metal",
+                      ("x", "w", "dims", *_V2_EXTRA[prologue], *(("residual",) if residual else ())),
+                      ("y",), prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
+                                      f"#define LATHE_RESIDUAL {int(residual)}")
+
+
+def v3_smem_bytes(m: int, xchunk: int, simds: int) -> int:
+    """Threadgroup memory of a v3 launch: X' as int16, a scale and a sum per block."""
+    return m * (2 * xchunk + xchunk // 32 * 8) + 4 * (m + simds)
+
+
+@functools.lru_cache(maxsize=1024)
+def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, simds: int | None = None,
+                depth: int | None = None) -> tuple[int, int, int, int]:
+    """(R, NSIMD, P, XCHUNK) of a v3 launch: the tuned (or given) R and NSIMD, halved (NSIMD
+    first) where the matrix would give fewer than MIN_GROUPS threadgroups; P (16-byte loads a
+    lane issues per row before using any) at most a lane's share of a row; all of K staged at
+    once where it fits, else the largest multiple of 2048 values that does."""
+    tuning = TUNING[qtype]
+    r, s = rows or tuning["V3_R"], simds or tuning["V3_NSIMD"]
+    while -(-n // (r * s)) < TUNING["MIN_GROUPS"]:
+        if s > 1 and not simds:
+            s //= 2
+        elif r > 1 and not rows:
+            r //= 2
+        else:
+            break
+    xchunk = k
+    while v3_smem_bytes(m, xchunk, s) > SMEM_BUDGET:
+        xchunk = (xchunk - 1) // 2048 * 2048
+    if xchunk <= 0:
+        raise ValueError(f"M={m} rows of X do not fit in threadgroup memory in chunks of 2048")
+    chunk_values = 32 if qtype == "q4_0" else 16
+    per_lane = -(-(xchunk // chunk_values) // 32)
+    p = max(1, min(depth or tuning["V3_P"], per_lane))
+    return r, s, p, xchunk
+
+
+def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: str, n: int, k: int,
+        knobs: dict, residual: mx.array | None = None) -> mx.array:
+    if not isinstance(w, Packed):
+        raise ValueError("v3 takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
+    m = x.shape[0]
+    if residual is not None:
+        _check_residual(residual, m, n)
+        inputs = [*inputs, residual]
+    unknown = set(knobs) - {"rows", "simds", "depth", "max_groups"}
+    if unknown:
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, depth, max_groups")
+    r, s, p, xchunk = v3_geometry(qtype, m, n, k, knobs.get("rows"), knobs.get("simds"), knobs.get("depth"))
+    groups = -(-n // (r * s))
+    cap = TUNING["V3_MAX_GROUPS"] if knobs.get("max_groups") is None else knobs["max_groups"]
+    if cap < 0:
+        raise ValueError(f"max_groups must be >= 0, got {cap}")
+    if cap and xchunk >= k:  # streaming row groups needs X' staged once: all of K in one chunk
+        groups = min(groups, cap)
+    consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk)
+    (y,) = launch(Launch(_v3_spec(prologue, residual is not None), [x, w.data, _dims(n, k, groups), *inputs],
+                         [((m, n), mx.float16)], (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
+    return y
+
+
+def gemv_v3(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
+            **knobs: int | None) -> mx.array:
+    """Y[M, N] = X[M, K] @ W^T (+ residual), W repacked (repack), M 1..4. Launch knobs (TUNING's
+    V3_ ones when not given): rows (R), simds (NSIMD), depth (P), max_groups."""
+    check_gemv_args(x, w, qtype, n, k)
+    return _v3("plain", [], x, w, qtype, n, k, knobs, residual)
+
+
+def gemv(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
+         residual: mx.array | None = None) -> mx.array:
+    """The GEMV for the weights' layout: v2 on GGUF blocks, v3 on Packed ones."""
+    fn = gemv_v3 if isinstance(w, Packed) else gemv_v2
+    return fn(x, w, qtype, n, k, residual=residual)
 
 
 # ---- the seam: two GEMVs in one launch ---------------------------------------------------------------
@@ -415,17 +552,17 @@ def dequantize(q: mx.array, qtype: str, n: int, k: int) -> mx.array:
 
 
 # ---- any M, fused projections -----------------------------------------------------------------------
-def linear(x: mx.array, w: mx.array, qtype: str, n: int, k: int) -> mx.array:
-    """Y = X @ W^T for any M: the v2 GEMV for up to MAX_M rows of X, in launches of MAX_M rows
+def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
+    """Y = X @ W^T for any M (W GGUF blocks, or Packed): the v2 (v3) GEMV for up to MAX_M rows of X, in launches of MAX_M rows
     below BATCHED_FROM, and from there W dequantized to fp16 once and MLX's matmul (the prefill
     path; the crossover was measured: results/<device>/gemv-batched.png)."""
     check_gemv_args(x, w, qtype, n, k, max_m=None)
     m = x.shape[0]
     if m >= BATCHED_FROM:
-        return x @ dequantize(w, qtype, n, k).T
+        return x @ dequantize(unpack(w) if isinstance(w, Packed) else w, qtype, n, k).T
     if m <= MAX_M:
-        return gemv_v2(x, w, qtype, n, k)
-    return mx.concatenate([gemv_v2(x[i:i + MAX_M], w, qtype, n, k) for i in range(0, m, MAX_M)])
+        return gemv(x, w, qtype, n, k)
+    return mx.concatenate([gemv(x[i:i + MAX_M], w, qtype, n, k) for i in range(0, m, MAX_M)])
 
 
 def concat_rows(weights: Sequence[mx.array]) -> mx.array:
