@@ -67,10 +67,8 @@ def repacked() -> bool:
 def seams_apply(c, types: dict[str, str]) -> bool:
     """Whether the fused variant's decode tokens run seams (kernels.gemv.seam): unless turned off,
     when every matrix that seams pair is in one block type (Q4_0 or Q8_0; both GEMVs of a seam
-    share one instantiation), and the matrices keep their GGUF blocks (the seam is v2's: not with
-    `repack`). `types`: GGUF tensor name -> type name, any case."""
-    if repacked():
-        return False
+    share one instantiation; v3 seams with `repack`). `types`: GGUF tensor name -> type name,
+    any case."""
     head = "token_embd.weight" if c.tied else "output.weight"
     names = [head] + [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
                       for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
@@ -197,14 +195,14 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         if seams:
             last = i + 1 == c.n_layers
             nxt = ("output_norm.weight", head) if last else (f"blk.{i + 1}.attn_norm.weight", f"blk.{i + 1}.attn_qkv.weight")
-            add("seam", "lathe seam (gemv + residual | rmsnorm_gemv)", ("o", "x"), ("x", "gate_up"), _run_seam,
+            add("seam", f"lathe seam {v} (gemv + residual | rmsnorm_gemv)", ("o", "x"), ("x", "gate_up"), _run_seam,
                 i, False, b + "ffn_norm.weight", b + "ffn_gate_up.weight", "gate_up",
                 weights=(b + "attn_output.weight", b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i,
-                launches=("lathe_seam_plain",))
-            add("seam", "lathe seam (silu_down_gemv + residual | rmsnorm_gemv)", ("gate_up", "x"),
+                launches=(f"lathe_seam_{'v3_' if packed else ''}plain",))
+            add("seam", f"lathe seam {v} (silu_down_gemv + residual | rmsnorm_gemv)", ("gate_up", "x"),
                 ("x", "logits" if last else "qkv"), _run_seam, i, True, *nxt, "logits" if last else "qkv",
                 weights=(b + "ffn_down.weight", nxt[0], nxt[1] if last else f"blk.{i + 1}.attn_qkv (q|k|v)"),
-                layer=i, launches=("lathe_seam_swiglu",))
+                layer=i, launches=(f"lathe_seam_{'v3_' if packed else ''}swiglu",))
             continue
         linear("o", "attn", b + "attn_output.weight", i, residual=True)
         gate_up = b + "ffn_gate_up.weight"
@@ -275,8 +273,8 @@ def _run_seam(i, second, norm, name, dst, d, env, t, pos):
     silu(gate) * up + residual | RMSNorm+GEMV of the next QKV or the head), one launch."""
     wa = f"blk.{i}." + ("ffn_down.weight" if second else "attn_output.weight")
     n_a, k_a = d.nk[wa]
-    env["x"], env[dst] = gemv.seam(env["gate_up" if second else "o"], d.w[wa], n_a, k_a, env["x"], d.g16[norm],
-                              d.config.eps, d.w[name], d.nk[name][0], d.types[wa], swiglu=second,
+    env["x"], env[dst] = gemv.seam(env["gate_up" if second else "o"], d.matrix(wa), n_a, k_a, env["x"], d.g16[norm],
+                              d.config.eps, d.matrix(name), d.nk[name][0], d.types[wa], swiglu=second,
                               queue=d.queues[i][second])
 
 

@@ -136,7 +136,7 @@ def test_fused_needs_block_matrices(models):
 def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, variant, kv):
     m = models[preset, qtype]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
-    seams = variant == "fused"
+    seams = variant in ("fused", "fused repacked")
     monkeypatch.setitem(options._values, "seams", seams)
     monkeypatch.setitem(options._values, "repack", variant.endswith("repacked"))
     decoder = KernelDecoder(m, PROMPT + STEPS, variant.split()[0], kv)
@@ -255,7 +255,7 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, varian
     from harness.plan import plan_table
     from kernels.runtime import recording
 
-    monkeypatch.setitem(options._values, "seams", variant == "fused")
+    monkeypatch.setitem(options._values, "seams", variant in ("fused", "fused repacked"))
     monkeypatch.setitem(options._values, "rope_in_attention", rope_inside)
     monkeypatch.setitem(options._values, "repack", variant.endswith("repacked"))
     m = models[preset, "q8_0"]

@@ -228,16 +228,18 @@ V3_KNOB_CASES = [
 
 
 def _seam_case(qtype: str, swiglu: bool, m: int, n_a: int, k_a: int, n_b: int,
-               knobs: dict | None = None) -> CheckCase:
+               knobs: dict | None = None, packed: bool = False) -> CheckCase:
     """The seam (kernels.gemv.seam): a_y = residual + X' W_a^T against float64, and b_y against
     float64 RMSNorm of the a_y it wrote (GEMV B reads that fp16 a_y); launched twice on one
     queue, which each launch must leave zero."""
-    from kernels.gemv import seam, seam_queue
+    from kernels.gemv import repack, seam, seam_queue
     from kernels.runtime import poisoned_outputs
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         host_a, dev_a = _blocks(rng, qtype, n_a, k_a)
         host_b, dev_b = _blocks(rng, qtype, n_b, n_a)
+        if packed:
+            dev_a, dev_b = repack(dev_a, qtype, n_a, k_a), repack(dev_b, qtype, n_b, n_a)
         gamma = rng.uniform(0.5, 1.5, n_a).astype(np.float16)
         queue = seam_queue()
         checks = []
@@ -257,7 +259,7 @@ def _seam_case(qtype: str, swiglu: bool, m: int, n_a: int, k_a: int, n_b: int,
             checks.append(exact(f"queue left zero (launch {launch_})", int(np.abs(np.array(queue)).sum()), 0))
         return checks
 
-    variant = "seam " + ("swiglu" if swiglu else "plain")
+    variant = "seam " + ("v3 " if packed else "") + ("swiglu" if swiglu else "plain")
     if knobs:
         variant += " " + ",".join(f"{key}={value}" for key, value in knobs.items())
     return CheckCase("gemv", f"seam_{qtype}", variant, dict(M=m, N=f"{n_a}|{n_b}", K=k_a), run)
@@ -347,8 +349,18 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     return cases
 
 
+# v3 seams: the real layers' and tails (SEAM_CASES' shapes), launches of few threadgroups and of
+# far more than fit, B's first weights before the wait or after it, X' in chunks (M = 2, K = 14336).
+V3_SEAM_CASES = [*[case[:5] + (None,) for case in SEAM_CASES[:8]],
+                 (True, 2, 4096, 14336, 6144, None),
+                 (False, 1, 4096, 4096, 32, dict(rows=2, simds=8, launched=2)),
+                 (True, 1, 1024, 3072, 4096, dict(launched=4000)),
+                 (True, 1, 4096, 11008, 12288, dict(prefetch=0)),
+                 (False, 1, 4096, 4096, 22016, dict(prefetch=1, depth=2))]
+
+
 def _v3_cases(qtype: str, small: bool, odd: list[tuple[int, int]]) -> list[CheckCase]:
-    """v3 on repacked weights: what v2 is checked on, but the seam (v2 only)."""
+    """v3 on repacked weights: what v2 is checked on."""
     cases = [_gemv_case("v3", qtype, 1 + c % 4, n, k)
              for c, (n, k) in enumerate(odd + ([] if small else [*REAL, *VOCAB]))]
     if not small:
@@ -368,6 +380,8 @@ def _v3_cases(qtype: str, small: bool, odd: list[tuple[int, int]]) -> list[Check
     if not small:
         cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1, packed=True))
         cases.append(_projection_case(qtype, (14336, 14336), 4096, 2, packed=True))
+    for swiglu, m, n_a, k_a, n_b, knobs in V3_SEAM_CASES[6:8] if small else V3_SEAM_CASES:
+        cases.append(_seam_case(qtype, swiglu, m, n_a, k_a, n_b, knobs, packed=True))
     return cases
 
 

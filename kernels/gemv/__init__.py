@@ -58,9 +58,10 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # where the seam keeps tiles in registers (SLOTS 0): with slots, issuing B's copies before the
 # wait took 88 registers instead of 76 (2 threadgroups an SM, not 3).
 # V3_R, V3_NSIMD, V3_P, V3_MAX_GROUPS: the v3 GEMV's (gemv_v3.metal) rows per SIMD group, SIMD
-# groups per threadgroup, 16-byte loads in flight per lane and row, and its grid cap.
-TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 2, "V3_NSIMD": 4, "V3_P": 4},
-          "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 2, "V3_NSIMD": 4, "V3_P": 4},
+# groups per threadgroup, 16-byte loads in flight per lane and row, and its grid cap; 0 (the
+# default): by shape (v3_by_shape), any other value: that value for every shape.
+TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0},
+          "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
           "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0}
 _TUNING_DEFAULTS = copy.deepcopy(TUNING)
@@ -372,6 +373,22 @@ def v3_smem_bytes(m: int, xchunk: int, simds: int) -> int:
     return m * (2 * xchunk + xchunk // 32 * 8) + 4 * (m + simds)
 
 
+def v3_by_shape(n: int, k: int) -> dict[str, int]:
+    """v3's knobs for an [N, K] matrix, from the projection chain on the H200, where each GEMV
+    waits for the one before as in the decode loop (harness.gemv_chain; logs/gemv-chain-v3-54a13a3.log,
+    both formats): long rows (down, K = 14336) take 8 SIMD groups a threadgroup, which share one
+    staged X'; many rows (gate+up, heads) a grid of one wave, 4 threadgroups on each of the 132
+    SMs, each SIMD group streaming its row groups; QKV (6144 rows) 4 rows a SIMD group; the rest
+    (O, 4096 rows) 8 SIMD groups of 2 rows."""
+    if k >= 8192:
+        return dict(R=2, NSIMD=8, P=4, G=0)
+    if n >= 16384:
+        return dict(R=2, NSIMD=4, P=4, G=528)
+    if n > 4096:
+        return dict(R=4, NSIMD=4, P=4, G=0)
+    return dict(R=2, NSIMD=8, P=4, G=0)
+
+
 @functools.lru_cache(maxsize=1024)
 def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, simds: int | None = None,
                 depth: int | None = None) -> tuple[int, int, int, int]:
@@ -379,8 +396,9 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
     first) where the matrix would give fewer than MIN_GROUPS threadgroups; P (16-byte loads a
     lane issues per row before using any) at most a lane's share of a row; all of K staged at
     once where it fits, else the largest multiple of 2048 values that does."""
-    tuning = TUNING[qtype]
-    r, s = rows or tuning["V3_R"], simds or tuning["V3_NSIMD"]
+    tuning, shaped = TUNING[qtype], v3_by_shape(n, k)
+    r = rows or tuning["V3_R"] or shaped["R"]
+    s = simds or tuning["V3_NSIMD"] or shaped["NSIMD"]
     while -(-n // (r * s)) < TUNING["MIN_GROUPS"]:
         if s > 1 and not simds:
             s //= 2
@@ -395,7 +413,7 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
         raise ValueError(f"M={m} rows of X do not fit in threadgroup memory in chunks of 2048")
     chunk_values = 32 if qtype == "q4_0" else 16
     per_lane = -(-(xchunk // chunk_values) // 32)
-    p = max(1, min(depth or tuning["V3_P"], per_lane))
+    p = max(1, min(depth or tuning["V3_P"] or shaped["P"], per_lane))
     return r, s, p, xchunk
 
 
@@ -412,7 +430,8 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, depth, max_groups")
     r, s, p, xchunk = v3_geometry(qtype, m, n, k, knobs.get("rows"), knobs.get("simds"), knobs.get("depth"))
     groups = -(-n // (r * s))
-    cap = TUNING["V3_MAX_GROUPS"] if knobs.get("max_groups") is None else knobs["max_groups"]
+    cap = knobs.get("max_groups")
+    cap = (TUNING["V3_MAX_GROUPS"] or v3_by_shape(n, k)["G"]) if cap is None else cap
     if cap < 0:
         raise ValueError(f"max_groups must be >= 0, got {cap}")
     if cap and xchunk >= k:  # streaming row groups needs X' staged once: all of K in one chunk
@@ -440,10 +459,11 @@ def gemv(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
 
 # ---- the seam: two GEMVs in one launch ---------------------------------------------------------------
 @functools.cache
-def _seam_spec(prologue: str) -> KernelSpec:
-    return KernelSpec(f"lathe_seam_{prologue}", "gemv/seam.metal",
+def _seam_spec(prologue: str, v3: bool = False) -> KernelSpec:
+    return KernelSpec(f"lathe_seam_{'v3_' if v3 else ''}{prologue}", "gemv/seam.metal",
                       ("a_x", "a_w", "a_dims", "residual", "gamma", "eps", "b_w", "b_dims", "queue"),
-                      ("a_y", "b_y"), prelude=f"#define PROLOGUE_A {PROLOGUES[prologue]}")
+                      ("a_y", "b_y"), prelude=f"#define PROLOGUE_A {PROLOGUES[prologue]}\n"
+                                              f"#define SEAM_V3 {int(v3)}")
 
 
 SEAM_QUEUE = 3 * 64  # gemv/seam.metal's counters, each on a 256-byte line of its own
@@ -472,8 +492,8 @@ def seam_geometry(qtype: str, m: int, n_a: int, k_a: int, n_b: int, rows: int | 
     return v2_geometry(qtype, m, 1, k, rows=r, simds=s, slots=slots)
 
 
-def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gamma: mx.array,
-         eps: float, w_b: mx.array, n_b: int, qtype: str, *, swiglu: bool = False,
+def seam(x: mx.array, w_a: mx.array | Packed, n_a: int, k_a: int, residual: mx.array, gamma: mx.array,
+         eps: float, w_b: mx.array | Packed, n_b: int, qtype: str, *, swiglu: bool = False,
          queue: mx.array | None = None, **knobs: int | None) -> tuple[mx.array, mx.array]:
     """(a_y, b_y) in one launch: a_y = residual + X' @ W_a^T, X' = X (or silu(gate) * up of
     X = [gate | up] with `swiglu`), then b_y = (RMSNorm(a_y) * gamma) @ W_b^T: a decoder layer's
@@ -481,14 +501,17 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
     this launch site's counters (seam_queue); a fresh one when not given. Launch knobs as
     gemv_v2's, `launched`: threadgroups launched (default: the larger GEMV's count; at least
     GEMV B's), and `prefetch`: B's first weights issued before the wait (default: SEAM_PREFETCH
-    where the seam takes no slots)."""
+    where the seam takes no slots). On Packed weights the seam is v3's (its knobs: rows, simds,
+    depth, launched, prefetch)."""
     unknown = set(knobs) - {"rows", "simds", "slots", "max_groups", "launched", "prefetch"}
-    if unknown:
+    if unknown and not isinstance(w_a, Packed):
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, "
                          "launched, prefetch")
     check_gemv_args(x, w_a, qtype, n_a, k_a, x_width=2 * k_a if swiglu else None)
     _check_qtype_shape(qtype, n_b, n_a)  # GEMV B's K is A's N
     _check_weights(w_b, qtype, n_b, n_a)
+    if isinstance(w_a, Packed) != isinstance(w_b, Packed):
+        raise ValueError("a seam's two matrices must be in one layout: both GGUF blocks or both Packed")
     m = x.shape[0]
     _check_residual(residual, m, n_a)
     _check_norm(gamma, eps, n_a)
@@ -497,6 +520,8 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
     if not isinstance(queue, mx.array) or queue.dtype != mx.uint32 or queue.shape != (SEAM_QUEUE,):
         raise ValueError(f"queue must be uint32 [{SEAM_QUEUE}] (seam_queue()), got "
                          f"{getattr(queue, 'dtype', type(queue))} {getattr(queue, 'shape', '')}")
+    if isinstance(w_a, Packed):
+        return _seam_v3(x, w_a, n_a, k_a, residual, gamma, eps, w_b, n_b, qtype, swiglu, queue, knobs)
     r, s, xchunk, slots = seam_geometry(qtype, m, n_a, k_a, n_b, knobs.get("rows"), knobs.get("simds"),
                                         knobs.get("slots"))
     cap = knobs.get("max_groups")
@@ -516,6 +541,42 @@ def seam(x: mx.array, w_a: mx.array, n_a: int, k_a: int, residual: mx.array, gam
         _seam_spec("swiglu" if swiglu else "plain"),
         [x, w_a.reshape(-1), _dims(n_a, k_a, tickets_a, launched), residual, gamma, _eps(float(eps)),
          w_b.reshape(-1), _dims(n_b, n_a, tickets_b), queue],
+        [((m, n_a), mx.float16), ((m, n_b), mx.float16)],
+        (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts))
+    return a_y, b_y
+
+
+def _seam_v3(x, w_a: Packed, n_a, k_a, residual, gamma, eps, w_b: Packed, n_b, qtype, swiglu, queue,
+             knobs) -> tuple[mx.array, mx.array]:
+    """The seam of two v3 GEMVs (gemv/seam.metal with SEAM_V3): GEMV A's R, NSIMD and P for both
+    (one set of threadgroup memory, X' chunks sized for the longer K), each GEMV's own grid cap
+    (v3_by_shape) where all of its K is one chunk."""
+    unknown = set(knobs) - {"rows", "simds", "depth", "launched", "prefetch"}
+    if unknown:
+        raise ValueError(f"unknown launch knobs {sorted(unknown)} for a v3 seam: rows, simds, depth, "
+                         "launched, prefetch")
+    m = x.shape[0]
+    r, s, p, _ = v3_geometry(qtype, m, n_a, k_a, knobs.get("rows"), knobs.get("simds"), knobs.get("depth"))
+    _, _, _, xchunk = v3_geometry(qtype, m, 1, max(k_a, n_a), r, s, p)
+
+    def tickets(n: int, k: int) -> int:
+        cap = TUNING["V3_MAX_GROUPS"] or v3_by_shape(n, k)["G"]
+        groups = -(-n // (r * s))
+        return min(groups, cap) if cap and xchunk >= k else groups
+
+    tickets_a, tickets_b = tickets(n_a, k_a), tickets(n_b, n_a)
+    launched = knobs.get("launched")
+    launched = max(tickets_a, tickets_b) if launched is None else launched
+    if launched < tickets_b:  # B's threadgroups are the launched ones (gemv/seam.metal)
+        raise ValueError(f"launched must be at least GEMV B's {tickets_b} threadgroups, got {launched}")
+    prefetch = knobs.get("prefetch")
+    prefetch = bool(TUNING["SEAM_PREFETCH"]) if prefetch is None else bool(prefetch)
+    consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, P=p, XCHUNK=xchunk, K_A=k_a, K_B=n_a,
+                  PREFETCH=prefetch)
+    a_y, b_y = launch(Launch(
+        _seam_spec("swiglu" if swiglu else "plain", v3=True),
+        [x, w_a.data, _dims(n_a, k_a, tickets_a, launched), residual, gamma, _eps(float(eps)),
+         w_b.data, _dims(n_b, n_a, tickets_b), queue],
         [((m, n_a), mx.float16), ((m, n_b), mx.float16)],
         (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts))
     return a_y, b_y

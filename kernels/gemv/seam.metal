@@ -33,7 +33,13 @@
 // threadgroups launched), residual [M, N_a], gamma [N_a], eps, b_w, b_dims (N_b, K_b = N_a,
 // B tickets), queue. Outputs a_y [M, N_a], b_y [M, N_b]. Constants as gemv_v2's, shared by both,
 // and PREFETCH.
+// SEAM_V3 1 (the prelude): the two are v3 GEMVs (gemv_v3.metal) over repacked weights, with
+// v3's constants (QTYPE, M, R, NSIMD, P, XCHUNK) and each GEMV's K: K_A, and K_B = N_a.
+#if SEAM_V3
+#include "gemv/v3_tiles.metal"
+#else
 #include "gemv/v2_tiles.metal"
+#endif
 constexpr uint QUEUE_STRIDE = 64;
 threadgroup uint ticket;
 const uint launched = uint(a_dims[3]);
@@ -52,7 +58,12 @@ for (;;) {
     auto w = a_w;
     auto dims = a_dims;
     auto y = a_y;
+#if SEAM_V3
+    constexpr uint KR = K_A;
+#include "gemv/v3_rows.metal"
+#else
 #include "gemv/v2_rows.metal"
+#endif
   }
   threadgroup_barrier(mem_flags::mem_device);  // this ticket's rows of a_y are written
   if (tid == 0) grid_signal(done);
@@ -70,7 +81,7 @@ for (;;) {
 
 #define LATHE_PROLOGUE 1
 #define LATHE_RESIDUAL 0
-#define V2_BEFORE_X if (PREFETCH) { SEAM_WAIT }  // v2_rows: B's first weights are in flight
+#define GEMV_BEFORE_X if (PREFETCH) { SEAM_WAIT }  // the rows: B's first weights are in flight
 {
   const uint group = threadgroup_position_in_grid.x;
   if (!PREFETCH || group >= uint(b_dims[2])) { SEAM_WAIT }  // (no rows of B: nothing to issue)
@@ -79,10 +90,15 @@ for (;;) {
     auto w = b_w;
     auto dims = b_dims;
     auto y = b_y;
+#if SEAM_V3
+    constexpr uint KR = K_B;
+#include "gemv/v3_rows.metal"
+#else
 #include "gemv/v2_rows.metal"
+#endif
   }
 }
-#undef V2_BEFORE_X
+#undef GEMV_BEFORE_X
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
 

@@ -132,10 +132,10 @@ for (uint step = 0; step <= items; ++step) {
     simdgroup_barrier(mem_flags::mem_threadgroup);
   }
   if (step == 0) {
-#ifdef V2_BEFORE_X
+#ifdef GEMV_BEFORE_X
     // The includer's code between the issue of the first weights and the first read of X
     // (seam.metal: the wait for X to be written).
-    V2_BEFORE_X
+    GEMV_BEFORE_X
 #endif
     continue;
   }

@@ -1,0 +1,128 @@
+// One v3 GEMV over the row groups of threadgroup `group` (of dims[2]), included inside a scope that
+// names: x, w, dims, y (and gamma, eps, residual as LATHE_PROLOGUE / LATHE_RESIDUAL need them),
+// `group`, KR (this GEMV's K, a compile-time constant), and the declarations of v3_tiles.metal.
+// gemv_v3.metal runs it once as its own threadgroup; seam.metal runs two GEMVs, each over groups
+// it claims. The design is gemv_v3.metal's.
+constexpr uint NB = KR / 32;                 // blocks a row
+constexpr uint NC = KR / VALS;               // chunks a row
+constexpr uint CHUNKS = (NC + XC - 1) / XC;  // X' chunks
+constexpr uint CPL = (XC + 31) / 32;         // a lane's chunks of a row in one X' chunk
+const uint n = uint(dims[0]);
+const uint k = KR;
+const uint nb = NB;
+const uint scales = n * NB * QB / 2;  // the first scale, in 2-byte words of w
+
+// The row groups of this SIMD group: first, first + stride, ... (a SIMD group past N still takes
+// one, empty: it meets the staging's barriers like the others). Where X' comes in several chunks
+// the host launches one row group a SIMD group, and the items are the chunks instead.
+const uint n_groups = (n + R - 1) / R;
+const uint stride = uint(dims[2]) * NSIMD;
+const uint first = group * NSIMD + simd;
+const uint mine = first < n_groups ? (n_groups - first + stride - 1) / stride : 1;
+const uint items = CHUNKS == 1 ? mine : CHUNKS;
+
+float acc[R][M];
+for (uint r = 0; r < uint(R); ++r) {
+  for (uint m = 0; m < uint(M); ++m) acc[r][m] = 0.0f;
+}
+for (uint it = 0; it < items; ++it) {
+  const uint row0 = (first + (CHUNKS == 1 ? it : 0) * stride) * R;
+  const uint ck = CHUNKS == 1 ? 0 : it;
+  const uint xc0 = ck * XC;               // the X' chunk's first chunk of the row
+  const uint cn = min(XC, NC - xc0);      // ... and how many it has
+  for (uint pass = 0; pass < CPL; pass += P) {
+    // 1. The weights of P chunks of each of the R rows (zero past N or past the row's end).
+    uint4 q[R][P];
+    float dw[R][P];
+    LATHE_UNROLL
+    for (uint r = 0; r < uint(R); ++r) {
+      LATHE_UNROLL
+      for (uint p = 0; p < uint(P); ++p) {
+        const uint c = lane + 32 * (pass + p);
+        const bool live = row0 + r < n && c < cn;
+        const uint row = live ? row0 + r : 0;
+        q[r][p] = live ? load_wide<uint4>(w, row * NC + xc0 + c) : uint4{0u, 0u, 0u, 0u};
+        dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, scales + row * NB + (xc0 + c) * VALS / 32)))
+                        : 0.0f;
+      }
+    }
+    // 2. X' (the first time, or each chunk of it), while those loads are on their way.
+    if (pass == 0 && (CHUNKS > 1 || it == 0)) {
+#ifdef GEMV_BEFORE_X
+      if (it == 0) {
+        // The includer's code between the issue of the first weights and the first read of X
+        // (seam.metal: the wait for X to be written).
+        GEMV_BEFORE_X
+      }
+#endif
+      const uint cb0 = ck * (XCHUNK / 32);
+#define X_STORE(m, e, packed)                                                                  \
+  {                                                                                            \
+    const uint at = ((m) * UNITS + ((e) % VALS) / 8) * XC + (e) / VALS;                       \
+    x_tile[at] = uint4{packed[0], packed[1], packed[2], packed[3]};                            \
+    x_tile[at + XC] = uint4{packed[4], packed[5], packed[6], packed[7]};                       \
+  }
+#include "gemv/x_stage.metal"
+#undef X_STORE
+    }
+    // 3. The dot products: 16-byte words of X' shared by the R rows.
+    LATHE_UNROLL
+    for (uint p = 0; p < uint(P); ++p) {
+      const uint c = lane + 32 * (pass + p);
+      if (pass + p >= CPL || c >= cn) continue;
+      const uint blk = c * VALS / 32;  // the block within the X' chunk
+      uint xw[M][UNITS * 4];
+      float dx[M];
+      int offset[M];
+      for (uint m = 0; m < uint(M); ++m) {
+        LATHE_UNROLL
+        for (uint u = 0; u < UNITS; ++u) {
+          const uint4 v = x_tile[(m * UNITS + u) * XC + c];
+          xw[m][4 * u] = v.x, xw[m][4 * u + 1] = v.y, xw[m][4 * u + 2] = v.z, xw[m][4 * u + 3] = v.w;
+        }
+        dx[m] = x_scale[m * (XCHUNK / 32) + blk];
+        offset[m] = QTYPE == 0 ? 8 * x_sum[m * (XCHUNK / 32) + blk] : 0;
+      }
+      LATHE_UNROLL
+      for (uint r = 0; r < uint(R); ++r) {
+        const uint qw[4] = {q[r][p].x, q[r][p].y, q[r][p].z, q[r][p].w};
+        for (uint m = 0; m < uint(M); ++m) {
+          // Two chains of dot products (a long one waits on each step's latency).
+          int lo_dot = 0, hi_dot = 0;
+          LATHE_UNROLL
+          for (uint t = 0; t < 4; ++t) {
+            if (QTYPE == 0) {  // word t: values 4t.. (low nibbles) and 16 + 4t.. (high nibbles)
+              const uint lo = qw[t] & 0x0f0f0f0fu, hi = (qw[t] >> 4) & 0x0f0f0f0fu;
+              lo_dot = dot2_lo(xw[m][2 * t], lo, lo_dot);
+              lo_dot = dot2_hi(xw[m][2 * t + 1], lo, lo_dot);
+              hi_dot = dot2_lo(xw[m][8 + 2 * t], hi, hi_dot);
+              hi_dot = dot2_hi(xw[m][8 + 2 * t + 1], hi, hi_dot);
+            } else if (t % 2 == 0) {  // values 4t.. of the chunk
+              lo_dot = dot2_lo(xw[m][2 * t], qw[t], lo_dot);
+              lo_dot = dot2_hi(xw[m][2 * t + 1], qw[t], lo_dot);
+            } else {
+              hi_dot = dot2_lo(xw[m][2 * t], qw[t], hi_dot);
+              hi_dot = dot2_hi(xw[m][2 * t + 1], qw[t], hi_dot);
+            }
+          }
+          acc[r][m] = fma(dw[r][p] * dx[m], float(lo_dot + hi_dot - offset[m]), acc[r][m]);
+        }
+      }
+    }
+  }
+  if (ck == CHUNKS - 1) {  // the row group's last X' chunk: its rows are done
+    for (uint r = 0; r < uint(R); ++r) {
+      for (uint m = 0; m < uint(M); ++m) {
+        const float total = simd_sum(acc[r][m]);
+        acc[r][m] = 0.0f;
+        if (lane == 0 && row0 + r < n) {
+#if LATHE_RESIDUAL
+          y[m * n + row0 + r] = half(total + float(residual[m * n + row0 + r]));
+#else
+          y[m * n + row0 + r] = half(total);
+#endif
+        }
+      }
+    }
+  }
+}
