@@ -69,7 +69,7 @@ class Option:
 DECLARED = (
     Option("seams", True, _flag,
            "fused loop: each output projection and the next RMSNorm+GEMV in one launch (kernels.gemv.seam)"),
-    Option("repack", False, _flag,
+    Option("repack", True, _flag,
            "decode loop: Q4_0/Q8_0 matrices repacked at load for the v3 GEMVs and seams (kernels.gemv.repack)"),
     Option("rope_in_attention", True, _flag,
            "fused loop (no head norms): a decode token's RoPE + KV write inside the attention launch"),

@@ -94,6 +94,7 @@ def _adversarial(rng: np.random.Generator, k: int) -> np.ndarray:
 def _quantize_case(qtype: str, n: int, k: int, adversarial: bool = False) -> CheckCase:
     from kernels.gemv import dequantize as gpu_dequantize
     from kernels.gemv import quantize as gpu_quantize
+    from kernels.gemv import repack
     from kernels.runtime import poisoned_outputs
 
     def run(rng: np.random.Generator) -> list[Comparison]:
@@ -107,10 +108,12 @@ def _quantize_case(qtype: str, n: int, k: int, adversarial: bool = False) -> Che
             checks.append(exact(f"blocks (outputs poisoned with {poison})", np.array(q), want))
         with poisoned_outputs():
             back = gpu_dequantize(mx.array(want), qtype, w.shape[0], k)
-            mx.eval(back)
+            back_packed = gpu_dequantize(repack(mx.array(want), qtype, w.shape[0], k), qtype, w.shape[0], k)
+            mx.eval(back, back_packed)
         with np.errstate(over="ignore"):  # fp16 overflows to inf on both sides alike
             expected = dequantize(want, qtype, k).astype(np.float16)
-        return checks + [exact("dequantized", np.array(back), expected)]
+        return checks + [exact("dequantized", np.array(back), expected),
+                         exact("dequantized from the repacked blocks", np.array(back_packed), expected)]
 
     shape = dict(N="special" if adversarial else n, K=k)
     return CheckCase("gemv", f"quantize_{qtype}", "gpu", shape, run)

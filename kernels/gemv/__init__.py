@@ -601,14 +601,15 @@ def quantize(w: mx.array, qtype: str, check_finite: bool = True) -> mx.array:
     return q
 
 
-def dequantize(q: mx.array, qtype: str, n: int, k: int) -> mx.array:
-    """[N, K/32 * block bytes] blocks -> fp16 [N, K] (each value (q - 8) d or q d, rounded once)."""
+def dequantize(q: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
+    """[N, K/32 * block bytes] blocks, or Packed -> fp16 [N, K] (each value (q - 8) d or q d, rounded once)."""
     _check_qtype_shape(qtype, n, k)
     _check_weights(q, qtype, n, k)
+    packed = isinstance(q, Packed)
     blocks = n * (k // 32)
-    (w,) = launch(Launch(_DEQUANTIZE, [q.reshape(-1), _dims(n, k)], [((n, k), mx.float16)],
+    (w,) = launch(Launch(_DEQUANTIZE, [(q.data if packed else q).reshape(-1), _dims(n, k)], [((n, k), mx.float16)],
                          (-(-blocks // 256) * 256, 1, 1), (256, 1, 1),
-                         dict(QTYPE=QTYPES[qtype][0])))
+                         dict(QTYPE=QTYPES[qtype][0], PACKED=int(packed))))
     return w
 
 
@@ -620,7 +621,7 @@ def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int) -> mx.
     check_gemv_args(x, w, qtype, n, k, max_m=None)
     m = x.shape[0]
     if m >= BATCHED_FROM:
-        return x @ dequantize(unpack(w) if isinstance(w, Packed) else w, qtype, n, k).T
+        return x @ dequantize(w, qtype, n, k).T
     if m <= MAX_M:
         return gemv(x, w, qtype, n, k)
     return mx.concatenate([gemv(x[i:i + MAX_M], w, qtype, n, k) for i in range(0, m, MAX_M)])
