@@ -132,16 +132,16 @@ def test_fused_needs_block_matrices(models):
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("variant", ["unfused", "fused", "fused without seams", "fused repacked",
-                                     "unfused repacked"])
+                                     "fused repacked without seams", "unfused repacked"])
 def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, variant, kv):
     m = models[preset, qtype]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     seams = variant in ("fused", "fused repacked")
     monkeypatch.setitem(options._values, "seams", seams)
-    monkeypatch.setitem(options._values, "repack", variant.endswith("repacked"))
+    monkeypatch.setitem(options._values, "repack", "repacked" in variant)
     decoder = KernelDecoder(m, PROMPT + STEPS, variant.split()[0], kv)
     assert decoder.seams == seams  # the decode steps take the path this case names
-    assert bool(decoder.packed) == variant.endswith("repacked")
+    assert bool(decoder.packed) == ("repacked" in variant)
     ours = np.array(decoder.forward(prompt))[-1]
     want, cache = forward(m, prompt)
     want = want[-1]
@@ -236,7 +236,8 @@ def test_wrapping_modes_agree(models, variant):
 
 PLAN_CASES = [(preset, variant, kv, overflow, rope_inside)
               for preset in ("tiny-llama", "tiny-qwen3")
-              for variant in ("unfused", "fused", "fused without seams", "fused repacked")
+              for variant in ("unfused", "fused", "fused without seams", "fused repacked",
+                              "fused repacked without seams")
               for kv in ("contiguous", "paged") for overflow in (False, True) for rope_inside in (True, False)
               if not (overflow and kv == "paged") and (rope_inside or (variant != "unfused" and kv == "contiguous"))]
 
@@ -257,7 +258,7 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, varian
 
     monkeypatch.setitem(options._values, "seams", variant in ("fused", "fused repacked"))
     monkeypatch.setitem(options._values, "rope_in_attention", rope_inside)
-    monkeypatch.setitem(options._values, "repack", variant.endswith("repacked"))
+    monkeypatch.setitem(options._values, "repack", "repacked" in variant)
     m = models[preset, "q8_0"]
     with recording():  # the decoder's own look-ahead at its kernels, apart from what is checked
         decoder = KernelDecoder(m, 32 if overflow else 64, variant.split()[0], kv, overflow=overflow)
