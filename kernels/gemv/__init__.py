@@ -60,10 +60,15 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # V3_R, V3_NSIMD, V3_P, V3_MAX_GROUPS: the v3 GEMV's (gemv_v3.metal) rows per SIMD group, SIMD
 # groups per threadgroup, 16-byte loads in flight per lane and row, and its grid cap; 0 (the
 # default): by shape (v3_by_shape), any other value: that value for every shape.
+# SEAM_V3_WARPS: a v3 seam's GEMV B takes at most this many SIMD groups (threadgroups of the seam's
+# NSIMD), each streaming row groups; 2112 = 16 on each of the 132 SMs, gate+up's best alone (528
+# threadgroups of 4). The seam runs B with A's NSIMD: B's own cap (528 of them) at A's 8 SIMD
+# groups was two waves, and its seams ran 2-6 us longer than its GEMVs apart (issue 23). 0: B's
+# cap by shape.
 TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0},
           "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
-          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0}
+          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112}
 _TUNING_DEFAULTS = copy.deepcopy(TUNING)
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
@@ -223,7 +228,8 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
     return r, s, xchunk, slots
 
 
-SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH", "V3_MAX_GROUPS")
+SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH", "V3_MAX_GROUPS",
+                "SEAM_V3_WARPS")
 
 
 def parse_tuning(text: str) -> dict[str, int]:
@@ -549,8 +555,8 @@ def seam(x: mx.array, w_a: mx.array | Packed, n_a: int, k_a: int, residual: mx.a
 def _seam_v3(x, w_a: Packed, n_a, k_a, residual, gamma, eps, w_b: Packed, n_b, qtype, swiglu, queue,
              knobs) -> tuple[mx.array, mx.array]:
     """The seam of two v3 GEMVs (gemv/seam.metal with SEAM_V3): GEMV A's R, NSIMD and P for both
-    (one set of threadgroup memory, X' chunks sized for the longer K), each GEMV's own grid cap
-    (v3_by_shape) where all of its K is one chunk."""
+    (one set of threadgroup memory, X' chunks sized for the longer K); where all of a GEMV's K is
+    one chunk, A's grid capped by shape (v3_by_shape), B's at SEAM_V3_WARPS SIMD groups."""
     unknown = set(knobs) - {"rows", "simds", "depth", "launched", "prefetch"}
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)} for a v3 seam: rows, simds, depth, "
@@ -559,12 +565,12 @@ def _seam_v3(x, w_a: Packed, n_a, k_a, residual, gamma, eps, w_b: Packed, n_b, q
     r, s, p, _ = v3_geometry(qtype, m, n_a, k_a, knobs.get("rows"), knobs.get("simds"), knobs.get("depth"))
     _, _, _, xchunk = v3_geometry(qtype, m, 1, max(k_a, n_a), r, s, p)
 
-    def tickets(n: int, k: int) -> int:
-        cap = TUNING["V3_MAX_GROUPS"] or v3_by_shape(n, k)["G"]
+    def tickets(n: int, k: int, warps: int = 0) -> int:
+        cap = TUNING["V3_MAX_GROUPS"] or (warps // s if warps else v3_by_shape(n, k)["G"])
         groups = -(-n // (r * s))
         return min(groups, cap) if cap and xchunk >= k else groups
 
-    tickets_a, tickets_b = tickets(n_a, k_a), tickets(n_b, n_a)
+    tickets_a, tickets_b = tickets(n_a, k_a), tickets(n_b, n_a, TUNING["SEAM_V3_WARPS"])
     launched = knobs.get("launched")
     launched = max(tickets_a, tickets_b) if launched is None else launched
     if launched < tickets_b:  # B's threadgroups are the launched ones (gemv/seam.metal)
