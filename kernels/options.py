@@ -67,7 +67,7 @@ class Option:
 
 
 DECLARED = (
-    Option("seams", True, _flag,
+    Option("seams", False, _flag,
            "fused loop: each output projection and the next RMSNorm+GEMV in one launch (kernels.gemv.seam)"),
     Option("repack", True, _flag,
            "decode loop: Q4_0/Q8_0 matrices repacked at load for the v3 GEMVs and seams (kernels.gemv.repack)"),

@@ -217,5 +217,5 @@ def test_options_are_listed_and_the_plan_names_those_set(capsys, monkeypatch, tm
     listed = capsys.readouterr().out
     assert all(name in listed for name in options.OPTIONS)
     with options.use():  # main() sets process-wide options: put them back afterwards
-        assert cli.main(["decode", "tiny-llama", "--show-plan", "--set", "seams=off,attn_partition=64"]) == 0
-    assert capsys.readouterr().out.startswith("options: seams=off,attn_partition=64\n")
+        assert cli.main(["decode", "tiny-llama", "--show-plan", "--set", "seams=on,attn_partition=64"]) == 0
+    assert capsys.readouterr().out.startswith("options: seams=on,attn_partition=64\n")

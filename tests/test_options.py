@@ -20,9 +20,9 @@ def test_parse_reads_each_kind_and_names_the_option_when_wrong():
 
 def test_use_restores_every_option_and_describe_names_what_differs():
     before = options.describe()
-    with options.use(seams=False, attn_partition=64):
-        assert options.get("seams") is False and options.get("attn_partition") == 64
-        assert options.describe() == "seams=off,attn_partition=64"
+    with options.use(seams=True, attn_partition=64):
+        assert options.get("seams") is True and options.get("attn_partition") == 64
+        assert options.describe() == "seams=on,attn_partition=64"
         options.set_options({"pad_constants": False})  # set inside the block: undone too
     assert options.describe() == before == ""
 

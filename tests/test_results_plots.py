@@ -49,13 +49,13 @@ def test_a_file_without_the_options_column_is_upgraded_and_rows_name_their_optio
     path = tmp_path / "rope.csv"
     old = [c for c in results.columns("rope") if c != "options"]
     path.write_text(",".join(old) + "\n")
-    with options.use(seams=False, attn_partition=128):
+    with options.use(seams=True, attn_partition=128):
         meta = results.run_metadata()
-    assert meta["options"] == "seams=off,attn_partition=128"
+    assert meta["options"] == "seams=on,attn_partition=128"
     assert results.run_metadata()["options"] == ""
     results.append_rows(path, "rope", [_rope_row(**meta)])
     df = results.read_results(path)
-    assert list(df.columns) == results.columns("rope") and df.options[0] == "seams=off,attn_partition=128"
+    assert list(df.columns) == results.columns("rope") and df.options[0] == "seams=on,attn_partition=128"
 
 
 @pytest.mark.parametrize("family, shape", [
