@@ -80,11 +80,11 @@ _V2_EXTRA = {"plain": (), "rmsnorm": ("gamma", "eps"), "swiglu": ()}
 
 
 @functools.cache
-def _v2_spec(prologue: str, residual: bool) -> KernelSpec:
-    """One v2 instantiation family: its prologue (what X' is) and whether Y adds a residual."""
-    name = {"plain": "lathe_gemv_v2", "rmsnorm": "lathe_rmsnorm_gemv_v2",
-            "swiglu": "lathe_silu_down_gemv_v2"}[prologue] + ("_residual" if residual else "")
-    return KernelSpec(name, "gemv/gemv_v2.metal",
+def _gemv_spec(version: str, prologue: str, residual: bool) -> KernelSpec:
+    """One v2 or v3 instantiation family: its prologue (what X' is) and whether Y adds a residual."""
+    name = {"plain": "lathe_gemv", "rmsnorm": "lathe_rmsnorm_gemv",
+            "swiglu": "lathe_silu_down_gemv"}[prologue] + f"_{version}" + ("_residual" if residual else "")
+    return KernelSpec(name, f"gemv/gemv_{version}.metal",
                       ("x", "w", "dims", *_V2_EXTRA[prologue], *(("residual",) if residual else ())),
                       ("y",), prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
                                       f"#define LATHE_RESIDUAL {int(residual)}")
@@ -285,7 +285,7 @@ def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: 
     groups = v2_groups(n, k, r, s, xchunk, knobs.get("max_groups"))
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, ALIGNED=(k // 32) % 8 == 0,
                   XCHUNK=xchunk, SLOTS=slots)
-    (y,) = launch(Launch(_v2_spec(prologue, residual is not None), [x, w, _dims(n, k, groups), *inputs],
+    (y,) = launch(Launch(_gemv_spec("v2", prologue, residual is not None), [x, w, _dims(n, k, groups), *inputs],
                          [((m, n), mx.float16)],
                          (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
     return y
@@ -352,7 +352,7 @@ def repack(w: mx.array, qtype: str, n: int, k: int) -> Packed:
 
 
 def unpack(p: Packed) -> mx.array:
-    """Packed -> the GGUF blocks again (the prompt path's dequantize reads those)."""
+    """Packed -> the GGUF blocks again: repack's inverse (tests/test_gemv.py checks the round trip)."""
     nb, bb = p.k // 32, QTYPES[p.qtype][1]
     quants = p.data[: p.n * nb * (bb - 2)].reshape(p.n, nb, bb - 2)
     scales = p.data[p.n * nb * (bb - 2):].reshape(p.n, nb, 2)
@@ -362,16 +362,6 @@ def unpack(p: Packed) -> mx.array:
 def _check_packed(w: Packed, qtype: str, n: int, k: int) -> None:
     if (w.qtype, w.n, w.k) != (qtype, n, k):
         raise ValueError(f"packed weights are {w.qtype} [N={w.n}, K={w.k}], the call says {qtype} [N={n}, K={k}]")
-
-
-@functools.cache
-def _v3_spec(prologue: str, residual: bool) -> KernelSpec:
-    name = {"plain": "lathe_gemv_v3", "rmsnorm": "lathe_rmsnorm_gemv_v3",
-            "swiglu": "lathe_silu_down_gemv_v3"}[prologue] + ("_residual" if residual else "")
-    return KernelSpec(name, "gemv/gemv_v3.metal",
-                      ("x", "w", "dims", *_V2_EXTRA[prologue], *(("residual",) if residual else ())),
-                      ("y",), prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
-                                      f"#define LATHE_RESIDUAL {int(residual)}")
 
 
 def v3_smem_bytes(m: int, xchunk: int, simds: int) -> int:
@@ -443,7 +433,7 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
     if cap and xchunk >= k:  # streaming row groups needs X' staged once: all of K in one chunk
         groups = min(groups, cap)
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk)
-    (y,) = launch(Launch(_v3_spec(prologue, residual is not None), [x, w.data, _dims(n, k, groups), *inputs],
+    (y,) = launch(Launch(_gemv_spec("v3", prologue, residual is not None), [x, w.data, _dims(n, k, groups), *inputs],
                          [((m, n), mx.float16)], (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
     return y
 
