@@ -68,19 +68,14 @@ def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: 
     packed_head = gemv.repack(raw_head, qtype, c.vocab, d) if "packed" in layouts else None
     gamma = mx.ones((d,), mx.float16)
     weights, head = raw, raw_head
-    # Counters for the v3 GEMVs that split K, one set a launch site as in the decode loop.
-    tickets = [{name: gemv.split_tickets() for name in shapes} for _ in range(layers)] \
-        if "packed" in layouts else []
 
     def token(x):
         for i in range(layers):
             w = weights[i % sets]
-            site = {n: dict(tickets=t) for n, t in tickets[i].items()} if weights is packed \
-                else {n: {} for n in shapes}
-            h = gemv.rmsnorm_gemv(x, gamma, 1e-5, w["qkv"], qtype, *shapes["qkv"], **site["qkv"])
-            o = gemv.gemv(h[:, : shapes["o"][1]], w["o"], qtype, *shapes["o"], residual=x, **site["o"])
-            g = gemv.rmsnorm_gemv(o, gamma, 1e-5, w["gate_up"], qtype, *shapes["gate_up"], **site["gate_up"])
-            x = gemv.silu_down_gemv(g, w["down"], qtype, *shapes["down"], residual=o, **site["down"])
+            h = gemv.rmsnorm_gemv(x, gamma, 1e-5, w["qkv"], qtype, *shapes["qkv"])
+            o = gemv.gemv(h[:, : shapes["o"][1]], w["o"], qtype, *shapes["o"], residual=x)
+            g = gemv.rmsnorm_gemv(o, gamma, 1e-5, w["gate_up"], qtype, *shapes["gate_up"])
+            x = gemv.silu_down_gemv(g, w["down"], qtype, *shapes["down"], residual=o)
         return x, gemv.rmsnorm_gemv(x, gamma, 1e-5, head, qtype, c.vocab, d)
 
     names = ["qkv", "o", "gate_up", "down"]

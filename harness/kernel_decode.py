@@ -250,19 +250,17 @@ def _run_add(src, d, env, t, pos):
 
 
 def _run_linear_residual(src, name, d, env, t, pos):
-    env["x"] = gemv.gemv(env[src], d.matrix(name), d.types[name], *d.nk[name], residual=env["x"], **d.split(name))
+    env["x"] = gemv.gemv(env[src], d.matrix(name), d.types[name], *d.nk[name], residual=env["x"])
 
 
 def _run_norm_linear(norm, name, dst, d, env, t, pos):
     n, k = d.nk[name]
-    env[dst] = gemv.rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.matrix(name), d.types[name], n, k,
-                                 **d.split(name))
+    env[dst] = gemv.rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.matrix(name), d.types[name], n, k)
 
 
 def _run_silu_down(i, d, env, t, pos):
     wd = f"blk.{i}.ffn_down.weight"
-    env["x"] = gemv.silu_down_gemv(env["gate_up"], d.matrix(wd), d.types[wd], *d.nk[wd], residual=env["x"],
-                                   **d.split(wd))
+    env["x"] = gemv.silu_down_gemv(env["gate_up"], d.matrix(wd), d.types[wd], *d.nk[wd], residual=env["x"])
 
 
 def _run_swiglu(parts, d, env, t, pos):
@@ -442,10 +440,6 @@ class KernelDecoder:
         self.rope_attention = self.fused and rope_in_attention(c)
         if self.seams:
             self.queues = [(gemv.seam_queue(), gemv.seam_queue()) for _ in range(c.n_layers)]
-        # Counters of each repacked matrix whose GEMV splits K (kernels/gemv/gemv_v3.metal): one set a
-        # launch site, as a site runs once a step and the steps one after another.
-        self.tickets = {name: gemv.split_tickets() for name, p in self.packed.items()
-                        if gemv.v3_slices(p.qtype, p.n, p.k) > 1}
         mx.clear_cache()  # the host-written copies of the weights (kernels.runtime.resident)
         self._plans: dict[str, list[Step]] = {}
         self.plan = self.plan_for(1)  # a decode token's: --show-plan's, and the dispatches per token
@@ -539,10 +533,6 @@ class KernelDecoder:
         """A projection's weights as the GEMVs take them: repacked where the decoder repacked
         them, else the GGUF blocks (or fp16 values)."""
         return self.packed.get(name, self.w.get(name))
-
-    def split(self, name: str) -> dict:
-        """The launch site's split counters for a GEMV of `name` (its own knob), where it has them."""
-        return {"tickets": self.tickets[name]} if name in self.tickets else {}
 
     def _linear(self, x: mx.array, name: str) -> mx.array:
         n, k = self.nk[name]

@@ -57,17 +57,16 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # slots. SEAM_PREFETCH 1: GEMV B's first weights are issued before the wait for A (0: after it),
 # where the seam keeps tiles in registers (SLOTS 0): with slots, issuing B's copies before the
 # wait took 88 registers instead of 76 (2 threadgroups an SM, not 3).
-# V3_R, V3_NSIMD, V3_P, V3_MAX_GROUPS, V3_SPLIT: the v3 GEMV's (gemv_v3.metal) rows per SIMD
-# group, SIMD groups per threadgroup, 16-byte loads in flight per lane and row, its grid cap, and
-# the slices its K is split into; 0 (the default): by shape (v3_by_shape), any other value: that
-# value for every shape (V3_SPLIT=1: no split).
+# V3_R, V3_NSIMD, V3_P, V3_MAX_GROUPS: the v3 GEMV's (gemv_v3.metal) rows per SIMD group, SIMD
+# groups per threadgroup, 16-byte loads in flight per lane and row, and its grid cap; 0 (the
+# default): by shape (v3_by_shape), any other value: that value for every shape.
 # SEAM_V3_WARPS: a v3 seam's GEMV B takes at most this many SIMD groups (threadgroups of the seam's
 # NSIMD), each streaming row groups; 2112 = 16 on each of the 132 SMs, gate+up's best alone (528
 # threadgroups of 4). The seam runs B with A's NSIMD: B's own cap (528 of them) at A's 8 SIMD
 # groups was two waves, and its seams ran 2-6 us longer than its GEMVs apart (issue 23). 0: B's
 # cap by shape.
-TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0, "V3_SPLIT": 0},
-          "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0, "V3_SPLIT": 0},
+TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0},
+          "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
           "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112}
 _TUNING_DEFAULTS = copy.deepcopy(TUNING)
@@ -81,19 +80,14 @@ _V2_EXTRA = {"plain": (), "rmsnorm": ("gamma", "eps"), "swiglu": ()}
 
 
 @functools.cache
-def _gemv_spec(version: str, prologue: str, residual: bool, split: bool = False) -> KernelSpec:
-    """One v2 or v3 instantiation family: its prologue (what X' is), whether Y adds a residual,
-    and (v3) whether K is split over threadgroups (the tickets input and the fp32 parts output)."""
+def _gemv_spec(version: str, prologue: str, residual: bool) -> KernelSpec:
+    """One v2 or v3 instantiation family: its prologue (what X' is) and whether Y adds a residual."""
     name = {"plain": "lathe_gemv", "rmsnorm": "lathe_rmsnorm_gemv",
-            "swiglu": "lathe_silu_down_gemv"}[prologue] + f"_{version}" + ("_residual" if residual else "") + \
-        ("_split" if split else "")
+            "swiglu": "lathe_silu_down_gemv"}[prologue] + f"_{version}" + ("_residual" if residual else "")
     return KernelSpec(name, f"gemv/gemv_{version}.metal",
-                      ("x", "w", "dims", *_V2_EXTRA[prologue], *(("residual",) if residual else ()),
-                       *(("tickets",) if split else ())),
-                      ("y", *(("part",) if split else ())),
-                      prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
-                              f"#define LATHE_RESIDUAL {int(residual)}\n"
-                              f"#define LATHE_SPLIT {int(split)}")
+                      ("x", "w", "dims", *_V2_EXTRA[prologue], *(("residual",) if residual else ())),
+                      ("y",), prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
+                                      f"#define LATHE_RESIDUAL {int(residual)}")
 
 
 _QUANTIZE = KernelSpec("lathe_quantize", "gemv/quantize.metal", ("w", "dims"), ("q",))
@@ -381,33 +375,23 @@ def v3_by_shape(n: int, k: int) -> dict[str, int]:
     both formats): long rows (down, K = 14336) take 8 SIMD groups a threadgroup, which share one
     staged X'; many rows (gate+up, heads) a grid of one wave, 4 threadgroups on each of the 132
     SMs, each SIMD group streaming its row groups; QKV (6144 rows) 4 rows a SIMD group; the rest
-    (O, 4096 rows) 8 SIMD groups of 2 rows. S: the slices K is split into (gemv_v3.metal)."""
+    (O, 4096 rows) 8 SIMD groups of 2 rows."""
     if k >= 8192:
-        return dict(R=2, NSIMD=8, P=4, G=0, S=4)
+        return dict(R=2, NSIMD=8, P=4, G=0)
     if n >= 16384:
-        return dict(R=2, NSIMD=4, P=4, G=528, S=1)
+        return dict(R=2, NSIMD=4, P=4, G=528)
     if n > 4096:
-        return dict(R=4, NSIMD=4, P=4, G=0, S=1)
-    return dict(R=2, NSIMD=8, P=4, G=0, S=1)
-
-
-def v3_slices(qtype: str, n: int, k: int, slices: int | None = None) -> int:
-    """The parts a v3 launch splits K into (gemv_v3.metal): the given count, else V3_SPLIT, else
-    by shape; 1 where K / 32 is not a multiple of it (slices begin on blocks)."""
-    s = slices or TUNING[qtype]["V3_SPLIT"] or v3_by_shape(n, k)["S"]
-    if s < 1:
-        raise ValueError(f"split must be >= 1, got {s}")
-    return s if (k // 32) % s == 0 else 1
+        return dict(R=4, NSIMD=4, P=4, G=0)
+    return dict(R=2, NSIMD=8, P=4, G=0)
 
 
 @functools.lru_cache(maxsize=1024)
 def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, simds: int | None = None,
-                depth: int | None = None, slices: int = 1) -> tuple[int, int, int, int]:
+                depth: int | None = None) -> tuple[int, int, int, int]:
     """(R, NSIMD, P, XCHUNK) of a v3 launch: the tuned (or given) R and NSIMD, halved (NSIMD
     first) where the matrix would give fewer than MIN_GROUPS threadgroups; P (16-byte loads a
-    lane issues per row before using any) at most a lane's share of a row (of a slice of K, where
-    K is split into `slices`); all of the slice staged at once where it fits, else the largest
-    multiple of 2048 values that does."""
+    lane issues per row before using any) at most a lane's share of a row; all of K staged at
+    once where it fits, else the largest multiple of 2048 values that does."""
     tuning, shaped = TUNING[qtype], v3_by_shape(n, k)
     r = rows or tuning["V3_R"] or shaped["R"]
     s = simds or tuning["V3_NSIMD"] or shaped["NSIMD"]
@@ -418,7 +402,7 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
             r //= 2
         else:
             break
-    xchunk = k // slices
+    xchunk = k
     while v3_smem_bytes(m, xchunk, s) > SMEM_BUDGET:
         xchunk = (xchunk - 1) // 2048 * 2048
     if xchunk <= 0:
@@ -437,22 +421,11 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
     if residual is not None:
         _check_residual(residual, m, n)
         inputs = [*inputs, residual]
-    unknown = set(knobs) - {"rows", "simds", "depth", "max_groups", "split", "tickets"}
+    unknown = set(knobs) - {"rows", "simds", "depth", "max_groups"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, depth, max_groups, split, "
-                         "tickets")
-    slices = v3_slices(qtype, n, k, knobs.get("split"))
-    r, s, p, xchunk = v3_geometry(qtype, m, n, k, knobs.get("rows"), knobs.get("simds"), knobs.get("depth"),
-                                  slices)
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, depth, max_groups")
+    r, s, p, xchunk = v3_geometry(qtype, m, n, k, knobs.get("rows"), knobs.get("simds"), knobs.get("depth"))
     groups = -(-n // (r * s))
-    if slices > 1:  # one row group a SIMD group: no grid cap
-        tickets = _check_tickets(knobs.get("tickets"), groups, n)
-        consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk, SLICES=slices)
-        y, _ = launch(Launch(_gemv_spec("v3", prologue, residual is not None, split=True),
-                             [x, w.data, _dims(n, k, groups), *inputs, tickets],
-                             [((m, n), mx.float16), ((slices * m, n), mx.float32)],
-                             (groups * slices * 32 * s, 1, 1), (32 * s, 1, 1), consts))
-        return y
     cap = knobs.get("max_groups")
     cap = (TUNING["V3_MAX_GROUPS"] or v3_by_shape(n, k)["G"]) if cap is None else cap
     if cap < 0:
@@ -465,43 +438,19 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
     return y
 
 
-SPLIT_TICKETS = 32768  # counters in a split GEMV's tickets: one a row-group threadgroup (N / (R NSIMD))
-
-
-def split_tickets() -> mx.array:
-    """The counters of one launch site of a split v3 GEMV (gemv_v3.metal): zero, on the device,
-    and left zero by every launch. Two launches that may run at once (independent calls in one
-    evaluation, which MLX's CUDA graphs may overlap) must not share one."""
-    return resident(mx.zeros((SPLIT_TICKETS,), mx.uint32))
-
-
-def _check_tickets(tickets: mx.array | None, groups: int, n: int) -> mx.array:
-    if groups > SPLIT_TICKETS:
-        raise ValueError(f"a split GEMV over N={n} needs {groups} counters, more than {SPLIT_TICKETS}: "
-                         "launch it with split=1")
-    if tickets is None:
-        return mx.zeros((SPLIT_TICKETS,), mx.uint32)  # a fresh set: this launch's own
-    if not isinstance(tickets, mx.array) or tickets.dtype != mx.uint32 or tickets.shape != (SPLIT_TICKETS,):
-        raise ValueError(f"tickets must be uint32 [{SPLIT_TICKETS}] (split_tickets()), got "
-                         f"{getattr(tickets, 'dtype', type(tickets))} {getattr(tickets, 'shape', '')}")
-    return tickets
-
-
 def gemv_v3(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
             **knobs: int | None) -> mx.array:
     """Y[M, N] = X[M, K] @ W^T (+ residual), W repacked (repack), M 1..4. Launch knobs (TUNING's
-    V3_ ones when not given): rows (R), simds (NSIMD), depth (P), max_groups, split (slices of K;
-    1: none), and tickets (split_tickets(): the launch site's counters where K is split; fresh
-    ones when not given)."""
+    V3_ ones when not given): rows (R), simds (NSIMD), depth (P), max_groups."""
     check_gemv_args(x, w, qtype, n, k)
     return _v3("plain", [], x, w, qtype, n, k, knobs, residual)
 
 
 def gemv(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
-         residual: mx.array | None = None, **knobs: int | mx.array | None) -> mx.array:
-    """The GEMV for the weights' layout: v2 on GGUF blocks, v3 on Packed ones (launch knobs as theirs)."""
+         residual: mx.array | None = None) -> mx.array:
+    """The GEMV for the weights' layout: v2 on GGUF blocks, v3 on Packed ones."""
     fn = gemv_v3 if isinstance(w, Packed) else gemv_v2
-    return fn(x, w, qtype, n, k, residual=residual, **knobs)
+    return fn(x, w, qtype, n, k, residual=residual)
 
 
 # ---- the seam: two GEMVs in one launch ---------------------------------------------------------------

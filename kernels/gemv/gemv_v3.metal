@@ -19,58 +19,16 @@
 // products (int16 X' by the 4-bit or int8 weights, two per dp2a on NVIDIA), scaled by d_w * d_x
 // into fp32 sums; Q4_0's -8 is taken off as 8 * the block's sum of X' ints. A SIMD sum ends a row.
 //
-// Split K (LATHE_SPLIT, SLICES parts): a long row (the down projection, K = 14336) leaves too
-// few threadgroups, each with many passes of P loads one after another and all of X' to stage
-// first. Split, threadgroup t takes slice t % SLICES of K for the rows of group t / SLICES (one
-// row group a SIMD group): a SLICES-th of X' to stage, a SLICES-th of the passes, SLICES times the
-// threadgroups in flight. Each writes its rows' sums over its slice to part[slice][m][row]
-// (fp32), then counts itself in tickets[group] (a release); the last of the SLICES to count
-// (an acquire) adds the parts in slice order, the residual, and rounds once into Y, and sets the
-// count back to zero for the next launch. Nothing waits on another threadgroup, so any grid
-// size is safe on either GPU; a launch must have tickets of its own (zero) while it runs.
-//
 // Constants: QTYPE, M (rows of X, 1..4), R, NSIMD, P, K (a multiple of 32), XCHUNK (a multiple of
-// 32, at most K rounded up; split: at most K / SLICES), SLICES (split: K / 32 a multiple of it).
-// Inputs: x, w (the repacked bytes), dims (int32: N, K, row-group threadgroups); prologue 1 adds
-// gamma (half, K) and eps (float, 1); LATHE_RESIDUAL adds residual (half, [M, N]) to Y before its
-// one rounding; split adds tickets (uint32, at least dims[2]) and the output part.
+// 32, at most K rounded up). Inputs: x, w (the repacked bytes), dims (int32: N, K, threadgroups
+// launched); prologue 1 adds gamma (half, K) and eps (float, 1); LATHE_RESIDUAL adds residual
+// (half, [M, N]) to Y before its one rounding.
 //
 // The body is in two parts that seam.metal shares: v3_tiles.metal (declarations) and
 // v3_rows.metal (the GEMV of one threadgroup's row groups).
 #include "gemv/v3_tiles.metal"
-#if LATHE_SPLIT
-threadgroup uint last_of_slices;
-#endif
 {
-#if LATHE_SPLIT
-  const uint group = threadgroup_position_in_grid.x / SLICES;
-  const uint slice = threadgroup_position_in_grid.x % SLICES;
-#else
-  constexpr uint SLICES = 1;
   const uint group = threadgroup_position_in_grid.x;
-  const uint slice = 0;
-#endif
   constexpr uint KR = K;
 #include "gemv/v3_rows.metal"
-#if LATHE_SPLIT
-  threadgroup_barrier(mem_flags::mem_device);  // this slice's parts are written
-  if (tid == 0) {
-    last_of_slices = grid_signal(tickets + group) == SLICES - 1;
-    if (last_of_slices) grid_reset(tickets + group, 1);  // after the others' parts
-  }
-  threadgroup_barrier(mem_flags::mem_device);
-  if (last_of_slices) {
-    constexpr uint ROWS = R * NSIMD;
-    for (uint i = tid; i < M * ROWS; i += NT) {
-      const uint m = i / ROWS, row = group * ROWS + i % ROWS;
-      if (row >= n) continue;
-      float total = 0.0f;
-      for (uint s = 0; s < SLICES; ++s) total += part[(s * M + m) * n + row];
-#if LATHE_RESIDUAL
-      total += float(residual[m * n + row]);
-#endif
-      y[m * n + row] = half(total);
-    }
-  }
-#endif
 }

@@ -41,8 +41,6 @@
 #include "gemv/v2_tiles.metal"
 #endif
 constexpr uint QUEUE_STRIDE = 64;
-constexpr uint SLICES = 1;  // v3_rows.metal: every threadgroup takes all of K
-const uint slice = 0;
 threadgroup uint ticket;
 const uint launched = uint(a_dims[3]);
 const auto claimed = queue, done = queue + QUEUE_STRIDE, out = queue + 2 * QUEUE_STRIDE;

@@ -5,7 +5,6 @@
 const uint n = uint(dims[0]);
 const uint k = uint(dims[1]);
 const uint nb = k / 32;
-const uint kb0 = 0;  // x_stage: v2 stages all of K
 const uint row_bytes = nb * BB;
 // The row groups (R rows each) of this SIMD group: first, first + stride, ... The host may launch
 // fewer threadgroups than row groups (about one wave): each SIMD group then streams its row

@@ -1,22 +1,16 @@
 // One v3 GEMV over the row groups of threadgroup `group` (of dims[2]), included inside a scope that
 // names: x, w, dims, y (and gamma, eps, residual as LATHE_PROLOGUE / LATHE_RESIDUAL need them),
-// `group`, KR (this GEMV's K, a compile-time constant), SLICES and `slice` (the threadgroup takes
-// part `slice` of SLICES equal parts of K; 1 and 0: all of it), and the declarations of
-// v3_tiles.metal. gemv_v3.metal runs it once as its own threadgroup; seam.metal runs two GEMVs,
-// each over groups it claims. The design is gemv_v3.metal's. With LATHE_SPLIT, a row's sum over
-// the slice goes to part[slice][m][row] (fp32) instead of y: gemv_v3.metal adds the parts up.
-constexpr uint NB = KR / 32;                  // blocks a row
-constexpr uint NC = KR / VALS;                // chunks a row
-constexpr uint KLEN = KR / SLICES;            // values of K this threadgroup takes (a multiple of 32)
-constexpr uint NCS = KLEN / VALS;             // ... its chunks of a row
-constexpr uint CHUNKS = (NCS + XC - 1) / XC;  // X' chunks
-constexpr uint CPL = (XC + 31) / 32;          // a lane's chunks of a row in one X' chunk
+// `group`, KR (this GEMV's K, a compile-time constant), and the declarations of v3_tiles.metal.
+// gemv_v3.metal runs it once as its own threadgroup; seam.metal runs two GEMVs, each over groups
+// it claims. The design is gemv_v3.metal's.
+constexpr uint NB = KR / 32;                 // blocks a row
+constexpr uint NC = KR / VALS;               // chunks a row
+constexpr uint CHUNKS = (NC + XC - 1) / XC;  // X' chunks
+constexpr uint CPL = (XC + 31) / 32;         // a lane's chunks of a row in one X' chunk
 const uint n = uint(dims[0]);
 const uint k = KR;
-const uint kb0 = slice * (KLEN / 32);  // the slice's first block (x_stage: RMSNorm begins there)
-const uint nb = kb0 + KLEN / 32;       // ... and its end (x_stage stages blocks up to it)
-const uint c_lo = slice * NCS;         // its first chunk of a row
-const uint scales = n * NB * QB / 2;   // the first scale, in 2-byte words of w
+const uint nb = NB;
+const uint scales = n * NB * QB / 2;  // the first scale, in 2-byte words of w
 
 // The row groups of this SIMD group: first, first + stride, ... (a SIMD group past N still takes
 // one, empty: it meets the staging's barriers like the others). Where X' comes in several chunks
@@ -35,7 +29,7 @@ for (uint it = 0; it < items; ++it) {
   const uint row0 = (first + (CHUNKS == 1 ? it : 0) * stride) * R;
   const uint ck = CHUNKS == 1 ? 0 : it;
   const uint xc0 = ck * XC;               // the X' chunk's first chunk of the row
-  const uint cn = min(XC, NCS - xc0);     // ... and how many it has
+  const uint cn = min(XC, NC - xc0);      // ... and how many it has
   for (uint pass = 0; pass < CPL; pass += P) {
     // 1. The weights of P chunks of each of the R rows (zero past N or past the row's end).
     uint4 q[R][P];
@@ -47,8 +41,8 @@ for (uint it = 0; it < items; ++it) {
         const uint c = lane + 32 * (pass + p);
         const bool live = row0 + r < n && c < cn;
         const uint row = live ? row0 + r : 0;
-        q[r][p] = live ? load_wide<uint4>(w, row * NC + c_lo + xc0 + c) : uint4{0u, 0u, 0u, 0u};
-        dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, scales + row * NB + (c_lo + xc0 + c) * VALS / 32)))
+        q[r][p] = live ? load_wide<uint4>(w, row * NC + xc0 + c) : uint4{0u, 0u, 0u, 0u};
+        dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, scales + row * NB + (xc0 + c) * VALS / 32)))
                         : 0.0f;
       }
     }
@@ -61,7 +55,7 @@ for (uint it = 0; it < items; ++it) {
         GEMV_BEFORE_X
       }
 #endif
-      const uint cb0 = kb0 + ck * (XCHUNK / 32);
+      const uint cb0 = ck * (XCHUNK / 32);
 #define X_STORE(m, e, packed)                                                                  \
   {                                                                                            \
     const uint at = ((m) * UNITS + ((e) % VALS) / 8) * XC + (e) / VALS;                       \
@@ -122,9 +116,7 @@ for (uint it = 0; it < items; ++it) {
         const float total = simd_sum(acc[r][m]);
         acc[r][m] = 0.0f;
         if (lane == 0 && row0 + r < n) {
-#if LATHE_SPLIT
-          part[(slice * M + m) * n + row0 + r] = total;
-#elif LATHE_RESIDUAL
+#if LATHE_RESIDUAL
           y[m * n + row0 + r] = half(total + float(residual[m * n + row0 + r]));
 #else
           y[m * n + row0 + r] = half(total);

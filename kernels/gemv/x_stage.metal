@@ -5,16 +5,13 @@
 // Shared by the v2 and v3 GEMVs, which differ only in where the values go: the includer's
 // X_STORE(m, e, packed) stores the 16 values of row m from value e of the chunk (a multiple of
 // 16), packed two to a uint (packed[0] = values e, e + 1, ...).
-// The scope names: x, k, nb (the end of the blocks to stage), gamma and eps (prologue 1), tid, NT,
-// M, XCHUNK, cb0 (the chunk's first block), kb0 (the first block the threadgroup stages: the mean
-// square is taken when staging starts there), x_scale and x_sum (M * XCHUNK / 32 each), inv_rms,
-// scratch, simd, lane.
+// The scope names: x, k, nb, gamma and eps (prologue 1), tid, NT, M, XCHUNK, cb0 (the chunk's
+// first block), x_scale and x_sum (M * XCHUNK / 32 each), inv_rms, scratch, simd, lane.
 // Every thread of the threadgroup runs it; it begins and ends with a threadgroup barrier.
 {
 #if LATHE_PROLOGUE == 1
-  if (cb0 == kb0) {
-    // RMSNorm needs the mean square of each whole row of X first (all of K, also where the
-    // threadgroup stages only a slice of it).
+  if (cb0 == 0) {
+    // RMSNorm needs the mean square of each whole row of X first.
     for (uint m = 0; m < uint(M); ++m) {
       float ss = 0.0f;
       for (uint i = tid; i < k / 8; i += NT) {
