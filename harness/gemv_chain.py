@@ -1,7 +1,7 @@
 """The decode loop's projections alone, one after another as in the loop, timed on the GPU.
 
     python -m harness.gemv_chain llama3-8b --qtype q4_0 [--layers 32] [--settings "SLOTS=0;SLOTS=2,MAX_GROUPS=396"]
-        [--layout gguf,packed]
+        [--layout gguf,packed] [--down swiglu,plain]
 
 A token of the fused variant, without attention: per layer RMSNorm+QKV, O (+ residual),
 RMSNorm+gate+up and SiLU+down (+ residual), each taking the one before's output, and the output
@@ -11,7 +11,9 @@ which a benchmark round of independent calls does not show (kernels/gemv/NOTES.m
 time per projection comes from its kernel trace (harness.gpu_trace), for each GEMV setting given
 (`--settings`: values of kernels.gemv.TUNING's keys, the formats' R, NSIMD, SLOTS, V3_R, V3_NSIMD,
 V3_P and the shared ones; settings apart by ';'), on the GGUF blocks (v2) or repacked ones (v3),
-or both (`--layout`). Needs the CUDA backend and PyTorch.
+or both (`--layout`). `--down plain` reads the down GEMV's X' as it is instead of computing
+silu(gate) * up while staging it (the same weights): what the SiLU prologue costs in the chain.
+Needs the CUDA backend and PyTorch.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def parse_settings(text: str) -> list[str]:
 
 
 def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: list[str],
-        layouts: tuple[str, ...] = ("gguf",)) -> None:
+        layouts: tuple[str, ...] = ("gguf",), down: str = "swiglu") -> None:
     import mlx.core as mx
 
     import kernels.gemv as gemv
@@ -75,7 +77,10 @@ def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: 
             h = gemv.rmsnorm_gemv(x, gamma, 1e-5, w["qkv"], qtype, *shapes["qkv"])
             o = gemv.gemv(h[:, : shapes["o"][1]], w["o"], qtype, *shapes["o"], residual=x)
             g = gemv.rmsnorm_gemv(o, gamma, 1e-5, w["gate_up"], qtype, *shapes["gate_up"])
-            x = gemv.silu_down_gemv(g, w["down"], qtype, *shapes["down"], residual=o)
+            if down == "swiglu":
+                x = gemv.silu_down_gemv(g, w["down"], qtype, *shapes["down"], residual=o)
+            else:  # the same bytes of weights, X' read as it is: what the SiLU prologue costs
+                x = gemv.gemv(g[:, : shapes["down"][1]], w["down"], qtype, *shapes["down"], residual=o)
         return x, gemv.rmsnorm_gemv(x, gamma, 1e-5, head, qtype, c.vocab, d)
 
     names = ["qkv", "o", "gate_up", "down"]
@@ -86,7 +91,7 @@ def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: 
         gemv.TUNING.update(copy.deepcopy(tuned))  # each from the tuned table, not the one before
         gemv.set_tuning(setting)
         weights, head = (packed, packed_head) if layout == "packed" else (raw, raw_head)
-        label = f"{layout} {setting or 'tuned'}"
+        label = f"{layout} {setting or 'tuned'}" + ("" if down == "swiglu" else f" down={down}")
         x = (mx.random.normal((1, d)) * 0.1).astype(mx.float16)
         for _ in range(2):  # compile, warm up
             x, logits = token(x)
@@ -125,13 +130,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="GEMV TUNING settings to compare, apart by ';'")
     parser.add_argument("--layout", default="gguf",
                         help="weights: gguf (the v2 GEMVs), packed (repacked: v3), or both: gguf,packed")
+    parser.add_argument("--down", default="swiglu",
+                        help="the down GEMV's X': swiglu (silu(gate) * up, as the loop), plain, or both: swiglu,plain")
     args = parser.parse_args(argv)
     layouts = tuple(args.layout.split(","))
+    downs = tuple(args.down.split(","))
+    if not set(downs) <= {"swiglu", "plain"}:
+        raise SystemExit(f"--down: swiglu, plain or both, got {args.down!r}")
     if not set(layouts) <= {"gguf", "packed"}:
         raise SystemExit(f"--layout: gguf, packed or both, got {args.layout!r}")
     if not gpu_trace.available():
         raise SystemExit("gemv_chain needs the CUDA backend and PyTorch (the GPU's kernel trace)")
-    run(args.model, args.qtype, args.layers, args.sets, args.tokens, parse_settings(args.settings), layouts)
+    for down in downs:
+        run(args.model, args.qtype, args.layers, args.sets, args.tokens, parse_settings(args.settings), layouts,
+            down)
     return 0
 
 
