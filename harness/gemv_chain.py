@@ -117,6 +117,10 @@ def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: 
         tbs = ", ".join(f"{n} {mbytes[n] / np.median(by[n]):.2f}" for n in names)
         print(f"{label}: us a call: {out}; token span {np.median(by['token']) / 1e3:.3f} ms; "
               f"TB/s: {tbs}")
+    # The tuned table back for whoever runs next (a second --down took the last setting as its
+    # "tuned" one: logs/gemv-chain-down-f1fd8dc.log, its second and third blocks).
+    gemv.TUNING.update(copy.deepcopy(tuned))
+    gemv.set_tuning("")
 
 
 def main(argv: list[str] | None = None) -> int:
