@@ -190,6 +190,19 @@ def v2_smem_bytes(qtype: str, m: int, rows: int, simds: int, xchunk: int, slots:
     return weights + x + 4 * (m + simds)
 
 
+def _fill_groups(n: int, r: int, s: int, rows: int | None, simds: int | None) -> tuple[int, int]:
+    """R and NSIMD halved (NSIMD first; neither where the caller gave it) until N rows give
+    MIN_GROUPS threadgroups, or neither can be halved: small matrices still fill the GPU."""
+    while -(-n // (r * s)) < TUNING["MIN_GROUPS"]:
+        if s > 1 and not simds:
+            s //= 2
+        elif r > 1 and not rows:
+            r //= 2
+        else:
+            break
+    return r, s
+
+
 @functools.lru_cache(maxsize=1024)  # pure; called for every launch of the decode loop
 def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
                 simds: int | None = None, slots: int | None = None) -> tuple[int, int, int, int]:
@@ -199,15 +212,7 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
     the slots (a chunked X costs more than the slots gain: down's K = 14336 keeps SLOTS 0); and
     the largest chunk of X (a multiple of 2048 values, at most K rounded up) that fits in
     threadgroup memory beside them."""
-    r = rows or TUNING[qtype]["R"]
-    s = simds or TUNING[qtype]["NSIMD"]
-    while -(-n // (r * s)) < TUNING["MIN_GROUPS"]:
-        if s > 1 and not simds:
-            s //= 2
-        elif r > 1 and not rows:
-            r //= 2
-        else:
-            break
+    r, s = _fill_groups(n, rows or TUNING[qtype]["R"], simds or TUNING[qtype]["NSIMD"], rows, simds)
     # The largest chunk of X that fits beside the SIMD groups' weight tiles (measured: keeping
     # NSIMD and splitting K beats fewer SIMD groups with all of K, e.g. 4096 x 14336).
     xchunk = -(-k // 2048) * 2048
@@ -393,15 +398,8 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
     lane issues per row before using any) at most a lane's share of a row; all of K staged at
     once where it fits, else the largest multiple of 2048 values that does."""
     tuning, shaped = TUNING[qtype], v3_by_shape(n, k)
-    r = rows or tuning["V3_R"] or shaped["R"]
-    s = simds or tuning["V3_NSIMD"] or shaped["NSIMD"]
-    while -(-n // (r * s)) < TUNING["MIN_GROUPS"]:
-        if s > 1 and not simds:
-            s //= 2
-        elif r > 1 and not rows:
-            r //= 2
-        else:
-            break
+    r, s = _fill_groups(n, rows or tuning["V3_R"] or shaped["R"], simds or tuning["V3_NSIMD"] or shaped["NSIMD"],
+                        rows, simds)
     xchunk = k
     while v3_smem_bytes(m, xchunk, s) > SMEM_BUDGET:
         xchunk = (xchunk - 1) // 2048 * 2048
