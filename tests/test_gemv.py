@@ -83,6 +83,12 @@ BAD += [
     (lambda: gemv.rmsnorm_gemv(x16(), x16()[0], 0.0, _packed(), "q4_0", N, K), "eps"),
     (lambda: gemv.silu_down_gemv(x16(), _packed(), "q4_0", N, K), r"\[M, 128\]"),
     (lambda: gemv.repack(w8(N * 36 + 2), "q4_0", N, K), "takes 288"),
+    (lambda: gemv.gate_up_swiglu(x16(), w8(N * 36), "q4_0", N, K), "repacked weights"),
+    (lambda: gemv.gate_up_swiglu(x16(), _packed(n=7), "q4_0", 7, K), "even number of rows"),
+    (lambda: gemv.gate_up_swiglu(x16(), _packed(), "q4_0", N, K, gamma=x16()[0]), "both gamma and eps"),
+    (lambda: gemv.gate_up_swiglu(x16(), _packed(), "q4_0", N, K, gamma=x16()[0], eps=0.0), "eps"),
+    (lambda: gemv.gate_up_swiglu(x16(), _packed(), "q4_0", N, K, rows=3), "rows must be even"),
+    (lambda: gemv.gate_up_swiglu(x16(k=2 * K), _packed(), "q4_0", N, K), r"\[M, 64\]"),
 ]
 
 

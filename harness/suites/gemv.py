@@ -1,7 +1,7 @@
 """The quantized GEMV family (Q4_0, Q8_0).
 
-Checks: GPU quantize/dequantize byte for byte against reference.quant; v1 and v2 GEMV, the fused
-RMSNorm+GEMV and SiLU+down, the seam (two GEMVs in one launch), the batched (M > 4) path and the
+Checks: GPU quantize/dequantize byte for byte against reference.quant; v1, v2 and v3 GEMV, the
+fused RMSNorm+GEMV and SiLU+down, gate+up with SwiGLU in its epilogue, the seam (two GEMVs in one launch), the batched (M > 4) path and the
 fused projections against float64
 on the dequantized weights, on odd small shapes and on real models' shapes, outputs poisoned.
 Benchmarks (M = 1 unless said): v1 and v2 against MLX's fp16 matvec and quantized_matmul at
@@ -314,6 +314,43 @@ def _projection_case(qtype: str, sizes: tuple[int, ...], k: int, m: int, packed:
                      dict(M=m, N="+".join(map(str, sizes)), K=k), run)
 
 
+def _gate_up_swiglu_case(qtype: str, m: int, f: int, k: int, norm: bool, knobs: dict | None = None) -> CheckCase:
+    """gate+up with SwiGLU in its epilogue (kernels.gemv.gate_up_swiglu) on [gate; up] repacked as
+    the decoder repacks it: silu(X' Wg^T) * (X' Wu^T) against float64, X' = RMSNorm(X) * gamma or X."""
+    from kernels.gemv import concat_rows, gate_up_swiglu, repack
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        (g_host, g_dev), (u_host, u_dev) = _blocks(rng, qtype, f, k), _blocks(rng, qtype, f, k)
+        w = repack(concat_rows([g_dev, u_dev]), qtype, 2 * f, k)
+        x = (_x(rng, m, k).astype(np.float32) * 3 + 1).astype(np.float16)
+        gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
+        norm_args = dict(gamma=mx.array(gamma), eps=1e-5) if norm else {}
+        with poisoned_outputs():
+            y = gate_up_swiglu(mx.array(x), w, qtype, 2 * f, k, **norm_args, **(knobs or {}))
+            mx.eval(y)
+        x64 = rmsnorm64(x, gamma, 1e-5) if norm else x.astype(np.float64)
+        rows = _rows_checked(rng, f)
+        gate = x64 @ dequantize(g_host[rows], qtype, k).astype(np.float64).T
+        up = x64 @ dequantize(u_host[rows], qtype, k).astype(np.float64).T
+        want = gate / (1 + np.exp(-gate)) * up
+        return [compare("silu(gate) * up", np.array(y).astype(np.float64)[:, rows], want, TOL)]
+
+    variant = "v3" + (" rmsnorm" if norm else "")
+    if knobs:
+        variant += " " + ",".join(f"{key}={value}" for key, value in knobs.items())
+    return CheckCase("gemv", f"gate_up_swiglu_{qtype}", variant, dict(M=m, N=f"{f}+{f}", K=k), run)
+
+
+# SwiGLU out: the Llama and Qwen3 FFN shapes, tails (one output; 33 with K = 4128), R halved to a
+# pair on a tiny matrix, R = 4 (two outputs a SIMD group), grids capped (streaming, ragged) and P.
+GATE_UP_SWIGLU_CASES = [
+    (1, 14336, 4096, True, None), (2, 14336, 4096, True, None), (1, 3072, 1024, True, None),
+    (1, 11008, 4096, False, None), (3, 33, 4128, True, None), (4, 1, 32, False, None),
+    (1, 1001, 4096, True, dict(rows=4, max_groups=5)), (2, 777, 2048, False, dict(max_groups=3, depth=1)),
+]
+
+
 def check_cases(small: bool = False) -> list[CheckCase]:
     """Everything issue 3 names, both formats (`small`: the odd shapes only, one of each kind,
     for `lathe compile`)."""
@@ -378,6 +415,8 @@ def _v3_cases(qtype: str, small: bool, odd: list[tuple[int, int]]) -> list[Check
                                  version="v3"))
     for kind, m, n, k, residual, knobs in V3_KNOB_CASES[:2] if small else V3_KNOB_CASES:
         cases.append(_fused_case(kind, qtype, m, n, k, residual, knobs, version="v3"))
+    for m, f, k, norm, knobs in GATE_UP_SWIGLU_CASES[4:6] if small else GATE_UP_SWIGLU_CASES:
+        cases.append(_gate_up_swiglu_case(qtype, m, f, k, norm, knobs))
     for m in (5, 16) if small else (5, 16, 512):
         cases.append(_gemv_case("linear v3", qtype, m, *((33, 96) if small else (4097, 4128))))
     if not small:
@@ -546,6 +585,32 @@ def _bench_projection(path: str, qtype: str, sizes: tuple[int, ...], k: int) -> 
                      2 * sum(sizes) * k, nbytes)
 
 
+def _bench_ffn(path: str, qtype: str, f: int, d: int) -> BenchCase:
+    """The FFN's two launches on repacked weights, RMSNorm+gate+up then down + residual, with
+    silu(gate) * up in gate+up's epilogue ('swiglu-at-gate_up': gemv.gate_up_swiglu, then a plain
+    GEMV over [1, F]) or in down's staging ('swiglu-at-down': rmsnorm_gemv, then silu_down_gemv)."""
+    from kernels.gemv import gate_up_swiglu, gemv, rmsnorm_gemv, silu_down_gemv
+
+    weights = _packed_once(qtype, (2 * f, d), (d, f))
+
+    def make():
+        gate_up, down = weights()
+        return {"gate_up": gate_up, "down": down, "x": mx.random.normal((1, d)).astype(mx.float16),
+                "gamma": (1 + 0.1 * mx.random.normal((d,))).astype(mx.float16)}
+
+    if path == "swiglu-at-gate_up":
+        def step(s):
+            a = gate_up_swiglu(s["x"], s["gate_up"], qtype, 2 * f, d, gamma=s["gamma"], eps=1e-5)
+            return [gemv(a, s["down"], qtype, d, f, residual=s["x"])]
+    else:
+        def step(s):
+            g = rmsnorm_gemv(s["x"], s["gamma"], 1e-5, s["gate_up"], qtype, 2 * f, d)
+            return [silu_down_gemv(g, s["down"], qtype, d, f, residual=s["x"])]
+    nbytes = storage_bytes(qtype, 2 * f, d) + storage_bytes(qtype, d, f) + 2 * (3 * d + d)
+    return BenchCase("gemv", "gemv-fused", f"ffn_{qtype}", path, dict(M=1, N=f"{f}+{f}|{d}", K=f"{d}|{f}"),
+                     make, step, nbytes, 2 * 3 * f * d, nbytes)
+
+
 def _bench_batched(path: str, qtype: str, m: int, n: int, k: int) -> BenchCase:
     """M rows of X: the v2 GEMV in launches of up to 4 rows ('gemv'; 'gemv-v3': v3 on repacked
     weights) against dequantize + MLX matmul ('batched'), to find where one overtakes the other."""
@@ -582,6 +647,8 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
         if not quick:
             for sizes in ((4096, 1024, 1024), (14336, 14336)):
                 cases += [_bench_projection(p, qtype, sizes, 4096) for p in fused]
+            cases += [_bench_ffn(p, qtype, f, d) for f, d in ((14336, 4096), (3072, 1024))
+                      for p in ("swiglu-at-gate_up", "swiglu-at-down")]
     for m in (1, 2, 4, 8, 16, 32, 64, 512) if not quick else (4, 16):
         cases += [_bench_batched(p, "q4_0", m, 4096, 4096) for p in ("gemv", "gemv-v3", "batched")]
     for m in (1, 2, 3, 4) if not quick else ():  # the issue's M = 2..4 against M = 1, large shapes

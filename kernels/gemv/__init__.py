@@ -13,6 +13,8 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
   v2 or v3 by the weights' type.
 - `rmsnorm_gemv`, `silu_down_gemv`: v2 (v3 on Packed weights) with RMSNorm(X) * gamma, or
   silu(gate) * up, computed while X is staged (no normalized or activated copy in device memory).
+- `gate_up_swiglu`: v3's gate+up (RMSNorm or not) with silu(gate) * up in its epilogue instead:
+  the down projection after it is a plain GEMV (the `swiglu_at` option picks which form the loop runs).
 - `seam`: a layer's output projection (+ residual) and the next block's RMSNorm+GEMV in one
   launch, the second waiting in the kernel for the first (gemv/seam.metal).
 - `quantize`, `dequantize`: the GGUF blocks made and read on the GPU.
@@ -80,14 +82,16 @@ _V2_EXTRA = {"plain": (), "rmsnorm": ("gamma", "eps"), "swiglu": ()}
 
 
 @functools.cache
-def _gemv_spec(version: str, prologue: str, residual: bool) -> KernelSpec:
-    """One v2 or v3 instantiation family: its prologue (what X' is) and whether Y adds a residual."""
+def _gemv_spec(version: str, prologue: str, residual: bool, swiglu_out: bool = False) -> KernelSpec:
+    """One v2 or v3 instantiation family: its prologue (what X' is), whether Y adds a residual,
+    and (v3) whether Y is silu(gate) * up of a [gate; up] matrix's two products."""
     name = {"plain": "lathe_gemv", "rmsnorm": "lathe_rmsnorm_gemv",
-            "swiglu": "lathe_silu_down_gemv"}[prologue] + f"_{version}" + ("_residual" if residual else "")
-    return KernelSpec(name, f"gemv/gemv_{version}.metal",
+            "swiglu": "lathe_silu_down_gemv"}[prologue] + ("_swiglu_out" if swiglu_out else "") + f"_{version}"
+    return KernelSpec(name + ("_residual" if residual else ""), f"gemv/gemv_{version}.metal",
                       ("x", "w", "dims", *_V2_EXTRA[prologue], *(("residual",) if residual else ())),
                       ("y",), prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
-                                      f"#define LATHE_RESIDUAL {int(residual)}")
+                                      f"#define LATHE_RESIDUAL {int(residual)}\n"
+                                      f"#define LATHE_EPILOGUE {int(swiglu_out)}")
 
 
 _QUANTIZE = KernelSpec("lathe_quantize", "gemv/quantize.metal", ("w", "dims"), ("q",))
@@ -412,17 +416,23 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
 
 
 def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: str, n: int, k: int,
-        knobs: dict, residual: mx.array | None = None) -> mx.array:
+        knobs: dict, residual: mx.array | None = None, swiglu_out: bool = False) -> mx.array:
     if not isinstance(w, Packed):
         raise ValueError("v3 takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
+    n_out = n // 2 if swiglu_out else n  # columns of Y
     if residual is not None:
-        _check_residual(residual, m, n)
+        _check_residual(residual, m, n_out)
         inputs = [*inputs, residual]
     unknown = set(knobs) - {"rows", "simds", "depth", "max_groups"}
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, depth, max_groups")
-    r, s, p, xchunk = v3_geometry(qtype, m, n, k, knobs.get("rows"), knobs.get("simds"), knobs.get("depth"))
+    rows = knobs.get("rows")
+    if swiglu_out and rows is not None and rows % 2:
+        raise ValueError(f"SwiGLU out pairs each gate row with its up row in one SIMD group: rows must be even, got {rows}")
+    r, s, p, xchunk = v3_geometry(qtype, m, n, k, rows, knobs.get("simds"), knobs.get("depth"))
+    if swiglu_out and r % 2:  # small matrices halve R to 1: keep a pair
+        r, s, p, xchunk = v3_geometry(qtype, m, n, k, r + 1, s, p)
     groups = -(-n // (r * s))
     cap = knobs.get("max_groups")
     cap = (TUNING["V3_MAX_GROUPS"] or v3_by_shape(n, k)["G"]) if cap is None else cap
@@ -431,8 +441,9 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
     if cap and xchunk >= k:  # streaming row groups needs X' staged once: all of K in one chunk
         groups = min(groups, cap)
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk)
-    (y,) = launch(Launch(_gemv_spec("v3", prologue, residual is not None), [x, w.data, _dims(n, k, groups), *inputs],
-                         [((m, n), mx.float16)], (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
+    (y,) = launch(Launch(_gemv_spec("v3", prologue, residual is not None, swiglu_out),
+                         [x, w.data, _dims(n, k, groups), *inputs],
+                         [((m, n_out), mx.float16)], (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
     return y
 
 
@@ -442,6 +453,26 @@ def gemv_v3(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     V3_ ones when not given): rows (R), simds (NSIMD), depth (P), max_groups."""
     check_gemv_args(x, w, qtype, n, k)
     return _v3("plain", [], x, w, qtype, n, k, knobs, residual)
+
+
+def gate_up_swiglu(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, gamma: mx.array | None = None,
+                   eps: float | None = None, **knobs: int | None) -> mx.array:
+    """silu(X' @ W_gate^T) * (X' @ W_up^T) -> [M, n / 2] in one launch: W = [gate; up] (concat_rows
+    of the two, repacked: n = 2F rows), X' = X, or RMSNorm(X) * gamma with `gamma` and `eps`.
+    The FFN's activation rides in the gate+up GEMV's epilogue (each SIMD group holds gate row i
+    and up row i), so the down projection after it is a plain GEMV over [M, F]. v3 only (Packed
+    weights); knobs as gemv_v3's, rows even."""
+    check_gemv_args(x, w, qtype, n, k)
+    if not isinstance(w, Packed):
+        raise ValueError("gate_up_swiglu runs on repacked weights (kernels.gemv.repack), not GGUF blocks")
+    if n % 2:
+        raise ValueError(f"W must be [gate; up], an even number of rows, got N={n}")
+    if (gamma is None) != (eps is None):
+        raise ValueError("the RMSNorm prologue takes both gamma and eps")
+    if gamma is None:
+        return _v3("plain", [], x, w, qtype, n, k, knobs, swiglu_out=True)
+    _check_norm(gamma, eps, k)
+    return _v3("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, knobs, swiglu_out=True)
 
 
 def gemv(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,

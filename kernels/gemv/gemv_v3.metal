@@ -22,7 +22,9 @@
 // Constants: QTYPE, M (rows of X, 1..4), R, NSIMD, P, K (a multiple of 32), XCHUNK (a multiple of
 // 32, at most K rounded up). Inputs: x, w (the repacked bytes), dims (int32: N, K, threadgroups
 // launched); prologue 1 adds gamma (half, K) and eps (float, 1); LATHE_RESIDUAL adds residual
-// (half, [M, N]) to Y before its one rounding.
+// (half, [M, N]) to Y before its one rounding. LATHE_EPILOGUE 1 (SwiGLU out, v3_rows.metal): W is
+// [gate; up] and Y [M, N / 2] is silu(gate) * up of the two products, rounded once, so that the
+// down projection that follows stages a plain X' (no exp, half the bytes).
 //
 // The body is in two parts that seam.metal shares: v3_tiles.metal (declarations) and
 // v3_rows.metal (the GEMV of one threadgroup's row groups).

@@ -12,10 +12,23 @@ const uint k = KR;
 const uint nb = NB;
 const uint scales = n * NB * QB / 2;  // the first scale, in 2-byte words of w
 
+// LATHE_EPILOGUE 1 (SwiGLU out): W is [gate; up], F = N / 2 rows each, and Y[m, i] =
+// silu(X' . gate_i) * (X' . up_i) for i < F. A row group is then R / 2 outputs: its first R / 2
+// rows are the gate rows of those outputs and its last R / 2 their up rows, so both sums of an
+// output end in one SIMD group and meet in lane 0 (no [M, 2F] round trip through memory).
+#if defined(LATHE_EPILOGUE) && LATHE_EPILOGUE == 1
+constexpr bool SWIGLU_OUT = true;
+#else
+constexpr bool SWIGLU_OUT = false;
+#endif
+static_assert(!SWIGLU_OUT || R % 2 == 0, "SwiGLU out pairs a gate row with an up row: R must be even");
+constexpr uint RO = SWIGLU_OUT ? R / 2 : R;  // outputs of a row group
+const uint n_out = SWIGLU_OUT ? n / 2 : n;   // columns of Y
+
 // The row groups of this SIMD group: first, first + stride, ... (a SIMD group past N still takes
 // one, empty: it meets the staging's barriers like the others). Where X' comes in several chunks
 // the host launches one row group a SIMD group, and the items are the chunks instead.
-const uint n_groups = (n + R - 1) / R;
+const uint n_groups = (n_out + RO - 1) / RO;
 const uint stride = uint(dims[2]) * NSIMD;
 const uint first = group * NSIMD + simd;
 const uint mine = first < n_groups ? (n_groups - first + stride - 1) / stride : 1;
@@ -26,7 +39,7 @@ for (uint r = 0; r < uint(R); ++r) {
   for (uint m = 0; m < uint(M); ++m) acc[r][m] = 0.0f;
 }
 for (uint it = 0; it < items; ++it) {
-  const uint row0 = (first + (CHUNKS == 1 ? it : 0) * stride) * R;
+  const uint col0 = (first + (CHUNKS == 1 ? it : 0) * stride) * RO;  // the row group's first column of Y
   const uint ck = CHUNKS == 1 ? 0 : it;
   const uint xc0 = ck * XC;               // the X' chunk's first chunk of the row
   const uint cn = min(XC, NC - xc0);      // ... and how many it has
@@ -39,8 +52,9 @@ for (uint it = 0; it < items; ++it) {
       LATHE_UNROLL
       for (uint p = 0; p < uint(P); ++p) {
         const uint c = lane + 32 * (pass + p);
-        const bool live = row0 + r < n && c < cn;
-        const uint row = live ? row0 + r : 0;
+        const uint col = col0 + r % RO;  // row r's column of Y; SwiGLU out: its up row is F rows on
+        const bool live = col < n_out && c < cn;
+        const uint row = live ? col + (r >= RO ? n_out : 0) : 0;
         q[r][p] = live ? load_wide<uint4>(w, row * NC + xc0 + c) : uint4{0u, 0u, 0u, 0u};
         dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, scales + row * NB + (xc0 + c) * VALS / 32)))
                         : 0.0f;
@@ -111,17 +125,25 @@ for (uint it = 0; it < items; ++it) {
     }
   }
   if (ck == CHUNKS - 1) {  // the row group's last X' chunk: its rows are done
+    float total[R][M];
     for (uint r = 0; r < uint(R); ++r) {
       for (uint m = 0; m < uint(M); ++m) {
-        const float total = simd_sum(acc[r][m]);
+        total[r][m] = simd_sum(acc[r][m]);
         acc[r][m] = 0.0f;
-        if (lane == 0 && row0 + r < n) {
-#if LATHE_RESIDUAL
-          y[m * n + row0 + r] = half(total + float(residual[m * n + row0 + r]));
-#else
-          y[m * n + row0 + r] = half(total);
-#endif
+      }
+    }
+    for (uint r = 0; r < RO; ++r) {
+      for (uint m = 0; m < uint(M); ++m) {
+        const uint col = col0 + r;
+        if (lane != 0 || col >= n_out) continue;
+        float v = total[r][m];
+        if (SWIGLU_OUT) {
+          v = v / (1.0f + exp(-v)) * total[SWIGLU_OUT ? r + RO : r][m];
         }
+#if LATHE_RESIDUAL
+        v += float(residual[m * n_out + col]);
+#endif
+        y[m * n_out + col] = half(v);
       }
     }
   }
