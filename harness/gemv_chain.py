@@ -1,7 +1,7 @@
 """The decode loop's projections alone, one after another as in the loop, timed on the GPU.
 
     python -m harness.gemv_chain llama3-8b --qtype q4_0 [--layers 32] [--settings "SLOTS=0;SLOTS=2,MAX_GROUPS=396"]
-        [--layout gguf,packed] [--down swiglu,plain]
+        [--layout gguf,packed] [--down swiglu,epilogue,plain]
 
 A token of the fused variant, without attention: per layer RMSNorm+QKV, O (+ residual),
 RMSNorm+gate+up and SiLU+down (+ residual), each taking the one before's output, and the output
@@ -11,8 +11,10 @@ which a benchmark round of independent calls does not show (kernels/gemv/NOTES.m
 time per projection comes from its kernel trace (harness.gpu_trace), for each GEMV setting given
 (`--settings`: values of kernels.gemv.TUNING's keys, the formats' R, NSIMD, SLOTS, V3_R, V3_NSIMD,
 V3_P and the shared ones; settings apart by ';'), on the GGUF blocks (v2) or repacked ones (v3),
-or both (`--layout`). `--down plain` reads the down GEMV's X' as it is instead of computing
-silu(gate) * up while staging it (the same weights): what the SiLU prologue costs in the chain.
+or both (`--layout`). Where SiLU runs (`--down`): `swiglu` computes silu(gate) * up while down
+stages X' (the loop with swiglu_at=down); `epilogue` in gate+up's epilogue (gemv.gate_up_swiglu,
+repacked weights only; down is then plain, the loop's default); `plain` nowhere (down reads
+gate+up's first F values as they are: the same weights, no SiLU, what either form costs).
 Needs the CUDA backend and PyTorch.
 """
 
@@ -76,6 +78,10 @@ def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: 
             w = weights[i % sets]
             h = gemv.rmsnorm_gemv(x, gamma, 1e-5, w["qkv"], qtype, *shapes["qkv"])
             o = gemv.gemv(h[:, : shapes["o"][1]], w["o"], qtype, *shapes["o"], residual=x)
+            if down == "epilogue":
+                a = gemv.gate_up_swiglu(o, w["gate_up"], qtype, *shapes["gate_up"], gamma=gamma, eps=1e-5)
+                x = gemv.gemv(a, w["down"], qtype, *shapes["down"], residual=o)
+                continue
             g = gemv.rmsnorm_gemv(o, gamma, 1e-5, w["gate_up"], qtype, *shapes["gate_up"])
             if down == "swiglu":
                 x = gemv.silu_down_gemv(g, w["down"], qtype, *shapes["down"], residual=o)
@@ -135,14 +141,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", default="gguf",
                         help="weights: gguf (the v2 GEMVs), packed (repacked: v3), or both: gguf,packed")
     parser.add_argument("--down", default="swiglu",
-                        help="the down GEMV's X': swiglu (silu(gate) * up, as the loop), plain, or both: swiglu,plain")
+                        help="where SiLU runs, one or more of: swiglu (down's staging), epilogue (gate+up's; "
+                             "packed only), plain (nowhere)")
     args = parser.parse_args(argv)
     layouts = tuple(args.layout.split(","))
     downs = tuple(args.down.split(","))
-    if not set(downs) <= {"swiglu", "plain"}:
-        raise SystemExit(f"--down: swiglu, plain or both, got {args.down!r}")
+    if not set(downs) <= {"swiglu", "epilogue", "plain"}:
+        raise SystemExit(f"--down: swiglu, epilogue, plain (apart by ','), got {args.down!r}")
     if not set(layouts) <= {"gguf", "packed"}:
         raise SystemExit(f"--layout: gguf, packed or both, got {args.layout!r}")
+    if "epilogue" in downs and "gguf" in layouts:
+        raise SystemExit("--down epilogue runs on repacked weights: --layout packed")
     if not gpu_trace.available():
         raise SystemExit("gemv_chain needs the CUDA backend and PyTorch (the GPU's kernel trace)")
     for down in downs:

@@ -4,8 +4,9 @@
   RoPE + KV write (in place), flash decode, SwiGLU; residual adds are MLX adds.
 - `fused`: RMSNorm folded into one QKV GEMV and one gate+up GEMV over concatenated matrices,
   a decode token's RoPE + KV write folded into the attention launch (Llama; Qwen3's head norms
-  fold into a RoPE + KV write of their own), SiLU folded into the down GEMV, the final norm into
-  the output GEMV.
+  fold into a RoPE + KV write of their own), SiLU folded into the gate+up GEMV's epilogue on
+  repacked weights (into the down GEMV's staging otherwise: the `swiglu_at` option), the final
+  norm into the output GEMV.
 
 KV cache (`kv=`): `contiguous` (head-major [Hkv, max_seq, D] per layer, the default) or `paged`
 (vLLM's block pool, blocks of BLOCK_SIZE tokens handed out in a fixed shuffled order through a
@@ -41,12 +42,12 @@ VARIANTS = ("unfused", "fused")
 KV_LAYOUTS = ("contiguous", "paged")
 BLOCK_SIZE = 16  # tokens a block of the paged cache (vLLM's default)
 FUSED_UP_TO = 4  # rows of X the fused RMSNorm+GEMV takes (kernels.gemv.MAX_M)
-# Two options of kernels.options shape the fused variant, read when a decoder is built (its
-# plan and its forward() agree): rope_in_attention, a decode token's RoPE + KV write inside the
+# Options of kernels.options shape the fused variant, read when a decoder is built (its plan
+# and its forward() agree): rope_in_attention, a decode token's RoPE + KV write inside the
 # attention launch (attention.rope_flash_decode); seams, each layer's output projection and the
 # next block's RMSNorm+GEMV as one launch (kernels.gemv.seam): O | gate+up, then down | the next
 # layer's QKV (or the head), 64 launches a Llama token fewer (kernels/loop/NOTES.md, "Seams, the
-# default").
+# default"); swiglu_at, where silu(gate) * up is computed (gate+up's epilogue or down's staging).
 
 
 def rope_in_attention(c) -> bool:
@@ -206,6 +207,13 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             continue
         linear("o", "attn", b + "attn_output.weight", i, residual=True)
         gate_up = b + "ffn_gate_up.weight"
+        if fused and small and quant(gate_up) and packed and options.get("swiglu_at") == "gate_up":
+            # SiLU in gate+up's epilogue: down is a plain GEMV over [t, F]
+            add("rmsnorm_linear_swiglu", "lathe rmsnorm_gemv_swiglu_out_v3", ("x",), ("a",), _run_norm_gate_up_swiglu,
+                b + "ffn_norm.weight", gate_up, weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i,
+                launches=("lathe_rmsnorm_gemv_swiglu_out_v3",))
+            linear("a", "ffn", b + "ffn_down.weight", i, residual=True)
+            continue
         if fused and small and quant(gate_up):
             add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v}", ("x",), ("gate_up",), _run_norm_linear, b + "ffn_norm.weight",
                 gate_up, "gate_up", weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i,
@@ -256,6 +264,11 @@ def _run_linear_residual(src, name, d, env, t, pos):
 def _run_norm_linear(norm, name, dst, d, env, t, pos):
     n, k = d.nk[name]
     env[dst] = gemv.rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.matrix(name), d.types[name], n, k)
+
+
+def _run_norm_gate_up_swiglu(norm, name, d, env, t, pos):
+    env["a"] = gemv.gate_up_swiglu(env["x"], d.matrix(name), d.types[name], *d.nk[name], gamma=d.g16[norm],
+                                   eps=d.config.eps)
 
 
 def _run_silu_down(i, d, env, t, pos):

@@ -38,6 +38,16 @@ def _auto_or_count(text: str) -> int | None:
     return None if text.strip().lower() in ("auto", "") else _count(text)
 
 
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _tuning(text: str) -> str:
     # The form only: kernels.gemv checks the keys when the option is applied (its hook). Pairs
     # are joined by '+' ('--set' splits options at commas; LATHE_GEMV_TUNING may use either).
@@ -71,6 +81,9 @@ DECLARED = (
            "fused loop: each output projection and the next RMSNorm+GEMV in one launch (kernels.gemv.seam)"),
     Option("repack", True, _flag,
            "decode loop: Q4_0/Q8_0 matrices repacked at load for the v3 GEMVs and seams (kernels.gemv.repack)"),
+    Option("swiglu_at", "gate_up", _one_of("gate_up", "down"),
+           "fused loop, repacked weights, no seams: silu(gate) * up in the gate+up GEMV's epilogue "
+           "(gate_up) or in the down GEMV's staging (down; kernels/gemv/NOTES.md)"),
     Option("rope_in_attention", True, _flag,
            "fused loop (no head norms): a decode token's RoPE + KV write inside the attention launch"),
     Option("attn_partition", None, _auto_or_count,
