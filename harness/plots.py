@@ -153,10 +153,12 @@ def fused_unfused_plot(
     group: str | Sequence[str],
     out_path: str | Path,
     title: str,
-    baseline_variant: str,
+    baseline_variant: str | Sequence[str],
     x_label: str = "",
 ) -> Path:
-    """Grouped bars of time per call (`us`), one bar per variant, with speedups vs the baseline."""
+    """Grouped bars of time per call (`us`), one bar per variant, with speedups vs the baseline:
+    in each group, the first of `baseline_variant` (one name or several) that it has."""
+    baselines = _as_tuple(baseline_variant)
     group = _as_tuple(group)
     _require(df, ["us", "variant", *group], "fused_unfused_plot")
     data = _latest(df.dropna(subset=["us"]), [*group, "variant"])
@@ -165,9 +167,10 @@ def fused_unfused_plot(
 
     # Fixed variant order and colour: baseline first, then order of appearance.
     variants = list(dict.fromkeys(data["variant"].astype(str)))
-    if baseline_variant in variants:
-        variants.remove(baseline_variant)
-        variants.insert(0, baseline_variant)
+    for name in reversed(baselines):
+        if name in variants:
+            variants.remove(name)
+            variants.insert(0, name)
     colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
     groups = list(data.groupby(list(group), sort=True))
     labelled: set[str] = set()  # one legend entry per variant
@@ -177,7 +180,8 @@ def fused_unfused_plot(
     fig, ax = plt.subplots(figsize=(fig_w, 5))
     for gi, (key, grp) in enumerate(groups):
         us_by_variant = dict(zip(grp["variant"].astype(str), grp["us"].astype(float)))
-        base = us_by_variant.get(baseline_variant)
+        baseline = next((b for b in baselines if b in us_by_variant), None)
+        base = us_by_variant.get(baseline)
         for vi, variant in enumerate(variants):
             if variant not in us_by_variant:
                 continue
@@ -186,7 +190,7 @@ def fused_unfused_plot(
             ax.bar(pos, us, width=width, color=colours[variant],
                    label=None if variant in labelled else variant)
             labelled.add(variant)
-            if base is not None and variant != baseline_variant and us > 0:
+            if base is not None and variant != baseline and us > 0:
                 ax.text(pos, us, f"{base / us:.2f}x", ha="center", va="bottom", fontsize="small")
 
     _say_if_runs_mix(fig, data)
