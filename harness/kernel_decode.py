@@ -164,18 +164,18 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         if paged:
             add("kv_write", "lathe reshape_and_cache", ("k", "v"), (f"cache.{i}",), _run_reshape_and_cache, i,
                 per_token=("slot",), layer=i, launches=("lathe_reshape_and_cache",))
-            add("attention", "lathe paged_attention v2 (+ combine past 2048)" if decode else "lathe prefill_attention (paged)",
+            add("attention", "lathe paged_attention v2 (split past 2048, merged: attn_combine)" if decode else "lathe prefill_attention (paged)",
                 ("q", f"cache.{i}", "block_table"), ("o",), _run_paged_attention, i, per_token=("kv_len",), layer=i,
                 launches=("lathe_paged_attention", "lathe_attention_combine"))
         elif wrap:
             for n in "kv":
                 add("kv_write", "lathe cache_write", (n,), (f"cache.{i}",), _run_cache_write, n, i,
                     per_token=("pos % max_seq",), layer=i, launches=("lathe_cache_write",))
-            add("attention", "lathe flash_decode (+ combine past 2048)", ("q", f"cache.{i}"), ("o",),
+            add("attention", "lathe flash_decode (split past 2048, merged: attn_combine)", ("q", f"cache.{i}"), ("o",),
                 _run_wrapping_attention, i, per_token=("min(kv_len, max_seq)",), layer=i,
                 launches=("lathe_contiguous_attention", "lathe_attention_combine"))
         elif fused and decode and rope_attention:  # RoPE and the KV write ride in attention
-            add("rope_attention", "lathe rope_flash_decode (+ combine past 2048)", ("qkv", f"cache.{i}"),
+            add("rope_attention", "lathe rope_flash_decode (split past 2048, merged: attn_combine)", ("qkv", f"cache.{i}"),
                 ("o", f"cache.{i}"), _run_rope_attention, i, per_token=("pos",), layer=i,
                 launches=("lathe_contiguous_rope_attention", "lathe_attention_combine"))
         else:
@@ -189,7 +189,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             else:
                 add("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"), ("q", f"cache.{i}"),
                     _run_rope_kv_write, i, per_token=("pos",), layer=i, launches=("lathe_rope_kv_write",))
-            add("attention", "lathe flash_decode (+ combine past 2048)" if decode else "lathe prefill_attention",
+            add("attention", "lathe flash_decode (split past 2048, merged: attn_combine)" if decode else "lathe prefill_attention",
                 ("q", f"cache.{i}"), ("o",), _run_attention, i, per_token=("kv_len",), layer=i,
                 launches=("lathe_contiguous_attention", "lathe_attention_combine"))
         # -- the output projection and the FFN --------------------------------------------------------
@@ -347,7 +347,7 @@ def _run_attention(i, d, env, t, pos):
     scale = 1.0 / math.sqrt(hd)
     if t == 1:
         o = attention.flash_decode(env["q"].reshape(1, c.n_heads, hd), d.k[i][None], d.v[i][None], _lens(pos),
-                                   scale, after=env["written"])
+                                   scale, after=env["written"], counters=d.attn_counters[i])
     else:
         o = attention.prefill_attention(env["q"].reshape(t, c.n_heads, hd), d.k[i], d.v[i], pos, scale,
                                         after=env["written"])
@@ -357,7 +357,8 @@ def _run_attention(i, d, env, t, pos):
 def _run_rope_attention(i, d, env, t, pos):
     c = d.config
     o, d.k[i], d.v[i] = attention.rope_flash_decode(env["qkv"], d.k[i], d.v[i], pos, 1.0 / math.sqrt(c.head_dim),
-                                                     n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox)
+                                                     n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
+                                                     counters=d.attn_counters[i])
     _end_layer_attention(env, o.reshape(1, -1))
 
 
@@ -374,7 +375,7 @@ def _run_wrapping_attention(i, d, env, t, pos):
     c = d.config
     o = attention.flash_decode(env["q"].reshape(1, c.n_heads, c.head_dim), d.k[i][None], d.v[i][None],
                                _lens(pos, d.max_seq), 1.0 / math.sqrt(c.head_dim),
-                               after=mx.concatenate([env["written.k"], env["written.v"]]))
+                               after=mx.concatenate([env["written.k"], env["written.v"]]), counters=d.attn_counters[i])
     _end_layer_attention(env, o.reshape(1, -1))
 
 
@@ -388,7 +389,8 @@ def _run_paged_attention(i, d, env, t, pos):
     scale = 1.0 / math.sqrt(d.config.head_dim)
     if t == 1:
         table = d.table if isinstance(pos, int) else d.table_dev
-        o = attention.paged_attention(env["q"], d.k[i], d.v[i], table, _lens(pos), scale, after=env["written"])
+        o = attention.paged_attention(env["q"], d.k[i], d.v[i], table, _lens(pos), scale, after=env["written"],
+                                      counters=d.attn_counters[i])
     else:
         o = attention.prefill_attention(env["q"], d.k[i], d.v[i], pos, scale, block_table=d.table[0],
                                         after=env["written"])
@@ -453,6 +455,8 @@ class KernelDecoder:
         self.rope_attention = self.fused and rope_in_attention(c)
         if self.seams:
             self.queues = [(gemv.seam_queue(), gemv.seam_queue()) for _ in range(c.n_layers)]
+        # each layer's attention launch merges its split partitions on counters of its own
+        self.attn_counters = [attention.merge_counters(c.n_heads) for _ in range(c.n_layers)]
         mx.clear_cache()  # the host-written copies of the weights (kernels.runtime.resident)
         self._plans: dict[str, list[Step]] = {}
         self.plan = self.plan_for(1)  # a decode token's: --show-plan's, and the dispatches per token

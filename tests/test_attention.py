@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from kernels import attention as at
+from kernels import options
 from reference import attention as ref
 
 H, KV, D, BS, NB = 8, 2, 64, 16, 4
@@ -128,25 +129,44 @@ def jobs(monkeypatch):
     return made
 
 
-@pytest.mark.parametrize("ctx, split_from, partition, launches, partitions, qs", [
-    (300, at.SPLIT_FROM, None, 1, 1, 4),   # one partition: no split
-    (2048, at.SPLIT_FROM, None, 1, 1, 4),  # short context: one launch, one threadgroup per KV head
-    (2049, at.SPLIT_FROM, None, 2, 17, 1),  # past SPLIT_FROM: partitions of 128, then the combine
-    (1000, 0, None, 2, 8, 4),              # split forced (the checks' setting)
-    (4096, 0, None, 2, 32, 1),             # 64 threadgroups: no query split
-    (2049, at.SPLIT_FROM, 512, 2, 5, 4),   # partitions of a given length
+@pytest.mark.parametrize("combine", ["last_group", "launch"])
+@pytest.mark.parametrize("ctx, split_from, partition, split, partitions, qs", [
+    (300, at.SPLIT_FROM, None, False, 1, 4),   # one partition: no split
+    (2048, at.SPLIT_FROM, None, False, 1, 4),  # short context: one launch, one threadgroup per KV head
+    (2049, at.SPLIT_FROM, None, True, 17, 1),  # past SPLIT_FROM: partitions of 128, merged
+    (1000, 0, None, True, 8, 4),               # split forced (the checks' setting)
+    (4096, 0, None, True, 32, 1),              # 64 threadgroups: no query split
+    (2049, at.SPLIT_FROM, 512, True, 5, 4),    # partitions of a given length
 ])
-def test_split_decision_sets_the_grid(jobs, ctx, split_from, partition, launches, partitions, qs):
+def test_split_decision_sets_the_grid(jobs, combine, ctx, split_from, partition, split, partitions, qs):
     """The launches flash_decode makes (recorded, not run): the unsplit body gets one threadgroup
-    per (KV head, sequence); a split one per partition too, plus the combine. Grids of at most
-    64 threadgroups also split each KV head's 4 query heads over threadgroups (QS)."""
+    per (KV head, sequence); a split one per partition too, merged in the same launch by the last
+    threadgroup of each head group (counters of its own: one per threadgroup row of the grid), or
+    by a combine launch (attn_combine). Grids of at most 64 threadgroups also split each KV head's
+    4 query heads over threadgroups (QS)."""
     k = mx.zeros((1, KV, 4096, D), mx.float16)
-    at.flash_decode(q16(), k, k, [ctx], 0.125, split_from=split_from, partition=partition)
-    assert len(jobs) == launches
+    with options.use(attn_combine=combine):
+        at.flash_decode(q16(), k, k, [ctx], 0.125, split_from=split_from, partition=partition)
+    assert len(jobs) == (2 if split and combine == "launch" else 1)
     assert jobs[0].grid == (partitions * 32 * at.NSIMD, KV * qs, 1)
     assert (jobs[0].constants["G"], jobs[0].constants["QS"]) == (4 // qs, qs)
-    if launches == 2:
+    merged = split and combine == "last_group"
+    assert jobs[0].spec.name.endswith("_merge") == merged
+    if merged:
+        assert jobs[0].inputs[-1].dtype == mx.uint32 and jobs[0].inputs[-1].size >= KV * qs
+        assert jobs[0].outputs[-1][0] == (1, H, D)
+    if len(jobs) == 2:
         assert jobs[1].grid[1] == H  # the combine: every query head
+
+
+def test_merge_counters_are_checked_before_the_launch(jobs):
+    k = mx.zeros((1, KV, 4096, D), mx.float16)
+    for bad in (mx.zeros((KV,), mx.int32), mx.zeros((KV - 1,), mx.uint32), mx.zeros((KV, 1), mx.uint32)):
+        with pytest.raises(ValueError, match="counters must be uint32"):
+            at.flash_decode(q16(), k, k, [3000], 0.125, counters=bad)
+    assert not jobs
+    at.flash_decode(q16(), k, k, [3000], 0.125, counters=at.merge_counters(KV))  # one a threadgroup row
+    assert len(jobs) == 1
 
 
 @pytest.mark.parametrize("longest, grids, want", [
@@ -182,7 +202,7 @@ def test_device_lengths_size_the_grid_for_the_cache(jobs):
     k = mx.zeros((1, KV, 4096, D), mx.float16)
     lens = mx.array([5], dtype=mx.int32)
     at.flash_decode(q16(), k, k, lens, 0.125)
-    assert len(jobs) == 2 and jobs[0].grid == (32 * 32 * at.NSIMD, KV, 1)  # 32 partitions of 128
+    assert len(jobs) == 1 and jobs[0].grid == (32 * 32 * at.NSIMD, KV, 1)  # 32 partitions of 128, merged
     assert jobs[0].inputs[3] is lens  # read by the kernel as it is, no host copy
     with pytest.raises(ValueError, match="int32"):
         at.flash_decode(q16(), k, k, mx.array([5.0]), 0.125)
@@ -215,7 +235,7 @@ def test_paged_device_form_sizes_the_grid_for_the_table(jobs):
     k, v = pools(nb=200)
     table, lens = mx.arange(160, dtype=mx.int32)[None], mx.array([5], dtype=mx.int32)
     at.paged_attention(q16(), k, v, table, lens, 0.125)
-    assert len(jobs) == 2 and jobs[0].grid == (20 * 32 * at.NSIMD, KV, 1)  # 2560 tokens: 20 partitions
+    assert len(jobs) == 1 and jobs[0].grid == (20 * 32 * at.NSIMD, KV, 1)  # 2560 tokens: 20 partitions
     assert jobs[0].inputs[3] is lens and jobs[0].inputs[4] is table
 
 

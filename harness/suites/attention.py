@@ -181,6 +181,43 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
     return CheckCase("attention", "prefill_attention", variant, shape, run)
 
 
+def _merge_case(lens: list[int], heads: tuple[int, int], head_dim: int, combine: str) -> CheckCase:
+    """Split flash_decode with the partitions merged in its own launch (last_group: on counters
+    given, twice on the same counters, which each launch must leave zero) or by the combine
+    launch, against float64."""
+    from kernels import options
+    from kernels.attention import flash_decode, merge_counters
+    from kernels.runtime import poisoned_outputs
+
+    n_heads, n_kv = heads
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        batch, max_seq = len(lens), max(lens)
+        checks = []
+        counters = merge_counters(batch * n_heads)
+        for launch_ in (1, 2):
+            kc = rng.standard_normal((batch, n_kv, max_seq, head_dim)).astype(np.float16)
+            vc = rng.standard_normal((batch, n_kv, max_seq, head_dim)).astype(np.float16)
+            for b, n in enumerate(lens):
+                kc[b, :, n:], vc[b, :, n:] = np.nan, np.nan
+            q = rng.standard_normal((batch, n_heads, head_dim)).astype(np.float16)
+            scale = head_dim ** -0.5
+            with poisoned_outputs(), options.use(attn_combine=combine):
+                out = flash_decode(mx.array(q), mx.array(kc), mx.array(vc), lens, scale, split_from=0,
+                                   counters=counters)
+                mx.eval(out, counters)
+            out = np.array(out)
+            for b, n in enumerate(lens):
+                k, v = ref.contiguous_tokens(kc, vc, b, n)
+                checks.append(compare(f"launch {launch_}, sequence {b} ({n} tokens)", out[b],
+                                      ref.attend(q[b], k, v, scale), TOL))
+            checks.append(exact(f"counters left zero (launch {launch_})", int(np.array(counters).sum()), 0))
+        return checks
+
+    shape = dict(ctx="/".join(map(str, lens)), heads=f"{n_heads}/{n_kv}", D=head_dim)
+    return CheckCase("attention", "flash_decode", f"split, merged: {combine}", shape, run)
+
+
 def _rope_decode_case(pos: int, heads: tuple[int, int], head_dim: int, neox: bool, split: bool,
                       device_pos: bool = False) -> CheckCase:
     """rope_flash_decode: one token's QKV row at `pos` over a cache holding rows 0..pos-1 (row
@@ -265,6 +302,13 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         if small and pos > 16:
             continue
         cases.append(_rope_decode_case(pos, heads, d, neox, split, dev))
+    # the partitions merged in the launch (the default) and by a combine launch; sequences ending
+    # in a partition's first token, and partitions past a shorter sequence's end (empty)
+    for lens, heads, d in (([4097], (32, 8), 128), ([129, 1200, 3], (16, 8), 64), ([700], (8, 8), 256)):
+        if small and max(lens) > 1000:
+            continue
+        for combine in ("last_group", "launch"):
+            cases.append(_merge_case(lens, heads, d, combine))
     cases.append(_reshape_case(37, 8, 128, 16))
     cases.append(_reshape_case(64, 4, 64, 32))
     return cases
@@ -299,7 +343,7 @@ def _bench(kernel: str, model: str, batch: int, ctx: int):
     """One decode step's attention at context ctx for every sequence of the batch. Bytes: K and V
     read once, q read, out written (fp16)."""
     from harness.bench import BenchCase
-    from kernels.attention import flash_decode, paged_attention
+    from kernels.attention import flash_decode, merge_counters, paged_attention
 
     n_heads, n_kv, head_dim = BENCH_MODELS[model]
     bs = 16
@@ -307,22 +351,32 @@ def _bench(kernel: str, model: str, batch: int, ctx: int):
     nbytes = kv_bytes + 2 * 2 * batch * n_heads * head_dim
     scale = head_dim ** -0.5
 
+    # A set's calls share its merge counters (a split launch merges its partitions in itself), so
+    # each call is ordered after the one before on the same set (mx.depends); calls on different
+    # sets stay free to overlap, as MLX's sdpa calls are.
     def make():
         q = mx.random.normal((batch, n_heads, head_dim)).astype(mx.float16)
+        counters = merge_counters(batch * n_heads)
         if kernel.startswith("paged"):
             blocks = batch * ctx // bs
             table = mx.array(np.random.default_rng(ctx).permutation(blocks).reshape(batch, -1).astype(np.int32))
             return {"q": q, "k": mx.random.normal((blocks, n_kv, head_dim // 8, bs, 8)).astype(mx.float16),
-                    "v": mx.random.normal((blocks, n_kv, head_dim, bs)).astype(mx.float16), "table": table}
+                    "v": mx.random.normal((blocks, n_kv, head_dim, bs)).astype(mx.float16), "table": table,
+                    "counters": counters}
         k = mx.random.normal((batch, n_kv, ctx, head_dim)).astype(mx.float16)
-        return {"q": q, "k": k, "v": mx.random.normal(k.shape).astype(mx.float16)}
+        return {"q": q, "k": k, "v": mx.random.normal(k.shape).astype(mx.float16), "counters": counters}
+
+    def ordered(s, out):
+        s["counters"] = mx.depends([s["counters"]], [out])[0]
+        return [out]
 
     lens = [ctx] * batch
     if kernel == "mlx.sdpa":
         step = lambda s: [mx.fast.scaled_dot_product_attention(  # noqa: E731
             s["q"][:, :, None, :], s["k"], s["v"], scale=scale)]
     elif kernel == "flash_decode":
-        step = lambda s: [flash_decode(s["q"], s["k"], s["v"], lens, scale)]  # noqa: E731
+        step = lambda s: ordered(s, flash_decode(s["q"], s["k"], s["v"], lens, scale,  # noqa: E731
+                                                 counters=s["counters"]))
     else:
         version = kernel.split("_")[-1]
         table_host = []
@@ -330,8 +384,8 @@ def _bench(kernel: str, model: str, batch: int, ctx: int):
         def step(s):
             if not table_host:  # the host copy the argument checks read, made once
                 table_host.append(np.array(s["table"]))
-            return [paged_attention(s["q"], s["k"], s["v"], table_host[0], lens, scale,
-                                    version=version)]
+            return ordered(s, paged_attention(s["q"], s["k"], s["v"], table_host[0], lens, scale,
+                                              version=version, counters=s["counters"]))
     shape = dict(batch=batch, ctx=ctx, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
                  block_size=bs if kernel.startswith("paged") else 0)
     return BenchCase("attention", f"attention-decode-b{batch}", kernel, model, shape, make, step,

@@ -3,7 +3,8 @@
 - `paged_attention(q, k_cache, v_cache, block_table, context_lens, scale, version=)`: vLLM's
   paged cache; "v1" one threadgroup per (KV head, sequence) walking the whole context, "v2" the
   context split in partitions (of `partition` tokens, or as `auto_partition` sizes them), merged
-  by a combine kernel.
+  by the last threadgroup of each head group in the same launch (`counters=`: the launch site's
+  merge_counters), or by a combine kernel (the attn_combine option).
 - `flash_decode(q, k_cache, v_cache, lengths, scale)`: the contiguous head-major cache
   `[B, Hkv, max_seq, D]`, split in partitions and merged the same way (`split=False`: one
   threadgroup per head, as v1).
@@ -30,7 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from kernels import options
-from kernels.runtime import KernelSpec, Launch, constant, index, launch
+from kernels.runtime import KernelSpec, Launch, constant, index, launch, resident
 
 HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32)
@@ -63,18 +64,38 @@ _RESHAPE = KernelSpec("lathe_reshape_and_cache", "attention/reshape_and_cache.me
 
 
 @functools.cache
-def _spec(paged: bool, split: bool, rope: bool = False) -> KernelSpec:
+def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False) -> KernelSpec:
+    """One decode_attention.metal family; `merge` (split only): the last threadgroup of a head
+    group merges the partitions in the same launch (counters in, out out)."""
     if rope:  # the QKV row and its position in place of q, lens and the ordering token
         inputs = ("qkv", "k_cache", "v_cache", "pos", "inv_freq", "rope_scalars", "dims", "scale")
     else:
         inputs = ("q", "k_cache", "v_cache", "lens") + (("table",) if paged else ()) + (
             "dims", "scale", "after")
+    merge = merge and split
     outputs = ("part_out", "part_ml") if split else ("out",)
+    if merge:
+        inputs, outputs = (*inputs, "counters"), (*outputs, "out")
     name = (f"lathe_{'paged' if paged else 'contiguous'}_{'rope_' if rope else ''}attention_"
-            f"{'split' if split else 'whole'}")
+            f"{'split' if split else 'whole'}{'_merge' if merge else ''}")
     return KernelSpec(name, "attention/decode_attention.metal", inputs, outputs,
                       prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_SPLIT {int(split)}\n"
-                              f"#define LATHE_ROPE {int(rope)}")
+                              f"#define LATHE_ROPE {int(rope)}\n#define LATHE_MERGE {int(merge)}")
+
+
+def merge_counters(slots: int) -> mx.array:
+    """Counters for one launch site of the split attention's in-launch merge (the attn_combine
+    option's last_group): zero, on the device, at least batch * query heads of them. A launch
+    leaves them zero; two launches in flight at once must not share them (give each site its
+    own, as the decode loop gives each layer)."""
+    return resident(mx.zeros((slots,), mx.uint32))
+
+
+def _check_counters(counters: mx.array, need: int) -> None:
+    if not isinstance(counters, mx.array) or counters.dtype != mx.uint32 or counters.ndim != 1 \
+            or counters.size < need:
+        raise ValueError(f"counters must be uint32 [>= {need}] (merge_counters), got "
+                         f"{getattr(counters, 'dtype', type(counters))} {getattr(counters, 'shape', '')}")
 
 
 def _ints(values: tuple[int, ...]) -> mx.array:
@@ -159,9 +180,12 @@ def query_split(group: int, threadgroups: int, most: int | None = None) -> int:
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int | None, block_size: int, after: mx.array | None,
-         shared_cache: bool = False, split_from: int = SPLIT_FROM, rope: tuple | None = None) -> mx.array:
+         shared_cache: bool = False, split_from: int = SPLIT_FROM, rope: tuple | None = None,
+         counters: mx.array | None = None) -> mx.array:
     """lens: int32[B] on the device; longest: the most any of them can be (it sizes the grid).
-    rope: (inv_freq, rope_scalars, constants) of rope_flash_decode, whose q is the QKV row."""
+    rope: (inv_freq, rope_scalars, constants) of rope_flash_decode, whose q is the QKV row.
+    counters: the launch site's (merge_counters) where a split launch merges in itself (the
+    attn_combine option); fresh zeros when not given."""
     # rope: one token, q the flat QKV row, k_cache [1, Hkv, S, D]
     batch, n_heads, head_dim = (1, n_kv * group, k_cache.shape[-1]) if rope is not None else q.shape
     if partition is None:  # the attn_partition option, else sized for the grid
@@ -185,10 +209,17 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
         inputs += [dims, _scale(float(scale)), _no_order() if after is None else after]
     outputs = ([((batch, n_heads, parts, head_dim), mx.float32), ((batch, n_heads, parts, 2), mx.float32)]
                if split else [((batch, n_heads, head_dim), mx.float16)])
-    res = launch(Launch(_spec(paged, split, rope is not None), inputs, outputs,
+    merge = split and options.get("attn_combine") == "last_group"
+    if merge:
+        if counters is None:
+            counters = mx.zeros((batch * n_heads,), mx.uint32)
+        _check_counters(counters, batch * n_kv * qs)
+        inputs.append(counters)
+        outputs.append(((batch, n_heads, head_dim), mx.float16))
+    res = launch(Launch(_spec(paged, split, rope is not None, merge), inputs, outputs,
                         (parts * 32 * NSIMD, n_kv * qs, batch), (32 * NSIMD, 1, 1), constants))
-    if not split:
-        return res[0]
+    if not split or merge:
+        return res[-1]
     (out,) = launch(Launch(_COMBINE, [res[0], res[1], _ints((n_heads, parts))],
                            [((batch, n_heads, head_dim), mx.float16)],
                            (head_dim, n_heads, batch), (min(head_dim, 256), 1, 1), dict(D=head_dim)))
@@ -198,7 +229,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
 def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_table,
                     context_lens: Sequence[int] | mx.array, scale: float, *, version: str = "v2",
                     partition: int | None = None, after: mx.array | None = None,
-                    split_from: int = SPLIT_FROM) -> mx.array:
+                    split_from: int = SPLIT_FROM, counters: mx.array | None = None) -> mx.array:
     """out[B, Hq, D] for one query token per sequence over vLLM's paged caches (k_cache
     [blocks, Hkv, D/8, BS, 8], v_cache [blocks, Hkv, D, BS]); block_table [B, max_blocks] and
     context_lens [B] are checked on the host before the launch. v2 splits contexts longer than
@@ -223,7 +254,7 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
         rows = block_table.shape[1]
         return _run(True, version == "v2", q, k_cache, v_cache, context_lens, rows * block_size,
                     block_table, rows, n_kv, group, scale, partition, block_size, after,
-                    split_from=split_from)
+                    split_from=split_from, counters=counters)
     table = _host_ints("block_table", block_table, 2)
     lens = _host_ints("context_lens", context_lens, 1)
     if table.shape[0] != batch or lens.shape[0] != batch:
@@ -240,7 +271,7 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
         table_dev = table_dev.astype(mx.int32)
     return _run(True, version == "v2", q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
                 table_dev, table.shape[1], n_kv, group, scale, partition, block_size, after,
-                split_from=split_from)
+                split_from=split_from, counters=counters)
 
 
 def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
@@ -255,7 +286,8 @@ def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
 
 def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Sequence[int],
                  scale: float, *, split: bool = True, partition: int | None = None,
-                 after: mx.array | None = None, split_from: int = SPLIT_FROM) -> mx.array:
+                 after: mx.array | None = None, split_from: int = SPLIT_FROM,
+                 counters: mx.array | None = None) -> mx.array:
     """out[B, Hq, D] over the contiguous head-major caches [B, Hkv, max_seq, D]; lengths[b] is
     the number of slots sequence b attends to (see visible_tokens). Host lengths are checked;
     `lengths` may also be int32[B] on the device (a compiled decode step, whose position is an
@@ -280,14 +312,14 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
             raise ValueError(f"lengths must be {batch} values in 1..{max_seq}, got {lens.tolist()}")
         lens_dev, longest = _device_ints(lens), int(lens.max())
     return _run(False, split, q, k_cache, v_cache, lens_dev, longest, None, max_seq, n_kv, group,
-                scale, partition, 0, after, split_from=split_from)
+                scale, partition, 0, after, split_from=split_from, counters=counters)
 
 
 def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int | mx.array,
                       scale: float, *, n_heads: int, theta: float = 10000.0, freq_scale: float = 1.0,
                       inv_freq: mx.array | None = None, neox: bool = False, split: bool = True,
-                      partition: int | None = None,
-                      split_from: int = SPLIT_FROM) -> tuple[mx.array, mx.array, mx.array]:
+                      partition: int | None = None, split_from: int = SPLIT_FROM,
+                      counters: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
     """One decode token's RoPE, KV-cache write and attention in one launch (a launch a layer
     fewer than kernels.rope.rope_qkv_write then flash_decode: the same cache rows; the rotated
     query stays in fp32 instead of being rounded to fp16 in between): qkv[(n_heads + 2
@@ -318,14 +350,15 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     longest = pos + 1 if isinstance(pos, int) else max_seq  # sizes the grid, as flash_decode's
     out = _run(False, split, qkv.reshape(-1), k_cache[None], v_cache[None], pos_arr, longest, None,
                max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from,
-               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True)))
+               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True)), counters=counters)
     k_cache, v_cache = mx.depends([k_cache, v_cache], [out])
     return out, k_cache, v_cache
 
 
 def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,
                       *, block_table=None, split: bool = True, partition: int | None = None,
-                      after: mx.array | None = None, split_from: int = SPLIT_FROM) -> mx.array:
+                      after: mx.array | None = None, split_from: int = SPLIT_FROM,
+                      counters: mx.array | None = None) -> mx.array:
     """Causal attention of a prompt's T query tokens q[T, Hq, D], at positions pos .. pos+T-1,
     over a cache that already holds their K and V: token i sees tokens 0 .. pos+i. The cache is
     the contiguous head-major [Hkv, max_seq, D] (or [1, Hkv, max_seq, D]), or with `block_table`
@@ -359,7 +392,7 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
     lens = np.arange(pos + 1, pos + tokens + 1)
     return _run(block_table is not None, split, q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
                 table_dev, rows, n_kv, group, scale, partition, block_size, after, shared_cache=True,
-                split_from=split_from)
+                split_from=split_from, counters=counters)
 
 
 def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.array,

@@ -13,7 +13,12 @@
 // LATHE_SPLIT 0: one threadgroup walks all the context and writes out[B, Hq, D] (paged v1).
 // LATHE_SPLIT 1: threadgroup p takes tokens [p * PART, (p + 1) * PART) and writes its normalized
 // partial output, max and sum (part_out[B, Hq, P, D], part_ml[B, Hq, P, 2]); combine.metal
-// merges them (paged v2, flash decode).
+// merges them in a launch of its own (paged v2, flash decode), or, with LATHE_MERGE 1, the last
+// of a head group's P threadgroups to finish merges them into out[B, Hq, D] in this launch:
+// each counts itself in counters[b, y] (a release) once its partials are written, and the one
+// that counts last (an acquire) reads all P partials (merge.metal) and sets the count back to
+// zero for the next launch. Nothing waits on another threadgroup, so no launch size can hang on
+// either GPU; a launch needs counters of its own, zero, while it runs.
 // Tokens go in chunks of CH: scores for the chunk into threadgroup memory (a thread a token,
 // 16-byte K loads, a row's loads issued together), the running max and sum updated once per
 // chunk (online softmax), then P.V with SIMD groups taking 8-token vectors in turn, each lane
@@ -30,7 +35,8 @@
 // (its K and V come back through the cache, rounded to fp16 as every other row's; with QS > 1
 // each of the QS threadgroups writes the same bytes). The context is pos + 1 tokens.
 // Constants: D, G, QS, NSIMD, BS (paged block size; 0 contiguous); with LATHE_ROPE also NEOX and
-// FREQ_TABLE (rope_kv_write.metal's). Prelude: LATHE_PAGED, LATHE_SPLIT, LATHE_ROPE.
+// FREQ_TABLE (rope_kv_write.metal's). Prelude: LATHE_PAGED, LATHE_SPLIT, LATHE_ROPE, LATHE_MERGE
+// (split only; adds the input counters, uint32[B * Hkv * QS], and the output out).
 // Inputs: q[B, Hq, D], k_cache, v_cache, lens (int32[B]), table (int32[B, MAXB]; paged),
 //   dims (int32: Hkv, S or MAXB, PART, P, cache sequence per query: 1, or 0 for a prompt's
 //   tokens over one cache), scale (float[1]), after (ordering token, not read). LATHE_ROPE:
@@ -53,6 +59,9 @@ threadgroup float m_s[G];
 threadgroup float l_s[G];
 threadgroup float alpha_s[G];
 threadgroup float sum_s[G * D];
+#if LATHE_SPLIT && LATHE_MERGE
+threadgroup uint merge_here;  // this threadgroup was its head group's last: it merges
+#endif
 
 const uint tid = thread_index_in_threadgroup;
 const uint lane = thread_index_in_simdgroup;
@@ -283,3 +292,22 @@ for (uint e = tid; e < G * D; e += NT) {
   out[(b * n_heads + hq) * D + d] = half(o);
 #endif
 }
+#if LATHE_SPLIT && LATHE_MERGE
+threadgroup_barrier(mem_flags::mem_device);  // every thread's partials are written
+if (tid == 0) {
+  const auto counter = counters + b * n_kv * QS + hg;
+  merge_here = grid_signal(counter) == uint(dims[3]) - 1;
+  if (merge_here) grid_reset(counter, 1);  // after the others' partials
+}
+threadgroup_barrier(mem_flags::mem_device);
+if (merge_here) {
+  const uint parts = uint(dims[3]);
+  for (uint e = tid; e < G * D; e += NT) {
+    const uint d = e % D;
+    const uint row = b * n_heads + hg * G + e / D;
+    float merged;
+#include "attention/merge.metal"
+    out[row * D + d] = half(merged);
+  }
+}
+#endif
