@@ -189,9 +189,10 @@ def _by_position(kernels: list[tuple[float, float, str]], ends: list[int]) -> No
 
 
 def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
-                  timeline: Path | None = None) -> None:
+                  timeline: Path | None = None, depth: int = 0) -> None:
     """Compiled-pipelined decode of `tokens` tokens, each token's host time split (module doc);
-    with `timeline`, the GPU's kernel timeline of the timed tokens too."""
+    with `timeline`, the GPU's kernel timeline of the timed tokens too; `depth`: that many
+    random tokens in the cache before the 16-token prompt (llama-bench's -d)."""
     import mlx.core as mx
 
     from harness.decode import make_decoder, model_file
@@ -200,8 +201,8 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
 
     model = load_gguf(model_file(preset, qtype))
     c = model.config
-    decoder = make_decoder(model, 16 + tokens + 16, variant)
-    prompt = np.random.default_rng(0).integers(0, c.vocab, 16)
+    decoder = make_decoder(model, depth + 16 + tokens + 16, variant)
+    prompt = np.random.default_rng(0).integers(0, c.vocab, depth + 16)
     token = decoder.greedy(decoder.forward(prompt))
     mx.eval(token, decoder.k, decoder.v)
     fn = decoder.compiled_step(ordered=True)
@@ -323,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--timeline wrote")
     parser.add_argument("--timeline", type=Path, help="compiled-pipelined: trace the GPU's kernels "
                         "(CUPTI, through PyTorch's profiler) into this Chrome trace and summarize it")
+    parser.add_argument("--depth", type=int, default=0, help="compiled-pipelined: tokens in the cache "
+                        "before the 16-token prompt")
     parser.add_argument("--seams-ab", type=int, metavar="ROUNDS", help="tg128 without seams and with "
                         "them, alternated in one process for ROUNDS rounds")
     args = parser.parse_args(argv)
@@ -335,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.timeline and args.mode != "compiled-pipelined":
         parser.error("--timeline traces the compiled-pipelined mode only")
     elif args.mode == "compiled-pipelined":
-        run_pipelined(args.model, args.qtype, args.variant, args.tokens, args.timeline)
+        run_pipelined(args.model, args.qtype, args.variant, args.tokens, args.timeline, args.depth)
     else:
         run(args.model, args.qtype, args.variant, args.mode, args.tokens, args.marked, args.steps)
     return 0
