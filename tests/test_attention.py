@@ -137,6 +137,7 @@ def jobs(monkeypatch):
     (1000, 0, None, True, 8, 4),               # split forced (the checks' setting)
     (4096, 0, None, True, 32, 1),              # 64 threadgroups: no query split
     (2049, at.SPLIT_FROM, 512, True, 5, 4),    # partitions of a given length
+    (4096, 0, 56, True, 74, 1),                # more than MERGE_PARTS partitions: the combine launch
 ])
 def test_split_decision_sets_the_grid(jobs, combine, ctx, split_from, partition, split, partitions, qs):
     """The launches flash_decode makes (recorded, not run): the unsplit body gets one threadgroup
@@ -147,10 +148,10 @@ def test_split_decision_sets_the_grid(jobs, combine, ctx, split_from, partition,
     k = mx.zeros((1, KV, 4096, D), mx.float16)
     with options.use(attn_combine=combine):
         at.flash_decode(q16(), k, k, [ctx], 0.125, split_from=split_from, partition=partition)
-    assert len(jobs) == (2 if split and combine == "launch" else 1)
+    merged = split and combine == "last_group" and partitions <= at.MERGE_PARTS
+    assert len(jobs) == (2 if split and not merged else 1)
     assert jobs[0].grid == (partitions * 32 * at.NSIMD, KV * qs, 1)
     assert (jobs[0].constants["G"], jobs[0].constants["QS"]) == (4 // qs, qs)
-    merged = split and combine == "last_group"
     assert jobs[0].spec.name.endswith("_merge") == merged
     if merged:
         assert jobs[0].inputs[-1].dtype == mx.uint32 and jobs[0].inputs[-1].size >= KV * qs

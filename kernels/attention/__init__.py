@@ -56,6 +56,7 @@ CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.meta
 # are few and meet in the L2. The attn_query_split option (default 64) sets the bound; 0 keeps a
 # group in one threadgroup.
 NSIMD = 4
+MERGE_PARTS = 64  # partitions the in-launch merge takes (decode_attention.metal); more: the combine launch
 
 _COMBINE = KernelSpec("lathe_attention_combine", "attention/combine.metal",
                       ("part_out", "part_ml", "dims"), ("out",))
@@ -209,7 +210,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
         inputs += [dims, _scale(float(scale)), _no_order() if after is None else after]
     outputs = ([((batch, n_heads, parts, head_dim), mx.float32), ((batch, n_heads, parts, 2), mx.float32)]
                if split else [((batch, n_heads, head_dim), mx.float16)])
-    merge = split and options.get("attn_combine") == "last_group"
+    merge = split and options.get("attn_combine") == "last_group" and parts <= MERGE_PARTS
     if merge:
         if counters is None:
             counters = mx.zeros((batch * n_heads,), mx.uint32)

@@ -16,8 +16,9 @@
 // merges them in a launch of its own (paged v2, flash decode), or, with LATHE_MERGE 1, the last
 // of a head group's P threadgroups to finish merges them into out[B, Hq, D] in this launch:
 // each counts itself in counters[b, y] (a release) once its partials are written, and the one
-// that counts last (an acquire) reads all P partials (merge.metal) and sets the count back to
-// zero for the next launch. Nothing waits on another threadgroup, so no launch size can hang on
+// that counts last (an acquire) reads all P partials (at most 64) and merges them with
+// combine.metal's weighting, worked out in parallel, and sets the count back to zero for the
+// next launch. Nothing waits on another threadgroup, so no launch size can hang on
 // either GPU; a launch needs counters of its own, zero, while it runs.
 // Tokens go in chunks of CH: scores for the chunk into threadgroup memory (a thread a token,
 // 16-byte K loads, a row's loads issued together), the running max and sum updated once per
@@ -60,7 +61,9 @@ threadgroup float l_s[G];
 threadgroup float alpha_s[G];
 threadgroup float sum_s[G * D];
 #if LATHE_SPLIT && LATHE_MERGE
-threadgroup uint merge_here;  // this threadgroup was its head group's last: it merges
+constexpr uint MERGE_PARTS = 64;  // partitions the in-launch merge takes at most
+threadgroup uint merge_here;      // this threadgroup was its head group's last: it merges
+threadgroup float w_s[G * MERGE_PARTS];  // each partition's weight in the merged output
 #endif
 
 const uint tid = thread_index_in_threadgroup;
@@ -301,13 +304,51 @@ if (tid == 0) {
 }
 threadgroup_barrier(mem_flags::mem_device);
 if (merge_here) {
+  // combine.metal's weights, worked out once a head and in parallel: a SIMD group a query head,
+  // a lane two partitions (at most MERGE_PARTS; the host launches the combine past that).
   const uint parts = uint(dims[3]);
-  for (uint e = tid; e < G * D; e += NT) {
-    const uint d = e % D;
-    const uint row = b * n_heads + hg * G + e / D;
-    float merged;
-#include "attention/merge.metal"
-    out[row * D + d] = half(merged);
+  for (uint g = simd; g < G; g += NSIMD) {
+    const uint row = b * n_heads + hg * G + g;
+    float m2[2], l2[2];
+    for (uint j = 0; j < 2; ++j) {
+      const uint p = lane + 32 * j;
+      m2[j] = p < parts ? part_ml[2 * (row * parts + p)] : NEG_INF;
+      l2[j] = p < parts ? part_ml[2 * (row * parts + p) + 1] : 0.0f;
+    }
+    const float m_all = simd_max(max(m2[0], m2[1]));
+    float w2[2];
+    for (uint j = 0; j < 2; ++j) w2[j] = l2[j] > 0.0f ? l2[j] * exp(m2[j] - m_all) : 0.0f;
+    const float den = simd_sum(w2[0] + w2[1]);
+    for (uint j = 0; j < 2; ++j) w_s[g * MERGE_PARTS + lane + 32 * j] = den > 0.0f ? w2[j] / den : 0.0f;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  // out = sum_p w_p o_p: a thread's EPT values, 8 partitions at a time with all their loads
+  // issued before the sums (a rolled loop would wait out one L2 round trip a partition).
+  constexpr uint EPT = (G * D + NT - 1) / NT;
+  float merged[EPT];
+  for (uint i = 0; i < EPT; ++i) merged[i] = 0.0f;
+  for (uint p0 = 0; p0 < parts; p0 += 8) {
+    float o8[EPT][8];
+    LATHE_UNROLL
+    for (uint i = 0; i < EPT; ++i) {
+      const uint e = tid + i * NT;
+      const uint row = b * n_heads + hg * G + e / D;
+      LATHE_UNROLL
+      for (uint j = 0; j < 8; ++j) {
+        o8[i][j] = e < G * D && p0 + j < parts ? part_out[(row * parts + p0 + j) * D + e % D] : 0.0f;
+      }
+    }
+    LATHE_UNROLL
+    for (uint i = 0; i < EPT; ++i) {
+      const uint g = (tid + i * NT) / D;
+      for (uint j = 0; j < 8; ++j) {
+        if (p0 + j < parts && g < G) merged[i] = fma(w_s[g * MERGE_PARTS + p0 + j], o8[i][j], merged[i]);
+      }
+    }
+  }
+  for (uint i = 0; i < EPT; ++i) {
+    const uint e = tid + i * NT;
+    if (e < G * D) out[(b * n_heads + hg * G) * D + e] = half(merged[i]);
   }
 }
 #endif
