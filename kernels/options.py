@@ -88,9 +88,10 @@ DECLARED = (
            "fused loop (no head norms): a decode token's RoPE + KV write inside the attention launch"),
     Option("attn_partition", None, _auto_or_count,
            "split attention's tokens a threadgroup (auto: sized for about 512 threadgroups)"),
-    Option("attn_combine", "last_group", _one_of("last_group", "launch"),
-           "split attention's partitions merged by the last threadgroup of each head group, in the "
-           "same launch (last_group), or by a combine launch of their own (launch)"),
+    Option("attn_combine", "launch", _one_of("launch", "last_group"),
+           "split attention's partitions merged by a combine launch of their own (launch), or by the "
+           "last threadgroup of each head group in the same launch (last_group: slower so far, "
+           "kernels/attention/NOTES.md)"),
     Option("attn_query_split", 64, _count,
            "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
     Option("pad_constants", True, _flag,

@@ -162,11 +162,12 @@ def test_split_decision_sets_the_grid(jobs, combine, ctx, split_from, partition,
 
 def test_merge_counters_are_checked_before_the_launch(jobs):
     k = mx.zeros((1, KV, 4096, D), mx.float16)
-    for bad in (mx.zeros((KV,), mx.int32), mx.zeros((KV - 1,), mx.uint32), mx.zeros((KV, 1), mx.uint32)):
-        with pytest.raises(ValueError, match="counters must be uint32"):
-            at.flash_decode(q16(), k, k, [3000], 0.125, counters=bad)
-    assert not jobs
-    at.flash_decode(q16(), k, k, [3000], 0.125, counters=at.merge_counters(KV))  # one a threadgroup row
+    with options.use(attn_combine="last_group"):
+        for bad in (mx.zeros((KV,), mx.int32), mx.zeros((KV - 1,), mx.uint32), mx.zeros((KV, 1), mx.uint32)):
+            with pytest.raises(ValueError, match="counters must be uint32"):
+                at.flash_decode(q16(), k, k, [3000], 0.125, counters=bad)
+        assert not jobs
+        at.flash_decode(q16(), k, k, [3000], 0.125, counters=at.merge_counters(KV))  # one a threadgroup row
     assert len(jobs) == 1
 
 
@@ -203,7 +204,7 @@ def test_device_lengths_size_the_grid_for_the_cache(jobs):
     k = mx.zeros((1, KV, 4096, D), mx.float16)
     lens = mx.array([5], dtype=mx.int32)
     at.flash_decode(q16(), k, k, lens, 0.125)
-    assert len(jobs) == 1 and jobs[0].grid == (32 * 32 * at.NSIMD, KV, 1)  # 32 partitions of 128, merged
+    assert len(jobs) == 2 and jobs[0].grid == (32 * 32 * at.NSIMD, KV, 1)  # 32 partitions of 128, the combine
     assert jobs[0].inputs[3] is lens  # read by the kernel as it is, no host copy
     with pytest.raises(ValueError, match="int32"):
         at.flash_decode(q16(), k, k, mx.array([5.0]), 0.125)
@@ -236,7 +237,7 @@ def test_paged_device_form_sizes_the_grid_for_the_table(jobs):
     k, v = pools(nb=200)
     table, lens = mx.arange(160, dtype=mx.int32)[None], mx.array([5], dtype=mx.int32)
     at.paged_attention(q16(), k, v, table, lens, 0.125)
-    assert len(jobs) == 1 and jobs[0].grid == (20 * 32 * at.NSIMD, KV, 1)  # 2560 tokens: 20 partitions
+    assert len(jobs) == 2 and jobs[0].grid == (20 * 32 * at.NSIMD, KV, 1)  # 2560 tokens: 20 partitions
     assert jobs[0].inputs[3] is lens and jobs[0].inputs[4] is table
 
 
