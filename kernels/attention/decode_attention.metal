@@ -23,7 +23,9 @@
 // Tokens go in chunks of CH: scores for the chunk into threadgroup memory (a thread a token,
 // 16-byte K loads, a row's loads issued together), the running max and sum updated once per
 // chunk (online softmax), then P.V with SIMD groups taking 8-token vectors in turn, each lane
-// owning D / 32 output rows (`dim` below); the SIMD groups' sums meet at the end. At decode's
+// owning D / 32 output rows (`dim` below); the SIMD groups' sums meet at the end. A SIMD group's
+// V loads for its vectors of the chunk are issued at the chunk's start, with the K loads (all of
+// them for D <= 128: LOAD_V_GROUP). At decode's
 // short contexts the kernel is a chain of memory latencies, not a stream: every loop issues all
 // of its loads before it uses one. Tokens past the context are never loaded into a sum: a V vector
 // that straddles the end has its extra lanes replaced by zero, not multiplied by it (unused
@@ -52,6 +54,41 @@ constexpr uint ROWS = D / 32;  // V rows (output dimensions) a lane owns:
 // reads 8 tokens of one dimension in a 16-byte load. The contiguous V is [S, D] (a token's row
 // contiguous): lane l owns the ROWS neighbours d = ROWS l + i, so a SIMD group reads a row whole.
 #define lane_dim(l, i) (LATHE_PAGED ? (l) + 32 * (i) : (l) * ROWS + (i))
+// P.V's 8-token vectors: VPS a SIMD group takes of a chunk, VPF of them loaded at a time (their V
+// words in registers: all VPS where D <= 128, one at a time for D = 256).
+constexpr uint VPS = CH / 8 / NSIMD;
+constexpr uint VPF = D <= 128 ? VPS : 1;
+// The V words of vectors k0 .. k0 + VPF - 1 of this SIMD group into vw (none past the chunk's
+// tokens; the contiguous layout's rows past the context are not loaded either).
+#if LATHE_PAGED
+#define LOAD_V_GROUP(k0)                                                                        \
+  LATHE_UNROLL                                                                                  \
+  for (uint k = 0; k < VPF; ++k) {                                                              \
+    const uint vi_ = simd + ((k0) + k) * NSIMD;                                                 \
+    if (vi_ * 8 < cn) {                                                                         \
+      const uint t0_ = c0 + vi_ * 8;                                                            \
+      const uint v0_ = (uint(table[cb * rows + t0_ / BS]) * n_kv + h) * D * BS + t0_ % BS;      \
+      LATHE_UNROLL                                                                              \
+      for (uint i = 0; i < ROWS; ++i) vw[k][i] = load_wide<uint4>(v_cache, (v0_ + lane_dim(lane, i) * BS) / 8); \
+    }                                                                                           \
+  }
+#else
+#define LOAD_V_GROUP(k0)                                                                        \
+  LATHE_UNROLL                                                                                  \
+  for (uint k = 0; k < VPF; ++k) {                                                              \
+    const uint vi_ = simd + ((k0) + k) * NSIMD;                                                 \
+    const uint t0_ = c0 + vi_ * 8;                                                              \
+    const uint valid_ = vi_ * 8 < cn ? min(8u, t_end - t0_) : 0u;                               \
+    const uint v0_ = ((cb * n_kv + h) * rows + t0_) * D;                                        \
+    LATHE_UNROLL                                                                                \
+    for (uint j = 0; j < 8; ++j) {                                                              \
+      LATHE_UNROLL                                                                              \
+      for (uint w = 0; w < ROWS / 2; ++w) {                                                     \
+        vw[k][j][w] = j < valid_ ? load_wide<uint>(v_cache, (v0_ + j * D + lane_dim(lane, 2 * w)) / 2) : 0u; \
+      }                                                                                         \
+    }                                                                                           \
+  }
+#endif
 const float NEG_INF = -as_type<float>(0x7f800000u);  // -inf
 
 threadgroup float q_s[G * D];
@@ -136,6 +173,14 @@ threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
 
 for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   const uint cn = min(CH, t_end - c0);
+  // This SIMD group's V words of its first VPF vectors of the chunk, issued before the K loads:
+  // they do not depend on the scores, and P.V then waits on no DRAM round trip of its own.
+#if LATHE_PAGED
+  uint4 vw[VPF][ROWS];  // vector k, row lane_dim(lane, i): its 8 tokens
+#else
+  uint vw[VPF][8][ROWS / 2];  // vector k, token j: this lane's ROWS values as half2 words
+#endif
+  LOAD_V_GROUP(0);
   // Scores of the chunk, a thread a token (CH = NT: no loop here, so that the compiler keeps
   // q_s in threadgroup memory rather than hoisting all G * D values into registers).
   {
@@ -202,66 +247,54 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
-  // P.V: SIMD groups take 8-token vectors in turn; lane l owns rows l + 32 i.
+  // P.V: SIMD groups take 8-token vectors in turn (vector vi = simd + k * NSIMD); lane l owns
+  // rows lane_dim(l, i). The V words of VPF vectors are in vw; the first VPF came in with K.
   for (uint g = 0; g < G; ++g) {
     for (uint i = 0; i < ROWS; ++i) acc[g][i] *= alpha_s[g];
   }
-  for (uint vi = simd; vi * 8 < cn; vi += NSIMD) {
-    const uint t0 = c0 + vi * 8;
-    const uint valid = min(8u, t_end - t0);
-    float pv[G][8];
-    for (uint g = 0; g < G; ++g) {
-      for (uint j = 0; j < 8; ++j) pv[g][j] = p_s[g * CH + vi * 8 + j];
-    }
-#if LATHE_PAGED
-    const uint block = uint(table[cb * rows + t0 / BS]);
-    const uint v0 = (block * n_kv + h) * D * BS + t0 % BS;  // + d * BS
-#else
-    const uint v0 = ((cb * n_kv + h) * rows + t0) * D;  // + j * D + d
-#endif
-    // The vector's V values of this lane's rows, all loads issued before any is used.
-    float v8[ROWS][8];
-#if LATHE_PAGED
-    uint4 vw[ROWS];
-    LATHE_UNROLL
-    for (uint i = 0; i < ROWS; ++i) vw[i] = load_wide<uint4>(v_cache, (v0 + lane_dim(lane, i) * BS) / 8);
-    LATHE_UNROLL
-    for (uint i = 0; i < ROWS; ++i) {
-      const uint vu[4] = {vw[i].x, vw[i].y, vw[i].z, vw[i].w};
-      for (uint j = 0; j < 4; ++j) {
-        const half2 v2 = as_type<half2>(vu[j]);
-        v8[i][2 * j] = float(v2.x);
-        v8[i][2 * j + 1] = float(v2.y);
-      }
-    }
-#else
-    // Token j's row: this lane's ROWS neighbouring values as ROWS / 2 half2 words (a SIMD group
-    // reads the row whole); rows past the context are not loaded.
-    uint vw[8][ROWS / 2];
-    LATHE_UNROLL
-    for (uint j = 0; j < 8; ++j) {
-      LATHE_UNROLL
-      for (uint w = 0; w < ROWS / 2; ++w) {
-        vw[j][w] = j < valid ? load_wide<uint>(v_cache, (v0 + j * D + lane_dim(lane, 2 * w)) / 2) : 0u;
-      }
+  for (uint k0 = 0; k0 < VPS; k0 += VPF) {
+    if (k0 > 0) {
+      LOAD_V_GROUP(k0);
     }
     LATHE_UNROLL
-    for (uint j = 0; j < 8; ++j) {
-      LATHE_UNROLL
-      for (uint w = 0; w < ROWS / 2; ++w) {
-        const half2 v2 = as_type<half2>(vw[j][w]);
-        v8[2 * w][j] = float(v2.x);
-        v8[2 * w + 1][j] = float(v2.y);
-      }
-    }
-#endif
-    LATHE_UNROLL
-    for (uint i = 0; i < ROWS; ++i) {
-      for (uint j = 0; j < 8; ++j) v8[i][j] = j < valid ? v8[i][j] : 0.0f;
+    for (uint k = 0; k < VPF; ++k) {
+      const uint vi = simd + (k0 + k) * NSIMD;
+      if (vi * 8 >= cn) continue;
+      const uint valid = min(8u, t_end - (c0 + vi * 8));
+      float pv[G][8];
       for (uint g = 0; g < G; ++g) {
-        float a = acc[g][i];
-        for (uint j = 0; j < 8; ++j) a = fma(pv[g][j], v8[i][j], a);
-        acc[g][i] = a;
+        for (uint j = 0; j < 8; ++j) pv[g][j] = p_s[g * CH + vi * 8 + j];
+      }
+      float v8[ROWS][8];
+#if LATHE_PAGED
+      LATHE_UNROLL
+      for (uint i = 0; i < ROWS; ++i) {
+        const uint vu[4] = {vw[k][i].x, vw[k][i].y, vw[k][i].z, vw[k][i].w};
+        for (uint j = 0; j < 4; ++j) {
+          const half2 v2 = as_type<half2>(vu[j]);
+          v8[i][2 * j] = float(v2.x);
+          v8[i][2 * j + 1] = float(v2.y);
+        }
+      }
+#else
+      LATHE_UNROLL
+      for (uint j = 0; j < 8; ++j) {
+        LATHE_UNROLL
+        for (uint w = 0; w < ROWS / 2; ++w) {
+          const half2 v2 = as_type<half2>(vw[k][j][w]);
+          v8[2 * w][j] = float(v2.x);
+          v8[2 * w + 1][j] = float(v2.y);
+        }
+      }
+#endif
+      LATHE_UNROLL
+      for (uint i = 0; i < ROWS; ++i) {
+        for (uint j = 0; j < 8; ++j) v8[i][j] = j < valid ? v8[i][j] : 0.0f;
+        for (uint g = 0; g < G; ++g) {
+          float a = acc[g][i];
+          for (uint j = 0; j < 8; ++j) a = fma(pv[g][j], v8[i][j], a);
+          acc[g][i] = a;
+        }
       }
     }
   }
