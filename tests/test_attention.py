@@ -272,3 +272,23 @@ def test_paged_device_form_against_float64(ctx):
     assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 2e-3
     pool_k, pool_v = np.array(kc, dtype=np.float64), np.array(vc, dtype=np.float64)
     assert np.array_equal(pool_k, ref_k, equal_nan=True) and np.array_equal(pool_v, ref_v, equal_nan=True)
+
+
+def test_chained_bench_orders_each_call_after_the_one_before():
+    """The chained decode benchmark (a decode layer's latency, not a round's throughput): every
+    call after the first takes its q through mx.depends on the call before's output, across
+    sets, and computes what the unchained call does."""
+    from harness.suites.attention import _bench
+
+    chained = _bench("mlx.sdpa", "qwen3-0.6b", 1, 512, chained=True)
+    plain = _bench("mlx.sdpa", "qwen3-0.6b", 1, 512)
+    assert chained.benchmark == "attention-decode-chain-b1" and plain.benchmark == "attention-decode-b1"
+    sets = [chained.make_set() for _ in range(2)]
+    originals = [s["q"] for s in sets]
+    outs = [chained.step(sets[0])[0]]
+    assert sets[0]["q"] is originals[0]  # the first call takes its q as it is
+    outs += [chained.step(sets[k % 2])[0] for k in (1, 2)]
+    mx.eval(outs)
+    assert sets[1]["q"] is not originals[1] and sets[0]["q"] is not originals[0]  # each waits for the one before
+    want = plain.step({**sets[1], "q": originals[1]})[0]
+    assert np.allclose(np.array(outs[1]), np.array(want))

@@ -339,9 +339,12 @@ BENCH_CONTEXTS = (512, 2048, 8192, 32768)
 BENCH_MODELS = {"llama3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}
 
 
-def _bench(kernel: str, model: str, batch: int, ctx: int):
+def _bench(kernel: str, model: str, batch: int, ctx: int, chained: bool = False):
     """One decode step's attention at context ctx for every sequence of the batch. Bytes: K and V
-    read once, q read, out written (fp16)."""
+    read once, q read, out written (fp16). `chained`: each call's q waits for the call before
+    (mx.depends), as a decode layer waits for the one before it, so that GPU time a call is one
+    call's latency; unchained, a round's calls overlap on the GPU and its busy time a call
+    measures throughput, which hides a launch's tail (kernels/attention/NOTES.md)."""
     from harness.bench import BenchCase
     from kernels.attention import flash_decode, merge_counters, paged_attention
 
@@ -386,9 +389,19 @@ def _bench(kernel: str, model: str, batch: int, ctx: int):
                 table_host.append(np.array(s["table"]))
             return ordered(s, paged_attention(s["q"], s["k"], s["v"], table_host[0], lens, scale,
                                               version=version, counters=s["counters"]))
+    if chained:
+        each, last = step, []
+
+        def step(s):
+            if last:
+                s["q"] = mx.depends([s["q"]], [last[0]])[0]
+            outs = each(s)
+            last[:] = outs[:1]
+            return outs
     shape = dict(batch=batch, ctx=ctx, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
                  block_size=bs if kernel.startswith("paged") else 0)
-    return BenchCase("attention", f"attention-decode-b{batch}", kernel, model, shape, make, step,
+    name = f"attention-decode-{'chain-' if chained else ''}b{batch}"
+    return BenchCase("attention", name, kernel, model, shape, make, step,
                      nbytes, 4 * batch * n_heads * ctx * head_dim, nbytes)
 
 
@@ -425,6 +438,10 @@ def bench_cases(quick: bool = False) -> list:
             for ctx in (512, 8192) if quick else BENCH_CONTEXTS:
                 for kernel in ("flash_decode", "paged_v1", "paged_v2", "mlx.sdpa"):
                     cases.append(_bench(kernel, model, batch, ctx))
+    # one sequence, each call waiting for the one before: the latency a decode layer pays
+    for model in ("llama3-8b",) if quick else BENCH_MODELS:
+        for ctx in (8192,) if quick else BENCH_CONTEXTS:
+            cases += [_bench(kernel, model, 1, ctx, chained=True) for kernel in ("flash_decode", "paged_v2", "mlx.sdpa")]
     for tokens in (512,) if quick else (512, 2048):
         cases += [_bench_prefill(k, tokens) for k in ("prefill_attention", "mlx.sdpa")]
     return cases
