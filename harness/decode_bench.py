@@ -105,8 +105,10 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                 weights, kv_bytes = traffic(model, d + prompt + (gen - 1) / 2)  # at the mean decode position
                 for mode in modes:
                     timed = _time_mode(decoder, tokens, d, prompt, gen, mode, repeat)
+                    at = min(d + prompt + gen // 2, decoder.max_seq - 1)  # the mean decode position
                     rows.append(dict(common, backend=_backend(), variant=getattr(decoder, "label", decoder.variant),
-                                     mode=mode, **timed, dispatches_per_token=len(decoder.plan), **split, **tag,
+                                     mode=mode, **timed, **split, **tag,
+                                     dispatches_per_token=dispatches_per_token(decoder, at, mode),
                                      **roofline(weights, kv_bytes, timed["decode_tok_s"], peak_gbs)))
                     print(f"decode {name} {qtype} d{d} {rows[-1]['variant']} {mode}{_round(tag)}: "
                           f"{rows[-1]['decode_tok_s']} tok/s; {rows[-1].pop('_elapsed'):.1f} s (warm-up "
@@ -139,6 +141,14 @@ def roofline(weights: int, kv: int, tok_s: float, peak_gbs: float | None) -> dic
     gbs = (weights + kv) * tok_s / 1e9
     return dict(weight_mb=round(weights / 2**20, 2), kv_mb=round(kv / 2**20, 3), gbs=round(gbs, 2),
                 pct_roofline=round(100 * gbs / peak_gbs, 2) if peak_gbs else None)
+
+
+def dispatches_per_token(decoder, pos: int, mode: str) -> int:
+    """Kernel launches a decode token at pos makes in `mode` (a kernel variant's, recorded: the
+    argmax and any second launch of a step included; the compiled modes pass the position as an
+    array); the reference variant's plan steps (MLX ops, each of which may launch more)."""
+    count = getattr(decoder, "launches_per_token", None)
+    return count(pos, mode.startswith("compiled")) if count else len(decoder.plan)
 
 
 def _time_mode(decoder, tokens, depth: int, prompt: int, gen: int, mode: str, repeat: int) -> dict:

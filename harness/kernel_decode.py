@@ -503,6 +503,20 @@ class KernelDecoder:
         compiled, _ = prepare(rec.jobs)  # a kernel that fails to compile fails at its launch
         return compiled
 
+    def launches_per_token(self, pos: int, device_pos: bool) -> int:
+        """The kernel launches of one decode token at position pos, its argmax included, recorded
+        rather than run. A plan step may make more than one: attention past SPLIT_FROM tokens,
+        the split launch and its combine. `device_pos`: the position as a compiled step passes
+        it (an array: attention's grid is then sized for max_seq, not for pos)."""
+        held = list(self.k), list(self.v)  # the recorded steps replace cache entries with zeros
+        try:
+            with recording() as rec:
+                logits = self.layers(mx.zeros((1,), mx.int32), 1, index(pos) if device_pos else pos)
+                self.greedy(logits)
+        finally:
+            self.k, self.v = held
+        return len(rec.jobs)
+
     def _concat(self, fused_name: str, parts: tuple[str, ...]) -> None:
         for i in range(self.config.n_layers):
             names = [f"blk.{i}.{p}.weight" for p in parts]

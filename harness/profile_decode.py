@@ -196,6 +196,7 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
     import mlx.core as mx
 
     from harness.decode import make_decoder, model_file
+    from harness.decode_bench import dispatches_per_token
     from harness.models import load_gguf
     from kernels.runtime import index
 
@@ -247,7 +248,8 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
     split = ", ".join(f"{k} {1e3 * float(np.mean(v)):.3f}" for k, v in parts.items())
     print(f"{preset} {qtype} {variant} compiled-pipelined: {1e3 * wall:.3f} ms per token over {tokens} "
           f"(host ms per token: {split}); GPU busy {'n/a' if busy is None else f'{busy:.0f}%'}; "
-          f"{len(decoder.plan)} dispatches a token{', under the kernel tracer' if timeline else ''}")
+          f"{dispatches_per_token(decoder, decoder.pos - 1, 'compiled-pipelined')} dispatches a token "
+          f"({len(decoder.plan)} plan steps){', under the kernel tracer' if timeline else ''}")
     if timeline:
         summarize_timeline(kernels)
 

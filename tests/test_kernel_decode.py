@@ -286,3 +286,31 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, varian
     if not overflow:  # --show-plan builds the same decode plan from the file alone
         path = models["_paths"][preset, "q8_0"]
         assert show_plan(str(path), "q8_0", variant=variant.split()[0], kv=kv).endswith(plan_table(decoder.plan))
+
+
+def test_launches_per_token_counts_every_kernel(models):
+    """decode.csv's dispatches_per_token: the launches a decode token makes, recorded, the argmax
+    included; past SPLIT_FROM cached rows a compiled step's attention (grid sized for the cache)
+    launches its split and, with attn_combine=launch, the combine: a layer's step makes two."""
+    from kernels import attention
+    from kernels.runtime import recording
+
+    from dataclasses import replace
+
+    m = models["tiny-llama", "q8_0"]
+    deep = replace(m, config=replace(m.config, ctx=4096))  # room for a cache past SPLIT_FROM
+    c = m.config
+    with recording():
+        short = KernelDecoder(m, 64, "fused")
+        long = KernelDecoder(deep, attention.SPLIT_FROM + 64, "fused")
+    assert short.launches_per_token(40, device_pos=False) == len(short.plan) + 1
+    assert short.launches_per_token(40, device_pos=True) == len(short.plan) + 1
+    with options.use(attn_combine="launch"):
+        assert long.launches_per_token(100, device_pos=True) == len(long.plan) + 1 + c.n_layers
+        assert long.launches_per_token(100, device_pos=False) == len(long.plan) + 1  # 101 tokens: whole
+        assert long.launches_per_token(2100, device_pos=False) == len(long.plan) + 1 + c.n_layers
+    with options.use(attn_combine="last_group"):
+        assert long.launches_per_token(100, device_pos=True) == len(long.plan) + 1
+    k_before = [id(k) for k in long.k]
+    long.launches_per_token(100, device_pos=True)
+    assert long.pos == 0 and [id(k) for k in long.k] == k_before  # the caches are the decoder's own
