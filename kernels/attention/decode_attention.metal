@@ -25,11 +25,10 @@
 // chunk (online softmax), then P.V with SIMD groups taking 8-token vectors in turn, each lane
 // owning D / 32 output rows (`dim` below); the SIMD groups' sums meet at the end. A SIMD group's
 // V loads for its vectors of the chunk are issued at the chunk's start, with the K loads (all of
-// them for D <= 128: LOAD_V_GROUP). At decode's
-// short contexts the kernel is a chain of memory latencies, not a stream: every loop issues all
-// of its loads before it uses one. Tokens past the context are never loaded into a sum: a V vector
-// that straddles the end has its extra lanes replaced by zero, not multiplied by it (unused
-// cache slots may hold anything, NaN included).
+// them for D <= 128: LOAD_V_GROUP). At decode's short contexts the kernel is a chain of memory
+// latencies, not a stream: every loop issues all of its loads before it uses one. Tokens past
+// the context are never loaded into a sum: a V vector that straddles the end has its extra lanes
+// replaced by zero, not multiplied by it (unused cache slots may hold anything, NaN included).
 // LATHE_ROPE 1 (contiguous, one sequence, one new token): RoPE and the KV-cache write ride in
 // this kernel, saving the launch of rope_kv_write a layer. q is then the unrotated QKV row of
 // the token (Q heads, K heads, V heads: the fused projection's output) at position pos: each
