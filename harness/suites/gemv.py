@@ -666,36 +666,28 @@ SWEEP_SHAPES = (("q4_0", 6144, 4096), ("q4_0", 4096, 4096), ("q4_0", 28672, 4096
                 ("q8_0", 1024, 2048), ("q8_0", 6144, 1024), ("q8_0", 1024, 3072))
 
 
-def sweep_cases() -> list[BenchCase]:
-    """v2's launch knobs (R rows per SIMD group, NSIMD SIMD groups per threadgroup) where they
-    fit in threadgroup memory; each row's rel_err is against the default launch's output."""
-    from kernels.gemv import SMEM_BUDGET, gemv_v2, v2_smem_bytes
-
+def _sweep(fn, weights_once, settings) -> list[BenchCase]:
+    """Sweep rows of one GEMV over the loop's shapes: `settings` is (variant label, knobs) pairs;
+    each row's rel_err is against the default launch's output on the same inputs."""
     cases = []
     for qtype, n, k in SWEEP_SHAPES:
-        weights = _weights_once(qtype, (n, k))
+        weights = weights_once(qtype, (n, k))
 
         def make(k=k, weights=weights):
             return {"w": weights()[0], "x": mx.random.normal((1, k)).astype(mx.float16)}
 
-        for r in SWEEP_ROWS:
-            for s in SWEEP_SIMDS:
-                if v2_smem_bytes(qtype, 1, r, s, 2048) > SMEM_BUDGET:
-                    continue
+        for label, knobs in settings(qtype):
+            def step(st, qtype=qtype, n=n, k=k, knobs=knobs):
+                return [fn(st["x"], st["w"], qtype, n, k, **knobs)]
 
-                def step(st, qtype=qtype, n=n, k=k, r=r, s=s):
-                    return [gemv_v2(st["x"], st["w"], qtype, n, k, rows=r, simds=s)]
+            def verify(make=make, step=step, qtype=qtype, n=n, k=k):
+                st = make()
+                return rel_err(np.array(step(st)[0]), np.array(fn(st["x"], st["w"], qtype, n, k)))
 
-                def verify(make=make, step=step, qtype=qtype, n=n, k=k):
-                    st = make()
-                    return rel_err(np.array(step(st)[0]),
-                                   np.array(gemv_v2(st["x"], st["w"], qtype, n, k)))
-
-                nbytes = _io_bytes(qtype, n, k)
-                cases.append(BenchCase("gemv", "gemv-sweep", f"gemv_{qtype}", f"R{r}-NSIMD{s}",
-                                       dict(M=1, N=n, K=k), make, step, nbytes, 2 * n * k,
-                                       nbytes, verify))
-    return cases + _v3_sweep_cases()
+            nbytes = _io_bytes(qtype, n, k)
+            cases.append(BenchCase("gemv", "gemv-sweep", f"gemv_{qtype}", label, dict(M=1, N=n, K=k), make,
+                                   step, nbytes, 2 * n * k, nbytes, verify))
+    return cases
 
 
 # v3's knobs: R rows a SIMD group, NSIMD, P 16-byte loads in flight a lane and row, and the grid
@@ -704,31 +696,19 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
     [dict(rows=2, simds=4, depth=4, max_groups=g) for g in (264, 528, 1056)]
 
 
-def _v3_sweep_cases() -> list[BenchCase]:
-    """v3's launch knobs over the loop's shapes (variant 'v3 R.-NSIMD.-P.-G.'); rel_err against
-    the default launch's output."""
-    from kernels.gemv import gemv_v3
+def sweep_cases() -> list[BenchCase]:
+    """v2's launch knobs (R rows per SIMD group, NSIMD SIMD groups per threadgroup) where they
+    fit in threadgroup memory, then v3's (V3_SWEEP, variant 'v3 R.-NSIMD.-P.-G.')."""
+    from kernels.gemv import SMEM_BUDGET, gemv_v2, gemv_v3, v2_smem_bytes
 
-    cases = []
-    for qtype, n, k in SWEEP_SHAPES:
-        weights = _packed_once(qtype, (n, k))
+    def v2_settings(qtype):
+        return [(f"R{r}-NSIMD{s}", dict(rows=r, simds=s)) for r in SWEEP_ROWS for s in SWEEP_SIMDS
+                if v2_smem_bytes(qtype, 1, r, s, 2048) <= SMEM_BUDGET]
 
-        def make(k=k, weights=weights):
-            return {"w": weights()[0], "x": mx.random.normal((1, k)).astype(mx.float16)}
+    def v3_settings(qtype):
+        return [("v3 R{rows}-NSIMD{simds}-P{depth}-G{max_groups}".format(**knobs), knobs) for knobs in V3_SWEEP]
 
-        for knobs in V3_SWEEP:
-            def step(st, qtype=qtype, n=n, k=k, knobs=knobs):
-                return [gemv_v3(st["x"], st["w"], qtype, n, k, **knobs)]
-
-            def verify(make=make, step=step, qtype=qtype, n=n, k=k):
-                st = make()
-                return rel_err(np.array(step(st)[0]), np.array(gemv_v3(st["x"], st["w"], qtype, n, k)))
-
-            label = "v3 R{rows}-NSIMD{simds}-P{depth}-G{max_groups}".format(**knobs)
-            nbytes = _io_bytes(qtype, n, k)
-            cases.append(BenchCase("gemv", "gemv-sweep", f"gemv_{qtype}", label, dict(M=1, N=n, K=k), make,
-                                   step, nbytes, 2 * n * k, nbytes, verify))
-    return cases
+    return _sweep(gemv_v2, _weights_once, v2_settings) + _sweep(gemv_v3, _packed_once, v3_settings)
 
 
 def plots(df: pd.DataFrame, out_dir: Path, peak_gbs: float) -> list[Path]:
