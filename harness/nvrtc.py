@@ -62,6 +62,7 @@ def core_calls() -> list:
         Call(lambda: compat.thread_ids((8, 4, 2), (4, 2, 2))),
         Call(lambda: compat.simd(mx.zeros((64,)), 32, 5)),
         Call(lambda: compat.memory(h(64), mx.zeros((64,), mx.uint32), h(64), 32)),
+        Call(lambda: compat.simdgroup_matrix(mx.zeros((16, 16), mx.float16), mx.zeros((8, 8)), 3, 5)),
         Call(lambda: copy16(mx.zeros((64,), mx.uint32))),
     ]
 

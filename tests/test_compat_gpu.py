@@ -70,3 +70,27 @@ def test_threadgroup_memory_barrier_half_and_wide_loads(tg):
     np.testing.assert_array_equal(wide_out, wide)
     np.testing.assert_array_equal(pairs_out, pairs.reshape(-1, 2)[:, ::-1].reshape(-1))
     np.testing.assert_array_equal(quads_out, pairs.reshape(-1, 2, 2)[:, ::-1].reshape(-1))
+
+
+@pytest.mark.parametrize("column, row", [(0, 0), (3, 5), (8, 0)], ids=["aligned", "odd-column", "right-block"])
+def test_simdgroup_matrix(column, row):
+    """Metal's 8x8 SIMD-group matrices: loads (plain, transposed, unaligned), stores (plain,
+    transposed), the multiply with fp32 and fp16 sums, and the thread_elements() layout that
+    lathe.h's sg8x8_row/col and row reductions describe."""
+    rng = np.random.default_rng()
+    big = rng.standard_normal((16, 16)).astype(np.float16)
+    c = rng.standard_normal((8, 8)).astype(np.float32)
+    with poisoned_outputs():
+        out = np.array(compat.simdgroup_matrix(mx.array(big), mx.array(c), column, row))
+    a = big[row:row + 8, column:column + 8].astype(np.float64)
+    b = big[8:, 8:].astype(np.float64)
+    want = a @ b + c
+    np.testing.assert_allclose(out[0], want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out[1], (a @ b + c.astype(np.float16)), rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(out[2], a.T @ b.T, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(out[3], a.T)
+    np.testing.assert_array_equal(out[4], c.T)
+    np.testing.assert_array_equal(out[5], out[0])
+    np.testing.assert_allclose(out[6][:, 0], out[0].sum(axis=1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(out[6][:, 1], out[0].max(axis=1))
+    np.testing.assert_array_equal(out[6][:, 2:], 0)

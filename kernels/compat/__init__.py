@@ -37,3 +37,15 @@ def memory(x: mx.array, wide_in: mx.array, pairs_in: mx.array, threadgroup: int)
                          [((n,), mx.float16), ((n,), mx.float32), ((n,), mx.uint32), ((n,), mx.float16),
                           ((n,), mx.float16)],
                          (n, 1, 1), (threadgroup, 1, 1), {"TG": threadgroup}))
+
+
+_SIMDGROUP_MATRIX = KernelSpec("lathe_probe_simdgroup_matrix", "compat/simdgroup_matrix.metal",
+                               ("big", "c", "dims"), ("out", "scratch"))
+
+
+def simdgroup_matrix(big: mx.array, c: mx.array, column: int, row: int) -> mx.array:
+    """[7, 8, 8] float: the products, transposes and fragment reads of simdgroup_matrix.metal;
+    big is half [16, 16], c float [8, 8], A big's block from (row, column)."""
+    out, _ = launch(Launch(_SIMDGROUP_MATRIX, [big, c, mx.array([column, row], dtype=mx.int32)],
+                           [((7, 8, 8), mx.float32), ((2, 8, 8), mx.float16)], (32, 1, 1), (32, 1, 1)))
+    return out

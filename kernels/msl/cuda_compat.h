@@ -11,6 +11,7 @@
 typedef unsigned char uchar;
 typedef unsigned short ushort;
 typedef unsigned int uint;
+typedef unsigned long ulong;  // 64 bits, as Metal's (Linux LP64)
 
 // ---- address spaces -----------------------------------------------------------------------------
 // Only `threadgroup`, and only on declarations (`threadgroup float buf[N];`). `device` and
@@ -130,6 +131,168 @@ __device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_g
 template <int N>
 __device__ __forceinline__ void async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// ---- SIMD-group matrices: Metal's simdgroup_matrix<T, 8, 8> on the tensor cores -----------------
+// A warp's 8x8 matrix, two elements a lane, in one of two layouts that a matrix records (`cols`):
+//  rows (the mma's A and C/D operands): lane l holds row l/4, columns 2(l%4) and 2(l%4)+1;
+//  cols (the mma's B operand): lane l holds rows 2(l%4) and 2(l%4)+1 of column l/4.
+// A plain load reads a row pair into the rows layout; a transposed load reads the very same
+// words and marks the matrix `cols` (element (r, c) of a transposed matrix is memory (c, r)), so
+// K loaded transposed for Q.K^T reaches the mma without a shuffle. A matrix used in the other
+// layout is converted first (movmatrix for half, four shuffles for float). After inlining `cols`
+// is a constant and the branches fold away. The multiply is mma.sync m16n8k8 with rows 8-15 of
+// A zero: NVIDIA has no 8-row f16 MMA, so half of each tensor-core op is spent on nothing.
+// Half operands only (float A or B would need tf32, which the bodies do not use). lathe.h has
+// the layout helpers (sg8x8_row/col, sg8x8_row_sum/max) that thread_elements() needs on both
+// backends.
+template <typename T>
+struct lathe_pair;
+template <>
+struct lathe_pair<float> {
+  typedef float2 type;
+};
+template <>
+struct lathe_pair<half> {
+  typedef half2 type;
+};
+template <typename T, int Cols, int Rows>
+struct simdgroup_matrix;
+template <typename T>
+__device__ __forceinline__ void lathe_sg_to(const simdgroup_matrix<T, 8, 8>& m, bool cols);
+template <typename T>
+struct simdgroup_matrix<T, 8, 8> {
+  mutable typename lathe_pair<T>::type e;
+  mutable bool cols = false;
+  // Metal's thread_elements(): this lane's two elements, row sg8x8_row(lane), columns
+  // sg8x8_col(lane) and sg8x8_col(lane) + 1 (the rows layout).
+  __device__ __forceinline__ typename lathe_pair<T>::type& thread_elements() {
+    lathe_sg_to(*this, false);
+    return e;
+  }
+};
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+
+__device__ __forceinline__ uint lathe_movmatrix_trans(uint w) {
+  uint out;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(out) : "r"(w));
+  return out;
+}
+// rows <-> cols of one matrix: the element a lane wants in one layout sits, in the other, at lane
+// 4 * (its column) + (its row) / 2, slot (its row) % 2; the same formula both ways.
+__device__ __forceinline__ float2 lathe_sg_swap_float(float2 v) {
+  const uint lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
+  const uint from0 = 8u * t + (g >> 1), from1 = from0 + 4u;
+  const float x0 = __shfl_sync(0xffffffffu, v.x, from0), y0 = __shfl_sync(0xffffffffu, v.y, from0);
+  const float x1 = __shfl_sync(0xffffffffu, v.x, from1), y1 = __shfl_sync(0xffffffffu, v.y, from1);
+  return (g & 1u) ? make_float2(y0, y1) : make_float2(x0, x1);
+}
+template <>
+__device__ __forceinline__ void lathe_sg_to<half>(const simdgroup_matrix<half, 8, 8>& m, bool cols) {
+  if (m.cols != cols) {
+    m.e = as_type<half2>(lathe_movmatrix_trans(as_type<uint>(m.e)));
+    m.cols = cols;
+  }
+}
+template <>
+__device__ __forceinline__ void lathe_sg_to<float>(const simdgroup_matrix<float, 8, 8>& m, bool cols) {
+  if (m.cols != cols) {
+    m.e = lathe_sg_swap_float(m.e);
+    m.cols = cols;
+  }
+}
+
+template <typename T, int Cols, int Rows>
+__device__ __forceinline__ simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T value) {
+  simdgroup_matrix<T, Cols, Rows> m;
+  m.e.x = value;
+  m.e.y = value;
+  return m;
+}
+
+// matrix_origin is (column, row) in the source; a scalar origin means (o, o), as in Metal.
+__device__ __forceinline__ ulong2 lathe_origin(ulong2 o) { return o; }
+__device__ __forceinline__ ulong2 lathe_origin(ulong o) { return make_ulong2(o, o); }
+template <typename T>
+__device__ __forceinline__ const T* lathe_sg_pair(const T* base, ulong stride, ulong2 o) {
+  const uint lane = threadIdx.x & 31u;
+  return base + (o.y + (lane >> 2)) * stride + o.x + 2u * (lane & 3u);
+}
+template <typename T, typename O = ulong>
+__device__ __forceinline__ void simdgroup_load(simdgroup_matrix<T, 8, 8>& d, const T* src,
+                                               ulong elements_per_row = 8, O matrix_origin = 0,
+                                               bool transpose_matrix = false) {
+  const T* p = lathe_sg_pair(src, elements_per_row, lathe_origin(matrix_origin));
+  typedef typename lathe_pair<T>::type P;
+  if ((reinterpret_cast<size_t>(p) & (sizeof(P) - 1)) == 0) {
+    d.e = *reinterpret_cast<const P*>(p);
+  } else {
+    d.e.x = p[0];
+    d.e.y = p[1];
+  }
+  d.cols = transpose_matrix;
+}
+template <typename T, typename O = ulong>
+__device__ __forceinline__ void simdgroup_store(const simdgroup_matrix<T, 8, 8>& a, T* dst,
+                                                ulong elements_per_row = 8, O matrix_origin = 0,
+                                                bool transpose_matrix = false) {
+  lathe_sg_to(a, transpose_matrix);  // a transposed store writes the cols layout's pairs
+  T* p = const_cast<T*>(lathe_sg_pair<T>(dst, elements_per_row, lathe_origin(matrix_origin)));
+  typedef typename lathe_pair<T>::type P;
+  if ((reinterpret_cast<size_t>(p) & (sizeof(P) - 1)) == 0) {
+    *reinterpret_cast<P*>(p) = a.e;
+  } else {
+    p[0] = a.e.x;
+    p[1] = a.e.y;
+  }
+}
+
+// d = a * b + c, fp32 or fp16 accumulation (d may be c).
+__device__ __forceinline__ void simdgroup_multiply_accumulate(simdgroup_float8x8& d, const simdgroup_half8x8& a,
+                                                              const simdgroup_half8x8& b, const simdgroup_float8x8& c) {
+  lathe_sg_to(a, false);
+  lathe_sg_to(b, true);
+  lathe_sg_to(c, false);
+  float d0, d1, d2, d3;
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};"
+               : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+               : "r"(as_type<uint>(a.e)), "r"(0u), "r"(as_type<uint>(b.e)), "f"(c.e.x), "f"(c.e.y),
+                 "f"(0.0f), "f"(0.0f));
+  (void)d2, (void)d3;  // rows 8-15: A's zero rows
+  d.e = make_float2(d0, d1);
+  d.cols = false;
+}
+__device__ __forceinline__ void simdgroup_multiply_accumulate(simdgroup_half8x8& d, const simdgroup_half8x8& a,
+                                                              const simdgroup_half8x8& b, const simdgroup_half8x8& c) {
+  lathe_sg_to(a, false);
+  lathe_sg_to(b, true);
+  lathe_sg_to(c, false);
+  uint d0, d1;
+  asm("mma.sync.aligned.m16n8k8.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3}, {%4}, {%5,%6};"
+               : "=r"(d0), "=r"(d1)
+               : "r"(as_type<uint>(a.e)), "r"(0u), "r"(as_type<uint>(b.e)), "r"(as_type<uint>(c.e)), "r"(0u));
+  (void)d1;
+  d.e = as_type<half2>(d0);
+  d.cols = false;
+}
+template <typename T>
+__device__ __forceinline__ void simdgroup_multiply(simdgroup_matrix<T, 8, 8>& d, const simdgroup_half8x8& a,
+                                                   const simdgroup_half8x8& b) {
+  simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<T, 8, 8>(T(0.0f)));
+}
+// The fragment layout (lathe.h's Metal twins follow Apple's): lane l's elements are row
+// sg8x8_row(l), columns sg8x8_col(l) and sg8x8_col(l) + 1; the four lanes of a row differ in
+// their two low bits, so a row reduces over shuffles by 1 and 2.
+__device__ __forceinline__ uint sg8x8_row(uint lane) { return lane >> 2; }
+__device__ __forceinline__ uint sg8x8_col(uint lane) { return 2u * (lane & 3u); }
+__device__ __forceinline__ float sg8x8_row_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+__device__ __forceinline__ float sg8x8_row_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
 // ---- work shared across threadgroups (gemv/seam.metal) -------------------------------------------

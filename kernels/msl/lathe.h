@@ -4,6 +4,7 @@
 
 #ifdef __METAL_VERSION__
 #include <metal_stdlib>
+#include <metal_simdgroup_matrix>
 using namespace metal;
 #define LATHE_FN inline
 #define LATHE_UNROLL _Pragma("clang loop unroll(full)")
@@ -82,6 +83,19 @@ LATHE_FN void grid_wait(const device uint* counter, uint target) {
 LATHE_FN void grid_reset(const device uint* counter, uint count) {
   lathe_device_fence();
   for (uint i = 0; i < count; ++i) atomic_store_explicit(lathe_counter(counter + i), 0u, memory_order_relaxed);
+}
+// The layout of a simdgroup_matrix<T, 8, 8>'s thread_elements() (Apple's, as MLX's steel GEMMs
+// use it; cuda_compat.h's twins give the CUDA layout): lane l holds row sg8x8_row(l), columns
+// sg8x8_col(l) and sg8x8_col(l) + 1; the four lanes of a row are l, l^1, l^8, l^9.
+LATHE_FN uint sg8x8_row(uint lane) { return ((lane / 4) & 4) + (lane / 2) % 4; }
+LATHE_FN uint sg8x8_col(uint lane) { return ((lane / 4) & 2) * 2 + (lane % 2) * 2; }
+LATHE_FN float sg8x8_row_sum(float v) {
+  v += simd_shuffle_xor(v, ushort(1));
+  return v + simd_shuffle_xor(v, ushort(8));
+}
+LATHE_FN float sg8x8_row_max(float v) {
+  v = max(v, simd_shuffle_xor(v, ushort(1)));
+  return max(v, simd_shuffle_xor(v, ushort(8)));
 }
 #endif
 
