@@ -164,9 +164,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         if paged:
             add("kv_write", "lathe reshape_and_cache", ("k", "v"), (f"cache.{i}",), _run_reshape_and_cache, i,
                 per_token=("slot",), layer=i, launches=("lathe_reshape_and_cache",))
-            add("attention", "lathe paged_attention v2 (split past 2048, merged: attn_combine)" if decode else "lathe prefill_attention (paged)",
+            add("attention", "lathe paged_attention v2 (split past 2048, merged: attn_combine)" if decode else "lathe prefill_attention (paged; kernel: attn_prefill)",
                 ("q", f"cache.{i}", "block_table"), ("o",), _run_paged_attention, i, per_token=("kv_len",), layer=i,
-                launches=("lathe_paged_attention", "lathe_attention_combine"))
+                launches=("lathe_paged_attention", "lathe_attention_combine") + (() if decode else ("lathe_paged_prefill",)))
         elif wrap:
             for n in "kv":
                 add("kv_write", "lathe cache_write", (n,), (f"cache.{i}",), _run_cache_write, n, i,
@@ -189,9 +189,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             else:
                 add("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"), ("q", f"cache.{i}"),
                     _run_rope_kv_write, i, per_token=("pos",), layer=i, launches=("lathe_rope_kv_write",))
-            add("attention", "lathe flash_decode (split past 2048, merged: attn_combine)" if decode else "lathe prefill_attention",
+            add("attention", "lathe flash_decode (split past 2048, merged: attn_combine)" if decode else "lathe prefill_attention (kernel: attn_prefill)",
                 ("q", f"cache.{i}"), ("o",), _run_attention, i, per_token=("kv_len",), layer=i,
-                launches=("lathe_contiguous_attention", "lathe_attention_combine"))
+                launches=("lathe_contiguous_attention", "lathe_attention_combine") + (() if decode else ("lathe_contiguous_prefill",)))
         # -- the output projection and the FFN --------------------------------------------------------
         if seams:
             last = i + 1 == c.n_layers

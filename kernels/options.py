@@ -92,6 +92,9 @@ DECLARED = (
            "split attention's partitions merged by a combine launch of their own (launch), or by the "
            "last threadgroup of each head group in the same launch (last_group: slower so far, "
            "kernels/attention/NOTES.md)"),
+    Option("attn_prefill", "tiled", _one_of("tiled", "decode"),
+           "a prompt's attention: query tiles against K/V tiles on SIMD-group matrices (tiled), or the "
+           "decode kernel with one query per token (decode; kernels/attention/NOTES.md)"),
     Option("attn_query_split", 64, _count,
            "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
     Option("pad_constants", True, _flag,

@@ -134,11 +134,12 @@ def _reshape_case(tokens: int, n_kv: int, head_dim: int, block_size: int) -> Che
                      dict(T=tokens, Hkv=n_kv, D=head_dim, bs=block_size), run)
 
 
-def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, split: bool,
+def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, kernel: str,
                   block_size: int = 0) -> CheckCase:
     """A prompt of `tokens` at positions pos.. over a cache already holding pos earlier tokens:
     query i against rows 0 .. pos+i only (rows past pos+tokens are NaN). With a block size, the
-    same tokens in a paged pool, blocks scattered by the table (spare blocks NaN)."""
+    same tokens in a paged pool, blocks scattered by the table (spare blocks NaN). kernel:
+    "tiled", or the decode kernel "split" (forced) or "whole"."""
     from kernels.attention import prefill_attention
     from kernels.runtime import poisoned_outputs
 
@@ -166,8 +167,9 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
             ref.reshape_and_cache(k_pool, v_pool, k_all[:n], v_all[:n], slots)
             caches = (mx.array(k_pool), mx.array(v_pool))
         with poisoned_outputs():
-            out = prefill_attention(mx.array(q), *caches, pos, scale, block_table=table, split=split,
-                                    split_from=0)
+            out = prefill_attention(mx.array(q), *caches, pos, scale, block_table=table,
+                                    kernel="tiled" if kernel == "tiled" else "decode",
+                                    split=kernel == "split", split_from=0)
             mx.eval(out)
         out = np.array(out)
         want = np.stack([ref.attend(q[i], k64[: pos + i + 1], v64[: pos + i + 1], scale)
@@ -177,7 +179,7 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
     shape = dict(T=tokens, pos=pos, heads=f"{n_heads}/{n_kv}", D=head_dim)
     if block_size:
         shape["bs"] = block_size
-    variant = ("split" if split else "whole") + (" paged" if block_size else "")
+    variant = kernel + (" paged" if block_size else "")
     return CheckCase("attention", "prefill_attention", variant, shape, run)
 
 
@@ -283,18 +285,26 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     cases.append(_contiguous_case(True, [700, 3, 1025], (32, 8), 128, 1100))
     # circular overflow: more written than the cache holds
     cases.append(_contiguous_case(True, [], (16, 8), 128, 512, written=[1300, 512, 700]))
-    for tokens, pos, heads, d in ((1, 0, (32, 8), 128), (17, 0, (32, 8), 128), (64, 100, (16, 8), 64),
-                                  (513, 7, (32, 32), 128), (200, 1000, (64, 8), 256)):
+    # a prompt (the decode kernel a query per token, split and whole; the tiled kernel, whose
+    # tiles are 64 query rows (32 at D = 256) and 32 keys (16): tails on both sides)
+    prompts = ((1, 0, (32, 8), 128), (17, 0, (32, 8), 128), (64, 100, (16, 8), 64),
+               (513, 7, (32, 32), 128), (200, 1000, (64, 8), 256))
+    for tokens, pos, heads, d in prompts:
         if small and tokens > 17:
             continue
-        for split in (True, False):
-            cases.append(_prefill_case(tokens, pos, heads, d, split))
+        for kernel in ("tiled", "split", "whole"):
+            cases.append(_prefill_case(tokens, pos, heads, d, kernel))
+    for tokens, pos, heads, d in ((65, 0, (32, 8), 128), (130, 31, (16, 8), 64), (97, 33, (8, 8), 256),
+                                  (300, 2000, (16, 8), 128)):
+        if not small:
+            cases.append(_prefill_case(tokens, pos, heads, d, "tiled"))
     # a prompt over the paged pool (the decode loop's paged option)
     for tokens, pos, heads, d, bs in ((17, 0, (32, 8), 128, 16), (64, 100, (16, 8), 64, 32),
-                                      (200, 1000, (64, 8), 256, 16)):
+                                      (200, 1000, (64, 8), 256, 16), (130, 5, (32, 8), 128, 32)):
         if small and tokens > 17:
             continue
-        cases.append(_prefill_case(tokens, pos, heads, d, True, bs))
+        for kernel in ("tiled", "split"):
+            cases.append(_prefill_case(tokens, pos, heads, d, kernel, bs))
     # RoPE + KV write + attention in one launch (the fused decode loop's attention)
     for pos, heads, d, neox, split, dev in ((0, (32, 8), 128, False, False, False), (16, (32, 8), 128, False, True, True),
                                             (70, (16, 16), 64, True, False, True), (600, (64, 8), 256, True, True, False),
@@ -405,30 +415,37 @@ def _bench(kernel: str, model: str, batch: int, ctx: int, chained: bool = False)
                      nbytes, 4 * batch * n_heads * ctx * head_dim, nbytes)
 
 
-def _bench_prefill(kernel: str, tokens: int):
-    """A prompt of `tokens` (Llama-3-8B heads) attending causally over its own K and V in the
-    cache. Bytes: K and V read once, q read, out written (the floor; the kernel re-reads K and V
-    from L2 for each query token)."""
+def _bench_prefill(kernel: str, tokens: int, pos: int = 0, model: str = "llama3-8b"):
+    """A prompt of `tokens` at positions pos .. pos+tokens-1 attending causally over the cache
+    (its own K and V after pos earlier tokens'). kernel: "tiled" or "decode" (prefill_attention's
+    two kernels), or "mlx.sdpa" (causal, its mask aligned to the end of the keys). Bytes: K and V
+    read once, q read, out written (the floor; a kernel re-reads K and V from L2 for each query
+    tile); flops: the two products over the causal half."""
     from harness.bench import BenchCase
     from kernels.attention import prefill_attention
 
-    n_heads, n_kv, head_dim = BENCH_MODELS["llama3-8b"]
+    n_heads, n_kv, head_dim = BENCH_MODELS[model]
     scale = head_dim ** -0.5
-    nbytes = 2 * n_kv * tokens * head_dim * 2 + 2 * 2 * tokens * n_heads * head_dim
+    keys = pos + tokens
+    nbytes = 2 * n_kv * keys * head_dim * 2 + 2 * 2 * tokens * n_heads * head_dim
+    flops = 4 * tokens * (pos + (tokens + 1) // 2) * n_heads * head_dim
 
     def make():
         return {"q": mx.random.normal((tokens, n_heads, head_dim)).astype(mx.float16),
-                "k": mx.random.normal((n_kv, tokens, head_dim)).astype(mx.float16),
-                "v": mx.random.normal((n_kv, tokens, head_dim)).astype(mx.float16)}
+                "k": mx.random.normal((n_kv, keys, head_dim)).astype(mx.float16),
+                "v": mx.random.normal((n_kv, keys, head_dim)).astype(mx.float16)}
 
     if kernel == "mlx.sdpa":
         step = lambda s: [mx.fast.scaled_dot_product_attention(  # noqa: E731
             s["q"].transpose(1, 0, 2)[None], s["k"][None], s["v"][None], scale=scale, mask="causal")]
     else:
-        step = lambda s: [prefill_attention(s["q"], s["k"], s["v"], 0, scale)]  # noqa: E731
-    shape = dict(batch=1, ctx=tokens, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, block_size=0)
-    return BenchCase("attention", "attention-prefill", kernel, "llama3-8b", shape, make, step, nbytes,
-                     4 * tokens * tokens * n_heads * head_dim // 2, nbytes)
+        step = lambda s: [prefill_attention(s["q"], s["k"], s["v"], pos, scale, kernel=kernel)]  # noqa: E731
+    shape = dict(batch=1, ctx=keys, tokens=tokens, pos=pos, n_heads=n_heads, n_kv_heads=n_kv,
+                 head_dim=head_dim, block_size=0)
+    return BenchCase("attention", "attention-prefill", kernel, model, shape, make, step, nbytes, flops, nbytes)
+
+
+PREFILL_PROMPTS = ((512, 0), (2048, 0), (8192, 0), (512, 4096), (16, 4096))  # (tokens, pos)
 
 
 def bench_cases(quick: bool = False) -> list:
@@ -442,8 +459,10 @@ def bench_cases(quick: bool = False) -> list:
     for model in ("llama3-8b",) if quick else BENCH_MODELS:
         for ctx in (8192,) if quick else BENCH_CONTEXTS:
             cases += [_bench(kernel, model, 1, ctx, chained=True) for kernel in ("flash_decode", "paged_v2", "mlx.sdpa")]
-    for tokens in (512,) if quick else (512, 2048):
-        cases += [_bench_prefill(k, tokens) for k in ("prefill_attention", "mlx.sdpa")]
+    for tokens, pos in ((512, 0),) if quick else PREFILL_PROMPTS:
+        for model in ("llama3-8b",) if quick else BENCH_MODELS:
+            cases += [_bench_prefill(k, tokens, pos, model) for k in ("tiled", "decode", "mlx.sdpa")
+                      if not (k == "decode" and tokens * (pos + tokens) > 2048 * 4096)]
     return cases
 
 

@@ -359,13 +359,17 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
 def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,
                       *, block_table=None, split: bool = True, partition: int | None = None,
                       after: mx.array | None = None, split_from: int = SPLIT_FROM,
-                      counters: mx.array | None = None) -> mx.array:
+                      counters: mx.array | None = None, kernel: str | None = None) -> mx.array:
     """Causal attention of a prompt's T query tokens q[T, Hq, D], at positions pos .. pos+T-1,
     over a cache that already holds their K and V: token i sees tokens 0 .. pos+i. The cache is
     the contiguous head-major [Hkv, max_seq, D] (or [1, Hkv, max_seq, D]), or with `block_table`
-    (one sequence's blocks, host ints) vLLM's paged pool as paged_attention takes it. The decode
-    kernel with one query per token and every query on the same cache (K and V come through the
-    L2 cache for the other queries: a straightforward kernel, compared against MLX's sdpa)."""
+    (one sequence's blocks, host ints) vLLM's paged pool as paged_attention takes it.
+
+    `kernel` (default: the attn_prefill option): "tiled", prefill_attention.metal (query tiles
+    against K/V tiles in threadgroup memory on SIMD-group matrices, online softmax); "decode",
+    the decode kernel with one query per token, every query on the same cache (K and V come
+    through the L2 cache for the other queries; split, partition, split_from and counters apply
+    to it only)."""
     _fp16("k_cache", k_cache)
     _fp16("v_cache", v_cache)
     if block_table is not None:
@@ -390,10 +394,48 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
         if used.min() < 0 or used.max() >= k_cache.shape[0]:
             raise ValueError(f"block_table points outside the {k_cache.shape[0]} blocks of the pool")
         table_dev = _ints(tuple(table)).reshape(1, -1)
+    kernel = options.get("attn_prefill") if kernel is None else kernel
+    if kernel == "tiled":
+        return _prefill_tiled(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after)
+    if kernel != "decode":
+        raise ValueError(f"kernel must be 'tiled' or 'decode', got {kernel!r}")
     lens = np.arange(pos + 1, pos + tokens + 1)
     return _run(block_table is not None, split, q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
                 table_dev, rows, n_kv, group, scale, partition, block_size, after, shared_cache=True,
                 split_from=split_from, counters=counters)
+
+
+PREFILL_NSIMD = 4  # SIMD groups of a tiled prefill threadgroup
+
+
+def prefill_tiles(head_dim: int) -> tuple[int, int]:
+    """(RB, BK) of prefill_attention.metal: 8-row blocks a SIMD group and keys a tile. Two row
+    blocks share each K and V load up to D = 128; D = 256 keeps one (its output sums alone take
+    64 registers a lane) and tiles of 16 keys (the two stages then fit 48 KiB)."""
+    return (1, 16) if head_dim == 256 else (2, 32)
+
+
+@functools.cache
+def _prefill_spec(paged: bool) -> KernelSpec:
+    inputs = ("q", "k_cache", "v_cache") + (("table",) if paged else ()) + ("dims", "scale", "after")
+    return KernelSpec(f"lathe_{'paged' if paged else 'contiguous'}_prefill_tiled",
+                      "attention/prefill_attention.metal", inputs, ("out",),
+                      prelude=f"#define LATHE_PAGED {int(paged)}")
+
+
+def _prefill_tiled(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.array | None,
+                   rows: int, n_kv: int, pos: int, scale: float, block_size: int,
+                   after: mx.array | None) -> mx.array:
+    tokens, n_heads, head_dim = q.shape
+    rb, bk = prefill_tiles(head_dim)
+    tiles = -(-tokens // (PREFILL_NSIMD * rb * 8))
+    inputs = [q, k_cache, v_cache] + ([table.reshape(-1)] if table is not None else []) + [
+        _ints((n_kv, rows, tokens, pos, n_heads, tiles)), _scale(float(scale)),
+        _no_order() if after is None else after]
+    (out,) = launch(Launch(_prefill_spec(table is not None), inputs, [((tokens, n_heads, head_dim), mx.float16)],
+                           (tiles * 32 * PREFILL_NSIMD, n_heads, 1), (32 * PREFILL_NSIMD, 1, 1),
+                           dict(D=head_dim, RB=rb, BK=bk, NSIMD=PREFILL_NSIMD, BS=block_size)))
+    return out
 
 
 def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.array,
