@@ -29,7 +29,8 @@ COMMON_COLUMNS: list[str] = [
 SHAPE_COLUMNS: dict[str, list[str]] = {
     "rope": ["seq", "head_dim", "n_heads", "n_kv_heads"],
     "gemv": ["M", "N", "K"],
-    "attention": ["batch", "ctx", "n_heads", "n_kv_heads", "head_dim", "block_size"],
+    # tokens, pos: a prompt's query tokens and where they start (attention-prefill rows)
+    "attention": ["batch", "ctx", "n_heads", "n_kv_heads", "head_dim", "block_size", "tokens", "pos"],
     "loop": ["M", "K", "F", "V", "T"],
     "launch": ["n"],
     # "variant" is already a common column; columns() drops the repeat.
@@ -45,7 +46,7 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
 # Columns a row may leave out; they are written as empty cells.
 OPTIONAL_COLUMNS: frozenset[str] = frozenset(
     {"rel_err", "compile_s", "host_us", "gpu_us", "flops", "launches", "repeats", "us_min", "us_max",
-     "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options"}
+     "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options", "tokens", "pos"}
 )
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.

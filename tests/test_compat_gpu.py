@@ -75,8 +75,8 @@ def test_threadgroup_memory_barrier_half_and_wide_loads(tg):
 @pytest.mark.parametrize("column, row", [(0, 0), (3, 5), (8, 0)], ids=["aligned", "odd-column", "right-block"])
 def test_simdgroup_matrix(column, row):
     """Metal's 8x8 SIMD-group matrices: loads (plain, transposed, unaligned), stores (plain,
-    transposed), the multiply with fp32 and fp16 sums, and the thread_elements() layout that
-    lathe.h's sg8x8_row/col and row reductions describe."""
+    transposed), the multiply with fp32 and fp16 sums, the thread_elements() layout that
+    lathe.h's sg8x8_row/col and row reductions describe, and lathe.h's paired products."""
     rng = np.random.default_rng()
     big = rng.standard_normal((16, 16)).astype(np.float16)
     c = rng.standard_normal((8, 8)).astype(np.float32)
@@ -94,3 +94,6 @@ def test_simdgroup_matrix(column, row):
     np.testing.assert_allclose(out[6][:, 0], out[0].sum(axis=1), rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(out[6][:, 1], out[0].max(axis=1))
     np.testing.assert_array_equal(out[6][:, 2:], 0)
+    np.testing.assert_allclose(out[7], c + a @ b + a.T @ b.T, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out[8], c + a @ b + a.T @ b.T, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out[9], c + b @ b + b.T @ b.T, rtol=1e-5, atol=1e-4)

@@ -61,7 +61,7 @@ def test_a_file_without_the_options_column_is_upgraded_and_rows_name_their_optio
 @pytest.mark.parametrize("family, shape", [
     ("rope", ["seq", "head_dim", "n_heads", "n_kv_heads"]),
     ("gemv", ["M", "N", "K"]),
-    ("attention", ["batch", "ctx", "n_heads", "n_kv_heads", "head_dim", "block_size"]),
+    ("attention", ["batch", "ctx", "n_heads", "n_kv_heads", "head_dim", "block_size", "tokens", "pos"]),
     ("decode", ["model", "qtype", "mode", "depth", "prompt", "gen", "prefill_tok_s",
                 "decode_tok_s", "ms_per_token", "dispatches_per_token", "pct_roofline",
                 "round", "x_llama_cpp", "peer_build"]),

@@ -6,6 +6,8 @@
 // tile j+1 travels while tile j is used). Each of the NSIMD SIMD groups owns RB blocks of 8 rows,
 // keeps their Q, output sums and running max/sum in registers, and per tile
 //   S = Q K^T (K loaded transposed: the B operand as it lies), masked past each row's position;
+//   (products in pairs of k blocks, and of row blocks where RB is even: lathe.h's sg8x8_mma_k16*,
+//   one tensor-core op each on CUDA)
 //   the online softmax on S's thread elements (a row lives in 4 lanes: sg8x8_row_max/sum);
 //   O = O * alpha + P V (P in fp16, as FlashAttention does).
 // The cache layout is a switch (LATHE_PAGED, set by the prelude):
@@ -31,11 +33,13 @@ constexpr uint VROWS = LATHE_PAGED ? D : BK;
 constexpr uint STAGE = BK * KST + VROWS * VST;     // one tile of K and V, halves
 constexpr uint QSIZE = BQ * KST;                   // Q's staging, in stage 1 before the loop
 constexpr uint TG_HALVES = STAGE + (STAGE > QSIZE ? STAGE : QSIZE);
+static_assert(DB % 2 == 0 && KB % 2 == 0 && TG_HALVES % 8 == 0, "prefill_attention: k blocks go in pairs");
 static_assert(TG_HALVES * 2 <= 48 * 1024, "prefill_attention: threadgroup memory over 48 KiB");
 const float NEG_INF = -as_type<float>(0x7f800000u);
 const float LOG2E = 1.4426950408889634f;
 
-threadgroup half kv_s[TG_HALVES];
+threadgroup uint4 kv_words[TG_HALVES / 8];  // 16-byte aligned, for the 16-byte copies
+const auto kv_s = threadgroup_view<half>(kv_words);
 
 const uint tid = thread_index_in_threadgroup;
 const uint lane = thread_index_in_simdgroup;
@@ -144,13 +148,16 @@ for (uint j = 0; j < n_tiles; ++j) {
     for (uint kb = 0; kb < KB; ++kb) s[rb][kb] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
   }
   LATHE_UNROLL
-  for (uint d = 0; d < DB; ++d) {
+  for (uint d = 0; d < DB; d += 2) {
     LATHE_UNROLL
     for (uint kb = 0; kb < KB; ++kb) {
-      simdgroup_half8x8 kt;  // K^T's block (dimensions d*8.., keys kb*8..)
-      simdgroup_load(kt, ks + kb * 8 * KST + d * 8, KST, 0, true);
+      simdgroup_half8x8 kt0, kt1;  // K^T's blocks (dimensions d*8.. and d*8+8.., keys kb*8..)
+      simdgroup_load(kt0, ks + kb * 8 * KST + d * 8, KST, 0, true);
+      simdgroup_load(kt1, ks + kb * 8 * KST + d * 8 + 8, KST, 0, true);
       LATHE_UNROLL
-      for (uint rb = 0; rb < RB; ++rb) simdgroup_multiply_accumulate(s[rb][kb], qf[rb][d], kt, s[rb][kb]);
+      for (uint rb = 0; rb + 1 < RB; rb += 2)
+        sg8x8_mma_k16x2(s[rb][kb], s[rb + 1][kb], qf[rb][d], qf[rb][d + 1], qf[rb + 1][d], qf[rb + 1][d + 1], kt0, kt1);
+      if (RB % 2) sg8x8_mma_k16(s[RB - 1][kb], qf[RB - 1][d], qf[RB - 1][d + 1], kt0, kt1);
     }
   }
 
@@ -192,15 +199,19 @@ for (uint j = 0; j < n_tiles; ++j) {
   LATHE_UNROLL
   for (uint d = 0; d < DB; ++d) {
     LATHE_UNROLL
-    for (uint kb = 0; kb < KB; ++kb) {
-      simdgroup_half8x8 v;  // V's block (keys kb*8.., dimensions d*8..)
+    for (uint kb = 0; kb < KB; kb += 2) {
+      simdgroup_half8x8 v0, v1;  // V's blocks (keys kb*8.. and kb*8+8.., dimensions d*8..)
 #if LATHE_PAGED
-      simdgroup_load(v, vs + d * 8 * VST + kb * 8, VST, 0, true);
+      simdgroup_load(v0, vs + d * 8 * VST + kb * 8, VST, 0, true);
+      simdgroup_load(v1, vs + d * 8 * VST + kb * 8 + 8, VST, 0, true);
 #else
-      simdgroup_load(v, vs + kb * 8 * VST + d * 8, VST);
+      simdgroup_load(v0, vs + kb * 8 * VST + d * 8, VST);
+      simdgroup_load(v1, vs + (kb + 1) * 8 * VST + d * 8, VST);
 #endif
       LATHE_UNROLL
-      for (uint rb = 0; rb < RB; ++rb) simdgroup_multiply_accumulate(o[rb][d], p[rb][kb], v, o[rb][d]);
+      for (uint rb = 0; rb + 1 < RB; rb += 2)
+        sg8x8_mma_k16x2(o[rb][d], o[rb + 1][d], p[rb][kb], p[rb][kb + 1], p[rb + 1][kb], p[rb + 1][kb + 1], v0, v1);
+      if (RB % 2) sg8x8_mma_k16(o[RB - 1][d], p[RB - 1][kb], p[RB - 1][kb + 1], v0, v1);
     }
   }
 }

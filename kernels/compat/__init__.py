@@ -44,8 +44,8 @@ _SIMDGROUP_MATRIX = KernelSpec("lathe_probe_simdgroup_matrix", "compat/simdgroup
 
 
 def simdgroup_matrix(big: mx.array, c: mx.array, column: int, row: int) -> mx.array:
-    """[7, 8, 8] float: the products, transposes and fragment reads of simdgroup_matrix.metal;
+    """[10, 8, 8] float: the products, transposes and fragment reads of simdgroup_matrix.metal;
     big is half [16, 16], c float [8, 8], A big's block from (row, column)."""
     out, _ = launch(Launch(_SIMDGROUP_MATRIX, [big, c, mx.array([column, row], dtype=mx.int32)],
-                           [((7, 8, 8), mx.float32), ((2, 8, 8), mx.float16)], (32, 1, 1), (32, 1, 1)))
+                           [((10, 8, 8), mx.float32), ((2, 8, 8), mx.float16)], (32, 1, 1), (32, 1, 1)))
     return out

@@ -7,7 +7,10 @@
 //   out[4] = C^T (a float matrix stored transposed) out[5] = A * B + C read back through
 //   thread_elements() at (sg8x8_row, sg8x8_col + i) out[6] row r: sg8x8_row_sum / sg8x8_row_max
 //   of A * B + C's row r in columns 0 and 1 (the rest zero).
-// Outputs: out (float [7, 8, 8]), scratch (half [2, 8, 8]; the half stores land there first).
+//   out[7] = C + A B + A^T B^T (sg8x8_mma_k16)      out[8], out[9] = C + A B + A^T B^T and
+//   C + B B + B^T B^T (sg8x8_mma_k16x2: two row blocks, A and B as the first's, B and B^T as
+//   the second's)
+// Outputs: out (float [10, 8, 8]), scratch (half [2, 8, 8]; the half stores land there first).
 const uint lane = thread_index_in_simdgroup;
 const uint a0 = uint(dims[1]) * 16 + uint(dims[0]);
 simdgroup_half8x8 a, b, at_, bt_;
@@ -46,6 +49,17 @@ simdgroup_store(cf, out + 4 * 64, 8, 0, true);
     out[6 * 64 + r * 8 + 1] = m;
     for (uint k = 2; k < 8; ++k) out[6 * 64 + r * 8 + k] = 0.0f;
   }
+}
+{
+  simdgroup_float8x8 k16, x0, x1;
+  simdgroup_load(k16, c, 8);
+  simdgroup_load(x0, c, 8);
+  simdgroup_load(x1, c, 8);
+  sg8x8_mma_k16(k16, a, at_, b, bt_);
+  sg8x8_mma_k16x2(x0, x1, a, at_, b, bt_, b, bt_);
+  simdgroup_store(k16, out + 7 * 64, 8);
+  simdgroup_store(x0, out + 8 * 64, 8);
+  simdgroup_store(x1, out + 9 * 64, 8);
 }
 simdgroup_barrier(mem_flags::mem_device);
 for (uint i = lane; i < 64; i += 32) {

@@ -281,6 +281,35 @@ __device__ __forceinline__ void simdgroup_multiply(simdgroup_matrix<T, 8, 8>& d,
                                                    const simdgroup_half8x8& b) {
   simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<T, 8, 8>(T(0.0f)));
 }
+// lathe.h's paired products (Metal: four or two simdgroup_multiply_accumulate): one m16n8k16,
+// whose A operand is four of our 8x8 fragments in the rows layout and whose B is two in the cols
+// layout, word for word. sg8x8_mma_k16x2: d0 += a00 b0 + a01 b1 and d1 += a10 b0 + a11 b1 (two
+// row blocks, two k blocks, no lane idle); sg8x8_mma_k16: d += a0 b0 + a1 b1 (rows 8-15 zero).
+__device__ __forceinline__ void lathe_mma_k16(float2& top, float2& bottom, uint a00, uint a10, uint a01,
+                                              uint a11, uint b0, uint b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(top.x), "+f"(top.y), "+f"(bottom.x), "+f"(bottom.y)
+      : "r"(a00), "r"(a10), "r"(a01), "r"(a11), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void sg8x8_mma_k16x2(simdgroup_float8x8& d0, simdgroup_float8x8& d1,
+                                                const simdgroup_half8x8& a00, const simdgroup_half8x8& a01,
+                                                const simdgroup_half8x8& a10, const simdgroup_half8x8& a11,
+                                                const simdgroup_half8x8& b0, const simdgroup_half8x8& b1) {
+  lathe_sg_to(a00, false), lathe_sg_to(a01, false), lathe_sg_to(a10, false), lathe_sg_to(a11, false);
+  lathe_sg_to(b0, true), lathe_sg_to(b1, true), lathe_sg_to(d0, false), lathe_sg_to(d1, false);
+  lathe_mma_k16(d0.e, d1.e, as_type<uint>(a00.e), as_type<uint>(a10.e), as_type<uint>(a01.e),
+                as_type<uint>(a11.e), as_type<uint>(b0.e), as_type<uint>(b1.e));
+}
+__device__ __forceinline__ void sg8x8_mma_k16(simdgroup_float8x8& d, const simdgroup_half8x8& a0,
+                                              const simdgroup_half8x8& a1, const simdgroup_half8x8& b0,
+                                              const simdgroup_half8x8& b1) {
+  lathe_sg_to(a0, false), lathe_sg_to(a1, false), lathe_sg_to(b0, true), lathe_sg_to(b1, true);
+  lathe_sg_to(d, false);
+  float2 unused = make_float2(0.0f, 0.0f);
+  lathe_mma_k16(d.e, unused, as_type<uint>(a0.e), 0u, as_type<uint>(a1.e), 0u, as_type<uint>(b0.e),
+                as_type<uint>(b1.e));
+}
 // The fragment layout (lathe.h's Metal twins follow Apple's): lane l's elements are row
 // sg8x8_row(l), columns sg8x8_col(l) and sg8x8_col(l) + 1; the four lanes of a row differ in
 // their two low bits, so a row reduces over shuffles by 1 and 2.

@@ -89,6 +89,22 @@ LATHE_FN void grid_reset(const device uint* counter, uint count) {
 // sg8x8_col(l) and sg8x8_col(l) + 1; the four lanes of a row are l, l^1, l^8, l^9.
 LATHE_FN uint sg8x8_row(uint lane) { return ((lane / 4) & 4) + (lane / 2) % 4; }
 LATHE_FN uint sg8x8_col(uint lane) { return ((lane / 4) & 2) * 2 + (lane % 2) * 2; }
+// Paired products of 8x8 matrices (cuda_compat.h: one m16n8k16 each, which Metal's 8x8 API
+// cannot express): d += a0 b0 + a1 b1, and for two row blocks d0 += a00 b0 + a01 b1,
+// d1 += a10 b0 + a11 b1.
+LATHE_FN void sg8x8_mma_k16(thread simdgroup_float8x8& d, thread const simdgroup_half8x8& a0,
+                            thread const simdgroup_half8x8& a1, thread const simdgroup_half8x8& b0,
+                            thread const simdgroup_half8x8& b1) {
+  simdgroup_multiply_accumulate(d, a0, b0, d);
+  simdgroup_multiply_accumulate(d, a1, b1, d);
+}
+LATHE_FN void sg8x8_mma_k16x2(thread simdgroup_float8x8& d0, thread simdgroup_float8x8& d1,
+                              thread const simdgroup_half8x8& a00, thread const simdgroup_half8x8& a01,
+                              thread const simdgroup_half8x8& a10, thread const simdgroup_half8x8& a11,
+                              thread const simdgroup_half8x8& b0, thread const simdgroup_half8x8& b1) {
+  sg8x8_mma_k16(d0, a00, a01, b0, b1);
+  sg8x8_mma_k16(d1, a10, a11, b0, b1);
+}
 LATHE_FN float sg8x8_row_sum(float v) {
   v += simd_shuffle_xor(v, ushort(1));
   return v + simd_shuffle_xor(v, ushort(8));
