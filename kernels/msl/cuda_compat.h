@@ -203,6 +203,17 @@ __device__ __forceinline__ void lathe_sg_to<float>(const simdgroup_matrix<float,
   }
 }
 
+// An operand's word in the layout the mma wants, taken at once: the same matrix may be passed
+// as two operands that want different layouts (a * a), and the next conversion is in place.
+__device__ __forceinline__ uint lathe_sg_word(const simdgroup_half8x8& m, bool cols) {
+  lathe_sg_to(m, cols);
+  return as_type<uint>(m.e);
+}
+__device__ __forceinline__ float2 lathe_sg_rows(const simdgroup_float8x8& m) {
+  lathe_sg_to(m, false);
+  return m.e;
+}
+
 template <typename T, int Cols, int Rows>
 __device__ __forceinline__ simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T value) {
   simdgroup_matrix<T, Cols, Rows> m;
@@ -251,27 +262,23 @@ __device__ __forceinline__ void simdgroup_store(const simdgroup_matrix<T, 8, 8>&
 // d = a * b + c, fp32 or fp16 accumulation (d may be c).
 __device__ __forceinline__ void simdgroup_multiply_accumulate(simdgroup_float8x8& d, const simdgroup_half8x8& a,
                                                               const simdgroup_half8x8& b, const simdgroup_float8x8& c) {
-  lathe_sg_to(a, false);
-  lathe_sg_to(b, true);
-  lathe_sg_to(c, false);
+  const uint wa = lathe_sg_word(a, false), wb = lathe_sg_word(b, true);
+  const float2 wc = lathe_sg_rows(c);
   float d0, d1, d2, d3;
   asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};"
                : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
-               : "r"(as_type<uint>(a.e)), "r"(0u), "r"(as_type<uint>(b.e)), "f"(c.e.x), "f"(c.e.y),
-                 "f"(0.0f), "f"(0.0f));
+               : "r"(wa), "r"(0u), "r"(wb), "f"(wc.x), "f"(wc.y), "f"(0.0f), "f"(0.0f));
   (void)d2, (void)d3;  // rows 8-15: A's zero rows
   d.e = make_float2(d0, d1);
   d.cols = false;
 }
 __device__ __forceinline__ void simdgroup_multiply_accumulate(simdgroup_half8x8& d, const simdgroup_half8x8& a,
                                                               const simdgroup_half8x8& b, const simdgroup_half8x8& c) {
-  lathe_sg_to(a, false);
-  lathe_sg_to(b, true);
-  lathe_sg_to(c, false);
+  const uint wa = lathe_sg_word(a, false), wb = lathe_sg_word(b, true), wc = lathe_sg_word(c, false);
   uint d0, d1;
   asm("mma.sync.aligned.m16n8k8.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3}, {%4}, {%5,%6};"
                : "=r"(d0), "=r"(d1)
-               : "r"(as_type<uint>(a.e)), "r"(0u), "r"(as_type<uint>(b.e)), "r"(as_type<uint>(c.e)), "r"(0u));
+               : "r"(wa), "r"(0u), "r"(wb), "r"(wc), "r"(0u));
   (void)d1;
   d.e = as_type<half2>(d0);
   d.cols = false;
@@ -296,19 +303,20 @@ __device__ __forceinline__ void sg8x8_mma_k16x2(simdgroup_float8x8& d0, simdgrou
                                                 const simdgroup_half8x8& a00, const simdgroup_half8x8& a01,
                                                 const simdgroup_half8x8& a10, const simdgroup_half8x8& a11,
                                                 const simdgroup_half8x8& b0, const simdgroup_half8x8& b1) {
-  lathe_sg_to(a00, false), lathe_sg_to(a01, false), lathe_sg_to(a10, false), lathe_sg_to(a11, false);
-  lathe_sg_to(b0, true), lathe_sg_to(b1, true), lathe_sg_to(d0, false), lathe_sg_to(d1, false);
-  lathe_mma_k16(d0.e, d1.e, as_type<uint>(a00.e), as_type<uint>(a10.e), as_type<uint>(a01.e),
-                as_type<uint>(a11.e), as_type<uint>(b0.e), as_type<uint>(b1.e));
+  const uint w00 = lathe_sg_word(a00, false), w01 = lathe_sg_word(a01, false);
+  const uint w10 = lathe_sg_word(a10, false), w11 = lathe_sg_word(a11, false);
+  const uint wb0 = lathe_sg_word(b0, true), wb1 = lathe_sg_word(b1, true);
+  lathe_sg_to(d0, false), lathe_sg_to(d1, false);
+  lathe_mma_k16(d0.e, d1.e, w00, w10, w01, w11, wb0, wb1);
 }
 __device__ __forceinline__ void sg8x8_mma_k16(simdgroup_float8x8& d, const simdgroup_half8x8& a0,
                                               const simdgroup_half8x8& a1, const simdgroup_half8x8& b0,
                                               const simdgroup_half8x8& b1) {
-  lathe_sg_to(a0, false), lathe_sg_to(a1, false), lathe_sg_to(b0, true), lathe_sg_to(b1, true);
+  const uint w0 = lathe_sg_word(a0, false), w1 = lathe_sg_word(a1, false);
+  const uint wb0 = lathe_sg_word(b0, true), wb1 = lathe_sg_word(b1, true);
   lathe_sg_to(d, false);
   float2 unused = make_float2(0.0f, 0.0f);
-  lathe_mma_k16(d.e, unused, as_type<uint>(a0.e), 0u, as_type<uint>(a1.e), 0u, as_type<uint>(b0.e),
-                as_type<uint>(b1.e));
+  lathe_mma_k16(d.e, unused, w0, 0u, w1, 0u, wb0, wb1);
 }
 // The fragment layout (lathe.h's Metal twins follow Apple's): lane l's elements are row
 // sg8x8_row(l), columns sg8x8_col(l) and sg8x8_col(l) + 1; the four lanes of a row differ in
