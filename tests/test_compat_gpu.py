@@ -72,8 +72,10 @@ def test_threadgroup_memory_barrier_half_and_wide_loads(tg):
     np.testing.assert_array_equal(quads_out, pairs.reshape(-1, 2, 2)[:, ::-1].reshape(-1))
 
 
-@pytest.mark.parametrize("column, row", [(0, 0), (3, 5), (8, 0)], ids=["aligned", "odd-column", "right-block"])
-def test_simdgroup_matrix(column, row):
+@pytest.mark.parametrize("column, row, tg", [(0, 0, (32, 1, 1)), (3, 5, (32, 1, 1)), (8, 0, (32, 1, 1)),
+                                             (3, 5, (8, 4, 1))],
+                         ids=["aligned", "odd-column", "right-block", "2d-threadgroup"])
+def test_simdgroup_matrix(column, row, tg):
     """Metal's 8x8 SIMD-group matrices: loads (plain, transposed, unaligned), stores (plain,
     transposed), the multiply with fp32 and fp16 sums, the thread_elements() layout that
     lathe.h's sg8x8_row/col and row reductions describe, and lathe.h's paired products."""
@@ -81,7 +83,7 @@ def test_simdgroup_matrix(column, row):
     big = rng.standard_normal((16, 16)).astype(np.float16)
     c = rng.standard_normal((8, 8)).astype(np.float32)
     with poisoned_outputs():
-        out = np.array(compat.simdgroup_matrix(mx.array(big), mx.array(c), column, row))
+        out = np.array(compat.simdgroup_matrix(mx.array(big), mx.array(c), column, row, tg))
     a = big[row:row + 8, column:column + 8].astype(np.float64)
     b = big[8:, 8:].astype(np.float64)
     want = a @ b + c

@@ -461,6 +461,7 @@ def bench_cases(quick: bool = False) -> list:
             cases += [_bench(kernel, model, 1, ctx, chained=True) for kernel in ("flash_decode", "paged_v2", "mlx.sdpa")]
     for tokens, pos in ((512, 0),) if quick else PREFILL_PROMPTS:
         for model in ("llama3-8b",) if quick else BENCH_MODELS:
+            # the decode kernel only where a call takes well under a few seconds
             cases += [_bench_prefill(k, tokens, pos, model) for k in ("tiled", "decode", "mlx.sdpa")
                       if not (k == "decode" and tokens * (pos + tokens) > 2048 * 4096)]
     return cases

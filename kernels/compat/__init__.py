@@ -43,9 +43,11 @@ _SIMDGROUP_MATRIX = KernelSpec("lathe_probe_simdgroup_matrix", "compat/simdgroup
                                ("big", "c", "dims"), ("out", "scratch"))
 
 
-def simdgroup_matrix(big: mx.array, c: mx.array, column: int, row: int) -> mx.array:
+def simdgroup_matrix(big: mx.array, c: mx.array, column: int, row: int,
+                     threadgroup: tuple[int, int, int] = (32, 1, 1)) -> mx.array:
     """[10, 8, 8] float: the products, transposes and fragment reads of simdgroup_matrix.metal;
-    big is half [16, 16], c float [8, 8], A big's block from (row, column)."""
+    big is half [16, 16], c float [8, 8], A big's block from (row, column); one SIMD group, as
+    a threadgroup of this shape (32 threads)."""
     out, _ = launch(Launch(_SIMDGROUP_MATRIX, [big, c, mx.array([column, row], dtype=mx.int32)],
-                           [((10, 8, 8), mx.float32), ((2, 8, 8), mx.float16)], (32, 1, 1), (32, 1, 1)))
+                           [((10, 8, 8), mx.float32), ((2, 8, 8), mx.float16)], threadgroup, threadgroup))
     return out

@@ -174,6 +174,12 @@ struct simdgroup_matrix<T, 8, 8> {
 typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 
+// The calling thread's lane (Metal's thread_index_in_simdgroup) whatever the threadgroup's shape.
+__device__ __forceinline__ uint lathe_lane() {
+  uint lane;
+  asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
 __device__ __forceinline__ uint lathe_movmatrix_trans(uint w) {
   uint out;
   asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(out) : "r"(w));
@@ -182,7 +188,7 @@ __device__ __forceinline__ uint lathe_movmatrix_trans(uint w) {
 // rows <-> cols of one matrix: the element a lane wants in one layout sits, in the other, at lane
 // 4 * (its column) + (its row) / 2, slot (its row) % 2; the same formula both ways.
 __device__ __forceinline__ float2 lathe_sg_swap_float(float2 v) {
-  const uint lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
+  const uint lane = lathe_lane(), g = lane >> 2, t = lane & 3u;
   const uint from0 = 8u * t + (g >> 1), from1 = from0 + 4u;
   const float x0 = __shfl_sync(0xffffffffu, v.x, from0), y0 = __shfl_sync(0xffffffffu, v.y, from0);
   const float x1 = __shfl_sync(0xffffffffu, v.x, from1), y1 = __shfl_sync(0xffffffffu, v.y, from1);
@@ -227,7 +233,7 @@ __device__ __forceinline__ ulong2 lathe_origin(ulong2 o) { return o; }
 __device__ __forceinline__ ulong2 lathe_origin(ulong o) { return make_ulong2(o, o); }
 template <typename T>
 __device__ __forceinline__ const T* lathe_sg_pair(const T* base, ulong stride, ulong2 o) {
-  const uint lane = threadIdx.x & 31u;
+  const uint lane = lathe_lane();
   return base + (o.y + (lane >> 2)) * stride + o.x + 2u * (lane & 3u);
 }
 template <typename T, typename O = ulong>
