@@ -185,7 +185,7 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant, kv, ctx,
                       rounds=rounds, peer=bench)
     if not rows:
-        print(f"lathe decode: no variant among {variant} runs with kv {kv} (the reference: contiguous only)")
+        print(f"lathe decode: no variant among {variant} runs with kv {kv} (reference, megafused: contiguous only)")
         return 2
     pair_with_peer(rows)
     device = device_name() if has_gpu() else "cpu"
@@ -319,8 +319,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="append to results/<device>/decode.csv (the default on a GPU)")
     dec.add_argument("--no-write", dest="write", action="store_false")
     dec.add_argument("--variant", default="reference",
-                     help="reference (MLX built-ins), unfused (lathe's kernels one per op) or fused "
-                          "(lathe's fused kernels; these two need a GPU); comma-separated for several")
+                     help="reference (MLX built-ins), unfused (lathe's kernels one per op), fused "
+                          "(lathe's fused kernels) or megafused (a layer in two launches; contiguous cache); "
+                          "the last three need a GPU; comma-separated for several")
     dec.add_argument("--kv", default="contiguous",
                      help="KV cache of the kernel variants: contiguous or paged (vLLM's block pool; "
                           "rows name it <variant>/paged); comma-separated for both")

@@ -384,14 +384,14 @@ def model_file(name: str, qtype: str = "q8_0", seed: int = 0) -> Path:
     return path
 
 
-VARIANTS = ("reference", "unfused", "fused")
+VARIANTS = ("reference", "unfused", "fused", "megafused")
 KV_LAYOUTS = ("contiguous", "paged")  # the kernel variants take either; the reference, contiguous
 
 
 def make_decoder(model: Model, max_seq: int, variant: str = "reference", kv: str = "contiguous",
                  overflow: bool = False):
-    """The decoder of a variant: MLX built-ins (reference) or lathe's kernels (unfused, fused),
-    the latter over a contiguous or a paged KV cache. `overflow`: decode steps may wrap around
+    """The decoder of a variant: MLX built-ins (reference) or lathe's kernels (unfused, fused,
+    megafused), over a contiguous or (not megafused) a paged KV cache. `overflow`: decode steps may wrap around
     the cache (the reference variant always can; a kernel variant takes its wrapping path,
     contiguous cache only)."""
     if variant not in VARIANTS:
@@ -425,7 +425,18 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
         said += ("load-time transform: every Q4_0/Q8_0 projection (after QKV and gate+up are concatenated) "
                  "repacked on the device into quants, then scales (kernels.gemv.repack, exact); the GGUF "
                  "file is not changed; the embedding keeps its blocks\n")
-    return said + plan_table(kernel_plan(model.config, variant == "fused", kv == "paged",
-                                         seams=seams_apply(model.config, model.types), types=model.types))
+    if variant == "megafused":
+        from kernels.blocks import cross_group_waits
+
+        from kernels.runtime import backend
+
+        # the backend's form (kernels.blocks.cross_group_waits); without a GPU, CUDA's
+        one_launch = cross_group_waits() or backend() == "cpu"
+        said += ("megafused: a layer's two blocks are one launch each on CUDA, their phases separate launches "
+                 f"on Metal (kernels.blocks.cross_group_waits); shown: {'CUDA' if one_launch else 'Metal'}'s\n")
+    return said + plan_table(kernel_plan(model.config, variant in ("fused", "megafused"), kv == "paged",
+                                         seams=seams_apply(model.config, model.types), types=model.types,
+                                         mega=variant == "megafused",
+                                         one_launch=one_launch if variant == "megafused" else None))
 
 

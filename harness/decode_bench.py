@@ -75,6 +75,9 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
         raise ValueError(f"ctx must hold depth + prompt = {deepest + prompt} tokens and be at most the "
                          f"model's {c.ctx}, got {ctx}")
     wrap = ctx is not None and ctx < deepest + prompt + gen
+    if wrap and "megafused" in variants:
+        raise ValueError(f"ctx {ctx} < depth + prompt + gen = {deepest + prompt + gen}: decode wraps around "
+                         f"(circular overflow), which the megafused variant does not do")
     if wrap and "paged" in layouts and set(variants) - {"reference"}:
         raise ValueError(f"ctx {ctx} < depth + prompt + gen = {deepest + prompt + gen}: decode wraps "
                          f"around (circular overflow), which the paged cache does not do")
@@ -85,7 +88,8 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     common = dict(model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
                   params_m=round(params / 1e6, 1), repeat=repeat)
     rows = []
-    pairs = [(v, k) for v in variants for k in layouts if v != "reference" or k == "contiguous"]
+    # the reference and megafused variants take the contiguous cache only
+    pairs = [(v, k) for v in variants for k in layouts if v not in ("reference", "megafused") or k == "contiguous"]
     kept = {}  # the one decoder of a single-variant matrix (and its breakdown), across rounds
     for rnd in range(1, rounds + 1):
         tag = dict(round=rnd) if rounds > 1 or peer else {}

@@ -2,6 +2,12 @@
 
 - `unfused`: one of lathe's kernels per op: embedding, RMSNorm, the Q4_0/Q8_0 GEMV (`linear`),
   RoPE + KV write (in place), flash decode, SwiGLU; residual adds are MLX adds.
+- `megafused` (issue 25): a decode token's layer in two launches, kernels.blocks' attention_block
+  (RMSNorm + QKV, Qwen3's head norms, RoPE + KV write, attention, O + residual) and ffn_block
+  (RMSNorm + gate|up + SiLU, down + residual); the embedding, the head and the argmax as fused's.
+  Contiguous cache, repacked weights; prompts and 2-4 token steps run fused's plan. Where one
+  launch may not wait on another's threadgroups (Metal: kernels.blocks.cross_group_waits) the
+  blocks run their phases as separate launches, and the plan says so.
 - `fused`: RMSNorm folded into one QKV GEMV and one gate+up GEMV over concatenated matrices,
   a decode token's RoPE + KV write folded into the attention launch (Llama; Qwen3's head norms
   fold into a RoPE + KV write of their own), SiLU folded into the gate+up GEMV's epilogue on
@@ -35,10 +41,10 @@ import numpy as np
 
 from harness.plan import Step, replay
 from harness.models import Model
-from kernels import attention, gemv, loop, options, rope
+from kernels import attention, blocks, gemv, loop, options, rope
 from kernels.runtime import index, prepare, recording, resident
 
-VARIANTS = ("unfused", "fused")
+VARIANTS = ("unfused", "fused", "megafused")
 KV_LAYOUTS = ("contiguous", "paged")
 BLOCK_SIZE = 16  # tokens a block of the paged cache (vLLM's default)
 FUSED_UP_TO = 4  # rows of X the fused RMSNorm+GEMV takes (kernels.gemv.MAX_M)
@@ -87,7 +93,8 @@ def phase_of(t: int) -> str:
 
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, seams: bool = False,
                 rope_attention: bool | None = None, types: dict[str, str] | None = None,
-                phase: str = "decode", packed: bool | None = None) -> list[Step]:
+                phase: str = "decode", packed: bool | None = None, mega: bool = False,
+                one_launch: bool | None = None) -> list[Step]:
     """The steps a forward() of `phase` replays, in order, each with what executes it (one
     dispatch each where it is our kernel; an MLX op where the kernel says so). `overflow`: the
     contiguous cache wraps around (a decode token's RoPE apart from its cache writes); `seams`
@@ -95,7 +102,10 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     RMSNorm+GEMV; `rope_attention` (fused): a decode token's RoPE + KV write inside attention
     (default: rope_in_attention); `types`: GGUF tensor name -> block type (default: all Q8_0),
     which decides between our GEMVs and MLX's matmul; `packed` (default: the repack option): the
-    quantized matrices repacked at load, run by the v3 GEMVs."""
+    quantized matrices repacked at load, run by the v3 GEMVs; `mega` (fused, a decode token over
+    the contiguous cache, repacked): each layer as kernels.blocks' two blocks, one launch each
+    where `one_launch` (default: kernels.blocks.cross_group_waits(), the backend's rule), their
+    phases as separate launches otherwise."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     rope_attention = rope_in_attention(c) if rope_attention is None else rope_attention
@@ -105,8 +115,10 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     kinds = {n: t.lower() for n, t in (types or {}).items()}
     quant = lambda name: kinds.get(name, "q8_0") in QUANTIZED  # noqa: E731
     decode, small = phase == "decode", phase != "prompt"
-    seams = seams and fused and small
     wrap = overflow and decode and not paged
+    mega = mega and fused and decode and packed and not paged and not wrap
+    one_launch = blocks.cross_group_waits() if one_launch is None else one_launch
+    seams = seams and fused and small and not mega
     head = "token_embd.weight" if c.tied else "output.weight"
     steps: list[Step] = []
 
@@ -141,6 +153,23 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     for i in range(c.n_layers):
         b = f"blk.{i}."
         qkv_name = b + "attn_qkv.weight"
+        if mega:
+            norms = tuple(b + f"attn_{n}_norm.weight" for n in "qk") if c.head_norm else ()
+            what = ("rmsnorm+QKV | " + ("head norms + " if c.head_norm else "") + "RoPE + KV write + attention | "
+                    "O + residual")
+            add("attention_block", f"lathe attention_block ({what})" if one_launch else
+                f"attention_block's phases apart ({what}: 3 launches)", ("x", f"cache.{i}"), ("x", f"cache.{i}"),
+                _run_attention_block, i, weights=(b + "attn_norm.weight", b + "attn_qkv (q|k|v)", *norms,
+                                                  b + "attn_output.weight"),
+                per_token=("pos",), layer=i,
+                launches=("lathe_attention_block",) if one_launch else (
+                    "lathe_rmsnorm_gemv_v3", "lathe_contiguous_", "lathe_attention_combine", "lathe_gemv_v3_residual"))
+            add("ffn_block", "lathe ffn_block (rmsnorm+gate|up+SiLU | down + residual)" if one_launch else
+                "ffn_block's phases apart (rmsnorm+gate|up+SiLU | down + residual: 2 launches)", ("x",), ("x",),
+                _run_ffn_block, i, weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)", b + "ffn_down.weight"),
+                layer=i, launches=("lathe_ffn_block",) if one_launch else (
+                    "lathe_rmsnorm_gemv_swiglu_out_v3", "lathe_gemv_v3_residual"))
+            continue
         # -- Q, K and V (rotated or not yet), into the cache, and attention -------------------------
         if seams and i > 0:
             pass  # this layer's QKV came out of the last seam of the layer before
@@ -362,6 +391,23 @@ def _run_rope_attention(i, d, env, t, pos):
     _end_layer_attention(env, o.reshape(1, -1))
 
 
+def _run_attention_block(i, d, env, t, pos):
+    c, b = d.config, f"blk.{i}."
+    qkv = b + "attn_qkv.weight"
+    norms = {n: d.g32[b + f"attn_{n[0]}_norm.weight"] for n in ("q_norm", "k_norm")} if c.head_norm else {}
+    env["x"], d.k[i], d.v[i] = blocks.attention_block(
+        env["x"], d.g16[b + "attn_norm.weight"], c.eps, d.matrix(qkv), d.matrix(b + "attn_output.weight"),
+        d.types[qkv], d.k[i], d.v[i], pos, n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
+        queue=d.block_queues[i][0], counters=d.attn_counters[i], **norms)
+
+
+def _run_ffn_block(i, d, env, t, pos):
+    b = f"blk.{i}."
+    up = b + "ffn_gate_up.weight"
+    env["x"] = blocks.ffn_block(env["x"], d.g16[b + "ffn_norm.weight"], d.config.eps, d.matrix(up),
+                                d.matrix(b + "ffn_down.weight"), d.types[up], queue=d.block_queues[i][1])
+
+
 def _run_cache_write(n, i, d, env, t, pos):
     """K or V of one decode token into row pos % max_seq of a cache that may wrap around."""
     caches = d.k if n == "k" else d.v
@@ -425,7 +471,11 @@ class KernelDecoder:
         if max_seq < 1 or max_seq > c.ctx:
             raise ValueError(f"max_seq must be in 1..{c.ctx} (the model's context), got {max_seq}")
         self.config, self.max_seq, self.variant, self.kv, self.overflow = c, max_seq, variant, kv, overflow
-        self.fused, self.paged = variant == "fused", kv == "paged"
+        self.fused, self.paged = variant in ("fused", "megafused"), kv == "paged"
+        self.mega = variant == "megafused"
+        if self.mega and (self.paged or overflow or not repacked()):
+            raise ValueError("the megafused variant runs over the contiguous cache, without circular overflow, "
+                             "on repacked weights (the repack option)")
         self.types = {n: t.lower() for n, t in model.types.items()}
         self.w, self.nk = {}, {}
         for name, t in model.tensors.items():
@@ -451,6 +501,14 @@ class KernelDecoder:
                     self.packed[name] = gemv.repack(self.w[name], t, *self.nk[name])
                     if name != "token_embd.weight":
                         del self.w[name]  # the embedding keeps its blocks for the embed kernel
+        if self.mega:  # a block's GEMVs share one instantiation: one block type each
+            for i in range(c.n_layers):
+                for pair in (("attn_qkv", "attn_output"), ("ffn_gate_up", "ffn_down")):
+                    kinds = {self.types[f"blk.{i}.{n}.weight"] for n in pair}
+                    if len(kinds) != 1 or not kinds <= set(QUANTIZED):
+                        raise ValueError(f"megafused needs {pair} of layer {i} in one block type (Q4_0 or Q8_0), "
+                                         f"got {sorted(kinds)}")
+            self.block_queues = [(blocks.attention_queue(), blocks.ffn_queue()) for _ in range(c.n_layers)]
         self.seams = self.fused and seams_apply(c, self.types)
         self.rope_attention = self.fused and rope_in_attention(c)
         if self.seams:
@@ -639,7 +697,7 @@ class KernelDecoder:
         phase = phase_of(t)
         if phase not in self._plans:
             self._plans[phase] = kernel_plan(self.config, self.fused, self.paged, self.overflow, self.seams,
-                                             self.rope_attention, self.types, phase, bool(self.packed))
+                                             self.rope_attention, self.types, phase, bool(self.packed), self.mega)
         return self._plans[phase]
 
     def layers(self, ids, t: int, pos) -> mx.array:

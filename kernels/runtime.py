@@ -319,6 +319,14 @@ class recording:
 _recorder: list[list | None] = [None]
 
 
+def target_backend() -> str:
+    """The backend launches are made for: the device's, or CUDA while launches are recorded on a
+    machine without a GPU (`lathe compile` builds CUDA modules there, kernels.ptx)."""
+    if backend() == "cpu" and _recorder[0] is not None:
+        return "cuda"
+    return backend()
+
+
 def prepare(jobs: Sequence[Launch]) -> tuple[int, dict[str, str]]:
     """Compile, in parallel, the modules of recorded launches that the on-disk cache lacks (CUDA;
     nothing elsewhere). Returns how many were compiled and the NVRTC log of each failure."""

@@ -120,6 +120,43 @@ def test_wrapping_is_asked_for(models):
         assert ops.index("kv_write") < ops.index("attention")
 
 
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_megafused_plan_is_two_blocks_a_layer(models, preset):
+    """megafused: a decode token's layer is its two blocks, one launch each where threadgroups
+    may wait on each other (CUDA), their phases as the fused variant's launches otherwise
+    (Metal), Qwen3's head norms in the attention block; prompts and short steps keep fused's
+    plan; the head is fused's RMSNorm+GEMV (CPU)."""
+    c = models[preset, "q8_0"].config
+    one = kernel_plan(c, True, packed=True, mega=True, one_launch=True)
+    apart = kernel_plan(c, True, packed=True, mega=True, one_launch=False)
+    assert [s.op for s in one if s.layer == 0] == ["attention_block", "ffn_block"] and len(one) == 2 * c.n_layers + 2
+    assert [s.launches for s in one if s.layer == 0] == [("lathe_attention_block",), ("lathe_ffn_block",)]
+    assert [s.op for s in apart] == [s.op for s in one] and all(len(s.launches) > 1 for s in apart if s.layer == 0)
+    assert ("blk.0.attn_q_norm.weight" in one[1].weights) == c.head_norm
+    assert one[-1].op == "rmsnorm_linear" and one[-1].writes == ("logits",)
+    for phase in ("short", "prompt"):
+        assert kernel_plan(c, True, packed=True, mega=True, phase=phase) == kernel_plan(c, True, packed=True, phase=phase)
+    assert kernel_plan(c, True, packed=False, mega=True) == kernel_plan(c, True, packed=False)
+
+
+def test_megafused_asks_for_what_it_runs_on(models, monkeypatch):
+    """megafused takes the contiguous cache without overflow and repacked Q4_0/Q8_0 matrices:
+    anything else is a clear error when the decoder is made (CPU)."""
+    from kernels.runtime import recording
+
+    m = models["tiny-llama", "q8_0"]
+    for kv, overflow in (("paged", False), ("contiguous", True)):
+        with pytest.raises(ValueError, match="megafused"):
+            KernelDecoder(m, 32, "megafused", kv, overflow=overflow)
+    monkeypatch.setitem(options._values, "repack", False)
+    with pytest.raises(ValueError, match="repack"):
+        KernelDecoder(m, 32, "megafused")
+    monkeypatch.setitem(options._values, "repack", True)
+    with recording():
+        decoder = KernelDecoder(m, 64, "megafused")
+        assert decoder.launches_per_token(40, device_pos=True) == 2 * m.config.n_layers + 3  # embed, head, argmax
+
+
 def test_fused_needs_block_matrices(models):
     with pytest.raises(ValueError, match="one block type"):
         KernelDecoder(models["tiny-llama", "f16"], 32, "fused")
@@ -132,8 +169,10 @@ def test_fused_needs_block_matrices(models):
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("variant", ["unfused", "fused", "fused without seams", "fused repacked",
-                                     "fused repacked without seams", "unfused repacked"])
+                                     "fused repacked without seams", "unfused repacked", "megafused repacked"])
 def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, variant, kv):
+    if variant.startswith("megafused") and kv == "paged":
+        pytest.skip("megafused runs over the contiguous cache")
     m = models[preset, qtype]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     seams = variant in ("fused", "fused repacked")
@@ -161,8 +200,10 @@ def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, vari
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
-@pytest.mark.parametrize("variant", ["unfused", "fused"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
 def test_kernel_variant_modes_agree(models, variant, kv):
+    if variant == "megafused" and kv == "paged":
+        pytest.skip("megafused runs over the contiguous cache")
     m = models["tiny-qwen3", "q4_0"]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     runs = {mode: generate(KernelDecoder(m, PROMPT + 12, variant, kv), prompt, 12, mode).generated
@@ -189,12 +230,14 @@ def test_a_resized_decoder_is_a_fresh_one(models, variant, kv):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
-@pytest.mark.parametrize("variant", ["unfused", "fused"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
 def test_compiled_step_logits_match_the_eager_step(models, variant, kv):
     """The compiled step (position on the device, attention over the whole cache's grid) gives
     the eager step's logits token after token, and writes the same caches."""
     import mlx.core as mx
 
+    if variant == "megafused" and kv == "paged":
+        pytest.skip("megafused runs over the contiguous cache")
     m = models["tiny-llama", "q8_0"]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     eager, compiled = KernelDecoder(m, 64, variant, kv), KernelDecoder(m, 64, variant, kv)
@@ -240,6 +283,7 @@ PLAN_CASES = [(preset, variant, kv, overflow, rope_inside)
                               "fused repacked without seams")
               for kv in ("contiguous", "paged") for overflow in (False, True) for rope_inside in (True, False)
               if not (overflow and kv == "paged") and (rope_inside or (variant != "unfused" and kv == "contiguous"))]
+PLAN_CASES += [(preset, "megafused repacked", "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")]
 
 
 @pytest.mark.parametrize("preset, variant, kv, overflow, rope_inside", PLAN_CASES)

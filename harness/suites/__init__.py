@@ -17,7 +17,7 @@ class Family:
 
 
 def families() -> dict[str, Family]:
-    from harness.suites import attention, gemv, launch, loop, rope, rope_bench
+    from harness.suites import attention, blocks, gemv, launch, loop, rope, rope_bench
 
     return {
         "rope": Family("rope", rope.check_cases, rope.reference_cases, rope_bench.bench_cases,
@@ -26,6 +26,7 @@ def families() -> dict[str, Family]:
                        gemv.plots, gemv.sweep_cases),
         "attention": Family("attention", attention.check_cases, attention.reference_cases,
                             attention.bench_cases, attention.plots),
+        "blocks": Family("blocks", blocks.check_cases, blocks.reference_cases, blocks.bench_cases, None),
         "loop": Family("loop", loop.check_cases, loop.reference_cases, loop.bench_cases, None),
         "launch": Family("launch", launch.check_cases, launch.reference_cases, launch.bench_cases, None),
     }

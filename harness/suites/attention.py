@@ -221,7 +221,7 @@ def _merge_case(lens: list[int], heads: tuple[int, int], head_dim: int, combine:
 
 
 def _rope_decode_case(pos: int, heads: tuple[int, int], head_dim: int, neox: bool, split: bool,
-                      device_pos: bool = False) -> CheckCase:
+                      device_pos: bool = False, head_norm: bool = False) -> CheckCase:
     """rope_flash_decode: one token's QKV row at `pos` over a cache holding rows 0..pos-1 (row
     pos and later NaN: the kernel must write row pos before it reads it), against float64 RoPE
     (reference/rope.py) and attention; the new cache rows against the rotated K and V, every
@@ -243,14 +243,17 @@ def _rope_decode_case(pos: int, heads: tuple[int, int], head_dim: int, neox: boo
         q, k, v = np.split(qkv, [n_heads * head_dim, (n_heads + n_kv) * head_dim])
         theta, scale = 500000.0, head_dim ** -0.5
         at = mx.array(np.array([pos], np.int32)) if device_pos else pos
+        norms = [rng.uniform(0.5, 1.5, head_dim).astype(np.float32) for _ in range(2)] if head_norm else [None, None]
         with poisoned_outputs():
             out, k_new, v_new = rope_flash_decode(mx.array(qkv), mx.array(kc), mx.array(vc), at, scale,
                                                   n_heads=n_heads, theta=theta, neox=neox, split=split,
-                                                  split_from=0)
+                                                  split_from=0, eps=1e-6 if head_norm else None,
+                                                  **{n: mx.array(w) for n, w in zip(("q_norm", "k_norm"), norms)
+                                                     if w is not None})
             mx.eval(out, k_new, v_new)
         q_rot, k_want, v_want = ref_rope.rope_kv_write(
             q.reshape(1, n_heads, head_dim), k.reshape(1, n_kv, head_dim), v.reshape(1, n_kv, head_dim),
-            kc, vc, pos, theta=theta, neox=neox)
+            kc, vc, pos, theta=theta, neox=neox, q_norm=norms[0], k_norm=norms[1], eps=1e-6)
         k_got, v_got = np.array(k_new), np.array(v_new)
         others = np.arange(max_seq) != pos
         checks = [compare("K row pos (rotated)", k_got[:, pos], k_want[:, pos], 1e-3),
@@ -264,7 +267,8 @@ def _rope_decode_case(pos: int, heads: tuple[int, int], head_dim: int, neox: boo
         return checks
 
     shape = dict(pos=pos, heads=f"{n_heads}/{n_kv}", D=head_dim)
-    variant = ("neox " if neox else "") + ("split" if split else "whole") + (" device pos" if device_pos else "")
+    variant = (("head-norm " if head_norm else "") + ("neox " if neox else "") + ("split" if split else "whole")
+               + (" device pos" if device_pos else ""))
     return CheckCase("attention", "rope_flash_decode", variant, shape, run)
 
 
@@ -312,6 +316,12 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         if small and pos > 16:
             continue
         cases.append(_rope_decode_case(pos, heads, d, neox, split, dev))
+    # ... with Qwen3's head norms in the same launch
+    for pos, heads, d, split, dev in ((5, (16, 8), 128, False, True), (900, (16, 8), 128, True, False),
+                                      (40, (8, 2), 64, True, False)):
+        if small and pos > 16:
+            continue
+        cases.append(_rope_decode_case(pos, heads, d, True, split, dev, head_norm=True))
     # the partitions merged in the launch (the default) and by a combine launch; sequences ending
     # in a partition's first token, and partitions past a shorter sequence's end (empty)
     for lens, heads, d in (([4097], (32, 8), 128), ([129, 1200, 3], (16, 8), 64), ([700], (8, 8), 256)):

@@ -65,11 +65,13 @@ _RESHAPE = KernelSpec("lathe_reshape_and_cache", "attention/reshape_and_cache.me
 
 
 @functools.cache
-def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False) -> KernelSpec:
+def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, head_norm: bool = False) -> KernelSpec:
     """One decode_attention.metal family; `merge` (split only): the last threadgroup of a head
-    group merges the partitions in the same launch (counters in, out out)."""
+    group merges the partitions in the same launch (counters in, out out); `head_norm` (rope
+    only): Qwen3's per-head RMSNorm of Q and K before they turn."""
     if rope:  # the QKV row and its position in place of q, lens and the ordering token
-        inputs = ("qkv", "k_cache", "v_cache", "pos", "inv_freq", "rope_scalars", "dims", "scale")
+        inputs = ("qkv", "k_cache", "v_cache", "pos", "inv_freq", "rope_scalars", "dims", "scale") + (
+            ("q_norm", "k_norm") if head_norm else ())
     else:
         inputs = ("q", "k_cache", "v_cache", "lens") + (("table",) if paged else ()) + (
             "dims", "scale", "after")
@@ -77,11 +79,13 @@ def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False) -> 
     outputs = ("part_out", "part_ml") if split else ("out",)
     if merge:
         inputs, outputs = (*inputs, "counters"), (*outputs, "out")
-    name = (f"lathe_{'paged' if paged else 'contiguous'}_{'rope_' if rope else ''}attention_"
-            f"{'split' if split else 'whole'}{'_merge' if merge else ''}")
+    head_norm = head_norm and rope
+    name = (f"lathe_{'paged' if paged else 'contiguous'}_{'norm_' if head_norm else ''}{'rope_' if rope else ''}"
+            f"attention_{'split' if split else 'whole'}{'_merge' if merge else ''}")
     return KernelSpec(name, "attention/decode_attention.metal", inputs, outputs,
                       prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_SPLIT {int(split)}\n"
-                              f"#define LATHE_ROPE {int(rope)}\n#define LATHE_MERGE {int(merge)}")
+                              f"#define LATHE_ROPE {int(rope)}\n#define LATHE_MERGE {int(merge)}\n"
+                              f"#define LATHE_HEAD_NORM {int(head_norm)}")
 
 
 def merge_counters(slots: int) -> mx.array:
@@ -201,7 +205,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     qs = query_split(group, n_kv * parts * batch)
     constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size)
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
-        inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale))]
+        inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale)), *rope[3]]
         constants.update(rope[2])
     else:
         inputs = [q, k_cache, v_cache, lens]
@@ -217,7 +221,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
         _check_counters(counters, batch * n_kv * qs)
         inputs.append(counters)
         outputs.append(((batch, n_heads, head_dim), mx.float16))
-    res = launch(Launch(_spec(paged, split, rope is not None, merge), inputs, outputs,
+    res = launch(Launch(_spec(paged, split, rope is not None, merge, bool(rope and rope[3])), inputs, outputs,
                         (parts * 32 * NSIMD, n_kv * qs, batch), (32 * NSIMD, 1, 1), constants))
     if not split or merge:
         return res[-1]
@@ -320,7 +324,9 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
                       scale: float, *, n_heads: int, theta: float = 10000.0, freq_scale: float = 1.0,
                       inv_freq: mx.array | None = None, neox: bool = False, split: bool = True,
                       partition: int | None = None, split_from: int = SPLIT_FROM,
-                      counters: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
+                      counters: mx.array | None = None, q_norm: mx.array | None = None,
+                      k_norm: mx.array | None = None, eps: float | None = None,
+                      ) -> tuple[mx.array, mx.array, mx.array]:
     """One decode token's RoPE, KV-cache write and attention in one launch (a launch a layer
     fewer than kernels.rope.rope_qkv_write then flash_decode: the same cache rows; the rotated
     query stays in fp32 instead of being rounded to fp16 in between): qkv[(n_heads + 2
@@ -328,7 +334,9 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     [n_kv, max_seq, D] take K (rotated) and V at row pos, and the token attends to rows
     0..pos. Returns (out[1, n_heads, D], k_cache, v_cache), the caches ordered after the write.
     pos: an int (checked here) or int32[1] on the device (a compiled step: a position past the
-    cache writes nothing and attends to the rows held; the caller keeps it in range)."""
+    cache writes nothing and attends to the rows held; the caller keeps it in range).
+    q_norm, k_norm (f32[D]) and eps: Qwen3's per-head RMSNorm of each query head and of K before
+    they turn (kernels.rope.head_norm_rope_neox_kv_write's, in this launch)."""
     from kernels import rope as rope_kernels
 
     _fp16("k_cache", k_cache)
@@ -345,15 +353,33 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     width = (n_heads + 2 * n_kv) * head_dim
     if qkv.size != width or qkv.ndim > 2 or (qkv.ndim == 2 and qkv.shape[0] != 1):
         raise ValueError(f"qkv must be one token's [(n_heads + 2 * n_kv) * D = {width}], got {tuple(qkv.shape)}")
+    norms = _head_norms(q_norm, k_norm, eps, head_dim)
     pos_arr = rope_kernels._pos_array(pos, 1, max_seq)
     freqs = rope_kernels._table(head_dim, theta, inv_freq)
-    scalars = constant((float(theta), float(freq_scale)), mx.float32)
+    scalars = constant((float(theta), float(freq_scale), float(eps or 0.0)), mx.float32)
     longest = pos + 1 if isinstance(pos, int) else max_seq  # sizes the grid, as flash_decode's
     out = _run(False, split, qkv.reshape(-1), k_cache[None], v_cache[None], pos_arr, longest, None,
                max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from,
-               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True)), counters=counters)
+               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True), norms), counters=counters)
     k_cache, v_cache = mx.depends([k_cache, v_cache], [out])
     return out, k_cache, v_cache
+
+
+def _head_norms(q_norm: mx.array | None, k_norm: mx.array | None, eps: float | None,
+                head_dim: int) -> tuple[mx.array, ...]:
+    """(q_norm, k_norm) checked, or () without head norms."""
+    given = [a is not None for a in (q_norm, k_norm, eps)]
+    if not any(given):
+        return ()
+    if not all(given):
+        raise ValueError("head norms take q_norm, k_norm and eps together")
+    for name, a in (("q_norm", q_norm), ("k_norm", k_norm)):
+        if not isinstance(a, mx.array) or a.dtype != mx.float32 or a.shape != (head_dim,):
+            raise ValueError(f"{name} must be float32 [{head_dim}], got {getattr(a, 'dtype', type(a))} "
+                             f"{getattr(a, 'shape', '')}")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    return (q_norm, k_norm)
 
 
 def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,

@@ -1,0 +1,284 @@
+"""The layer blocks (kernels.blocks): attention_block and ffn_block, each one launch on CUDA.
+
+Checks: each block against reference/blocks.py in float64 on the dequantized weights, over the
+real layers' shapes (Qwen3-0.6B, Llama-3.2-1B, Llama-3-8B) and tails; the attention block at
+short and split contexts, the position on the host and on the device, with its head norms
+(Qwen3) and without, cache rows past the token NaN (the block must write row pos before it reads
+it, and touch no other row); each launched twice on one queue, which it must leave zero.
+Reference self-check (CPU): reference/blocks.py against MLX's own float32 ops.
+Benchmarks: each block against the launches it replaces in the fused decode loop, on each
+model's shapes at a short and a long context (the `fused sequence` rows).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from harness.bench import BenchCase
+from harness.check import CheckCase, Comparison, compare, exact
+from harness.suites.gemv import _blocks, _packed_once
+from reference import blocks as ref
+from reference.quant import dequantize, storage_bytes
+
+TOL = 4e-3  # a chain of GEMVs with X' staged as int16, fp16 intermediates, fp32 softmax
+EPS = 1e-6
+THETA = 1000000.0
+
+# (d_model, n_heads, n_kv_heads, head_dim, head norms, NeoX) of the models the loop runs
+MODELS = {
+    "qwen3-0.6b": (1024, 16, 8, 128, True, True),
+    "llama3.2-1b": (2048, 32, 8, 64, False, False),
+    "llama3-8b": (4096, 32, 8, 128, False, False),
+}
+FFN = {"qwen3-0.6b": (1024, 3072), "llama3.2-1b": (2048, 8192), "llama3-8b": (4096, 14336)}
+BENCH_QTYPE = {"qwen3-0.6b": "q8_0", "llama3.2-1b": "q8_0", "llama3-8b": "q4_0"}
+
+
+def _gamma(rng: np.random.Generator, n: int, dtype=np.float16) -> np.ndarray:
+    return rng.uniform(0.5, 1.5, n).astype(dtype)
+
+
+def _attention_case(qtype: str, d_model: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
+                    neox: bool, pos: int, device_pos: bool = False, split_from: int | None = None) -> CheckCase:
+    from kernels.attention import SPLIT_FROM
+    from kernels.blocks import attention_block, attention_queue
+    from kernels.gemv import repack
+    from kernels.runtime import poisoned_outputs
+
+    n_heads, n_kv = heads
+    n_qkv = (n_heads + 2 * n_kv) * head_dim
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        host_qkv, dev_qkv = _blocks(rng, qtype, n_qkv, d_model)
+        host_o, dev_o = _blocks(rng, qtype, d_model, n_heads * head_dim)
+        w_qkv, w_o = repack(dev_qkv, qtype, n_qkv, d_model), repack(dev_o, qtype, d_model, n_heads * head_dim)
+        norm = _gamma(rng, d_model)
+        q_norm, k_norm = (_gamma(rng, head_dim, np.float32) for _ in range(2)) if head_norm else (None, None)
+        max_seq = pos + 9
+        queue = attention_queue()
+        checks = []
+        for launch_ in range(2):
+            kc = np.full((n_kv, max_seq, head_dim), np.nan, np.float16)
+            vc = np.full_like(kc, np.nan)
+            kc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+            vc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+            x = rng.standard_normal((1, d_model)).astype(np.float16)
+            at = mx.array(np.array([pos], np.int32)) if device_pos else pos
+            with poisoned_outputs():
+                x_out, k_new, v_new = attention_block(
+                    mx.array(x), mx.array(norm), EPS, w_qkv, w_o, qtype, mx.array(kc), mx.array(vc), at,
+                    n_heads=n_heads, theta=THETA, neox=neox,
+                    q_norm=None if q_norm is None else mx.array(q_norm),
+                    k_norm=None if k_norm is None else mx.array(k_norm), queue=queue,
+                    split_from=SPLIT_FROM if split_from is None else split_from)
+                mx.eval(x_out, k_new, v_new, queue)
+            want, k_want, v_want = ref.attention_block(
+                x[0], norm, EPS, dequantize(host_qkv, qtype, d_model), dequantize(host_o, qtype, n_heads * head_dim),
+                kc, vc, pos, n_heads, THETA, neox, q_norm, k_norm)
+            got = np.array(x_out).astype(np.float64)[0]
+            k_got, v_got = np.array(k_new), np.array(v_new)
+            others = np.arange(max_seq) != pos
+            checks += [
+                # the residual dominates x_out: its added part is compared on its own
+                compare(f"x_out - x (launch {launch_})", got - x[0], want - x[0], TOL),
+                compare(f"K row pos (launch {launch_})", k_got[:, pos], k_want[:, pos], TOL),
+                compare(f"V row pos (launch {launch_})", v_got[:, pos], v_want[:, pos], TOL),
+                exact(f"other rows untouched (launch {launch_})",
+                      np.stack([k_got[:, others], v_got[:, others]]).view(np.uint16),
+                      np.stack([kc[:, others], vc[:, others]]).view(np.uint16)),
+                exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0)]
+        return checks
+
+    variant = " ".join(filter(None, (qtype, "head-norm" if head_norm else "", "neox" if neox else "",
+                                     "split" if split_from == 0 or pos >= 2048 else "",
+                                     "device-pos" if device_pos else "")))
+    shape = dict(d_model=d_model, heads=f"{n_heads}/{n_kv}", D=head_dim, pos=pos)
+    return CheckCase("blocks", "attention_block", variant, shape, run)
+
+
+def _ffn_case(qtype: str, m: int, d_model: int, f: int) -> CheckCase:
+    from kernels.blocks import ffn_block, ffn_queue
+    from kernels.gemv import concat_rows, repack
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        host_gate, dev_gate = _blocks(rng, qtype, f, d_model)
+        host_up, dev_up = _blocks(rng, qtype, f, d_model)
+        host_down, dev_down = _blocks(rng, qtype, d_model, f)
+        w_gate_up = repack(concat_rows([dev_gate, dev_up]), qtype, 2 * f, d_model)
+        w_down = repack(dev_down, qtype, d_model, f)
+        gate_up64 = np.concatenate([dequantize(host_gate, qtype, d_model), dequantize(host_up, qtype, d_model)])
+        down64 = dequantize(host_down, qtype, f)
+        norm = _gamma(rng, d_model)
+        queue = ffn_queue()
+        checks = []
+        for launch_ in range(2):
+            x = rng.standard_normal((m, d_model)).astype(np.float16)
+            with poisoned_outputs():
+                y = ffn_block(mx.array(x), mx.array(norm), EPS, w_gate_up, w_down, qtype, queue=queue)
+                mx.eval(y, queue)
+            want = ref.ffn_block(x, norm, EPS, gate_up64, down64)
+            checks += [compare(f"x_out - x (launch {launch_})", np.array(y).astype(np.float64) - x, want - x, TOL),
+                       exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0)]
+        return checks
+
+    return CheckCase("blocks", "ffn_block", qtype, dict(M=m, d_model=d_model, F=f), run)
+
+
+def check_cases(small: bool = False) -> list[CheckCase]:
+    cases = []
+    # the models' layers: a short context, then one split over partitions merged in the launch
+    for name, (d, hq, hkv, hd, norm, neox) in MODELS.items():
+        qtype = BENCH_QTYPE[name]
+        cases.append(_attention_case(qtype, d, (hq, hkv), hd, norm, neox, 17, device_pos=True))
+        if not small:
+            cases.append(_attention_case("q4_0" if qtype == "q8_0" else "q8_0", d, (hq, hkv), hd, norm, neox, 0))
+            cases.append(_attention_case(qtype, d, (hq, hkv), hd, norm, neox, 700, split_from=0))
+            cases.append(_attention_case(qtype, d, (hq, hkv), hd, norm, neox, 2500, device_pos=True))
+    # tails: small widths, head_dim 64 and 256, a group of one, many query heads to a kv head
+    cases.append(_attention_case("q8_0", 160, (4, 2), 64, False, True, 3))
+    cases.append(_attention_case("q4_0", 512, (4, 4), 256, True, True, 40))
+    if not small:
+        cases.append(_attention_case("q8_0", 256, (8, 1), 128, True, False, 300, split_from=0))
+    for name, (d, f) in FFN.items():
+        cases.append(_ffn_case(BENCH_QTYPE[name], 1, d, f))
+        if not small:
+            cases.append(_ffn_case("q4_0" if BENCH_QTYPE[name] == "q8_0" else "q8_0", 2, d, f))
+    cases.append(_ffn_case("q8_0", 3, 160, 96))
+    cases.append(_ffn_case("q4_0", 4, 96, 4128))
+    return cases
+
+
+def _reference_vs_mlx() -> CheckCase:
+    """reference/blocks.py against MLX's float32 ops on the CPU (rms_norm, rope, sdpa): an
+    independent opinion of the composition (head norms, NeoX pairs, GQA, the residuals)."""
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        d, hq, hkv, hd, pos = 256, 8, 2, 64, 11
+        x = rng.standard_normal(d)
+        norm, q_norm, k_norm = rng.uniform(0.5, 1.5, d), rng.uniform(0.5, 1.5, hd), rng.uniform(0.5, 1.5, hd)
+        w_qkv = rng.standard_normal(((hq + 2 * hkv) * hd, d)) * 0.05
+        w_o = rng.standard_normal((d, hq * hd)) * 0.05
+        kc, vc = rng.standard_normal((hkv, pos + 3, hd)), rng.standard_normal((hkv, pos + 3, hd))
+        want, k_want, _ = ref.attention_block(x, norm, EPS, w_qkv, w_o, kc, vc, pos, hq, THETA, True, q_norm, k_norm)
+        f32 = lambda a: mx.array(np.asarray(a, np.float32))  # noqa: E731
+        with mx.stream(mx.cpu):
+            qkv = mx.fast.rms_norm(f32(x)[None], f32(norm), EPS) @ f32(w_qkv).T
+            q, k, v = mx.split(qkv[0], [hq * hd, (hq + hkv) * hd])
+            q = mx.fast.rms_norm(q.reshape(hq, 1, hd), f32(q_norm), EPS)
+            k = mx.fast.rms_norm(k.reshape(hkv, 1, hd), f32(k_norm), EPS)
+            q = mx.fast.rope(q[None], hd, traditional=False, base=THETA, scale=1.0, offset=pos)
+            k = mx.fast.rope(k[None], hd, traditional=False, base=THETA, scale=1.0, offset=pos)
+            keys = mx.concatenate([f32(kc[:, :pos])[None], k], axis=2)
+            values = mx.concatenate([f32(vc[:, :pos])[None], v.reshape(1, hkv, 1, hd)], axis=2)
+            o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=hd ** -0.5)
+            got = f32(x) + o.reshape(-1) @ f32(w_o).T
+            mx.eval(got, keys)
+        w_gu, w_d = rng.standard_normal((2 * 96, d)) * 0.05, rng.standard_normal((d, 96)) * 0.05
+        xs = rng.standard_normal((2, d))
+        with mx.stream(mx.cpu):
+            h = mx.fast.rms_norm(f32(xs), f32(norm), EPS) @ f32(w_gu).T
+            ffn = f32(xs) + (mx.sigmoid(h[:, :96]) * h[:, :96] * h[:, 96:]) @ f32(w_d).T
+            mx.eval(ffn)
+        return [compare("attention_block vs MLX float32", np.array(got), want, 1e-4),
+                compare("K row pos vs MLX float32", np.array(keys)[0, :, pos], k_want[:, pos], 1e-4),
+                compare("ffn_block vs MLX float32", np.array(ffn), ref.ffn_block(xs, norm, EPS, w_gu, w_d), 1e-4)]
+
+    return CheckCase("blocks", "reference", "vs mlx float32 (cpu)", dict(d_model=256), run, needs_gpu=False)
+
+
+def reference_cases() -> list[CheckCase]:
+    return [_reference_vs_mlx()]
+
+
+def _bench_attention(path: str, model: str, ctx: int) -> BenchCase:
+    """One decode token's attention half at context ctx (the token at position ctx - 1): the
+    block in one launch, or the fused loop's launches (RMSNorm+QKV; Qwen3's head-norm + RoPE +
+    KV write, then flash decode, Llama's RoPE inside attention; O + residual). Bytes: the two
+    matrices, K and V of the context read, the new rows written."""
+    import math
+
+    from kernels import attention, gemv, rope
+    from kernels.blocks import attention_block, attention_queue
+
+    d, hq, hkv, hd, norm, neox = MODELS[model]
+    qtype = BENCH_QTYPE[model]
+    n_qkv = (hq + 2 * hkv) * hd
+    weights = _packed_once(qtype, (n_qkv, d), (d, hq * hd))
+    pos = ctx - 1
+
+    def make():
+        w_qkv, w_o = weights()
+        shape = (hkv, ctx, hd)
+        return {"w_qkv": w_qkv, "w_o": w_o, "x": mx.random.normal((1, d)).astype(mx.float16),
+                "norm": (1 + 0.1 * mx.random.normal((d,))).astype(mx.float16),
+                "q_norm": 1 + 0.1 * mx.random.normal((hd,)), "k_norm": 1 + 0.1 * mx.random.normal((hd,)),
+                "k": mx.random.normal(shape).astype(mx.float16), "v": mx.random.normal(shape).astype(mx.float16),
+                "queue": attention_queue(), "counters": attention.merge_counters(hq)}
+
+    def block(s):
+        x, s["k"], s["v"] = attention_block(s["x"], s["norm"], EPS, s["w_qkv"], s["w_o"], qtype, s["k"], s["v"], pos,
+                                            n_heads=hq, theta=THETA, neox=neox, q_norm=s["q_norm"] if norm else None,
+                                            k_norm=s["k_norm"] if norm else None, queue=s["queue"],
+                                            counters=s["counters"])
+        return [x]
+
+    def sequence(s):
+        qkv = gemv.rmsnorm_gemv(s["x"], s["norm"], EPS, s["w_qkv"], qtype, n_qkv, d)
+        scale = 1.0 / math.sqrt(hd)
+        if norm:  # as the fused loop runs Qwen3: head norms + RoPE + KV write, then attention
+            rot = rope.head_norm_rope_neox_qkv_write(qkv, s["q_norm"], s["k_norm"], s["k"], s["v"], pos,
+                                                     n_heads=hq, eps=EPS, theta=THETA)
+            s["k"], s["v"] = rot.k_cache, rot.v_cache
+            o = attention.flash_decode(rot.q.reshape(1, hq, hd), s["k"][None], s["v"][None], [ctx], scale,
+                                       after=rot.written, counters=s["counters"])
+        else:
+            o, s["k"], s["v"] = attention.rope_flash_decode(qkv, s["k"], s["v"], pos, scale, n_heads=hq, theta=THETA,
+                                                            neox=neox, counters=s["counters"])
+        return [gemv.gemv_v3(o.reshape(1, -1), s["w_o"], qtype, d, hq * hd, residual=s["x"])]
+
+    nbytes = (storage_bytes(qtype, n_qkv, d) + storage_bytes(qtype, d, hq * hd) + 2 * hkv * ctx * hd * 2
+              + 2 * 2 * d)
+    flops = 2 * (n_qkv * d + d * hq * hd) + 4 * hq * ctx * hd
+    return BenchCase("blocks", "block-attention", "attention_block" if path == "block" else "fused sequence", model,
+                     dict(ctx=ctx, d_model=d, heads=f"{hq}/{hkv}", D=hd, qtype=qtype), make,
+                     block if path == "block" else sequence, nbytes, flops, nbytes)
+
+
+def _bench_ffn(path: str, model: str) -> BenchCase:
+    """The FFN half of a decode token: the block in one launch, or the fused loop's two
+    (RMSNorm + gate+up with SiLU in its epilogue, then down + residual)."""
+    from kernels import gemv
+    from kernels.blocks import ffn_block, ffn_queue
+
+    d, f = FFN[model]
+    qtype = BENCH_QTYPE[model]
+    weights = _packed_once(qtype, (2 * f, d), (d, f))
+
+    def make():
+        w_gu, w_down = weights()
+        return {"w_gu": w_gu, "w_down": w_down, "x": mx.random.normal((1, d)).astype(mx.float16),
+                "norm": (1 + 0.1 * mx.random.normal((d,))).astype(mx.float16), "queue": ffn_queue()}
+
+    def block(s):
+        return [ffn_block(s["x"], s["norm"], EPS, s["w_gu"], s["w_down"], qtype, queue=s["queue"])]
+
+    def sequence(s):
+        a = gemv.gate_up_swiglu(s["x"], s["w_gu"], qtype, 2 * f, d, gamma=s["norm"], eps=EPS)
+        return [gemv.gemv_v3(a, s["w_down"], qtype, d, f, residual=s["x"])]
+
+    nbytes = storage_bytes(qtype, 2 * f, d) + storage_bytes(qtype, d, f) + 2 * 2 * d
+    return BenchCase("blocks", "block-ffn", "ffn_block" if path == "block" else "fused sequence", model,
+                     dict(ctx=0, d_model=d, F=f, qtype=qtype), make, block if path == "block" else sequence,
+                     nbytes, 2 * 3 * f * d, nbytes)
+
+
+def bench_cases(quick: bool = False) -> list[BenchCase]:
+    cases = []
+    for model in MODELS:
+        for path in ("block", "sequence"):  # alternated: rows of one run, side by side
+            for ctx in (144,) if quick else (144, 4096):
+                cases.append(_bench_attention(path, model, ctx))
+            cases.append(_bench_ffn(path, model))
+    return cases

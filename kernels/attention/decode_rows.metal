@@ -1,0 +1,301 @@
+// Decode attention for one threadgroup's work, included inside a scope that names `part`, `hg`
+// and `b` (partition, head group, sequence: the launch's grid position in decode_attention.metal,
+// a claimed ticket in the blocks of kernels/blocks), the inputs, and decode_tiles.metal's
+// declarations. It starts by writing threadgroup memory: an includer that runs it more than once
+// puts a threadgroup barrier between the runs.
+const uint h = hg / QS;  // the kv head of query heads hg*G .. hg*G+G-1
+const uint n_kv = uint(dims[0]);
+const uint rows = uint(dims[1]);  // S (contiguous) or MAXB (paged)
+// The cache sequence (and block-table row) of query b: b, or 0 for every query when the queries
+// are the tokens of one prompt (prefill: query b sees the cache up to lens[b], its own position).
+const uint cb = b * uint(dims[4]);
+const uint n_heads = n_kv * QS * G;
+// Device lengths (a compiled step) are not checked on the host: clamped to the cache here.
+#if LATHE_ROPE
+const uint ctx = min(uint(pos[0]) + 1, rows);
+#else
+const uint ctx = min(uint(lens[b]), rows * uint(LATHE_PAGED ? BS : 1));
+#endif
+const uint t_begin = LATHE_SPLIT ? min(ctx, part * uint(dims[2])) : 0;
+const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
+
+#if LATHE_ROPE
+{
+  // Pair i of a head turns by pos * freq_scale * inv_freq(i) (rope_kv_write.metal's angles).
+  const float p = float(pos[0]) * rope_scalars[1];
+#if LATHE_HEAD_NORM
+  // Qwen3's per-head RMSNorm first: 1 / RMS of each of the G query heads (norm_s[g]) and of the
+  // kv head's K (norm_s[G]), a SIMD group a head; the weights then scale each pair.
+  for (uint r = simd; r <= G; r += NSIMD) {
+    const auto src = qkv + (r < G ? hg * G + r : n_heads + h) * D;
+    float ss = 0.0f;
+    for (uint i = lane; i < D; i += 32) ss += float(src[i]) * float(src[i]);
+    ss = simd_sum(ss);
+    if (lane == 0) norm_s[r] = rsqrt(ss / float(D) + rope_scalars[2]);
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+#define Q_NORM(g, i) (norm_s[g] * q_norm[i])
+#define K_NORM(i) (norm_s[G] * k_norm[i])
+#else
+#define Q_NORM(g, i) 1.0f
+#define K_NORM(i) 1.0f
+#endif
+  for (uint e = tid; e < G * D / 2; e += NT) {
+    const uint g = e / (D / 2), i = e % (D / 2);
+    const float angle = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, i, rope_scalars[0]);
+    const float c = cos(angle), sn = sin(angle);
+    const uint i0 = rope_first<D, NEOX>(i), i1 = rope_second<D, NEOX>(i);
+    const float a = float(qkv[(hg * G + g) * D + i0]) * Q_NORM(g, i0);
+    const float bq = float(qkv[(hg * G + g) * D + i1]) * Q_NORM(g, i1);
+    q_s[g * D + i0] = (a * c - bq * sn) * scale[0];
+    q_s[g * D + i1] = (a * sn + bq * c) * scale[0];
+  }
+  const uint row_at = uint(pos[0]);
+  if (row_at >= t_begin && row_at < t_end) {  // this threadgroup reads the new row: write it first
+    auto k_row = writable(k_cache) + (h * rows + row_at) * D;
+    auto v_row = writable(v_cache) + (h * rows + row_at) * D;
+    const auto k_src = qkv + (n_heads + h) * D;
+    const auto v_src = qkv + (n_heads + n_kv + h) * D;
+    for (uint i = tid; i < D / 2; i += NT) {
+      const float angle = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, i, rope_scalars[0]);
+      const float c = cos(angle), sn = sin(angle);
+      const uint i0 = rope_first<D, NEOX>(i), i1 = rope_second<D, NEOX>(i);
+      const float a = float(k_src[i0]) * K_NORM(i0), bk = float(k_src[i1]) * K_NORM(i1);
+      k_row[i0] = half(a * c - bk * sn);
+      k_row[i1] = half(a * sn + bk * c);
+    }
+    for (uint e = tid; e < D; e += NT) v_row[e] = v_src[e];
+  }
+#undef Q_NORM
+#undef K_NORM
+}
+#else
+for (uint e = tid; e < G * D; e += NT) {
+  q_s[e] = float(q[(b * n_heads + hg * G) * D + e]) * scale[0];
+}
+#endif
+if (tid < G) {
+  m_s[tid] = NEG_INF;
+  l_s[tid] = 0.0f;
+}
+float acc[G][ROWS];
+for (uint g = 0; g < G; ++g) {
+  for (uint i = 0; i < ROWS; ++i) acc[g][i] = 0.0f;
+}
+// (LATHE_ROPE: the new cache row, written above, is read by other threads of this threadgroup.)
+threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+
+for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
+  const uint cn = min(CH, t_end - c0);
+  // This SIMD group's V words of its first VPF vectors of the chunk, issued before the K loads:
+  // they do not depend on the scores, and P.V then waits on no DRAM round trip of its own.
+#if LATHE_PAGED
+  uint4 vw[VPF][ROWS];  // vector k, row lane_dim(lane, i): its 8 tokens
+#else
+  uint vw[VPF][8][ROWS / 2];  // vector k, token j: this lane's ROWS values as half2 words
+#endif
+  LOAD_V_GROUP(0);
+  // Scores of the chunk, a thread a token (CH = NT: no loop here, so that the compiler keeps
+  // q_s in threadgroup memory rather than hoisting all G * D values into registers).
+  {
+    const uint tl = tid;
+    float s[G];
+    for (uint g = 0; g < G; ++g) s[g] = 0.0f;
+    if (tl < cn) {
+      const uint t = c0 + tl;
+#if LATHE_PAGED
+      const uint block = uint(table[cb * rows + t / BS]);
+      const uint k0 = ((block * n_kv + h) * DV * BS + t % BS) * 8;  // + c * BS * 8
+#else
+      const uint k0 = ((cb * n_kv + h) * rows + t) * D;  // + c * 8
+#endif
+      // KG 16-byte loads in flight together, then their products (D / 8 / KG latencies a row).
+      for (uint c0k = 0; c0k < DV; c0k += KG) {
+        uint4 kr[KG];
+        LATHE_UNROLL
+        for (uint c = 0; c < KG; ++c) {
+#if LATHE_PAGED
+          kr[c] = load_wide<uint4>(k_cache, (k0 + (c0k + c) * BS * 8) / 8);
+#else
+          kr[c] = load_wide<uint4>(k_cache, (k0 + (c0k + c) * 8) / 8);
+#endif
+        }
+        LATHE_UNROLL
+        for (uint c = 0; c < KG; ++c) {
+          const uint ku[4] = {kr[c].x, kr[c].y, kr[c].z, kr[c].w};
+          for (uint j = 0; j < 4; ++j) {
+            const half2 k2 = as_type<half2>(ku[j]);
+            const float ka = float(k2.x), kb = float(k2.y);
+            const uint e = 8 * (c0k + c) + 2 * j;
+            for (uint g = 0; g < G; ++g) {
+              s[g] = fma(q_s[g * D + e], ka, s[g]);
+              s[g] = fma(q_s[g * D + e + 1], kb, s[g]);
+            }
+          }
+        }
+      }
+    }
+    for (uint g = 0; g < G; ++g) p_s[g * CH + tl] = tl < cn ? s[g] : NEG_INF;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  // Online softmax, a SIMD group a query head: new max, rescale factor, exp, running sum.
+  for (uint g = simd; g < G; g += NSIMD) {
+    float mx = NEG_INF;
+    for (uint tl = lane; tl < CH; tl += 32) mx = max(mx, p_s[g * CH + tl]);
+    mx = simd_max(mx);
+    const float m_new = max(m_s[g], mx);
+    float sum = 0.0f;
+    for (uint tl = lane; tl < CH; tl += 32) {
+      const float p = tl < cn ? exp(p_s[g * CH + tl] - m_new) : 0.0f;
+      p_s[g * CH + tl] = p;
+      sum += p;
+    }
+    sum = simd_sum(sum);
+    if (lane == 0) {
+      const float alpha = exp(m_s[g] - m_new);
+      alpha_s[g] = alpha;
+      l_s[g] = l_s[g] * alpha + sum;
+      m_s[g] = m_new;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  // P.V: SIMD groups take 8-token vectors in turn (vector vi = simd + k * NSIMD); lane l owns
+  // rows lane_dim(l, i). The V words of VPF vectors are in vw; the first VPF came in with K.
+  for (uint g = 0; g < G; ++g) {
+    for (uint i = 0; i < ROWS; ++i) acc[g][i] *= alpha_s[g];
+  }
+  for (uint k0 = 0; k0 < VPS; k0 += VPF) {
+    if (k0 > 0) {
+      LOAD_V_GROUP(k0);
+    }
+    LATHE_UNROLL
+    for (uint k = 0; k < VPF; ++k) {
+      const uint vi = simd + (k0 + k) * NSIMD;
+      if (vi * 8 >= cn) continue;
+      const uint valid = min(8u, t_end - (c0 + vi * 8));
+      float pv[G][8];
+      for (uint g = 0; g < G; ++g) {
+        for (uint j = 0; j < 8; ++j) pv[g][j] = p_s[g * CH + vi * 8 + j];
+      }
+      float v8[ROWS][8];
+#if LATHE_PAGED
+      LATHE_UNROLL
+      for (uint i = 0; i < ROWS; ++i) {
+        const uint vu[4] = {vw[k][i].x, vw[k][i].y, vw[k][i].z, vw[k][i].w};
+        for (uint j = 0; j < 4; ++j) {
+          const half2 v2 = as_type<half2>(vu[j]);
+          v8[i][2 * j] = float(v2.x);
+          v8[i][2 * j + 1] = float(v2.y);
+        }
+      }
+#else
+      LATHE_UNROLL
+      for (uint j = 0; j < 8; ++j) {
+        LATHE_UNROLL
+        for (uint w = 0; w < ROWS / 2; ++w) {
+          const half2 v2 = as_type<half2>(vw[k][j][w]);
+          v8[2 * w][j] = float(v2.x);
+          v8[2 * w + 1][j] = float(v2.y);
+        }
+      }
+#endif
+      LATHE_UNROLL
+      for (uint i = 0; i < ROWS; ++i) {
+        for (uint j = 0; j < 8; ++j) v8[i][j] = j < valid ? v8[i][j] : 0.0f;
+        for (uint g = 0; g < G; ++g) {
+          float a = acc[g][i];
+          for (uint j = 0; j < 8; ++j) a = fma(pv[g][j], v8[i][j], a);
+          acc[g][i] = a;
+        }
+      }
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);  // p_s is rewritten by the next chunk
+}
+
+// The SIMD groups' sums, one after another into sum_s.
+for (uint w = 0; w < NSIMD; ++w) {
+  if (simd == w) {
+    for (uint g = 0; g < G; ++g) {
+      for (uint i = 0; i < ROWS; ++i) {
+        const uint e = g * D + lane_dim(lane, i);
+        sum_s[e] = (w == 0 ? 0.0f : sum_s[e]) + acc[g][i];
+      }
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+for (uint e = tid; e < G * D; e += NT) {
+  const uint g = e / D, d = e % D;
+  const uint hq = hg * G + g;
+  const float o = l_s[g] > 0.0f ? sum_s[e] / l_s[g] : 0.0f;
+#if LATHE_SPLIT
+  const uint at = (b * n_heads + hq) * uint(dims[3]) + part;
+  part_out[at * D + d] = o;
+  if (d == 0) {
+    part_ml[2 * at] = m_s[g];
+    part_ml[2 * at + 1] = l_s[g];
+  }
+#else
+  out[(b * n_heads + hq) * D + d] = half(o);
+#endif
+}
+#if LATHE_SPLIT && LATHE_MERGE
+threadgroup_barrier(mem_flags::mem_device);  // every thread's partials are written
+if (tid == 0) {
+  const auto counter = counters + b * n_kv * QS + hg;
+  merge_here = grid_signal(counter) == uint(dims[3]) - 1;
+  if (merge_here) grid_reset(counter, 1);  // after the others' partials
+}
+threadgroup_barrier(mem_flags::mem_device);
+if (merge_here) {
+  // combine.metal's weights, worked out once a head and in parallel: a SIMD group a query head,
+  // a lane two partitions (at most MERGE_PARTS; the host launches the combine past that).
+  const uint parts = uint(dims[3]);
+  for (uint g = simd; g < G; g += NSIMD) {
+    const uint row = b * n_heads + hg * G + g;
+    float m2[2], l2[2];
+    for (uint j = 0; j < 2; ++j) {
+      const uint p = lane + 32 * j;
+      m2[j] = p < parts ? part_ml[2 * (row * parts + p)] : NEG_INF;
+      l2[j] = p < parts ? part_ml[2 * (row * parts + p) + 1] : 0.0f;
+    }
+    const float m_all = simd_max(max(m2[0], m2[1]));
+    float w2[2];
+    for (uint j = 0; j < 2; ++j) w2[j] = l2[j] > 0.0f ? l2[j] * exp(m2[j] - m_all) : 0.0f;
+    const float den = simd_sum(w2[0] + w2[1]);
+    for (uint j = 0; j < 2; ++j) w_s[g * MERGE_PARTS + lane + 32 * j] = den > 0.0f ? w2[j] / den : 0.0f;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  // out = sum_p w_p o_p: a thread's EPT values, 8 partitions at a time with all their loads
+  // issued before the sums (a rolled loop would wait out one L2 round trip a partition).
+  constexpr uint EPT = (G * D + NT - 1) / NT;
+  float merged[EPT];
+  for (uint i = 0; i < EPT; ++i) merged[i] = 0.0f;
+  for (uint p0 = 0; p0 < parts; p0 += 8) {
+    float o8[EPT][8];
+    LATHE_UNROLL
+    for (uint i = 0; i < EPT; ++i) {
+      const uint e = tid + i * NT;
+      const uint row = b * n_heads + hg * G + e / D;
+      LATHE_UNROLL
+      for (uint j = 0; j < 8; ++j) {
+        o8[i][j] = e < G * D && p0 + j < parts ? part_out[(row * parts + p0 + j) * D + e % D] : 0.0f;
+      }
+    }
+    LATHE_UNROLL
+    for (uint i = 0; i < EPT; ++i) {
+      const uint g = (tid + i * NT) / D;
+      for (uint j = 0; j < 8; ++j) {
+        if (p0 + j < parts && g < G) merged[i] = fma(w_s[g * MERGE_PARTS + p0 + j], o8[i][j], merged[i]);
+      }
+    }
+  }
+  for (uint i = 0; i < EPT; ++i) {
+    const uint e = tid + i * NT;
+    if (e < G * D) out[(b * n_heads + hg * G) * D + e] = half(merged[i]);
+  }
+}
+#endif

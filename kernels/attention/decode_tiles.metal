@@ -1,0 +1,65 @@
+// The declarations of decode attention (decode_attention.metal has the design): constants,
+// the V-load macros and threadgroup memory. Included once at the top of a kernel body, after
+// NT, tid, lane and simd; decode_rows.metal then serves one (partition, head group, sequence).
+#ifndef LATHE_HEAD_NORM
+#define LATHE_HEAD_NORM 0
+#endif
+constexpr uint CH = NT;        // tokens a chunk: a thread a token
+constexpr uint KG = D / 8 < 8 ? D / 8 : 8;  // 16-byte K loads in flight a thread
+constexpr uint DV = D / 8;     // 16-byte vectors of a K row
+constexpr uint ROWS = D / 32;  // V rows (output dimensions) a lane owns:
+// The paged V block is [D, BS] (a dimension's tokens contiguous): lane l owns d = l + 32 i and
+// reads 8 tokens of one dimension in a 16-byte load. The contiguous V is [S, D] (a token's row
+// contiguous): lane l owns the ROWS neighbours d = ROWS l + i, so a SIMD group reads a row whole.
+#define lane_dim(l, i) (LATHE_PAGED ? (l) + 32 * (i) : (l) * ROWS + (i))
+// P.V's 8-token vectors: VPS a SIMD group takes of a chunk, VPF of them loaded at a time (their V
+// words in registers: all VPS where D <= 128, one at a time for D = 256).
+constexpr uint VPS = CH / 8 / NSIMD;
+constexpr uint VPF = D <= 128 ? VPS : 1;
+// The V words of vectors k0 .. k0 + VPF - 1 of this SIMD group into vw (none past the chunk's
+// tokens; the contiguous layout's rows past the context are not loaded either).
+#if LATHE_PAGED
+#define LOAD_V_GROUP(k0)                                                                        \
+  LATHE_UNROLL                                                                                  \
+  for (uint k = 0; k < VPF; ++k) {                                                              \
+    const uint vi_ = simd + ((k0) + k) * NSIMD;                                                 \
+    if (vi_ * 8 < cn) {                                                                         \
+      const uint t0_ = c0 + vi_ * 8;                                                            \
+      const uint v0_ = (uint(table[cb * rows + t0_ / BS]) * n_kv + h) * D * BS + t0_ % BS;      \
+      LATHE_UNROLL                                                                              \
+      for (uint i = 0; i < ROWS; ++i) vw[k][i] = load_wide<uint4>(v_cache, (v0_ + lane_dim(lane, i) * BS) / 8); \
+    }                                                                                           \
+  }
+#else
+#define LOAD_V_GROUP(k0)                                                                        \
+  LATHE_UNROLL                                                                                  \
+  for (uint k = 0; k < VPF; ++k) {                                                              \
+    const uint vi_ = simd + ((k0) + k) * NSIMD;                                                 \
+    const uint t0_ = c0 + vi_ * 8;                                                              \
+    const uint valid_ = vi_ * 8 < cn ? min(8u, t_end - t0_) : 0u;                               \
+    const uint v0_ = ((cb * n_kv + h) * rows + t0_) * D;                                        \
+    LATHE_UNROLL                                                                                \
+    for (uint j = 0; j < 8; ++j) {                                                              \
+      LATHE_UNROLL                                                                              \
+      for (uint w = 0; w < ROWS / 2; ++w) {                                                     \
+        vw[k][j][w] = j < valid_ ? load_wide<uint>(v_cache, (v0_ + j * D + lane_dim(lane, 2 * w)) / 2) : 0u; \
+      }                                                                                         \
+    }                                                                                           \
+  }
+#endif
+const float NEG_INF = -as_type<float>(0x7f800000u);  // -inf
+
+threadgroup float q_s[G * D];
+threadgroup float p_s[G * CH];
+threadgroup float m_s[G];
+threadgroup float l_s[G];
+threadgroup float alpha_s[G];
+threadgroup float sum_s[G * D];
+#if LATHE_HEAD_NORM
+threadgroup float norm_s[G + 1];  // 1 / RMS of the G query heads and of the kv head's K
+#endif
+#if LATHE_SPLIT && LATHE_MERGE
+constexpr uint MERGE_PARTS = 64;  // partitions the in-launch merge takes at most
+threadgroup uint merge_here;      // this threadgroup was its head group's last: it merges
+threadgroup float w_s[G * MERGE_PARTS];  // each partition's weight in the merged output
+#endif

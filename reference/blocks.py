@@ -1,0 +1,36 @@
+"""A decoder layer's two halves for decode tokens, in float64 (kernels.blocks' references): each is
+the composition of the references of its parts, in the order the kernels run them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from reference import attention, loop, rope
+
+
+def attention_block(x: np.ndarray, attn_norm: np.ndarray, eps: float, w_qkv: np.ndarray, w_o: np.ndarray,
+                    k_cache: np.ndarray, v_cache: np.ndarray, pos: int, n_heads: int, theta: float,
+                    neox: bool, q_norm: np.ndarray | None = None, k_norm: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x [d_model] (one token at position pos); w_qkv [(Hq + 2 Hkv) D, d_model] and w_o [d_model,
+    Hq D] as float values; caches [Hkv, max_seq, D] holding rows 0..pos-1. Returns (x + attention
+    output @ w_o^T, k_cache, v_cache), the caches copies with row pos written: RMSNorm, the QKV
+    projection, (Qwen3: per-head RMSNorm of Q and K), RoPE at pos, the KV write, grouped-query
+    attention over rows 0..pos (scale 1/sqrt(D)), the output projection, the residual add."""
+    n_kv, _, d = k_cache.shape
+    qkv = loop.rmsnorm(x, attn_norm, eps) @ np.asarray(w_qkv, np.float64).T
+    q, k, v = np.split(qkv, [n_heads * d, (n_heads + n_kv) * d])
+    q, k, v = q.reshape(1, n_heads, d), k.reshape(1, n_kv, d), v.reshape(1, n_kv, d)
+    q_rot, k_cache, v_cache = rope.rope_kv_write(q, k, v, k_cache, v_cache, pos, theta=theta, neox=neox,
+                                                 q_norm=q_norm, k_norm=k_norm, eps=eps)
+    keys, values = k_cache[:, : pos + 1].transpose(1, 0, 2), v_cache[:, : pos + 1].transpose(1, 0, 2)
+    o = attention.attend(q_rot[0], keys, values, d ** -0.5).reshape(-1)
+    return np.asarray(x, np.float64) + o @ np.asarray(w_o, np.float64).T, k_cache, v_cache
+
+
+def ffn_block(x: np.ndarray, ffn_norm: np.ndarray, eps: float, w_gate_up: np.ndarray, w_down: np.ndarray
+              ) -> np.ndarray:
+    """x [M, d_model] -> x + (silu(X' W_gate^T) * (X' W_up^T)) @ w_down^T, X' = RMSNorm(x) *
+    ffn_norm, w_gate_up = [gate; up] ([2F, d_model]), w_down [d_model, F]."""
+    gate_up = loop.rmsnorm(x, ffn_norm, eps) @ np.asarray(w_gate_up, np.float64).T
+    return np.asarray(x, np.float64) + loop.swiglu(gate_up) @ np.asarray(w_down, np.float64).T
