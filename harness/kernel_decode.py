@@ -2,9 +2,10 @@
 
 - `unfused`: one of lathe's kernels per op: embedding, RMSNorm, the Q4_0/Q8_0 GEMV (`linear`),
   RoPE + KV write (in place), flash decode, SwiGLU; residual adds are MLX adds.
-- `megafused` (issue 25): a decode token's layer in two launches, kernels.blocks' attention_block
-  (RMSNorm + QKV, Qwen3's head norms, RoPE + KV write, attention, O + residual) and ffn_block
-  (RMSNorm + gate|up + SiLU, down + residual); the embedding, the head and the argmax as fused's.
+- `megafused` (issue 25): a decode token's layer in one launch, kernels.blocks' layer_block: the
+  layer's FFN block (RMSNorm + gate|up + SiLU, down + residual) and the next layer's attention
+  block (RMSNorm + QKV, Qwen3's head norms, RoPE + KV write, attention, O + residual); layer 0's
+  attention block and the last FFN block alone; the embedding, the head and the argmax as fused's.
   Contiguous cache, repacked weights; prompts and 2-4 token steps run fused's plan. Where one
   launch may not wait on another's threadgroups (Metal: kernels.blocks.cross_group_waits) the
   blocks run their phases as separate launches, and the plan says so.
@@ -154,21 +155,27 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         b = f"blk.{i}."
         qkv_name = b + "attn_qkv.weight"
         if mega:
-            norms = tuple(b + f"attn_{n}_norm.weight" for n in "qk") if c.head_norm else ()
-            what = ("rmsnorm+QKV | " + ("head norms + " if c.head_norm else "") + "RoPE + KV write + attention | "
-                    "O + residual")
-            add("attention_block", f"lathe attention_block ({what})" if one_launch else
-                f"attention_block's phases apart ({what}: 3 launches)", ("x", f"cache.{i}"), ("x", f"cache.{i}"),
-                _run_attention_block, i, weights=(b + "attn_norm.weight", b + "attn_qkv (q|k|v)", *norms,
-                                                  b + "attn_output.weight"),
-                per_token=("pos",), layer=i,
-                launches=("lathe_attention_block",) if one_launch else (
-                    "lathe_rmsnorm_gemv_v3", "lathe_contiguous_", "lathe_attention_combine", "lathe_gemv_v3_residual"))
-            add("ffn_block", "lathe ffn_block (rmsnorm+gate|up+SiLU | down + residual)" if one_launch else
-                "ffn_block's phases apart (rmsnorm+gate|up+SiLU | down + residual: 2 launches)", ("x",), ("x",),
-                _run_ffn_block, i, weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)", b + "ffn_down.weight"),
-                layer=i, launches=("lathe_ffn_block",) if one_launch else (
-                    "lathe_rmsnorm_gemv_swiglu_out_v3", "lathe_gemv_v3_residual"))
+            # layer 0's attention block, then each layer's FFN block with the next layer's
+            # attention block (one launch a layer), the last layer's FFN block alone
+            attention_what = ("rmsnorm+QKV | " + ("head norms + " if c.head_norm else "") +
+                              "RoPE + KV write + attention | O + residual")
+            ffn_what = "rmsnorm+gate|up+SiLU | down + residual"
+            ffn_weights = (b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)", b + "ffn_down.weight")
+            if i == 0:
+                add("attention_block", f"lathe attention_block ({attention_what})" if one_launch else
+                    f"attention_block's phases apart ({attention_what}: 3 launches)", ("x", "cache.0"),
+                    ("x", "cache.0"), _run_attention_block, weights=_attention_weights(c, 0), per_token=("pos",),
+                    layer=0, launches=("lathe_attention_block",) if one_launch else _ATTENTION_APART)
+            if i + 1 < c.n_layers:
+                nb = f"cache.{i + 1}"
+                add("layer_block", f"lathe layer_block ({ffn_what} | layer {i + 1}: {attention_what})"
+                    if one_launch else "layer_block's phases apart (5 launches)", ("x", nb), ("x", nb),
+                    _run_layer_block, i, weights=ffn_weights + _attention_weights(c, i + 1), per_token=("pos",),
+                    layer=i, launches=("lathe_layer_block",) if one_launch else _FFN_APART + _ATTENTION_APART)
+            else:
+                add("ffn_block", f"lathe ffn_block ({ffn_what})" if one_launch else
+                    f"ffn_block's phases apart ({ffn_what}: 2 launches)", ("x",), ("x",), _run_ffn_block, i,
+                    weights=ffn_weights, layer=i, launches=("lathe_ffn_block",) if one_launch else _FFN_APART)
             continue
         # -- Q, K and V (rotated or not yet), into the cache, and attention -------------------------
         if seams and i > 0:
@@ -391,21 +398,49 @@ def _run_rope_attention(i, d, env, t, pos):
     _end_layer_attention(env, o.reshape(1, -1))
 
 
-def _run_attention_block(i, d, env, t, pos):
+# what the megafused plan's blocks launch where their phases run apart (kernels.blocks, Metal)
+_ATTENTION_APART = ("lathe_rmsnorm_gemv_v3", "lathe_contiguous_", "lathe_attention_combine", "lathe_gemv_v3_residual")
+_FFN_APART = ("lathe_rmsnorm_gemv_swiglu_out_v3", "lathe_gemv_v3_residual")
+
+
+def _attention_weights(c, i: int) -> tuple[str, ...]:
+    b = f"blk.{i}."
+    norms = (b + "attn_q_norm.weight", b + "attn_k_norm.weight") if c.head_norm else ()
+    return (b + "attn_norm.weight", b + "attn_qkv (q|k|v)", *norms, b + "attn_output.weight")
+
+
+def _attention_args(d, i: int) -> tuple[tuple, dict]:
+    """Layer i's attention block: its positional weights and its keyword arguments."""
     c, b = d.config, f"blk.{i}."
-    qkv = b + "attn_qkv.weight"
     norms = {n: d.g32[b + f"attn_{n[0]}_norm.weight"] for n in ("q_norm", "k_norm")} if c.head_norm else {}
-    env["x"], d.k[i], d.v[i] = blocks.attention_block(
-        env["x"], d.g16[b + "attn_norm.weight"], c.eps, d.matrix(qkv), d.matrix(b + "attn_output.weight"),
-        d.types[qkv], d.k[i], d.v[i], pos, n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
-        queue=d.block_queues[i][0], counters=d.attn_counters[i], **norms)
+    return ((d.g16[b + "attn_norm.weight"], d.matrix(b + "attn_qkv.weight"), d.matrix(b + "attn_output.weight")),
+            dict(n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox, counters=d.attn_counters[i], **norms))
+
+
+def _ffn_args(d, i: int) -> tuple:
+    b = f"blk.{i}."
+    return d.g16[b + "ffn_norm.weight"], d.matrix(b + "ffn_gate_up.weight"), d.matrix(b + "ffn_down.weight")
+
+
+def _run_attention_block(d, env, t, pos):
+    (norm, w_qkv, w_o), kw = _attention_args(d, 0)
+    env["x"], d.k[0], d.v[0] = blocks.attention_block(env["x"], norm, d.config.eps, w_qkv, w_o,
+                                                      d.types["blk.0.attn_qkv.weight"], d.k[0], d.v[0], pos,
+                                                      queue=d.block_queues[0], **kw)
+
+
+def _run_layer_block(i, d, env, t, pos):
+    """Layer i's FFN block and layer i + 1's attention block, one launch (the queue is layer i's)."""
+    (norm, w_qkv, w_o), kw = _attention_args(d, i + 1)
+    env["x"], d.k[i + 1], d.v[i + 1] = blocks.layer_block(
+        env["x"], *_ffn_args(d, i), norm, w_qkv, w_o, d.config.eps, d.types[f"blk.{i}.ffn_gate_up.weight"],
+        d.k[i + 1], d.v[i + 1], pos, queue=d.block_queues[i + 1], **kw)
 
 
 def _run_ffn_block(i, d, env, t, pos):
-    b = f"blk.{i}."
-    up = b + "ffn_gate_up.weight"
-    env["x"] = blocks.ffn_block(env["x"], d.g16[b + "ffn_norm.weight"], d.config.eps, d.matrix(up),
-                                d.matrix(b + "ffn_down.weight"), d.types[up], queue=d.block_queues[i][1])
+    norm, w_gate_up, w_down = _ffn_args(d, i)
+    env["x"] = blocks.ffn_block(env["x"], norm, d.config.eps, w_gate_up, w_down, d.types[f"blk.{i}.ffn_gate_up.weight"],
+                                queue=d.block_queues[0])
 
 
 def _run_cache_write(n, i, d, env, t, pos):
@@ -502,13 +537,15 @@ class KernelDecoder:
                     if name != "token_embd.weight":
                         del self.w[name]  # the embedding keeps its blocks for the embed kernel
         if self.mega:  # a block's GEMVs share one instantiation: one block type each
-            for i in range(c.n_layers):
-                for pair in (("attn_qkv", "attn_output"), ("ffn_gate_up", "ffn_down")):
-                    kinds = {self.types[f"blk.{i}.{n}.weight"] for n in pair}
-                    if len(kinds) != 1 or not kinds <= set(QUANTIZED):
-                        raise ValueError(f"megafused needs {pair} of layer {i} in one block type (Q4_0 or Q8_0), "
-                                         f"got {sorted(kinds)}")
-            self.block_queues = [(blocks.attention_queue(), blocks.ffn_queue()) for _ in range(c.n_layers)]
+            names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
+                     for n in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")]
+            kinds = {self.types[n] for n in names}
+            if len(kinds) != 1 or not kinds <= set(QUANTIZED):
+                raise ValueError(f"megafused needs every layer's matrices in one block type (Q4_0 or Q8_0): "
+                                 f"a launch's GEMVs share one instantiation; got {sorted(kinds)}")
+            # a launch site's counters: attention_block (layer 0) and the last ffn_block share one,
+            # launches ordered by the token's data
+            self.block_queues = [blocks.block_queue() for _ in range(c.n_layers)]
         self.seams = self.fused and seams_apply(c, self.types)
         self.rope_attention = self.fused and rope_in_attention(c)
         if self.seams:

@@ -121,19 +121,24 @@ def test_wrapping_is_asked_for(models):
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
-def test_megafused_plan_is_two_blocks_a_layer(models, preset):
-    """megafused: a decode token's layer is its two blocks, one launch each where threadgroups
-    may wait on each other (CUDA), their phases as the fused variant's launches otherwise
-    (Metal), Qwen3's head norms in the attention block; prompts and short steps keep fused's
-    plan; the head is fused's RMSNorm+GEMV (CPU)."""
+def test_megafused_plan_is_one_launch_a_layer(models, preset):
+    """megafused: a decode token is layer 0's attention block, then a layer block for each layer
+    (its FFN with the next layer's attention), the last layer's FFN block, the head: one launch
+    each where threadgroups may wait on each other (CUDA), their phases as the fused variant's
+    launches otherwise (Metal); Qwen3's head norms in the attention blocks; prompts and short
+    steps keep fused's plan (CPU)."""
     c = models[preset, "q8_0"].config
     one = kernel_plan(c, True, packed=True, mega=True, one_launch=True)
     apart = kernel_plan(c, True, packed=True, mega=True, one_launch=False)
-    assert [s.op for s in one if s.layer == 0] == ["attention_block", "ffn_block"] and len(one) == 2 * c.n_layers + 2
-    assert [s.launches for s in one if s.layer == 0] == [("lathe_attention_block",), ("lathe_ffn_block",)]
-    assert [s.op for s in apart] == [s.op for s in one] and all(len(s.launches) > 1 for s in apart if s.layer == 0)
-    assert ("blk.0.attn_q_norm.weight" in one[1].weights) == c.head_norm
-    assert one[-1].op == "rmsnorm_linear" and one[-1].writes == ("logits",)
+    ops = [(s.layer, s.op) for s in one]
+    last = c.n_layers - 1
+    assert ops == [(None, "embed"), (0, "attention_block"), *[(i, "layer_block") for i in range(last)],
+                   (last, "ffn_block"), (None, "rmsnorm_linear")]
+    assert [s.launches for s in one[1:-1]] == [("lathe_attention_block",)] + [("lathe_layer_block",)] * last + [
+        ("lathe_ffn_block",)]
+    assert [s.op for s in apart] == [s.op for s in one] and all(len(s.launches) > 1 for s in apart[1:-1])
+    assert ("blk.1.attn_q_norm.weight" in one[2].weights) == c.head_norm and "blk.0.ffn_down.weight" in one[2].weights
+    assert one[-1].writes == ("logits",)
     for phase in ("short", "prompt"):
         assert kernel_plan(c, True, packed=True, mega=True, phase=phase) == kernel_plan(c, True, packed=True, phase=phase)
     assert kernel_plan(c, True, packed=False, mega=True) == kernel_plan(c, True, packed=False)
@@ -154,7 +159,7 @@ def test_megafused_asks_for_what_it_runs_on(models, monkeypatch):
     monkeypatch.setitem(options._values, "repack", True)
     with recording():
         decoder = KernelDecoder(m, 64, "megafused")
-        assert decoder.launches_per_token(40, device_pos=True) == 2 * m.config.n_layers + 3  # embed, head, argmax
+        assert decoder.launches_per_token(40, device_pos=True) == m.config.n_layers + 4  # embed, head, argmax
 
 
 def test_fused_needs_block_matrices(models):

@@ -42,7 +42,7 @@ def _gamma(rng: np.random.Generator, n: int, dtype=np.float16) -> np.ndarray:
 def _attention_case(qtype: str, d_model: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
                     neox: bool, pos: int, device_pos: bool = False, split_from: int | None = None) -> CheckCase:
     from kernels.attention import SPLIT_FROM
-    from kernels.blocks import attention_block, attention_queue
+    from kernels.blocks import attention_block, block_queue
     from kernels.gemv import repack
     from kernels.runtime import poisoned_outputs
 
@@ -56,7 +56,7 @@ def _attention_case(qtype: str, d_model: int, heads: tuple[int, int], head_dim: 
         norm = _gamma(rng, d_model)
         q_norm, k_norm = (_gamma(rng, head_dim, np.float32) for _ in range(2)) if head_norm else (None, None)
         max_seq = pos + 9
-        queue = attention_queue()
+        queue = block_queue()
         checks = []
         for launch_ in range(2):
             kc = np.full((n_kv, max_seq, head_dim), np.nan, np.float16)
@@ -98,7 +98,7 @@ def _attention_case(qtype: str, d_model: int, heads: tuple[int, int], head_dim: 
 
 
 def _ffn_case(qtype: str, m: int, d_model: int, f: int) -> CheckCase:
-    from kernels.blocks import ffn_block, ffn_queue
+    from kernels.blocks import block_queue, ffn_block
     from kernels.gemv import concat_rows, repack
     from kernels.runtime import poisoned_outputs
 
@@ -111,7 +111,7 @@ def _ffn_case(qtype: str, m: int, d_model: int, f: int) -> CheckCase:
         gate_up64 = np.concatenate([dequantize(host_gate, qtype, d_model), dequantize(host_up, qtype, d_model)])
         down64 = dequantize(host_down, qtype, f)
         norm = _gamma(rng, d_model)
-        queue = ffn_queue()
+        queue = block_queue()
         checks = []
         for launch_ in range(2):
             x = rng.standard_normal((m, d_model)).astype(np.float16)
@@ -124,6 +124,70 @@ def _ffn_case(qtype: str, m: int, d_model: int, f: int) -> CheckCase:
         return checks
 
     return CheckCase("blocks", "ffn_block", qtype, dict(M=m, d_model=d_model, F=f), run)
+
+
+def _layer_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
+                neox: bool, pos: int, device_pos: bool = False, split_from: int | None = None) -> CheckCase:
+    """layer_block: a layer's FFN, then the next layer's attention, in one launch, against the two
+    references composed (the attention's K and V rows and untouched rows as _attention_case)."""
+    from kernels.attention import SPLIT_FROM
+    from kernels.blocks import block_queue, layer_block
+    from kernels.gemv import concat_rows, repack
+    from kernels.runtime import poisoned_outputs
+
+    n_heads, n_kv = heads
+    n_qkv = (n_heads + 2 * n_kv) * head_dim
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        mats = {name: _blocks(rng, qtype, n, k) for name, (n, k) in dict(
+            gate=(f, d_model), up=(f, d_model), down=(d_model, f), qkv=(n_qkv, d_model),
+            o=(d_model, n_heads * head_dim)).items()}
+        w = dict(gate_up=repack(concat_rows([mats["gate"][1], mats["up"][1]]), qtype, 2 * f, d_model),
+                 down=repack(mats["down"][1], qtype, d_model, f), qkv=repack(mats["qkv"][1], qtype, n_qkv, d_model),
+                 o=repack(mats["o"][1], qtype, d_model, n_heads * head_dim))
+        w64 = {name: dequantize(host, qtype, k) for name, ((host, _), (_, k)) in zip(mats, zip(mats.values(), (
+            (f, d_model), (f, d_model), (d_model, f), (n_qkv, d_model), (d_model, n_heads * head_dim))))}
+        ffn_norm, attn_norm = _gamma(rng, d_model), _gamma(rng, d_model)
+        q_norm, k_norm = (_gamma(rng, head_dim, np.float32) for _ in range(2)) if head_norm else (None, None)
+        max_seq = pos + 5
+        queue = block_queue()
+        checks = []
+        for launch_ in range(2):
+            kc = np.full((n_kv, max_seq, head_dim), np.nan, np.float16)
+            vc = np.full_like(kc, np.nan)
+            kc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+            vc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+            x = rng.standard_normal((1, d_model)).astype(np.float16)
+            at = mx.array(np.array([pos], np.int32)) if device_pos else pos
+            with poisoned_outputs():
+                x_out, k_new, v_new = layer_block(
+                    mx.array(x), mx.array(ffn_norm), w["gate_up"], w["down"], mx.array(attn_norm), w["qkv"], w["o"],
+                    EPS, qtype, mx.array(kc), mx.array(vc), at, n_heads=n_heads, theta=THETA, neox=neox,
+                    q_norm=None if q_norm is None else mx.array(q_norm),
+                    k_norm=None if k_norm is None else mx.array(k_norm), queue=queue,
+                    split_from=SPLIT_FROM if split_from is None else split_from)
+                mx.eval(x_out, k_new, v_new, queue)
+            mid = ref.ffn_block(x, ffn_norm, EPS, np.concatenate([w64["gate"], w64["up"]]), w64["down"])[0]
+            want, k_want, v_want = ref.attention_block(mid, attn_norm, EPS, w64["qkv"], w64["o"], kc, vc, pos,
+                                                       n_heads, THETA, neox, q_norm, k_norm)
+            got = np.array(x_out).astype(np.float64)[0]
+            k_got, v_got = np.array(k_new), np.array(v_new)
+            others = np.arange(max_seq) != pos
+            checks += [
+                compare(f"x_out - x (launch {launch_})", got - x[0], want - x[0], TOL),
+                compare(f"K row pos (launch {launch_})", k_got[:, pos], k_want[:, pos], TOL),
+                compare(f"V row pos (launch {launch_})", v_got[:, pos], v_want[:, pos], TOL),
+                exact(f"other rows untouched (launch {launch_})",
+                      np.stack([k_got[:, others], v_got[:, others]]).view(np.uint16),
+                      np.stack([kc[:, others], vc[:, others]]).view(np.uint16)),
+                exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0)]
+        return checks
+
+    variant = " ".join(filter(None, (qtype, "head-norm" if head_norm else "", "neox" if neox else "",
+                                     "split" if split_from == 0 or pos >= 2048 else "",
+                                     "device-pos" if device_pos else "")))
+    shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, pos=pos)
+    return CheckCase("blocks", "layer_block", variant, shape, run)
 
 
 def check_cases(small: bool = False) -> list[CheckCase]:
@@ -147,6 +211,16 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             cases.append(_ffn_case("q4_0" if BENCH_QTYPE[name] == "q8_0" else "q8_0", 2, d, f))
     cases.append(_ffn_case("q8_0", 3, 160, 96))
     cases.append(_ffn_case("q4_0", 4, 96, 4128))
+    # a layer's FFN and the next layer's attention: the models' layers, a split, tails
+    for name, (d, hq, hkv, hd, norm, neox) in MODELS.items():
+        if small and name == "llama3-8b":
+            continue
+        cases.append(_layer_case(BENCH_QTYPE[name], d, FFN[name][1], (hq, hkv), hd, norm, neox, 30, device_pos=True))
+    if not small:
+        cases.append(_layer_case("q4_0", 1024, 3072, (16, 8), 128, True, True, 3000))
+        cases.append(_layer_case("q8_0", 2048, 8192, (32, 8), 64, False, False, 600, split_from=0))
+    cases.append(_layer_case("q8_0", 160, 96, (4, 2), 64, False, True, 7))
+    cases.append(_layer_case("q4_0", 96, 4128, (2, 1), 256, True, True, 2))
     return cases
 
 
@@ -192,6 +266,15 @@ def reference_cases() -> list[CheckCase]:
     return [_reference_vs_mlx()]
 
 
+def _ordered(s: dict, out: mx.array) -> list[mx.array]:
+    """A set's calls share its queue and merge counters, which MLX does not see written: each
+    call's are made to depend on the call before (mx.depends), so that two launches on one queue
+    never run at once (MLX may run independent kernels concurrently). Calls on different sets
+    stay free to overlap."""
+    s["queue"], s["counters"] = mx.depends([s["queue"], s["counters"]], [out])
+    return [out]
+
+
 def _bench_attention(path: str, model: str, ctx: int) -> BenchCase:
     """One decode token's attention half at context ctx (the token at position ctx - 1): the
     block in one launch, or the fused loop's launches (RMSNorm+QKV; Qwen3's head-norm + RoPE +
@@ -200,7 +283,7 @@ def _bench_attention(path: str, model: str, ctx: int) -> BenchCase:
     import math
 
     from kernels import attention, gemv, rope
-    from kernels.blocks import attention_block, attention_queue
+    from kernels.blocks import attention_block, block_queue
 
     d, hq, hkv, hd, norm, neox = MODELS[model]
     qtype = BENCH_QTYPE[model]
@@ -215,14 +298,14 @@ def _bench_attention(path: str, model: str, ctx: int) -> BenchCase:
                 "norm": (1 + 0.1 * mx.random.normal((d,))).astype(mx.float16),
                 "q_norm": 1 + 0.1 * mx.random.normal((hd,)), "k_norm": 1 + 0.1 * mx.random.normal((hd,)),
                 "k": mx.random.normal(shape).astype(mx.float16), "v": mx.random.normal(shape).astype(mx.float16),
-                "queue": attention_queue(), "counters": attention.merge_counters(hq)}
+                "queue": block_queue(), "counters": attention.merge_counters(hq)}
 
     def block(s):
         x, s["k"], s["v"] = attention_block(s["x"], s["norm"], EPS, s["w_qkv"], s["w_o"], qtype, s["k"], s["v"], pos,
                                             n_heads=hq, theta=THETA, neox=neox, q_norm=s["q_norm"] if norm else None,
                                             k_norm=s["k_norm"] if norm else None, queue=s["queue"],
                                             counters=s["counters"])
-        return [x]
+        return _ordered(s, x)
 
     def sequence(s):
         qkv = gemv.rmsnorm_gemv(s["x"], s["norm"], EPS, s["w_qkv"], qtype, n_qkv, d)
@@ -236,7 +319,7 @@ def _bench_attention(path: str, model: str, ctx: int) -> BenchCase:
         else:
             o, s["k"], s["v"] = attention.rope_flash_decode(qkv, s["k"], s["v"], pos, scale, n_heads=hq, theta=THETA,
                                                             neox=neox, counters=s["counters"])
-        return [gemv.gemv_v3(o.reshape(1, -1), s["w_o"], qtype, d, hq * hd, residual=s["x"])]
+        return _ordered(s, gemv.gemv_v3(o.reshape(1, -1), s["w_o"], qtype, d, hq * hd, residual=s["x"]))
 
     nbytes = (storage_bytes(qtype, n_qkv, d) + storage_bytes(qtype, d, hq * hd) + 2 * hkv * ctx * hd * 2
               + 2 * 2 * d)
@@ -250,7 +333,7 @@ def _bench_ffn(path: str, model: str) -> BenchCase:
     """The FFN half of a decode token: the block in one launch, or the fused loop's two
     (RMSNorm + gate+up with SiLU in its epilogue, then down + residual)."""
     from kernels import gemv
-    from kernels.blocks import ffn_block, ffn_queue
+    from kernels.blocks import block_queue, ffn_block
 
     d, f = FFN[model]
     qtype = BENCH_QTYPE[model]
@@ -259,19 +342,60 @@ def _bench_ffn(path: str, model: str) -> BenchCase:
     def make():
         w_gu, w_down = weights()
         return {"w_gu": w_gu, "w_down": w_down, "x": mx.random.normal((1, d)).astype(mx.float16),
-                "norm": (1 + 0.1 * mx.random.normal((d,))).astype(mx.float16), "queue": ffn_queue()}
+                "norm": (1 + 0.1 * mx.random.normal((d,))).astype(mx.float16), "queue": block_queue(),
+                "counters": mx.zeros((1,), mx.uint32)}
 
     def block(s):
-        return [ffn_block(s["x"], s["norm"], EPS, s["w_gu"], s["w_down"], qtype, queue=s["queue"])]
+        return _ordered(s, ffn_block(s["x"], s["norm"], EPS, s["w_gu"], s["w_down"], qtype, queue=s["queue"]))
 
     def sequence(s):
         a = gemv.gate_up_swiglu(s["x"], s["w_gu"], qtype, 2 * f, d, gamma=s["norm"], eps=EPS)
-        return [gemv.gemv_v3(a, s["w_down"], qtype, d, f, residual=s["x"])]
+        return _ordered(s, gemv.gemv_v3(a, s["w_down"], qtype, d, f, residual=s["x"]))
 
     nbytes = storage_bytes(qtype, 2 * f, d) + storage_bytes(qtype, d, f) + 2 * 2 * d
     return BenchCase("blocks", "block-ffn", "ffn_block" if path == "block" else "fused sequence", model,
                      dict(ctx=0, d_model=d, F=f, qtype=qtype), make, block if path == "block" else sequence,
                      nbytes, 2 * 3 * f * d, nbytes)
+
+
+def _bench_layer(path: str, model: str, ctx: int) -> BenchCase:
+    """A layer's FFN and the next layer's attention for one decode token (ctx: the attention's
+    context): layer_block in one launch, or the fused loop's launches for the same work."""
+    from kernels.blocks import block_queue, layer_block
+
+    d, hq, hkv, hd, norm, neox = MODELS[model]
+    f = FFN[model][1]
+    qtype = BENCH_QTYPE[model]
+    attn, ffn = _bench_attention("sequence", model, ctx), _bench_ffn("sequence", model)
+    pos = ctx - 1
+
+    def make():
+        s = attn.make_set()
+        s.update({k: v for k, v in ffn.make_set().items() if k in ("w_gu", "w_down")})
+        s["ffn_norm"], s["queue"] = (1 + 0.1 * mx.random.normal((d,))).astype(mx.float16), block_queue()
+        return s
+
+    def block(s):
+        x, s["k"], s["v"] = layer_block(s["x"], s["ffn_norm"], s["w_gu"], s["w_down"], s["norm"], s["w_qkv"], s["w_o"],
+                                        EPS, qtype, s["k"], s["v"], pos, n_heads=hq, theta=THETA, neox=neox,
+                                        q_norm=s["q_norm"] if norm else None, k_norm=s["k_norm"] if norm else None,
+                                        queue=s["queue"], counters=s["counters"])
+        return _ordered(s, x)
+
+    def sequence(s):  # the FFN's two launches, then the attention's (its sequence, over their output)
+        from kernels import gemv
+
+        a = gemv.gate_up_swiglu(s["x"], s["w_gu"], qtype, 2 * f, d, gamma=s["ffn_norm"], eps=EPS)
+        held, s["x"] = s["x"], gemv.gemv_v3(a, s["w_down"], qtype, d, f, residual=s["x"])
+        try:
+            return attn.step(s)
+        finally:
+            s["x"] = held
+
+    return BenchCase("blocks", "block-layer", "layer_block" if path == "block" else "fused sequence", model,
+                     dict(ctx=ctx, d_model=d, F=f, heads=f"{hq}/{hkv}", D=hd, qtype=qtype), make,
+                     block if path == "block" else sequence, attn.bytes + ffn.bytes, attn.flops + ffn.flops,
+                     attn.set_bytes + ffn.set_bytes)
 
 
 def bench_cases(quick: bool = False) -> list[BenchCase]:
@@ -281,4 +405,5 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
             for ctx in (144,) if quick else (144, 4096):
                 cases.append(_bench_attention(path, model, ctx))
             cases.append(_bench_ffn(path, model))
+            cases.append(_bench_layer(path, model, 144))
     return cases
