@@ -33,6 +33,8 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
     "attention": ["batch", "ctx", "n_heads", "n_kv_heads", "head_dim", "block_size", "tokens", "pos"],
     "loop": ["M", "K", "F", "V", "T"],
     "launch": ["n"],
+    # the layer blocks (kernels.blocks) and the fused launches they replace, per model's shapes
+    "blocks": ["ctx", "d_model", "F", "heads", "D", "qtype"],
     # "variant" is already a common column; columns() drops the repeat.
     # round: the alternation round of a run with a peer (lathe and llama.cpp take turns);
     # x_llama_cpp: a lathe row's tok/s over llama.cpp's row of the same run and round;
