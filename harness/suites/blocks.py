@@ -325,7 +325,7 @@ def _bench_attention(path: str, model: str, ctx: int) -> BenchCase:
               + 2 * 2 * d)
     flops = 2 * (n_qkv * d + d * hq * hd) + 4 * hq * ctx * hd
     return BenchCase("blocks", "block-attention", "attention_block" if path == "block" else "fused sequence", model,
-                     dict(ctx=ctx, d_model=d, heads=f"{hq}/{hkv}", D=hd, qtype=qtype), make,
+                     dict(ctx=ctx, d_model=d, F=0, heads=f"{hq}/{hkv}", D=hd, qtype=qtype), make,
                      block if path == "block" else sequence, nbytes, flops, nbytes)
 
 
@@ -354,7 +354,7 @@ def _bench_ffn(path: str, model: str) -> BenchCase:
 
     nbytes = storage_bytes(qtype, 2 * f, d) + storage_bytes(qtype, d, f) + 2 * 2 * d
     return BenchCase("blocks", "block-ffn", "ffn_block" if path == "block" else "fused sequence", model,
-                     dict(ctx=0, d_model=d, F=f, qtype=qtype), make, block if path == "block" else sequence,
+                     dict(ctx=0, d_model=d, F=f, heads="", D=0, qtype=qtype), make, block if path == "block" else sequence,
                      nbytes, 2 * 3 * f * d, nbytes)
 
 
