@@ -391,9 +391,9 @@ KV_LAYOUTS = ("contiguous", "paged")  # the kernel variants take either; the ref
 def make_decoder(model: Model, max_seq: int, variant: str = "reference", kv: str = "contiguous",
                  overflow: bool = False):
     """The decoder of a variant: MLX built-ins (reference) or lathe's kernels (unfused, fused,
-    megafused), over a contiguous or (not megafused) a paged KV cache. `overflow`: decode steps may wrap around
-    the cache (the reference variant always can; a kernel variant takes its wrapping path,
-    contiguous cache only)."""
+    megafused), over a contiguous or (not megafused) a paged KV cache. `overflow`: decode steps
+    may wrap around the cache (the reference variant always can; unfused and fused take their
+    wrapping path, contiguous cache only)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if kv not in KV_LAYOUTS:
@@ -427,13 +427,13 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
                  "file is not changed; the embedding keeps its blocks\n")
     if variant == "megafused":
         from kernels.blocks import cross_group_waits
-
         from kernels.runtime import backend
 
         # the backend's form (kernels.blocks.cross_group_waits); without a GPU, CUDA's
         one_launch = cross_group_waits() or backend() == "cpu"
-        said += ("megafused: a layer's two blocks are one launch each on CUDA, their phases separate launches "
-                 f"on Metal (kernels.blocks.cross_group_waits); shown: {'CUDA' if one_launch else 'Metal'}'s\n")
+        said += ("megafused: each block (a layer's FFN with the next layer's attention) is one launch on CUDA, "
+                 "its phases separate launches on Metal (kernels.blocks.cross_group_waits); shown: "
+                 f"{'CUDA' if one_launch else 'Metal'}'s\n")
     return said + plan_table(kernel_plan(model.config, variant in ("fused", "megafused"), kv == "paged",
                                          seams=seams_apply(model.config, model.types), types=model.types,
                                          mega=variant == "megafused",

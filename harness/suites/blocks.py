@@ -39,6 +39,39 @@ def _gamma(rng: np.random.Generator, n: int, dtype=np.float16) -> np.ndarray:
     return rng.uniform(0.5, 1.5, n).astype(dtype)
 
 
+def _caches(rng: np.random.Generator, n_kv: int, max_seq: int, head_dim: int, pos: int):
+    """K and V caches holding random rows 0..pos-1 and NaN from pos on: a block must write row pos
+    before it reads it, and touch no other row."""
+    kc = np.full((n_kv, max_seq, head_dim), np.nan, np.float16)
+    vc = np.full_like(kc, np.nan)
+    kc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+    vc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+    return kc, vc
+
+
+def _attention_checks(launch_: int, x: np.ndarray, got: tuple, want: tuple, kc: np.ndarray, vc: np.ndarray,
+                      pos: int, queue: mx.array) -> list[Comparison]:
+    """A block ending in attention: x_out (its added part: the residual would dominate), K and V
+    of row pos, every other cache row bit for bit, and the queue left zero."""
+    x_out, k_new, v_new = got
+    want_x, k_want, v_want = want
+    out = np.array(x_out).astype(np.float64)[0]
+    k_got, v_got = np.array(k_new), np.array(v_new)
+    others = np.arange(kc.shape[1]) != pos
+    return [compare(f"x_out - x (launch {launch_})", out - x, want_x - x, TOL),
+            compare(f"K row pos (launch {launch_})", k_got[:, pos], k_want[:, pos], TOL),
+            compare(f"V row pos (launch {launch_})", v_got[:, pos], v_want[:, pos], TOL),
+            exact(f"other rows untouched (launch {launch_})",
+                  np.stack([k_got[:, others], v_got[:, others]]).view(np.uint16),
+                  np.stack([kc[:, others], vc[:, others]]).view(np.uint16)),
+            exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0)]
+
+
+def _variant(qtype: str, head_norm: bool, neox: bool, split: bool, device_pos: bool) -> str:
+    return " ".join(filter(None, (qtype, "head-norm" if head_norm else "", "neox" if neox else "",
+                                  "split" if split else "", "device-pos" if device_pos else "")))
+
+
 def _attention_case(qtype: str, d_model: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
                     neox: bool, pos: int, device_pos: bool = False, split_from: int | None = None) -> CheckCase:
     from kernels.attention import SPLIT_FROM
@@ -59,10 +92,7 @@ def _attention_case(qtype: str, d_model: int, heads: tuple[int, int], head_dim: 
         queue = block_queue()
         checks = []
         for launch_ in range(2):
-            kc = np.full((n_kv, max_seq, head_dim), np.nan, np.float16)
-            vc = np.full_like(kc, np.nan)
-            kc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
-            vc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+            kc, vc = _caches(rng, n_kv, max_seq, head_dim, pos)
             x = rng.standard_normal((1, d_model)).astype(np.float16)
             at = mx.array(np.array([pos], np.int32)) if device_pos else pos
             with poisoned_outputs():
@@ -76,23 +106,11 @@ def _attention_case(qtype: str, d_model: int, heads: tuple[int, int], head_dim: 
             want, k_want, v_want = ref.attention_block(
                 x[0], norm, EPS, dequantize(host_qkv, qtype, d_model), dequantize(host_o, qtype, n_heads * head_dim),
                 kc, vc, pos, n_heads, THETA, neox, q_norm, k_norm)
-            got = np.array(x_out).astype(np.float64)[0]
-            k_got, v_got = np.array(k_new), np.array(v_new)
-            others = np.arange(max_seq) != pos
-            checks += [
-                # the residual dominates x_out: its added part is compared on its own
-                compare(f"x_out - x (launch {launch_})", got - x[0], want - x[0], TOL),
-                compare(f"K row pos (launch {launch_})", k_got[:, pos], k_want[:, pos], TOL),
-                compare(f"V row pos (launch {launch_})", v_got[:, pos], v_want[:, pos], TOL),
-                exact(f"other rows untouched (launch {launch_})",
-                      np.stack([k_got[:, others], v_got[:, others]]).view(np.uint16),
-                      np.stack([kc[:, others], vc[:, others]]).view(np.uint16)),
-                exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0)]
+            checks += _attention_checks(launch_, x[0], (x_out, k_new, v_new), (want, k_want, v_want), kc, vc, pos,
+                                        queue)
         return checks
 
-    variant = " ".join(filter(None, (qtype, "head-norm" if head_norm else "", "neox" if neox else "",
-                                     "split" if split_from == 0 or pos >= 2048 else "",
-                                     "device-pos" if device_pos else "")))
+    variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos)
     shape = dict(d_model=d_model, heads=f"{n_heads}/{n_kv}", D=head_dim, pos=pos)
     return CheckCase("blocks", "attention_block", variant, shape, run)
 
@@ -153,10 +171,7 @@ def _layer_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
         queue = block_queue()
         checks = []
         for launch_ in range(2):
-            kc = np.full((n_kv, max_seq, head_dim), np.nan, np.float16)
-            vc = np.full_like(kc, np.nan)
-            kc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
-            vc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+            kc, vc = _caches(rng, n_kv, max_seq, head_dim, pos)
             x = rng.standard_normal((1, d_model)).astype(np.float16)
             at = mx.array(np.array([pos], np.int32)) if device_pos else pos
             with poisoned_outputs():
@@ -170,22 +185,11 @@ def _layer_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
             mid = ref.ffn_block(x, ffn_norm, EPS, np.concatenate([w64["gate"], w64["up"]]), w64["down"])[0]
             want, k_want, v_want = ref.attention_block(mid, attn_norm, EPS, w64["qkv"], w64["o"], kc, vc, pos,
                                                        n_heads, THETA, neox, q_norm, k_norm)
-            got = np.array(x_out).astype(np.float64)[0]
-            k_got, v_got = np.array(k_new), np.array(v_new)
-            others = np.arange(max_seq) != pos
-            checks += [
-                compare(f"x_out - x (launch {launch_})", got - x[0], want - x[0], TOL),
-                compare(f"K row pos (launch {launch_})", k_got[:, pos], k_want[:, pos], TOL),
-                compare(f"V row pos (launch {launch_})", v_got[:, pos], v_want[:, pos], TOL),
-                exact(f"other rows untouched (launch {launch_})",
-                      np.stack([k_got[:, others], v_got[:, others]]).view(np.uint16),
-                      np.stack([kc[:, others], vc[:, others]]).view(np.uint16)),
-                exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0)]
+            checks += _attention_checks(launch_, x[0], (x_out, k_new, v_new), (want, k_want, v_want), kc, vc, pos,
+                                        queue)
         return checks
 
-    variant = " ".join(filter(None, (qtype, "head-norm" if head_norm else "", "neox" if neox else "",
-                                     "split" if split_from == 0 or pos >= 2048 else "",
-                                     "device-pos" if device_pos else "")))
+    variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos)
     shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, pos=pos)
     return CheckCase("blocks", "layer_block", variant, shape, run)
 

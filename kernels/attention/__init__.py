@@ -188,7 +188,8 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
          shared_cache: bool = False, split_from: int = SPLIT_FROM, rope: tuple | None = None,
          counters: mx.array | None = None) -> mx.array:
     """lens: int32[B] on the device; longest: the most any of them can be (it sizes the grid).
-    rope: (inv_freq, rope_scalars, constants) of rope_flash_decode, whose q is the QKV row.
+    rope: (inv_freq, rope_scalars, constants, head norms: (q_norm, k_norm) or ()) of
+    rope_flash_decode, whose q is the QKV row.
     counters: the launch site's (merge_counters) where a split launch merges in itself (the
     attn_combine option); fresh zeros when not given."""
     # rope: one token, q the flat QKV row, k_cache [1, Hkv, S, D]
