@@ -95,7 +95,7 @@ def phase_of(t: int) -> str:
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, seams: bool = False,
                 rope_attention: bool | None = None, types: dict[str, str] | None = None,
                 phase: str = "decode", packed: bool | None = None, mega: bool = False,
-                one_launch: bool | None = None) -> list[Step]:
+                one_launch: bool | None = None, span: str | None = None) -> list[Step]:
     """The steps a forward() of `phase` replays, in order, each with what executes it (one
     dispatch each where it is our kernel; an MLX op where the kernel says so). `overflow`: the
     contiguous cache wraps around (a decode token's RoPE apart from its cache writes); `seams`
@@ -106,7 +106,8 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     quantized matrices repacked at load, run by the v3 GEMVs; `mega` (fused, a decode token over
     the contiguous cache, repacked): each layer as kernels.blocks' two blocks, one launch each
     where `one_launch` (default: kernels.blocks.cross_group_waits(), the backend's rule), their
-    phases as separate launches otherwise."""
+    phases as separate launches otherwise; `span` (default: the mega_span option): "token", every
+    layer in one launch (kernels.blocks.token_block), or "layer", a launch a layer."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     rope_attention = rope_in_attention(c) if rope_attention is None else rope_attention
@@ -119,6 +120,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     wrap = overflow and decode and not paged
     mega = mega and fused and decode and packed and not paged and not wrap
     one_launch = blocks.cross_group_waits() if one_launch is None else one_launch
+    span = options.get("mega_span") if span is None else span
     seams = seams and fused and small and not mega
     head = "token_embd.weight" if c.tied else "output.weight"
     steps: list[Step] = []
@@ -154,6 +156,17 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     for i in range(c.n_layers):
         b = f"blk.{i}."
         qkv_name = b + "attn_qkv.weight"
+        if mega and span == "token":
+            if i == 0:
+                what = ("every layer: rmsnorm+QKV | " + ("head norms + " if c.head_norm else "") +
+                        "RoPE + KV write + attention | O + residual | rmsnorm+gate|up+SiLU | down + residual")
+                layer_weights = tuple(w for j in range(c.n_layers) for w in _attention_weights(c, j) + (
+                    f"blk.{j}.ffn_norm.weight", f"blk.{j}.ffn_gate_up (gate|up)", f"blk.{j}.ffn_down.weight"))
+                add("token_block", f"lathe token_block ({what})" if one_launch else
+                    f"token_block's phases apart ({what}: {5 * c.n_layers} launches)",
+                    ("x", "cache.*"), ("x", "cache.*"), _run_token_block, weights=layer_weights, per_token=("pos",),
+                    launches=("lathe_token_block",) if one_launch else _ATTENTION_APART + _FFN_APART)
+            continue
         if mega:
             # layer 0's attention block, then each layer's FFN block with the next layer's
             # attention block (one launch a layer), the last layer's FFN block alone
@@ -443,6 +456,14 @@ def _run_ffn_block(i, d, env, t, pos):
                                 queue=d.block_queues[0])
 
 
+def _run_token_block(d, env, t, pos):
+    """Every layer of a decode token in one launch, on the decoder's stacked weights."""
+    c = d.config
+    env["x"], d.k, d.v = blocks.token_block(env["x"], d.stacks, c.eps, d.stacks.w_qkv.qtype, d.k, d.v, pos,
+                                            n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
+                                            queue=d.token_queue, counters=d.attn_counters[0])
+
+
 def _run_cache_write(n, i, d, env, t, pos):
     """K or V of one decode token into row pos % max_seq of a cache that may wrap around."""
     caches = d.k if n == "k" else d.v
@@ -508,6 +529,7 @@ class KernelDecoder:
         self.config, self.max_seq, self.variant, self.kv, self.overflow = c, max_seq, variant, kv, overflow
         self.fused, self.paged = variant in ("fused", "megafused"), kv == "paged"
         self.mega = variant == "megafused"
+        self.span = options.get("mega_span") if self.mega else None  # its stacks are built for it
         if self.mega and (self.paged or overflow or not repacked()):
             raise ValueError("the megafused variant runs over the contiguous cache, without circular overflow, "
                              "on repacked weights (the repack option)")
@@ -546,6 +568,8 @@ class KernelDecoder:
             # a launch site's counters: attention_block (layer 0) and the last ffn_block share one,
             # launches ordered by the token's data
             self.block_queues = [blocks.block_queue() for _ in range(c.n_layers)]
+            if self.span == "token":
+                self._stack_layers()
         self.seams = self.fused and seams_apply(c, self.types)
         self.rope_attention = self.fused and rope_in_attention(c)
         if self.seams:
@@ -556,6 +580,24 @@ class KernelDecoder:
         self._plans: dict[str, list[Step]] = {}
         self.plan = self.plan_for(1)  # a decode token's: --show-plan's, and the dispatches per token
         self.resize(max_seq)
+
+    def _stack_layers(self) -> None:
+        """token_block's weights: each projection's matrices of every layer in one buffer, the
+        per-layer matrices kept as views of it (no second copy), the norms stacked."""
+        c, n = self.config, self.config.n_layers
+        stacks = {}
+        for kind in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"):
+            names = [f"blk.{i}.{kind}.weight" for i in range(n)]
+            stacks[kind] = blocks.Stack([self.packed.pop(name) for name in names])
+            self.packed.update({name: stacks[kind].layer(i) for i, name in enumerate(names)})
+        norms = {kind: mx.stack([(self.g32 if kind in ("attn_q_norm", "attn_k_norm") else self.g16)
+                                 [f"blk.{i}.{kind}.weight"] for i in range(n)])
+                 for kind in ("attn_norm", "ffn_norm") + (("attn_q_norm", "attn_k_norm") if c.head_norm else ())}
+        mx.eval(list(norms.values()))
+        self.stacks = blocks.LayerStacks(norms["attn_norm"], stacks["attn_qkv"], stacks["attn_output"],
+                                         norms["ffn_norm"], stacks["ffn_gate_up"], stacks["ffn_down"],
+                                         norms.get("attn_q_norm"), norms.get("attn_k_norm"))
+        self.token_queue = blocks.block_queue(5 * n)
 
     def resize(self, max_seq: int) -> None:
         """An empty cache of max_seq rows, the weights kept (a run over several depths sizes the
@@ -734,7 +776,8 @@ class KernelDecoder:
         phase = phase_of(t)
         if phase not in self._plans:
             self._plans[phase] = kernel_plan(self.config, self.fused, self.paged, self.overflow, self.seams,
-                                             self.rope_attention, self.types, phase, bool(self.packed), self.mega)
+                                             self.rope_attention, self.types, phase, bool(self.packed), self.mega,
+                                             span=self.span)
         return self._plans[phase]
 
     def layers(self, ids, t: int, pos) -> mx.array:

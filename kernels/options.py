@@ -101,6 +101,11 @@ DECLARED = (
            "kernel constants in buffers of their own, not MLX's small managed pool (kernels/loop/NOTES.md)"),
     Option("inline_source", False, _flag,
            "CUDA: hand MLX each kernel's text instead of an #include line of it (kernels/runtime.py)"),
+    Option("mega_span", "token", _one_of("token", "layer"),
+           "megafused decode: a whole token's layers in one launch (token: kernels.blocks.token_block) "
+           "or one launch a layer (layer: layer_block)"),
+    Option("block_prefetch", True, _flag,
+           "the blocks' GEMV phases issue their first weights before waiting on the phase before"),
     Option("gemv_tuning", "", _tuning,
            "GEMV launch knobs, KEY=INT pairs of kernels.gemv.TUNING joined by '+' (e.g. R=4+NSIMD=4)"),
 )

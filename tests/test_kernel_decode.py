@@ -121,6 +121,24 @@ def test_wrapping_is_asked_for(models):
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_megafused_plan_is_one_launch_a_token(models, preset):
+    """megafused (mega_span=token): a decode token is its embedding, one token_block launch over
+    every layer where threadgroups may wait on each other (CUDA), each layer's phases as the
+    fused variant's launches otherwise (Metal), then the head; the step names every layer's
+    weights (CPU)."""
+    c = models[preset, "q8_0"].config
+    one = kernel_plan(c, True, packed=True, mega=True, one_launch=True, span="token")
+    apart = kernel_plan(c, True, packed=True, mega=True, one_launch=False, span="token")
+    assert [(s.layer, s.op) for s in one] == [(None, "embed"), (None, "token_block"), (None, "rmsnorm_linear")]
+    assert one[1].launches == ("lathe_token_block",) and len(apart[1].launches) > 1
+    last = c.n_layers - 1
+    assert f"blk.{last}.ffn_down.weight" in one[1].weights and "blk.0.attn_qkv (q|k|v)" in one[1].weights
+    assert ("blk.1.attn_q_norm.weight" in one[1].weights) == c.head_norm
+    assert kernel_plan(c, True, packed=True, mega=True, phase="prompt", span="token") == kernel_plan(
+        c, True, packed=True, phase="prompt")
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_megafused_plan_is_one_launch_a_layer(models, preset):
     """megafused: a decode token is layer 0's attention block, then a layer block for each layer
     (its FFN with the next layer's attention), the last layer's FFN block, the head: one launch
@@ -128,8 +146,8 @@ def test_megafused_plan_is_one_launch_a_layer(models, preset):
     launches otherwise (Metal); Qwen3's head norms in the attention blocks; prompts and short
     steps keep fused's plan (CPU)."""
     c = models[preset, "q8_0"].config
-    one = kernel_plan(c, True, packed=True, mega=True, one_launch=True)
-    apart = kernel_plan(c, True, packed=True, mega=True, one_launch=False)
+    one = kernel_plan(c, True, packed=True, mega=True, one_launch=True, span="layer")
+    apart = kernel_plan(c, True, packed=True, mega=True, one_launch=False, span="layer")
     ops = [(s.layer, s.op) for s in one]
     last = c.n_layers - 1
     assert ops == [(None, "embed"), (0, "attention_block"), *[(i, "layer_block") for i in range(last)],
@@ -140,8 +158,9 @@ def test_megafused_plan_is_one_launch_a_layer(models, preset):
     assert ("blk.1.attn_q_norm.weight" in one[2].weights) == c.head_norm and "blk.0.ffn_down.weight" in one[2].weights
     assert one[-1].writes == ("logits",)
     for phase in ("short", "prompt"):
-        assert kernel_plan(c, True, packed=True, mega=True, phase=phase) == kernel_plan(c, True, packed=True, phase=phase)
-    assert kernel_plan(c, True, packed=False, mega=True) == kernel_plan(c, True, packed=False)
+        assert kernel_plan(c, True, packed=True, mega=True, phase=phase, span="layer") == kernel_plan(
+            c, True, packed=True, phase=phase)
+    assert kernel_plan(c, True, packed=False, mega=True, span="layer") == kernel_plan(c, True, packed=False)
 
 
 def test_megafused_asks_for_what_it_runs_on(models, monkeypatch):
@@ -158,8 +177,10 @@ def test_megafused_asks_for_what_it_runs_on(models, monkeypatch):
         KernelDecoder(m, 32, "megafused")
     monkeypatch.setitem(options._values, "repack", True)
     with recording():
-        decoder = KernelDecoder(m, 64, "megafused")
-        assert decoder.launches_per_token(40, device_pos=True) == m.config.n_layers + 4  # embed, head, argmax
+        assert KernelDecoder(m, 64, "megafused").launches_per_token(40, device_pos=True) == 4  # embed, head, argmax
+        with options.use(mega_span="layer"):
+            decoder = KernelDecoder(m, 64, "megafused")
+        assert decoder.launches_per_token(40, device_pos=True) == m.config.n_layers + 4
 
 
 def test_fused_needs_block_matrices(models):
@@ -174,10 +195,12 @@ def test_fused_needs_block_matrices(models):
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("variant", ["unfused", "fused", "fused without seams", "fused repacked",
-                                     "fused repacked without seams", "unfused repacked", "megafused repacked"])
+                                     "fused repacked without seams", "unfused repacked", "megafused repacked",
+                                     "megafused repacked layer-span"])
 def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, variant, kv):
     if variant.startswith("megafused") and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
+    monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
     m = models[preset, qtype]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     seams = variant in ("fused", "fused repacked")
@@ -205,13 +228,14 @@ def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, vari
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
-@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
-def test_kernel_variant_modes_agree(models, variant, kv):
-    if variant == "megafused" and kv == "paged":
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused", "megafused layer-span"])
+def test_kernel_variant_modes_agree(models, monkeypatch, variant, kv):
+    if variant.startswith("megafused") and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
+    monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
     m = models["tiny-qwen3", "q4_0"]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
-    runs = {mode: generate(KernelDecoder(m, PROMPT + 12, variant, kv), prompt, 12, mode).generated
+    runs = {mode: generate(KernelDecoder(m, PROMPT + 12, variant.split()[0], kv), prompt, 12, mode).generated
             for mode in MODES}
     assert runs["step"] == runs["pipelined"] == runs["chained"] == runs["compiled"]
 
@@ -235,14 +259,16 @@ def test_a_resized_decoder_is_a_fresh_one(models, variant, kv):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
-@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
-def test_compiled_step_logits_match_the_eager_step(models, variant, kv):
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused", "megafused layer-span"])
+def test_compiled_step_logits_match_the_eager_step(models, monkeypatch, variant, kv):
     """The compiled step (position on the device, attention over the whole cache's grid) gives
     the eager step's logits token after token, and writes the same caches."""
     import mlx.core as mx
 
-    if variant == "megafused" and kv == "paged":
+    if variant.startswith("megafused") and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
+    monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
+    variant = variant.split()[0]
     m = models["tiny-llama", "q8_0"]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     eager, compiled = KernelDecoder(m, 64, variant, kv), KernelDecoder(m, 64, variant, kv)
@@ -288,7 +314,8 @@ PLAN_CASES = [(preset, variant, kv, overflow, rope_inside)
                               "fused repacked without seams")
               for kv in ("contiguous", "paged") for overflow in (False, True) for rope_inside in (True, False)
               if not (overflow and kv == "paged") and (rope_inside or (variant != "unfused" and kv == "contiguous"))]
-PLAN_CASES += [(preset, "megafused repacked", "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")]
+PLAN_CASES += [(preset, variant, "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")
+               for variant in ("megafused repacked", "megafused repacked layer-span")]
 
 
 @pytest.mark.parametrize("preset, variant, kv, overflow, rope_inside", PLAN_CASES)
@@ -308,6 +335,7 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, varian
     monkeypatch.setitem(options._values, "seams", variant in ("fused", "fused repacked"))
     monkeypatch.setitem(options._values, "rope_in_attention", rope_inside)
     monkeypatch.setitem(options._values, "repack", "repacked" in variant)
+    monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
     m = models[preset, "q8_0"]
     with recording():  # the decoder's own look-ahead at its kernels, apart from what is checked
         decoder = KernelDecoder(m, 32 if overflow else 64, variant.split()[0], kv, overflow=overflow)

@@ -194,6 +194,78 @@ def _layer_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
     return CheckCase("blocks", "layer_block", variant, shape, run)
 
 
+def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
+                neox: bool, layers: int, pos: int, device_pos: bool = False, split_from: int | None = None
+                ) -> CheckCase:
+    """token_block: `layers` layers of one decode token in one launch (stacked weights, a cache
+    pair a layer) against the references of each layer's attention and FFN blocks in turn, the
+    residual stream stored as fp16 between blocks as the kernel stores it; every layer's K and V
+    rows and untouched rows as _attention_case; launched twice on one queue."""
+    from kernels.attention import SPLIT_FROM
+    from kernels.blocks import LayerStacks, Stack, block_queue, token_block
+    from kernels.gemv import concat_rows, repack
+    from kernels.runtime import poisoned_outputs
+
+    n_heads, n_kv = heads
+    n_qkv = (n_heads + 2 * n_kv) * head_dim
+    shapes = dict(gate=(f, d_model), up=(f, d_model), down=(d_model, f), qkv=(n_qkv, d_model),
+                  o=(d_model, n_heads * head_dim))
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        mats = [{name: _blocks(rng, qtype, n, k) for name, (n, k) in shapes.items()} for _ in range(layers)]
+        w64 = [{name: dequantize(m[name][0], qtype, shapes[name][1]) for name in shapes} for m in mats]
+        norms = {name: np.stack([_gamma(rng, d_model) for _ in range(layers)]) for name in ("attn", "ffn")}
+        if head_norm:
+            norms.update({name: np.stack([_gamma(rng, head_dim, np.float32) for _ in range(layers)])
+                          for name in ("q", "k")})
+        stacks = LayerStacks(
+            mx.array(norms["attn"]), Stack([repack(m["qkv"][1], qtype, n_qkv, d_model) for m in mats]),
+            Stack([repack(m["o"][1], qtype, d_model, n_heads * head_dim) for m in mats]), mx.array(norms["ffn"]),
+            Stack([repack(concat_rows([m["gate"][1], m["up"][1]]), qtype, 2 * f, d_model) for m in mats]),
+            Stack([repack(m["down"][1], qtype, d_model, f) for m in mats]),
+            *((mx.array(norms["q"]), mx.array(norms["k"])) if head_norm else ()))
+        max_seq = pos + 5
+        queue = block_queue(5 * layers)
+        checks = []
+        for launch_ in range(2):
+            caches = [_caches(rng, n_kv, max_seq, head_dim, pos) for _ in range(layers)]
+            x = rng.standard_normal((1, d_model)).astype(np.float16)
+            at = mx.array(np.array([pos], np.int32)) if device_pos else pos
+            with poisoned_outputs():
+                x_out, k_new, v_new = token_block(
+                    mx.array(x), stacks, EPS, qtype, [mx.array(kc) for kc, _ in caches],
+                    [mx.array(vc) for _, vc in caches], at, n_heads=n_heads, theta=THETA, neox=neox, queue=queue,
+                    split_from=SPLIT_FROM if split_from is None else split_from)
+                mx.eval(x_out, k_new, v_new, queue)
+            want, rows = x[0].astype(np.float64), []
+            for i in range(layers):
+                mid, k_want, v_want = ref.attention_block(
+                    want, norms["attn"][i], EPS, w64[i]["qkv"], w64[i]["o"], *caches[i], pos, n_heads, THETA, neox,
+                    norms["q"][i] if head_norm else None, norms["k"][i] if head_norm else None)
+                mid = mid.astype(np.float16).astype(np.float64)
+                want = ref.ffn_block(mid[None], norms["ffn"][i], EPS,
+                                     np.concatenate([w64[i]["gate"], w64[i]["up"]]), w64[i]["down"])[0]
+                want = want.astype(np.float16).astype(np.float64)
+                rows.append((k_want, v_want))
+            out = np.array(x_out).astype(np.float64)[0]
+            checks.append(compare(f"x_out - x (launch {launch_})", out - x[0], want - x[0], TOL))
+            for i, ((kc, vc), (k_want, v_want)) in enumerate(zip(caches, rows)):
+                k_got, v_got = np.array(k_new[i]), np.array(v_new[i])
+                others = np.arange(max_seq) != pos
+                checks += [compare(f"layer {i} K, V row pos (launch {launch_})",
+                                   np.stack([k_got[:, pos], v_got[:, pos]]), np.stack([k_want[:, pos], v_want[:, pos]]),
+                                   TOL),
+                           exact(f"layer {i} other rows untouched (launch {launch_})",
+                                 np.stack([k_got[:, others], v_got[:, others]]).view(np.uint16),
+                                 np.stack([kc[:, others], vc[:, others]]).view(np.uint16))]
+            checks.append(exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0))
+        return checks
+
+    variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos)
+    shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, layers=layers, pos=pos)
+    return CheckCase("blocks", "token_block", variant, shape, run)
+
+
 def check_cases(small: bool = False) -> list[CheckCase]:
     cases = []
     # the models' layers: a short context, then one split over partitions merged in the launch
@@ -225,6 +297,16 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         cases.append(_layer_case("q8_0", 2048, 8192, (32, 8), 64, False, False, 600, split_from=0))
     cases.append(_layer_case("q8_0", 160, 96, (4, 2), 64, False, True, 7))
     cases.append(_layer_case("q4_0", 96, 4128, (2, 1), 256, True, True, 2))
+    # a whole token's layers in one launch: the small models' layers, a split, tails
+    for name in ("qwen3-0.6b", "llama3.2-1b"):
+        d, hq, hkv, hd, norm, neox = MODELS[name]
+        cases.append(_token_case(BENCH_QTYPE[name], d, FFN[name][1], (hq, hkv), hd, norm, neox, 3, 30,
+                                 device_pos=True))
+    if not small:
+        cases.append(_token_case("q4_0", 1024, 3072, (16, 8), 128, True, True, 2, 700, split_from=0))
+        cases.append(_token_case("q4_0", 4096, 14336, (32, 8), 128, False, False, 2, 40))
+    cases.append(_token_case("q8_0", 160, 96, (4, 2), 64, False, True, 4, 7))
+    cases.append(_token_case("q4_0", 96, 4128, (2, 1), 256, True, True, 1, 2))
     return cases
 
 
@@ -271,10 +353,14 @@ def reference_cases() -> list[CheckCase]:
 
 
 def _ordered(s: dict, out: mx.array) -> list[mx.array]:
-    """A set's calls share its queue and merge counters, which MLX does not see written: each
-    call's are made to depend on the call before (mx.depends), so that two launches on one queue
-    never run at once (MLX may run independent kernels concurrently). Calls on different sets
-    stay free to overlap."""
+    """A set's calls share its queue and merge counters, which MLX does not see written, so two
+    of them must never run at once; and a decode token's blocks run one after the other, so the
+    benchmark must not let them overlap either. The next call on the set takes this call's output
+    as its x: a data dependency, which MLX's CUDA graph keeps (mx.depends on the queue alone did
+    not order the launches: two ffn_blocks on one queue ran at once, and a wait that never ended
+    trapped, logs/bench-blocks-llama3-8b-fault-29d96ff.log). The values of x do not change what
+    the kernels do."""
+    s["x"] = out
     s["queue"], s["counters"] = mx.depends([s["queue"], s["counters"]], [out])
     return [out]
 
@@ -390,11 +476,8 @@ def _bench_layer(path: str, model: str, ctx: int) -> BenchCase:
         from kernels import gemv
 
         a = gemv.gate_up_swiglu(s["x"], s["w_gu"], qtype, 2 * f, d, gamma=s["ffn_norm"], eps=EPS)
-        held, s["x"] = s["x"], gemv.gemv_v3(a, s["w_down"], qtype, d, f, residual=s["x"])
-        try:
-            return attn.step(s)
-        finally:
-            s["x"] = held
+        s["x"] = gemv.gemv_v3(a, s["w_down"], qtype, d, f, residual=s["x"])
+        return attn.step(s)
 
     return BenchCase("blocks", "block-layer", "layer_block" if path == "block" else "fused sequence", model,
                      dict(ctx=ctx, d_model=d, F=f, heads=f"{hq}/{hkv}", D=hd, qtype=qtype), make,

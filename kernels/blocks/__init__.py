@@ -4,10 +4,14 @@
   KV-cache write, grouped-query decode attention, the output projection and the residual add.
 - `ffn_block(x, ...)`: RMSNorm + gate|up GEMV with SiLU in its epilogue, the down GEMV and the
   residual add.
-- `layer_block(x, ...)`: a layer's FFN block, then the next layer's attention block: the decode
-  loop's one launch a layer (harness.kernel_decode's megafused variant).
+- `layer_block(x, ...)`: a layer's FFN block, then the next layer's attention block (the megafused
+  variant's launch a layer, mega_span=layer).
+- `token_block(x, stacks, ...)`: every layer of a decode token in one launch (the seeds'
+  persistent kernel; the megafused variant's default, mega_span=token), over LayerStacks: each
+  projection's matrices of every layer in one buffer (Stack).
 
-One body, blocks/layer_block.metal, with each half a compile-time switch.
+One body, blocks/layer_block.metal: a run of phases along a layer's cycle (QKV, attention, O,
+gate|up, down) from a compile-time first phase, layers at compile-time strides.
 
 Each phase is the kernel that runs it on its own (the v3 GEMV rows, decode attention's rows),
 entered through the seam's tickets: threadgroups claim work from one counter in phase order and
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -33,7 +38,17 @@ from kernels.gemv import Packed
 from kernels.runtime import KernelSpec, Launch, constant, launch, resident, target_backend
 
 QUEUE_STRIDE = 64  # words between a launch's counters: each on a 256-byte line of its own
-QUEUE = 6 * QUEUE_STRIDE  # claimed, four phases done, threadgroups out (layer_block.metal)
+STRIDE_ALIGN = 256  # bytes between layers' matrices in a Stack: every layer's 16-byte loads aligned
+QKV, ATTN, O, UP, DOWN = range(5)  # the phase kinds of a layer, in their order (layer_block.metal)
+
+
+def queue_words(phases: int = 5) -> int:
+    """Words of the queue of a launch of `phases` phases: claimed, each phase but the last
+    done, threadgroups out (layer_block.metal)."""
+    return (phases + 1) * QUEUE_STRIDE
+
+
+QUEUE = queue_words()  # a layer block's (and the smaller blocks')
 
 
 def cross_group_waits() -> bool:
@@ -44,37 +59,72 @@ def cross_group_waits() -> bool:
     return target_backend() == "cuda"
 
 
-def block_queue() -> mx.array:
+def block_queue(phases: int = 5) -> mx.array:
     """The counters of one block launch site: zero, on the device; a launch leaves them zero.
-    Two launches in flight at once must not share them (the decode loop gives each layer its
-    own), and launches that share them must be ordered by their data (mx.depends where nothing
-    else orders them)."""
-    return resident(mx.zeros((QUEUE,), mx.uint32))
+    `phases`: the most phases a launch on it runs (5 for the blocks of a layer, 5 * layers for
+    token_block). Two launches in flight at once must not share them (the decode loop gives each
+    site its own), and launches that share them must be ordered by their data."""
+    return resident(mx.zeros((queue_words(phases),), mx.uint32))
+
+
+class Stack:
+    """The matrices of one projection of every layer (one shape, one block type, repacked) in one
+    buffer, layer l's bytes at l * stride (padded to STRIDE_ALIGN): what token_block reads, each
+    layer at its offset. `layer(l)` is that layer's Packed, a view of the same bytes (no copy)."""
+
+    def __init__(self, mats: list[Packed]):
+        if not mats or any(not isinstance(m, Packed) for m in mats):
+            raise ValueError("a Stack takes one or more repacked matrices (kernels.gemv.repack)")
+        first = mats[0]
+        if any((m.qtype, m.n, m.k) != (first.qtype, first.n, first.k) for m in mats):
+            raise ValueError(f"a Stack's matrices share one block type and shape, got "
+                             f"{sorted({(m.qtype, m.n, m.k) for m in mats})}")
+        self.qtype, self.n, self.k, self.layers = first.qtype, first.n, first.k, len(mats)
+        self.nbytes = first.data.size
+        self.stride = -(-self.nbytes // STRIDE_ALIGN) * STRIDE_ALIGN
+        pad = mx.zeros((self.stride - self.nbytes,), mx.uint8)
+        self.data = mx.concatenate([part for m in mats for part in (m.data, pad)])
+        self._views = [Packed(self.data[i * self.stride: i * self.stride + self.nbytes], self.qtype, self.n, self.k)
+                       for i in range(self.layers)]
+        mx.eval(self.data, [v.data for v in self._views])
+
+    def layer(self, i: int) -> Packed:
+        return self._views[i]
 
 
 @functools.cache
-def _spec(ffn: bool, attn: bool, split: bool = False, head_norm: bool = False) -> KernelSpec:
+def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False) -> KernelSpec:
+    kinds = {(first + j) % 5 for j in range(phases)}
+    ffn, attn = UP in kinds, QKV in kinds
     inputs, outputs = ("x_in", "eps", "block_dims", "queue"), ()
     if ffn:
         inputs += ("ffn_norm", "w_gate_up", "up_dims", "w_down", "down_dims")
         outputs += ("act", "x_mid")
     if attn:
-        inputs += ("attn_norm", "w_qkv", "qkv_dims", "k_cache", "v_cache", "pos", "inv_freq", "rope_scalars", "dims",
-                   "scale") + (("q_norm", "k_norm") if head_norm else ()) + (("counters",) if split else ()) + (
-            "w_o", "o_dims")
+        inputs += (("attn_norm", "w_qkv", "qkv_dims") + tuple(f"k_cache_{i}" for i in range(caches))
+                   + tuple(f"v_cache_{i}" for i in range(caches)) + ("pos", "inv_freq", "rope_scalars", "dims", "scale")
+                   + (("q_norms", "k_norms") if head_norm else ()) + (("counters",) if split else ()) + ("w_o", "o_dims"))
         outputs += ("qkv", "attn_out", "x_out") + (("part_out", "part_ml") if split else ())
-    name = {(True, False): "ffn_block", (False, True): "attention_block", (True, True): "layer_block"}[ffn, attn]
+    name = {(0, 3): "attention_block", (3, 2): "ffn_block", (3, 5): "layer_block"}.get((first, phases), "token_block")
     prelude = f"#define FFN {int(ffn)}\n#define ATTN {int(attn)}\n"
     if attn:
+        # layer l's caches: the only ones, or the l-th of the launch's
+        for kv in "kv":
+            chain = f"{kv}_cache_{caches - 1}"
+            for i in reversed(range(caches - 1)):
+                chain = f"((l) == {i} ? {kv}_cache_{i} : {chain})"
+            prelude += f"#define LATHE_{kv.upper()}_CACHE(l) {chain}\n"
         prelude += (f"#define LATHE_PAGED 0\n#define LATHE_ROPE 1\n#define LATHE_SPLIT {int(split)}\n"
                     f"#define LATHE_MERGE {int(split)}\n#define LATHE_HEAD_NORM {int(head_norm)}")
-    return KernelSpec(f"lathe_{name}{'_norm' if head_norm else ''}{'_split' if split else ''}",
+    layers = "" if name != "token_block" else f"_{phases}"
+    return KernelSpec(f"lathe_{name}{layers}{'_norm' if head_norm else ''}{'_split' if split else ''}",
                       "blocks/layer_block.metal", inputs, outputs, prelude=prelude)
 
 
-def _check_queue(queue: mx.array) -> None:
-    if not isinstance(queue, mx.array) or queue.dtype != mx.uint32 or queue.shape != (QUEUE,):
-        raise ValueError(f"queue must be uint32 [{QUEUE}] (block_queue()), got "
+def _check_queue(queue: mx.array, phases: int) -> None:
+    need = queue_words(phases)
+    if not isinstance(queue, mx.array) or queue.dtype != mx.uint32 or queue.ndim != 1 or queue.size < need:
+        raise ValueError(f"queue must be uint32 [>= {need}] (block_queue({phases})), got "
                          f"{getattr(queue, 'dtype', type(queue))} {getattr(queue, 'shape', '')}")
 
 
@@ -96,16 +146,17 @@ def geometry(qtype: str, m: int, gemvs: tuple[tuple[int, int], ...], even_rows: 
     return r, s, p, xchunk
 
 
-def _tickets(n: int, k: int, r: int, s: int, xchunk: int, rows_per_output: int = 1) -> int:
-    """Threadgroups of a claimed GEMV phase: one per NSIMD row groups, capped by shape (as a v3
-    launch of its own) where all of K is one chunk of X'."""
+def _tickets(n: int, k: int, r: int, s: int, xchunk: int, rows_per_output: int = 1, last: bool = False) -> int:
+    """Threadgroups of a GEMV phase: one per NSIMD row groups, capped by shape (as a v3 launch of
+    its own) where all of K is one chunk of X' and the phase is claimed (a launch's last phase
+    takes no tickets: as many threadgroups as it has groups run it at once)."""
     groups = -(-n // (r * s))
     cap = gemv.TUNING["V3_MAX_GROUPS"] or gemv.v3_by_shape(n * rows_per_output, k)["G"]
-    return min(groups, cap) if cap and xchunk >= k else groups
+    return min(groups, cap) if cap and xchunk >= k and not last else groups
 
 
 class _FFN:
-    """The FFN half's arguments, checked."""
+    """The FFN half's arguments, checked (one layer's; token_block's stacks replace the arrays)."""
 
     def __init__(self, x, ffn_norm, eps, w_gate_up, w_down, qtype):
         if not isinstance(w_gate_up, Packed):
@@ -118,10 +169,12 @@ class _FFN:
         _packed("w_down", w_down, qtype, d_model, n_up // 2)
         gemv._check_norm(ffn_norm, eps, d_model)
         self.norm, self.w_gate_up, self.w_down, self.d, self.f = ffn_norm, w_gate_up, w_down, d_model, n_up // 2
+        self.up_data, self.down_data = w_gate_up.data, w_down.data
 
 
 class _Attention:
-    """The attention half's arguments, checked."""
+    """The attention half's arguments, checked (one layer's; token_block's stacks replace the
+    arrays and give every layer's caches)."""
 
     def __init__(self, x, attn_norm, eps, w_qkv, w_o, qtype, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
                  k_norm, counters, split_from):
@@ -144,38 +197,44 @@ class _Attention:
         head_norm = q_norm is not None or k_norm is not None
         self.norms = attention._head_norms(q_norm, k_norm, eps if head_norm else None, head_dim)
         self.pos = rope._pos_array(pos, 1, max_seq)
-        self.__dict__.update(norm=attn_norm, w_qkv=w_qkv, w_o=w_o, k_cache=k_cache, v_cache=v_cache, n_heads=n_heads,
-                             n_kv=n_kv, head_dim=head_dim, theta=theta, neox=neox, counters=counters, d=d_model,
-                             n_qkv=n_qkv, q_norm=q_norm, k_norm=k_norm, split_from=split_from,
-                             longest=pos + 1 if isinstance(pos, int) else max_seq, max_seq=max_seq, raw_pos=pos)
+        self.__dict__.update(norm=attn_norm, w_qkv=w_qkv, w_o=w_o, k_cache=k_cache, v_cache=v_cache,
+                             k_caches=[k_cache], v_caches=[v_cache],
+                             n_heads=n_heads, n_kv=n_kv, head_dim=head_dim, theta=theta, neox=neox, counters=counters,
+                             d=d_model, n_qkv=n_qkv, q_norm=q_norm, k_norm=k_norm, split_from=split_from,
+                             longest=pos + 1 if isinstance(pos, int) else max_seq, max_seq=max_seq, raw_pos=pos,
+                             qkv_data=w_qkv.data, o_data=w_o.data)
 
 
-def _launch(x: mx.array, eps: float, qtype: str, ffn: _FFN | None, attn: _Attention | None,
-            queue: mx.array | None) -> list[mx.array]:
-    """layer_block.metal over the halves given: its outputs in the spec's order."""
-    queue = block_queue() if queue is None else queue
-    _check_queue(queue)
+def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None, attn: _Attention | None,
+            queue: mx.array | None, strides: dict[str, int] | None = None) -> list[mx.array]:
+    """layer_block.metal over `phases` phases from kind `first` (the halves given hold each
+    kind's arrays; `strides`: bytes between layers of each stacked input, token_block's): its
+    outputs in the spec's order."""
+    queue = block_queue(phases) if queue is None else queue
+    _check_queue(queue, phases)
     m = x.shape[0]
+    last = (first + phases - 1) % 5
     gemvs = (((2 * ffn.f, ffn.d), (ffn.d, ffn.f)) if ffn else ()) + (
         ((attn.n_qkv, attn.d), (attn.d, attn.n_heads * attn.head_dim)) if attn else ())
     r, s, p, xchunk = geometry(qtype, m, gemvs, even_rows=ffn is not None)
-    inputs, consts = [], dict(QTYPE=gemv.QTYPES[qtype][0], M=m, R=r, NSIMD=s, P=p, XCHUNK=xchunk)
+    strides = {"W_QKV_STRIDE": 0, "W_O_STRIDE": 0, "W_UP_STRIDE": 0, "W_DOWN_STRIDE": 0, "NORM_STRIDE": 0,
+               "HEAD_NORM_STRIDE": 0, **(strides or {})}
+    inputs, consts = [], dict(QTYPE=gemv.QTYPES[qtype][0], M=m, R=r, NSIMD=s, P=p, XCHUNK=xchunk, FIRST=first,
+                              PHASES=phases, PREFETCH=bool(options.get("block_prefetch")), **strides)
     outputs: list = []
     launched, attn_tickets, split = 1, 0, False
     if ffn:
         up = _tickets(ffn.f, ffn.d, r // 2, s, xchunk, rows_per_output=2)
-        # down: claimed where attention follows (capped as a launch of its own), else the last
-        # phase, threadgroup g its group g (no cap)
-        down = _tickets(ffn.d, ffn.f, r, s, xchunk) if attn else -(-ffn.d // (r * s))
-        launched = max(launched, up, 0 if attn else down)
-        inputs += [ffn.norm, ffn.w_gate_up.data, gemv._dims(2 * ffn.f, ffn.d, up), ffn.w_down.data,
+        down = _tickets(ffn.d, ffn.f, r, s, xchunk, last=last == DOWN)
+        launched = max(launched, up, down)
+        inputs += [ffn.norm, ffn.up_data, gemv._dims(2 * ffn.f, ffn.d, up), ffn.down_data,
                    gemv._dims(ffn.d, ffn.f, down)]
         outputs += [((m, ffn.f), mx.float16), ((m, ffn.d), mx.float16)]
         consts.update(K_UP=ffn.d, K_DOWN=ffn.f)
     if attn:
         a = attn
         qkv_tickets = _tickets(a.n_qkv, a.d, r, s, xchunk)
-        o_groups = -(-a.d // (r * s))  # the last phase: threadgroup g runs group g, no cap
+        o_tickets = _tickets(a.d, a.n_heads * a.head_dim, r, s, xchunk, last=last == O)
         # The attention's partitions as flash_decode would split them (the grid sized for the
         # longest context a call can see), merged in the launch: at most MERGE_PARTS of them.
         group = a.n_heads // a.n_kv
@@ -186,8 +245,8 @@ def _launch(x: mx.array, eps: float, qtype: str, ffn: _FFN | None, attn: _Attent
         parts = -(-a.longest // partition) if split else 1
         qs = attention.query_split(group, a.n_kv * parts)
         attn_tickets = parts * a.n_kv * qs
-        launched = max(launched, qkv_tickets, o_groups)
-        inputs += [a.norm, a.w_qkv.data, gemv._dims(a.n_qkv, a.d, qkv_tickets), a.k_cache, a.v_cache, a.pos,
+        launched = max(launched, qkv_tickets, o_tickets)
+        inputs += [a.norm, a.qkv_data, gemv._dims(a.n_qkv, a.d, qkv_tickets), *a.k_caches, *a.v_caches, a.pos,
                    rope._table(a.head_dim, a.theta, None), constant((float(a.theta), 1.0, float(eps)), mx.float32),
                    constant((a.n_kv, a.max_seq, partition, parts, 1)),
                    constant((1.0 / math.sqrt(a.head_dim),), mx.float32), *a.norms]
@@ -195,15 +254,16 @@ def _launch(x: mx.array, eps: float, qtype: str, ffn: _FFN | None, attn: _Attent
             counters = attention.merge_counters(a.n_kv * qs) if a.counters is None else a.counters
             attention._check_counters(counters, a.n_kv * qs)
             inputs.append(counters)
-        inputs += [a.w_o.data, gemv._dims(a.d, a.n_heads * a.head_dim, o_groups)]
+        inputs += [a.o_data, gemv._dims(a.d, a.n_heads * a.head_dim, o_tickets)]
         outputs += [((1, a.n_qkv), mx.float16), ((1, a.n_heads, a.head_dim), mx.float16), ((1, a.d), mx.float16)]
         if split:
             outputs += [((1, a.n_heads, parts, a.head_dim), mx.float32), ((1, a.n_heads, parts, 2), mx.float32)]
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=0,
                       NEOX=a.neox, FREQ_TABLE=True)
     inputs = [x, gemv._eps(float(eps)), constant((launched, attn_tickets)), queue] + inputs
-    return launch(Launch(_spec(ffn is not None, attn is not None, split, bool(attn and attn.norms)), inputs,
-                         outputs, (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts))
+    caches = len(attn.k_caches) if attn else 1
+    spec = _spec(first, phases, caches, split, bool(attn and attn.norms))
+    return launch(Launch(spec, inputs, outputs, (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts))
 
 
 def attention_block(x: mx.array, attn_norm: mx.array, eps: float, w_qkv: Packed, w_o: Packed, qtype: str,
@@ -223,7 +283,7 @@ def attention_block(x: mx.array, attn_norm: mx.array, eps: float, w_qkv: Packed,
                       k_norm, counters, split_from)
     if not cross_group_waits():
         return _attention_apart(x, eps, qtype, attn)
-    x_out = _launch(x, eps, qtype, None, attn, queue)[2]
+    x_out = _launch(x, eps, qtype, QKV, 3, None, attn, queue)[2]
     k_cache, v_cache = mx.depends([k_cache, v_cache], [x_out])
     return x_out, k_cache, v_cache
 
@@ -236,7 +296,7 @@ def ffn_block(x: mx.array, ffn_norm: mx.array, eps: float, w_gate_up: Packed, w_
     ffn = _FFN(x, ffn_norm, eps, w_gate_up, w_down, qtype)
     if not cross_group_waits():
         return _ffn_apart(x, eps, qtype, ffn)
-    return _launch(x, eps, qtype, ffn, None, queue)[1]
+    return _launch(x, eps, qtype, UP, 2, ffn, None, queue)[1]
 
 
 def layer_block(x: mx.array, ffn_norm: mx.array, w_gate_up: Packed, w_down: Packed, attn_norm: mx.array,
@@ -255,9 +315,81 @@ def layer_block(x: mx.array, ffn_norm: mx.array, w_gate_up: Packed, w_down: Pack
         raise ValueError(f"layer_block takes one token (x [1, d_model]), got {tuple(x.shape)}")
     if not cross_group_waits():
         return _attention_apart(_ffn_apart(x, eps, qtype, ffn), eps, qtype, attn)
-    x_out = _launch(x, eps, qtype, ffn, attn, queue)[4]
+    x_out = _launch(x, eps, qtype, UP, 5, ffn, attn, queue)[4]
     k_cache, v_cache = mx.depends([k_cache, v_cache], [x_out])
     return x_out, k_cache, v_cache
+
+
+@dataclass
+class LayerStacks:
+    """Every layer's weights of a decoder, stacked for token_block: the four projections as
+    Stacks ([q; k; v] and [gate; up] concatenated), the RMSNorm weights as fp16 [layers, d_model]
+    and Qwen3's head norms as float32 [layers, head_dim] (None for Llama)."""
+
+    attn_norm: mx.array
+    w_qkv: Stack
+    w_o: Stack
+    ffn_norm: mx.array
+    w_gate_up: Stack
+    w_down: Stack
+    q_norm: mx.array | None = None
+    k_norm: mx.array | None = None
+
+    @property
+    def layers(self) -> int:
+        return self.w_qkv.layers
+
+
+def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_caches: list[mx.array],
+                v_caches: list[mx.array], pos: int | mx.array, *, n_heads: int, theta: float = 10000.0,
+                neox: bool = False, queue: mx.array | None = None, counters: mx.array | None = None,
+                split_from: int = attention.SPLIT_FROM) -> tuple[mx.array, list[mx.array], list[mx.array]]:
+    """A decode token through every layer in one launch (the seeds' persistent kernel): each
+    layer's attention block, then its FFN block, as phases of one queue (block_queue(5 * layers)).
+    x [1, d_model] (the embedded token) -> (the residual stream after the last layer, k_caches,
+    v_caches), K and V of layer l written at row pos of k_caches[l] / v_caches[l] in place (the
+    returned caches are ordered after the writes). The other arguments are attention_block's."""
+    w, layers = weights, weights.layers
+    if len(k_caches) != layers or len(v_caches) != layers:
+        raise ValueError(f"token_block takes a K and a V cache for each of the {layers} layers, got "
+                         f"{len(k_caches)} and {len(v_caches)}")
+    if x.shape[0] != 1:
+        raise ValueError(f"token_block takes one token (x [1, d_model]), got {tuple(x.shape)}")
+    if any(s.qtype != qtype or s.layers != layers for s in (w.w_qkv, w.w_o, w.w_gate_up, w.w_down)):
+        raise ValueError(f"token_block's stacks must all be {qtype}, {layers} layers each")
+    norms = (w.attn_norm, w.ffn_norm) + ((w.q_norm, w.k_norm) if w.q_norm is not None else ())
+    if any(n.ndim != 2 or n.shape[0] != layers for n in norms):
+        raise ValueError(f"token_block's norms must be [{layers}, width], got {[tuple(n.shape) for n in norms]}")
+    for c in (*k_caches, *v_caches):
+        if tuple(c.shape) != tuple(k_caches[0].shape) or c.dtype != k_caches[0].dtype:
+            raise ValueError(f"every layer's cache must be {k_caches[0].dtype} {tuple(k_caches[0].shape)}, got "
+                             f"{c.dtype} {tuple(c.shape)}")
+    head = (w.q_norm[0], w.k_norm[0]) if w.q_norm is not None else (None, None)
+    # each half checked on layer 0 (the others share its shapes), then given every layer's arrays
+    ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), qtype)
+    attn = _Attention(x, w.attn_norm[0], eps, w.w_qkv.layer(0), w.w_o.layer(0), qtype, k_caches[0], v_caches[0], pos,
+                      n_heads, theta, neox, *head, counters, split_from)
+    if not cross_group_waits():
+        k_caches, v_caches = list(k_caches), list(v_caches)
+        for i in range(layers):
+            attn = _Attention(x, w.attn_norm[i], eps, w.w_qkv.layer(i), w.w_o.layer(i), qtype, k_caches[i],
+                              v_caches[i], pos, n_heads, theta, neox, *((w.q_norm[i], w.k_norm[i]) if head[0]
+                                                                         is not None else (None, None)),
+                              counters, split_from)
+            x, k_caches[i], v_caches[i] = _attention_apart(x, eps, qtype, attn)
+            x = _ffn_apart(x, eps, qtype, _FFN(x, w.ffn_norm[i], eps, w.w_gate_up.layer(i), w.w_down.layer(i), qtype))
+        return x, k_caches, v_caches
+    ffn.norm, ffn.up_data, ffn.down_data = w.ffn_norm, w.w_gate_up.data, w.w_down.data
+    attn.norm, attn.qkv_data, attn.o_data = w.attn_norm, w.w_qkv.data, w.w_o.data
+    attn.k_caches, attn.v_caches = list(k_caches), list(v_caches)
+    if head[0] is not None:
+        attn.norms = (w.q_norm, w.k_norm)
+    strides = dict(W_QKV_STRIDE=w.w_qkv.stride, W_O_STRIDE=w.w_o.stride, W_UP_STRIDE=w.w_gate_up.stride,
+                   W_DOWN_STRIDE=w.w_down.stride, NORM_STRIDE=w.attn_norm.shape[1],
+                   HEAD_NORM_STRIDE=w.q_norm.shape[1] if head[0] is not None else 0)
+    x_out = _launch(x, eps, qtype, QKV, 5 * layers, ffn, attn, queue, strides)[1]
+    caches = mx.depends([*k_caches, *v_caches], [x_out])
+    return x_out, caches[:layers], caches[layers:]
 
 
 def _attention_apart(x: mx.array, eps: float, qtype: str, a: _Attention) -> tuple[mx.array, mx.array, mx.array]:

@@ -1,16 +1,16 @@
-// The blocks of a decoder layer for decode tokens, in one launch (the seeds' mega-kernels, on the
-// seam's tickets). Two halves, each switched on at compile time:
-//  FFN (M = 1..4 rows):
-//   1. act   = silu(X' W_gate^T) * (X' W_up^T), X' = RMSNorm(x_in) * ffn_norm   v3 GEMV, SwiGLU epilogue
-//   2. x_mid = x_in + act W_down^T                                              v3 GEMV + residual
-//  ATTN (M = 1; its input is x_mid where FFN runs too, else x_in):
-//   3. qkv   = (RMSNorm(x) * attn_norm) W_qkv^T                                 v3 GEMV
-//   4. attn  = attention of the token over the cache: (Qwen3: per-head RMSNorm  decode_rows.metal, a task
-//              of Q and K), RoPE, K and V into cache row pos                    per (partition, head group)
-//   5. x_out = x + attn W_o^T                                                   v3 GEMV + residual
-// FFN alone is kernels.blocks.ffn_block, ATTN alone attention_block, both a layer's FFN with the
-// next layer's attention (layer_block): one launch a layer. Each phase is the kernel that runs it
-// on its own (gemv/v3_rows.metal, attention/decode_rows.metal) and needs all of the phase before.
+// Decoder blocks for decode tokens in one launch (the seeds' mega-kernels, on the seam's tickets):
+// a run of PHASES phases along the cycle of a decoder's layer, starting at phase kind FIRST:
+//   0 QKV   qkv   = (RMSNorm(x) * attn_norm) W_qkv^T                            v3 GEMV
+//   1 ATTN  attn  = attention of the token over the cache: (Qwen3: per-head     decode_rows.metal, a task
+//                   RMSNorm of Q and K), RoPE, K and V into cache row pos       per (partition, head group)
+//   2 O     x_out = x + attn W_o^T                                              v3 GEMV + residual
+//   3 UP    act   = silu(X' W_gate^T) * (X' W_up^T), X' = RMSNorm(x) * ffn_norm  v3 GEMV, SwiGLU epilogue
+//   4 DOWN  x_mid = x + act W_down^T                                            v3 GEMV + residual
+// Phase j is kind (FIRST + j) % 5 of layer (FIRST + j) / 5 of the launch: attention_block is
+// FIRST 0, PHASES 3; ffn_block FIRST 3, PHASES 2; layer_block (a layer's FFN, the next layer's
+// attention) FIRST 3, PHASES 5; token_block (a whole token's layers) FIRST 0, PHASES 5 * layers.
+// Each phase is the kernel that runs it on its own (gemv/v3_rows.metal, attention/decode_rows.metal)
+// and needs all of the phase before it (so, all phases before).
 //
 // Nothing waits on a threadgroup, only on work (gemv/seam.metal has the argument): the tickets of
 // every phase but the last come from one counter in phase order, so every ticket a waiter needs
@@ -19,185 +19,207 @@
 // its group g once the queue is empty. This needs running threadgroups to keep being scheduled
 // while others spin, which NVIDIA GPUs give resident blocks; Metal promises no such thing, so
 // kernels.blocks runs the phases as separate launches there (kernels.blocks.cross_group_waits).
+// PREFETCH: a GEMV phase issues its first weights before it waits on the phase before (they need
+// nothing of it: v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip.
 // Split attention (LATHE_SPLIT, long contexts): the partitions of a head group are merged by the
 // last of them to finish (LATHE_MERGE, decode_attention.metal), before it counts its task done.
 //
-// queue: uint32 [6 * QUEUE_STRIDE], zero before a launch and left zero after it: tickets claimed,
-// phases 1-4 done, threadgroups out, each on a 256-byte line of its own. One queue (and one set
-// of merge counters) per launch in flight, and launches that share one ordered by their data.
-// Constants: v3's QTYPE, M, R (even with FFN), NSIMD, P, XCHUNK, and each GEMV's K: K_UP (d_model),
-// K_DOWN (F), K_QKV (d_model), K_O (n_heads * D); with ATTN the attention's D, G, QS, BS (0), NEOX,
-// FREQ_TABLE. Prelude: FFN, ATTN; with ATTN LATHE_PAGED 0, LATHE_ROPE 1, LATHE_SPLIT, LATHE_MERGE
+// Layer l's weights are at l * W_*_STRIDE bytes (norms: l * d_model, head norms: l * D values) of
+// their input, 0 where the launch has one layer of each kind; its caches are LATHE_K_CACHE(l) and
+// LATHE_V_CACHE(l) (the prelude's choice among k_cache_0 .., v_cache_0 ..). The residual stream
+// goes x_in -> (ATTN) x_out -> (FFN) x_mid -> x_out ..., each phase after all readers of what it
+// overwrites are done; scratch (act, qkv, attn_out, partitions, merge counters) is reused a layer.
+//
+// queue: uint32 [(PHASES + 1) * QUEUE_STRIDE], zero before a launch and left zero after it:
+// tickets claimed, each phase but the last done, threadgroups out, each on a 256-byte line of its
+// own. One queue (and one set of merge counters) per launch in flight, and launches that share
+// one ordered by their data.
+// Constants: FIRST, PHASES, v3's QTYPE, M, R (even with FFN), NSIMD, P, XCHUNK, PREFETCH, each
+// GEMV's K: K_UP (d_model), K_DOWN (F), K_QKV (d_model), K_O (n_heads * D), W_QKV_STRIDE,
+// W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN the
+// attention's D, G, QS, BS (0), NEOX, FREQ_TABLE. Prelude: FFN, ATTN (the kinds present),
+// LATHE_K_CACHE, LATHE_V_CACHE; with ATTN LATHE_PAGED 0, LATHE_ROPE 1, LATHE_SPLIT, LATHE_MERGE
 // (= LATHE_SPLIT), LATHE_HEAD_NORM.
 // Inputs (kernels.blocks names them): x_in, eps, block_dims (int32: threadgroups launched,
-// attention tasks), queue; FFN: ffn_norm, w_gate_up ([gate; up]), up_dims (int32: 2F, d_model,
-// tickets), w_down, down_dims (d_model, F, tickets); ATTN: attn_norm, w_qkv, qkv_dims, k_cache,
-// v_cache ([Hkv, max_seq, D], written in place), pos, inv_freq, rope_scalars, dims
-// (decode_attention's), scale, q_norm, k_norm (LATHE_HEAD_NORM), counters (split), w_o, o_dims.
-// Outputs: FFN: act [M, F], x_mid [M, d_model]; ATTN: qkv, attn_out [1, Hq, D], x_out [1, d_model],
-// part_out and part_ml (split).
+// attention tasks a layer), queue; FFN: ffn_norm, w_gate_up ([gate; up]), up_dims (int32: 2F,
+// d_model, tickets), w_down, down_dims (d_model, F, tickets); ATTN: attn_norm, w_qkv, qkv_dims,
+// k_cache_i, v_cache_i ([Hkv, max_seq, D] each, written in place), pos, inv_freq, rope_scalars,
+// dims (decode_attention's), scale, q_norm, k_norm (LATHE_HEAD_NORM), counters (split), w_o,
+// o_dims. Outputs: FFN: act [M, F], x_mid [M, d_model]; ATTN: qkv, attn_out [1, Hq, D],
+// x_out [1, d_model], part_out and part_ml (split).
 #include "gemv/v3_tiles.metal"
 #if ATTN
 #include "attention/decode_tiles.metal"
 #endif
 constexpr uint QUEUE_STRIDE = 64;
+enum : uint { QKV = 0, ATTN_ROWS = 1, O = 2, UP = 3, DOWN = 4 };
+constexpr uint LAST = (FIRST + PHASES - 1) % 5;
+static_assert(LAST == O || LAST == DOWN, "a launch ends with a GEMV whose groups need no tickets");
 threadgroup uint ticket;
 const uint launched = uint(block_dims[0]);
-// Tickets of phases 1-4 (zero where a half is off); the last phase present takes none.
+// Tickets of a phase of each kind (zero where a kind is absent).
 #if FFN
 const uint up_tickets = uint(up_dims[2]);
-const uint down_tickets = ATTN ? uint(down_dims[2]) : 0u;
+const uint down_tickets = uint(down_dims[2]);
 #else
 const uint up_tickets = 0, down_tickets = 0;
 #endif
 #if ATTN
 const uint qkv_tickets = uint(qkv_dims[2]);
 const uint attn_tickets = uint(block_dims[1]);
+const uint o_tickets = uint(o_dims[2]);
 #else
-const uint qkv_tickets = 0, attn_tickets = 0;
+const uint qkv_tickets = 0, attn_tickets = 0, o_tickets = 0;
 #endif
-const auto claimed = queue, groups_out = queue + 5 * QUEUE_STRIDE;
-const auto up_done = queue + QUEUE_STRIDE, down_done = queue + 2 * QUEUE_STRIDE;
-const auto qkv_done = queue + 3 * QUEUE_STRIDE, attn_done = queue + 4 * QUEUE_STRIDE;
+const uint kind_tickets[5] = {qkv_tickets, attn_tickets, o_tickets, up_tickets, down_tickets};
+const uint cycle = qkv_tickets + attn_tickets + o_tickets + up_tickets + down_tickets;
+uint claimable = 0;  // the tickets of every phase but the last
+for (uint j = 0; j + 1 < PHASES; ++j) claimable += kind_tickets[(FIRST + j) % 5];
+const auto claimed = queue, groups_out = queue + PHASES * QUEUE_STRIDE;
+#define DONE(j) (queue + (1 + (j)) * QUEUE_STRIDE)  // phase j's tickets done
+
+// The residual stream a phase of this kind at phase j reads (QKV, UP) or adds (O, DOWN).
 #if FFN && ATTN
-const auto x_attn = x_mid;  // the attention half's input and residual
+#define STREAM_IN(kind, j) ((j) == ((kind) == QKV || (kind) == UP ? 0u : (kind) == O ? 2u : 1u) ? x_in \
+                            : (kind) == QKV || (kind) == O ? x_mid : x_out)
 #elif ATTN
-const auto x_attn = x_in;
+#define STREAM_IN(kind, j) x_in
+#else
+#define STREAM_IN(kind, j) x_in
 #endif
+
+// Run phase j (kind, layer) for `group` (a ticket, or the threadgroup in the last phase).
+#define PHASE_WAIT(j)                                                                           \
+  if ((j) > 0) {                                                                                \
+    if (tid == 0) grid_wait(DONE((j) - 1), kind_tickets[(FIRST + (j) - 1) % 5]);                \
+    threadgroup_barrier(mem_flags::mem_device);  /* all of the phase before is visible */       \
+  }
 
 for (;;) {
   if (tid == 0) ticket = grid_ticket(claimed);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   const uint t = ticket;
   threadgroup_barrier(mem_flags::mem_threadgroup);  // read by all before the next claim
-  if (t >= up_tickets + down_tickets + qkv_tickets + attn_tickets) break;
-  if (t < up_tickets) {
+  uint j = PHASES - 1, group = threadgroup_position_in_grid.x;  // the last phase: no ticket
+  if (t < claimable) {
+    // Any 5 phases in a row hold one cycle's tickets: skip whole cycles, then walk.
+    uint base = t / cycle * cycle;
+    j = t / cycle * 5;
+    for (; t >= base + kind_tickets[(FIRST + j) % 5]; ++j) base += kind_tickets[(FIRST + j) % 5];
+    group = t - base;
+  } else if (group >= kind_tickets[LAST]) {
+    break;
+  }
+  const uint kind = (FIRST + j) % 5;
+  const uint layer = (FIRST + j) / 5;
+  const bool last = j == PHASES - 1;
+  if (kind == UP || kind == DOWN) {
 #if FFN
+    const auto gamma = ffn_norm + layer * NORM_STRIDE;
+    if (kind == UP) {
 #define LATHE_PROLOGUE 1
 #define LATHE_RESIDUAL 0
 #define LATHE_EPILOGUE 1
-    auto x = x_in;
-    auto gamma = ffn_norm;
-    auto w = w_gate_up;
-    auto y = act;
-    const uint group = t;
-    {
-      auto dims = up_dims;
-      constexpr uint KR = K_UP;
+#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
+      if (!PREFETCH) { PHASE_WAIT(j) }
+      auto x = STREAM_IN(UP, j);
+      auto w = w_gate_up + layer * W_UP_STRIDE;
+      auto y = act;
+      {
+        auto dims = up_dims;
+        constexpr uint KR = K_UP;
 #include "gemv/v3_rows.metal"
-    }
+      }
+#undef GEMV_BEFORE_X
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
 #undef LATHE_EPILOGUE
-    threadgroup_barrier(mem_flags::mem_device);  // this ticket's values of act are written
-    if (tid == 0) grid_signal(up_done);
-#endif
-  } else if (t < up_tickets + down_tickets) {
-#if FFN && ATTN
-    if (tid == 0) grid_wait(up_done, up_tickets);
-    threadgroup_barrier(mem_flags::mem_device);  // all of act is visible to the threadgroup
+    } else {
 #define LATHE_PROLOGUE 0
 #define LATHE_RESIDUAL 1
-    auto residual = x_in;
-    auto x = act;
-    auto w = w_down;
-    auto y = x_mid;
-    const uint group = t - up_tickets;
-    {
-      auto dims = down_dims;
-      constexpr uint KR = K_DOWN;
+#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
+      if (!PREFETCH) { PHASE_WAIT(j) }
+      auto residual = STREAM_IN(DOWN, j);
+      auto x = act;
+      auto w = w_down + layer * W_DOWN_STRIDE;
+      auto y = x_mid;
+      {
+        auto dims = down_dims;
+        constexpr uint KR = K_DOWN;
 #include "gemv/v3_rows.metal"
-    }
+      }
+#undef GEMV_BEFORE_X
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
-    threadgroup_barrier(mem_flags::mem_device);
-    if (tid == 0) grid_signal(down_done);
-#endif
-  } else if (t < up_tickets + down_tickets + qkv_tickets) {
-#if ATTN
-    if (FFN) {
-      if (tid == 0) grid_wait(down_done, down_tickets);
-      threadgroup_barrier(mem_flags::mem_device);  // all of x_mid is visible
     }
-#define LATHE_PROLOGUE 1
-#define LATHE_RESIDUAL 0
-    auto x = x_attn;
-    auto gamma = attn_norm;
-    auto w = w_qkv;
-    auto y = qkv;
-    const uint group = t - up_tickets - down_tickets;
-    {
-      auto dims = qkv_dims;
-      constexpr uint KR = K_QKV;
-#include "gemv/v3_rows.metal"
-    }
-#undef LATHE_PROLOGUE
-#undef LATHE_RESIDUAL
-    threadgroup_barrier(mem_flags::mem_device);  // this ticket's rows of qkv are written
-    if (tid == 0) grid_signal(qkv_done);
 #endif
   } else {
 #if ATTN
-    if (tid == 0) grid_wait(qkv_done, qkv_tickets);
-    threadgroup_barrier(mem_flags::mem_device);  // all of qkv is visible
-    const uint task = t - up_tickets - down_tickets - qkv_tickets;
-    const uint head_groups = uint(dims[0]) * QS;  // tasks a partition: kv heads x QS
-    const uint part = task / head_groups, hg = task % head_groups, b = 0;
-    auto out = attn_out;
-    {
+    const auto gamma = attn_norm + layer * NORM_STRIDE;
+    if (kind == QKV) {
+#define LATHE_PROLOGUE 1
+#define LATHE_RESIDUAL 0
+#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
+      if (!PREFETCH) { PHASE_WAIT(j) }
+      auto x = STREAM_IN(QKV, j);
+      auto w = w_qkv + layer * W_QKV_STRIDE;
+      auto y = qkv;
+      {
+        auto dims = qkv_dims;
+        constexpr uint KR = K_QKV;
+#include "gemv/v3_rows.metal"
+      }
+#undef GEMV_BEFORE_X
+#undef LATHE_PROLOGUE
+#undef LATHE_RESIDUAL
+    } else if (kind == O) {
+#define LATHE_PROLOGUE 0
+#define LATHE_RESIDUAL 1
+#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
+      if (!PREFETCH) { PHASE_WAIT(j) }
+      auto residual = STREAM_IN(O, j);
+      auto x = attn_out;
+      auto w = w_o + layer * W_O_STRIDE;
+      auto y = x_out;
+      {
+        auto dims = o_dims;
+        constexpr uint KR = K_O;
+#include "gemv/v3_rows.metal"
+      }
+#undef GEMV_BEFORE_X
+#undef LATHE_PROLOGUE
+#undef LATHE_RESIDUAL
+    } else {
+      PHASE_WAIT(j)
+      const uint head_groups = uint(dims[0]) * QS;  // tasks a partition: kv heads x QS
+      const uint part = group / head_groups, hg = group % head_groups, b = 0;
+      auto out = attn_out;
+      auto k_cache = LATHE_K_CACHE(layer);
+      auto v_cache = LATHE_V_CACHE(layer);
+#if LATHE_HEAD_NORM
+      auto q_norm = q_norms + layer * HEAD_NORM_STRIDE;
+      auto k_norm = k_norms + layer * HEAD_NORM_STRIDE;
+#endif
+      {
 #include "attention/decode_rows.metal"
+      }
     }
-    threadgroup_barrier(mem_flags::mem_device);  // this head group's output (or partials) written
-    if (tid == 0) grid_signal(attn_done);
 #endif
   }
+  if (last) break;
+  threadgroup_barrier(mem_flags::mem_device);  // this ticket's outputs are written
+  if (tid == 0) grid_signal(DONE(j));
 }
-
-// The last phase: the output projection (ATTN), or the down projection (FFN alone).
-{
-  const uint group = threadgroup_position_in_grid.x;
-#if ATTN
-  if (group < uint(o_dims[2])) {
-    if (tid == 0) grid_wait(attn_done, attn_tickets);
-    threadgroup_barrier(mem_flags::mem_device);
-#define LATHE_PROLOGUE 0
-#define LATHE_RESIDUAL 1
-    auto residual = x_attn;
-    auto x = attn_out;
-    auto w = w_o;
-    auto y = x_out;
-    auto dims = o_dims;
-    constexpr uint KR = K_O;
-#include "gemv/v3_rows.metal"
-#undef LATHE_PROLOGUE
-#undef LATHE_RESIDUAL
-  }
-#else
-  if (group < uint(down_dims[2])) {
-    if (tid == 0) grid_wait(up_done, up_tickets);
-    threadgroup_barrier(mem_flags::mem_device);
-#define LATHE_PROLOGUE 0
-#define LATHE_RESIDUAL 1
-    auto residual = x_in;
-    auto x = act;
-    auto w = w_down;
-    auto y = x_mid;
-    auto dims = down_dims;
-    constexpr uint KR = K_DOWN;
-#include "gemv/v3_rows.metal"
-#undef LATHE_PROLOGUE
-#undef LATHE_RESIDUAL
-  }
-#endif
-}
+#undef PHASE_WAIT
+#undef STREAM_IN
+#undef DONE
 
 // The last threadgroup out leaves the queue zero for the next launch (every other one has made
-// its last claim and its last read of the done counts before it counts itself out).
-if (tid == 0 && grid_signal(groups_out) == launched - 1) {
-  grid_reset(claimed, 1);
-  grid_reset(up_done, 1);
-  grid_reset(down_done, 1);
-  grid_reset(qkv_done, 1);
-  grid_reset(attn_done, 1);
-  grid_reset(groups_out, 1);
+// its last claim and its last read of the done counts before it counts itself out); its threads
+// share the resets (a token's launch has a line a phase).
+threadgroup uint last_out;
+if (tid == 0) last_out = grid_signal(groups_out) == launched - 1;
+threadgroup_barrier(mem_flags::mem_threadgroup);
+if (last_out) {
+  for (uint i = tid; i <= PHASES; i += NT) grid_reset(queue + i * QUEUE_STRIDE, 1);
 }
