@@ -25,7 +25,8 @@ def test_a_stack_holds_every_layer_at_its_stride():
     mats = [_packed(24, 64, seed) for seed in range(3)]  # 24 * 2 * 34 = 1632 bytes: padded
     stack = blocks.Stack(mats)
     assert stack.stride % blocks.STRIDE_ALIGN == 0 and stack.stride >= mats[0].data.size
-    data = np.array(stack.data)
+    assert stack.data.shape == (3, stack.stride)  # a row a layer: MLX's dimensions are 32-bit
+    data = np.array(stack.data).reshape(-1)
     for i, m in enumerate(mats):
         assert np.array_equal(data[i * stack.stride: i * stack.stride + m.data.size], np.array(m.data))
         assert np.array_equal(np.array(stack.layer(i).data), np.array(m.data))

@@ -69,7 +69,7 @@ def block_queue(phases: int = 5) -> mx.array:
 
 class Stack:
     """The matrices of one projection of every layer (one shape, one block type, repacked) in one
-    buffer, layer l's bytes at l * stride (padded to STRIDE_ALIGN): what token_block reads, each
+    buffer [layers, stride], layer l's bytes at l * stride (padded to STRIDE_ALIGN): what token_block reads, each
     layer at its offset. `layer(l)` is that layer's Packed, a view of the same bytes (no copy)."""
 
     def __init__(self, mats: list[Packed]):
@@ -83,9 +83,10 @@ class Stack:
         self.nbytes = first.data.size
         self.stride = -(-self.nbytes // STRIDE_ALIGN) * STRIDE_ALIGN
         pad = mx.zeros((self.stride - self.nbytes,), mx.uint8)
-        self.data = mx.concatenate([part for m in mats for part in (m.data, pad)])
-        self._views = [Packed(self.data[i * self.stride: i * self.stride + self.nbytes], self.qtype, self.n, self.k)
-                       for i in range(self.layers)]
+        # [layers, stride]: MLX's dimensions are 32-bit, and a 7-8B model's gate|up of all layers
+        # holds more bytes than that (Llama-3-8B Q8_0: 4.0 GB)
+        self.data = mx.stack([mx.concatenate([m.data, pad]) for m in mats])
+        self._views = [Packed(self.data[i, : self.nbytes], self.qtype, self.n, self.k) for i in range(self.layers)]
         mx.eval(self.data, [v.data for v in self._views])
 
     def layer(self, i: int) -> Packed:

@@ -24,7 +24,7 @@
 // Split attention (LATHE_SPLIT, long contexts): the partitions of a head group are merged by the
 // last of them to finish (LATHE_MERGE, decode_attention.metal), before it counts its task done.
 //
-// Layer l's weights are at l * W_*_STRIDE bytes (norms: l * d_model, head norms: l * D values) of
+// Layer l's weights are at l * W_*_STRIDE bytes (64-bit: a stack may pass 4 GB) (norms: l * d_model, head norms: l * D values) of
 // their input, 0 where the launch has one layer of each kind; its caches are LATHE_K_CACHE(l) and
 // LATHE_V_CACHE(l) (the prelude's choice among k_cache_0 .., v_cache_0 ..). The residual stream
 // goes x_in -> (ATTN) x_out -> (FFN) x_mid -> x_out ..., each phase after all readers of what it
@@ -123,7 +123,7 @@ for (;;) {
 #define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
       if (!PREFETCH) { PHASE_WAIT(j) }
       auto x = STREAM_IN(UP, j);
-      auto w = w_gate_up + layer * W_UP_STRIDE;
+      auto w = w_gate_up + size_t(layer) * W_UP_STRIDE;
       auto y = act;
       {
         auto dims = up_dims;
@@ -141,7 +141,7 @@ for (;;) {
       if (!PREFETCH) { PHASE_WAIT(j) }
       auto residual = STREAM_IN(DOWN, j);
       auto x = act;
-      auto w = w_down + layer * W_DOWN_STRIDE;
+      auto w = w_down + size_t(layer) * W_DOWN_STRIDE;
       auto y = x_mid;
       {
         auto dims = down_dims;
@@ -162,7 +162,7 @@ for (;;) {
 #define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
       if (!PREFETCH) { PHASE_WAIT(j) }
       auto x = STREAM_IN(QKV, j);
-      auto w = w_qkv + layer * W_QKV_STRIDE;
+      auto w = w_qkv + size_t(layer) * W_QKV_STRIDE;
       auto y = qkv;
       {
         auto dims = qkv_dims;
@@ -179,7 +179,7 @@ for (;;) {
       if (!PREFETCH) { PHASE_WAIT(j) }
       auto residual = STREAM_IN(O, j);
       auto x = attn_out;
-      auto w = w_o + layer * W_O_STRIDE;
+      auto w = w_o + size_t(layer) * W_O_STRIDE;
       auto y = x_out;
       {
         auto dims = o_dims;
