@@ -320,7 +320,7 @@ def _parser() -> argparse.ArgumentParser:
     dec.add_argument("--no-write", dest="write", action="store_false")
     dec.add_argument("--variant", default="reference",
                      help="reference (MLX built-ins), unfused (lathe's kernels one per op), fused "
-                          "(lathe's fused kernels) or megafused (a layer in two launches; contiguous cache); "
+                          "(lathe's fused kernels) or megafused (a token's layers in one launch, mega_span; contiguous cache); "
                           "the last three need a GPU; comma-separated for several")
     dec.add_argument("--kv", default="contiguous",
                      help="KV cache of the kernel variants: contiguous or paged (vLLM's block pool; "

@@ -2,10 +2,12 @@
 
 - `unfused`: one of lathe's kernels per op: embedding, RMSNorm, the Q4_0/Q8_0 GEMV (`linear`),
   RoPE + KV write (in place), flash decode, SwiGLU; residual adds are MLX adds.
-- `megafused` (issue 25): a decode token's layer in one launch, kernels.blocks' layer_block: the
-  layer's FFN block (RMSNorm + gate|up + SiLU, down + residual) and the next layer's attention
-  block (RMSNorm + QKV, Qwen3's head norms, RoPE + KV write, attention, O + residual); layer 0's
-  attention block and the last FFN block alone; the embedding, the head and the argmax as fused's.
+- `megafused` (issue 25): a decode token's layers in one launch, kernels.blocks' token_block over
+  each layer's attention block (RMSNorm + QKV, Qwen3's head norms, RoPE + KV write, attention, O +
+  residual) and FFN block (RMSNorm + gate|up + SiLU, down + residual), the weights stacked at load;
+  with mega_span=layer, a launch a layer (layer_block: a layer's FFN block and the next layer's
+  attention block; layer 0's attention block and the last FFN block alone). The embedding, the
+  head and the argmax as fused's.
   Contiguous cache, repacked weights; prompts and 2-4 token steps run fused's plan. Where one
   launch may not wait on another's threadgroups (Metal: kernels.blocks.cross_group_waits) the
   blocks run their phases as separate launches, and the plan says so.
