@@ -67,6 +67,25 @@ def _attention_checks(launch_: int, x: np.ndarray, got: tuple, want: tuple, kc: 
             exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0)]
 
 
+def _launched_twice(rng: np.random.Generator, queue: mx.array, d_model: int, cache: tuple[int, int, int], pos: int,
+                    device_pos: bool, block, reference) -> list[Comparison]:
+    """A block ending in attention, launched twice on one queue, each time over fresh x and caches
+    (rows past pos NaN): block(x, k_cache, v_cache, pos) on the device, reference(x, kc, vc) in
+    float64, compared by _attention_checks."""
+    from kernels.runtime import poisoned_outputs
+
+    checks = []
+    for launch_ in range(2):
+        kc, vc = _caches(rng, *cache, pos)
+        x = rng.standard_normal((1, d_model)).astype(np.float16)
+        at = mx.array(np.array([pos], np.int32)) if device_pos else pos
+        with poisoned_outputs():
+            got = block(mx.array(x), mx.array(kc), mx.array(vc), at)
+            mx.eval(*got, queue)
+        checks += _attention_checks(launch_, x[0], got, reference(x, kc, vc), kc, vc, pos, queue)
+    return checks
+
+
 def _variant(qtype: str, head_norm: bool, neox: bool, split: bool, device_pos: bool) -> str:
     return " ".join(filter(None, (qtype, "head-norm" if head_norm else "", "neox" if neox else "",
                                   "split" if split else "", "device-pos" if device_pos else "")))
@@ -77,7 +96,6 @@ def _attention_case(qtype: str, d_model: int, heads: tuple[int, int], head_dim: 
     from kernels.attention import SPLIT_FROM
     from kernels.blocks import attention_block, block_queue
     from kernels.gemv import repack
-    from kernels.runtime import poisoned_outputs
 
     n_heads, n_kv = heads
     n_qkv = (n_heads + 2 * n_kv) * head_dim
@@ -88,27 +106,20 @@ def _attention_case(qtype: str, d_model: int, heads: tuple[int, int], head_dim: 
         w_qkv, w_o = repack(dev_qkv, qtype, n_qkv, d_model), repack(dev_o, qtype, d_model, n_heads * head_dim)
         norm = _gamma(rng, d_model)
         q_norm, k_norm = (_gamma(rng, head_dim, np.float32) for _ in range(2)) if head_norm else (None, None)
-        max_seq = pos + 9
         queue = block_queue()
-        checks = []
-        for launch_ in range(2):
-            kc, vc = _caches(rng, n_kv, max_seq, head_dim, pos)
-            x = rng.standard_normal((1, d_model)).astype(np.float16)
-            at = mx.array(np.array([pos], np.int32)) if device_pos else pos
-            with poisoned_outputs():
-                x_out, k_new, v_new = attention_block(
-                    mx.array(x), mx.array(norm), EPS, w_qkv, w_o, qtype, mx.array(kc), mx.array(vc), at,
-                    n_heads=n_heads, theta=THETA, neox=neox,
-                    q_norm=None if q_norm is None else mx.array(q_norm),
-                    k_norm=None if k_norm is None else mx.array(k_norm), queue=queue,
-                    split_from=SPLIT_FROM if split_from is None else split_from)
-                mx.eval(x_out, k_new, v_new, queue)
-            want, k_want, v_want = ref.attention_block(
-                x[0], norm, EPS, dequantize(host_qkv, qtype, d_model), dequantize(host_o, qtype, n_heads * head_dim),
-                kc, vc, pos, n_heads, THETA, neox, q_norm, k_norm)
-            checks += _attention_checks(launch_, x[0], (x_out, k_new, v_new), (want, k_want, v_want), kc, vc, pos,
-                                        queue)
-        return checks
+
+        def block(x, kc, vc, at):
+            return attention_block(x, mx.array(norm), EPS, w_qkv, w_o, qtype, kc, vc, at, n_heads=n_heads, theta=THETA,
+                                   neox=neox, q_norm=None if q_norm is None else mx.array(q_norm),
+                                   k_norm=None if k_norm is None else mx.array(k_norm), queue=queue,
+                                   split_from=SPLIT_FROM if split_from is None else split_from)
+
+        def reference(x, kc, vc):
+            return ref.attention_block(x[0], norm, EPS, dequantize(host_qkv, qtype, d_model),
+                                       dequantize(host_o, qtype, n_heads * head_dim), kc, vc, pos, n_heads, THETA,
+                                       neox, q_norm, k_norm)
+
+        return _launched_twice(rng, queue, d_model, (n_kv, pos + 9, head_dim), pos, device_pos, block, reference)
 
     variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos)
     shape = dict(d_model=d_model, heads=f"{n_heads}/{n_kv}", D=head_dim, pos=pos)
@@ -151,7 +162,6 @@ def _layer_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
     from kernels.attention import SPLIT_FROM
     from kernels.blocks import block_queue, layer_block
     from kernels.gemv import concat_rows, repack
-    from kernels.runtime import poisoned_outputs
 
     n_heads, n_kv = heads
     n_qkv = (n_heads + 2 * n_kv) * head_dim
@@ -167,27 +177,21 @@ def _layer_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
             (f, d_model), (f, d_model), (d_model, f), (n_qkv, d_model), (d_model, n_heads * head_dim))))}
         ffn_norm, attn_norm = _gamma(rng, d_model), _gamma(rng, d_model)
         q_norm, k_norm = (_gamma(rng, head_dim, np.float32) for _ in range(2)) if head_norm else (None, None)
-        max_seq = pos + 5
         queue = block_queue()
-        checks = []
-        for launch_ in range(2):
-            kc, vc = _caches(rng, n_kv, max_seq, head_dim, pos)
-            x = rng.standard_normal((1, d_model)).astype(np.float16)
-            at = mx.array(np.array([pos], np.int32)) if device_pos else pos
-            with poisoned_outputs():
-                x_out, k_new, v_new = layer_block(
-                    mx.array(x), mx.array(ffn_norm), w["gate_up"], w["down"], mx.array(attn_norm), w["qkv"], w["o"],
-                    EPS, qtype, mx.array(kc), mx.array(vc), at, n_heads=n_heads, theta=THETA, neox=neox,
-                    q_norm=None if q_norm is None else mx.array(q_norm),
-                    k_norm=None if k_norm is None else mx.array(k_norm), queue=queue,
-                    split_from=SPLIT_FROM if split_from is None else split_from)
-                mx.eval(x_out, k_new, v_new, queue)
+
+        def block(x, kc, vc, at):
+            return layer_block(x, mx.array(ffn_norm), w["gate_up"], w["down"], mx.array(attn_norm), w["qkv"], w["o"],
+                               EPS, qtype, kc, vc, at, n_heads=n_heads, theta=THETA, neox=neox,
+                               q_norm=None if q_norm is None else mx.array(q_norm),
+                               k_norm=None if k_norm is None else mx.array(k_norm), queue=queue,
+                               split_from=SPLIT_FROM if split_from is None else split_from)
+
+        def reference(x, kc, vc):
             mid = ref.ffn_block(x, ffn_norm, EPS, np.concatenate([w64["gate"], w64["up"]]), w64["down"])[0]
-            want, k_want, v_want = ref.attention_block(mid, attn_norm, EPS, w64["qkv"], w64["o"], kc, vc, pos,
-                                                       n_heads, THETA, neox, q_norm, k_norm)
-            checks += _attention_checks(launch_, x[0], (x_out, k_new, v_new), (want, k_want, v_want), kc, vc, pos,
-                                        queue)
-        return checks
+            return ref.attention_block(mid, attn_norm, EPS, w64["qkv"], w64["o"], kc, vc, pos, n_heads, THETA, neox,
+                                       q_norm, k_norm)
+
+        return _launched_twice(rng, queue, d_model, (n_kv, pos + 5, head_dim), pos, device_pos, block, reference)
 
     variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos)
     shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, pos=pos)

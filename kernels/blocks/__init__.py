@@ -198,8 +198,7 @@ class _Attention:
         head_norm = q_norm is not None or k_norm is not None
         self.norms = attention._head_norms(q_norm, k_norm, eps if head_norm else None, head_dim)
         self.pos = rope._pos_array(pos, 1, max_seq)
-        self.__dict__.update(norm=attn_norm, w_qkv=w_qkv, w_o=w_o, k_cache=k_cache, v_cache=v_cache,
-                             k_caches=[k_cache], v_caches=[v_cache],
+        self.__dict__.update(norm=attn_norm, w_qkv=w_qkv, w_o=w_o, k_caches=[k_cache], v_caches=[v_cache],
                              n_heads=n_heads, n_kv=n_kv, head_dim=head_dim, theta=theta, neox=neox, counters=counters,
                              d=d_model, n_qkv=n_qkv, q_norm=q_norm, k_norm=k_norm, split_from=split_from,
                              longest=pos + 1 if isinstance(pos, int) else max_seq, max_seq=max_seq, raw_pos=pos,
@@ -398,7 +397,7 @@ def _attention_apart(x: mx.array, eps: float, qtype: str, a: _Attention) -> tupl
     qkv = gemv.rmsnorm_gemv(x, a.norm, eps, a.w_qkv, qtype, a.n_qkv, a.d)
     head_norm = a.q_norm is not None
     o, k_cache, v_cache = attention.rope_flash_decode(
-        qkv, a.k_cache, a.v_cache, a.raw_pos, 1.0 / math.sqrt(a.head_dim), n_heads=a.n_heads, theta=a.theta,
+        qkv, a.k_caches[0], a.v_caches[0], a.raw_pos, 1.0 / math.sqrt(a.head_dim), n_heads=a.n_heads, theta=a.theta,
         neox=a.neox, counters=a.counters, split_from=a.split_from, q_norm=a.q_norm, k_norm=a.k_norm,
         eps=eps if head_norm else None)
     x_out = gemv.gemv_v3(o.reshape(1, -1), a.w_o, qtype, a.d, a.n_heads * a.head_dim, residual=x)

@@ -82,8 +82,6 @@ const auto claimed = queue, groups_out = queue + PHASES * QUEUE_STRIDE;
 #if FFN && ATTN
 #define STREAM_IN(kind, j) ((j) == ((kind) == QKV || (kind) == UP ? 0u : (kind) == O ? 2u : 1u) ? x_in \
                             : (kind) == QKV || (kind) == O ? x_mid : x_out)
-#elif ATTN
-#define STREAM_IN(kind, j) x_in
 #else
 #define STREAM_IN(kind, j) x_in
 #endif
