@@ -72,3 +72,52 @@ def test_token_block_rejects_bad_arguments_before_launch(call, message):
     with recording() as rec, pytest.raises(ValueError, match=message):
         call()
     assert not rec.jobs
+
+
+# (d_model, n_qkv, heads x head_dim, F) of the models the loop runs: Qwen3-0.6B, Llama-3.2-1B, 8B
+LAYERS = [(1024, 4096, 2048, 3072), (2048, 3072, 2048, 8192), (4096, 6144, 4096, 14336)]
+
+
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("qtype", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("shape", LAYERS)
+@pytest.mark.parametrize("mode", ["per_gemv", "shared"])
+def test_block_geometry_covers_every_row(shape, qtype, m, mode):
+    """Each GEMV's tickets cover its rows, or stream them where capped (a capped grid needs all of
+    K staged at once, and the last phase is never capped); UP's rows pair gate with up; the staged
+    X' fits in threadgroup memory; per_gemv gives a GEMV its own rows and depth at the launch's
+    NSIMD, shared the first GEMV's to all."""
+    from kernels import options
+
+    d, n_qkv, hd, f = shape
+    gemvs = {blocks.UP: (2 * f, d), blocks.DOWN: (d, f), blocks.QKV: (n_qkv, d), blocks.O: (d, hd)}
+    with options.use(block_geometry=mode):
+        geo = blocks.block_geometry(qtype, m, gemvs, blocks.DOWN)
+    assert gemv.v3_smem_bytes(m, geo.xchunk, geo.simds) <= gemv.SMEM_BUDGET
+    assert geo.gemvs[blocks.UP][0] % 2 == 0
+    for kind, (n, k) in gemvs.items():
+        r, p, tickets = geo.gemvs[kind]
+        assert tickets >= 1 and p >= 1
+        if tickets * r * geo.simds < n:
+            assert kind != blocks.DOWN and geo.xchunk >= k, (kind, r, tickets)
+    if mode == "shared":
+        assert len({g[:2] for g in geo.gemvs.values()}) == 1
+    else:
+        own = {kind: gemv.v3_geometry(qtype, m, n, k) for kind, (n, k) in gemvs.items()}
+        assert geo.simds == max(g[1] for g in own.values())
+        for kind, (n, k) in gemvs.items():
+            r, _, p, _ = gemv.v3_geometry(qtype, m, n, k, simds=geo.simds)
+            assert geo.gemvs[kind][:2] == (r + (r % 2 if kind == blocks.UP else 0), p)
+
+
+def test_block_nsimd_sets_the_threadgroup_size():
+    gemvs = {blocks.UP: (2 * 14336, 4096), blocks.DOWN: (4096, 14336)}
+    saved = gemv.TUNING["BLOCK_NSIMD"]
+    try:
+        for simds in (4, 8):
+            gemv.set_tuning(f"BLOCK_NSIMD={simds}")
+            geo = blocks.block_geometry("q4_0", 1, gemvs, blocks.DOWN)
+            # gate|up's cap kept in SIMD groups: 528 threadgroups of 4 on their own
+            assert geo.simds == simds and geo.gemvs[blocks.UP][2] == 528 * 4 // simds
+    finally:
+        gemv.set_tuning(f"BLOCK_NSIMD={saved}")

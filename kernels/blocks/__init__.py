@@ -135,25 +135,56 @@ def _packed(name: str, w, qtype: str, n: int, k: int) -> None:
     gemv._check_packed(w, qtype, n, k)
 
 
-def geometry(qtype: str, m: int, gemvs: tuple[tuple[int, int], ...], even_rows: bool = False
-             ) -> tuple[int, int, int, int]:
-    """(R, NSIMD, P, XCHUNK) shared by a launch's GEMVs (one set of threadgroup memory): the first
-    GEMV's own v3 geometry (R made even for a SwiGLU epilogue), X' chunks sized for the longest K."""
-    n, k = gemvs[0]
-    r, s, p, _ = gemv.v3_geometry(qtype, m, n, k)
-    if even_rows and r % 2:
-        r += 1
-    _, _, _, xchunk = gemv.v3_geometry(qtype, m, 1, max(k for _, k in gemvs), r, s, p)
-    return r, s, p, xchunk
+@dataclass(frozen=True)
+class BlockGeometry:
+    """A block launch's geometry: one threadgroup size (NSIMD SIMD groups) and one X' staging
+    size (XCHUNK values, for the longest K) for every phase, and each GEMV kind's own rows a SIMD
+    group, loads in flight and tickets (its threadgroups; the last phase's run unclaimed)."""
+
+    simds: int
+    xchunk: int
+    gemvs: dict[int, tuple[int, int, int]]  # kind -> (R, P, tickets)
 
 
-def _tickets(n: int, k: int, r: int, s: int, xchunk: int, rows_per_output: int = 1, last: bool = False) -> int:
-    """Threadgroups of a GEMV phase: one per NSIMD row groups, capped by shape (as a v3 launch of
-    its own) where all of K is one chunk of X' and the phase is claimed (a launch's last phase
-    takes no tickets: as many threadgroups as it has groups run it at once)."""
-    groups = -(-n // (r * s))
-    cap = gemv.TUNING["V3_MAX_GROUPS"] or gemv.v3_by_shape(n * rows_per_output, k)["G"]
-    return min(groups, cap) if cap and xchunk >= k and not last else groups
+def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: int) -> BlockGeometry:
+    """The geometry of a launch of the GEMVs `gemvs` (kind -> its matrix's N, K; UP's N is 2F,
+    [gate; up]) whose last phase is of kind `last`.
+
+    block_geometry=per_gemv (the option): NSIMD is TUNING's BLOCK_NSIMD, or the most any of the
+    GEMVs takes on its own (v3_geometry); each GEMV then takes its own v3 R and P at that NSIMD
+    (R halved where its rows would give fewer than MIN_GROUPS threadgroups; even for UP's SwiGLU
+    epilogue) and its own grid cap, kept in SIMD groups (a cap of 528 threadgroups of 4 is 264 of
+    8). shared: every GEMV the first one's (UP's where the launch has one, else QKV's) R, NSIMD
+    and P, and the caps in threadgroups (the blocks as they landed first)."""
+    order = [kind for kind in (UP, DOWN, QKV, O) if kind in gemvs]
+    own = {kind: gemv.v3_geometry(qtype, m, *gemvs[kind]) for kind in order}
+    longest = max(k for _, k in gemvs.values())
+    shared = options.get("block_geometry") == "shared"
+    if shared:
+        r, s, p, _ = own[order[0]]
+        per_kind = {kind: (r + (r % 2 if UP in gemvs else 0), p) for kind in order}
+    else:
+        s = gemv.TUNING["BLOCK_NSIMD"] or max(g[1] for g in own.values())
+        per_kind = {}
+        for kind in order:
+            r, _, p, _ = gemv.v3_geometry(qtype, m, *gemvs[kind], simds=s)
+            per_kind[kind] = (r + r % 2 if kind == UP else r, p)
+    _, _, _, xchunk = gemv.v3_geometry(qtype, m, 1, longest, 1, s, 1)
+    out = {}
+    for kind in order:
+        n, k = gemvs[kind]
+        r, p = per_kind[kind]
+        tickets = -(-n // (r * s))
+        cap = gemv.TUNING["V3_MAX_GROUPS"]
+        if not cap:
+            shaped = gemv.v3_by_shape(n, k)
+            cap = shaped["G"] if shared else shaped["G"] * own[kind][1] // s
+        # a capped grid streams row groups, which needs all of K staged at once; the last phase's
+        # threadgroups are not claimed: as many as its groups run it at once
+        if cap and xchunk >= k and kind != last:
+            tickets = min(tickets, cap)
+        out[kind] = (r, p, tickets)
+    return BlockGeometry(s, xchunk, out)
 
 
 class _FFN:
@@ -214,27 +245,31 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     _check_queue(queue, phases)
     m = x.shape[0]
     last = (first + phases - 1) % 5
-    gemvs = (((2 * ffn.f, ffn.d), (ffn.d, ffn.f)) if ffn else ()) + (
-        ((attn.n_qkv, attn.d), (attn.d, attn.n_heads * attn.head_dim)) if attn else ())
-    r, s, p, xchunk = geometry(qtype, m, gemvs, even_rows=ffn is not None)
+    gemvs = {}
+    if ffn:
+        gemvs.update({UP: (2 * ffn.f, ffn.d), DOWN: (ffn.d, ffn.f)})
+    if attn:
+        gemvs.update({QKV: (attn.n_qkv, attn.d), O: (attn.d, attn.n_heads * attn.head_dim)})
+    geo = block_geometry(qtype, m, gemvs, last)
+    s = geo.simds
     strides = {"W_QKV_STRIDE": 0, "W_O_STRIDE": 0, "W_UP_STRIDE": 0, "W_DOWN_STRIDE": 0, "NORM_STRIDE": 0,
                "HEAD_NORM_STRIDE": 0, **(strides or {})}
-    inputs, consts = [], dict(QTYPE=gemv.QTYPES[qtype][0], M=m, R=r, NSIMD=s, P=p, XCHUNK=xchunk, FIRST=first,
+    inputs, consts = [], dict(QTYPE=gemv.QTYPES[qtype][0], M=m, NSIMD=s, XCHUNK=geo.xchunk, FIRST=first,
                               PHASES=phases, PREFETCH=bool(options.get("block_prefetch")), **strides)
+    for kind, name in ((UP, "UP"), (DOWN, "DOWN"), (QKV, "QKV"), (O, "O")):
+        if kind in geo.gemvs:
+            consts.update({f"R_{name}": geo.gemvs[kind][0], f"P_{name}": geo.gemvs[kind][1]})
+    tickets = {kind: g[2] for kind, g in geo.gemvs.items()}
     outputs: list = []
-    launched, attn_tickets, split = 1, 0, False
+    launched, attn_tickets, split = max(tickets.values()), 0, False
     if ffn:
-        up = _tickets(ffn.f, ffn.d, r // 2, s, xchunk, rows_per_output=2)
-        down = _tickets(ffn.d, ffn.f, r, s, xchunk, last=last == DOWN)
-        launched = max(launched, up, down)
-        inputs += [ffn.norm, ffn.up_data, gemv._dims(2 * ffn.f, ffn.d, up), ffn.down_data,
-                   gemv._dims(ffn.d, ffn.f, down)]
+        inputs += [ffn.norm, ffn.up_data, gemv._dims(2 * ffn.f, ffn.d, tickets[UP]), ffn.down_data,
+                   gemv._dims(ffn.d, ffn.f, tickets[DOWN])]
         outputs += [((m, ffn.f), mx.float16), ((m, ffn.d), mx.float16)]
         consts.update(K_UP=ffn.d, K_DOWN=ffn.f)
     if attn:
         a = attn
-        qkv_tickets = _tickets(a.n_qkv, a.d, r, s, xchunk)
-        o_tickets = _tickets(a.d, a.n_heads * a.head_dim, r, s, xchunk, last=last == O)
+        qkv_tickets, o_tickets = tickets[QKV], tickets[O]
         # The attention's partitions as flash_decode would split them (the grid sized for the
         # longest context a call can see), merged in the launch: at most MERGE_PARTS of them.
         group = a.n_heads // a.n_kv
@@ -245,7 +280,6 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         parts = -(-a.longest // partition) if split else 1
         qs = attention.query_split(group, a.n_kv * parts)
         attn_tickets = parts * a.n_kv * qs
-        launched = max(launched, qkv_tickets, o_tickets)
         inputs += [a.norm, a.qkv_data, gemv._dims(a.n_qkv, a.d, qkv_tickets), *a.k_caches, *a.v_caches, a.pos,
                    rope._table(a.head_dim, a.theta, None), constant((float(a.theta), 1.0, float(eps)), mx.float32),
                    constant((a.n_kv, a.max_seq, partition, parts, 1)),

@@ -34,8 +34,10 @@
 // tickets claimed, each phase but the last done, threadgroups out, each on a 256-byte line of its
 // own. One queue (and one set of merge counters) per launch in flight, and launches that share
 // one ordered by their data.
-// Constants: FIRST, PHASES, v3's QTYPE, M, R (even with FFN), NSIMD, P, XCHUNK, PREFETCH, each
-// GEMV's K: K_UP (d_model), K_DOWN (F), K_QKV (d_model), K_O (n_heads * D), W_QKV_STRIDE,
+// Constants: FIRST, PHASES, v3's QTYPE, M, NSIMD and XCHUNK (the launch's: one threadgroup size,
+// one X' staging), PREFETCH, each GEMV's K, R and P (its own rows a SIMD group and loads in flight,
+// kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F), K_QKV (d_model), K_O (n_heads * D),
+// R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O, W_QKV_STRIDE,
 // W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN the
 // attention's D, G, QS, BS (0), NEOX, FREQ_TABLE. Prelude: FFN, ATTN (the kinds present),
 // LATHE_K_CACHE, LATHE_V_CACHE; with ATTN LATHE_PAGED 0, LATHE_ROPE 1, LATHE_SPLIT, LATHE_MERGE
@@ -125,7 +127,7 @@ for (;;) {
       auto y = act;
       {
         auto dims = up_dims;
-        constexpr uint KR = K_UP;
+        constexpr uint KR = K_UP, RR = R_UP, PR = P_UP;
 #include "gemv/v3_rows.metal"
       }
 #undef GEMV_BEFORE_X
@@ -143,7 +145,7 @@ for (;;) {
       auto y = x_mid;
       {
         auto dims = down_dims;
-        constexpr uint KR = K_DOWN;
+        constexpr uint KR = K_DOWN, RR = R_DOWN, PR = P_DOWN;
 #include "gemv/v3_rows.metal"
       }
 #undef GEMV_BEFORE_X
@@ -164,7 +166,7 @@ for (;;) {
       auto y = qkv;
       {
         auto dims = qkv_dims;
-        constexpr uint KR = K_QKV;
+        constexpr uint KR = K_QKV, RR = R_QKV, PR = P_QKV;
 #include "gemv/v3_rows.metal"
       }
 #undef GEMV_BEFORE_X
@@ -181,7 +183,7 @@ for (;;) {
       auto y = x_out;
       {
         auto dims = o_dims;
-        constexpr uint KR = K_O;
+        constexpr uint KR = K_O, RR = R_O, PR = P_O;
 #include "gemv/v3_rows.metal"
       }
 #undef GEMV_BEFORE_X

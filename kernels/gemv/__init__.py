@@ -67,10 +67,12 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # threadgroups of 4). The seam runs B with A's NSIMD: B's own cap (528 of them) at A's 8 SIMD
 # groups was two waves, and its seams ran 2-6 us longer than its GEMVs apart (issue 23). 0: B's
 # cap by shape.
+# BLOCK_NSIMD: SIMD groups a threadgroup of a decoder block (kernels.blocks, one threadgroup size
+# for all of a launch's phases); 0: by the launch's GEMVs (kernels.blocks.block_geometry).
 TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0},
           "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
-          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112}
+          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112, "BLOCK_NSIMD": 0}
 _TUNING_DEFAULTS = copy.deepcopy(TUNING)
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
@@ -238,7 +240,7 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
 
 
 SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH", "V3_MAX_GROUPS",
-                "SEAM_V3_WARPS")
+                "SEAM_V3_WARPS", "BLOCK_NSIMD")
 
 
 def parse_tuning(text: str) -> dict[str, int]:

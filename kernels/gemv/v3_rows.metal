@@ -1,6 +1,8 @@
 // One v3 GEMV over the row groups of threadgroup `group` (of dims[2]), included inside a scope that
 // names: x, w, dims, y (and gamma, eps, residual as LATHE_PROLOGUE / LATHE_RESIDUAL need them),
-// `group`, KR (this GEMV's K, a compile-time constant), and the declarations of v3_tiles.metal.
+// `group`, this GEMV's K, R and P as compile-time constants KR, RR and PR (a launch of several
+// GEMVs gives each its own rows and depth: blocks/layer_block.metal), and the declarations of
+// v3_tiles.metal (NSIMD and the staged X' are the launch's).
 // gemv_v3.metal runs it once as its own threadgroup; seam.metal runs two GEMVs, each over groups
 // it claims. The design is gemv_v3.metal's.
 constexpr uint NB = KR / 32;                 // blocks a row
@@ -13,16 +15,16 @@ const uint nb = NB;
 const uint scales = n * NB * QB / 2;  // the first scale, in 2-byte words of w
 
 // LATHE_EPILOGUE 1 (SwiGLU out): W is [gate; up], F = N / 2 rows each, and Y[m, i] =
-// silu(X' . gate_i) * (X' . up_i) for i < F. A row group is then R / 2 outputs: its first R / 2
-// rows are the gate rows of those outputs and its last R / 2 their up rows, so both sums of an
+// silu(X' . gate_i) * (X' . up_i) for i < F. A row group is then RR / 2 outputs: its first RR / 2
+// rows are the gate rows of those outputs and its last RR / 2 their up rows, so both sums of an
 // output end in one SIMD group and meet in lane 0 (no [M, 2F] round trip through memory).
 #if defined(LATHE_EPILOGUE) && LATHE_EPILOGUE == 1
 constexpr bool SWIGLU_OUT = true;
 #else
 constexpr bool SWIGLU_OUT = false;
 #endif
-static_assert(!SWIGLU_OUT || R % 2 == 0, "SwiGLU out pairs a gate row with an up row: R must be even");
-constexpr uint RO = SWIGLU_OUT ? R / 2 : R;  // outputs of a row group
+static_assert(!SWIGLU_OUT || RR % 2 == 0, "SwiGLU out pairs a gate row with an up row: RR must be even");
+constexpr uint RO = SWIGLU_OUT ? RR / 2 : RR;  // outputs of a row group
 const uint n_out = SWIGLU_OUT ? n / 2 : n;   // columns of Y
 
 // The row groups of this SIMD group: first, first + stride, ... (a SIMD group past N still takes
@@ -34,8 +36,8 @@ const uint first = group * NSIMD + simd;
 const uint mine = first < n_groups ? (n_groups - first + stride - 1) / stride : 1;
 const uint items = CHUNKS == 1 ? mine : CHUNKS;
 
-float acc[R][M];
-for (uint r = 0; r < uint(R); ++r) {
+float acc[RR][M];
+for (uint r = 0; r < uint(RR); ++r) {
   for (uint m = 0; m < uint(M); ++m) acc[r][m] = 0.0f;
 }
 for (uint it = 0; it < items; ++it) {
@@ -43,14 +45,14 @@ for (uint it = 0; it < items; ++it) {
   const uint ck = CHUNKS == 1 ? 0 : it;
   const uint xc0 = ck * XC;               // the X' chunk's first chunk of the row
   const uint cn = min(XC, NC - xc0);      // ... and how many it has
-  for (uint pass = 0; pass < CPL; pass += P) {
-    // 1. The weights of P chunks of each of the R rows (zero past N or past the row's end).
-    uint4 q[R][P];
-    float dw[R][P];
+  for (uint pass = 0; pass < CPL; pass += PR) {
+    // 1. The weights of PR chunks of each of the RR rows (zero past N or past the row's end).
+    uint4 q[RR][PR];
+    float dw[RR][PR];
     LATHE_UNROLL
-    for (uint r = 0; r < uint(R); ++r) {
+    for (uint r = 0; r < uint(RR); ++r) {
       LATHE_UNROLL
-      for (uint p = 0; p < uint(P); ++p) {
+      for (uint p = 0; p < uint(PR); ++p) {
         const uint c = lane + 32 * (pass + p);
         const uint col = col0 + r % RO;  // row r's column of Y; SwiGLU out: its up row is F rows on
         const bool live = col < n_out && c < cn;
@@ -79,9 +81,9 @@ for (uint it = 0; it < items; ++it) {
 #include "gemv/x_stage.metal"
 #undef X_STORE
     }
-    // 3. The dot products: 16-byte words of X' shared by the R rows.
+    // 3. The dot products: 16-byte words of X' shared by the RR rows.
     LATHE_UNROLL
-    for (uint p = 0; p < uint(P); ++p) {
+    for (uint p = 0; p < uint(PR); ++p) {
       const uint c = lane + 32 * (pass + p);
       if (pass + p >= CPL || c >= cn) continue;
       const uint blk = c * VALS / 32;  // the block within the X' chunk
@@ -98,7 +100,7 @@ for (uint it = 0; it < items; ++it) {
         offset[m] = QTYPE == 0 ? 8 * x_sum[m * (XCHUNK / 32) + blk] : 0;
       }
       LATHE_UNROLL
-      for (uint r = 0; r < uint(R); ++r) {
+      for (uint r = 0; r < uint(RR); ++r) {
         const uint qw[4] = {q[r][p].x, q[r][p].y, q[r][p].z, q[r][p].w};
         for (uint m = 0; m < uint(M); ++m) {
           // Two chains of dot products (a long one waits on each step's latency).
@@ -125,8 +127,8 @@ for (uint it = 0; it < items; ++it) {
     }
   }
   if (ck == CHUNKS - 1) {  // the row group's last X' chunk: its rows are done
-    float total[R][M];
-    for (uint r = 0; r < uint(R); ++r) {
+    float total[RR][M];
+    for (uint r = 0; r < uint(RR); ++r) {
       for (uint m = 0; m < uint(M); ++m) {
         total[r][m] = simd_sum(acc[r][m]);
         acc[r][m] = 0.0f;
