@@ -106,9 +106,9 @@ DECLARED = (
            "or one launch a layer (layer: layer_block)"),
     Option("block_prefetch", True, _flag,
            "the blocks' GEMV phases issue their first weights before waiting on the phase before"),
-    Option("block_geometry", "per_gemv", _one_of("per_gemv", "shared"),
-           "the blocks' GEMV phases: each its own rows a SIMD group, loads in flight and grid (per_gemv), "
-           "or all the first GEMV's (shared, as before; kernels/loop/NOTES.md)"),
+    Option("block_geometry", "shared", _one_of("shared", "per_gemv"),
+           "the blocks' GEMV phases: all the first GEMV's rows a SIMD group and loads in flight (shared), "
+           "or each its own (per_gemv: slower so far, more registers for the whole launch; kernels/loop/NOTES.md)"),
     Option("gemv_tuning", "", _tuning,
            "GEMV launch knobs, KEY=INT pairs of kernels.gemv.TUNING joined by '+' (e.g. R=4+NSIMD=4)"),
 )

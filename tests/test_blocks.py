@@ -81,7 +81,7 @@ LAYERS = [(1024, 4096, 2048, 3072), (2048, 3072, 2048, 8192), (4096, 6144, 4096,
 @pytest.mark.parametrize("m", [1, 4])
 @pytest.mark.parametrize("qtype", ["q4_0", "q8_0"])
 @pytest.mark.parametrize("shape", LAYERS)
-@pytest.mark.parametrize("mode", ["per_gemv", "shared"])
+@pytest.mark.parametrize("mode", ["shared", "per_gemv"])
 def test_block_geometry_covers_every_row(shape, qtype, m, mode):
     """Each GEMV's tickets cover its rows, or stream them where capped (a capped grid needs all of
     K staged at once, and the last phase is never capped); UP's rows pair gate with up; the staged
@@ -111,12 +111,15 @@ def test_block_geometry_covers_every_row(shape, qtype, m, mode):
 
 
 def test_block_nsimd_sets_the_threadgroup_size():
+    from kernels import options
+
     gemvs = {blocks.UP: (2 * 14336, 4096), blocks.DOWN: (4096, 14336)}
     saved = gemv.TUNING["BLOCK_NSIMD"]
     try:
         for simds in (4, 8):
             gemv.set_tuning(f"BLOCK_NSIMD={simds}")
-            geo = blocks.block_geometry("q4_0", 1, gemvs, blocks.DOWN)
+            with options.use(block_geometry="per_gemv"):
+                geo = blocks.block_geometry("q4_0", 1, gemvs, blocks.DOWN)
             # gate|up's cap kept in SIMD groups: 528 threadgroups of 4 on their own
             assert geo.simds == simds and geo.gemvs[blocks.UP][2] == 528 * 4 // simds
     finally:

@@ -150,12 +150,14 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
     """The geometry of a launch of the GEMVs `gemvs` (kind -> its matrix's N, K; UP's N is 2F,
     [gate; up]) whose last phase is of kind `last`.
 
-    block_geometry=per_gemv (the option): NSIMD is TUNING's BLOCK_NSIMD, or the most any of the
-    GEMVs takes on its own (v3_geometry); each GEMV then takes its own v3 R and P at that NSIMD
-    (R halved where its rows would give fewer than MIN_GROUPS threadgroups; even for UP's SwiGLU
-    epilogue) and its own grid cap, kept in SIMD groups (a cap of 528 threadgroups of 4 is 264 of
-    8). shared: every GEMV the first one's (UP's where the launch has one, else QKV's) R, NSIMD
-    and P, and the caps in threadgroups (the blocks as they landed first)."""
+    block_geometry=shared (the option's default): every GEMV the first one's (UP's where the
+    launch has one, else QKV's) R, NSIMD and P (R even with UP: its SwiGLU epilogue), each its
+    own grid cap. per_gemv: NSIMD is TUNING's BLOCK_NSIMD, or the most any of the GEMVs takes
+    on its own (v3_geometry); each GEMV then takes its own v3 R and P at that NSIMD (R halved
+    where its rows would give fewer than MIN_GROUPS threadgroups) and its cap kept in SIMD groups
+    (528 threadgroups of 4 are 264 of 8). Measured slower end to end (kernels/loop/NOTES.md): a
+    launch runs at the registers of its hungriest phase (the 8B's QKV at R = 4), and fewer
+    threadgroups fit on an SM for every phase."""
     order = [kind for kind in (UP, DOWN, QKV, O) if kind in gemvs]
     own = {kind: gemv.v3_geometry(qtype, m, *gemvs[kind]) for kind in order}
     longest = max(k for _, k in gemvs.values())
