@@ -48,9 +48,6 @@ def queue_words(phases: int = 5) -> int:
     return (phases + 1) * QUEUE_STRIDE
 
 
-QUEUE = queue_words()  # a layer block's (and the smaller blocks')
-
-
 def cross_group_waits() -> bool:
     """Whether a launch may have threadgroups wait on the work of others (the blocks as one
     launch each): on CUDA, where resident blocks keep running while others spin. Not on Metal
