@@ -23,6 +23,9 @@ module planted under a name computes something else, and that is what runs).
 Instantiations are compiled when first launched (`ensure`, from kernels.runtime.launch), or
 ahead, in parallel worker processes, from recorded launches (`prepare`: the decoder records a
 forward() of each token count before it runs it; `lathe compile` records every check case).
+
+The cubins also say what a launch costs an SM: `resident` asks the driver's occupancy calculator
+how many threadgroups of a module fit at once (the blocks size their claimed phases by it).
 """
 
 from __future__ import annotations
@@ -196,13 +199,59 @@ def _nvrtc() -> ctypes.CDLL:
 @functools.cache
 def compute_capability() -> tuple[int, int]:
     """(major, minor) of CUDA device 0 (MLX's default), asked of the driver."""
-    cuda = ctypes.CDLL("libcuda.so.1")
-    dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), 0):
+    cuda, dev, major, minor = _driver(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if cuda.cuDeviceGet(ctypes.byref(dev), 0):
         raise RuntimeError("the CUDA driver found no device")
     cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)  # COMPUTE_CAPABILITY_MAJOR
     cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)
     return major.value, minor.value
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    cuda = ctypes.CDLL("libcuda.so.1")
+    if cuda.cuInit(0):
+        raise RuntimeError("the CUDA driver did not initialize")
+    return cuda
+
+
+def _check(status: int, what: str) -> None:
+    if status:
+        raise RuntimeError(f"{what}: CUDA driver error {status}")
+
+
+@functools.cache
+def sm_count() -> int:
+    """Streaming multiprocessors of CUDA device 0."""
+    cuda, dev, n = _driver(), ctypes.c_int(), ctypes.c_int()
+    _check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    _check(cuda.cuDeviceGetAttribute(ctypes.byref(n), 16, dev), "MULTIPROCESSOR_COUNT")
+    return n.value
+
+
+def groups_per_sm(cubin: bytes, symbol: str, threads: int) -> int:
+    """Blocks of `threads` threads of the kernel `symbol` in `cubin` that one SM holds at once:
+    the driver's occupancy calculator (registers, shared memory, warps), on the module loaded into
+    the device's primary context, which MLX's process shares, and unloaded again."""
+    cuda, dev, ctx = _driver(), ctypes.c_int(), ctypes.c_void_p()
+    module, fn, n = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
+    _check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    _check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    try:
+        _check(cuda.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+        try:
+            _check(cuda.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
+            try:
+                _check(cuda.cuModuleGetFunction(ctypes.byref(fn), module, symbol.encode()), "cuModuleGetFunction")
+                _check(cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), fn, threads,
+                                                                        ctypes.c_size_t(0)), "cuOccupancy")
+            finally:
+                cuda.cuModuleUnload(module)
+        finally:
+            cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+    finally:
+        cuda.cuDevicePrimaryCtxRelease_v2(dev)
+    return n.value
 
 
 def _cuda_home() -> str:
@@ -328,6 +377,22 @@ def ensure(inst: Instance) -> str | None:
         return None
     _known.add(inst)
     return _build(inst)
+
+
+@functools.lru_cache(maxsize=256)
+def resident(inst: Instance, threads: int) -> int | None:
+    """Threadgroups of `threads` threads of `inst` that the whole GPU holds at once (SMs times the
+    driver's occupancy for the module MLX runs: the cached cubin, compiled here first if need be),
+    or None where this machine cannot tell (no cache, no NVRTC, no driver)."""
+    if _state["dir"] is None:
+        return None
+    _build(inst)
+    path = cached(inst)
+    try:
+        _, symbol = path.with_suffix(".txt").read_text().rstrip("\n").split("\t")
+        return sm_count() * groups_per_sm(path.read_bytes(), symbol, threads)
+    except (AttributeError, OSError, ValueError, RuntimeError):
+        return None
 
 
 def prepare(instances, workers: int | None = None) -> tuple[int, dict[str, str]]:

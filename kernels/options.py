@@ -109,6 +109,9 @@ DECLARED = (
     Option("block_geometry", "shared", _one_of("shared", "per_gemv"),
            "the blocks' GEMV phases: all the first GEMV's rows a SIMD group and loads in flight (shared), "
            "or each its own (per_gemv: slower so far, more registers for the whole launch; kernels/loop/NOTES.md)"),
+    Option("block_grid", "resident", _one_of("resident", "shape"),
+           "the blocks' claimed GEMV phases: at most the threadgroups the GPU holds of the launch at once, "
+           "from its module's occupancy (resident), or the standalone GEMV's grid cap (shape; kernels/loop/NOTES.md)"),
     Option("gemv_tuning", "", _tuning,
            "GEMV launch knobs, KEY=INT pairs of kernels.gemv.TUNING joined by '+' (e.g. R=4+NSIMD=4)"),
 )

@@ -335,6 +335,22 @@ def prepare(jobs: Sequence[Launch]) -> tuple[int, dict[str, str]]:
     return jit_cache.prepare([instance(j) for j in jobs])
 
 
+_fits: dict = {}
+
+
+def resident_groups(job: Launch) -> int | None:
+    """Threadgroups of `job` that the GPU holds at once, from its compiled module's registers and
+    threadgroup memory (kernels.jit_cache.resident); None off CUDA, while recording, or where the
+    driver cannot say. Kept per spec and constants, as launch() keeps its cache check."""
+    if not _CUDA[0] or _recorder[0] is not None:
+        return None
+    threads = job.threadgroup[0] * job.threadgroup[1] * job.threadgroup[2]
+    key = (id(job.spec), tuple(job.constants.values()), options.get("inline_source"), threads)
+    if key not in _fits:
+        _fits[key] = jit_cache.resident(instance(job), threads)
+    return _fits[key]
+
+
 def launch(job: Launch) -> list[mx.array]:
     if len(job.inputs) != len(job.spec.inputs):
         raise ValueError(f"{job.spec.name}: {len(job.inputs)} inputs for {job.spec.inputs}")

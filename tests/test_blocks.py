@@ -110,6 +110,26 @@ def test_block_geometry_covers_every_row(shape, qtype, m, mode):
             assert geo.gemvs[kind][:2] == (r + (r % 2 if kind == blocks.UP else 0), p)
 
 
+@pytest.mark.parametrize("fit", [132, 396, 528, 10_000])
+@pytest.mark.parametrize("shape", LAYERS)
+def test_a_resident_fit_caps_each_claimed_phase(shape, fit):
+    """block_grid=resident: every claimed GEMV phase takes at most the threadgroups that fit at
+    once, streaming the rest of its rows; the last phase (run unclaimed, a threadgroup a row
+    group) keeps its grid; a fit above every phase's tickets changes nothing."""
+    d, n_qkv, hd, f = shape
+    gemvs = {blocks.UP: (2 * f, d), blocks.DOWN: (d, f), blocks.QKV: (n_qkv, d), blocks.O: (d, hd)}
+    plain = blocks.block_geometry("q8_0", 1, gemvs, blocks.DOWN)
+    capped = blocks.block_geometry("q8_0", 1, gemvs, blocks.DOWN, fit)
+    assert capped.simds == plain.simds and capped.xchunk == plain.xchunk
+    for kind, (n, k) in gemvs.items():
+        r, p, tickets = capped.gemvs[kind]
+        assert (r, p) == plain.gemvs[kind][:2]
+        if kind == blocks.DOWN:
+            assert tickets == plain.gemvs[kind][2]
+        else:
+            assert tickets == min(plain.gemvs[kind][2], fit)
+
+
 def test_block_nsimd_sets_the_threadgroup_size():
     from kernels import options
 

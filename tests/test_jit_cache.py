@@ -111,3 +111,68 @@ def test_a_launch_writes_its_module_once():
     xs = np.array(x).astype(np.float64)
     want = xs / np.sqrt((xs ** 2).mean(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(y, want, rtol=2e-3, atol=2e-3)
+
+
+def _kernel_resources(cubin: bytes) -> tuple[int, int]:
+    """(registers a thread, static shared bytes) of a one-kernel cubin, read from its ELF:
+    EIATTR_REGCOUNT (0x2f) in .nv.info, the size of its .nv.shared.<kernel> section."""
+    import struct
+
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names = headers[shstrndx][4]
+    regs, smem = [], 0
+    for name_at, _, _, _, offset, size in headers:
+        name = cubin[names + name_at: cubin.index(b"\0", names + name_at)].decode()
+        if name.startswith(".nv.shared."):
+            smem += size
+        if name == ".nv.info":
+            at = offset
+            while at < offset + size:
+                form, attr = cubin[at], cubin[at + 1]
+                if form == 4:  # EIFMT_SVAL: a 2-byte length, then the value
+                    length, = struct.unpack_from("<H", cubin, at + 2)
+                    if attr == 0x2F:
+                        regs.append(struct.unpack_from("<II", cubin, at + 4)[1])
+                    at += 4 + length
+                else:
+                    at += 2 if form == 1 else 4
+    assert len(regs) == 1, regs
+    return regs[0], smem
+
+
+def test_resident_is_what_the_modules_registers_allow():
+    """jit_cache.resident (the driver's occupancy of a cached module, times the SMs) against a
+    count of our own from the cubin's register count and shared memory and the device's limits,
+    for the block launches the small checks make (their registers vary, 120-140 a thread); and
+    runtime.resident_groups gives the same for the launch itself."""
+    import ctypes
+
+    from harness.nvrtc import record_launches
+    from harness.suites import blocks as block_suite
+
+    cuda, dev = jit_cache._driver(), ctypes.c_int()
+    cuda.cuDeviceGet(ctypes.byref(dev), 0)
+
+    def attribute(code: int) -> int:
+        value = ctypes.c_int()
+        assert cuda.cuDeviceGetAttribute(ctypes.byref(value), code, dev) == 0
+        return value.value
+
+    regs_per_sm, smem_per_sm, reserved = attribute(82), attribute(81), attribute(111)
+    threads_per_sm, blocks_per_sm = attribute(39), attribute(106)
+    jobs = {}
+    for job in record_launches(block_suite.check_cases(small=True)):
+        if "_block" in job.spec.name:
+            jobs.setdefault(runtime.instance(job), job)
+    assert len(jobs) >= 4
+    for inst, job in jobs.items():
+        threads = job.threadgroup[0]
+        got = jit_cache.resident(inst, threads)
+        regs, smem = _kernel_resources(jit_cache.cached(inst).read_bytes())
+        warp_regs = -(-regs * 32 // 256) * 256
+        want = min(regs_per_sm // warp_regs // (threads // 32), smem_per_sm // (smem + reserved),
+                   threads_per_sm // threads, blocks_per_sm) * jit_cache.sm_count()
+        assert got == want, (inst.kernel_name, regs, smem, got, want)
+        assert runtime.resident_groups(job) == got

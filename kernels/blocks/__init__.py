@@ -35,7 +35,7 @@ import mlx.core as mx
 
 from kernels import attention, gemv, options, rope
 from kernels.gemv import Packed
-from kernels.runtime import KernelSpec, Launch, constant, launch, resident, target_backend
+from kernels.runtime import KernelSpec, Launch, constant, launch, resident, resident_groups, target_backend
 
 QUEUE_STRIDE = 64  # words between a launch's counters: each on a 256-byte line of its own
 STRIDE_ALIGN = 256  # bytes between layers' matrices in a Stack: every layer's 16-byte loads aligned
@@ -143,7 +143,8 @@ class BlockGeometry:
     gemvs: dict[int, tuple[int, int, int]]  # kind -> (R, P, tickets)
 
 
-def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: int) -> BlockGeometry:
+def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: int,
+                   fit: int | None = None) -> BlockGeometry:
     """The geometry of a launch of the GEMVs `gemvs` (kind -> its matrix's N, K; UP's N is 2F,
     [gate; up]) whose last phase is of kind `last`.
 
@@ -154,7 +155,12 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
     where its rows would give fewer than MIN_GROUPS threadgroups) and its cap kept in SIMD groups
     (528 threadgroups of 4 are 264 of 8). Measured slower end to end (kernels/loop/NOTES.md): a
     launch runs at the registers of its hungriest phase (the 8B's QKV at R = 4), and fewer
-    threadgroups fit on an SM for every phase."""
+    threadgroups fit on an SM for every phase.
+
+    fit: threadgroups of the launch that the GPU holds at once (kernels.runtime.resident_groups),
+    given where block_grid=resident: each claimed GEMV phase then takes at most that many tickets,
+    so that it runs in one pass over resident threadgroups instead of a full pass and a partial
+    one (a cap made for a standalone GEMV's lighter registers: kernels/loop/NOTES.md)."""
     order = [kind for kind in (UP, DOWN, QKV, O) if kind in gemvs]
     own = {kind: gemv.v3_geometry(qtype, m, *gemvs[kind]) for kind in order}
     longest = max(k for _, k in gemvs.values())
@@ -178,6 +184,8 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
         if not cap:
             shaped = gemv.v3_by_shape(n, k)
             cap = shaped["G"] if shared else shaped["G"] * own[kind][1] // s
+        if fit:
+            cap = min(cap or fit, fit)
         # a capped grid streams row groups, which needs all of K staged at once; the last phase's
         # threadgroups are not claimed: as many as its groups run it at once
         if cap and xchunk >= k and kind != last:
@@ -249,7 +257,21 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         gemvs.update({UP: (2 * ffn.f, ffn.d), DOWN: (ffn.d, ffn.f)})
     if attn:
         gemvs.update({QKV: (attn.n_qkv, attn.d), O: (attn.d, attn.n_heads * attn.head_dim)})
-    geo = block_geometry(qtype, m, gemvs, last)
+    job = _block_job(x, eps, qtype, first, phases, ffn, attn, queue, strides, block_geometry(qtype, m, gemvs, last))
+    if options.get("block_grid") == "resident":
+        # the same module whatever the tickets (they are inputs): its occupancy sizes them
+        fit = resident_groups(job)
+        if fit:
+            job = _block_job(x, eps, qtype, first, phases, ffn, attn, queue, strides,
+                             block_geometry(qtype, m, gemvs, last, fit))
+    return launch(job)
+
+
+def _block_job(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None,
+               attn: _Attention | None, queue: mx.array, strides: dict[str, int] | None,
+               geo: BlockGeometry) -> Launch:
+    """The launch of `_launch` at geometry `geo`."""
+    m = x.shape[0]
     s = geo.simds
     strides = {"W_QKV_STRIDE": 0, "W_O_STRIDE": 0, "W_UP_STRIDE": 0, "W_DOWN_STRIDE": 0, "NORM_STRIDE": 0,
                "HEAD_NORM_STRIDE": 0, **(strides or {})}
@@ -296,7 +318,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     inputs = [x, gemv._eps(float(eps)), constant((launched, attn_tickets)), queue] + inputs
     caches = len(attn.k_caches) if attn else 1
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms))
-    return launch(Launch(spec, inputs, outputs, (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts))
+    return Launch(spec, inputs, outputs, (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts)
 
 
 def attention_block(x: mx.array, attn_norm: mx.array, eps: float, w_qkv: Packed, w_o: Packed, qtype: str,
