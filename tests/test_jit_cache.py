@@ -171,8 +171,10 @@ def test_resident_is_what_the_modules_registers_allow():
         threads = job.threadgroup[0]
         got = jit_cache.resident(inst, threads)
         regs, smem = _kernel_resources(jit_cache.cached(inst).read_bytes())
+        # registers are allocated a warp at a time, 256 at once, from each of the SM's 4 schedulers' quarter
         warp_regs = -(-regs * 32 // 256) * 256
-        want = min(regs_per_sm // warp_regs // (threads // 32), smem_per_sm // (smem + reserved),
+        warps = 4 * (regs_per_sm // 4 // warp_regs)
+        want = min(warps // (threads // 32), smem_per_sm // (smem + reserved),
                    threads_per_sm // threads, blocks_per_sm) * jit_cache.sm_count()
         assert got == want, (inst.kernel_name, regs, smem, got, want)
         assert runtime.resident_groups(job) == got

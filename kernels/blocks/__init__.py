@@ -243,6 +243,18 @@ class _Attention:
                              qkv_data=w_qkv.data, o_data=w_o.data)
 
 
+@dataclass(frozen=True)
+class _Dims:
+    """Where a GEMV's dims input goes ([N, K, tickets]): filled once the tickets are known."""
+
+    kind: int
+    n: int
+    k: int
+
+
+_GRID = object()  # where the launch's (threadgroups, attention tickets) input goes
+
+
 def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None, attn: _Attention | None,
             queue: mx.array | None, strides: dict[str, int] | None = None) -> list[mx.array]:
     """layer_block.metal over `phases` phases from kind `first` (the halves given hold each
@@ -257,21 +269,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         gemvs.update({UP: (2 * ffn.f, ffn.d), DOWN: (ffn.d, ffn.f)})
     if attn:
         gemvs.update({QKV: (attn.n_qkv, attn.d), O: (attn.d, attn.n_heads * attn.head_dim)})
-    job = _block_job(x, eps, qtype, first, phases, ffn, attn, queue, strides, block_geometry(qtype, m, gemvs, last))
-    if options.get("block_grid") == "resident":
-        # the same module whatever the tickets (they are inputs): its occupancy sizes them
-        fit = resident_groups(job)
-        if fit:
-            job = _block_job(x, eps, qtype, first, phases, ffn, attn, queue, strides,
-                             block_geometry(qtype, m, gemvs, last, fit))
-    return launch(job)
-
-
-def _block_job(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None,
-               attn: _Attention | None, queue: mx.array, strides: dict[str, int] | None,
-               geo: BlockGeometry) -> Launch:
-    """The launch of `_launch` at geometry `geo`."""
-    m = x.shape[0]
+    geo = block_geometry(qtype, m, gemvs, last)
     s = geo.simds
     strides = {"W_QKV_STRIDE": 0, "W_O_STRIDE": 0, "W_UP_STRIDE": 0, "W_DOWN_STRIDE": 0, "NORM_STRIDE": 0,
                "HEAD_NORM_STRIDE": 0, **(strides or {})}
@@ -280,17 +278,14 @@ def _block_job(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn
     for kind, name in ((UP, "UP"), (DOWN, "DOWN"), (QKV, "QKV"), (O, "O")):
         if kind in geo.gemvs:
             consts.update({f"R_{name}": geo.gemvs[kind][0], f"P_{name}": geo.gemvs[kind][1]})
-    tickets = {kind: g[2] for kind, g in geo.gemvs.items()}
     outputs: list = []
-    launched, attn_tickets, split = max(tickets.values()), 0, False
+    attn_tickets, split = 0, False
     if ffn:
-        inputs += [ffn.norm, ffn.up_data, gemv._dims(2 * ffn.f, ffn.d, tickets[UP]), ffn.down_data,
-                   gemv._dims(ffn.d, ffn.f, tickets[DOWN])]
+        inputs += [ffn.norm, ffn.up_data, _Dims(UP, 2 * ffn.f, ffn.d), ffn.down_data, _Dims(DOWN, ffn.d, ffn.f)]
         outputs += [((m, ffn.f), mx.float16), ((m, ffn.d), mx.float16)]
         consts.update(K_UP=ffn.d, K_DOWN=ffn.f)
     if attn:
         a = attn
-        qkv_tickets, o_tickets = tickets[QKV], tickets[O]
         # The attention's partitions as flash_decode would split them (the grid sized for the
         # longest context a call can see), merged in the launch: at most MERGE_PARTS of them.
         group = a.n_heads // a.n_kv
@@ -301,7 +296,7 @@ def _block_job(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn
         parts = -(-a.longest // partition) if split else 1
         qs = attention.query_split(group, a.n_kv * parts)
         attn_tickets = parts * a.n_kv * qs
-        inputs += [a.norm, a.qkv_data, gemv._dims(a.n_qkv, a.d, qkv_tickets), *a.k_caches, *a.v_caches, a.pos,
+        inputs += [a.norm, a.qkv_data, _Dims(QKV, a.n_qkv, a.d), *a.k_caches, *a.v_caches, a.pos,
                    rope._table(a.head_dim, a.theta, None), constant((float(a.theta), 1.0, float(eps)), mx.float32),
                    constant((a.n_kv, a.max_seq, partition, parts, 1)),
                    constant((1.0 / math.sqrt(a.head_dim),), mx.float32), *a.norms]
@@ -309,16 +304,30 @@ def _block_job(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn
             counters = attention.merge_counters(a.n_kv * qs) if a.counters is None else a.counters
             attention._check_counters(counters, a.n_kv * qs)
             inputs.append(counters)
-        inputs += [a.o_data, gemv._dims(a.d, a.n_heads * a.head_dim, o_tickets)]
+        inputs += [a.o_data, _Dims(O, a.d, a.n_heads * a.head_dim)]
         outputs += [((1, a.n_qkv), mx.float16), ((1, a.n_heads, a.head_dim), mx.float16), ((1, a.d), mx.float16)]
         if split:
             outputs += [((1, a.n_heads, parts, a.head_dim), mx.float32), ((1, a.n_heads, parts, 2), mx.float32)]
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=0,
                       NEOX=a.neox, FREQ_TABLE=True)
-    inputs = [x, gemv._eps(float(eps)), constant((launched, attn_tickets)), queue] + inputs
+    inputs = [x, gemv._eps(float(eps)), _GRID, queue] + inputs
     caches = len(attn.k_caches) if attn else 1
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms))
-    return Launch(spec, inputs, outputs, (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts)
+
+    def at(geo: BlockGeometry) -> Launch:  # the launch with geo's tickets
+        tickets = {kind: g[2] for kind, g in geo.gemvs.items()}
+        launched = max(tickets.values())
+        filled = [gemv._dims(i.n, i.k, tickets[i.kind]) if isinstance(i, _Dims)
+                  else constant((launched, attn_tickets)) if i is _GRID else i for i in inputs]
+        return Launch(spec, filled, outputs, (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts)
+
+    job = at(geo)
+    if options.get("block_grid") == "resident":
+        # the tickets are inputs, not the module: its occupancy sizes them (cached per module)
+        fit = resident_groups(job)
+        if fit:
+            job = at(block_geometry(qtype, m, gemvs, last, fit))
+    return launch(job)
 
 
 def attention_block(x: mx.array, attn_norm: mx.array, eps: float, w_qkv: Packed, w_o: Packed, qtype: str,
