@@ -303,7 +303,8 @@ def _parser() -> argparse.ArgumentParser:
     dec = sub.add_parser("decode", parents=[debug, opts],
                          help="greedy decode of a GGUF model or preset, per variant and mode")
     dec.add_argument("model", nargs="?", default="tiny-llama", help="a .gguf file or a preset")
-    dec.add_argument("--qtype", default="q8_0", help="weights of a preset: f16, q8_0, q4_0")
+    dec.add_argument("--qtype", default="q8_0", help="weights of a preset: f16, q8_0, q4_0, or llama.cpp's K mixes q4_k_m, q5_k_m, q6_k "
+                          "(the reference variant only, so far)")
     dec.add_argument("--prompt", type=int, default=16)
     dec.add_argument("--gen", type=int, default=32)
     dec.add_argument("--seed", type=int, default=0)

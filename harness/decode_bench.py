@@ -14,7 +14,7 @@ import numpy as np
 
 from harness.decode import (KV_LAYOUTS, MODES, VARIANTS, _backend, generate, make_decoder,
                             model_file)
-from harness.models import Model, load_gguf
+from harness.models import Model, load_gguf, tensor_shapes
 
 
 def traffic(model: Model, position: float) -> tuple[int, int]:
@@ -82,9 +82,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
         raise ValueError(f"ctx {ctx} < depth + prompt + gen = {deepest + prompt + gen}: decode wraps "
                          f"around (circular overflow), which the paged cache does not do")
     tokens = np.random.default_rng(seed).integers(0, c.vocab, deepest + prompt)
-    params = sum(int(np.prod(t.shape)) for t in model.tensors.values() if t.dtype != np.uint8)
-    params += sum(t.size // {"Q8_0": 34, "Q4_0": 18}[model.types[n]] * 32
-                  for n, t in model.tensors.items() if t.dtype == np.uint8)
+    params = sum(int(np.prod(shape)) for shape in tensor_shapes(c).values())  # quantized or not
     common = dict(model=name, qtype=qtype, size_mb=round(path.stat().st_size / 2**20, 1),
                   params_m=round(params / 1e6, 1), repeat=repeat)
     rows = []

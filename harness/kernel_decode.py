@@ -525,6 +525,10 @@ class KernelDecoder:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {kv!r}")
         if overflow and kv == "paged":
             raise ValueError("circular overflow is for the contiguous cache; a paged cache grows by blocks")
+        unread = sorted({t for t in model.types.values() if t.endswith("_K")})
+        if unread:
+            raise ValueError(f"lathe's kernels read F16, Q8_0 and Q4_0 matrices, and this model has "
+                             f"{', '.join(unread)} ones (no K-quant kernels yet); the reference variant decodes it")
         c = model.config
         if max_seq < 1 or max_seq > c.ctx:
             raise ValueError(f"max_seq must be in 1..{c.ctx} (the model's context), got {max_seq}")

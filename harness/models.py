@@ -1,8 +1,12 @@
 """GGUF models: presets of real shapes, a random-weight GGUF writer, and a checked loader.
 
 The architectures and their presets are described in harness/arch/ (llama, qwen3), one module
-each. Tensor types F32, F16, Q8_0 and Q4_0; quantized tensors stay in their GGUF block bytes
-([N, K / 32 * block bytes] uint8, reference.quant's layout).
+each. Tensor types F32, F16, Q8_0, Q4_0 and the K-quants Q4_K, Q5_K, Q6_K; quantized tensors stay
+in their GGUF block bytes ([N, K / 32 * block bytes] uint8, reference.quant's layout; [N, K / 256
+* super-block bytes] for the K-quants, reference.kquant's).
+
+File types (`qtype`): f16, q8_0 and q4_0 put every matrix in that type; q4_k_m, q5_k_m and q6_k
+are llama.cpp's mixes of those names (`tensor_types`).
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ from pathlib import Path
 import numpy as np
 
 from harness.arch import architectures
-from reference.quant import BLOCK_BYTES, quantize
+from reference import kquant
+from reference.quant import GGUF_BLOCK_TYPES as QUANTIZED
+from reference.quant import gguf_quantize, gguf_row_bytes
 
 ARCHITECTURES = architectures()
 ARCHS = tuple(ARCHITECTURES)
-QTYPES = ("f16", "q8_0", "q4_0")
-_SUPPORTED_TENSOR_TYPES = ("F32", "F16", "Q8_0", "Q4_0")
+K_MIXES = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K"}  # file type -> its matrices' base type
+QTYPES = ("f16", "q8_0", "q4_0", *K_MIXES)
+_SUPPORTED_TENSOR_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 class GGUFError(ValueError):
@@ -82,14 +89,49 @@ def tensor_shapes(c: Config) -> dict[str, tuple[int, int] | tuple[int]]:
     return shapes
 
 
+def _more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's use_more_bits: the first and last eighth of the layers, and every third between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def tensor_types(c: Config, qtype: str) -> dict[str, str]:
+    """Each tensor's GGUF type in a file of type `qtype`: norms F32; f16, q8_0, q4_0 every matrix
+    in that type; the K mixes as llama.cpp's quantizer makes them without an importance matrix
+    (llama_tensor_get_type for a dense llama / qwen3): the output matrix (the embedding where tied)
+    Q6_K; q4_k_m and q5_k_m give attn_v and ffn_down Q6_K in the layers of _more_bits, Q4_K / Q5_K
+    elsewhere, every other matrix Q4_K / Q5_K; q6_k everything Q6_K. A K-quant matrix needs rows
+    of a multiple of 256 (llama.cpp would fall back to Q5_0/Q5_1/Q8_0 there, which lathe does not
+    read): a clear error."""
+    if qtype not in QTYPES:
+        raise ValueError(f"qtype must be one of {QTYPES}, got {qtype!r}")
+    shapes = tensor_shapes(c)
+    if qtype not in K_MIXES:
+        return {n: "F32" if len(s) == 1 else qtype.upper() for n, s in shapes.items()}
+    base, types = K_MIXES[qtype], {}
+    for name, shape in shapes.items():
+        if len(shape) == 1:
+            types[name] = "F32"
+            continue
+        if shape[1] % kquant.QK_K:
+            raise ValueError(f"{qtype}: {name} has rows of {shape[1]}, not a multiple of {kquant.QK_K}; "
+                             f"K-quant files need every matrix's rows in whole super-blocks")
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        if name == "output.weight" or (c.tied and name == "token_embd.weight"):
+            types[name] = "Q6_K"
+        elif name.endswith(("attn_v.weight", "ffn_down.weight")) and qtype != "q6_k" and _more_bits(layer, c.n_layers):
+            types[name] = "Q6_K"
+        else:
+            types[name] = base
+    return types
+
+
 def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0", seed: int = 0) -> Path:
     """A GGUF file of the preset's shapes with random weights (fixed seed). Matrices are scaled by
     1/sqrt(fan-in) and norms are near 1, so that activations stay finite through the layers."""
     import gguf
 
     c = PRESETS[preset] if isinstance(preset, str) else preset
-    if qtype not in QTYPES:
-        raise ValueError(f"qtype must be one of {QTYPES}, got {qtype!r}")
+    types = tensor_types(c, qtype)
     path = Path(path)
     w = gguf.GGUFWriter(str(path), c.arch)
     a = c.arch
@@ -107,15 +149,14 @@ def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0
     w.add_layer_norm_rms_eps(c.eps)
     w.add_uint32(f"{a}.vocab_size", c.vocab)
     w.add_tokenizer_model("none")
-    gtype = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
-             "q4_0": gguf.GGMLQuantizationType.Q4_0}[qtype]
     shapes = list(tensor_shapes(c).items())
     # Each tensor has its own stream (seed, index), so tensors are made in parallel threads
     # (NumPy releases the GIL) and an 8B model takes seconds per core rather than minutes.
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        made = pool.map(lambda i: _random_tensor(*shapes[i], seed, i, qtype), range(len(shapes)))
+        made = pool.map(lambda i: _random_tensor(*shapes[i], seed, i, types[shapes[i][0]]), range(len(shapes)))
         for (name, _), data in zip(shapes, made):
-            w.add_tensor(name, data, raw_dtype=gtype if data.dtype == np.uint8 else None)
+            raw = gguf.GGMLQuantizationType[types[name]] if data.dtype == np.uint8 else None
+            w.add_tensor(name, data, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -123,9 +164,10 @@ def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0
     return path
 
 
-def _random_tensor(name: str, shape: tuple[int, ...], seed: int, index: int, qtype: str) -> np.ndarray:
+def _random_tensor(name: str, shape: tuple[int, ...], seed: int, index: int, kind: str) -> np.ndarray:
     """One tensor of a random model: norms near 1 (float32), matrices N(0, 1/fan-in) (the
-    embedding N(0, 1)) in the file's type, made in row chunks to bound the float32 temporaries."""
+    embedding N(0, 1)) in their GGUF type `kind`, made in row chunks to bound the float32
+    temporaries."""
     rng = np.random.default_rng([seed, index])
     if len(shape) == 1:
         return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
@@ -135,7 +177,7 @@ def _random_tensor(name: str, shape: tuple[int, ...], seed: int, index: int, qty
     parts = []
     for start in range(0, rows, chunk):
         m = rng.standard_normal((min(chunk, rows - start), k), dtype=np.float32) * scale
-        parts.append(m.astype(np.float16) if qtype == "f16" else quantize(m, qtype))
+        parts.append(m.astype(np.float16) if kind == "F16" else gguf_quantize(m, kind))
     return np.concatenate(parts)
 
 
@@ -295,8 +337,8 @@ def load_gguf(path: str | Path) -> Model:
         if shape != want[t.name]:
             raise GGUFError(f"{path}: tensor {t.name} is {shape}, expected {want[t.name]}")
         data = np.asarray(t.data)
-        if kind in ("Q8_0", "Q4_0"):
-            data = data.reshape(shape[0], shape[1] // 32 * BLOCK_BYTES[kind.lower()])
+        if kind in QUANTIZED:
+            data = data.reshape(shape[0], gguf_row_bytes(kind, shape[1]))
         else:
             data = data.reshape(shape)
         tensors[t.name], types[t.name] = data, kind

@@ -13,6 +13,8 @@ those of GGML and of the `gguf` package; a block of zeros has d = 0 and all q at
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 BLOCK = 32
@@ -118,3 +120,32 @@ def gguf_rows(data: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
     if flat.dtype == np.uint8:
         return flat.reshape(n, -1)
     return flat.reshape(n, k)
+
+
+# ---- every GGUF block type lathe reads, by its GGUF name (reference.kquant holds the K-quants) ----
+GGUF_BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def _format(kind: str):
+    if kind not in GGUF_BLOCK_TYPES:
+        raise ValueError(f"block type must be one of {GGUF_BLOCK_TYPES}, got {kind!r}")
+    if kind.endswith("_K"):
+        from reference import kquant
+
+        return kquant
+    return sys.modules[__name__]
+
+
+def gguf_row_bytes(kind: str, k: int) -> int:
+    """Bytes of a row of k weights in the GGUF block type `kind` ("Q4_0" .. "Q6_K")."""
+    return _format(kind).storage_bytes(kind.lower(), 1, k)
+
+
+def gguf_quantize(w: np.ndarray, kind: str) -> np.ndarray:
+    """[n, k] floats as blocks of the GGUF type `kind`."""
+    return _format(kind).quantize(w, kind.lower())
+
+
+def gguf_dequantize(data: np.ndarray, kind: str, k: int) -> np.ndarray:
+    """Blocks of the GGUF type `kind` -> [n, k] float32."""
+    return _format(kind).dequantize(data, kind.lower(), k)

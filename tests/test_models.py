@@ -9,9 +9,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from harness.models import PRESETS, QTYPES, GGUFError, load_gguf, tensor_shapes, write_random_gguf
+from harness.models import PRESETS, QTYPES, GGUFError, load_gguf, tensor_shapes, tensor_types, write_random_gguf
 from reference.model import forward
-from reference.quant import dequantize
+from reference.quant import dequantize, gguf_dequantize
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +28,47 @@ def test_round_trip(tiny, preset, qtype):
     c = PRESETS[preset]
     assert replace(m.config, eps=c.eps) == c and m.config.eps == pytest.approx(c.eps, rel=1e-6)
     assert set(m.tensors) == set(tensor_shapes(c))
-    kind = {"f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0"}[qtype]
-    assert m.types["blk.0.ffn_down.weight"] == kind and m.types["output_norm.weight"] == "F32"
+    assert m.types == tensor_types(c, qtype) and m.types["output_norm.weight"] == "F32"
+    kind = m.types["blk.1.attn_q.weight"]
     if qtype != "f16":  # blocks decode to finite weights of the expected size
-        w = dequantize(m.tensors["blk.1.attn_q.weight"], qtype, c.d_model)
+        w = gguf_dequantize(m.tensors["blk.1.attn_q.weight"], kind, c.d_model)
         assert w.shape == (c.n_heads * c.head_dim, c.d_model) and np.isfinite(w).all()
         assert 0.01 < w.std() < 0.2  # scaled by 1/sqrt(fan-in)
+
+
+def test_k_mixes_are_llama_cpp_s():
+    """q4_k_m / q5_k_m: attn_v and ffn_down Q6_K in the first and last eighth of the layers and
+    every third layer between (llama.cpp's use_more_bits; for 32 layers 0-3, 6, 9, .., 27, 28-31),
+    the output matrix Q6_K, all else the base type; q6_k all Q6_K; norms F32."""
+    c = replace(PRESETS["tiny-llama"], n_layers=32)
+    more = {0, 1, 2, 3, *range(6, 28, 3), 28, 29, 30, 31}
+    for qtype, base in (("q4_k_m", "Q4_K"), ("q5_k_m", "Q5_K"), ("q6_k", "Q6_K")):
+        types = tensor_types(c, qtype)
+        for i in range(32):
+            for name in ("attn_v", "ffn_down"):
+                want = "Q6_K" if qtype == "q6_k" or i in more else base
+                assert types[f"blk.{i}.{name}.weight"] == want, (qtype, i, name)
+            for name in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
+                assert types[f"blk.{i}.{name}.weight"] == base
+            assert types[f"blk.{i}.attn_norm.weight"] == "F32"
+        assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == base
+    tied = tensor_types(replace(c, tied=True), "q4_k_m")
+    assert tied["token_embd.weight"] == "Q6_K" and "output.weight" not in tied
+
+
+def test_k_mixes_need_whole_super_blocks(tmp_path):
+    narrow = replace(PRESETS["tiny-llama"], d_model=160, n_heads=4, head_dim=40)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        write_random_gguf(tmp_path / "narrow.gguf", narrow, "q4_k_m")
+
+
+def test_kernels_refuse_k_quants_before_any_launch(tiny):
+    """A K-quant model has no kernels yet: the kernel decoder says so, naming the types and the
+    variant that decodes it, before it touches the device."""
+    from harness.kernel_decode import KernelDecoder
+
+    with pytest.raises(ValueError, match="Q4_K, Q6_K ones .*reference variant"):
+        KernelDecoder(load_gguf(tiny["tiny-llama", "q4_k_m"]), 16)
 
 
 def test_same_seed_same_file(tmp_path):
