@@ -20,8 +20,8 @@ import numpy as np
 
 from harness.arch import architectures
 from reference import kquant
-from reference.quant import GGUF_BLOCK_TYPES as QUANTIZED
-from reference.quant import gguf_quantize, gguf_row_bytes
+from reference import formats
+from reference.formats import GGUF_BLOCK_TYPES as QUANTIZED
 
 ARCHITECTURES = architectures()
 ARCHS = tuple(ARCHITECTURES)
@@ -177,7 +177,7 @@ def _random_tensor(name: str, shape: tuple[int, ...], seed: int, index: int, kin
     parts = []
     for start in range(0, rows, chunk):
         m = rng.standard_normal((min(chunk, rows - start), k), dtype=np.float32) * scale
-        parts.append(m.astype(np.float16) if kind == "F16" else gguf_quantize(m, kind))
+        parts.append(m.astype(np.float16) if kind == "F16" else formats.quantize(m, kind))
     return np.concatenate(parts)
 
 
@@ -338,7 +338,7 @@ def load_gguf(path: str | Path) -> Model:
             raise GGUFError(f"{path}: tensor {t.name} is {shape}, expected {want[t.name]}")
         data = np.asarray(t.data)
         if kind in QUANTIZED:
-            data = data.reshape(shape[0], gguf_row_bytes(kind, shape[1]))
+            data = data.reshape(shape[0], formats.row_bytes(kind, shape[1]))
         else:
             data = data.reshape(shape)
         tensors[t.name], types[t.name] = data, kind

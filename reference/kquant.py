@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference.quant import check_rows
+
 QK_K = 256
 BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 QTYPES = tuple(BLOCK_BYTES)
@@ -30,16 +32,9 @@ GROUP_MAX_EPS = np.float32(1e-15)
 F32 = np.float32
 
 
-def _check(qtype: str, k: int) -> None:
-    if qtype not in BLOCK_BYTES:
-        raise ValueError(f"qtype must be one of {QTYPES}, got {qtype!r}")
-    if k % QK_K:
-        raise ValueError(f"{qtype} rows hold super-blocks of {QK_K} weights: K must be a multiple of {QK_K}, got {k}")
-
-
 def storage_bytes(qtype: str, n: int, k: int) -> int:
     """Bytes of an [n, k] matrix in `qtype`."""
-    _check(qtype, k)
+    check_rows(qtype, k, BLOCK_BYTES, QK_K)
     return n * (k // QK_K) * BLOCK_BYTES[qtype]
 
 
@@ -243,7 +238,7 @@ def quantize(w: np.ndarray, qtype: str) -> np.ndarray:
     if w.ndim != 2:
         raise ValueError(f"w must be [n, k], got shape {w.shape}")
     n, k = w.shape
-    _check(qtype, k)
+    check_rows(qtype, k, BLOCK_BYTES, QK_K)
     if not np.all(np.isfinite(w)):
         raise ValueError("w has NaN or inf: GGUF blocks cannot hold them")
     x = w.astype(F32).reshape(n * (k // QK_K), QK_K)
@@ -253,7 +248,7 @@ def quantize(w: np.ndarray, qtype: str) -> np.ndarray:
 
 def dequantize(data: np.ndarray, qtype: str, k: int) -> np.ndarray:
     """[n, k / 256 * block bytes] uint8 super-blocks -> [n, k] float32 (GGML's dequantize_row_*)."""
-    _check(qtype, k)
+    check_rows(qtype, k, BLOCK_BYTES, QK_K)
     data = np.asarray(data, dtype=np.uint8)
     per_row = k // QK_K * BLOCK_BYTES[qtype]
     if data.ndim != 2 or data.shape[1] != per_row:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reference.quant import GGUF_BLOCK_TYPES, gguf_dequantize, gguf_row_bytes
+from reference import formats
 from reference.rope import rms_norm, rope
 
 
@@ -23,9 +23,9 @@ def weight32(model, name: str) -> np.ndarray:
     """A tensor as float32, dequantized from its blocks if quantized (exact: a block's scale times
     a small integer), not cached: what a decoder copies to the device once."""
     data, kind = model.tensors[name], model.types.get(name, "F32")
-    if kind in GGUF_BLOCK_TYPES:
-        per_block = 32 if kind in ("Q4_0", "Q8_0") else 256
-        return gguf_dequantize(data, kind, data.shape[1] // gguf_row_bytes(kind, per_block) * per_block)
+    if kind in formats.GGUF_BLOCK_TYPES:
+        block = formats.block_weights(kind)
+        return formats.dequantize(data, kind, data.shape[1] // formats.row_bytes(kind, block) * block)
     return np.asarray(data, dtype=np.float32)
 
 
@@ -34,7 +34,7 @@ def weight(model, name: str) -> np.ndarray:
     cache = model.__dict__.setdefault("_float64", {})
     if name not in cache:
         kind = model.types.get(name, "F32")
-        data = weight32(model, name) if kind in GGUF_BLOCK_TYPES else model.tensors[name]
+        data = weight32(model, name) if kind in formats.GGUF_BLOCK_TYPES else model.tensors[name]
         cache[name] = np.asarray(data, dtype=np.float64)
     return cache[name]
 

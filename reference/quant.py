@@ -13,8 +13,6 @@ those of GGML and of the `gguf` package; a block of zeros has d = 0 and all q at
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 BLOCK = 32
@@ -22,11 +20,18 @@ BLOCK_BYTES = {"q4_0": 2 + BLOCK // 2, "q8_0": 2 + BLOCK}
 QTYPES = tuple(BLOCK_BYTES)
 
 
+def check_rows(qtype: str, k: int, block_bytes: dict[str, int], block: int) -> None:
+    """A clear error unless `qtype` is one of block_bytes' and rows of k hold whole blocks of
+    `block` weights (this module's formats, and reference.kquant's super-blocks)."""
+    if qtype not in block_bytes:
+        raise ValueError(f"qtype must be one of {tuple(block_bytes)}, got {qtype!r}")
+    if k % block:
+        raise ValueError(f"{qtype} rows hold blocks of {block} weights: the row length K must be a multiple of "
+                         f"{block}, got {k}")
+
+
 def _check(qtype: str, k: int) -> None:
-    if qtype not in BLOCK_BYTES:
-        raise ValueError(f"qtype must be one of {QTYPES}, got {qtype!r}")
-    if k % BLOCK:
-        raise ValueError(f"the row length K must be a multiple of {BLOCK}, got {k}")
+    check_rows(qtype, k, BLOCK_BYTES, BLOCK)
 
 
 def storage_bytes(qtype: str, n: int, k: int) -> int:
@@ -121,31 +126,3 @@ def gguf_rows(data: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
         return flat.reshape(n, -1)
     return flat.reshape(n, k)
 
-
-# ---- every GGUF block type lathe reads, by its GGUF name (reference.kquant holds the K-quants) ----
-GGUF_BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
-
-
-def _format(kind: str):
-    if kind not in GGUF_BLOCK_TYPES:
-        raise ValueError(f"block type must be one of {GGUF_BLOCK_TYPES}, got {kind!r}")
-    if kind.endswith("_K"):
-        from reference import kquant
-
-        return kquant
-    return sys.modules[__name__]
-
-
-def gguf_row_bytes(kind: str, k: int) -> int:
-    """Bytes of a row of k weights in the GGUF block type `kind` ("Q4_0" .. "Q6_K")."""
-    return _format(kind).storage_bytes(kind.lower(), 1, k)
-
-
-def gguf_quantize(w: np.ndarray, kind: str) -> np.ndarray:
-    """[n, k] floats as blocks of the GGUF type `kind`."""
-    return _format(kind).quantize(w, kind.lower())
-
-
-def gguf_dequantize(data: np.ndarray, kind: str, k: int) -> np.ndarray:
-    """Blocks of the GGUF type `kind` -> [n, k] float32."""
-    return _format(kind).dequantize(data, kind.lower(), k)

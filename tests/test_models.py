@@ -11,7 +11,7 @@ import pytest
 
 from harness.models import PRESETS, QTYPES, GGUFError, load_gguf, tensor_shapes, tensor_types, write_random_gguf
 from reference.model import forward
-from reference.quant import dequantize, gguf_dequantize
+from reference import formats
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def test_round_trip(tiny, preset, qtype):
     assert m.types == tensor_types(c, qtype) and m.types["output_norm.weight"] == "F32"
     kind = m.types["blk.1.attn_q.weight"]
     if qtype != "f16":  # blocks decode to finite weights of the expected size
-        w = gguf_dequantize(m.tensors["blk.1.attn_q.weight"], kind, c.d_model)
+        w = formats.dequantize(m.tensors["blk.1.attn_q.weight"], kind, c.d_model)
         assert w.shape == (c.n_heads * c.head_dim, c.d_model) and np.isfinite(w).all()
         assert 0.01 < w.std() < 0.2  # scaled by 1/sqrt(fan-in)
 
