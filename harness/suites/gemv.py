@@ -24,6 +24,7 @@ from reference.quant import dequantize, quantize, storage_bytes
 
 TOL = 2e-3
 QTYPES = ("q4_0", "q8_0")
+K_QTYPES = ("q4_k", "q5_k", "q6_k")  # dequantize only, so far
 SMALL_N = (1, 7, 33, 4097)
 SMALL_K = (32, 96, 256, 4128)  # 256: the smallest K whose rows are 16-byte aligned
 # N x K of real layers: Llama-3-8B q/o (4096 x 4096), k/v (1024 x 4096), gate/up (14336 x 4096),
@@ -117,6 +118,36 @@ def _quantize_case(qtype: str, n: int, k: int, adversarial: bool = False) -> Che
 
     shape = dict(N="special" if adversarial else n, K=k)
     return CheckCase("gemv", f"quantize_{qtype}", "gpu", shape, run)
+
+
+def _dequantize_k_case(qtype: str, n: int, k: int) -> CheckCase:
+    """The K-quants' GPU dequantize against reference.kquant's float32 values (GGML's arithmetic),
+    on blocks of GGML's quantizer over rows of every kind (Gaussian, heavy tails, zeros,
+    constant, sparse, one sign), outputs poisoned. Q6_K's values are products only: fp16 of the
+    reference, exactly. Q4_K and Q5_K subtract a min, and the GPU may fuse the product into the
+    difference (one rounding, not two): within one fp16 step of the reference."""
+    from kernels.gemv import dequantize as gpu_dequantize
+    from kernels.runtime import poisoned_outputs
+    from reference import kquant
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        kinds = [rng.standard_normal(k) / 32, rng.standard_t(2, k), np.zeros(k), np.full(k, 0.37),
+                 rng.standard_normal(k) * (rng.random(k) < 0.05), np.abs(rng.standard_normal(k))]
+        w = np.stack([kinds[i % len(kinds)] if i < len(kinds) else rng.standard_normal(k) / 32
+                      for i in range(n)]).astype(np.float32)
+        blocks = kquant.quantize(w, qtype)
+        with poisoned_outputs():
+            got = gpu_dequantize(mx.array(blocks), qtype, n, k)
+            mx.eval(got)
+        got, want = np.array(got), kquant.dequantize(blocks, qtype, k)
+        if qtype == "q6_k":
+            return [exact("dequantized (fp16 of the reference)", got, want.astype(np.float16))]
+        step = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
+        steps = np.abs(got.astype(np.float32) - want) / step
+        return [Comparison("dequantized (fp16 steps from the reference)", float(np.nan_to_num(steps.max(), nan=np.inf)),
+                           1.0)]
+
+    return CheckCase("gemv", f"dequantize_{qtype}", "gpu", dict(N=n, K=k), run)
 
 
 # ---- GEMV and friends ------------------------------------------------------------------------------
@@ -356,6 +387,9 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     for `lathe compile`)."""
     cases = []
     odd = [(n, k) for n in SMALL_N for k in SMALL_K]
+    for qtype in K_QTYPES:  # the K-quants' formats on the GPU (their GEMVs: issue 26, next)
+        shapes = [(1, 256), (7, 768), (33, 4352)] + ([] if small else [(1024, 3072), (4096, 14336)])
+        cases += [_dequantize_k_case(qtype, n, k) for n, k in shapes]
     for qtype in QTYPES:
         cases += [_quantize_case(qtype, 33, 4128), _quantize_case(qtype, 1, 32),
                   _quantize_case(qtype, 0, 256, adversarial=True)]

@@ -38,6 +38,9 @@ from kernels import options
 from kernels.runtime import KernelSpec, Launch, constant, launch, resident
 
 QTYPES = {"q4_0": (0, 18), "q8_0": (1, 34)}
+# The K-quants (reference/kquant.py): (QTYPE code, bytes a super-block of 256). Only `dequantize`
+# reads them so far (issue 26: the GEMVs next).
+K_QTYPES = {"q4_k": (2, 144), "q5_k": (3, 176), "q6_k": (4, 210)}
 MAX_M = 4  # rows of X a GEMV launch takes; linear() goes past it
 ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 
@@ -630,7 +633,10 @@ def quantize(w: mx.array, qtype: str, check_finite: bool = True) -> mx.array:
 
 
 def dequantize(q: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
-    """[N, K/32 * block bytes] blocks, or Packed -> fp16 [N, K] (each value (q - 8) d or q d, rounded once)."""
+    """[N, K/32 * block bytes] blocks, or Packed -> fp16 [N, K] (each value (q - 8) d or q d, rounded once).
+    The K-quants too: [N, K/256 * super-block bytes] -> fp16 [N, K]."""
+    if qtype in K_QTYPES:
+        return _dequantize_k(q, qtype, n, k)
     _check_qtype_shape(qtype, n, k)
     _check_weights(q, qtype, n, k)
     packed = isinstance(q, Packed)
@@ -638,6 +644,24 @@ def dequantize(q: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
     (w,) = launch(Launch(_DEQUANTIZE, [(q.data if packed else q).reshape(-1), _dims(n, k)], [((n, k), mx.float16)],
                          (-(-blocks // 256) * 256, 1, 1), (256, 1, 1),
                          dict(QTYPE=QTYPES[qtype][0], PACKED=int(packed))))
+    return w
+
+
+def _dequantize_k(q: mx.array, qtype: str, n: int, k: int) -> mx.array:
+    code, sb = K_QTYPES[qtype]
+    if n <= 0 or k <= 0 or k % 256:
+        raise ValueError(f"{qtype} rows hold super-blocks of 256 weights: K must be a positive multiple of 256 "
+                         f"and N positive, got N={n}, K={k}")
+    if not isinstance(q, mx.array) or q.dtype != mx.uint8:
+        raise ValueError(f"{qtype} weights must be uint8 super-blocks, got {getattr(q, 'dtype', type(q))}")
+    if q.size != n * (k // 256) * sb:
+        raise ValueError(f"q has {q.size} bytes; {qtype} [N={n}, K={k}] takes {n * (k // 256) * sb} "
+                         f"(N * K/256 super-blocks of {sb} bytes)")
+    if n * k > 2**31 - 1:
+        raise ValueError("the kernels index with 32-bit integers: the matrix is too large")
+    chunks = n * (k // 32)  # a thread 32 weights
+    (w,) = launch(Launch(_DEQUANTIZE, [q.reshape(-1), _dims(n, k)], [((n, k), mx.float16)],
+                         (-(-chunks // 256) * 256, 1, 1), (256, 1, 1), dict(QTYPE=code, PACKED=0)))
     return w
 
 
