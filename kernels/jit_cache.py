@@ -152,14 +152,21 @@ def _libmlx() -> Path:
     raise FileNotFoundError("libmlx.so not found next to the mlx package")
 
 
+def elf_sections(data: bytes) -> list[tuple]:
+    """The section headers of a 64-bit little-endian ELF image (a shared library, a cubin):
+    (sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link, sh_info, sh_addralign,
+    sh_entsize) each."""
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    return [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+
+
 @functools.cache
 def mlx_device_headers() -> dict[str, str]:
     """MLX's device headers as NVRTC gets them ('mlx/backend/cuda/device/utils.cuh' -> text):
     MLX embeds them in libmlx.so as arrays `jit_source_<stem>`, found by its symbol table."""
     data = _libmlx().read_bytes()
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    sections = elf_sections(data)
     headers = {}
     for sec in sections:
         if sec[1] != 2:  # SHT_SYMTAB

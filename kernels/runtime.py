@@ -338,6 +338,13 @@ def prepare(jobs: Sequence[Launch]) -> tuple[int, dict[str, str]]:
 _fits: dict = {}
 
 
+def _module_key(job: Launch, inline: bool) -> tuple:
+    """A launch's module, cheaply: its spec, constants and source form. It leaves out the dtypes,
+    which cost more than the rest to read (harness/NOTES.md): a second dtype under one spec and
+    constants is taken for the first."""
+    return id(job.spec), tuple(job.constants.values()), inline
+
+
 def resident_groups(job: Launch) -> int | None:
     """Threadgroups of `job` that the GPU holds at once, from its compiled module's registers and
     threadgroup memory (kernels.jit_cache.resident); None off CUDA, while recording, or where the
@@ -345,7 +352,7 @@ def resident_groups(job: Launch) -> int | None:
     if not _CUDA[0] or _recorder[0] is not None:
         return None
     threads = job.threadgroup[0] * job.threadgroup[1] * job.threadgroup[2]
-    key = (id(job.spec), tuple(job.constants.values()), options.get("inline_source"), threads)
+    key = (*_module_key(job, options.get("inline_source")), threads)
     if key not in _fits:
         _fits[key] = jit_cache.resident(instance(job), threads)
     return _fits[key]
@@ -361,10 +368,9 @@ def launch(job: Launch) -> list[mx.array]:
     kernel = _compile_kernel(job.spec, inline)
     if _CUDA[0]:
         # The first launch of an instantiation in this process: MLX is about to compile it,
-        # unless the on-disk cache has it; if not, compile it there first. The key leaves out
-        # the dtypes, which cost more than the rest to read (harness/NOTES.md): a second dtype
-        # under one spec and constants is compiled by MLX, as before.
-        key = (id(job.spec), tuple(job.constants.values()), inline)
+        # unless the on-disk cache has it; if not, compile it there first (a second dtype under
+        # one key is compiled by MLX, as before).
+        key = _module_key(job, inline)
         if key not in _seen:
             jit_cache.ensure(instance(job, inline))
             _seen.add(key)

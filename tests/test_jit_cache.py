@@ -118,12 +118,10 @@ def _kernel_resources(cubin: bytes) -> tuple[int, int]:
     EIATTR_REGCOUNT (0x2f) in .nv.info, the size of its .nv.shared.<kernel> section."""
     import struct
 
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-    names = headers[shstrndx][4]
+    headers = jit_cache.elf_sections(cubin)
+    names = headers[struct.unpack_from("<H", cubin, 0x3E)[0]][4]  # e_shstrndx: the names' section
     regs, smem = [], 0
-    for name_at, _, _, _, offset, size in headers:
+    for name_at, _, _, _, offset, size, *_ in headers:
         name = cubin[names + name_at: cubin.index(b"\0", names + name_at)].decode()
         if name.startswith(".nv.shared."):
             smem += size

@@ -112,17 +112,26 @@ def _eps(eps: float) -> mx.array:
     return constant((eps,), mx.float32)
 
 
-def _check_qtype_shape(qtype: str, n: int, k: int) -> None:
-    if qtype not in QTYPES:
-        raise ValueError(f"qtype must be one of {tuple(QTYPES)}, got {qtype!r}")
-    if k <= 0 or k % 32:
-        raise ValueError(f"K must be a positive multiple of 32, got {k}")
+def _block(qtype: str) -> tuple[int, int, int]:
+    """(QTYPE code, weights a block, bytes a block) of a GEMV format or a K-quant."""
+    if qtype in QTYPES:
+        return QTYPES[qtype][0], 32, QTYPES[qtype][1]
+    return K_QTYPES[qtype][0], 256, K_QTYPES[qtype][1]
+
+
+def _check_qtype_shape(qtype: str, n: int, k: int, formats: tuple[str, ...] = tuple(QTYPES)) -> None:
+    if qtype not in formats:
+        raise ValueError(f"qtype must be one of {formats}, got {qtype!r}")
+    _, per_block, _ = _block(qtype)
+    if k <= 0 or k % per_block:
+        raise ValueError(f"K must be a positive multiple of {per_block} ({qtype}'s block), got {k}")
     if n <= 0:
         raise ValueError(f"N must be positive, got {n}")
 
 
 def _check_weights(w, qtype: str, n: int, k: int) -> None:
-    row_bytes = k // 32 * QTYPES[qtype][1]
+    _, per_block, block_bytes = _block(qtype)
+    row_bytes = k // per_block * block_bytes
     if isinstance(w, Packed):
         _check_packed(w, qtype, n, k)
         w = w.data
@@ -130,7 +139,7 @@ def _check_weights(w, qtype: str, n: int, k: int) -> None:
         raise ValueError(f"w must be uint8 blocks, got {getattr(w, 'dtype', type(w))}")
     if w.size != n * row_bytes:
         raise ValueError(f"w has {w.size} bytes; {qtype} [N={n}, K={k}] takes {n * row_bytes} "
-                         f"(N * K/32 blocks of {QTYPES[qtype][1]} bytes)")
+                         f"(N * K/{per_block} blocks of {block_bytes} bytes)")
     if n * row_bytes > 2**31 - 1:
         raise ValueError("the kernels index with 32-bit integers: the matrix is too large")
 
@@ -635,33 +644,13 @@ def quantize(w: mx.array, qtype: str, check_finite: bool = True) -> mx.array:
 def dequantize(q: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
     """[N, K/32 * block bytes] blocks, or Packed -> fp16 [N, K] (each value (q - 8) d or q d, rounded once).
     The K-quants too: [N, K/256 * super-block bytes] -> fp16 [N, K]."""
-    if qtype in K_QTYPES:
-        return _dequantize_k(q, qtype, n, k)
-    _check_qtype_shape(qtype, n, k)
+    _check_qtype_shape(qtype, n, k, (*QTYPES, *K_QTYPES))
     _check_weights(q, qtype, n, k)
     packed = isinstance(q, Packed)
-    blocks = n * (k // 32)
+    chunks = n * (k // 32)  # a thread 32 weights: a block, or part of a K-quant super-block
     (w,) = launch(Launch(_DEQUANTIZE, [(q.data if packed else q).reshape(-1), _dims(n, k)], [((n, k), mx.float16)],
-                         (-(-blocks // 256) * 256, 1, 1), (256, 1, 1),
-                         dict(QTYPE=QTYPES[qtype][0], PACKED=int(packed))))
-    return w
-
-
-def _dequantize_k(q: mx.array, qtype: str, n: int, k: int) -> mx.array:
-    code, sb = K_QTYPES[qtype]
-    if n <= 0 or k <= 0 or k % 256:
-        raise ValueError(f"{qtype} rows hold super-blocks of 256 weights: K must be a positive multiple of 256 "
-                         f"and N positive, got N={n}, K={k}")
-    if not isinstance(q, mx.array) or q.dtype != mx.uint8:
-        raise ValueError(f"{qtype} weights must be uint8 super-blocks, got {getattr(q, 'dtype', type(q))}")
-    if q.size != n * (k // 256) * sb:
-        raise ValueError(f"q has {q.size} bytes; {qtype} [N={n}, K={k}] takes {n * (k // 256) * sb} "
-                         f"(N * K/256 super-blocks of {sb} bytes)")
-    if n * k > 2**31 - 1:
-        raise ValueError("the kernels index with 32-bit integers: the matrix is too large")
-    chunks = n * (k // 32)  # a thread 32 weights
-    (w,) = launch(Launch(_DEQUANTIZE, [q.reshape(-1), _dims(n, k)], [((n, k), mx.float16)],
-                         (-(-chunks // 256) * 256, 1, 1), (256, 1, 1), dict(QTYPE=code, PACKED=0)))
+                         (-(-chunks // 256) * 256, 1, 1), (256, 1, 1),
+                         dict(QTYPE=_block(qtype)[0], PACKED=int(packed))))
     return w
 
 
