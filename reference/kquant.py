@@ -274,3 +274,92 @@ def dequantize(data: np.ndarray, qtype: str, k: int) -> np.ndarray:
     scale = (d[:, None] * sc.astype(F32))[..., None]
     offset = (dmin[:, None] * mn.astype(F32))[..., None]
     return (scale * q.astype(F32) - offset).reshape(n, k)
+
+
+# ---- the v3 GEMV's load-time layout (kernels.gemv.repack): the spec the device repack must meet ----
+# A K-quant matrix [n, k] repacked is its chunks of 32 weights (a Q4_K/Q5_K sub-block; two Q6_K
+# ones), row after row, in three regions, as many bytes as the GGUF super-blocks:
+# - quants, 16 bytes a chunk: byte b holds the low 4 bits of weight b of the chunk in its low
+#   nibble and of weight 16 + b in its high one (Q4_0's order, so one decode serves both);
+# - high bits, Q5_K 4 bytes a chunk (one uint32: the fifth bit of weight 4t + b at bit 8b + t, of
+#   weight 16 + 4t + b at bit 8b + 4 + t), Q6_K 8 bytes (two uint32, weights 0..15 and 16..31:
+#   bits 4-5 of weight 16s + 4t + b at bits 8b + 2t of word s): shifted and masked, four weights'
+#   high bits land in the four bytes of a word, next to their nibbles;
+# - scales: Q4_K/Q5_K each super-block's first 16 bytes as GGUF has them (d, dmin, the 12 bytes
+#   of 6-bit scales and mins); Q6_K each super-block's 16 int8 scales, then every fp16 d.
+def levels(data: np.ndarray, qtype: str, k: int) -> np.ndarray:
+    """[n, k / 256 * block bytes] super-blocks -> each weight's quantized level [n, k] (uint8:
+    Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, before Q6_K's -32)."""
+    check_rows(qtype, k, BLOCK_BYTES, QK_K)
+    b = np.asarray(data, dtype=np.uint8).reshape(-1, BLOCK_BYTES[qtype])
+    n = np.asarray(data).shape[0]
+    if qtype == "q6_k":
+        ql, qh = b[:, :128].reshape(-1, 2, 2, 32), b[:, 128:192].reshape(-1, 2, 32)
+        low = np.stack([ql[:, :, 0] & 0xF, ql[:, :, 1] & 0xF, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], axis=2)
+        high = np.stack([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=2)
+        return (low | (high << 4)).reshape(n, k)
+    qs = b[:, -128:].reshape(-1, 4, 32)
+    q = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(-1, 8, 32)
+    if qtype == "q5_k":
+        q = q | (np.stack([(b[:, 16:48] >> j) & 1 for j in range(8)], axis=1) << 4)
+    return q.reshape(n, k).astype(np.uint8)
+
+
+def _high_positions(bits: int) -> np.ndarray:
+    """Bit position in its high-bit word of each of a chunk's 32 weights (see the layout above)."""
+    w = np.arange(32)
+    half, t, b = w // 16, w % 16 // 4, w % 4
+    if bits == 1:
+        return 8 * b + 4 * half + t
+    return 8 * b + 2 * t + 32 * half  # two words: the second's bits 32 on
+
+
+def pack(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarray:
+    """GGUF super-blocks [n, k / 256 * block bytes] -> the repacked bytes (the layout above)."""
+    data = np.asarray(data, dtype=np.uint8).reshape(n, -1)
+    lv = levels(data, qtype, k).reshape(n, k // 32, 32)
+    quants = (lv[..., :16] & 0xF) | ((lv[..., 16:] & 0xF) << 4)
+    parts = [quants.reshape(-1)]
+    if qtype != "q4_k":
+        bits = 1 if qtype == "q5_k" else 2
+        high = (lv >> 4).astype(np.uint64) << _high_positions(bits).astype(np.uint64)
+        words = high.sum(axis=-1, dtype=np.uint64)  # no two weights share a bit: the sum is an or
+        dtype = np.uint32 if bits == 1 else np.uint64
+        parts.append(words.astype(dtype).view(np.uint8).reshape(-1))
+    blocks = data.reshape(n, k // QK_K, BLOCK_BYTES[qtype])
+    if qtype == "q6_k":
+        parts += [blocks[..., 192:208].reshape(-1), blocks[..., 208:210].reshape(-1)]
+    else:
+        parts.append(blocks[..., :16].reshape(-1))
+    return np.concatenate(parts)
+
+
+def dequantize_packed(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarray:
+    """The repacked bytes -> [n, k] float32, read from the layout's definition (not by undoing
+    pack): the values dequantize gives for the super-blocks they came from."""
+    check_rows(qtype, k, BLOCK_BYTES, QK_K)
+    data = np.asarray(data, dtype=np.uint8).reshape(-1)
+    if data.size != storage_bytes(qtype, n, k):
+        raise ValueError(f"packed {qtype} [{n}, {k}] takes {storage_bytes(qtype, n, k)} bytes, got {data.size}")
+    chunks, supers = n * k // 32, n * k // QK_K
+    quants = data[: 16 * chunks].reshape(chunks, 16)
+    lv = np.concatenate([quants & 0xF, quants >> 4], axis=1).astype(np.int32)
+    at = 16 * chunks
+    if qtype != "q4_k":
+        bits = 1 if qtype == "q5_k" else 2
+        size = 4 * bits
+        words = data[at: at + size * chunks].reshape(chunks, size).view(np.uint32 if bits == 1 else np.uint64)
+        high = (words.astype(np.uint64) >> _high_positions(bits).astype(np.uint64)) & np.uint64((1 << bits) - 1)
+        lv |= high.astype(np.int32) << 4
+        at += size * chunks
+    if qtype == "q6_k":
+        scales = data[at: at + 16 * supers].view(np.int8).astype(F32).reshape(supers, 16, 1)
+        d = data[at + 16 * supers:].view(np.float16).astype(F32).reshape(supers, 1, 1)
+        return (d * scales * (lv.reshape(supers, 16, 16) - 32).astype(F32)).reshape(n, k)
+    head = data[at:].reshape(supers, 16)
+    d = np.ascontiguousarray(head[:, 0:2]).view(np.float16).astype(F32).reshape(-1)
+    dmin = np.ascontiguousarray(head[:, 2:4]).view(np.float16).astype(F32).reshape(-1)
+    sc, mn = _unpack_scales_mins(head[:, 4:16])
+    scale = (d[:, None] * sc.astype(F32))[..., None]
+    offset = (dmin[:, None] * mn.astype(F32))[..., None]
+    return (scale * lv.reshape(supers, 8, 32).astype(F32) - offset).reshape(n, k)

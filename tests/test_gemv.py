@@ -108,6 +108,37 @@ def test_repack_keeps_every_weight(qtype, n, k):
     assert np.array_equal(np.array(gemv.unpack(packed)), blocks)
 
 
+@pytest.mark.parametrize("qtype", list(gemv.K_QTYPES))
+def test_k_quant_repack_is_the_reference_layout(qtype, monkeypatch):
+    """The device repack of the K-quants (MLX ops; here on the CPU) makes reference.kquant.pack's
+    bytes, in steps of rows as on the device (REPACK_ROWS, a last step short)."""
+    import numpy as np
+
+    from reference import kquant
+
+    monkeypatch.setattr(gemv, "REPACK_ROWS", 2)
+    rng = np.random.default_rng(7)
+    blocks = rng.integers(0, 256, (5, 768 // 256 * kquant.BLOCK_BYTES[qtype]), dtype=np.uint8)
+    packed = gemv.repack(mx.array(blocks), qtype, 5, 768)
+    assert (packed.qtype, packed.n, packed.k) == (qtype, 5, 768)
+    assert np.array_equal(np.array(packed.data), kquant.pack(blocks, qtype, 5, 768))
+    with pytest.raises(ValueError, match="Q4_0/Q8_0"):
+        gemv.unpack(packed)
+
+
+def test_k_quants_take_the_v3_path_only():
+    """A K-quant matrix in GGUF blocks (v1/v2) or with rows not of whole super-blocks: a clear
+    error before any launch."""
+    x = mx.zeros((1, 256), mx.float16)
+    w = mx.zeros((4, 144), mx.uint8)
+    with pytest.raises(ValueError, match="repacked weights only"):
+        gemv.gemv_v2(x, w, "q4_k", 4, 256)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        gemv.repack(mx.zeros((4, 144), mx.uint8), "q4_k", 8, 128)
+    with pytest.raises(ValueError, match="seam takes"):
+        gemv.seam(x, w, 4, 256, mx.zeros((1, 4), mx.float16), mx.zeros((4,), mx.float16), 1e-5, w, 4, "q4_k")
+
+
 def test_v3_geometry_fits_and_streams():
     for qtype in gemv.QTYPES:
         for m in range(1, gemv.MAX_M + 1):

@@ -63,6 +63,23 @@ def test_dequantize_equals_gguf_on_random_bytes(qtype, k):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("k", [256, 4352])
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_the_repacked_layout_decodes_to_the_same_weights(qtype, k):
+    """reference.kquant.pack (the v3 GEMV's load-time layout) read back from its own definition
+    gives dequantize's values for any bytes, and keeps the byte count; every level and high bit
+    survives (levels of the packed bytes, read the layout's way, equal levels of the blocks)."""
+    rng = np.random.default_rng(k + 1)
+    data = rng.integers(0, 256, (3, k // 256 * kquant.BLOCK_BYTES[qtype]), dtype=np.uint8)
+    data[1] = 0xFF
+    packed = kquant.pack(data, qtype, 3, k)
+    assert packed.size == data.size
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.testing.assert_array_equal(kquant.dequantize_packed(packed, qtype, 3, k), kquant.dequantize(data, qtype, k))
+    with pytest.raises(ValueError, match="takes"):
+        kquant.dequantize_packed(packed[:-1], qtype, 3, k)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_quantize_equals_ggml_reference(qtype, kind):

@@ -1,4 +1,4 @@
-"""The quantized GEMV family (Q4_0, Q8_0).
+"""The quantized GEMV family (Q4_0, Q8_0; and the K-quants Q4_K, Q5_K, Q6_K on the v3 path).
 
 Checks: GPU quantize/dequantize byte for byte against reference.quant; v1, v2 and v3 GEMV, the
 fused RMSNorm+GEMV and SiLU+down, gate+up with SwiGLU in its epilogue, the seam (two GEMVs in one launch), the batched (M > 4) path and the
@@ -6,7 +6,12 @@ fused projections against float64
 on the dequantized weights, on odd small shapes and on real models' shapes, outputs poisoned.
 Benchmarks (M = 1 unless said): v1 and v2 against MLX's fp16 matvec and quantized_matmul at
 4 and 8 bits; fused against the unfused sequences; the batched path against repeated GEMVs over
-M; and a sweep of v2's launch knobs.
+M; and a sweep of v2's launch knobs. The K-quants: their repack byte for byte against
+reference.kquant.pack, their GPU dequantize, and every v3 form (plain, fused prologues and
+epilogues, gate+up with SwiGLU, fused projections, the batched path) against float64, on random
+super-blocks (every byte random but the fp16 scales: any bit pattern the format allows); their
+benchmarks beside Q4_0's v3 and MLX's 4/5/6-bit quantized_matmul at groups of 64 (4.5, 5.5, 6.5 bits a
+weight: Q4_K's, Q5_K's, about Q6_K's).
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ import pandas as pd
 
 from harness.bench import BenchCase
 from harness.check import CheckCase, Comparison, compare, exact
-from reference import rel_err
-from reference.quant import dequantize, quantize, storage_bytes
+from reference import formats, rel_err
+from reference.quant import quantize
 
 TOL = 2e-3
 QTYPES = ("q4_0", "q8_0")
-K_QTYPES = ("q4_k", "q5_k", "q6_k")  # dequantize only, so far
+K_QTYPES = ("q4_k", "q5_k", "q6_k")  # the v3 GEMVs and dequantize (repacked weights only)
+K_SMALL_K = (256, 768, 4352)  # K-quant rows are whole super-blocks of 256
 SMALL_N = (1, 7, 33, 4097)
 SMALL_K = (32, 96, 256, 4128)  # 256: the smallest K whose rows are 16-byte aligned
 # N x K of real layers: Llama-3-8B q/o (4096 x 4096), k/v (1024 x 4096), gate/up (14336 x 4096),
@@ -34,6 +40,14 @@ REAL = ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (3072, 1024), 
 VOCAB = ((151936, 1024), (128256, 4096))
 SAMPLED_FROM = 65536  # larger N: the float64 reference covers a sample of rows (all are checked finite)
 HOST_QUANTIZE_UP_TO = 1 << 22  # weights; larger matrices are quantized by the (checked) GPU kernel
+
+
+def dequantize(blocks: np.ndarray, qtype: str, k: int) -> np.ndarray:
+    return formats.dequantize(blocks, qtype.upper(), k)
+
+
+def storage_bytes(qtype: str, n: int, k: int) -> int:
+    return n * formats.row_bytes(qtype.upper(), k)
 
 
 def _weights(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
@@ -46,6 +60,9 @@ def _blocks(rng: np.random.Generator, qtype: str, n: int, k: int) -> tuple[np.nd
     """Random weights in `qtype` blocks, on the host and on the device. Larger matrices are drawn
     and quantized on the device (the quantizer is checked on its own, byte for byte): drawing
     them on the host was most of the suite's time (0.3 s a call on average)."""
+    if qtype in K_QTYPES:
+        host = _k_blocks(rng, qtype, n, k)
+        return host, mx.array(host)
     if n * k <= HOST_QUANTIZE_UP_TO:
         host = quantize(_weights(rng, n, k), qtype)
         return host, mx.array(host)
@@ -56,6 +73,24 @@ def _blocks(rng: np.random.Generator, qtype: str, n: int, k: int) -> tuple[np.nd
     dev = gpu_quantize((mx.random.normal((n, k), key=keys[1]) * scales).astype(mx.float16), qtype)
     mx.eval(dev)
     return np.array(dev), dev
+
+
+# fp16 super-block scales of random K-quant blocks: weights of about 0.01-0.1 at the largest
+# sub-block scales and levels (Q4_K/Q5_K d * 63 * 31, Q6_K d * 127 * 32)
+K_SCALES = {"q4_k": (2e-5, 1e-4), "q5_k": (1e-5, 5e-5), "q6_k": (2e-6, 2e-5)}
+
+
+def _k_blocks(rng: np.random.Generator, qtype: str, n: int, k: int) -> np.ndarray:
+    """[n, k] in random `qtype` super-blocks: every byte random (levels, sub-block scales and
+    mins, high bits: all the bit patterns the format allows) but the fp16 d (and dmin), which are
+    drawn from K_SCALES so that the weights are of a real layer's size."""
+    size = formats.row_bytes(qtype.upper(), 256)
+    blocks = rng.integers(0, 256, (n * k // 256, size), dtype=np.uint8)
+    lo, hi = K_SCALES[qtype]
+    at = slice(208, 210) if qtype == "q6_k" else slice(0, 4)
+    scales = rng.uniform(lo, hi, (blocks.shape[0], at.stop - at.start >> 1)).astype(np.float16)
+    blocks[:, at] = scales.view(np.uint8)
+    return blocks.reshape(n, -1)
 
 
 def _x(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
@@ -127,6 +162,7 @@ def _dequantize_k_case(qtype: str, n: int, k: int) -> CheckCase:
     reference, exactly. Q4_K and Q5_K subtract a min, and the GPU may fuse the product into the
     difference (one rounding, not two): within one fp16 step of the reference."""
     from kernels.gemv import dequantize as gpu_dequantize
+    from kernels.gemv import repack
     from kernels.runtime import poisoned_outputs
     from reference import kquant
 
@@ -136,16 +172,23 @@ def _dequantize_k_case(qtype: str, n: int, k: int) -> CheckCase:
         w = np.stack([kinds[i % len(kinds)] if i < len(kinds) else rng.standard_normal(k) / 32
                       for i in range(n)]).astype(np.float32)
         blocks = kquant.quantize(w, qtype)
+        packed = repack(mx.array(blocks), qtype, n, k)
         with poisoned_outputs():
             got = gpu_dequantize(mx.array(blocks), qtype, n, k)
-            mx.eval(got)
-        got, want = np.array(got), kquant.dequantize(blocks, qtype, k)
-        if qtype == "q6_k":
-            return [exact("dequantized (fp16 of the reference)", got, want.astype(np.float16))]
-        step = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
-        steps = np.abs(got.astype(np.float32) - want) / step
-        return [Comparison("dequantized (fp16 steps from the reference)", float(np.nan_to_num(steps.max(), nan=np.inf)),
-                           1.0)]
+            got_packed = gpu_dequantize(packed, qtype, n, k)
+            mx.eval(got, got_packed)
+        want = kquant.dequantize(blocks, qtype, k)
+        checks = [exact("repacked bytes (reference.kquant.pack)", np.array(packed.data), kquant.pack(blocks, qtype, n, k))]
+        for label, out in (("dequantized", got), ("dequantized from the repacked blocks", got_packed)):
+            out = np.array(out)
+            if qtype == "q6_k":
+                checks.append(exact(f"{label} (fp16 of the reference)", out, want.astype(np.float16)))
+                continue
+            step = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
+            steps = np.abs(out.astype(np.float32) - want) / step
+            checks.append(Comparison(f"{label} (fp16 steps from the reference)",
+                                     float(np.nan_to_num(steps.max(), nan=np.inf)), 1.0))
+        return checks
 
     return CheckCase("gemv", f"dequantize_{qtype}", "gpu", dict(N=n, K=k), run)
 
@@ -387,9 +430,10 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     for `lathe compile`)."""
     cases = []
     odd = [(n, k) for n in SMALL_N for k in SMALL_K]
-    for qtype in K_QTYPES:  # the K-quants' formats on the GPU (their GEMVs: issue 26, next)
+    for qtype in K_QTYPES:  # the K-quants: their formats on the GPU and the v3 GEMVs
         shapes = [(1, 256), (7, 768), (33, 4352)] + ([] if small else [(1024, 3072), (4096, 14336)])
         cases += [_dequantize_k_case(qtype, n, k) for n, k in shapes]
+        cases += _k_cases(qtype, small)
     for qtype in QTYPES:
         cases += [_quantize_case(qtype, 33, 4128), _quantize_case(qtype, 1, 32),
                   _quantize_case(qtype, 0, 256, adversarial=True)]
@@ -461,6 +505,39 @@ def _v3_cases(qtype: str, small: bool, odd: list[tuple[int, int]]) -> list[Check
     return cases
 
 
+def _k_shape(k: int) -> int:
+    """A check shape's K for the K-quants: rounded up to whole super-blocks."""
+    return -(-k // 256) * 256
+
+
+def _k_cases(qtype: str, small: bool) -> list[CheckCase]:
+    """A K-quant's v3 cases: _v3_cases' shapes, knobs and forms with K in whole super-blocks
+    (the seams take Q4_0/Q8_0 only)."""
+    odd = [(n, k) for n in SMALL_N for k in K_SMALL_K]
+    cases = [_gemv_case("v3", qtype, 1 + c % 4, n, k)
+             for c, (n, k) in enumerate(odd + ([] if small else [*REAL, *VOCAB]))]
+    if not small:
+        cases += [_gemv_case("v3", qtype, m, 4096, 4096) for m in (1, 2, 3)]
+    for m in (1, 2, 3, 4):
+        tail = small or m > 2
+        cases.append(_fused_case("rmsnorm", qtype, m, *((33, 4352) if tail else (4096, 4096)), version="v3"))
+        cases.append(_fused_case("swiglu", qtype, m, *((33, 4352) if tail else (4096, 14336)), version="v3"))
+        cases.append(_fused_case("swiglu", qtype, m, *((33, 4352) if tail else (4096, 14336)), residual=True,
+                                 version="v3"))
+        cases.append(_fused_case("plain", qtype, m, *((33, 4352) if tail else (4096, 4096)), residual=True,
+                                 version="v3"))
+    for kind, m, n, k, residual, knobs in V3_KNOB_CASES[:2] if small else V3_KNOB_CASES:
+        cases.append(_fused_case(kind, qtype, m, n, _k_shape(k), residual, knobs, version="v3"))
+    for m, f, k, norm, knobs in GATE_UP_SWIGLU_CASES[4:6] if small else GATE_UP_SWIGLU_CASES:
+        cases.append(_gate_up_swiglu_case(qtype, m, f, _k_shape(k), norm, knobs))
+    for m in (5, 16) if small else (5, 16, 512):
+        cases.append(_gemv_case("linear v3", qtype, m, *((33, 256) if small else (4097, 4352))))
+    if not small:
+        cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1, packed=True))
+        cases.append(_projection_case(qtype, (14336, 14336), 4096, 2, packed=True))
+    return cases
+
+
 def _vs_gguf(qtype: str) -> CheckCase:
     def run(rng: np.random.Generator) -> list[Comparison]:
         from gguf import GGMLQuantizationType as T
@@ -483,6 +560,9 @@ def reference_cases() -> list[CheckCase]:
 
 # ---- benchmarks ------------------------------------------------------------------------------------
 BENCH_SHAPES = (*REAL, *VOCAB)
+# MLX's own low-bit formats beside the K-quants: affine 4, 5 and 6 bits in groups of 64 (an fp16
+# scale and bias a group: 4.5, 5.5 and 6.5 bits a weight against Q4_K's 4.5, Q5_K's 5.5, Q6_K's 6.5625)
+K_MLX_PEERS = ("4bit-gs64", "5bit-gs64", "6bit-gs64")
 
 
 def _device_blocks(qtype: str, n: int, k: int) -> mx.array:
@@ -495,6 +575,21 @@ def _device_blocks(qtype: str, n: int, k: int) -> mx.array:
     return q
 
 
+def _device_k_blocks(qtype: str, n: int, k: int) -> mx.array:
+    """Random K-quant super-blocks made on the device (_k_blocks' kind: random bytes, drawn fp16
+    scales)."""
+    keys = mx.random.split(mx.random.key(n * 7 + k))
+    supers, size = n * k // 256, formats.row_bytes(qtype.upper(), 256)
+    body = mx.random.randint(0, 256, (supers, size), key=keys[0]).astype(mx.uint8)
+    lo, hi = K_SCALES[qtype]
+    pairs = 1 if qtype == "q6_k" else 2
+    scales = mx.random.uniform(lo, hi, (supers, pairs), key=keys[1]).astype(mx.float16).view(mx.uint8)
+    parts = [body[:, :208], scales] if qtype == "q6_k" else [scales, body[:, 4:]]
+    q = mx.concatenate(parts, axis=1).reshape(n, -1)
+    mx.eval(q)
+    return q
+
+
 def _weights_once(qtype: str, *shapes: tuple[int, int]):
     """A function that gives each rotated input set its own device copy of random blocks, one
     matrix per (N, K) shape; the blocks are made on the first call only."""
@@ -502,7 +597,8 @@ def _weights_once(qtype: str, *shapes: tuple[int, int]):
 
     def fresh() -> list[mx.array]:
         if not made:
-            made.extend(_device_blocks(qtype, n, k) for n, k in shapes)
+            make = _device_k_blocks if qtype in K_QTYPES else _device_blocks
+            made.extend(make(qtype, n, k) for n, k in shapes)
         return [b + mx.array(0, mx.uint8) for b in made]
 
     return fresh
@@ -541,17 +637,18 @@ def _bench_mlx(kind: str, n: int, k: int) -> BenchCase:
         if kind == "fp16":
             state["w"] = w
         else:
-            state["wq"], state["scales"], state["biases"] = mx.quantize(w, group_size=32, bits=int(kind[0]))
+            state["wq"], state["scales"], state["biases"] = mx.quantize(w, group_size=int(kind.split("gs")[1]),
+                                                                        bits=int(kind[0]))
         return state
 
     if kind == "fp16":
         kernel, nbytes = "mlx.matmul-fp16", 2 * n * k
         step = lambda s: [s["x"] @ s["w"].T]  # noqa: E731
     else:
-        bits = int(kind[0])
-        kernel, nbytes = "mlx.quantized_matmul", n * k * bits // 8 + n * (k // 32) * 4
+        bits, group = int(kind[0]), int(kind.split("gs")[1])
+        kernel, nbytes = "mlx.quantized_matmul", n * k * bits // 8 + n * (k // group) * 4
         step = lambda s: [mx.quantized_matmul(s["x"], s["wq"], s["scales"], s["biases"],  # noqa: E731
-                                              transpose=True, group_size=32, bits=bits)]
+                                              transpose=True, group_size=group, bits=bits)]
     nbytes += 2 * k + 2 * n
     return BenchCase("gemv", "gemv-m1", kernel, kind, dict(M=1, N=n, K=k), make, step, nbytes,
                      2 * n * k, nbytes)
@@ -672,6 +769,8 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
         for qtype in QTYPES:
             cases += [_bench_ours(v, qtype, n, k) for v in ("v1", "v2", "v3")]
         cases += [_bench_mlx(kind, n, k) for kind in ("fp16", "4bit-gs32", "8bit-gs32")]
+        cases += [_bench_ours("v3", qtype, n, k) for qtype in K_QTYPES]
+        cases += [_bench_mlx(kind, n, k) for kind in K_MLX_PEERS]
     fused = ("fused", "fused-v3", "unfused")
     for qtype in QTYPES:
         for n, k in ((4096, 4096), (14336, 4096)) if not quick else ((4096, 4096),):
@@ -686,8 +785,12 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
     for m in (1, 2, 4, 8, 16, 32, 64, 512) if not quick else (4, 16):
         cases += [_bench_batched(p, "q4_0", m, 4096, 4096) for p in ("gemv", "gemv-v3", "batched")]
     for m in (1, 2, 3, 4) if not quick else ():  # the issue's M = 2..4 against M = 1, large shapes
-        cases += [_bench_batched("gemv-v3", qtype, m, n, k) for qtype in QTYPES
+        cases += [_bench_batched("gemv-v3", qtype, m, n, k) for qtype in (*QTYPES, *K_QTYPES)
                   for n, k in ((14336, 4096), (4096, 14336), (128256, 4096))]
+    for qtype in K_QTYPES if not quick else ():  # the K-quants' fused forms, as the loop runs them
+        cases += [_bench_fused("rmsnorm", "fused-v3", qtype, n, 4096) for n in (4096, 14336)]
+        cases.append(_bench_fused("swiglu", "fused-v3", qtype, 4096, 14336))
+        cases += [_bench_ffn("swiglu-at-gate_up", qtype, f, d) for f, d in ((14336, 4096), (3072, 1024))]
     return cases
 
 

@@ -1,4 +1,5 @@
-"""Quantized matrix-vector products on GGUF blocks (Q4_0, Q8_0): Y[M, N] = X[M, K] @ W^T.
+"""Quantized matrix-vector products on GGUF blocks (Q4_0, Q8_0; v3 also Q4_K, Q5_K, Q6_K):
+Y[M, N] = X[M, K] @ W^T.
 
 W is the [N, K / 32 * block bytes] uint8 matrix of reference.quant (GGUF's own bytes: a GGUF
 tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
@@ -10,7 +11,9 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
 - `gemv_v3`: on weights repacked once when the model loads (`repack` -> `Packed`: quants apart
   from scales, every 16 bytes of quants aligned), each lane loading its chunks straight into
   registers, several in flight, X' staged as v2 stages it (gemv_v3.metal; M 1..4). `gemv` picks
-  v2 or v3 by the weights' type.
+  v2 or v3 by the weights' type. The K-quants run here only, the block format a compile-time
+  QTYPE of the same body: their super-blocks repacked into chunks of 32 weights (low nibbles in
+  Q4_0's order, high bits and scales apart: reference/kquant.py's layout).
 - `rmsnorm_gemv`, `silu_down_gemv`: v2 (v3 on Packed weights) with RMSNorm(X) * gamma, or
   silu(gate) * up, computed while X is staged (no normalized or activated copy in device memory).
 - `gate_up_swiglu`: v3's gate+up (RMSNorm or not) with silu(gate) * up in its epilogue instead:
@@ -38,9 +41,10 @@ from kernels import options
 from kernels.runtime import KernelSpec, Launch, constant, launch, resident
 
 QTYPES = {"q4_0": (0, 18), "q8_0": (1, 34)}
-# The K-quants (reference/kquant.py): (QTYPE code, bytes a super-block of 256). Only `dequantize`
-# reads them so far (issue 26: the GEMVs next).
+# The K-quants (reference/kquant.py): (QTYPE code, bytes a super-block of 256). The v3 GEMVs
+# (repacked weights) and `dequantize` read them; v1 and v2 take Q4_0 and Q8_0 only.
 K_QTYPES = {"q4_k": (2, 144), "q5_k": (3, 176), "q6_k": (4, 210)}
+V3_QTYPES = (*QTYPES, *K_QTYPES)
 MAX_M = 4  # rows of X a GEMV launch takes; linear() goes past it
 ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 
@@ -73,8 +77,7 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # BLOCK_NSIMD: SIMD groups a threadgroup of a decoder block (kernels.blocks, one threadgroup size
 # for all of a launch's phases) with block_geometry=per_gemv; 0: by the launch's GEMVs
 # (kernels.blocks.block_geometry).
-TUNING = {"q4_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0},
-          "q8_0": {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0},
+TUNING = {**{q: {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0} for q in V3_QTYPES},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
           "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112, "BLOCK_NSIMD": 0}
 _TUNING_DEFAULTS = copy.deepcopy(TUNING)
@@ -167,8 +170,12 @@ def _check_norm(gamma: mx.array, eps: float, k: int) -> None:
 def check_gemv_args(x: mx.array, w: mx.array, qtype: str, n: int, k: int,
                     x_width: int | None = None, max_m: int | None = MAX_M) -> None:
     """Every argument check of the GEMV kernels (before any launch). `x_width` is X's row length
-    where it is not K (2K for the gate+up input of silu_down_gemv); `max_m=None` takes any M."""
-    _check_qtype_shape(qtype, n, k)
+    where it is not K (2K for the gate+up input of silu_down_gemv); `max_m=None` takes any M.
+    The K-quants only as repacked weights (Packed: the v3 GEMVs)."""
+    if qtype in K_QTYPES and not isinstance(w, Packed):
+        raise ValueError(f"{qtype} runs on repacked weights only (kernels.gemv.repack, the v3 GEMVs); "
+                         f"GGUF blocks go to v1/v2, which take {tuple(QTYPES)}")
+    _check_qtype_shape(qtype, n, k, V3_QTYPES if isinstance(w, Packed) else tuple(QTYPES))
     _check_fp16("activations", x)
     width = k if x_width is None else x_width
     if x.ndim != 2 or x.shape[1] != width or x.shape[0] < 1 or (max_m and x.shape[0] > max_m):
@@ -277,7 +284,7 @@ def set_tuning(text: str, from_defaults: bool = False) -> dict[str, int]:
     if from_defaults:
         TUNING.update(copy.deepcopy(_TUNING_DEFAULTS))
     for key, value in setting.items():
-        for table in (TUNING[q] for q in QTYPES) if key in TUNING["q4_0"] else (TUNING,):
+        for table in (TUNING[q] for q in V3_QTYPES) if key in TUNING["q4_0"] else (TUNING,):
             table[key] = value
     v2_geometry.cache_clear()
     seam_geometry.cache_clear()
@@ -364,19 +371,86 @@ class Packed:
 
 
 def repack(w: mx.array, qtype: str, n: int, k: int) -> Packed:
-    """GGUF blocks [N, K/32 * block bytes] -> Packed: a byte shuffle on the device, exact (the
-    same weights: tests/test_gemv.py against reference.quant.dequantize_packed). Once, when a
-    model loads; the file is never changed. Fused matrices are concatenated first (concat_rows)."""
-    _check_qtype_shape(qtype, n, k)
+    """GGUF blocks [N, K/32 * block bytes] (K-quants: [N, K/256 * super-block bytes]) -> Packed:
+    a byte shuffle on the device, exact (the same weights: tests/test_gemv.py against
+    reference.quant.dequantize_packed, and for the K-quants the bytes of reference.kquant.pack).
+    Once, when a model loads; the file is never changed. Fused matrices are concatenated first
+    (concat_rows)."""
+    _check_qtype_shape(qtype, n, k, V3_QTYPES)
     _check_weights(w, qtype, n, k)
+    if qtype in K_QTYPES:
+        return _repack_k(w, qtype, n, k)
     blocks = w.reshape(n, k // 32, QTYPES[qtype][1])
     data = mx.concatenate([blocks[:, :, 2:].reshape(-1), blocks[:, :, :2].reshape(-1)])
     mx.eval(data)
     return Packed(data, qtype, n, k)
 
 
+REPACK_ROWS = 4096  # rows a step of the K-quants' repack (its temporaries are 4 bytes a weight)
+
+
+def _k_levels(blocks: mx.array, qtype: str) -> mx.array:
+    """Super-blocks [rows, S, bytes] -> each weight's level [rows, S * 8, 32] (uint8; Q6_K's
+    before its -32), GGML's byte layouts undone (reference.kquant.levels has the same rules)."""
+    rows, s = blocks.shape[:2]
+    if qtype == "q6_k":
+        ql, qh = blocks[..., :128].reshape(rows, s, 2, 2, 32), blocks[..., 128:192].reshape(rows, s, 2, 32)
+        low = mx.stack([ql[:, :, :, 0] & 15, ql[:, :, :, 1] & 15, ql[:, :, :, 0] >> 4, ql[:, :, :, 1] >> 4], axis=3)
+        high = mx.stack([(qh >> b) & 3 for b in (0, 2, 4, 6)], axis=3)
+        return (low | (high << 4)).reshape(rows, s * 8, 32)
+    qs = blocks[..., -128:].reshape(rows, s, 4, 32)
+    q = mx.stack([qs & 15, qs >> 4], axis=3).reshape(rows, s, 8, 32)
+    if qtype == "q5_k":
+        qh = blocks[..., 16:48]
+        q = q | (mx.stack([(qh >> j) & 1 for j in range(8)], axis=2) << 4)
+    return q.reshape(rows, s * 8, 32)
+
+
+def _high_words(levels: mx.array, qtype: str) -> mx.array:
+    """The chunks' high bits as reference.kquant lays them out: Q5_K's fifth bit of value 4t + b at
+    bit 8b + t of one word (of 16 + 4t + b at 8b + 4 + t), Q6_K's bits 4-5 of value 16s + 4t + b at
+    bits 8b + 2t of word s. Returned as the words' bytes."""
+    v = mx.arange(16)
+    t, b = v // 4, v % 4
+    high = (levels >> 4).astype(mx.uint32).reshape(*levels.shape[:2], 2, 16)
+    if qtype == "q5_k":
+        pos = mx.stack([8 * b + t, 8 * b + 4 + t]).astype(mx.uint32)
+        words = (high << pos).sum(axis=(-2, -1))  # no two values share a bit: the sum is an or
+    else:
+        words = (high << (8 * b + 2 * t).astype(mx.uint32)).sum(axis=-1)
+    return words.astype(mx.uint32).view(mx.uint8).reshape(-1)
+
+
+def _repack_k(w: mx.array, qtype: str, n: int, k: int) -> Packed:
+    """The K-quants' repack (reference/kquant.py's layout): low nibbles of each chunk of 32 in
+    Q4_0's order, then the chunks' high bits, then the scales (Q4_K/Q5_K each super-block's first
+    16 bytes; Q6_K its int8 scales, then every d), in steps of REPACK_ROWS rows (the levels and
+    high-bit words are temporaries of a few bytes a weight)."""
+    sb = K_QTYPES[qtype][1]
+    blocks = w.reshape(n, k // 256, sb)
+    quants, high, heads, ds = [], [], [], []
+    for r0 in range(0, n, REPACK_ROWS):
+        part = blocks[r0:r0 + REPACK_ROWS]
+        levels = _k_levels(part, qtype)
+        quants.append(((levels[..., :16] & 15) | ((levels[..., 16:] & 15) << 4)).reshape(-1))
+        if qtype != "q4_k":
+            high.append(_high_words(levels, qtype))
+        if qtype == "q6_k":
+            heads.append(part[..., 192:208].reshape(-1))
+            ds.append(part[..., 208:210].reshape(-1))
+        else:
+            heads.append(part[..., :16].reshape(-1))
+        mx.eval(quants[-1], *high[-1:], heads[-1], *ds[-1:])
+    data = mx.concatenate(quants + high + heads + ds)
+    mx.eval(data)
+    return Packed(data, qtype, n, k)
+
+
 def unpack(p: Packed) -> mx.array:
-    """Packed -> the GGUF blocks again: repack's inverse (tests/test_gemv.py checks the round trip)."""
+    """Packed -> the GGUF blocks again: repack's inverse for Q4_0/Q8_0 (tests/test_gemv.py checks
+    the round trip; the K-quants' layout is checked against reference.kquant.pack instead)."""
+    if p.qtype not in QTYPES:
+        raise ValueError(f"unpack takes Q4_0/Q8_0 (the K-quants' layout is reference.kquant's), got {p.qtype}")
     nb, bb = p.k // 32, QTYPES[p.qtype][1]
     quants = p.data[: p.n * nb * (bb - 2)].reshape(p.n, nb, bb - 2)
     scales = p.data[p.n * nb * (bb - 2):].reshape(p.n, nb, 2)
@@ -424,7 +498,7 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
         xchunk = (xchunk - 1) // 2048 * 2048
     if xchunk <= 0:
         raise ValueError(f"M={m} rows of X do not fit in threadgroup memory in chunks of 2048")
-    chunk_values = 32 if qtype == "q4_0" else 16
+    chunk_values = 16 if qtype == "q8_0" else 32
     per_lane = -(-(xchunk // chunk_values) // 32)
     p = max(1, min(depth or tuning["V3_P"] or shaped["P"], per_lane))
     return r, s, p, xchunk
@@ -455,7 +529,7 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
         raise ValueError(f"max_groups must be >= 0, got {cap}")
     if cap and xchunk >= k:  # streaming row groups needs X' staged once: all of K in one chunk
         groups = min(groups, cap)
-    consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk)
+    consts = dict(QTYPE=_block(qtype)[0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk)
     (y,) = launch(Launch(_gemv_spec("v3", prologue, residual is not None, swiglu_out),
                          [x, w.data, _dims(n, k, groups), *inputs],
                          [((m, n_out), mx.float16)], (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
@@ -547,6 +621,8 @@ def seam(x: mx.array, w_a: mx.array | Packed, n_a: int, k_a: int, residual: mx.a
     if unknown and not isinstance(w_a, Packed):
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, "
                          "launched, prefetch")
+    if qtype not in QTYPES:
+        raise ValueError(f"a seam takes {tuple(QTYPES)} (both of its GEMVs one instantiation), got {qtype!r}")
     check_gemv_args(x, w_a, qtype, n_a, k_a, x_width=2 * k_a if swiglu else None)
     _check_qtype_shape(qtype, n_b, n_a)  # GEMV B's K is A's N
     _check_weights(w_b, qtype, n_b, n_a)

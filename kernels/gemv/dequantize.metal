@@ -3,8 +3,9 @@
 // a sub-block's worth of a 256-weight super-block each: Q4_K (QTYPE 2) and Q5_K (3) d * sc * q -
 // dmin * m (the product and the difference may fuse into one rounding on the GPU: a checked
 // fp16 step at most), Q6_K (4) d * scale * (q - 32).
-// PACKED 1 (Q4_0, Q8_0): q is repacked (kernels.gemv.repack: every block's quants, then every
-// scale), so the prompt path reads the decode loop's one copy of the weights without unpacking it.
+// PACKED 1: q is repacked (kernels.gemv.repack: Q4_0/Q8_0 every block's quants, then every scale;
+// the K-quants reference/kquant.py's layout), so the prompt path reads the decode loop's one copy
+// of the weights without unpacking it.
 // Inputs: q (uint8 blocks), dims (int32: N, K). Output: w (half, [N, K]).
 const uint n = uint(dims[0]);
 const uint nb = uint(dims[1]) / 32;
@@ -12,39 +13,52 @@ const uint blk = thread_position_in_grid.x;
 if (blk >= n * nb) return;  // no SIMD functions here: lanes may leave early
 
 float v[32];
-if (QTYPE >= 2) {
-  constexpr uint SB = QTYPE == 2 ? 144 : QTYPE == 3 ? 176 : 210;  // bytes a super-block
-  const uint c = blk % 8, base = blk / 8 * SB;  // this thread's 32 weights: part c of a super-block
+if (QTYPE >= 2 && PACKED) {
+  // the repacked chunk blk (reference/kquant.py's layout): 16 bytes of low nibbles, its high
+  // bits (Q5_K one word, Q6_K two), the super-block's scales
+  const uint chunks = n * nb;
+  const uint4 lowq = load_wide<uint4>(q, blk);
+  const uint lw[4] = {lowq.x, lowq.y, lowq.z, lowq.w};
+  const uint high_at = chunks * 16, scales_at = high_at + chunks * (QTYPE == 3 ? 4 : QTYPE == 4 ? 8 : 0);
+  uint h0 = 0u, h1 = 0u;
+  if (QTYPE == 3) h0 = load_wide<uint>(q, high_at / 4 + blk);
   if (QTYPE == 4) {
-    // ql[128] low nibbles, qh[64] high bit pairs, int8 scales[16] (one a 16 weights), fp16 d; the
-    // 256 weights as two halves of 128, each four parts of 32 over 64 ql bytes and 32 qh bytes
-    const uint half_at = c / 4, part = c % 4;
-    const float d = float(as_type<half>(ushort(uint(q[base + 208]) | (uint(q[base + 209]) << 8))));
-    for (uint l = 0; l < 32; ++l) {
-      const uint low = uint(q[base + half_at * 64 + (part & 1u) * 32 + l]);
-      const uint high = (uint(q[base + 128 + half_at * 32 + l]) >> (2 * part)) & 3u;
-      const uint s = uint(q[base + 192 + half_at * 8 + part * 2 + l / 16]);
-      const float scale = float(int(s) - int((s & 128u) << 1));
-      const uint level = (part >= 2 ? low >> 4 : low & 15u) | (high << 4);
-      v[l] = d * scale * float(int(level) - 32);
-    }
+    const uint2 h = load_wide<uint2>(q, high_at / 8 + blk);
+    h0 = h.x, h1 = h.y;
+  }
+  float lo_scale, hi_scale, offset = 0.0f;  // values 0..15 and 16..31 of the chunk
+  if (QTYPE == 4) {
+    const uint pair = uint(load_wide<ushort>(q, scales_at / 2 + blk));
+    const float d = float(as_type<half>(load_wide<ushort>(q, (scales_at + chunks * 2) / 2 + blk / 8)));
+    lo_scale = d * float(int(pair << 24) >> 24);
+    hi_scale = d * float(int(pair << 16) >> 24);
   } else {
-    // fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins (GGML's get_scale_min_k4), Q5_K's 32
-    // bytes of fifth bits (bit c of byte l), then the nibbles: in each 64 weights, byte l holds
-    // weight l low and weight l + 32 high
-    const float d = float(as_type<half>(ushort(uint(q[base]) | (uint(q[base + 1]) << 8))));
-    const float dmin = float(as_type<half>(ushort(uint(q[base + 2]) | (uint(q[base + 3]) << 8))));
-    const uint at = base + 4;
-    const uint sc = c < 4 ? uint(q[at + c]) & 63u : (uint(q[at + c + 4]) & 15u) | ((uint(q[at + c - 4]) >> 6) << 4);
-    const uint mn = c < 4 ? uint(q[at + c + 4]) & 63u : (uint(q[at + c + 4]) >> 4) | ((uint(q[at + c]) >> 6) << 4);
-    const float scale = d * float(sc), offset = dmin * float(mn);
-    const uint quants = base + (QTYPE == 3 ? 48 : 16) + c / 2 * 32;
-    for (uint l = 0; l < 32; ++l) {
-      uint level = (uint(q[quants + l]) >> (4 * (c % 2))) & 15u;
-      if (QTYPE == 3) level |= ((uint(q[base + 16 + l]) >> c) & 1u) << 4;
-      v[l] = scale * float(level) - offset;
+    const uint4 head = load_wide<uint4>(q, scales_at / 16 + blk / 8);
+    const uint j = blk % 8, shift = 8 * (j % 4);
+    const uint b0 = (head.y >> shift) & 255u, b1 = (head.z >> shift) & 255u, b2 = (head.w >> shift) & 255u;
+    const uint sc = j < 4 ? b0 & 63u : (b2 & 15u) | ((b0 >> 6) << 4);
+    const uint mn = j < 4 ? b1 & 63u : (b2 >> 4) | ((b1 >> 6) << 4);
+    const half2 dd = as_type<half2>(head.x);
+    lo_scale = hi_scale = float(dd.x) * float(sc);
+    offset = float(dd.y) * float(mn);
+  }
+  for (uint l = 0; l < 32; ++l) {
+    const uint hi_half = l / 16, t = l % 16 / 4, b = l % 4;  // byte b of word t
+    uint level = (lw[t] >> (8 * b + 4 * hi_half)) & 15u;
+    if (QTYPE == 3) level |= ((h0 >> (8 * b + 4 * hi_half + t)) & 1u) << 4;
+    if (QTYPE == 4) level |= (((hi_half ? h1 : h0) >> (8 * b + 2 * t)) & 3u) << 4;
+    if (QTYPE == 4) {
+      v[l] = (hi_half ? hi_scale : lo_scale) * float(int(level) - 32);
+    } else {
+      v[l] = lo_scale * float(level) - offset;
     }
   }
+} else if (QTYPE >= 2) {
+  constexpr uint SB = QTYPE == 2 ? 144 : QTYPE == 3 ? 176 : 210;  // bytes a super-block
+  const uint c = blk % 8, base = blk / 8 * SB;  // this thread's 32 weights: part c of a super-block
+#define KQ_BYTES q
+#include "gemv/kquant_block.metal"
+#undef KQ_BYTES
 } else {
   constexpr uint BB = QTYPE == 0 ? 18 : 34;
   constexpr uint QW = (BB - 2) / 2;  // a block's quants in 2-byte words

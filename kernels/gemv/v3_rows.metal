@@ -12,7 +12,9 @@ constexpr uint CPL = (XC + 31) / 32;         // a lane's chunks of a row in one 
 const uint n = uint(dims[0]);
 const uint k = KR;
 const uint nb = NB;
-const uint scales = n * NB * QB / 2;  // the first scale, in 2-byte words of w
+const uint scales = n * NB * QB / 2;  // Q4_0/Q8_0: the first scale, in 2-byte words of w
+// K-quants: the first high-bit word and the first super-block's scales, in bytes of w
+const uint k_high = n * NC * 16, k_scales = k_high + n * NC * HB;
 
 // LATHE_EPILOGUE 1 (SwiGLU out): W is [gate; up], F = N / 2 rows each, and Y[m, i] =
 // silu(X' . gate_i) * (X' . up_i) for i < F. A row group is then RR / 2 outputs: its first RR / 2
@@ -48,7 +50,9 @@ for (uint it = 0; it < items; ++it) {
   for (uint pass = 0; pass < CPL; pass += PR) {
     // 1. The weights of PR chunks of each of the RR rows (zero past N or past the row's end).
     uint4 q[RR][PR];
-    float dw[RR][PR];
+    float dw[RR][PR];  // the block's scale (K-quants: of the chunk's first 16 values, d * sc)
+    float dk[RR][PR];  // K-quants: Q4_K/Q5_K dmin * m, Q6_K the last 16 values' d * sc
+    uint hb[RR][PR][HB > 4 ? 2 : 1];  // K-quants: the chunk's high bits
     LATHE_UNROLL
     for (uint r = 0; r < uint(RR); ++r) {
       LATHE_UNROLL
@@ -57,9 +61,34 @@ for (uint it = 0; it < items; ++it) {
         const uint col = col0 + r % RO;  // row r's column of Y; SwiGLU out: its up row is F rows on
         const bool live = col < n_out && c < cn;
         const uint row = live ? col + (r >= RO ? n_out : 0) : 0;
-        q[r][p] = live ? load_wide<uint4>(w, row * NC + xc0 + c) : uint4{0u, 0u, 0u, 0u};
-        dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, scales + row * NB + (xc0 + c) * VALS / 32)))
-                        : 0.0f;
+        const uint chunk = row * NC + xc0 + c;  // of the whole matrix
+        q[r][p] = live ? load_wide<uint4>(w, chunk) : uint4{0u, 0u, 0u, 0u};
+        if (!KQUANT) {
+          dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, scales + row * NB + (xc0 + c) * VALS / 32)))
+                          : 0.0f;
+        } else if (QTYPE == 4) {
+          // two int8 scales (the chunk's two sub-blocks of 16), and the super-block's fp16 d
+          const uint pair = live ? uint(load_wide<ushort>(w, k_scales / 2 + chunk)) : 0u;
+          const float d = live ? float(as_type<half>(load_wide<ushort>(w, (k_scales + n * NC * 2) / 2 + chunk / 8)))
+                               : 0.0f;
+          dw[r][p] = d * float(int(pair << 24) >> 24);
+          dk[r][p] = d * float(int(pair << 16) >> 24);
+          const uint2 h = live ? load_wide<uint2>(w, k_high / 8 + chunk) : uint2{0u, 0u};
+          hb[r][p][0] = h.x;
+          hb[r][p][HB > 4 ? 1 : 0] = h.y;
+        } else {
+          // the super-block's d, dmin and 6-bit scales and mins (GGML's get_scale_min_k4) of
+          // sub-block j = chunk % 8: bytes j (j < 4) or j - 4 of the three scale words
+          const uint4 head = live ? load_wide<uint4>(w, k_scales / 16 + chunk / 8) : uint4{0u, 0u, 0u, 0u};
+          const uint j = chunk % 8, shift = 8 * (j % 4);
+          const uint b0 = (head.y >> shift) & 255u, b1 = (head.z >> shift) & 255u, b2 = (head.w >> shift) & 255u;
+          const uint sc = j < 4 ? b0 & 63u : (b2 & 15u) | ((b0 >> 6) << 4);
+          const uint mn = j < 4 ? b1 & 63u : (b2 >> 4) | ((b1 >> 6) << 4);
+          const half2 dd = as_type<half2>(head.x);
+          dw[r][p] = float(dd.x) * float(sc);
+          dk[r][p] = float(dd.y) * float(mn);
+          hb[r][p][0] = QTYPE == 3 && live ? load_wide<uint>(w, k_high / 4 + chunk) : 0u;
+        }
       }
     }
     // 2. X' (the first time, or each chunk of it), while those loads are on their way.
@@ -97,7 +126,9 @@ for (uint it = 0; it < items; ++it) {
           xw[m][4 * u] = v.x, xw[m][4 * u + 1] = v.y, xw[m][4 * u + 2] = v.z, xw[m][4 * u + 3] = v.w;
         }
         dx[m] = x_scale[m * (XCHUNK / 32) + blk];
-        offset[m] = QTYPE == 0 ? 8 * x_sum[m * (XCHUNK / 32) + blk] : 0;
+        // Q4_0 takes 8 off each level, Q4_K/Q5_K a min per chunk: both by the block's sum of X'
+        offset[m] = QTYPE == 0 ? 8 * x_sum[m * (XCHUNK / 32) + blk]
+                               : QTYPE == 2 || QTYPE == 3 ? x_sum[m * (XCHUNK / 32) + blk] : 0;
       }
       LATHE_UNROLL
       for (uint r = 0; r < uint(RR); ++r) {
@@ -107,8 +138,18 @@ for (uint it = 0; it < items; ++it) {
           int lo_dot = 0, hi_dot = 0;
           LATHE_UNROLL
           for (uint t = 0; t < 4; ++t) {
-            if (QTYPE == 0) {  // word t: values 4t.. (low nibbles) and 16 + 4t.. (high nibbles)
-              const uint lo = qw[t] & 0x0f0f0f0fu, hi = (qw[t] >> 4) & 0x0f0f0f0fu;
+            if (QTYPE != 1) {  // word t: values 4t.. (low nibbles) and 16 + 4t.. (high nibbles)
+              uint lo = qw[t] & 0x0f0f0f0fu, hi = (qw[t] >> 4) & 0x0f0f0f0fu;
+              if (QTYPE == 3) {  // the fifth bits, one a byte
+                lo |= ((hb[r][p][0] >> t) & 0x01010101u) << 4;
+                hi |= ((hb[r][p][0] >> (4 + t)) & 0x01010101u) << 4;
+              } else if (QTYPE == 4) {  // bits 4-5, then level - 32 as int8 in each byte (no borrows:
+                                        // level + 0x60 < 0x100, and the xor flips it to two's complement)
+                lo |= ((hb[r][p][0] >> (2 * t)) & 0x03030303u) << 4;
+                hi |= ((hb[r][p][HB > 4 ? 1 : 0] >> (2 * t)) & 0x03030303u) << 4;
+                lo = (lo + 0x60606060u) ^ 0x80808080u;
+                hi = (hi + 0x60606060u) ^ 0x80808080u;
+              }
               lo_dot = dot2_lo(xw[m][2 * t], lo, lo_dot);
               lo_dot = dot2_hi(xw[m][2 * t + 1], lo, lo_dot);
               hi_dot = dot2_lo(xw[m][8 + 2 * t], hi, hi_dot);
@@ -121,7 +162,13 @@ for (uint it = 0; it < items; ++it) {
               hi_dot = dot2_hi(xw[m][2 * t + 1], qw[t], hi_dot);
             }
           }
-          acc[r][m] = fma(dw[r][p] * dx[m], float(lo_dot + hi_dot - offset[m]), acc[r][m]);
+          if (QTYPE == 4) {  // a scale for each half of the chunk
+            acc[r][m] = fma(dx[m], fma(dw[r][p], float(lo_dot), dk[r][p] * float(hi_dot)), acc[r][m]);
+          } else if (KQUANT) {  // d * sc * (levels . X') - dmin * m * (sum of X')
+            acc[r][m] = fma(dx[m], fma(dw[r][p], float(lo_dot + hi_dot), -dk[r][p] * float(offset[m])), acc[r][m]);
+          } else {
+            acc[r][m] = fma(dw[r][p] * dx[m], float(lo_dot + hi_dot - offset[m]), acc[r][m]);
+          }
         }
       }
     }
