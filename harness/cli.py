@@ -85,7 +85,7 @@ def cmd_check(family: str | None, seed: int | None, match: str | None, quick: bo
         if has_gpu():
             cases += _one_of_each(fam.check_cases(small=True)) if quick else fam.check_cases()
         if match:
-            cases = [c for c in cases if match in c.id]
+            cases = [c for c in cases if matches(c.id, match)]
         began = time.perf_counter()
         results = [run_case(c, seed) for c in progress(cases, len(cases), f"check {fam.name}")]
         _print_check_rows(results)
@@ -115,7 +115,12 @@ def _peak_rows(peak, meta, backend, device) -> list[dict]:
             for name, (t, _) in peak.by_workload.items()]
 
 
-def cmd_compile(family: str | None) -> int:
+def matches(text: str, match: str) -> bool:
+    """-k's selection: `match` is in `text`, or one of its '|'-separated alternatives is."""
+    return any(part in text for part in match.split("|"))
+
+
+def cmd_compile(family: str | None, match: str | None = None) -> int:
     """Compile every kernel instantiation the checks launch: into the on-disk kernel cache on a
     CUDA machine, to PTX for sm_90 (a compile check) without a GPU (harness.nvrtc)."""
     from harness.nvrtc import compile_all, core_calls, record_instantiations, record_launches
@@ -127,7 +132,7 @@ def cmd_compile(family: str | None) -> int:
     for fam in select(family):
         # The whole check's cases on CUDA (their shapes pick constants the small ones do not:
         # 285 modules against 196), the small ones for a compile check.
-        cases += fam.check_cases(small=not cuda)
+        cases += [c for c in fam.check_cases(small=not cuda) if match is None or matches(c.id, match)]
     began = time.perf_counter()
     if cuda:
         jobs = record_launches(cases)
@@ -257,7 +262,7 @@ def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool, sweep:
             print(f"{fam.name}: no launch knobs to sweep")
             continue
         cases = fam.sweep_cases() if sweep else fam.bench_cases(quick=quick)
-        cases = [c for c in cases if match is None or match in c.label]
+        cases = [c for c in cases if match is None or matches(c.label, match)]
         if not cases:
             print(f"{fam.name}: no case label contains {match!r}")
             continue
@@ -288,7 +293,8 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", parents=[debug, opts], help="correctness against the float64 references")
     check.add_argument("family", nargs="?")
     check.add_argument("--seed", type=int, default=None, help="fixed seed (default: fresh data)")
-    check.add_argument("-k", dest="match", default=None, help="only cases whose id contains this")
+    check.add_argument("-k", dest="match", default=None,
+                       help="only cases whose id contains this (or one of its |-separated alternatives)")
     check.add_argument("--quick", action="store_true",
                        help="a smoke run: one case of each kernel and variant, on short inputs")
     bench = sub.add_parser("bench", parents=[debug, opts], help="benchmarks, CSV and plots under results/<device>/")
@@ -297,7 +303,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--sweep", action="store_true",
                        help="time the launch knobs (threads, heads per thread) instead")
     bench.add_argument("--repeats", type=int, default=7)
-    bench.add_argument("-k", dest="match", default=None, help="only cases whose label contains this")
+    bench.add_argument("-k", dest="match", default=None,
+                       help="only cases whose label contains this (or one of its |-separated alternatives)")
     bench.add_argument("--no-write", dest="write", action="store_false",
                        help="print only; write no CSV or PNG")
     dec = sub.add_parser("decode", parents=[debug, opts],
@@ -337,6 +344,7 @@ def _parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", parents=[debug], help="compile every kernel instantiation ahead: into the kernel cache on CUDA, "
                                "a compile check for sm_90 without a GPU")
     comp.add_argument("family", nargs="?")
+    comp.add_argument("-k", dest="match", default=None, help="only the instantiations of check cases whose id contains this")
     peak = sub.add_parser("peak", parents=[debug], help="measure the device's memory peak")
     peak.add_argument("--no-write", dest="write", action="store_false")
     sub.add_parser("options", parents=[debug], help="the experiment options: values, defaults, what they do")
@@ -385,7 +393,7 @@ def _run(args: argparse.Namespace) -> int:
                           args.repeat, args.depth, args.write, args.variant, args.kv, args.ctx,
                           args.peer, args.rounds)
     if args.command == "compile":
-        return cmd_compile(args.family)
+        return cmd_compile(args.family, args.match)
     if args.command == "peak":
         cmd_peak(args.write)
         return 0

@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from harness.models import PRESETS, Model, load_gguf, write_random_gguf
-from harness.plan import Step, plan_table
+from harness.plan import Step, distinct_layers, plan_table
 from harness.sampling import Sampler
 from kernels.runtime import index, resident
 from reference.model import weight32
@@ -366,6 +366,14 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
     return Run(len(prompt), out, prefill_s, time.perf_counter() - start)
 
 
+def preset_path(name: str, qtype: str = "q8_0", seed: int = 0) -> Path:
+    """Where model_file keeps a preset's file: $LATHE_CACHE (default ~/.cache/lathe)/models. (A
+    file put there by other means is used as it is: .ci/device's kmodels step has llama.cpp's
+    llama-quantize make the large K-mix files.)"""
+    cache = Path(os.environ.get("LATHE_CACHE", Path.home() / ".cache" / "lathe")) / "models"
+    return cache / f"{name}-{qtype}-seed{seed}.gguf"
+
+
 def model_file(name: str, qtype: str = "q8_0", seed: int = 0) -> Path:
     """A GGUF path: an existing file, or a preset's random-weight file, written once into
     $LATHE_CACHE (default ~/.cache/lathe) and reused."""
@@ -374,9 +382,8 @@ def model_file(name: str, qtype: str = "q8_0", seed: int = 0) -> Path:
         if not path.is_file():
             raise ValueError(f"{name!r} is neither a GGUF file nor a preset ({', '.join(PRESETS)})")
         return path
-    cache = Path(os.environ.get("LATHE_CACHE", Path.home() / ".cache" / "lathe")) / "models"
-    cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"{name}-{qtype}-seed{seed}.gguf"
+    path = preset_path(name, qtype, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         tmp = path.with_suffix(".tmp")
         write_random_gguf(tmp, name, qtype, seed)
@@ -422,8 +429,9 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
     from harness.kernel_decode import kernel_plan, repacked, seams_apply
 
     if repacked():
-        said += ("load-time transform: every Q4_0/Q8_0 projection (after QKV and gate+up are concatenated) "
-                 "repacked on the device into quants, then scales (kernels.gemv.repack, exact); the GGUF "
+        said += ("load-time transform: every quantized projection (after QKV and gate+up are concatenated, "
+                 "where their parts share a block type) repacked on the device (kernels.gemv.repack, exact: "
+                 "Q4_0/Q8_0 quants, then scales; the K-quants low nibbles, high bits, then scales); the GGUF "
                  "file is not changed; the embedding keeps its blocks\n")
     if variant == "megafused":
         from kernels.blocks import cross_group_waits
@@ -434,9 +442,9 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
         said += ("megafused: each block (a layer's FFN with the next layer's attention) is one launch on CUDA, "
                  "its phases separate launches on Metal (kernels.blocks.cross_group_waits); shown: "
                  f"{'CUDA' if one_launch else 'Metal'}'s\n")
-    return said + plan_table(kernel_plan(model.config, variant in ("fused", "megafused"), kv == "paged",
-                                         seams=seams_apply(model.config, model.types), types=model.types,
-                                         mega=variant == "megafused",
-                                         one_launch=one_launch if variant == "megafused" else None))
+    plan = kernel_plan(model.config, variant in ("fused", "megafused"), kv == "paged",
+                       seams=seams_apply(model.config, model.types), types=model.types, mega=variant == "megafused",
+                       one_launch=one_launch if variant == "megafused" else None)
+    return said + plan_table(plan, distinct_layers(plan))
 
 

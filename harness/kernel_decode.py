@@ -44,6 +44,7 @@ import numpy as np
 
 from harness.plan import Step, replay
 from harness.models import Model
+from reference import formats
 from kernels import attention, blocks, gemv, loop, options, rope
 from kernels.runtime import index, prepare, recording, resident
 
@@ -74,6 +75,30 @@ def repacked() -> bool:
     return options.get("repack")
 
 
+# The fused variant's concatenated projections and their parts (GGUF names without blk.i.)
+FUSED_PARTS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
+
+
+def fused_runs(types: dict[str, str], i: int, fused: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The matrices the fused variant makes of layer i's `fused` projection (FUSED_PARTS), as
+    (name, the GGUF matrices in it): one, blk.i.<fused>.weight, where its parts share a block
+    type; else one a run of consecutive parts of one type (llama.cpp's Q4_K_M gives some layers'
+    attn_v Q6_K beside a Q4_K attn_q and attn_k: q|k, then v), named by its parts (one part keeps
+    its GGUF name). A GEMV launch takes one block type. `types`: GGUF name -> type, any case."""
+    parts = [f"blk.{i}.{p}.weight" for p in FUSED_PARTS[fused]]
+    kinds = [types.get(p, "q8_0").lower() for p in parts]
+    if len(set(kinds)) == 1:
+        return [(f"blk.{i}.{fused}.weight", tuple(parts))]
+    runs: list[list[int]] = []
+    for j, kind in enumerate(kinds):
+        if runs and kinds[runs[-1][0]] == kind:
+            runs[-1].append(j)
+        else:
+            runs.append([j])
+    return [(parts[r[0]] if len(r) == 1 else f"blk.{i}.{'+'.join(FUSED_PARTS[fused][j] for j in r)}.weight",
+             tuple(parts[j] for j in r)) for r in runs]
+
+
 def seams_apply(c, types: dict[str, str]) -> bool:
     """Whether the fused variant's decode tokens run seams (kernels.gemv.seam): unless turned off,
     when every matrix that seams pair is in one block type (Q4_0 or Q8_0; both GEMVs of a seam
@@ -86,7 +111,7 @@ def seams_apply(c, types: dict[str, str]) -> bool:
     return options.get("seams") and len(kinds) == 1 and kinds <= {"q4_0", "q8_0"}
 
 
-QUANTIZED = ("q4_0", "q8_0")
+QUANTIZED = ("q4_0", "q8_0", *gemv.K_QTYPES)  # our GEMVs' block types (the K-quants repacked only)
 PHASES = ("decode", "short", "prompt")  # 1 token; 2..FUSED_UP_TO (the fused GEMVs' rows); more
 
 
@@ -115,9 +140,19 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     rope_attention = rope_in_attention(c) if rope_attention is None else rope_attention
     packed = repacked() if packed is None else packed
     v = "v3" if packed else "v2"  # the GEMV generation that the weights' layout takes
-    shown = " (Q4_0/Q8_0, repacked)" if packed else " (Q4_0/Q8_0)"
     kinds = {n: t.lower() for n, t in (types or {}).items()}
-    quant = lambda name: kinds.get(name, "q8_0") in QUANTIZED  # noqa: E731
+
+    def kind(name: str) -> str:
+        """A matrix's block type; a fused one's (its parts share it: fused_runs)."""
+        for fused, parts in FUSED_PARTS.items():
+            if name.endswith(f".{fused}.weight") or "+" in name:
+                i = name.split(".")[1]
+                part = parts[0] if name.endswith(f".{fused}.weight") else name.split(".")[2].split("+")[0]
+                return kinds.get(f"blk.{i}.{part}.weight", "q8_0")
+        return kinds.get(name, "q8_0")
+
+    quant = lambda name: kind(name) in QUANTIZED  # noqa: E731
+    shown = lambda name: f" ({kind(name).upper()}{', repacked' if packed else ''})"  # noqa: E731
     decode, small = phase == "decode", phase != "prompt"
     wrap = overflow and decode and not paged
     mega = mega and fused and decode and packed and not paged and not wrap
@@ -134,30 +169,48 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     def linear(src, dst, name, layer=None, residual=False):
         """Y = X @ W^T (+ the residual stream, in the GEMV's epilogue where it can)."""
         if quant(name) and residual and fused and small:
-            add("linear_residual", f"lathe gemv_{v}{shown} + residual", (src, "x"), ("x",), _run_linear_residual,
+            add("linear_residual", f"lathe gemv_{v}{shown(name)} + residual", (src, "x"), ("x",), _run_linear_residual,
                 src, name, weights=(name,), layer=layer, launches=(f"lathe_gemv_{v}_residual",))
             return
         gemvs = (f"lathe_gemv_{v}",) if small else (f"lathe_gemv_{v}", "lathe_dequantize")  # linear()'s two paths
-        add("linear", f"lathe gemv_{v}{shown}" if quant(name) else "mx.matmul (F16)", (src,), (dst,),
+        add("linear", f"lathe gemv_{v}{shown(name)}" if quant(name) else "mx.matmul (F16)", (src,), (dst,),
             _run_linear, src, dst, name, weights=(name,), layer=layer, launches=gemvs if quant(name) else ())
         if residual:
             add("add", "mx.add", ("x", dst), ("x",), _run_add, dst, layer=layer)
 
     def norm_linear(norm, name, dst, layer=None, label=None):
         """RMSNorm of the residual stream, then a projection: one launch where the GEMV fuses it."""
-        if fused and small and quant(name):
-            add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v}", ("x",), (dst,), _run_norm_linear, norm, name, dst,
+        if name is not None and fused and small and quant(name):
+            add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v}{shown(name)}", ("x",), (dst,), _run_norm_linear, norm, name, dst,
                 weights=(norm, label or name), layer=layer, launches=(f"lathe_rmsnorm_gemv_{v}",))
         else:
             add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, norm, weights=(norm,), layer=layer,
                 launches=("lathe_rmsnorm",))
-            linear("h", dst, name, layer)
+            if name is not None:
+                linear("h", dst, name, layer)
 
-    add("embed", "lathe embed", ("token",), ("x",), _run_embed, weights=("token_embd.weight",), per_token=("token",),
-        launches=("lathe_embed",))
+    def projection(norm, fused, dst, i):
+        """RMSNorm, then layer i's fused projection (fused_runs): one matrix, or one a block type
+        with their outputs joined."""
+        runs = fused_runs(kinds, i, fused)
+        if len(runs) == 1:
+            parts = "|".join(p.split("_")[1] for p in FUSED_PARTS[fused])
+            norm_linear(norm, runs[0][0], dst, i, label=f"blk.{i}.{fused} ({parts})")
+            return
+        outs = tuple(f"{dst}.{j}" for j in range(len(runs)))
+        if not (fused and small):  # the norm once, then each part
+            norm_linear(norm, None, None, i)
+        for (name, _), out in zip(runs, outs):
+            if fused and small:
+                norm_linear(norm, name, out, i)
+            else:
+                linear("h", out, name, i)
+        add("concat", "mx.concatenate (one GEMV a block type)", outs, (dst,), _run_concat, outs, dst, layer=i)
+
+    add("embed", f"lathe embed ({kinds.get('token_embd.weight', 'q8_0').upper()})", ("token",), ("x",), _run_embed,
+        weights=("token_embd.weight",), per_token=("token",), launches=("lathe_embed",))
     for i in range(c.n_layers):
         b = f"blk.{i}."
-        qkv_name = b + "attn_qkv.weight"
         if mega and span == "token":
             if i == 0:
                 what = ("every layer: rmsnorm+QKV | " + ("head norms + " if c.head_norm else "") +
@@ -196,7 +249,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         if seams and i > 0:
             pass  # this layer's QKV came out of the last seam of the layer before
         elif fused:
-            norm_linear(b + "attn_norm.weight", qkv_name, "qkv", i, label=b + "attn_qkv (q|k|v)")
+            projection(b + "attn_norm.weight", "attn_qkv", "qkv", i)
         else:
             add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, b + "attn_norm.weight",
                 weights=(b + "attn_norm.weight",), layer=i, launches=("lathe_rmsnorm",))
@@ -260,16 +313,19 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         gate_up = b + "ffn_gate_up.weight"
         if fused and small and quant(gate_up) and packed and options.get("swiglu_at") == "gate_up":
             # SiLU in gate+up's epilogue: down is a plain GEMV over [t, F]
-            add("rmsnorm_linear_swiglu", "lathe rmsnorm_gemv_swiglu_out_v3", ("x",), ("a",), _run_norm_gate_up_swiglu,
+            add("rmsnorm_linear_swiglu", f"lathe rmsnorm_gemv_swiglu_out_v3{shown(gate_up)}", ("x",), ("a",),
+                _run_norm_gate_up_swiglu,
                 b + "ffn_norm.weight", gate_up, weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i,
                 launches=("lathe_rmsnorm_gemv_swiglu_out_v3",))
             linear("a", "ffn", b + "ffn_down.weight", i, residual=True)
             continue
         if fused and small and quant(gate_up):
-            add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v}", ("x",), ("gate_up",), _run_norm_linear, b + "ffn_norm.weight",
+            add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v}{shown(gate_up)}", ("x",), ("gate_up",), _run_norm_linear,
+                b + "ffn_norm.weight",
                 gate_up, "gate_up", weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i,
                 launches=(f"lathe_rmsnorm_gemv_{v}",))
-            add("silu_down_residual", f"lathe silu_down_gemv_{v} + residual", ("gate_up", "x"), ("x",), _run_silu_down, i,
+            add("silu_down_residual", f"lathe silu_down_gemv_{v}{shown(b + 'ffn_down.weight')} + residual",
+                ("gate_up", "x"), ("x",), _run_silu_down, i,
                 weights=(b + "ffn_down.weight",), layer=i, launches=(f"lathe_silu_down_gemv_{v}_residual",))
             continue
         add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, b + "ffn_norm.weight",
@@ -302,6 +358,10 @@ def _run_rmsnorm(norm, d, env, t, pos):
 
 def _run_linear(src, dst, name, d, env, t, pos):
     env[dst] = d._linear(env[src], name)
+
+
+def _run_concat(parts, dst, d, env, t, pos):
+    env[dst] = mx.concatenate([env.pop(p) for p in parts], axis=-1)
 
 
 def _run_add(src, d, env, t, pos):
@@ -525,10 +585,10 @@ class KernelDecoder:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {kv!r}")
         if overflow and kv == "paged":
             raise ValueError("circular overflow is for the contiguous cache; a paged cache grows by blocks")
-        unread = sorted({t for t in model.types.values() if t.endswith("_K")})
-        if unread:
-            raise ValueError(f"lathe's kernels read F16, Q8_0 and Q4_0 matrices, and this model has "
-                             f"{', '.join(unread)} ones (no K-quant kernels yet); the reference variant decodes it")
+        k_types = sorted({t for t in model.types.values() if t.endswith("_K")})
+        if k_types and not repacked():
+            raise ValueError(f"this model has {', '.join(k_types)} matrices, which lathe's GEMVs read repacked "
+                             f"only (the v3 GEMVs): turn the repack option on")
         c = model.config
         if max_seq < 1 or max_seq > c.ctx:
             raise ValueError(f"max_seq must be in 1..{c.ctx} (the model's context), got {max_seq}")
@@ -545,9 +605,10 @@ class KernelDecoder:
             if name.endswith("norm.weight"):
                 continue
             if t.dtype == np.uint8:
-                bb = 18 if self.types[name] == "q4_0" else 34
+                kind = model.types[name]
                 self.w[name] = resident(mx.array(t))
-                self.nk[name] = (t.shape[0], t.shape[1] // bb * 32)
+                self.nk[name] = (t.shape[0], t.shape[1] // formats.row_bytes(kind, formats.block_weights(kind))
+                                 * formats.block_weights(kind))
             else:
                 self.w[name] = resident(mx.array(np.asarray(t, dtype=np.float16)))
                 self.nk[name] = tuple(t.shape)
@@ -566,11 +627,12 @@ class KernelDecoder:
                         del self.w[name]  # the embedding keeps its blocks for the embed kernel
         if self.mega:  # a block's GEMVs share one instantiation: one block type each
             names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
-                     for n in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")]
-            kinds = {self.types[n] for n in names}
+                     for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
+            kinds = {model.types[n].lower() for n in names}
             if len(kinds) != 1 or not kinds <= set(QUANTIZED):
-                raise ValueError(f"megafused needs every layer's matrices in one block type (Q4_0 or Q8_0): "
-                                 f"a launch's GEMVs share one instantiation; got {sorted(kinds)}")
+                raise ValueError(f"megafused needs every layer's matrices in one block type ({', '.join(QUANTIZED)}): "
+                                 f"a launch's GEMVs share one instantiation; got {sorted(kinds)} (the fused "
+                                 f"variant decodes mixes such as Q4_K_M)")
             # a launch site's counters: attention_block (layer 0) and the last ffn_block share one,
             # launches ordered by the token's data
             self.block_queues = [blocks.block_queue() for _ in range(c.n_layers)]
@@ -661,20 +723,25 @@ class KernelDecoder:
         return len(rec.jobs)
 
     def _concat(self, fused_name: str, parts: tuple[str, ...]) -> None:
+        """Each layer's parts as the fused matrices of fused_runs (the plan asks it too): one
+        where they share a block type; QKV in runs of one type where they do not (gate+up's SiLU
+        epilogue needs both in one matrix)."""
         for i in range(self.config.n_layers):
             names = [f"blk.{i}.{p}.weight" for p in parts]
             kinds = {self.types[n] for n in names}
-            if len(kinds) != 1 or kinds & {"f16", "f32"}:
-                raise ValueError(f"the fused variant needs {parts} in one block type (Q4_0 or Q8_0), "
+            if kinds & {"f16", "f32"} or (len(kinds) != 1 and fused_name != "attn_qkv"):
+                raise ValueError(f"the fused variant needs {parts} in one block type ({', '.join(QUANTIZED)}), "
                                  f"got {sorted(kinds)}")
-            name = f"blk.{i}.{fused_name}.weight"
-            self.w[name] = gemv.concat_rows([self.w.pop(n) for n in names])
-            self.nk[name] = (sum(self.nk[n][0] for n in names), self.nk[names[0]][1])
-            self.types[name] = kinds.pop()
-            # Evaluated here, once: a lazy concatenation captured by mx.compile is part of the
-            # traced step and was redone every token (64 weight copies per Llama-3-8B token,
-            # seen in Nsight Compute). The parts are dropped: nothing reads them any more.
-            mx.eval(self.w[name])
+            for name, run in fused_runs(self.types, i, fused_name):
+                if len(run) == 1:
+                    continue  # a part of a type of its own: its GGUF matrix
+                self.w[name] = gemv.concat_rows([self.w.pop(n) for n in run])
+                self.nk[name] = (sum(self.nk[n][0] for n in run), self.nk[run[0]][1])
+                self.types[name] = self.types[run[0]]
+                # Evaluated here, once: a lazy concatenation captured by mx.compile is part of the
+                # traced step and was redone every token (64 weight copies per Llama-3-8B token,
+                # seen in Nsight Compute). The parts are dropped: nothing reads them any more.
+                mx.eval(self.w[name])
 
     @property
     def label(self) -> str:
@@ -710,7 +777,7 @@ class KernelDecoder:
 
     def _linear(self, x: mx.array, name: str) -> mx.array:
         n, k = self.nk[name]
-        if self.types[name] in ("q4_0", "q8_0"):
+        if self.types[name] in QUANTIZED:
             return gemv.linear(x, self.matrix(name), self.types[name], n, k)
         return x @ self.w[name].T
 

@@ -38,6 +38,18 @@ def replay(plan: list[Step], decoder: Any, env: dict, t: int, pos: Any) -> dict:
     return env
 
 
+def distinct_layers(plan: list[Step]) -> tuple[int, ...]:
+    """The first layer of each distinct sequence of steps (ops and kernels): a file whose layers
+    differ (llama.cpp's Q4_K_M gives some layers a Q6_K attn_v) shows one of each kind."""
+    seen, shown = set(), []
+    for layer in sorted({s.layer for s in plan if s.layer is not None}):
+        key = tuple((s.op, s.kernel) for s in plan if s.layer == layer)
+        if key not in seen:
+            seen.add(key)
+            shown.append(layer)
+    return tuple(shown) or (0,)
+
+
 def plan_table(plan: list[Step], layers: tuple[int, ...] = (0,)) -> str:
     """The plan as a readable table (the steps outside the layers and those of `layers`), and
     the dispatches per token."""
@@ -52,6 +64,7 @@ def plan_table(plan: list[Step], layers: tuple[int, ...] = (0,)) -> str:
     per_layer = sum(1 for s in plan if s.layer == layer_count - 1)  # the last (the first may differ)
     with pd.option_context("display.width", 250, "display.max_colwidth", 60):
         table = pd.DataFrame(rows).to_string(index=False)
-    return (f"{table}\n(layer 0 shown; {per_layer} steps a layer x {layer_count} layers; "
+    shown = "layer 0" if layers == (0,) else "layers " + ", ".join(map(str, layers))
+    return (f"{table}\n({shown} shown; {per_layer} steps a layer x {layer_count} layers; "
             f"{len(plan)} steps per token: one dispatch each for our kernels, while an MLX op of "
             f"the reference variant may launch more than one kernel)")

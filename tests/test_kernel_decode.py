@@ -17,13 +17,15 @@ from reference.model import forward
 from tests.decode_checks import wraps_like_the_window
 
 PROMPT, STEPS = 16, 24
+# llama.cpp's mixed files (Q6_K attn_v and ffn_down in some layers beside Q4_K / Q5_K) and a one-type one
+K_MIXES = ("q4_k_m", "q5_k_m", "q6_k")
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("kdecode")
     paths = {(p, q): write_random_gguf(d / f"{p}-{q}.gguf", p, q, seed=2)
-             for p in ("tiny-llama", "tiny-qwen3") for q in ("f16", "q8_0", "q4_0")}
+             for p in ("tiny-llama", "tiny-qwen3") for q in ("f16", "q8_0", "q4_0", *K_MIXES)}
     return {key: load_gguf(path) for key, path in paths.items()} | {"_paths": paths}
 
 
@@ -175,7 +177,11 @@ def test_megafused_asks_for_what_it_runs_on(models, monkeypatch):
     monkeypatch.setitem(options._values, "repack", False)
     with pytest.raises(ValueError, match="repack"):
         KernelDecoder(m, 32, "megafused")
+    with pytest.raises(ValueError, match="repack"):  # the K-quants run on repacked weights only
+        KernelDecoder(models["tiny-llama", "q6_k"], 32, "fused")
     monkeypatch.setitem(options._values, "repack", True)
+    with pytest.raises(ValueError, match="one block type"):  # Q4_K_M mixes Q4_K and Q6_K in a layer
+        KernelDecoder(models["tiny-llama", "q4_k_m"], 32, "megafused")
     with recording():
         assert KernelDecoder(m, 64, "megafused").launches_per_token(40, device_pos=True) == 4  # embed, head, argmax
         with options.use(mega_span="layer"):
@@ -209,6 +215,12 @@ def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, vari
     decoder = KernelDecoder(m, PROMPT + STEPS, variant.split()[0], kv)
     assert decoder.seams == seams  # the decode steps take the path this case names
     assert bool(decoder.packed) == ("repacked" in variant)
+    _decodes_as_float64(decoder, m, prompt)
+
+
+def _decodes_as_float64(decoder, m, prompt) -> None:
+    """The decoder's logits within 1e-2 of the float64 model's over a prompt and STEPS decode
+    tokens, and its greedy token the model's wherever the top-2 margin is clear."""
     ours = np.array(decoder.forward(prompt))[-1]
     want, cache = forward(m, prompt)
     want = want[-1]
@@ -228,16 +240,33 @@ def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, vari
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("qtype", K_MIXES)
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
+def test_k_quant_files_against_float64(models, preset, qtype, variant, kv):
+    """llama.cpp's K mixes (the v3 GEMVs on repacked K-quant matrices, Q4_K_M's QKV in one GEMV a
+    block type, the embedding read from its K-quant rows); megafused where every matrix is one type."""
+    if variant == "megafused" and (kv == "paged" or qtype != "q6_k"):
+        pytest.skip("megafused runs over the contiguous cache, a launch's GEMVs of one block type")
+    m = models[preset, qtype]
+    decoder = KernelDecoder(m, PROMPT + STEPS, variant, kv)
+    assert {decoder.types[n] for n in decoder.packed} >= {"q6_k"}
+    _decodes_as_float64(decoder, m, np.random.default_rng().integers(0, m.config.vocab, PROMPT))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["contiguous", "paged"])
 @pytest.mark.parametrize("variant", ["unfused", "fused", "megafused", "megafused layer-span"])
 def test_kernel_variant_modes_agree(models, monkeypatch, variant, kv):
     if variant.startswith("megafused") and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
     monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
-    m = models["tiny-qwen3", "q4_0"]
-    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
-    runs = {mode: generate(KernelDecoder(m, PROMPT + 12, variant.split()[0], kv), prompt, 12, mode).generated
-            for mode in MODES}
-    assert runs["step"] == runs["pipelined"] == runs["chained"] == runs["compiled"]
+    for qtype in ("q4_0", "q6_k" if variant.startswith("megafused") else "q4_k_m"):
+        m = models["tiny-qwen3", qtype]
+        prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+        runs = {mode: generate(KernelDecoder(m, PROMPT + 12, variant.split()[0], kv), prompt, 12, mode).generated
+                for mode in MODES}
+        assert runs["step"] == runs["pipelined"] == runs["chained"] == runs["compiled"], qtype
 
 
 @pytest.mark.gpu
@@ -308,18 +337,23 @@ def test_wrapping_modes_agree(models, variant):
     assert len(set(map(tuple, runs.values()))) == 1, runs
 
 
-PLAN_CASES = [(preset, variant, kv, overflow, rope_inside)
+PLAN_CASES = [(preset, "q8_0", variant, kv, overflow, rope_inside)
               for preset in ("tiny-llama", "tiny-qwen3")
               for variant in ("unfused", "fused", "fused without seams", "fused repacked",
                               "fused repacked without seams")
               for kv in ("contiguous", "paged") for overflow in (False, True) for rope_inside in (True, False)
               if not (overflow and kv == "paged") and (rope_inside or (variant != "unfused" and kv == "contiguous"))]
-PLAN_CASES += [(preset, variant, "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")
+PLAN_CASES += [(preset, "q8_0", variant, "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")
                for variant in ("megafused repacked", "megafused repacked layer-span")]
+# the K-quant files (repacked weights only): each variant once a cache layout, megafused where one type
+PLAN_CASES += [(preset, qtype, variant, kv, False, True) for preset in ("tiny-llama", "tiny-qwen3")
+               for qtype in K_MIXES for variant in ("unfused repacked", "fused repacked without seams")
+               for kv in ("contiguous", "paged")]
+PLAN_CASES += [(preset, "q6_k", "megafused repacked", "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")]
 
 
-@pytest.mark.parametrize("preset, variant, kv, overflow, rope_inside", PLAN_CASES)
-def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, variant, kv, overflow, rope_inside):
+@pytest.mark.parametrize("preset, qtype, variant, kv, overflow, rope_inside", PLAN_CASES)
+def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, qtype, variant, kv, overflow, rope_inside):
     """The plan is the program: forward() of a prompt of 20 tokens, of 3 and of one decode token
     replays its phase's plan step by step, each step launching only the kernels it names (at
     least one; none for an MLX op), and nothing launches outside a step. The decode plan is
@@ -329,14 +363,14 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, varian
 
     from harness.decode import show_plan
     from harness.kernel_decode import phase_of
-    from harness.plan import plan_table
+    from harness.plan import distinct_layers, plan_table
     from kernels.runtime import recording
 
     monkeypatch.setitem(options._values, "seams", variant in ("fused", "fused repacked"))
     monkeypatch.setitem(options._values, "rope_in_attention", rope_inside)
     monkeypatch.setitem(options._values, "repack", "repacked" in variant)
     monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
-    m = models[preset, "q8_0"]
+    m = models[preset, qtype]
     with recording():  # the decoder's own look-ahead at its kernels, apart from what is checked
         decoder = KernelDecoder(m, 32 if overflow else 64, variant.split()[0], kv, overflow=overflow)
     for tokens in (20, 3, 1, 1):
@@ -361,8 +395,9 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, varian
             assert all(name.startswith(step.launches) for name in names), (phase_of(tokens), n, step, names)
     assert decoder.plan is decoder.plan_for(1) and len(decoder.plan) == len(plan)
     if not overflow:  # --show-plan builds the same decode plan from the file alone
-        path = models["_paths"][preset, "q8_0"]
-        assert show_plan(str(path), "q8_0", variant=variant.split()[0], kv=kv).endswith(plan_table(decoder.plan))
+        path = models["_paths"][preset, qtype]
+        assert show_plan(str(path), qtype, variant=variant.split()[0], kv=kv).endswith(
+            plan_table(decoder.plan, distinct_layers(decoder.plan)))
 
 
 def test_launches_per_token_counts_every_kernel(models):

@@ -62,12 +62,14 @@ def test_k_mixes_need_whole_super_blocks(tmp_path):
         write_random_gguf(tmp_path / "narrow.gguf", narrow, "q4_k_m")
 
 
-def test_kernels_refuse_k_quants_before_any_launch(tiny):
-    """A K-quant model has no kernels yet: the kernel decoder says so, naming the types and the
-    variant that decodes it, before it touches the device."""
+def test_kernels_take_k_quants_repacked_only(tiny):
+    """The K-quants run on the v3 GEMVs, over weights repacked at load: without the repack
+    option the kernel decoder says so, naming the types and the option, before it touches the
+    device."""
     from harness.kernel_decode import KernelDecoder
+    from kernels import options
 
-    with pytest.raises(ValueError, match="Q4_K, Q6_K ones .*reference variant"):
+    with options.use(repack=False), pytest.raises(ValueError, match="Q4_K, Q6_K matrices.*repack option"):
         KernelDecoder(load_gguf(tiny["tiny-llama", "q4_k_m"]), 16)
 
 

@@ -1,6 +1,6 @@
 """The decode loop's small kernels (kernels.loop) against reference/loop.py and reference/quant.py:
-RMSNorm and residual + RMSNorm, SwiGLU, argmax (ties planted), embedding rows from F16, Q8_0 and
-Q4_0 tables; odd sizes included, outputs poisoned. Benchmarks against the MLX built-in doing the
+RMSNorm and residual + RMSNorm, SwiGLU, argmax (ties planted), embedding rows from F16, Q8_0,
+Q4_0 and K-quant (reference/kquant.py) tables; odd sizes included, outputs poisoned. Benchmarks against the MLX built-in doing the
 same at decode sizes."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 
 from harness.bench import BenchCase
 from harness.check import CheckCase, Comparison, compare, exact
+from reference import formats
 from reference import loop as ref
-from reference.quant import dequantize, quantize
 
 TOL = 2e-3
 
@@ -81,12 +81,20 @@ def _embed_case(qtype: str, t: int, k: int, vocab: int) -> CheckCase:
         if qtype == "f16":
             table, want = w, w[ids]
         else:
-            table = quantize(w.astype(np.float32), qtype)
-            want = dequantize(table[ids], qtype, k).astype(np.float16)
+            table = formats.quantize(w.astype(np.float32), qtype.upper())
+            want = formats.dequantize(table[ids], qtype.upper(), k)
         with poisoned_outputs():
             out = embed(mx.array(table), ids.tolist(), qtype, k)
             dev = embed(mx.array(table), mx.array(ids.astype(np.int32)), qtype, k)
             mx.eval(out, dev)
+        if qtype in ("q4_k", "q5_k"):
+            # d * sc * q - dmin * m: the GPU may fuse the product into the difference (one
+            # rounding, not two), as in kernels.gemv.dequantize: within one fp16 step
+            step = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
+            return [Comparison(f"rows ({how} ids, fp16 steps from the reference)",
+                               float(np.max(np.abs(np.array(got).astype(np.float32) - want) / step)), 1.0)
+                    for how, got in (("host", out), ("device", dev))]
+        want = want.astype(np.float16)
         return [exact("rows (host ids)", np.array(out), want),
                 exact("rows (device ids)", np.array(dev), want)]
 
@@ -106,6 +114,9 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             cases.append(_argmax_case(m, v, dtype))
     for qtype in ("f16", "q8_0", "q4_0"):
         for t, k, vocab in ((1, 32, 7), (5, 96, 300), (16, 4096, 1000)) if not small else ((1, 32, 7),):
+            cases.append(_embed_case(qtype, t, k, vocab))
+    for qtype in ("q4_k", "q5_k", "q6_k"):  # rows of whole super-blocks
+        for t, k, vocab in ((1, 256, 7), (5, 768, 300), (16, 4096, 1000)) if not small else ((1, 256, 7),):
             cases.append(_embed_case(qtype, t, k, vocab))
     return cases
 

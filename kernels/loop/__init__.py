@@ -1,6 +1,6 @@
 """The small kernels of the decode loop: RMSNorm (and residual add + RMSNorm, fused), SwiGLU of a
 fused gate+up output, argmax over the vocabulary (the next token id, on the device), and the
-embedding lookup from F16, Q8_0 and Q4_0 tables. fp16 activations, fp32 math."""
+embedding lookup from F16, Q8_0, Q4_0 and K-quant (Q4_K, Q5_K, Q6_K) tables. fp16 activations, fp32 math."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import numpy as np
 from kernels.runtime import KernelSpec, Launch, constant, index, launch
 
 NSIMD = 4
-EMBED_TYPES = {"q4_0": (0, 18), "q8_0": (1, 34), "f16": (2, None)}
+# table type -> (QTYPE of loop/embed.metal, weights a block, bytes a block; F16: values)
+EMBED_TYPES = {"q4_0": (0, 32, 18), "q8_0": (1, 32, 34), "q4_k": (2, 256, 144), "q5_k": (3, 256, 176),
+               "q6_k": (4, 256, 210), "f16": (5, 1, 1)}
 
 _RMSNORM = {
     False: KernelSpec("lathe_rmsnorm", "loop/rmsnorm.metal", ("x", "gamma", "dims", "eps"), ("y",),
@@ -90,18 +92,19 @@ def argmax(logits: mx.array) -> mx.array:
 
 
 def embed(table: mx.array, tokens, qtype: str, k: int) -> mx.array:
-    """Rows `tokens` of an embedding table (F16 [V, K], or GGUF blocks [V, K/32 * BB]) as fp16
+    """Rows `tokens` of an embedding table (F16 [V, K], GGUF blocks [V, K/32 * BB] or K-quant
+    super-blocks [V, K/256 * SB]) as fp16
     [T, K]. Token ids given on the host are checked; ids on the device that fall outside the
     table give zero rows."""
     if qtype not in EMBED_TYPES:
         raise ValueError(f"qtype must be one of {tuple(EMBED_TYPES)}, got {qtype!r}")
-    if k <= 0 or k % 32:
-        raise ValueError(f"K must be a positive multiple of 32, got {k}")
-    code, bb = EMBED_TYPES[qtype]
+    code, per_block, bb = EMBED_TYPES[qtype]
+    if k <= 0 or k % max(32, per_block):
+        raise ValueError(f"K must be a positive multiple of {max(32, per_block)}, got {k}")
     want = mx.float16 if qtype == "f16" else mx.uint8
     if not isinstance(table, mx.array) or table.dtype != want or table.ndim != 2:
         raise ValueError(f"a {qtype} table must be a 2-D {want} array, got {getattr(table, 'dtype', None)}")
-    row = k if qtype == "f16" else k // 32 * bb
+    row = k // per_block * bb
     if table.shape[1] != row:
         raise ValueError(f"a {qtype} table of K={k} has rows of {row}, got {table.shape[1]}")
     vocab = table.shape[0]

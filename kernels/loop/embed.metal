@@ -1,6 +1,8 @@
 // Embedding lookup: rows tokens[t] of the table, as fp16 out[T, K]. The table is F16 [V, K]
-// (QTYPE 2) or GGUF blocks [V, K/32 * BB] (Q4_0: QTYPE 0, Q8_0: QTYPE 1; value (q - 8) d or q d,
-// rounded to fp16 once). Thread: one block of 32 values of one token.
+// (QTYPE 5) or GGUF blocks [V, K/32 * BB] (Q4_0: QTYPE 0, Q8_0: QTYPE 1; value (q - 8) d or q d,
+// rounded to fp16 once), or K-quant super-blocks [V, K/256 * SB] (Q4_K 2, Q5_K 3, Q6_K 4: the
+// values of gemv/kquant_block.metal). Thread: 32 values of one token (a block, or a sub-block's
+// worth of a super-block).
 // A token id outside 0..V-1 (possible when ids come from the device) gives a zero row instead
 // of a read out of bounds; ids from the host are checked before the launch.
 // Constants: QTYPE. Inputs: table, tokens (int32[T]), dims (int32: T, K, V). Output: out.
@@ -13,12 +15,18 @@ const int id = tokens[t];
 float v[32];
 if (id < 0 || id >= dims[2]) {
   for (uint i = 0; i < 32; ++i) v[i] = 0.0f;
-} else if (QTYPE == 2) {
+} else if (QTYPE == 5) {
   for (uint i = 0; i < 4; ++i) {
     const uint4 w = load_wide<uint4>(table, (uint(id) * k + b * 32) / 8 + i);
     store_wide<uint4>(out, (t * k + b * 32) / 8 + i, w);
   }
   return;
+} else if (QTYPE >= 2) {
+  constexpr uint SB = QTYPE == 2 ? 144 : QTYPE == 3 ? 176 : 210;  // bytes a super-block
+  const uint c = b % 8, base = (uint(id) * (nb / 8) + b / 8) * SB;
+#define KQ_BYTES table
+#include "gemv/kquant_block.metal"
+#undef KQ_BYTES
 } else {
   constexpr uint BB = QTYPE == 0 ? 18 : 34;
   const uint at = (uint(id) * nb + b) * (BB / 2);  // in 2-byte words
