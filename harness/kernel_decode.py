@@ -101,14 +101,15 @@ def fused_runs(types: dict[str, str], i: int, fused: str) -> list[tuple[str, tup
 
 def seams_apply(c, types: dict[str, str]) -> bool:
     """Whether the fused variant's decode tokens run seams (kernels.gemv.seam): unless turned off,
-    when every matrix that seams pair is in one block type (Q4_0 or Q8_0; both GEMVs of a seam
-    share one instantiation; v3 seams with `repack`). `types`: GGUF tensor name -> type name,
+    when every matrix that seams pair is in one block type (both GEMVs of a seam share one
+    instantiation: Q4_0, Q8_0, or a K-quant file of one type such as Q6_K; v3 seams with `repack`,
+    the K-quants' only form). `types`: GGUF tensor name -> type name,
     any case."""
     head = "token_embd.weight" if c.tied else "output.weight"
     names = [head] + [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
                       for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
     kinds = {types[n].lower() for n in names}
-    return options.get("seams") and len(kinds) == 1 and kinds <= {"q4_0", "q8_0"}
+    return options.get("seams") and len(kinds) == 1 and kinds <= set(QUANTIZED)
 
 
 QUANTIZED = ("q4_0", "q8_0", *gemv.K_QTYPES)  # our GEMVs' block types (the K-quants repacked only)

@@ -135,7 +135,7 @@ def test_k_quants_take_the_v3_path_only():
         gemv.gemv_v2(x, w, "q4_k", 4, 256)
     with pytest.raises(ValueError, match="multiple of 256"):
         gemv.repack(mx.zeros((4, 144), mx.uint8), "q4_k", 8, 128)
-    with pytest.raises(ValueError, match="seam takes"):
+    with pytest.raises(ValueError, match="repacked weights only"):
         gemv.seam(x, w, 4, 256, mx.zeros((1, 4), mx.float16), mx.zeros((4,), mx.float16), 1e-5, w, 4, "q4_k")
 
 

@@ -349,7 +349,8 @@ PLAN_CASES += [(preset, "q8_0", variant, "contiguous", False, True) for preset i
 PLAN_CASES += [(preset, qtype, variant, kv, False, True) for preset in ("tiny-llama", "tiny-qwen3")
                for qtype in K_MIXES for variant in ("unfused repacked", "fused repacked without seams")
                for kv in ("contiguous", "paged")]
-PLAN_CASES += [(preset, "q6_k", "megafused repacked", "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")]
+PLAN_CASES += [(preset, "q6_k", variant, "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")
+               for variant in ("megafused repacked", "fused repacked")]  # one type: seams and blocks
 
 
 @pytest.mark.parametrize("preset, qtype, variant, kv, overflow, rope_inside", PLAN_CASES)

@@ -511,8 +511,8 @@ def _k_shape(k: int) -> int:
 
 
 def _k_cases(qtype: str, small: bool) -> list[CheckCase]:
-    """A K-quant's v3 cases: _v3_cases' shapes, knobs and forms with K in whole super-blocks
-    (the seams take Q4_0/Q8_0 only)."""
+    """A K-quant's v3 cases: _v3_cases' shapes, knobs, forms and seams with K (and a seam's N_a,
+    GEMV B's K) in whole super-blocks."""
     odd = [(n, k) for n in SMALL_N for k in K_SMALL_K]
     cases = [_gemv_case("v3", qtype, 1 + c % 4, n, k)
              for c, (n, k) in enumerate(odd + ([] if small else [*REAL, *VOCAB]))]
@@ -535,6 +535,8 @@ def _k_cases(qtype: str, small: bool) -> list[CheckCase]:
     if not small:
         cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1, packed=True))
         cases.append(_projection_case(qtype, (14336, 14336), 4096, 2, packed=True))
+    for swiglu, m, n_a, k_a, n_b, knobs in V3_SEAM_CASES[6:8] if small else V3_SEAM_CASES:
+        cases.append(_seam_case(qtype, swiglu, m, _k_shape(n_a), _k_shape(k_a), n_b, knobs, packed=True))
     return cases
 
 
@@ -803,11 +805,15 @@ SWEEP_SHAPES = (("q4_0", 6144, 4096), ("q4_0", 4096, 4096), ("q4_0", 28672, 4096
                 ("q8_0", 1024, 2048), ("q8_0", 6144, 1024), ("q8_0", 1024, 3072))
 
 
-def _sweep(fn, weights_once, settings) -> list[BenchCase]:
+# The K-quants' v3 (issue 26's targets, 14336 x 4096 and 4096 x 14336, and the 8B's gate+up).
+K_SWEEP_SHAPES = tuple((q, n, k) for q in K_QTYPES for n, k in ((14336, 4096), (4096, 14336), (28672, 4096)))
+
+
+def _sweep(fn, weights_once, settings, shapes=SWEEP_SHAPES) -> list[BenchCase]:
     """Sweep rows of one GEMV over the loop's shapes: `settings` is (variant label, knobs) pairs;
     each row's rel_err is against the default launch's output on the same inputs."""
     cases = []
-    for qtype, n, k in SWEEP_SHAPES:
+    for qtype, n, k in shapes:
         weights = weights_once(qtype, (n, k))
 
         def make(k=k, weights=weights):
@@ -845,7 +851,8 @@ def sweep_cases() -> list[BenchCase]:
     def v3_settings(qtype):
         return [("v3 R{rows}-NSIMD{simds}-P{depth}-G{max_groups}".format(**knobs), knobs) for knobs in V3_SWEEP]
 
-    return _sweep(gemv_v2, _weights_once, v2_settings) + _sweep(gemv_v3, _packed_once, v3_settings)
+    return (_sweep(gemv_v2, _weights_once, v2_settings) + _sweep(gemv_v3, _packed_once, v3_settings)
+            + _sweep(gemv_v3, _packed_once, v3_settings, K_SWEEP_SHAPES))
 
 
 def plots(df: pd.DataFrame, out_dir: Path, peak_gbs: float) -> list[Path]:

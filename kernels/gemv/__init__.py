@@ -621,10 +621,8 @@ def seam(x: mx.array, w_a: mx.array | Packed, n_a: int, k_a: int, residual: mx.a
     if unknown and not isinstance(w_a, Packed):
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, "
                          "launched, prefetch")
-    if qtype not in QTYPES:
-        raise ValueError(f"a seam takes {tuple(QTYPES)} (both of its GEMVs one instantiation), got {qtype!r}")
     check_gemv_args(x, w_a, qtype, n_a, k_a, x_width=2 * k_a if swiglu else None)
-    _check_qtype_shape(qtype, n_b, n_a)  # GEMV B's K is A's N
+    _check_qtype_shape(qtype, n_b, n_a, V3_QTYPES)  # GEMV B's K is A's N (K types: Packed, checked above)
     _check_weights(w_b, qtype, n_b, n_a)
     if isinstance(w_a, Packed) != isinstance(w_b, Packed):
         raise ValueError("a seam's two matrices must be in one layout: both GGUF blocks or both Packed")
@@ -687,7 +685,7 @@ def _seam_v3(x, w_a: Packed, n_a, k_a, residual, gamma, eps, w_b: Packed, n_b, q
         raise ValueError(f"launched must be at least GEMV B's {tickets_b} threadgroups, got {launched}")
     prefetch = knobs.get("prefetch")
     prefetch = bool(TUNING["SEAM_PREFETCH"]) if prefetch is None else bool(prefetch)
-    consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, P=p, XCHUNK=xchunk, K_A=k_a, K_B=n_a,
+    consts = dict(QTYPE=_block(qtype)[0], M=m, R=r, NSIMD=s, P=p, XCHUNK=xchunk, K_A=k_a, K_B=n_a,
                   PREFETCH=prefetch)
     a_y, b_y = launch(Launch(
         _seam_spec("swiglu" if swiglu else "plain", v3=True),
