@@ -1,6 +1,7 @@
 """The decode loop's projections alone, one after another as in the loop, timed on the GPU.
 
     python -m harness.gemv_chain llama3-8b --qtype q4_0 [--layers 32] [--settings "SLOTS=0;SLOTS=2,MAX_GROUPS=396"]
+        (the K-quants, q4_k, q5_k, q6_k: --layout packed only)
         [--layout gguf,packed] [--down swiglu,epilogue,plain]
 
 A token of the fused variant, without attention: per layer RMSNorm+QKV, O (+ residual),
@@ -27,12 +28,18 @@ from collections import defaultdict
 import numpy as np
 
 from harness import gpu_trace
+from reference import formats
 
 
 def _weights(qtype: str, n: int, k: int):
     import mlx.core as mx
 
-    from kernels.gemv import quantize
+    from kernels.gemv import K_QTYPES, quantize
+
+    if qtype in K_QTYPES:  # random super-blocks (the gemv checks' kind), repacked by the caller
+        from harness.suites.gemv import _device_k_blocks
+
+        return _device_k_blocks(qtype, n, k)
 
     w = (mx.random.normal((n, k)) * 0.02).astype(mx.float16)
     q = quantize(w, qtype, check_finite=False)
@@ -119,7 +126,7 @@ def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: 
             by["head"].append(run_[-1][1])
             by["token"].append(run_[-1][0] + run_[-1][1] - run_[0][0])
         out = ", ".join(f"{n} {np.median(by[n]):.1f}" for n in [*names, "head"])
-        mbytes = {n: gemv.QTYPES[qtype][1] / 32 * shapes[n][0] * shapes[n][1] / 1e6 for n in names}
+        mbytes = {n: formats.row_bytes(qtype.upper(), shapes[n][1]) * shapes[n][0] / 1e6 for n in names}
         tbs = ", ".join(f"{n} {mbytes[n] / np.median(by[n]):.2f}" for n in names)
         print(f"{label}: us a call: {out}; token span {np.median(by['token']) / 1e3:.3f} ms; "
               f"TB/s: {tbs}")

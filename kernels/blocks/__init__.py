@@ -182,7 +182,7 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
         tickets = -(-n // (r * s))
         cap = gemv.TUNING["V3_MAX_GROUPS"]
         if not cap:
-            shaped = gemv.v3_by_shape(n, k)
+            shaped = gemv.v3_by_shape(n, k, qtype)
             cap = shaped["G"] if shared else shaped["G"] * own[kind][1] // s
         if fit:
             cap = min(cap or fit, fit)

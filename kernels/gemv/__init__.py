@@ -74,12 +74,14 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # threadgroups of 4). The seam runs B with A's NSIMD: B's own cap (528 of them) at A's 8 SIMD
 # groups was two waves, and its seams ran 2-6 us longer than its GEMVs apart (issue 23). 0: B's
 # cap by shape.
+# V3_K_SHAPES: 1 gives the K-quants v3 knobs of their own by shape (v3_by_shape: from a sweep of
+# isolated calls), 0 Q4_0's (tuned in the projection chain).
 # BLOCK_NSIMD: SIMD groups a threadgroup of a decoder block (kernels.blocks, one threadgroup size
 # for all of a launch's phases) with block_geometry=per_gemv; 0: by the launch's GEMVs
 # (kernels.blocks.block_geometry).
 TUNING = {**{q: {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0} for q in V3_QTYPES},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
-          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112, "BLOCK_NSIMD": 0}
+          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112, "BLOCK_NSIMD": 0, "V3_K_SHAPES": 0}
 _TUNING_DEFAULTS = copy.deepcopy(TUNING)
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
@@ -260,7 +262,7 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
 
 
 SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH", "V3_MAX_GROUPS",
-                "SEAM_V3_WARPS", "BLOCK_NSIMD")
+                "SEAM_V3_WARPS", "BLOCK_NSIMD", "V3_K_SHAPES")
 
 
 def parse_tuning(text: str) -> dict[str, int]:
@@ -467,13 +469,22 @@ def v3_smem_bytes(m: int, xchunk: int, simds: int) -> int:
     return m * (2 * xchunk + xchunk // 32 * 8) + 4 * (m + simds)
 
 
-def v3_by_shape(n: int, k: int) -> dict[str, int]:
+def v3_by_shape(n: int, k: int, qtype: str = "q4_0") -> dict[str, int]:
     """v3's knobs for an [N, K] matrix, from the projection chain on the H200, where each GEMV
     waits for the one before as in the decode loop (harness.gemv_chain; logs/gemv-chain-v3-54a13a3.log,
     both formats): long rows (down, K = 14336) take 8 SIMD groups a threadgroup, which share one
     staged X'; many rows (gate+up, heads) a grid of one wave, 4 threadgroups on each of the 132
     SMs, each SIMD group streaming its row groups; QKV (6144 rows) 4 rows a SIMD group; the rest
-    (O, 4096 rows) 8 SIMD groups of 2 rows."""
+    (O, 4096 rows) 8 SIMD groups of 2 rows.
+    The K-quants with V3_K_SHAPES 1: the best of `lathe bench gemv --sweep` on them (isolated calls,
+    logs/sweep-gemv-k-a0a8927.log): 2 loads in flight (P) on long rows, where each chunk's high
+    bits and scales cost registers beside its quants, and Q6_K 2 rows a SIMD group there; 2 rows
+    of 4 SIMD groups on a grid of 264 (2 a SM) past 4096 rows."""
+    if qtype in K_QTYPES and TUNING["V3_K_SHAPES"]:
+        if k >= 8192:
+            return dict(R=2 if qtype == "q6_k" else 4, NSIMD=8, P=2, G=0)
+        if n > 4096:
+            return dict(R=2, NSIMD=4, P=4, G=264)
     if k >= 8192:
         return dict(R=2, NSIMD=8, P=4, G=0)
     if n >= 16384:
@@ -490,7 +501,7 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
     first) where the matrix would give fewer than MIN_GROUPS threadgroups; P (16-byte loads a
     lane issues per row before using any) at most a lane's share of a row; all of K staged at
     once where it fits, else the largest multiple of 2048 values that does."""
-    tuning, shaped = TUNING[qtype], v3_by_shape(n, k)
+    tuning, shaped = TUNING[qtype], v3_by_shape(n, k, qtype)
     r, s = _fill_groups(n, rows or tuning["V3_R"] or shaped["R"], simds or tuning["V3_NSIMD"] or shaped["NSIMD"],
                         rows, simds)
     xchunk = k
@@ -524,7 +535,7 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
         r, s, p, xchunk = v3_geometry(qtype, m, n, k, r + 1, s, p)
     groups = -(-n // (r * s))
     cap = knobs.get("max_groups")
-    cap = (TUNING["V3_MAX_GROUPS"] or v3_by_shape(n, k)["G"]) if cap is None else cap
+    cap = (TUNING["V3_MAX_GROUPS"] or v3_by_shape(n, k, qtype)["G"]) if cap is None else cap
     if cap < 0:
         raise ValueError(f"max_groups must be >= 0, got {cap}")
     if cap and xchunk >= k:  # streaming row groups needs X' staged once: all of K in one chunk
@@ -674,7 +685,7 @@ def _seam_v3(x, w_a: Packed, n_a, k_a, residual, gamma, eps, w_b: Packed, n_b, q
     _, _, _, xchunk = v3_geometry(qtype, m, 1, max(k_a, n_a), r, s, p)
 
     def tickets(n: int, k: int, warps: int = 0) -> int:
-        cap = TUNING["V3_MAX_GROUPS"] or (warps // s if warps else v3_by_shape(n, k)["G"])
+        cap = TUNING["V3_MAX_GROUPS"] or (warps // s if warps else v3_by_shape(n, k, qtype)["G"])
         groups = -(-n // (r * s))
         return min(groups, cap) if cap and xchunk >= k else groups
 
