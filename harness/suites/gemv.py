@@ -433,7 +433,7 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     for qtype in K_QTYPES:  # the K-quants: their formats on the GPU and the v3 GEMVs
         shapes = [(1, 256), (7, 768), (33, 4352)] + ([] if small else [(1024, 3072), (4096, 14336)])
         cases += [_dequantize_k_case(qtype, n, k) for n, k in shapes]
-        cases += _k_cases(qtype, small)
+        cases += _v3_cases(qtype, small)
     for qtype in QTYPES:
         cases += [_quantize_case(qtype, 33, 4128), _quantize_case(qtype, 1, 32),
                   _quantize_case(qtype, 0, 256, adversarial=True)]
@@ -463,7 +463,7 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         if not small:
             cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1))
             cases.append(_projection_case(qtype, (14336, 14336), 4096, 2))
-        cases += _v3_cases(qtype, small, odd)
+        cases += _v3_cases(qtype, small)
     return cases
 
 
@@ -477,66 +477,39 @@ V3_SEAM_CASES = [*[case[:5] + (None,) for case in SEAM_CASES[:8]],
                  (False, 1, 4096, 4096, 22016, dict(prefetch=1, depth=2))]
 
 
-def _v3_cases(qtype: str, small: bool, odd: list[tuple[int, int]]) -> list[CheckCase]:
-    """v3 on repacked weights: what v2 is checked on."""
-    cases = [_gemv_case("v3", qtype, 1 + c % 4, n, k)
-             for c, (n, k) in enumerate(odd + ([] if small else [*REAL, *VOCAB]))]
-    if not small:
-        cases += [_gemv_case("v3", qtype, m, 4096, 4096) for m in (1, 2, 3)]
-    for m in (1, 2, 3, 4):
-        tail = small or m > 2
-        cases.append(_fused_case("rmsnorm", qtype, m, *((33, 4128) if tail else (4096, 4096)), version="v3"))
-        cases.append(_fused_case("swiglu", qtype, m, *((33, 4128) if tail else (4096, 14336)), version="v3"))
-        cases.append(_fused_case("swiglu", qtype, m, *((33, 4128) if tail else (4096, 14336)), residual=True,
-                                 version="v3"))
-        cases.append(_fused_case("plain", qtype, m, *((33, 4128) if tail else (4096, 4096)), residual=True,
-                                 version="v3"))
-    for kind, m, n, k, residual, knobs in V3_KNOB_CASES[:2] if small else V3_KNOB_CASES:
-        cases.append(_fused_case(kind, qtype, m, n, k, residual, knobs, version="v3"))
-    for m, f, k, norm, knobs in GATE_UP_SWIGLU_CASES[4:6] if small else GATE_UP_SWIGLU_CASES:
-        cases.append(_gate_up_swiglu_case(qtype, m, f, k, norm, knobs))
-    for m in (5, 16) if small else (5, 16, 512):
-        cases.append(_gemv_case("linear v3", qtype, m, *((33, 96) if small else (4097, 4128))))
-    if not small:
-        cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1, packed=True))
-        cases.append(_projection_case(qtype, (14336, 14336), 4096, 2, packed=True))
-    for swiglu, m, n_a, k_a, n_b, knobs in V3_SEAM_CASES[6:8] if small else V3_SEAM_CASES:
-        cases.append(_seam_case(qtype, swiglu, m, n_a, k_a, n_b, knobs, packed=True))
-    return cases
-
-
 def _k_shape(k: int) -> int:
     """A check shape's K for the K-quants: rounded up to whole super-blocks."""
     return -(-k // 256) * 256
 
 
-def _k_cases(qtype: str, small: bool) -> list[CheckCase]:
-    """A K-quant's v3 cases: _v3_cases' shapes, knobs, forms and seams with K (and a seam's N_a,
-    GEMV B's K) in whole super-blocks."""
-    odd = [(n, k) for n in SMALL_N for k in K_SMALL_K]
+def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
+    """v3 on repacked weights: what v2 is checked on; for the K-quants the same shapes, knobs,
+    forms and seams with K (and a seam's N_a, GEMV B's K) in whole super-blocks."""
+    fit = _k_shape if qtype in K_QTYPES else (lambda k: k)
+    odd = [(n, k) for n in SMALL_N for k in (K_SMALL_K if qtype in K_QTYPES else SMALL_K)]
     cases = [_gemv_case("v3", qtype, 1 + c % 4, n, k)
              for c, (n, k) in enumerate(odd + ([] if small else [*REAL, *VOCAB]))]
     if not small:
         cases += [_gemv_case("v3", qtype, m, 4096, 4096) for m in (1, 2, 3)]
     for m in (1, 2, 3, 4):
         tail = small or m > 2
-        cases.append(_fused_case("rmsnorm", qtype, m, *((33, 4352) if tail else (4096, 4096)), version="v3"))
-        cases.append(_fused_case("swiglu", qtype, m, *((33, 4352) if tail else (4096, 14336)), version="v3"))
-        cases.append(_fused_case("swiglu", qtype, m, *((33, 4352) if tail else (4096, 14336)), residual=True,
+        cases.append(_fused_case("rmsnorm", qtype, m, *((33, fit(4128)) if tail else (4096, 4096)), version="v3"))
+        cases.append(_fused_case("swiglu", qtype, m, *((33, fit(4128)) if tail else (4096, 14336)), version="v3"))
+        cases.append(_fused_case("swiglu", qtype, m, *((33, fit(4128)) if tail else (4096, 14336)), residual=True,
                                  version="v3"))
-        cases.append(_fused_case("plain", qtype, m, *((33, 4352) if tail else (4096, 4096)), residual=True,
+        cases.append(_fused_case("plain", qtype, m, *((33, fit(4128)) if tail else (4096, 4096)), residual=True,
                                  version="v3"))
     for kind, m, n, k, residual, knobs in V3_KNOB_CASES[:2] if small else V3_KNOB_CASES:
-        cases.append(_fused_case(kind, qtype, m, n, _k_shape(k), residual, knobs, version="v3"))
+        cases.append(_fused_case(kind, qtype, m, n, fit(k), residual, knobs, version="v3"))
     for m, f, k, norm, knobs in GATE_UP_SWIGLU_CASES[4:6] if small else GATE_UP_SWIGLU_CASES:
-        cases.append(_gate_up_swiglu_case(qtype, m, f, _k_shape(k), norm, knobs))
+        cases.append(_gate_up_swiglu_case(qtype, m, f, fit(k), norm, knobs))
     for m in (5, 16) if small else (5, 16, 512):
-        cases.append(_gemv_case("linear v3", qtype, m, *((33, 256) if small else (4097, 4352))))
+        cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128)))))
     if not small:
         cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1, packed=True))
         cases.append(_projection_case(qtype, (14336, 14336), 4096, 2, packed=True))
     for swiglu, m, n_a, k_a, n_b, knobs in V3_SEAM_CASES[6:8] if small else V3_SEAM_CASES:
-        cases.append(_seam_case(qtype, swiglu, m, _k_shape(n_a), _k_shape(k_a), n_b, knobs, packed=True))
+        cases.append(_seam_case(qtype, swiglu, m, fit(n_a), fit(k_a), n_b, knobs, packed=True))
     return cases
 
 
