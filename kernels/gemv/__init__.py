@@ -74,8 +74,8 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # threadgroups of 4). The seam runs B with A's NSIMD: B's own cap (528 of them) at A's 8 SIMD
 # groups was two waves, and its seams ran 2-6 us longer than its GEMVs apart (issue 23). 0: B's
 # cap by shape.
-# V3_K_SHAPES: 1 gives the K-quants v3 knobs of their own by shape (v3_by_shape: from a sweep of
-# isolated calls), 0 Q4_0's (tuned in the projection chain).
+# V3_K_SHAPES: 1 gives Q5_K and Q6_K v3 knobs of their own on QKV-like shapes (v3_by_shape), 0
+# Q4_0's there too (tuned in the projection chain).
 # BLOCK_NSIMD: SIMD groups a threadgroup of a decoder block (kernels.blocks, one threadgroup size
 # for all of a launch's phases) with block_geometry=per_gemv; 0: by the launch's GEMVs
 # (kernels.blocks.block_geometry).
@@ -476,15 +476,12 @@ def v3_by_shape(n: int, k: int, qtype: str = "q4_0") -> dict[str, int]:
     staged X'; many rows (gate+up, heads) a grid of one wave, 4 threadgroups on each of the 132
     SMs, each SIMD group streaming its row groups; QKV (6144 rows) 4 rows a SIMD group; the rest
     (O, 4096 rows) 8 SIMD groups of 2 rows.
-    The K-quants with V3_K_SHAPES 1: the best of `lathe bench gemv --sweep` on them (isolated calls,
-    logs/sweep-gemv-k-a0a8927.log): 2 loads in flight (P) on long rows, where each chunk's high
-    bits and scales cost registers beside its quants, and Q6_K 2 rows a SIMD group there; 2 rows
-    of 4 SIMD groups on a grid of 264 (2 a SM) past 4096 rows."""
-    if qtype in K_QTYPES and TUNING["V3_K_SHAPES"]:
-        if k >= 8192:
-            return dict(R=2 if qtype == "q6_k" else 4, NSIMD=8, P=2, G=0)
-        if n > 4096:
-            return dict(R=2, NSIMD=4, P=4, G=264)
+    Q5_K and Q6_K with V3_K_SHAPES 1: 2 rows of 4 SIMD groups on a grid of 264 (2 a SM) for the
+    QKV-like shapes (4096 < N < 16384, K < 8192), the one place where the sweep of isolated calls
+    on the K-quants (logs/sweep-gemv-k-a0a8927.log) also won in the projection chain (Q6_K's QKV,
+    logs/gemv-chain-k-d9f8937.log; its other choices lost there)."""
+    if qtype in ("q5_k", "q6_k") and TUNING["V3_K_SHAPES"] and 4096 < n < 16384 and k < 8192:
+        return dict(R=2, NSIMD=4, P=4, G=264)
     if k >= 8192:
         return dict(R=2, NSIMD=8, P=4, G=0)
     if n >= 16384:
