@@ -74,14 +74,14 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # threadgroups of 4). The seam runs B with A's NSIMD: B's own cap (528 of them) at A's 8 SIMD
 # groups was two waves, and its seams ran 2-6 us longer than its GEMVs apart (issue 23). 0: B's
 # cap by shape.
-# V3_K_SHAPES: 1 gives Q5_K and Q6_K v3 knobs of their own on QKV-like shapes (v3_by_shape), 0
-# Q4_0's there too (tuned in the projection chain).
+# V3_K_SHAPES: 1 gives Q6_K v3 knobs of its own on QKV-like shapes (v3_by_shape, from the projection
+# chain), 0 Q4_0's there too.
 # BLOCK_NSIMD: SIMD groups a threadgroup of a decoder block (kernels.blocks, one threadgroup size
 # for all of a launch's phases) with block_geometry=per_gemv; 0: by the launch's GEMVs
 # (kernels.blocks.block_geometry).
 TUNING = {**{q: {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0} for q in V3_QTYPES},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
-          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112, "BLOCK_NSIMD": 0, "V3_K_SHAPES": 0}
+          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112, "BLOCK_NSIMD": 0, "V3_K_SHAPES": 1}
 _TUNING_DEFAULTS = copy.deepcopy(TUNING)
 SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
@@ -476,11 +476,12 @@ def v3_by_shape(n: int, k: int, qtype: str = "q4_0") -> dict[str, int]:
     staged X'; many rows (gate+up, heads) a grid of one wave, 4 threadgroups on each of the 132
     SMs, each SIMD group streaming its row groups; QKV (6144 rows) 4 rows a SIMD group; the rest
     (O, 4096 rows) 8 SIMD groups of 2 rows.
-    Q5_K and Q6_K with V3_K_SHAPES 1: 2 rows of 4 SIMD groups on a grid of 264 (2 a SM) for the
-    QKV-like shapes (4096 < N < 16384, K < 8192), the one place where the sweep of isolated calls
-    on the K-quants (logs/sweep-gemv-k-a0a8927.log) also won in the projection chain (Q6_K's QKV,
-    logs/gemv-chain-k-d9f8937.log; its other choices lost there)."""
-    if qtype in ("q5_k", "q6_k") and TUNING["V3_K_SHAPES"] and 4096 < n < 16384 and k < 8192:
+    Q6_K with V3_K_SHAPES 1 (the default): 2 rows of 4 SIMD groups on a grid of 264 (2 a SM) for
+    the QKV-like shapes (4096 < N < 16384, K < 8192), the one place where the sweep of isolated
+    calls on the K-quants (logs/sweep-gemv-k-a0a8927.log) also won in the projection chain: the 8B
+    Q6_K token's QKV 14.4 -> 11.5 us, its span 2.36 -> 2.27 ms; Q5_K 0.5 us slower, the other
+    choices slower for every K type (logs/gemv-chain-k-d9f8937.log, gemv-chain-k-cf23fda.log)."""
+    if qtype == "q6_k" and TUNING["V3_K_SHAPES"] and 4096 < n < 16384 and k < 8192:
         return dict(R=2, NSIMD=4, P=4, G=264)
     if k >= 8192:
         return dict(R=2, NSIMD=8, P=4, G=0)
