@@ -218,7 +218,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                         "RoPE + KV write + attention | O + residual | rmsnorm+gate|up+SiLU | down + residual")
                 layer_weights = tuple(w for j in range(c.n_layers) for w in _attention_weights(c, j) + (
                     f"blk.{j}.ffn_norm.weight", f"blk.{j}.ffn_gate_up (gate|up)", f"blk.{j}.ffn_down.weight"))
-                add("token_block", f"lathe token_block ({what})" if one_launch else
+                add("token_block", f"lathe token_block{shown(b + 'attn_q.weight')} ({what})" if one_launch else
                     f"token_block's phases apart ({what}: {5 * c.n_layers} launches)",
                     ("x", "cache.*"), ("x", "cache.*"), _run_token_block, weights=layer_weights, per_token=("pos",),
                     launches=("lathe_token_block",) if one_launch else _ATTENTION_APART + _FFN_APART)
@@ -231,18 +231,18 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             ffn_what = "rmsnorm+gate|up+SiLU | down + residual"
             ffn_weights = (b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)", b + "ffn_down.weight")
             if i == 0:
-                add("attention_block", f"lathe attention_block ({attention_what})" if one_launch else
+                add("attention_block", f"lathe attention_block{shown(b + 'attn_q.weight')} ({attention_what})" if one_launch else
                     f"attention_block's phases apart ({attention_what}: 3 launches)", ("x", "cache.0"),
                     ("x", "cache.0"), _run_attention_block, weights=_attention_weights(c, 0), per_token=("pos",),
                     layer=0, launches=("lathe_attention_block",) if one_launch else _ATTENTION_APART)
             if i + 1 < c.n_layers:
                 nb = f"cache.{i + 1}"
-                add("layer_block", f"lathe layer_block ({ffn_what} | layer {i + 1}: {attention_what})"
+                add("layer_block", f"lathe layer_block{shown(b + 'ffn_down.weight')} ({ffn_what} | layer {i + 1}: {attention_what})"
                     if one_launch else "layer_block's phases apart (5 launches)", ("x", nb), ("x", nb),
                     _run_layer_block, i, weights=ffn_weights + _attention_weights(c, i + 1), per_token=("pos",),
                     layer=i, launches=("lathe_layer_block",) if one_launch else _FFN_APART + _ATTENTION_APART)
             else:
-                add("ffn_block", f"lathe ffn_block ({ffn_what})" if one_launch else
+                add("ffn_block", f"lathe ffn_block{shown(b + 'ffn_down.weight')} ({ffn_what})" if one_launch else
                     f"ffn_block's phases apart ({ffn_what}: 2 launches)", ("x",), ("x",), _run_ffn_block, i,
                     weights=ffn_weights, layer=i, launches=("lathe_ffn_block",) if one_launch else _FFN_APART)
             continue
