@@ -38,6 +38,16 @@ def exact(what: str, out: Any, expected: Any) -> Comparison:
     return Comparison(what, 0.0 if same else float("inf"), 0.0)
 
 
+def within_fp16_steps(what: str, out: Any, ref: Any, steps: float = 1.0) -> Comparison:
+    """fp16 output against a float32 reference, in units of the reference's fp16 spacing: for
+    values a GPU may round once where the reference rounds twice (a product fused into a
+    difference, d * sc * q - dmin * m), at most `steps` of them; NaN anywhere fails."""
+    ref = np.asarray(ref, dtype=np.float32)
+    spacing = np.spacing(np.abs(ref).astype(np.float16)).astype(np.float32)
+    worst = (np.abs(np.asarray(out).astype(np.float32) - ref) / spacing).max()
+    return Comparison(what, float(np.nan_to_num(worst, nan=np.inf)), steps)
+
+
 @dataclass
 class CheckCase:
     family: str

@@ -142,16 +142,11 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     packed = repacked() if packed is None else packed
     v = "v3" if packed else "v2"  # the GEMV generation that the weights' layout takes
     kinds = {n: t.lower() for n, t in (types or {}).items()}
-
-    def kind(name: str) -> str:
-        """A matrix's block type; a fused one's (its parts share it: fused_runs)."""
-        for fused, parts in FUSED_PARTS.items():
-            if name.endswith(f".{fused}.weight") or "+" in name:
-                i = name.split(".")[1]
-                part = parts[0] if name.endswith(f".{fused}.weight") else name.split(".")[2].split("+")[0]
-                return kinds.get(f"blk.{i}.{part}.weight", "q8_0")
-        return kinds.get(name, "q8_0")
-
+    for i in range(c.n_layers):  # the fused matrices' types, as the decoder's _concat gives them
+        for projection_name in FUSED_PARTS:
+            for name, run in fused_runs(kinds, i, projection_name):
+                kinds.setdefault(name, kinds.get(run[0], "q8_0"))
+    kind = lambda name: kinds.get(name, "q8_0")  # noqa: E731
     quant = lambda name: kind(name) in QUANTIZED  # noqa: E731
     shown = lambda name: f" ({kind(name).upper()}{', repacked' if packed else ''})"  # noqa: E731
     decode, small = phase == "decode", phase != "prompt"
@@ -179,30 +174,33 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         if residual:
             add("add", "mx.add", ("x", dst), ("x",), _run_add, dst, layer=layer)
 
+    def rms_norm(norm, layer=None):
+        """RMSNorm of the residual stream into h."""
+        add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, norm, weights=(norm,), layer=layer,
+            launches=("lathe_rmsnorm",))
+
     def norm_linear(norm, name, dst, layer=None, label=None):
         """RMSNorm of the residual stream, then a projection: one launch where the GEMV fuses it."""
-        if name is not None and fused and small and quant(name):
+        if fused and small and quant(name):
             add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v}{shown(name)}", ("x",), (dst,), _run_norm_linear, norm, name, dst,
                 weights=(norm, label or name), layer=layer, launches=(f"lathe_rmsnorm_gemv_{v}",))
         else:
-            add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, norm, weights=(norm,), layer=layer,
-                launches=("lathe_rmsnorm",))
-            if name is not None:
-                linear("h", dst, name, layer)
+            rms_norm(norm, layer)
+            linear("h", dst, name, layer)
 
-    def projection(norm, fused, dst, i):
-        """RMSNorm, then layer i's fused projection (fused_runs): one matrix, or one a block type
-        with their outputs joined."""
-        runs = fused_runs(kinds, i, fused)
+    def projection(norm, which, dst, i):
+        """The fused variant's RMSNorm, then layer i's fused projection `which` (fused_runs): one
+        matrix, or one a block type with their outputs joined."""
+        runs = fused_runs(kinds, i, which)
         if len(runs) == 1:
-            parts = "|".join(p.split("_")[1] for p in FUSED_PARTS[fused])
-            norm_linear(norm, runs[0][0], dst, i, label=f"blk.{i}.{fused} ({parts})")
+            parts = "|".join(p.split("_")[1] for p in FUSED_PARTS[which])
+            norm_linear(norm, runs[0][0], dst, i, label=f"blk.{i}.{which} ({parts})")
             return
         outs = tuple(f"{dst}.{j}" for j in range(len(runs)))
-        if not (fused and small):  # the norm once, then each part
-            norm_linear(norm, None, None, i)
+        if not small:  # a prompt: the norm once, then each part
+            rms_norm(norm, i)
         for (name, _), out in zip(runs, outs):
-            if fused and small:
+            if small:
                 norm_linear(norm, name, out, i)
             else:
                 linear("h", out, name, i)
@@ -252,8 +250,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         elif fused:
             projection(b + "attn_norm.weight", "attn_qkv", "qkv", i)
         else:
-            add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, b + "attn_norm.weight",
-                weights=(b + "attn_norm.weight",), layer=i, launches=("lathe_rmsnorm",))
+            rms_norm(b + "attn_norm.weight", i)
             for n in "qkv":
                 linear("h", n, b + f"attn_{n}.weight", i)
         apart = paged or wrap  # RoPE in launches of its own, then the cache writes
@@ -329,8 +326,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 ("gate_up", "x"), ("x",), _run_silu_down, i,
                 weights=(b + "ffn_down.weight",), layer=i, launches=(f"lathe_silu_down_gemv_{v}_residual",))
             continue
-        add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, b + "ffn_norm.weight",
-            weights=(b + "ffn_norm.weight",), layer=i, launches=("lathe_rmsnorm",))
+        rms_norm(b + "ffn_norm.weight", i)
         if fused:  # a prompt: the gate+up matrix, then SwiGLU over its [gate | up] rows
             linear("h", "gate_up", gate_up, i)
             add("swiglu", "lathe swiglu", ("gate_up",), ("a",), _run_swiglu, ("gate_up",), layer=i,
@@ -606,10 +602,9 @@ class KernelDecoder:
             if name.endswith("norm.weight"):
                 continue
             if t.dtype == np.uint8:
-                kind = model.types[name]
+                per_block = formats.block_weights(model.types[name])
                 self.w[name] = resident(mx.array(t))
-                self.nk[name] = (t.shape[0], t.shape[1] // formats.row_bytes(kind, formats.block_weights(kind))
-                                 * formats.block_weights(kind))
+                self.nk[name] = (t.shape[0], t.shape[1] // formats.row_bytes(model.types[name], per_block) * per_block)
             else:
                 self.w[name] = resident(mx.array(np.asarray(t, dtype=np.float16)))
                 self.nk[name] = tuple(t.shape)

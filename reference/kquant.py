@@ -253,27 +253,27 @@ def dequantize(data: np.ndarray, qtype: str, k: int) -> np.ndarray:
     per_row = k // QK_K * BLOCK_BYTES[qtype]
     if data.ndim != 2 or data.shape[1] != per_row:
         raise ValueError(f"{qtype} data for rows of {k} must be [n, {per_row}] bytes, got {data.shape}")
-    n = data.shape[0]
     b = data.reshape(-1, BLOCK_BYTES[qtype])
+    scales = b[:, 192:210] if qtype == "q6_k" else b[:, :16]  # what _values reads of each
+    return _values(levels(data, qtype, k), qtype, scales).reshape(data.shape[0], k)
+
+
+def _values(lv: np.ndarray, qtype: str, scales: np.ndarray) -> np.ndarray:
+    """Levels (any shape of whole super-blocks) and each super-block's scale bytes [S, 16 or 18]
+    (Q4_K/Q5_K: d, dmin, the 12 bytes of 6-bit scales and mins; Q6_K: 16 int8 scales, then d) ->
+    the weights [S, 256] float32, in GGML's order of operations."""
+    supers = scales.shape[0]
     if qtype == "q6_k":
-        ql, qh = b[:, :128].reshape(-1, 2, 64), b[:, 128:192].reshape(-1, 2, 32)
-        scales = np.ascontiguousarray(b[:, 192:208]).view(np.int8).astype(F32).reshape(-1, 16, 1)
-        d = np.ascontiguousarray(b[:, 208:210]).view(np.float16).astype(F32).reshape(-1, 1, 1)
-        low = np.stack([ql[:, :, :32] & 0xF, ql[:, :, 32:] & 0xF, ql[:, :, :32] >> 4, ql[:, :, 32:] >> 4], axis=2)
-        high = np.stack([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=2)
-        q = ((low | (high << 4)).astype(np.int32) - 32).astype(F32).reshape(-1, 16, 16)
-        return (d * scales * q).reshape(n, k)
-    d = np.ascontiguousarray(b[:, 0:2]).view(np.float16).astype(F32).reshape(-1)
-    dmin = np.ascontiguousarray(b[:, 2:4]).view(np.float16).astype(F32).reshape(-1)
-    sc, mn = _unpack_scales_mins(b[:, 4:16])
-    qs = b[:, -128:].reshape(-1, 4, 32)
-    q = np.stack([qs & 0xF, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.int32)
-    if qtype == "q5_k":
-        qh = b[:, 16:48]
-        q = q + (np.stack([(qh >> j) & 1 for j in range(8)], axis=1).astype(np.int32) << 4)
+        sc = np.ascontiguousarray(scales[:, :16]).view(np.int8).astype(F32).reshape(-1, 16, 1)
+        d = np.ascontiguousarray(scales[:, 16:18]).view(np.float16).astype(F32).reshape(-1, 1, 1)
+        q = (lv.reshape(supers, 16, 16).astype(np.int32) - 32).astype(F32)
+        return (d * sc * q).reshape(supers, QK_K)
+    d = np.ascontiguousarray(scales[:, 0:2]).view(np.float16).astype(F32).reshape(-1)
+    dmin = np.ascontiguousarray(scales[:, 2:4]).view(np.float16).astype(F32).reshape(-1)
+    sc, mn = _unpack_scales_mins(scales[:, 4:16])
     scale = (d[:, None] * sc.astype(F32))[..., None]
     offset = (dmin[:, None] * mn.astype(F32))[..., None]
-    return (scale * q.astype(F32) - offset).reshape(n, k)
+    return (scale * lv.reshape(supers, 8, 32).astype(F32) - offset).reshape(supers, QK_K)
 
 
 # ---- the v3 GEMV's load-time layout (kernels.gemv.repack): the spec the device repack must meet ----
@@ -352,14 +352,9 @@ def dequantize_packed(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarra
         high = (words.astype(np.uint64) >> _high_positions(bits).astype(np.uint64)) & np.uint64((1 << bits) - 1)
         lv |= high.astype(np.int32) << 4
         at += size * chunks
-    if qtype == "q6_k":
-        scales = data[at: at + 16 * supers].view(np.int8).astype(F32).reshape(supers, 16, 1)
-        d = data[at + 16 * supers:].view(np.float16).astype(F32).reshape(supers, 1, 1)
-        return (d * scales * (lv.reshape(supers, 16, 16) - 32).astype(F32)).reshape(n, k)
-    head = data[at:].reshape(supers, 16)
-    d = np.ascontiguousarray(head[:, 0:2]).view(np.float16).astype(F32).reshape(-1)
-    dmin = np.ascontiguousarray(head[:, 2:4]).view(np.float16).astype(F32).reshape(-1)
-    sc, mn = _unpack_scales_mins(head[:, 4:16])
-    scale = (d[:, None] * sc.astype(F32))[..., None]
-    offset = (dmin[:, None] * mn.astype(F32))[..., None]
-    return (scale * lv.reshape(supers, 8, 32).astype(F32) - offset).reshape(n, k)
+    if qtype == "q6_k":  # the int8 scales, then every d: one super-block's 18 bytes side by side
+        scales = np.concatenate([data[at: at + 16 * supers].reshape(supers, 16),
+                                 data[at + 16 * supers:].reshape(supers, 2)], axis=1)
+    else:
+        scales = data[at:].reshape(supers, 16)
+    return _values(lv, qtype, scales).reshape(n, k)

@@ -24,3 +24,18 @@ def test_reference(case):
 def test_against_reference(case):
     result = run_case(case)
     assert result.passed, result.failures()
+
+
+def test_fp16_steps_can_fail():
+    """within_fp16_steps (the K-quants' dequantize and embedding checks): one fp16 step from the
+    reference passes, two fail, and so does a NaN."""
+    import numpy as np
+
+    from harness.check import within_fp16_steps
+
+    ref = np.array([1.0, -3.0, 1000.0], np.float32)
+    one = (ref + np.spacing(ref.astype(np.float16)).astype(np.float32)).astype(np.float16)
+    two = (ref + 2 * np.spacing(ref.astype(np.float16)).astype(np.float32)).astype(np.float16)
+    assert within_fp16_steps("one step", one, ref).passed
+    assert not within_fp16_steps("two steps", two, ref).passed
+    assert not within_fp16_steps("NaN", np.array([np.nan, -3.0, 1000.0], np.float16), ref).passed

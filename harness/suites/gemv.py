@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from harness.bench import BenchCase
-from harness.check import CheckCase, Comparison, compare, exact
+from harness.check import CheckCase, Comparison, compare, exact, within_fp16_steps
 from reference import formats, rel_err
 from reference.quant import quantize
 
@@ -184,10 +184,7 @@ def _dequantize_k_case(qtype: str, n: int, k: int) -> CheckCase:
             if qtype == "q6_k":
                 checks.append(exact(f"{label} (fp16 of the reference)", out, want.astype(np.float16)))
                 continue
-            step = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
-            steps = np.abs(out.astype(np.float32) - want) / step
-            checks.append(Comparison(f"{label} (fp16 steps from the reference)",
-                                     float(np.nan_to_num(steps.max(), nan=np.inf)), 1.0))
+            checks.append(within_fp16_steps(f"{label} (fp16 steps from the reference)", out, want))
         return checks
 
     return CheckCase("gemv", f"dequantize_{qtype}", "gpu", dict(N=n, K=k), run)

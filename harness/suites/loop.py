@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from harness.bench import BenchCase
-from harness.check import CheckCase, Comparison, compare, exact
+from harness.check import CheckCase, Comparison, compare, exact, within_fp16_steps
 from reference import formats
 from reference import loop as ref
 
@@ -90,9 +90,7 @@ def _embed_case(qtype: str, t: int, k: int, vocab: int) -> CheckCase:
         if qtype in ("q4_k", "q5_k"):
             # d * sc * q - dmin * m: the GPU may fuse the product into the difference (one
             # rounding, not two), as in kernels.gemv.dequantize: within one fp16 step
-            step = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
-            return [Comparison(f"rows ({how} ids, fp16 steps from the reference)",
-                               float(np.max(np.abs(np.array(got).astype(np.float32) - want) / step)), 1.0)
+            return [within_fp16_steps(f"rows ({how} ids, fp16 steps from the reference)", np.array(got), want)
                     for how, got in (("host", out), ("device", dev))]
         want = want.astype(np.float16)
         return [exact("rows (host ids)", np.array(out), want),

@@ -273,7 +273,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     s = geo.simds
     strides = {"W_QKV_STRIDE": 0, "W_O_STRIDE": 0, "W_UP_STRIDE": 0, "W_DOWN_STRIDE": 0, "NORM_STRIDE": 0,
                "HEAD_NORM_STRIDE": 0, **(strides or {})}
-    inputs, consts = [], dict(QTYPE=gemv._block(qtype)[0], M=m, NSIMD=s, XCHUNK=geo.xchunk, FIRST=first,
+    inputs, consts = [], dict(QTYPE=gemv.block_format(qtype)[0], M=m, NSIMD=s, XCHUNK=geo.xchunk, FIRST=first,
                               PHASES=phases, PREFETCH=bool(options.get("block_prefetch")), **strides)
     for kind, name in ((UP, "UP"), (DOWN, "DOWN"), (QKV, "QKV"), (O, "O")):
         if kind in geo.gemvs:

@@ -117,7 +117,7 @@ def _eps(eps: float) -> mx.array:
     return constant((eps,), mx.float32)
 
 
-def _block(qtype: str) -> tuple[int, int, int]:
+def block_format(qtype: str) -> tuple[int, int, int]:
     """(QTYPE code, weights a block, bytes a block) of a GEMV format or a K-quant."""
     if qtype in QTYPES:
         return QTYPES[qtype][0], 32, QTYPES[qtype][1]
@@ -127,7 +127,7 @@ def _block(qtype: str) -> tuple[int, int, int]:
 def _check_qtype_shape(qtype: str, n: int, k: int, formats: tuple[str, ...] = tuple(QTYPES)) -> None:
     if qtype not in formats:
         raise ValueError(f"qtype must be one of {formats}, got {qtype!r}")
-    _, per_block, _ = _block(qtype)
+    _, per_block, _ = block_format(qtype)
     if k <= 0 or k % per_block:
         raise ValueError(f"K must be a positive multiple of {per_block} ({qtype}'s block), got {k}")
     if n <= 0:
@@ -135,7 +135,7 @@ def _check_qtype_shape(qtype: str, n: int, k: int, formats: tuple[str, ...] = tu
 
 
 def _check_weights(w, qtype: str, n: int, k: int) -> None:
-    _, per_block, block_bytes = _block(qtype)
+    _, per_block, block_bytes = block_format(qtype)
     row_bytes = k // per_block * block_bytes
     if isinstance(w, Packed):
         _check_packed(w, qtype, n, k)
@@ -538,7 +538,7 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
         raise ValueError(f"max_groups must be >= 0, got {cap}")
     if cap and xchunk >= k:  # streaming row groups needs X' staged once: all of K in one chunk
         groups = min(groups, cap)
-    consts = dict(QTYPE=_block(qtype)[0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk)
+    consts = dict(QTYPE=block_format(qtype)[0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk)
     (y,) = launch(Launch(_gemv_spec("v3", prologue, residual is not None, swiglu_out),
                          [x, w.data, _dims(n, k, groups), *inputs],
                          [((m, n_out), mx.float16)], (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
@@ -694,7 +694,7 @@ def _seam_v3(x, w_a: Packed, n_a, k_a, residual, gamma, eps, w_b: Packed, n_b, q
         raise ValueError(f"launched must be at least GEMV B's {tickets_b} threadgroups, got {launched}")
     prefetch = knobs.get("prefetch")
     prefetch = bool(TUNING["SEAM_PREFETCH"]) if prefetch is None else bool(prefetch)
-    consts = dict(QTYPE=_block(qtype)[0], M=m, R=r, NSIMD=s, P=p, XCHUNK=xchunk, K_A=k_a, K_B=n_a,
+    consts = dict(QTYPE=block_format(qtype)[0], M=m, R=r, NSIMD=s, P=p, XCHUNK=xchunk, K_A=k_a, K_B=n_a,
                   PREFETCH=prefetch)
     a_y, b_y = launch(Launch(
         _seam_spec("swiglu" if swiglu else "plain", v3=True),
@@ -733,7 +733,7 @@ def dequantize(q: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
     chunks = n * (k // 32)  # a thread 32 weights: a block, or part of a K-quant super-block
     (w,) = launch(Launch(_DEQUANTIZE, [(q.data if packed else q).reshape(-1), _dims(n, k)], [((n, k), mx.float16)],
                          (-(-chunks // 256) * 256, 1, 1), (256, 1, 1),
-                         dict(QTYPE=_block(qtype)[0], PACKED=int(packed))))
+                         dict(QTYPE=block_format(qtype)[0], PACKED=int(packed))))
     return w
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from kernels.gemv import V3_QTYPES, block_format
 from kernels.runtime import KernelSpec, Launch, constant, index, launch
 
 NSIMD = 4
-# table type -> (QTYPE of loop/embed.metal, weights a block, bytes a block; F16: values)
-EMBED_TYPES = {"q4_0": (0, 32, 18), "q8_0": (1, 32, 34), "q4_k": (2, 256, 144), "q5_k": (3, 256, 176),
-               "q6_k": (4, 256, 210), "f16": (5, 1, 1)}
+# table type -> (QTYPE of loop/embed.metal, weights a block, bytes a block): the GEMVs' formats
+# with their codes (embed.metal decodes them as dequantize.metal does), and F16 (values)
+EMBED_TYPES = {**{q: block_format(q) for q in V3_QTYPES}, "f16": (5, 1, 1)}
 
 _RMSNORM = {
     False: KernelSpec("lathe_rmsnorm", "loop/rmsnorm.metal", ("x", "gamma", "dims", "eps"), ("y",),
