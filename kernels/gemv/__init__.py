@@ -74,8 +74,8 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # threadgroups of 4). The seam runs B with A's NSIMD: B's own cap (528 of them) at A's 8 SIMD
 # groups was two waves, and its seams ran 2-6 us longer than its GEMVs apart (issue 23). 0: B's
 # cap by shape.
-# V3_K_SHAPES: 1 gives Q6_K v3 knobs of its own on QKV-like shapes (v3_by_shape, from the projection
-# chain), 0 Q4_0's there too.
+# V3_K_SHAPES: 1 gives the K-quants v3 knobs of their own on some shapes (v3_by_shape), 0 Q4_0's
+# there too.
 # BLOCK_NSIMD: SIMD groups a threadgroup of a decoder block (kernels.blocks, one threadgroup size
 # for all of a launch's phases) with block_geometry=per_gemv; 0: by the launch's GEMVs
 # (kernels.blocks.block_geometry).
@@ -476,12 +476,18 @@ def v3_by_shape(n: int, k: int, qtype: str = "q4_0") -> dict[str, int]:
     staged X'; many rows (gate+up, heads) a grid of one wave, 4 threadgroups on each of the 132
     SMs, each SIMD group streaming its row groups; QKV (6144 rows) 4 rows a SIMD group; the rest
     (O, 4096 rows) 8 SIMD groups of 2 rows.
-    Q6_K with V3_K_SHAPES 1 (the default): 2 rows of 4 SIMD groups on a grid of 264 (2 a SM) for
-    the QKV-like shapes (4096 < N < 16384, K < 8192), the one place where the sweep of isolated
-    calls on the K-quants (logs/sweep-gemv-k-a0a8927.log) also won in the projection chain: the 8B
-    Q6_K token's QKV 14.4 -> 11.5 us, its span 2.36 -> 2.27 ms; Q5_K 0.5 us slower, the other
-    choices slower for every K type (logs/gemv-chain-k-d9f8937.log, gemv-chain-k-cf23fda.log)."""
-    if qtype == "q6_k" and TUNING["V3_K_SHAPES"] and 4096 < n < 16384 and k < 8192:
+    The K-quants with V3_K_SHAPES 1 (the default): 2 rows of 4 SIMD groups on a grid of 264 (2 a
+    SM), the sweep of isolated calls' best (logs/sweep-gemv-k-a0a8927.log), where it does not lose
+    in the chain:
+    - Q6_K on the QKV-like shapes (4096 < N < 16384, K < 8192): in the chain too, the 8B Q6_K
+      token's QKV 14.4 -> 11.5 us, its span 2.36 -> 2.27 ms; Q5_K's QKV 0.5 us slower, so not
+      Q5_K there, and the other choices slower for every K type (logs/gemv-chain-k-d9f8937.log,
+      gemv-chain-k-cf23fda.log);
+    - every K-quant past 8192 rows and below 16384 (an unfused gate or up, 14336 x 4096): Q5_K
+      13.0 -> 10.3 us there, Q4_K 8.6 -> 7.6. No GEMV of the 8B or 0.6B chains has such a shape
+      (gate+up is 28672 rows, QKV 6144), so the chain neither confirms nor refutes it."""
+    if qtype in K_QTYPES and TUNING["V3_K_SHAPES"] and k < 8192 and (8192 < n < 16384
+                                                                      or qtype == "q6_k" and 4096 < n < 16384):
         return dict(R=2, NSIMD=4, P=4, G=264)
     if k >= 8192:
         return dict(R=2, NSIMD=8, P=4, G=0)
