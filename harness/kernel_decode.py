@@ -8,7 +8,9 @@
   with mega_span=layer, a launch a layer (layer_block: a layer's FFN block and the next layer's
   attention block; layer 0's attention block and the last FFN block alone). The embedding, the
   head and the argmax as fused's.
-  Contiguous cache, repacked weights; prompts and 2-4 token steps run fused's plan. Where one
+  Contiguous cache, repacked weights; prompts and 2-4 token steps run fused's plan. Each GEMV
+  runs in its matrix's own block type, layer by layer (llama.cpp's Q4_K_M: Q6_K attn_v and
+  ffn_down in some layers; V's rows then a matrix apart from [q; k] in every layer). Where one
   launch may not wait on another's threadgroups (Metal: kernels.blocks.cross_group_waits) the
   blocks run their phases as separate launches, and the plan says so.
 - `fused`: RMSNorm folded into one QKV GEMV and one gate+up GEMV over concatenated matrices,
@@ -79,14 +81,18 @@ def repacked() -> bool:
 FUSED_PARTS = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
 
 
-def fused_runs(types: dict[str, str], i: int, fused: str) -> list[tuple[str, tuple[str, ...]]]:
+def fused_runs(types: dict[str, str], i: int, fused: str, split_v: bool = False) -> list[tuple[str, tuple[str, ...]]]:
     """The matrices the fused variant makes of layer i's `fused` projection (FUSED_PARTS), as
     (name, the GGUF matrices in it): one, blk.i.<fused>.weight, where its parts share a block
     type; else one a run of consecutive parts of one type (llama.cpp's Q4_K_M gives some layers'
     attn_v Q6_K beside a Q4_K attn_q and attn_k: q|k, then v), named by its parts (one part keeps
-    its GGUF name). A GEMV launch takes one block type. `types`: GGUF name -> type, any case."""
+    its GGUF name). A GEMV launch takes one block type. `types`: GGUF name -> type, any case.
+    split_v (the megafused variant on such a file, split_v_apart): q|k, then v, in every layer,
+    so that token_block's stacks hold one shape a layer."""
     parts = [f"blk.{i}.{p}.weight" for p in FUSED_PARTS[fused]]
     kinds = [types.get(p, "q8_0").lower() for p in parts]
+    if split_v and fused == "attn_qkv":
+        return [(f"blk.{i}.attn_q+attn_k.weight", tuple(parts[:2])), (parts[2], (parts[2],))]
     if len(set(kinds)) == 1:
         return [(f"blk.{i}.{fused}.weight", tuple(parts))]
     runs: list[list[int]] = []
@@ -97,6 +103,33 @@ def fused_runs(types: dict[str, str], i: int, fused: str) -> list[tuple[str, tup
             runs.append([j])
     return [(parts[r[0]] if len(r) == 1 else f"blk.{i}.{'+'.join(FUSED_PARTS[fused][j] for j in r)}.weight",
              tuple(parts[j] for j in r)) for r in runs]
+
+
+def split_v_apart(c, types: dict[str, str]) -> bool:
+    """Whether some layer's attn_v has another block type than its attn_q (llama.cpp's Q4_K_M,
+    Q5_K_M): the megafused variant then keeps every layer's V rows a matrix apart from [q; k]
+    (kernels.blocks' w_v). `types`: GGUF name -> type, any case."""
+    kind = lambda name: types.get(name, "q8_0").lower()  # noqa: E731
+    return any(kind(f"blk.{i}.attn_v.weight") != kind(f"blk.{i}.attn_q.weight") for i in range(c.n_layers))
+
+
+def mega_types(c, types: dict[str, str]) -> str | None:
+    """Why the megafused variant cannot run a file's layers, or None where it can: a block's
+    GEMVs share one X' staging (kernels.blocks.stages_alike), each projection's layers take at
+    most two block types (token_block's stacks), and [q; k] and [gate; up] are one matrix each
+    (one type a layer). `types`: GGUF name -> type, any case."""
+    kind = lambda name: types.get(name, "q8_0").lower()  # noqa: E731
+    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    every = {kind(f"blk.{i}.{n}.weight") for i in range(c.n_layers) for n in names}
+    if not every <= set(QUANTIZED) or len({t == "q8_0" for t in every}) != 1:
+        return f"a launch's GEMVs share one X' staging: Q8_0 alone, or Q4_0 and the K-quants; got {sorted(every)}"
+    for joined in (("attn_q", "attn_k"), ("ffn_gate", "ffn_up")):
+        if any(len({kind(f"blk.{i}.{n}.weight") for n in joined}) != 1 for i in range(c.n_layers)):
+            return f"{' and '.join(joined)} of a layer must share a block type (one matrix in the launch)"
+    for n in names:
+        if len({kind(f"blk.{i}.{n}.weight") for i in range(c.n_layers)}) > 2:
+            return f"{n} has more than two block types over the layers"
+    return None
 
 
 def seams_apply(c, types: dict[str, str]) -> bool:
@@ -142,13 +175,28 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     packed = repacked() if packed is None else packed
     v = "v3" if packed else "v2"  # the GEMV generation that the weights' layout takes
     kinds = {n: t.lower() for n, t in (types or {}).items()}
+    split_v = mega and fused and packed and not paged and split_v_apart(c, kinds)  # as the decoder's _concat
     for i in range(c.n_layers):  # the fused matrices' types, as the decoder's _concat gives them
         for projection_name in FUSED_PARTS:
-            for name, run in fused_runs(kinds, i, projection_name):
+            for name, run in fused_runs(kinds, i, projection_name, split_v):
                 kinds.setdefault(name, kinds.get(run[0], "q8_0"))
     kind = lambda name: kinds.get(name, "q8_0")  # noqa: E731
     quant = lambda name: kind(name) in QUANTIZED  # noqa: E731
     shown = lambda name: f" ({kind(name).upper()}{', repacked' if packed else ''})"  # noqa: E731
+
+    def block_shown(layers, parts) -> str:
+        """A block's block types: its first matrix's, then the others' (where some layers' are of
+        another type, how many: token_block)."""
+        names = [f"blk.{i}.{p}.weight" for i in layers for p in parts]
+        others: dict[str, dict[str, int]] = {}
+        for name in names:
+            if kind(name) != kind(names[0]):
+                part = others.setdefault(kind(name), {})
+                part[name.split(".")[2]] = part.get(name.split(".")[2], 0) + 1
+        extra = "".join(f"; {t.upper()}: " + ", ".join(p if len(layers) == 1 else f"{p} in {n} of {len(layers)} layers"
+                                                         for p, n in part.items()) for t, part in others.items())
+        return f" ({kind(names[0]).upper()}{extra}{', repacked' if packed else ''})"
+    attn_parts, ffn_parts = ("attn_q", "attn_k", "attn_v", "attn_output"), ("ffn_gate", "ffn_up", "ffn_down")
     decode, small = phase == "decode", phase != "prompt"
     wrap = overflow and decode and not paged
     mega = mega and fused and decode and packed and not paged and not wrap
@@ -191,7 +239,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     def projection(norm, which, dst, i):
         """The fused variant's RMSNorm, then layer i's fused projection `which` (fused_runs): one
         matrix, or one a block type with their outputs joined."""
-        runs = fused_runs(kinds, i, which)
+        runs = fused_runs(kinds, i, which, split_v)
         if len(runs) == 1:
             parts = "|".join(p.split("_")[1] for p in FUSED_PARTS[which])
             norm_linear(norm, runs[0][0], dst, i, label=f"blk.{i}.{which} ({parts})")
@@ -216,7 +264,8 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                         "RoPE + KV write + attention | O + residual | rmsnorm+gate|up+SiLU | down + residual")
                 layer_weights = tuple(w for j in range(c.n_layers) for w in _attention_weights(c, j) + (
                     f"blk.{j}.ffn_norm.weight", f"blk.{j}.ffn_gate_up (gate|up)", f"blk.{j}.ffn_down.weight"))
-                add("token_block", f"lathe token_block{shown(b + 'attn_q.weight')} ({what})" if one_launch else
+                shown_all = block_shown(range(c.n_layers), attn_parts + ffn_parts)
+                add("token_block", f"lathe token_block{shown_all} ({what})" if one_launch else
                     f"token_block's phases apart ({what}: {5 * c.n_layers} launches)",
                     ("x", "cache.*"), ("x", "cache.*"), _run_token_block, weights=layer_weights, per_token=("pos",),
                     launches=("lathe_token_block",) if one_launch else _ATTENTION_APART + _FFN_APART)
@@ -229,18 +278,20 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             ffn_what = "rmsnorm+gate|up+SiLU | down + residual"
             ffn_weights = (b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)", b + "ffn_down.weight")
             if i == 0:
-                add("attention_block", f"lathe attention_block{shown(b + 'attn_q.weight')} ({attention_what})" if one_launch else
+                add("attention_block", f"lathe attention_block{block_shown([0], attn_parts)} ({attention_what})"
+                    if one_launch else
                     f"attention_block's phases apart ({attention_what}: 3 launches)", ("x", "cache.0"),
                     ("x", "cache.0"), _run_attention_block, weights=_attention_weights(c, 0), per_token=("pos",),
                     layer=0, launches=("lathe_attention_block",) if one_launch else _ATTENTION_APART)
             if i + 1 < c.n_layers:
                 nb = f"cache.{i + 1}"
-                add("layer_block", f"lathe layer_block{shown(b + 'ffn_down.weight')} ({ffn_what} | layer {i + 1}: {attention_what})"
+                both = block_shown([i], ffn_parts)[:-1] + f"; layer {i + 1}:" + block_shown([i + 1], attn_parts)[1:]
+                add("layer_block", f"lathe layer_block{both} ({ffn_what} | layer {i + 1}: {attention_what})"
                     if one_launch else "layer_block's phases apart (5 launches)", ("x", nb), ("x", nb),
                     _run_layer_block, i, weights=ffn_weights + _attention_weights(c, i + 1), per_token=("pos",),
                     layer=i, launches=("lathe_layer_block",) if one_launch else _FFN_APART + _ATTENTION_APART)
             else:
-                add("ffn_block", f"lathe ffn_block{shown(b + 'ffn_down.weight')} ({ffn_what})" if one_launch else
+                add("ffn_block", f"lathe ffn_block{block_shown([i], ffn_parts)} ({ffn_what})" if one_launch else
                     f"ffn_block's phases apart ({ffn_what}: 2 launches)", ("x",), ("x",), _run_ffn_block, i,
                     weights=ffn_weights, layer=i, launches=("lathe_ffn_block",) if one_launch else _FFN_APART)
             continue
@@ -484,9 +535,13 @@ def _attention_weights(c, i: int) -> tuple[str, ...]:
 def _attention_args(d, i: int) -> tuple[tuple, dict]:
     """Layer i's attention block: its positional weights and its keyword arguments."""
     c, b = d.config, f"blk.{i}."
-    norms = {n: d.g32[b + f"attn_{n[0]}_norm.weight"] for n in ("q_norm", "k_norm")} if c.head_norm else {}
-    return ((d.g16[b + "attn_norm.weight"], d.matrix(b + "attn_qkv.weight"), d.matrix(b + "attn_output.weight")),
-            dict(n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox, counters=d.attn_counters[i], **norms))
+    kw = {n: d.g32[b + f"attn_{n[0]}_norm.weight"] for n in ("q_norm", "k_norm")} if c.head_norm else {}
+    if d.split_v:  # [q; k] and v apart (split_v_apart)
+        w_qkv, kw["w_v"] = d.matrix(b + "attn_q+attn_k.weight"), d.matrix(b + "attn_v.weight")
+    else:
+        w_qkv = d.matrix(b + "attn_qkv.weight")
+    return ((d.g16[b + "attn_norm.weight"], w_qkv, d.matrix(b + "attn_output.weight")),
+            dict(n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox, counters=d.attn_counters[i], **kw))
 
 
 def _ffn_args(d, i: int) -> tuple:
@@ -496,8 +551,8 @@ def _ffn_args(d, i: int) -> tuple:
 
 def _run_attention_block(d, env, t, pos):
     (norm, w_qkv, w_o), kw = _attention_args(d, 0)
-    env["x"], d.k[0], d.v[0] = blocks.attention_block(env["x"], norm, d.config.eps, w_qkv, w_o,
-                                                      d.types["blk.0.attn_qkv.weight"], d.k[0], d.v[0], pos,
+    env["x"], d.k[0], d.v[0] = blocks.attention_block(env["x"], norm, d.config.eps, w_qkv, w_o, w_qkv.qtype,
+                                                      d.k[0], d.v[0], pos,
                                                       queue=d.block_queues[0], **kw)
 
 
@@ -518,7 +573,7 @@ def _run_ffn_block(i, d, env, t, pos):
 def _run_token_block(d, env, t, pos):
     """Every layer of a decode token in one launch, on the decoder's stacked weights."""
     c = d.config
-    env["x"], d.k, d.v = blocks.token_block(env["x"], d.stacks, c.eps, d.stacks.w_qkv.qtype, d.k, d.v, pos,
+    env["x"], d.k, d.v = blocks.token_block(env["x"], d.stacks, c.eps, d.stacks.w_qkv.qtypes[0], d.k, d.v, pos,
                                             n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
                                             queue=d.token_queue, counters=d.attn_counters[0])
 
@@ -611,6 +666,10 @@ class KernelDecoder:
         norms = [n for n in model.tensors if n.endswith("norm.weight")]
         self.g16 = {n: resident(mx.array(np.asarray(model.tensors[n], dtype=np.float16))) for n in norms}
         self.g32 = {n: resident(mx.array(np.asarray(model.tensors[n], dtype=np.float32))) for n in norms}
+        if self.mega and (why := mega_types(c, self.types)):
+            raise ValueError(f"megafused cannot run this file's layers: {why} (the fused variant can)")
+        # megafused on a file whose attn_v differs in type in some layer: [q; k] and v apart in every layer
+        self.split_v = self.mega and split_v_apart(c, self.types)
         if self.fused:
             self._concat("attn_qkv", ("attn_q", "attn_k", "attn_v"))
             self._concat("ffn_gate_up", ("ffn_gate", "ffn_up"))
@@ -621,14 +680,7 @@ class KernelDecoder:
                     self.packed[name] = gemv.repack(self.w[name], t, *self.nk[name])
                     if name != "token_embd.weight":
                         del self.w[name]  # the embedding keeps its blocks for the embed kernel
-        if self.mega:  # a block's GEMVs share one instantiation: one block type each
-            names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
-                     for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
-            kinds = {model.types[n].lower() for n in names}
-            if len(kinds) != 1 or not kinds <= set(QUANTIZED):
-                raise ValueError(f"megafused needs every layer's matrices in one block type ({', '.join(QUANTIZED)}): "
-                                 f"a launch's GEMVs share one instantiation; got {sorted(kinds)} (the fused "
-                                 f"variant decodes mixes such as Q4_K_M)")
+        if self.mega:
             # a launch site's counters: attention_block (layer 0) and the last ffn_block share one,
             # launches ordered by the token's data
             self.block_queues = [blocks.block_queue() for _ in range(c.n_layers)]
@@ -650,7 +702,8 @@ class KernelDecoder:
         per-layer matrices kept as views of it (no second copy), the norms stacked."""
         c, n = self.config, self.config.n_layers
         stacks = {}
-        for kind in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"):
+        qkv = ("attn_q+attn_k", "attn_v") if self.split_v else ("attn_qkv",)
+        for kind in (*qkv, "attn_output", "ffn_gate_up", "ffn_down"):
             names = [f"blk.{i}.{kind}.weight" for i in range(n)]
             stacks[kind] = blocks.Stack([self.packed.pop(name) for name in names])
             self.packed.update({name: stacks[kind].layer(i) for i, name in enumerate(names)})
@@ -658,9 +711,9 @@ class KernelDecoder:
                                  [f"blk.{i}.{kind}.weight"] for i in range(n)])
                  for kind in ("attn_norm", "ffn_norm") + (("attn_q_norm", "attn_k_norm") if c.head_norm else ())}
         mx.eval(list(norms.values()))
-        self.stacks = blocks.LayerStacks(norms["attn_norm"], stacks["attn_qkv"], stacks["attn_output"],
+        self.stacks = blocks.LayerStacks(norms["attn_norm"], stacks[qkv[0]], stacks["attn_output"],
                                          norms["ffn_norm"], stacks["ffn_gate_up"], stacks["ffn_down"],
-                                         norms.get("attn_q_norm"), norms.get("attn_k_norm"))
+                                         norms.get("attn_q_norm"), norms.get("attn_k_norm"), stacks.get("attn_v"))
         self.token_queue = blocks.block_queue(5 * n)
 
     def resize(self, max_seq: int) -> None:
@@ -728,7 +781,7 @@ class KernelDecoder:
             if kinds & {"f16", "f32"} or (len(kinds) != 1 and fused_name != "attn_qkv"):
                 raise ValueError(f"the fused variant needs {parts} in one block type ({', '.join(QUANTIZED)}), "
                                  f"got {sorted(kinds)}")
-            for name, run in fused_runs(self.types, i, fused_name):
+            for name, run in fused_runs(self.types, i, fused_name, self.split_v):
                 if len(run) == 1:
                     continue  # a part of a type of its own: its GGUF matrix
                 self.w[name] = gemv.concat_rows([self.w.pop(n) for n in run])

@@ -10,21 +10,26 @@ from reference import attention, loop, rope
 
 def attention_block(x: np.ndarray, attn_norm: np.ndarray, eps: float, w_qkv: np.ndarray, w_o: np.ndarray,
                     k_cache: np.ndarray, v_cache: np.ndarray, pos: int, n_heads: int, theta: float,
-                    neox: bool, q_norm: np.ndarray | None = None, k_norm: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    neox: bool, q_norm: np.ndarray | None = None, k_norm: np.ndarray | None = None,
+                    stored: type | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x [d_model] (one token at position pos); w_qkv [(Hq + 2 Hkv) D, d_model] and w_o [d_model,
     Hq D] as float values; caches [Hkv, max_seq, D] holding rows 0..pos-1. Returns (x + attention
     output @ w_o^T, k_cache, v_cache), the caches copies with row pos written: RMSNorm, the QKV
     projection, (Qwen3: per-head RMSNorm of Q and K), RoPE at pos, the KV write, grouped-query
-    attention over rows 0..pos (scale 1/sqrt(D)), the output projection, the residual add."""
+    attention over rows 0..pos (scale 1/sqrt(D)), the output projection, the residual add.
+    stored (np.float16 for the kernels' blocks): the type that QKV and the attention output are
+    kept in between the steps, rounded to it as the kernels round them. Attention over random
+    keys is close to an argmax, and the fp16 rounding of Q and K alone moves its output by up to
+    ~3e-3 (relative) against float64 throughout; None keeps every step in float64."""
     n_kv, _, d = k_cache.shape
-    qkv = loop.rmsnorm(x, attn_norm, eps) @ np.asarray(w_qkv, np.float64).T
+    keep = (lambda a: a.astype(stored).astype(np.float64)) if stored else (lambda a: a)  # noqa: E731
+    qkv = keep(loop.rmsnorm(x, attn_norm, eps) @ np.asarray(w_qkv, np.float64).T)
     q, k, v = np.split(qkv, [n_heads * d, (n_heads + n_kv) * d])
     q, k, v = q.reshape(1, n_heads, d), k.reshape(1, n_kv, d), v.reshape(1, n_kv, d)
     q_rot, k_cache, v_cache = rope.rope_kv_write(q, k, v, k_cache, v_cache, pos, theta=theta, neox=neox,
                                                  q_norm=q_norm, k_norm=k_norm, eps=eps)
     keys, values = k_cache[:, : pos + 1].transpose(1, 0, 2), v_cache[:, : pos + 1].transpose(1, 0, 2)
-    o = attention.attend(q_rot[0], keys, values, d ** -0.5).reshape(-1)
+    o = keep(attention.attend(q_rot[0], keys, values, d ** -0.5).reshape(-1))
     return np.asarray(x, np.float64) + o @ np.asarray(w_o, np.float64).T, k_cache, v_cache
 
 

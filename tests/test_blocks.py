@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 
 from kernels import blocks, gemv
+from reference import kquant
 from reference.quant import quantize
 
 D, F, HQ, HKV, HD = 64, 96, 4, 2, 64
 
 
 def _packed(n: int, k: int, seed: int, qtype: str = "q8_0") -> gemv.Packed:
-    w = quantize(np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32), qtype)
+    w = (kquant.quantize if qtype in gemv.K_QTYPES else quantize)(
+        np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32), qtype)
     return gemv.repack(mx.array(w), qtype, n, k)
 
 
@@ -33,13 +35,28 @@ def test_a_stack_holds_every_layer_at_its_stride():
         assert (stack.layer(i).n, stack.layer(i).k, stack.layer(i).qtype) == (24, 64, "q8_0")
 
 
-def test_a_stack_takes_one_shape_and_type():
-    with pytest.raises(ValueError, match="one block type and shape"):
+def test_a_stack_takes_one_shape_and_two_types_that_stage_alike():
+    with pytest.raises(ValueError, match="share one shape"):
         blocks.Stack([_packed(24, 64, 0), _packed(32, 64, 1)])
-    with pytest.raises(ValueError, match="one block type and shape"):
+    with pytest.raises(ValueError, match="stage X' alike"):
         blocks.Stack([_packed(24, 64, 0), _packed(24, 64, 1, "q4_0")])
+    with pytest.raises(ValueError, match="at most two"):
+        blocks.Stack([_packed(8, 256, 0, "q4_0"), _packed(8, 256, 1, "q4_k"), _packed(8, 256, 2, "q6_k")])
     with pytest.raises(ValueError, match="repacked"):
         blocks.Stack([mx.zeros((10,), mx.uint8)])
+
+
+def test_a_stack_of_two_types_pads_each_layer_to_the_largest():
+    """llama.cpp's Q4_K_M: a projection Q6_K in some layers, Q4_K in the others. Each layer at
+    the same stride (the Q6_K matrix's, padded), its view of its own type and bytes."""
+    mats = [_packed(8, 512, 0, "q4_k"), _packed(8, 512, 1, "q6_k"), _packed(8, 512, 2, "q4_k")]
+    stack = blocks.Stack(mats)
+    assert stack.qtypes == ("q4_k", "q6_k", "q4_k")
+    assert stack.stride == -(-mats[1].data.size // blocks.STRIDE_ALIGN) * blocks.STRIDE_ALIGN
+    data = np.array(stack.data).reshape(-1)
+    for i, m in enumerate(mats):
+        assert np.array_equal(data[i * stack.stride: i * stack.stride + m.data.size], np.array(m.data))
+        assert stack.layer(i).qtype == m.qtype and np.array_equal(np.array(stack.layer(i).data), np.array(m.data))
 
 
 def _stacks(layers: int = 2) -> blocks.LayerStacks:
@@ -144,3 +161,41 @@ def test_block_nsimd_sets_the_threadgroup_size():
             assert geo.simds == simds and geo.gemvs[blocks.UP][2] == 528 * 4 // simds
     finally:
         gemv.set_tuning(f"BLOCK_NSIMD={saved}")
+
+
+def test_token_block_over_two_block_types_marks_each_layer():
+    """llama.cpp's Q4_K_M: attn_v and ffn_down Q6_K in some layers, Q4_K elsewhere. token_block
+    makes one launch whose V rows are a matrix of their own (w_v), each GEMV's two types in the
+    prelude (A the type of most layers), and a layer_types word a layer with the bits of its
+    matrices of type B (layer_block.metal)."""
+    from kernels.runtime import recording
+
+    d, f, hq, hkv, hd = 256, 256, 4, 2, 64  # K-quant rows: K a multiple of 256 everywhere
+    v_types, down_types = ("q4_k", "q6_k", "q4_k"), ("q6_k", "q4_k", "q4_k")
+    norm = mx.ones((3, d), mx.float16)
+    stacks = blocks.LayerStacks(
+        norm, blocks.Stack([_packed((hq + hkv) * hd, d, i, "q4_k") for i in range(3)]),
+        blocks.Stack([_packed(d, hq * hd, i, "q4_k") for i in range(3)]), norm,
+        blocks.Stack([_packed(2 * f, d, i, "q4_k") for i in range(3)]),
+        blocks.Stack([_packed(d, f, i, t) for i, t in enumerate(down_types)]),
+        w_v=blocks.Stack([_packed(hkv * hd, d, i, t) for i, t in enumerate(v_types)]))
+    kv = [mx.zeros((hkv, 16, hd), mx.float16) for _ in range(3)]
+    with recording() as rec:
+        blocks.token_block(mx.zeros((1, d), mx.float16), stacks, 1e-6, "q4_k", kv, list(kv), 3, n_heads=hq)
+    (job,) = rec.jobs
+    inputs = dict(zip(job.spec.inputs, job.inputs))
+    assert np.array(inputs["layer_types"]).tolist() == [1 << blocks.DOWN, 1 << blocks.V, 0]
+    assert inputs["w_v"] is stacks.w_v.data and np.array(inputs["v_dims"])[:2].tolist() == [hkv * hd, d]
+    for kind, a, b in (("QKV", 2, 2), ("V", 2, 4), ("O", 2, 2), ("UP", 2, 2), ("DOWN", 2, 4)):
+        assert f"#define Q_{kind}_A {a}\n#define Q_{kind}_B {b}\n" in job.spec.prelude
+    assert "#define QKV_SPLIT 1" in job.spec.prelude and job.constants["W_V_STRIDE"] == stacks.w_v.stride
+
+
+def test_blocks_refuse_types_that_stage_apart():
+    """A Q8_0 matrix beside Q4_0 ones: X' is staged one way a launch (clear error, no launch)."""
+    from kernels.runtime import recording
+
+    x, norm = mx.zeros((1, 256), mx.float16), mx.ones((256,), mx.float16)
+    with recording() as rec, pytest.raises(ValueError, match="w_down is q8_0"):
+        blocks.ffn_block(x, norm, 1e-6, _packed(512, 256, 0, "q4_0"), _packed(256, 256, 1), "q4_0")
+    assert not rec.jobs

@@ -180,13 +180,36 @@ def test_megafused_asks_for_what_it_runs_on(models, monkeypatch):
     with pytest.raises(ValueError, match="repack"):  # the K-quants run on repacked weights only
         KernelDecoder(models["tiny-llama", "q6_k"], 32, "fused")
     monkeypatch.setitem(options._values, "repack", True)
-    with pytest.raises(ValueError, match="one block type"):  # Q4_K_M mixes Q4_K and Q6_K in a layer
-        KernelDecoder(models["tiny-llama", "q4_k_m"], 32, "megafused")
     with recording():
         assert KernelDecoder(m, 64, "megafused").launches_per_token(40, device_pos=True) == 4  # embed, head, argmax
         with options.use(mega_span="layer"):
             decoder = KernelDecoder(m, 64, "megafused")
         assert decoder.launches_per_token(40, device_pos=True) == m.config.n_layers + 4
+
+
+def test_megafused_takes_the_k_mixes(models):
+    """llama.cpp's Q4_K_M / Q5_K_M: a layer's GEMVs of two block types (Q6_K attn_v and ffn_down
+    in some layers), staged alike. megafused keeps V's rows apart from [q; k] in every layer (one
+    shape a layer for the stacks), and --show-plan says which matrices are of the other type. A
+    mix that a launch cannot hold is refused by name (CPU)."""
+    from harness.kernel_decode import mega_types, split_v_apart
+
+    m = models["tiny-llama", "q4_k_m"]
+    c, types = m.config, {n: t.lower() for n, t in m.types.items()}
+    assert mega_types(c, types) is None and split_v_apart(c, types)
+    assert not split_v_apart(c, {n: t.lower() for n, t in models["tiny-llama", "q6_k"].types.items()})
+    v6 = sum(types[f"blk.{i}.attn_v.weight"] == "q6_k" for i in range(c.n_layers))
+    down6 = sum(types[f"blk.{i}.ffn_down.weight"] == "q6_k" for i in range(c.n_layers))
+    assert 0 < v6 < c.n_layers and 0 < down6 < c.n_layers  # the tiny preset really mixes
+    plan = kernel_plan(c, True, types=types, packed=True, mega=True, span="token", one_launch=True)
+    layers = c.n_layers
+    assert f"(Q4_K; Q6_K: attn_v in {v6} of {layers} layers, ffn_down in {down6} of {layers} layers, repacked)" in \
+        plan[1].kernel
+    layer_plan = kernel_plan(c, True, types=types, packed=True, mega=True, span="layer", one_launch=True)
+    assert all("Q4_K" in step.kernel for step in layer_plan[1:-1])
+    for why, change in (("X' staging", {"blk.0.ffn_down.weight": "q8_0"}),
+                        ("attn_q and attn_k", {"blk.1.attn_k.weight": "q6_k"})):
+        assert why in mega_types(c, {**types, **change})
 
 
 def test_fused_needs_block_matrices(models):
@@ -245,9 +268,10 @@ def _decodes_as_float64(decoder, m, prompt) -> None:
 @pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
 def test_k_quant_files_against_float64(models, preset, qtype, variant, kv):
     """llama.cpp's K mixes (the v3 GEMVs on repacked K-quant matrices, Q4_K_M's QKV in one GEMV a
-    block type, the embedding read from its K-quant rows); megafused where every matrix is one type."""
-    if variant == "megafused" and (kv == "paged" or qtype != "q6_k"):
-        pytest.skip("megafused runs over the contiguous cache, a launch's GEMVs of one block type")
+    block type, the embedding read from its K-quant rows); megafused with a block type a GEMV and
+    a layer, V's rows apart where attn_v's type varies."""
+    if variant == "megafused" and kv == "paged":
+        pytest.skip("megafused runs over the contiguous cache")
     m = models[preset, qtype]
     decoder = KernelDecoder(m, PROMPT + STEPS, variant, kv)
     assert {decoder.types[n] for n in decoder.packed} >= {"q6_k"}
@@ -261,7 +285,7 @@ def test_kernel_variant_modes_agree(models, monkeypatch, variant, kv):
     if variant.startswith("megafused") and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
     monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
-    for qtype in ("q4_0", "q6_k" if variant.startswith("megafused") else "q4_k_m"):
+    for qtype in ("q4_0", "q4_k_m"):
         m = models["tiny-qwen3", qtype]
         prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
         runs = {mode: generate(KernelDecoder(m, PROMPT + 12, variant.split()[0], kv), prompt, 12, mode).generated
@@ -349,8 +373,10 @@ PLAN_CASES += [(preset, "q8_0", variant, "contiguous", False, True) for preset i
 PLAN_CASES += [(preset, qtype, variant, kv, False, True) for preset in ("tiny-llama", "tiny-qwen3")
                for qtype in K_MIXES for variant in ("unfused repacked", "fused repacked without seams")
                for kv in ("contiguous", "paged")]
-PLAN_CASES += [(preset, "q6_k", variant, "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")
-               for variant in ("megafused repacked", "fused repacked")]  # one type: seams and blocks
+PLAN_CASES += [(preset, "q6_k", "fused repacked", "contiguous", False, True)  # one type: seams
+               for preset in ("tiny-llama", "tiny-qwen3")]
+PLAN_CASES += [(preset, qtype, variant, "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")
+               for qtype in K_MIXES for variant in ("megafused repacked", "megafused repacked layer-span")]
 
 
 @pytest.mark.parametrize("preset, qtype, variant, kv, overflow, rope_inside", PLAN_CASES)

@@ -21,9 +21,11 @@ from harness.bench import BenchCase
 from harness.check import CheckCase, Comparison, compare, exact
 from harness.suites.gemv import _blocks, _packed_once
 from reference import blocks as ref
-from reference.quant import dequantize, storage_bytes
+from reference import formats
+from reference.quant import storage_bytes
 
 TOL = 4e-3  # a chain of GEMVs with X' staged as int16, fp16 intermediates, fp32 softmax
+STORED = np.float16  # what the blocks keep QKV and the attention output in (the references round there too)
 EPS = 1e-6
 THETA = 1000000.0
 
@@ -35,6 +37,54 @@ MODELS = {
 }
 FFN = {"qwen3-0.6b": (1024, 3072), "llama3.2-1b": (2048, 8192), "llama3-8b": (4096, 14336)}
 BENCH_QTYPE = {"qwen3-0.6b": "q8_0", "llama3.2-1b": "q8_0", "llama3-8b": "q4_0"}
+
+
+def dequantize(blocks: np.ndarray, qtype: str, k: int) -> np.ndarray:
+    return formats.dequantize(blocks, qtype.upper(), k)
+
+
+# A file's mix of block types, as a case's `mix`: (matrix, layer, type) where it is not the case's
+# qtype. llama.cpp's Q4_K_M: attn_v and ffn_down Q6_K in some layers, beside Q4_K ("v", "down").
+Mix = tuple[tuple[str, int, str], ...]
+
+
+def _type_of(qtype: str, mix: Mix, name: str, layer: int = 0) -> str:
+    return next((t for n, at, t in mix if n == name and at == layer), qtype)
+
+
+def _attention_mats(rng: np.random.Generator, qtype: str, mix: Mix, layer: int, d_model: int, heads: tuple[int, int],
+                    head_dim: int):
+    """A layer's attention matrices: repacked for the device ({"qkv", "o"}, and "v" apart where
+    mix gives any layer's V a type of its own: kernels.blocks' w_v) and as float64 ({"qkv": all of
+    [q; k; v], "o"})."""
+    from kernels.gemv import repack
+
+    n_heads, n_kv = heads
+    split_v = any(name == "v" for name, _, _ in mix)
+    shapes = dict(qkv=((n_heads + (1 if split_v else 2) * n_kv) * head_dim, d_model),
+                  **({"v": (n_kv * head_dim, d_model)} if split_v else {}), o=(d_model, n_heads * head_dim))
+    dev, w64 = {}, {}
+    for name, (n, k) in shapes.items():
+        t = _type_of(qtype, mix, name, layer)
+        host, blocks = _blocks(rng, t, n, k)
+        dev[name], w64[name] = repack(blocks, t, n, k), dequantize(host, t, k)
+    if split_v:
+        w64["qkv"] = np.concatenate([w64["qkv"], w64.pop("v")])
+    return dev, w64
+
+
+def _ffn_mats(rng: np.random.Generator, qtype: str, mix: Mix, layer: int, d_model: int, f: int):
+    """A layer's FFN matrices: repacked ({"gate_up", "down"}) and as float64 ({"gate_up", "down"})."""
+    from kernels.gemv import concat_rows, repack
+
+    host_gate, dev_gate = _blocks(rng, qtype, f, d_model)
+    host_up, dev_up = _blocks(rng, qtype, f, d_model)
+    t = _type_of(qtype, mix, "down", layer)
+    host_down, dev_down = _blocks(rng, t, d_model, f)
+    dev = dict(gate_up=repack(concat_rows([dev_gate, dev_up]), qtype, 2 * f, d_model), down=repack(dev_down, t, d_model, f))
+    w64 = dict(gate_up=np.concatenate([dequantize(host_gate, qtype, d_model), dequantize(host_up, qtype, d_model)]),
+               down=dequantize(host_down, t, f))
+    return dev, w64
 
 
 def _gamma(rng: np.random.Generator, n: int, dtype=np.float16) -> np.ndarray:
@@ -88,95 +138,85 @@ def _launched_twice(rng: np.random.Generator, queue: mx.array, d_model: int, cac
     return checks
 
 
-def _variant(qtype: str, head_norm: bool, neox: bool, split: bool, device_pos: bool) -> str:
-    return " ".join(filter(None, (qtype, "head-norm" if head_norm else "", "neox" if neox else "",
+def _variant(qtype: str, head_norm: bool, neox: bool, split: bool, device_pos: bool, mix: Mix = ()) -> str:
+    mixed = {}
+    for name, layer, t in mix:
+        mixed.setdefault((name, t), []).append(str(layer))
+    return " ".join(filter(None, (qtype, *(f"{n}:{t}@{','.join(at)}" for (n, t), at in mixed.items()),
+                                  "head-norm" if head_norm else "", "neox" if neox else "",
                                   "split" if split else "", "device-pos" if device_pos else "")))
 
 
 def _attention_case(qtype: str, d_model: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
-                    neox: bool, pos: int, device_pos: bool = False, split_from: int | None = None) -> CheckCase:
+                    neox: bool, pos: int, device_pos: bool = False, split_from: int | None = None,
+                    mix: Mix = ()) -> CheckCase:
     from kernels.attention import SPLIT_FROM
     from kernels.blocks import attention_block, block_queue
-    from kernels.gemv import repack
 
     n_heads, n_kv = heads
-    n_qkv = (n_heads + 2 * n_kv) * head_dim
 
     def run(rng: np.random.Generator) -> list[Comparison]:
-        host_qkv, dev_qkv = _blocks(rng, qtype, n_qkv, d_model)
-        host_o, dev_o = _blocks(rng, qtype, d_model, n_heads * head_dim)
-        w_qkv, w_o = repack(dev_qkv, qtype, n_qkv, d_model), repack(dev_o, qtype, d_model, n_heads * head_dim)
+        w, w64 = _attention_mats(rng, qtype, mix, 0, d_model, heads, head_dim)
         norm = _gamma(rng, d_model)
         q_norm, k_norm = (_gamma(rng, head_dim, np.float32) for _ in range(2)) if head_norm else (None, None)
         queue = block_queue()
 
         def block(x, kc, vc, at):
-            return attention_block(x, mx.array(norm), EPS, w_qkv, w_o, qtype, kc, vc, at, n_heads=n_heads, theta=THETA,
-                                   neox=neox, q_norm=None if q_norm is None else mx.array(q_norm),
+            return attention_block(x, mx.array(norm), EPS, w["qkv"], w["o"], qtype, kc, vc, at, n_heads=n_heads,
+                                   theta=THETA, neox=neox, q_norm=None if q_norm is None else mx.array(q_norm),
                                    k_norm=None if k_norm is None else mx.array(k_norm), queue=queue,
-                                   split_from=SPLIT_FROM if split_from is None else split_from)
+                                   split_from=SPLIT_FROM if split_from is None else split_from, w_v=w.get("v"))
 
         def reference(x, kc, vc):
-            return ref.attention_block(x[0], norm, EPS, dequantize(host_qkv, qtype, d_model),
-                                       dequantize(host_o, qtype, n_heads * head_dim), kc, vc, pos, n_heads, THETA,
-                                       neox, q_norm, k_norm)
+            return ref.attention_block(x[0], norm, EPS, w64["qkv"], w64["o"], kc, vc, pos, n_heads, THETA, neox,
+                                       q_norm, k_norm, stored=STORED)
 
         return _launched_twice(rng, queue, d_model, (n_kv, pos + 9, head_dim), pos, device_pos, block, reference)
 
-    variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos)
+    variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos, mix)
     shape = dict(d_model=d_model, heads=f"{n_heads}/{n_kv}", D=head_dim, pos=pos)
     return CheckCase("blocks", "attention_block", variant, shape, run)
 
 
-def _ffn_case(qtype: str, m: int, d_model: int, f: int) -> CheckCase:
+def _ffn_case(qtype: str, m: int, d_model: int, f: int, mix: Mix = ()) -> CheckCase:
     from kernels.blocks import block_queue, ffn_block
-    from kernels.gemv import concat_rows, repack
     from kernels.runtime import poisoned_outputs
 
     def run(rng: np.random.Generator) -> list[Comparison]:
-        host_gate, dev_gate = _blocks(rng, qtype, f, d_model)
-        host_up, dev_up = _blocks(rng, qtype, f, d_model)
-        host_down, dev_down = _blocks(rng, qtype, d_model, f)
-        w_gate_up = repack(concat_rows([dev_gate, dev_up]), qtype, 2 * f, d_model)
-        w_down = repack(dev_down, qtype, d_model, f)
-        gate_up64 = np.concatenate([dequantize(host_gate, qtype, d_model), dequantize(host_up, qtype, d_model)])
-        down64 = dequantize(host_down, qtype, f)
+        w, w64 = _ffn_mats(rng, qtype, mix, 0, d_model, f)
         norm = _gamma(rng, d_model)
         queue = block_queue()
         checks = []
         for launch_ in range(2):
             x = rng.standard_normal((m, d_model)).astype(np.float16)
             with poisoned_outputs():
-                y = ffn_block(mx.array(x), mx.array(norm), EPS, w_gate_up, w_down, qtype, queue=queue)
+                y = ffn_block(mx.array(x), mx.array(norm), EPS, w["gate_up"], w["down"], qtype, queue=queue)
                 mx.eval(y, queue)
-            want = ref.ffn_block(x, norm, EPS, gate_up64, down64)
+            want = ref.ffn_block(x, norm, EPS, w64["gate_up"], w64["down"])
             checks += [compare(f"x_out - x (launch {launch_})", np.array(y).astype(np.float64) - x, want - x, TOL),
                        exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0)]
         return checks
 
-    return CheckCase("blocks", "ffn_block", qtype, dict(M=m, d_model=d_model, F=f), run)
+    return CheckCase("blocks", "ffn_block", _variant(qtype, False, False, False, False, mix),
+                     dict(M=m, d_model=d_model, F=f), run)
 
 
 def _layer_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
-                neox: bool, pos: int, device_pos: bool = False, split_from: int | None = None) -> CheckCase:
+                neox: bool, pos: int, device_pos: bool = False, split_from: int | None = None,
+                mix: Mix = ()) -> CheckCase:
     """layer_block: a layer's FFN, then the next layer's attention, in one launch, against the two
-    references composed (the attention's K and V rows and untouched rows as _attention_case)."""
+    references composed (the attention's K and V rows and untouched rows as _attention_case).
+    `mix`'s layer 0 is both halves'."""
     from kernels.attention import SPLIT_FROM
     from kernels.blocks import block_queue, layer_block
-    from kernels.gemv import concat_rows, repack
 
     n_heads, n_kv = heads
-    n_qkv = (n_heads + 2 * n_kv) * head_dim
 
     def run(rng: np.random.Generator) -> list[Comparison]:
-        mats = {name: _blocks(rng, qtype, n, k) for name, (n, k) in dict(
-            gate=(f, d_model), up=(f, d_model), down=(d_model, f), qkv=(n_qkv, d_model),
-            o=(d_model, n_heads * head_dim)).items()}
-        w = dict(gate_up=repack(concat_rows([mats["gate"][1], mats["up"][1]]), qtype, 2 * f, d_model),
-                 down=repack(mats["down"][1], qtype, d_model, f), qkv=repack(mats["qkv"][1], qtype, n_qkv, d_model),
-                 o=repack(mats["o"][1], qtype, d_model, n_heads * head_dim))
-        w64 = {name: dequantize(host, qtype, k) for name, ((host, _), (_, k)) in zip(mats, zip(mats.values(), (
-            (f, d_model), (f, d_model), (d_model, f), (n_qkv, d_model), (d_model, n_heads * head_dim))))}
+        w, w64 = _ffn_mats(rng, qtype, mix, 0, d_model, f)
+        attn_w, attn_w64 = _attention_mats(rng, qtype, mix, 0, d_model, heads, head_dim)
+        w.update(attn_w)
+        w64.update(attn_w64)
         ffn_norm, attn_norm = _gamma(rng, d_model), _gamma(rng, d_model)
         q_norm, k_norm = (_gamma(rng, head_dim, np.float32) for _ in range(2)) if head_norm else (None, None)
         queue = block_queue()
@@ -186,23 +226,23 @@ def _layer_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
                                EPS, qtype, kc, vc, at, n_heads=n_heads, theta=THETA, neox=neox,
                                q_norm=None if q_norm is None else mx.array(q_norm),
                                k_norm=None if k_norm is None else mx.array(k_norm), queue=queue,
-                               split_from=SPLIT_FROM if split_from is None else split_from)
+                               split_from=SPLIT_FROM if split_from is None else split_from, w_v=w.get("v"))
 
         def reference(x, kc, vc):
-            mid = ref.ffn_block(x, ffn_norm, EPS, np.concatenate([w64["gate"], w64["up"]]), w64["down"])[0]
+            mid = ref.ffn_block(x, ffn_norm, EPS, w64["gate_up"], w64["down"])[0]
             return ref.attention_block(mid, attn_norm, EPS, w64["qkv"], w64["o"], kc, vc, pos, n_heads, THETA, neox,
-                                       q_norm, k_norm)
+                                       q_norm, k_norm, stored=STORED)
 
         return _launched_twice(rng, queue, d_model, (n_kv, pos + 5, head_dim), pos, device_pos, block, reference)
 
-    variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos)
+    variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos, mix)
     shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, pos=pos)
     return CheckCase("blocks", "layer_block", variant, shape, run)
 
 
 def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
-                neox: bool, layers: int, pos: int, device_pos: bool = False, split_from: int | None = None
-                ) -> CheckCase:
+                neox: bool, layers: int, pos: int, device_pos: bool = False, split_from: int | None = None,
+                mix: Mix = ()) -> CheckCase:
     """token_block: `layers` layers of one decode token in one launch (stacked weights, a cache
     pair a layer) against the references of each layer's attention and FFN blocks in turn, the
     residual stream stored as fp16 between blocks as the kernel stores it; every layer's K and V
@@ -212,27 +252,26 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
     cache is off by the size of the values)."""
     from kernels.attention import SPLIT_FROM
     from kernels.blocks import LayerStacks, Stack, block_queue, token_block
-    from kernels.gemv import concat_rows, repack
     from kernels.runtime import poisoned_outputs
 
     n_heads, n_kv = heads
-    n_qkv = (n_heads + 2 * n_kv) * head_dim
-    shapes = dict(gate=(f, d_model), up=(f, d_model), down=(d_model, f), qkv=(n_qkv, d_model),
-                  o=(d_model, n_heads * head_dim))
 
     def run(rng: np.random.Generator) -> list[Comparison]:
-        mats = [{name: _blocks(rng, qtype, n, k) for name, (n, k) in shapes.items()} for _ in range(layers)]
-        w64 = [{name: dequantize(m[name][0], qtype, shapes[name][1]) for name in shapes} for m in mats]
+        w, w64 = [], []
+        for i in range(layers):
+            (dev, f64), (attn_dev, attn_f64) = (_ffn_mats(rng, qtype, mix, i, d_model, f),
+                                                _attention_mats(rng, qtype, mix, i, d_model, heads, head_dim))
+            w.append({**dev, **attn_dev})
+            w64.append({**f64, **attn_f64})
         norms = {name: np.stack([_gamma(rng, d_model) for _ in range(layers)]) for name in ("attn", "ffn")}
         if head_norm:
             norms.update({name: np.stack([_gamma(rng, head_dim, np.float32) for _ in range(layers)])
                           for name in ("q", "k")})
-        stacks = LayerStacks(
-            mx.array(norms["attn"]), Stack([repack(m["qkv"][1], qtype, n_qkv, d_model) for m in mats]),
-            Stack([repack(m["o"][1], qtype, d_model, n_heads * head_dim) for m in mats]), mx.array(norms["ffn"]),
-            Stack([repack(concat_rows([m["gate"][1], m["up"][1]]), qtype, 2 * f, d_model) for m in mats]),
-            Stack([repack(m["down"][1], qtype, d_model, f) for m in mats]),
-            *((mx.array(norms["q"]), mx.array(norms["k"])) if head_norm else ()))
+        stack = lambda name: Stack([m[name] for m in w]) if name in w[0] else None  # noqa: E731
+        stacks = LayerStacks(mx.array(norms["attn"]), stack("qkv"), stack("o"), mx.array(norms["ffn"]),
+                             stack("gate_up"), stack("down"),
+                             *((mx.array(norms["q"]), mx.array(norms["k"])) if head_norm else (None, None)),
+                             w_v=stack("v"))
         max_seq = pos + 5
         queue = block_queue(5 * layers)
         checks = []
@@ -250,10 +289,9 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
             for i in range(layers):
                 mid, k_want, v_want = ref.attention_block(
                     want, norms["attn"][i], EPS, w64[i]["qkv"], w64[i]["o"], *caches[i], pos, n_heads, THETA, neox,
-                    norms["q"][i] if head_norm else None, norms["k"][i] if head_norm else None)
+                    norms["q"][i] if head_norm else None, norms["k"][i] if head_norm else None, stored=STORED)
                 mid = mid.astype(np.float16).astype(np.float64)
-                want = ref.ffn_block(mid[None], norms["ffn"][i], EPS,
-                                     np.concatenate([w64[i]["gate"], w64[i]["up"]]), w64[i]["down"])[0]
+                want = ref.ffn_block(mid[None], norms["ffn"][i], EPS, w64[i]["gate_up"], w64[i]["down"])[0]
                 want = want.astype(np.float16).astype(np.float64)
                 rows.append((k_want, v_want))
             out = np.array(x_out).astype(np.float64)[0]
@@ -270,7 +308,7 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
             checks.append(exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0))
         return checks
 
-    variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos)
+    variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos, mix)
     shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, layers=layers, pos=pos)
     return CheckCase("blocks", "token_block", variant, shape, run)
 
@@ -316,6 +354,20 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         cases.append(_token_case("q4_0", 4096, 14336, (32, 8), 128, False, False, 2, 40))
     cases.append(_token_case("q8_0", 160, 96, (4, 2), 64, False, True, 4, 7))
     cases.append(_token_case("q4_0", 96, 4128, (2, 1), 256, True, True, 1, 2))
+    # llama.cpp's K mixes (Q4_K_M, Q5_K_M): attn_v and ffn_down Q6_K in some layers only, V's rows
+    # a matrix of their own; a K-quant beside Q4_0 too (every type but Q8_0 stages X' alike)
+    d, hq, hkv, hd, norm, neox = MODELS["qwen3-0.6b"]
+    cases.append(_token_case("q4_k", d, FFN["qwen3-0.6b"][1], (hq, hkv), hd, norm, neox, 3, 30, device_pos=True,
+                             mix=(("v", 1, "q6_k"), ("down", 0, "q6_k"), ("down", 2, "q6_k"))))
+    cases.append(_attention_case("q4_k", 256, (4, 2), 64, False, False, 9, mix=(("v", 0, "q6_k"),)))
+    cases.append(_ffn_case("q5_k", 2, 256, 512, mix=(("down", 0, "q6_k"),)))
+    cases.append(_layer_case("q4_0", 512, 768, (8, 2), 64, True, True, 5, mix=(("v", 0, "q4_k"), ("down", 0, "q6_k"))))
+    if not small:
+        d, hq, hkv, hd, norm, neox = MODELS["llama3-8b"]
+        cases.append(_token_case("q4_k", d, FFN["llama3-8b"][1], (hq, hkv), hd, norm, neox, 2, 700, split_from=0,
+                                 mix=(("v", 0, "q6_k"), ("down", 1, "q6_k"))))
+        cases.append(_token_case("q5_k", 1024, 3072, (16, 8), 128, True, True, 3, 40,
+                                 mix=(("v", 2, "q6_k"), ("down", 2, "q6_k"), ("down", 0, "q6_k"))))
     return cases
 
 

@@ -22,7 +22,11 @@ dispatch and its device atomics are relaxed only. `cross_group_waits()` is the o
 decides: where it is False (Metal) each block runs its phases as the separate launches that the
 fused decode variant makes (same results, no waits between threadgroups).
 
-Weights are repacked (kernels.gemv.Packed, the v3 layout): the decode loop's default.
+Weights are repacked (kernels.gemv.Packed, the v3 layout): the decode loop's default. Each GEMV
+runs in its matrix's block type, which may differ between a launch's GEMVs and, in token_block's
+stacks, between layers (llama.cpp's Q4_K_M: some layers' attn_v and ffn_down Q6_K beside Q4_K;
+w_v keeps V's rows apart from [q; k] where their type differs), as long as they stage X' alike
+(stages_alike: Q8_0 with no other type).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from kernels.runtime import KernelSpec, Launch, constant, launch, resident, resi
 QUEUE_STRIDE = 64  # words between a launch's counters: each on a 256-byte line of its own
 STRIDE_ALIGN = 256  # bytes between layers' matrices in a Stack: every layer's 16-byte loads aligned
 QKV, ATTN, O, UP, DOWN = range(5)  # the phase kinds of a layer, in their order (layer_block.metal)
+V = 5  # the QKV phase's V rows where they are a matrix of their own (layer_block.metal's QKV_SPLIT)
+_KIND_NAMES = {QKV: "QKV", O: "O", UP: "UP", DOWN: "DOWN", V: "V"}  # the kernel's names of a GEMV's constants
 
 
 def queue_words(phases: int = 5) -> int:
@@ -64,26 +70,40 @@ def block_queue(phases: int = 5) -> mx.array:
     return resident(mx.zeros((queue_words(phases),), mx.uint32))
 
 
+def stages_alike(a: str, b: str) -> bool:
+    """Whether GEMVs of block types a and b can share a launch: one X' staging (v3_tiles.metal:
+    Q8_0 16 values a chunk, Q4_0 and the K-quants 32)."""
+    return (a == "q8_0") == (b == "q8_0")
+
+
+def _check_types(what: str, qtypes) -> None:
+    kinds = sorted(set(qtypes))
+    if len(kinds) > 2 or any(not stages_alike(kinds[0], t) for t in kinds):
+        raise ValueError(f"{what} takes at most two block types that stage X' alike (Q8_0 with no other; Q4_0 and "
+                         f"the K-quants together), got {kinds}")
+
+
 class Stack:
-    """The matrices of one projection of every layer (one shape, one block type, repacked) in one
-    buffer [layers, stride], layer l's bytes at l * stride (padded to STRIDE_ALIGN): what token_block reads, each
-    layer at its offset. `layer(l)` is that layer's Packed, a view of the same bytes (no copy)."""
+    """The matrices of one projection of every layer (one shape, repacked) in one buffer [layers,
+    stride], layer l's bytes at l * stride (the largest matrix padded to STRIDE_ALIGN): what
+    token_block reads, each layer at its offset. `layer(l)` is that layer's Packed, a view of the
+    same bytes (no copy). The layers may have two block types that stage alike (llama.cpp's Q4_K_M:
+    some layers' attn_v and ffn_down Q6_K, the others Q4_K); `qtypes` has each layer's."""
 
     def __init__(self, mats: list[Packed]):
         if not mats or any(not isinstance(m, Packed) for m in mats):
             raise ValueError("a Stack takes one or more repacked matrices (kernels.gemv.repack)")
         first = mats[0]
-        if any((m.qtype, m.n, m.k) != (first.qtype, first.n, first.k) for m in mats):
-            raise ValueError(f"a Stack's matrices share one block type and shape, got "
-                             f"{sorted({(m.qtype, m.n, m.k) for m in mats})}")
-        self.qtype, self.n, self.k, self.layers = first.qtype, first.n, first.k, len(mats)
-        self.nbytes = first.data.size
-        self.stride = -(-self.nbytes // STRIDE_ALIGN) * STRIDE_ALIGN
-        pad = mx.zeros((self.stride - self.nbytes,), mx.uint8)
+        if any((m.n, m.k) != (first.n, first.k) for m in mats):
+            raise ValueError(f"a Stack's matrices share one shape, got {sorted({(m.n, m.k) for m in mats})}")
+        _check_types("a Stack", [m.qtype for m in mats])
+        self.qtypes, self.n, self.k, self.layers = tuple(m.qtype for m in mats), first.n, first.k, len(mats)
+        self.stride = -(-max(m.data.size for m in mats) // STRIDE_ALIGN) * STRIDE_ALIGN
         # [layers, stride]: MLX's dimensions are 32-bit, and a 7-8B model's gate|up of all layers
         # holds more bytes than that (Llama-3-8B Q8_0: 4.0 GB)
-        self.data = mx.stack([mx.concatenate([m.data, pad]) for m in mats])
-        self._views = [Packed(self.data[i, : self.nbytes], self.qtype, self.n, self.k) for i in range(self.layers)]
+        self.data = mx.stack([mx.concatenate([m.data, mx.zeros((self.stride - m.data.size,), mx.uint8)])
+                              for m in mats])
+        self._views = [Packed(self.data[i, : m.data.size], m.qtype, self.n, self.k) for i, m in enumerate(mats)]
         mx.eval(self.data, [v.data for v in self._views])
 
     def layer(self, i: int) -> Packed:
@@ -91,20 +111,31 @@ class Stack:
 
 
 @functools.cache
-def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False) -> KernelSpec:
+def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False,
+          types: tuple[tuple[int, int, int], ...] = ()) -> KernelSpec:
+    """`types`: (kind, type A, type B) of each GEMV (block format codes, layer_block.metal's
+    Q_<kind>_A and _B), V among them where the QKV phase's V rows are a matrix of their own."""
     kinds = {(first + j) % 5 for j in range(phases)}
     ffn, attn = UP in kinds, QKV in kinds
+    qkv_split = any(kind == V for kind, _, _ in types)
+    mixed = any(a != b for _, a, b in types)
     inputs, outputs = ("x_in", "eps", "block_dims", "queue"), ()
     if ffn:
         inputs += ("ffn_norm", "w_gate_up", "up_dims", "w_down", "down_dims")
         outputs += ("act", "x_mid")
     if attn:
-        inputs += (("attn_norm", "w_qkv", "qkv_dims") + tuple(f"k_cache_{i}" for i in range(caches))
+        inputs += (("attn_norm", "w_qkv", "qkv_dims") + (("w_v", "v_dims") if qkv_split else ())
+                   + tuple(f"k_cache_{i}" for i in range(caches))
                    + tuple(f"v_cache_{i}" for i in range(caches)) + ("pos", "inv_freq", "rope_scalars", "dims", "scale")
                    + (("q_norms", "k_norms") if head_norm else ()) + (("counters",) if split else ()) + ("w_o", "o_dims"))
         outputs += ("qkv", "attn_out", "x_out") + (("part_out", "part_ml") if split else ())
+    if mixed:
+        inputs += ("layer_types",)
     name = {(0, 3): "attention_block", (3, 2): "ffn_block", (3, 5): "layer_block"}.get((first, phases), "token_block")
-    prelude = f"#define FFN {int(ffn)}\n#define ATTN {int(attn)}\n"
+    prelude = f"#define FFN {int(ffn)}\n#define ATTN {int(attn)}\n#define QKV_SPLIT {int(qkv_split)}\n"
+    prelude += "".join(f"#define Q_{_KIND_NAMES[kind]}_A {a}\n#define Q_{_KIND_NAMES[kind]}_B {b}\n"
+                       for kind, a, b in types)
+    typed = "_" + "_".join(f"{_KIND_NAMES[kind].lower()}{a}{b if b != a else ''}" for kind, a, b in types)
     if attn:
         # layer l's caches: the only ones, or the l-th of the launch's
         for kv in "kv":
@@ -115,7 +146,7 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
         prelude += (f"#define LATHE_PAGED 0\n#define LATHE_ROPE 1\n#define LATHE_SPLIT {int(split)}\n"
                     f"#define LATHE_MERGE {int(split)}\n#define LATHE_HEAD_NORM {int(head_norm)}")
     layers = "" if name != "token_block" else f"_{phases}"
-    return KernelSpec(f"lathe_{name}{layers}{'_norm' if head_norm else ''}{'_split' if split else ''}",
+    return KernelSpec(f"lathe_{name}{layers}{'_norm' if head_norm else ''}{'_split' if split else ''}{typed}",
                       "blocks/layer_block.metal", inputs, outputs, prelude=prelude)
 
 
@@ -127,9 +158,14 @@ def _check_queue(queue: mx.array, phases: int) -> None:
 
 
 def _packed(name: str, w, qtype: str, n: int, k: int) -> None:
+    """w: repacked [n, k], of a block type that stages X' as `qtype` does (its own type is the
+    GEMV's: a block's GEMVs may differ in type, as llama.cpp's K mixes do)."""
     if not isinstance(w, Packed):
         raise ValueError(f"{name} must be repacked weights (kernels.gemv.repack), got {type(w).__name__}")
-    gemv._check_packed(w, qtype, n, k)
+    if not stages_alike(w.qtype, qtype):
+        raise ValueError(f"{name} is {w.qtype}, which does not share a launch with {qtype} GEMVs (Q8_0 stages X' "
+                         f"apart from Q4_0 and the K-quants)")
+    gemv._check_packed(w, w.qtype, n, k)
 
 
 @dataclass(frozen=True)
@@ -146,7 +182,10 @@ class BlockGeometry:
 def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: int,
                    fit: int | None = None) -> BlockGeometry:
     """The geometry of a launch of the GEMVs `gemvs` (kind -> its matrix's N, K; UP's N is 2F,
-    [gate; up]) whose last phase is of kind `last`.
+    [gate; up]; V, where V's rows are a matrix apart from [q; k], a part of the QKV phase) whose
+    last phase is of kind `last`. `qtype`: the launch's block type (its first GEMV's), whose
+    table sets every GEMV's knobs, whatever their own types: a kind's tickets are then one for
+    every layer of a launch (the tickets of a phase are counted once a layer kind).
 
     block_geometry=shared (the option's default): every GEMV the first one's (UP's where the
     launch has one, else QKV's) R, NSIMD and P (R even with UP: its SwiGLU epilogue), each its
@@ -161,7 +200,7 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
     given where block_grid=resident: each claimed GEMV phase then takes at most that many tickets,
     so that it runs in one pass over resident threadgroups instead of a full pass and a partial
     one (a cap made for a standalone GEMV's lighter registers: kernels/loop/NOTES.md)."""
-    order = [kind for kind in (UP, DOWN, QKV, O) if kind in gemvs]
+    order = [kind for kind in (UP, DOWN, QKV, O, V) if kind in gemvs]
     own = {kind: gemv.v3_geometry(qtype, m, *gemvs[kind]) for kind in order}
     longest = max(k for _, k in gemvs.values())
     shared = options.get("block_geometry") == "shared"
@@ -209,6 +248,7 @@ class _FFN:
         gemv._check_norm(ffn_norm, eps, d_model)
         self.norm, self.w_gate_up, self.w_down, self.d, self.f = ffn_norm, w_gate_up, w_down, d_model, n_up // 2
         self.up_data, self.down_data = w_gate_up.data, w_down.data
+        self.types = {UP: (w_gate_up.qtype,), DOWN: (w_down.qtype,)}  # each GEMV's, a layer of the launch each
 
 
 class _Attention:
@@ -216,7 +256,7 @@ class _Attention:
     arrays and give every layer's caches)."""
 
     def __init__(self, x, attn_norm, eps, w_qkv, w_o, qtype, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
-                 k_norm, counters, split_from):
+                 k_norm, counters, split_from, w_v=None):
         attention._fp16("k_cache", k_cache)
         attention._fp16("v_cache", v_cache)
         if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
@@ -229,8 +269,11 @@ class _Attention:
             raise ValueError(f"n_heads ({n_heads}) must be a multiple of the cache's {n_kv} kv heads")
         d_model = x.shape[-1]
         n_qkv = (n_heads + 2 * n_kv) * head_dim
-        gemv.check_gemv_args(x, w_qkv, qtype, n_qkv, d_model, max_m=1)
-        _packed("w_qkv", w_qkv, qtype, n_qkv, d_model)
+        n_qk = n_qkv if w_v is None else (n_heads + n_kv) * head_dim  # w_v: V's rows apart
+        gemv.check_gemv_args(x, w_qkv, qtype, n_qk, d_model, max_m=1)
+        _packed("w_qkv" if w_v is None else "w_qkv ([q; k], w_v apart)", w_qkv, qtype, n_qk, d_model)
+        if w_v is not None:
+            _packed("w_v", w_v, qtype, n_kv * head_dim, d_model)
         _packed("w_o", w_o, qtype, d_model, n_heads * head_dim)
         gemv._check_norm(attn_norm, eps, d_model)
         head_norm = q_norm is not None or k_norm is not None
@@ -240,7 +283,9 @@ class _Attention:
                              n_heads=n_heads, n_kv=n_kv, head_dim=head_dim, theta=theta, neox=neox, counters=counters,
                              d=d_model, n_qkv=n_qkv, q_norm=q_norm, k_norm=k_norm, split_from=split_from,
                              longest=pos + 1 if isinstance(pos, int) else max_seq, max_seq=max_seq, raw_pos=pos,
-                             qkv_data=w_qkv.data, o_data=w_o.data)
+                             qkv_data=w_qkv.data, o_data=w_o.data, w_v=w_v, n_qk=n_qk,
+                             v_data=None if w_v is None else w_v.data)
+        self.types = {QKV: (w_qkv.qtype,), O: (w_o.qtype,), **({V: (w_v.qtype,)} if w_v is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -268,16 +313,19 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     if ffn:
         gemvs.update({UP: (2 * ffn.f, ffn.d), DOWN: (ffn.d, ffn.f)})
     if attn:
-        gemvs.update({QKV: (attn.n_qkv, attn.d), O: (attn.d, attn.n_heads * attn.head_dim)})
+        gemvs.update({QKV: (attn.n_qk, attn.d), O: (attn.d, attn.n_heads * attn.head_dim)})
+        if attn.w_v is not None:
+            gemvs[V] = (attn.n_kv * attn.head_dim, attn.d)
     geo = block_geometry(qtype, m, gemvs, last)
     s = geo.simds
     strides = {"W_QKV_STRIDE": 0, "W_O_STRIDE": 0, "W_UP_STRIDE": 0, "W_DOWN_STRIDE": 0, "NORM_STRIDE": 0,
-               "HEAD_NORM_STRIDE": 0, **(strides or {})}
+               "HEAD_NORM_STRIDE": 0, **({"W_V_STRIDE": 0} if V in gemvs else {}), **(strides or {})}
     inputs, consts = [], dict(QTYPE=gemv.block_format(qtype)[0], M=m, NSIMD=s, XCHUNK=geo.xchunk, FIRST=first,
                               PHASES=phases, PREFETCH=bool(options.get("block_prefetch")), **strides)
-    for kind, name in ((UP, "UP"), (DOWN, "DOWN"), (QKV, "QKV"), (O, "O")):
-        if kind in geo.gemvs:
-            consts.update({f"R_{name}": geo.gemvs[kind][0], f"P_{name}": geo.gemvs[kind][1]})
+    for kind in geo.gemvs:
+        consts.update({f"R_{_KIND_NAMES[kind]}": geo.gemvs[kind][0], f"P_{_KIND_NAMES[kind]}": geo.gemvs[kind][1]})
+    types, layer_types = _launch_types({**(ffn.types if ffn else {}), **(attn.types if attn else {})},
+                                       (first + phases - 1) // 5 + 1, first)
     outputs: list = []
     attn_tickets, split = 0, False
     if ffn:
@@ -296,7 +344,10 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         parts = -(-a.longest // partition) if split else 1
         qs = attention.query_split(group, a.n_kv * parts)
         attn_tickets = parts * a.n_kv * qs
-        inputs += [a.norm, a.qkv_data, _Dims(QKV, a.n_qkv, a.d), *a.k_caches, *a.v_caches, a.pos,
+        inputs += [a.norm, a.qkv_data, _Dims(QKV, a.n_qk, a.d)]
+        if a.w_v is not None:
+            inputs += [a.v_data, _Dims(V, a.n_kv * a.head_dim, a.d)]
+        inputs += [*a.k_caches, *a.v_caches, a.pos,
                    rope._table(a.head_dim, a.theta, None), constant((float(a.theta), 1.0, float(eps)), mx.float32),
                    constant((a.n_kv, a.max_seq, partition, parts, 1)),
                    constant((1.0 / math.sqrt(a.head_dim),), mx.float32), *a.norms]
@@ -311,8 +362,10 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=0,
                       NEOX=a.neox, FREQ_TABLE=True)
     inputs = [x, gemv._eps(float(eps)), _GRID, queue] + inputs
+    if layer_types is not None:
+        inputs.append(constant(layer_types, mx.uint32))
     caches = len(attn.k_caches) if attn else 1
-    spec = _spec(first, phases, caches, split, bool(attn and attn.norms))
+    spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types)
 
     def at(geo: BlockGeometry) -> Launch:  # the launch with geo's tickets
         tickets = {kind: g[2] for kind, g in geo.gemvs.items()}
@@ -330,21 +383,45 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     return launch(job)
 
 
+def _launch_types(per_layer: dict[int, tuple[str, ...]], layers: int, first: int
+                  ) -> tuple[tuple[tuple[int, int, int], ...], tuple[int, ...] | None]:
+    """Each GEMV's block types in a launch of `layers` layers (from phase kind `first`), from
+    each kind's matrix types (one, or one a layer: token_block's stacks): (kind, type A, type B)
+    as format codes, A the type of most layers (the first layer's on a tie); and the launch's
+    layer_types words (bit kind set: that layer's matrix of that kind is of type B), None where
+    every kind has one type."""
+    types, words = [], [0] * layers
+    for kind in sorted(per_layer):
+        seen = per_layer[kind]
+        a = max(dict.fromkeys(seen), key=seen.count)
+        b = next((t for t in seen if t != a), a)
+        types.append((kind, gemv.block_format(a)[0], gemv.block_format(b)[0]))
+        if b != a:
+            if len(seen) != layers or first != QKV:
+                raise ValueError("a block type a layer needs a launch of whole layers (token_block)")
+            for layer, t in enumerate(seen):
+                words[layer] |= int(t == b) << kind  # the kernel's bits: QKV 0, O 2, UP 3, DOWN 4, V_BIT 5
+    mixed = any(a != b for _, a, b in types)
+    return tuple(types), tuple(words) if mixed else None
+
+
 def attention_block(x: mx.array, attn_norm: mx.array, eps: float, w_qkv: Packed, w_o: Packed, qtype: str,
                     k_cache: mx.array, v_cache: mx.array, pos: int | mx.array, *, n_heads: int,
                     theta: float = 10000.0, neox: bool = False, q_norm: mx.array | None = None,
                     k_norm: mx.array | None = None, queue: mx.array | None = None,
                     counters: mx.array | None = None, split_from: int = attention.SPLIT_FROM,
-                    ) -> tuple[mx.array, mx.array, mx.array]:
+                    w_v: Packed | None = None) -> tuple[mx.array, mx.array, mx.array]:
     """One decode token's attention half of a layer: x [1, d_model] (the residual stream) ->
     (x + Attention(RoPE(RMSNorm(x) W_qkv^T)) W_o^T, k_cache, v_cache), K and V of the token
     written at row pos of the head-major caches [n_kv, max_seq, D] (in place; the returned
     caches are ordered after the write). q_norm, k_norm (f32[D]): Qwen3's head norms (eps is
     then theirs too). pos: an int (checked) or int32[1] on the device (a compiled step: the
     attention's grid is sized for max_seq). queue / counters: the launch site's (block_queue,
-    attention.merge_counters); fresh ones when not given."""
+    attention.merge_counters); fresh ones when not given. w_v: V's rows as a matrix of their own
+    (w_qkv is then [q; k]): where they have another block type (llama.cpp's Q4_K_M). `qtype` is
+    w_qkv's; w_o and w_v may have other types that stage X' alike (stages_alike)."""
     attn = _Attention(x, attn_norm, eps, w_qkv, w_o, qtype, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
-                      k_norm, counters, split_from)
+                      k_norm, counters, split_from, w_v)
     if not cross_group_waits():
         return _attention_apart(x, eps, qtype, attn)
     x_out = _launch(x, eps, qtype, QKV, 3, None, attn, queue)[2]
@@ -368,13 +445,14 @@ def layer_block(x: mx.array, ffn_norm: mx.array, w_gate_up: Packed, w_down: Pack
                 pos: int | mx.array, *, n_heads: int, theta: float = 10000.0, neox: bool = False,
                 q_norm: mx.array | None = None, k_norm: mx.array | None = None, queue: mx.array | None = None,
                 counters: mx.array | None = None, split_from: int = attention.SPLIT_FROM,
-                ) -> tuple[mx.array, mx.array, mx.array]:
+                w_v: Packed | None = None) -> tuple[mx.array, mx.array, mx.array]:
     """A layer's FFN block, then the next layer's attention block, in one launch for one decode
     token: ffn_block's arguments (ffn_norm, w_gate_up, w_down), then attention_block's over its
-    output (the caches and head norms are the next layer's). Returns attention_block's."""
+    output (the caches, head norms and w_v are the next layer's). Returns attention_block's.
+    `qtype` is w_gate_up's; the other matrices may have other types that stage X' alike."""
     ffn = _FFN(x, ffn_norm, eps, w_gate_up, w_down, qtype)
     attn = _Attention(x, attn_norm, eps, w_qkv, w_o, qtype, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
-                      k_norm, counters, split_from)
+                      k_norm, counters, split_from, w_v)
     if x.shape[0] != 1:
         raise ValueError(f"layer_block takes one token (x [1, d_model]), got {tuple(x.shape)}")
     if not cross_group_waits():
@@ -388,7 +466,8 @@ def layer_block(x: mx.array, ffn_norm: mx.array, w_gate_up: Packed, w_down: Pack
 class LayerStacks:
     """Every layer's weights of a decoder, stacked for token_block: the four projections as
     Stacks ([q; k; v] and [gate; up] concatenated), the RMSNorm weights as fp16 [layers, d_model]
-    and Qwen3's head norms as float32 [layers, head_dim] (None for Llama)."""
+    and Qwen3's head norms as float32 [layers, head_dim] (None for Llama). w_v: V's matrices
+    apart, where some layer's differs in type from its Q and K (w_qkv then holds [q; k])."""
 
     attn_norm: mx.array
     w_qkv: Stack
@@ -398,6 +477,7 @@ class LayerStacks:
     w_down: Stack
     q_norm: mx.array | None = None
     k_norm: mx.array | None = None
+    w_v: Stack | None = None
 
     @property
     def layers(self) -> int:
@@ -419,8 +499,10 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
                          f"{len(k_caches)} and {len(v_caches)}")
     if x.shape[0] != 1:
         raise ValueError(f"token_block takes one token (x [1, d_model]), got {tuple(x.shape)}")
-    if any(s.qtype != qtype or s.layers != layers for s in (w.w_qkv, w.w_o, w.w_gate_up, w.w_down)):
-        raise ValueError(f"token_block's stacks must all be {qtype}, {layers} layers each")
+    mats = (w.w_qkv, w.w_o, w.w_gate_up, w.w_down) + ((w.w_v,) if w.w_v is not None else ())
+    if any(s.layers != layers for s in mats):
+        raise ValueError(f"token_block's stacks must have {layers} layers each, got {[s.layers for s in mats]}")
+    _check_types("token_block's stacks", [t for s in mats for t in s.qtypes] + [qtype])
     norms = (w.attn_norm, w.ffn_norm) + ((w.q_norm, w.k_norm) if w.q_norm is not None else ())
     if any(n.ndim != 2 or n.shape[0] != layers for n in norms):
         raise ValueError(f"token_block's norms must be [{layers}, width], got {[tuple(n.shape) for n in norms]}")
@@ -430,27 +512,33 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
                              f"{c.dtype} {tuple(c.shape)}")
     head = (w.q_norm[0], w.k_norm[0]) if w.q_norm is not None else (None, None)
     # each half checked on layer 0 (the others share its shapes), then given every layer's arrays
+    v_of = (lambda i: w.w_v.layer(i)) if w.w_v is not None else (lambda i: None)  # noqa: E731
     ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), qtype)
     attn = _Attention(x, w.attn_norm[0], eps, w.w_qkv.layer(0), w.w_o.layer(0), qtype, k_caches[0], v_caches[0], pos,
-                      n_heads, theta, neox, *head, counters, split_from)
+                      n_heads, theta, neox, *head, counters, split_from, v_of(0))
     if not cross_group_waits():
         k_caches, v_caches = list(k_caches), list(v_caches)
         for i in range(layers):
             attn = _Attention(x, w.attn_norm[i], eps, w.w_qkv.layer(i), w.w_o.layer(i), qtype, k_caches[i],
                               v_caches[i], pos, n_heads, theta, neox, *((w.q_norm[i], w.k_norm[i]) if head[0]
                                                                          is not None else (None, None)),
-                              counters, split_from)
+                              counters, split_from, v_of(i))
             x, k_caches[i], v_caches[i] = _attention_apart(x, eps, qtype, attn)
             x = _ffn_apart(x, eps, qtype, _FFN(x, w.ffn_norm[i], eps, w.w_gate_up.layer(i), w.w_down.layer(i), qtype))
         return x, k_caches, v_caches
     ffn.norm, ffn.up_data, ffn.down_data = w.ffn_norm, w.w_gate_up.data, w.w_down.data
     attn.norm, attn.qkv_data, attn.o_data = w.attn_norm, w.w_qkv.data, w.w_o.data
+    ffn.types = {UP: w.w_gate_up.qtypes, DOWN: w.w_down.qtypes}
+    attn.types = {QKV: w.w_qkv.qtypes, O: w.w_o.qtypes}
+    if w.w_v is not None:
+        attn.v_data, attn.types[V] = w.w_v.data, w.w_v.qtypes
     attn.k_caches, attn.v_caches = list(k_caches), list(v_caches)
     if head[0] is not None:
         attn.norms = (w.q_norm, w.k_norm)
     strides = dict(W_QKV_STRIDE=w.w_qkv.stride, W_O_STRIDE=w.w_o.stride, W_UP_STRIDE=w.w_gate_up.stride,
                    W_DOWN_STRIDE=w.w_down.stride, NORM_STRIDE=w.attn_norm.shape[1],
-                   HEAD_NORM_STRIDE=w.q_norm.shape[1] if head[0] is not None else 0)
+                   HEAD_NORM_STRIDE=w.q_norm.shape[1] if head[0] is not None else 0,
+                   **({"W_V_STRIDE": w.w_v.stride} if w.w_v is not None else {}))
     x_out = _launch(x, eps, qtype, QKV, 5 * layers, ffn, attn, queue, strides)[1]
     caches = mx.depends([*k_caches, *v_caches], [x_out])
     return x_out, caches[:layers], caches[layers:]
@@ -458,17 +546,20 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
 
 def _attention_apart(x: mx.array, eps: float, qtype: str, a: _Attention) -> tuple[mx.array, mx.array, mx.array]:
     """attention_block's phases as separate launches (Metal: no waits between threadgroups)."""
-    qkv = gemv.rmsnorm_gemv(x, a.norm, eps, a.w_qkv, qtype, a.n_qkv, a.d)
+    qkv = gemv.rmsnorm_gemv(x, a.norm, eps, a.w_qkv, a.w_qkv.qtype, a.n_qk, a.d)
+    if a.w_v is not None:  # V's rows apart (another block type): one GEMV each, then joined
+        v = gemv.rmsnorm_gemv(x, a.norm, eps, a.w_v, a.w_v.qtype, a.n_kv * a.head_dim, a.d)
+        qkv = mx.concatenate([qkv, v], axis=1)
     head_norm = a.q_norm is not None
     o, k_cache, v_cache = attention.rope_flash_decode(
         qkv, a.k_caches[0], a.v_caches[0], a.raw_pos, 1.0 / math.sqrt(a.head_dim), n_heads=a.n_heads, theta=a.theta,
         neox=a.neox, counters=a.counters, split_from=a.split_from, q_norm=a.q_norm, k_norm=a.k_norm,
         eps=eps if head_norm else None)
-    x_out = gemv.gemv_v3(o.reshape(1, -1), a.w_o, qtype, a.d, a.n_heads * a.head_dim, residual=x)
+    x_out = gemv.gemv_v3(o.reshape(1, -1), a.w_o, a.w_o.qtype, a.d, a.n_heads * a.head_dim, residual=x)
     return x_out, k_cache, v_cache
 
 
 def _ffn_apart(x: mx.array, eps: float, qtype: str, f: _FFN) -> mx.array:
     """ffn_block's phases as separate launches (Metal)."""
-    act = gemv.gate_up_swiglu(x, f.w_gate_up, qtype, 2 * f.f, f.d, gamma=f.norm, eps=eps)
-    return gemv.gemv_v3(act, f.w_down, qtype, f.d, f.f, residual=x)
+    act = gemv.gate_up_swiglu(x, f.w_gate_up, f.w_gate_up.qtype, 2 * f.f, f.d, gamma=f.norm, eps=eps)
+    return gemv.gemv_v3(act, f.w_down, f.w_down.qtype, f.d, f.f, residual=x)

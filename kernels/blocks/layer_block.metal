@@ -34,27 +34,34 @@
 // tickets claimed, each phase but the last done, threadgroups out, each on a 256-byte line of its
 // own. One queue (and one set of merge counters) per launch in flight, and launches that share
 // one ordered by their data.
+// Block types: each GEMV's matrix has its own (blocks/typed_rows.metal): Q_<kind>_A, and
+// Q_<kind>_B for the layers whose bit <kind> is set in layer_types[layer] (a word a layer of the
+// launch; Q_<kind>_B == Q_<kind>_A and no layer_types where every layer has one type). QKV_SPLIT
+// (a file whose attn_v differs in type from attn_q and attn_k in some layer): the QKV phase's
+// tickets are those of w_qkv ([q; k], qkv_dims) and then w_v's (v_dims, types Q_V_A / Q_V_B, bit
+// V_BIT, W_V_STRIDE, R_V, P_V), V's rows written after Q and K's in qkv.
 // Constants: FIRST, PHASES, v3's QTYPE, M, NSIMD and XCHUNK (the launch's: one threadgroup size,
-// one X' staging), PREFETCH, each GEMV's K, R and P (its own rows a SIMD group and loads in flight,
-// kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F), K_QKV (d_model), K_O (n_heads * D),
-// R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O, W_QKV_STRIDE,
-// W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN the
-// attention's D, G, QS, BS (0), NEOX, FREQ_TABLE. Prelude: FFN, ATTN (the kinds present),
-// LATHE_K_CACHE, LATHE_V_CACHE; with ATTN LATHE_PAGED 0, LATHE_ROPE 1, LATHE_SPLIT, LATHE_MERGE
-// (= LATHE_SPLIT), LATHE_HEAD_NORM.
+// one X' staging, which every GEMV's type shares), PREFETCH, each GEMV's K, R and P (its own rows
+// a SIMD group and loads in flight, kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F),
+// K_QKV (d_model), K_O (n_heads * D), R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O,
+// W_QKV_STRIDE, W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN
+// the attention's D, G, QS, BS (0), NEOX, FREQ_TABLE. Prelude: FFN, ATTN (the kinds present),
+// LATHE_K_CACHE, LATHE_V_CACHE, the block types above and QKV_SPLIT; with ATTN LATHE_PAGED 0,
+// LATHE_ROPE 1, LATHE_SPLIT, LATHE_MERGE (= LATHE_SPLIT), LATHE_HEAD_NORM.
 // Inputs (kernels.blocks names them): x_in, eps, block_dims (int32: threadgroups launched,
 // attention tasks a layer), queue; FFN: ffn_norm, w_gate_up ([gate; up]), up_dims (int32: 2F,
 // d_model, tickets), w_down, down_dims (d_model, F, tickets); ATTN: attn_norm, w_qkv, qkv_dims,
 // k_cache_i, v_cache_i ([Hkv, max_seq, D] each, written in place), pos, inv_freq, rope_scalars,
 // dims (decode_attention's), scale, q_norm, k_norm (LATHE_HEAD_NORM), counters (split), w_o,
-// o_dims. Outputs: FFN: act [M, F], x_mid [M, d_model]; ATTN: qkv, attn_out [1, Hq, D],
-// x_out [1, d_model], part_out and part_ml (split).
+// o_dims; QKV_SPLIT: w_v, v_dims; mixed types: layer_types (uint32 [layers of the launch]).
+// Outputs: FFN: act [M, F], x_mid [M, d_model]; ATTN: qkv, attn_out [1, Hq, D], x_out
+// [1, d_model], part_out and part_ml (split).
 #include "gemv/v3_tiles.metal"
 #if ATTN
 #include "attention/decode_tiles.metal"
 #endif
 constexpr uint QUEUE_STRIDE = 64;
-enum : uint { QKV = 0, ATTN_ROWS = 1, O = 2, UP = 3, DOWN = 4 };
+enum : uint { QKV = 0, ATTN_ROWS = 1, O = 2, UP = 3, DOWN = 4, V_BIT = 5 };
 constexpr uint LAST = (FIRST + PHASES - 1) % 5;
 static_assert(LAST == O || LAST == DOWN, "a launch ends with a GEMV whose groups need no tickets");
 threadgroup uint ticket;
@@ -67,7 +74,11 @@ const uint down_tickets = uint(down_dims[2]);
 const uint up_tickets = 0, down_tickets = 0;
 #endif
 #if ATTN
+#if QKV_SPLIT
+const uint qkv_tickets = uint(qkv_dims[2]) + uint(v_dims[2]);  // Q and K's rows, then V's
+#else
 const uint qkv_tickets = uint(qkv_dims[2]);
+#endif
 const uint attn_tickets = uint(block_dims[1]);
 const uint o_tickets = uint(o_dims[2]);
 #else
@@ -128,7 +139,10 @@ for (;;) {
       {
         auto dims = up_dims;
         constexpr uint KR = K_UP, RR = R_UP, PR = P_UP;
-#include "gemv/v3_rows.metal"
+#define ROWS_QA Q_UP_A
+#define ROWS_QB Q_UP_B
+#define ROWS_BIT UP
+#include "blocks/typed_rows.metal"
       }
 #undef GEMV_BEFORE_X
 #undef LATHE_PROLOGUE
@@ -146,7 +160,10 @@ for (;;) {
       {
         auto dims = down_dims;
         constexpr uint KR = K_DOWN, RR = R_DOWN, PR = P_DOWN;
-#include "gemv/v3_rows.metal"
+#define ROWS_QA Q_DOWN_A
+#define ROWS_QB Q_DOWN_B
+#define ROWS_BIT DOWN
+#include "blocks/typed_rows.metal"
       }
 #undef GEMV_BEFORE_X
 #undef LATHE_PROLOGUE
@@ -162,12 +179,31 @@ for (;;) {
 #define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
       if (!PREFETCH) { PHASE_WAIT(j) }
       auto x = STREAM_IN(QKV, j);
-      auto w = w_qkv + size_t(layer) * W_QKV_STRIDE;
-      auto y = qkv;
+#if QKV_SPLIT
+      if (group >= uint(qkv_dims[2])) {  // V's rows: a matrix (and type) of their own, after Q and K's
+        auto w = w_v + size_t(layer) * W_V_STRIDE;
+        auto y = qkv + uint(qkv_dims[0]);
+        const uint v_group = group - uint(qkv_dims[2]);
+        {
+          const uint group = v_group;
+          auto dims = v_dims;
+          constexpr uint KR = K_QKV, RR = R_V, PR = P_V;
+#define ROWS_QA Q_V_A
+#define ROWS_QB Q_V_B
+#define ROWS_BIT V_BIT
+#include "blocks/typed_rows.metal"
+        }
+      } else
+#endif
       {
+        auto w = w_qkv + size_t(layer) * W_QKV_STRIDE;
+        auto y = qkv;
         auto dims = qkv_dims;
         constexpr uint KR = K_QKV, RR = R_QKV, PR = P_QKV;
-#include "gemv/v3_rows.metal"
+#define ROWS_QA Q_QKV_A
+#define ROWS_QB Q_QKV_B
+#define ROWS_BIT QKV
+#include "blocks/typed_rows.metal"
       }
 #undef GEMV_BEFORE_X
 #undef LATHE_PROLOGUE
@@ -184,7 +220,10 @@ for (;;) {
       {
         auto dims = o_dims;
         constexpr uint KR = K_O, RR = R_O, PR = P_O;
-#include "gemv/v3_rows.metal"
+#define ROWS_QA Q_O_A
+#define ROWS_QB Q_O_B
+#define ROWS_BIT O
+#include "blocks/typed_rows.metal"
       }
 #undef GEMV_BEFORE_X
 #undef LATHE_PROLOGUE

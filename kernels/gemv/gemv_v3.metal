@@ -31,6 +31,6 @@
 #include "gemv/v3_tiles.metal"
 {
   const uint group = threadgroup_position_in_grid.x;
-  constexpr uint KR = K, RR = R, PR = P;
+  constexpr uint KR = K, RR = R, PR = P, QR = QTYPE;
 #include "gemv/v3_rows.metal"
 }

@@ -59,7 +59,7 @@ for (;;) {
     auto dims = a_dims;
     auto y = a_y;
 #if SEAM_V3
-    constexpr uint KR = K_A, RR = R, PR = P;
+    constexpr uint KR = K_A, RR = R, PR = P, QR = QTYPE;
 #include "gemv/v3_rows.metal"
 #else
 #include "gemv/v2_rows.metal"
@@ -91,7 +91,7 @@ for (;;) {
     auto dims = b_dims;
     auto y = b_y;
 #if SEAM_V3
-    constexpr uint KR = K_B, RR = R, PR = P;
+    constexpr uint KR = K_B, RR = R, PR = P, QR = QTYPE;
 #include "gemv/v3_rows.metal"
 #else
 #include "gemv/v2_rows.metal"

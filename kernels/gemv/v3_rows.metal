@@ -1,10 +1,17 @@
 // One v3 GEMV over the row groups of threadgroup `group` (of dims[2]), included inside a scope that
 // names: x, w, dims, y (and gamma, eps, residual as LATHE_PROLOGUE / LATHE_RESIDUAL need them),
-// `group`, this GEMV's K, R and P as compile-time constants KR, RR and PR (a launch of several
-// GEMVs gives each its own rows and depth: blocks/layer_block.metal), and the declarations of
-// v3_tiles.metal (NSIMD and the staged X' are the launch's).
+// `group`, this GEMV's K, R, P and block type as compile-time constants KR, RR, PR and QR (a
+// launch of several GEMVs gives each its own rows, depth and type: blocks/layer_block.metal), and
+// the declarations of v3_tiles.metal (NSIMD and the staged X' are the launch's).
+// QR: 0 Q4_0, 1 Q8_0, and the K-quants 2 Q4_K, 3 Q5_K, 4 Q6_K, whose repacked chunk is 32
+// weights' low 4 bits in Q4_0's nibble order, their higher bits (HB bytes a chunk) and scales in
+// regions of their own (reference/kquant.py has the layout).
 // gemv_v3.metal runs it once as its own threadgroup; seam.metal runs two GEMVs, each over groups
 // it claims. The design is gemv_v3.metal's.
+static_assert(VALS == (QR == 1 ? 16u : 32u), "X' is staged for the launch's QTYPE: Q8_0 apart from the others");
+constexpr bool KQUANT = QR >= 2;
+constexpr uint QB = QR == 1 ? 32 : 16;       // bytes of a block's quants (K-quants: a chunk's low bits)
+constexpr uint HB = QR == 3 ? 4 : QR == 4 ? 8 : 0;  // K-quants: bytes of high bits a chunk
 constexpr uint NB = KR / 32;                 // blocks a row
 constexpr uint NC = KR / VALS;               // chunks a row
 constexpr uint CHUNKS = (NC + XC - 1) / XC;  // X' chunks
@@ -66,7 +73,7 @@ for (uint it = 0; it < items; ++it) {
         if (!KQUANT) {
           dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, scales + row * NB + (xc0 + c) * VALS / 32)))
                           : 0.0f;
-        } else if (QTYPE == 4) {
+        } else if (QR == 4) {
           // two int8 scales (the chunk's two sub-blocks of 16), and the super-block's fp16 d
           const uint pair = live ? uint(load_wide<ushort>(w, k_scales / 2 + chunk)) : 0u;
           const float d = live ? float(as_type<half>(load_wide<ushort>(w, (k_scales + n * NC * 2) / 2 + chunk / 8)))
@@ -87,7 +94,7 @@ for (uint it = 0; it < items; ++it) {
           const half2 dd = as_type<half2>(head.x);
           dw[r][p] = float(dd.x) * float(sc);
           dk[r][p] = float(dd.y) * float(mn);
-          hb[r][p][0] = QTYPE == 3 && live ? load_wide<uint>(w, k_high / 4 + chunk) : 0u;
+          hb[r][p][0] = QR == 3 && live ? load_wide<uint>(w, k_high / 4 + chunk) : 0u;
         }
       }
     }
@@ -127,8 +134,8 @@ for (uint it = 0; it < items; ++it) {
         }
         dx[m] = x_scale[m * (XCHUNK / 32) + blk];
         // Q4_0 takes 8 off each level, Q4_K/Q5_K a min per chunk: both by the block's sum of X'
-        offset[m] = QTYPE == 0 ? 8 * x_sum[m * (XCHUNK / 32) + blk]
-                               : QTYPE == 2 || QTYPE == 3 ? x_sum[m * (XCHUNK / 32) + blk] : 0;
+        offset[m] = QR == 0 ? 8 * x_sum[m * (XCHUNK / 32) + blk]
+                            : QR == 2 || QR == 3 ? x_sum[m * (XCHUNK / 32) + blk] : 0;
       }
       LATHE_UNROLL
       for (uint r = 0; r < uint(RR); ++r) {
@@ -138,12 +145,12 @@ for (uint it = 0; it < items; ++it) {
           int lo_dot = 0, hi_dot = 0;
           LATHE_UNROLL
           for (uint t = 0; t < 4; ++t) {
-            if (QTYPE != 1) {  // word t: values 4t.. (low nibbles) and 16 + 4t.. (high nibbles)
+            if (QR != 1) {  // word t: values 4t.. (low nibbles) and 16 + 4t.. (high nibbles)
               uint lo = qw[t] & 0x0f0f0f0fu, hi = (qw[t] >> 4) & 0x0f0f0f0fu;
-              if (QTYPE == 3) {  // the fifth bits, one a byte
+              if (QR == 3) {  // the fifth bits, one a byte
                 lo |= ((hb[r][p][0] >> t) & 0x01010101u) << 4;
                 hi |= ((hb[r][p][0] >> (4 + t)) & 0x01010101u) << 4;
-              } else if (QTYPE == 4) {  // bits 4-5, then level - 32 as int8 in each byte (no borrows:
+              } else if (QR == 4) {  // bits 4-5, then level - 32 as int8 in each byte (no borrows:
                                         // level + 0x60 < 0x100, and the xor flips it to two's complement)
                 lo |= ((hb[r][p][0] >> (2 * t)) & 0x03030303u) << 4;
                 hi |= ((hb[r][p][HB > 4 ? 1 : 0] >> (2 * t)) & 0x03030303u) << 4;
@@ -162,7 +169,7 @@ for (uint it = 0; it < items; ++it) {
               hi_dot = dot2_hi(xw[m][2 * t + 1], qw[t], hi_dot);
             }
           }
-          if (QTYPE == 4) {  // a scale for each half of the chunk
+          if (QR == 4) {  // a scale for each half of the chunk
             acc[r][m] = fma(dx[m], fma(dw[r][p], float(lo_dot), dk[r][p] * float(hi_dot)), acc[r][m]);
           } else if (KQUANT) {  // d * sc * (levels . X') - dmin * m * (sum of X')
             acc[r][m] = fma(dx[m], fma(dw[r][p], float(lo_dot + hi_dot), -dk[r][p] * float(offset[m])), acc[r][m]);

@@ -1,13 +1,10 @@
 // The declarations of a v3 GEMV (gemv_v3.metal has the design): constants that do not depend on
 // K, threadgroup memory sized for XCHUNK, thread ids. Included once at the top of a kernel body
 // (gemv_v3.metal, seam.metal); v3_rows.metal then runs one GEMV on them.
-// QTYPE 0 Q4_0, 1 Q8_0, and the K-quants 2 Q4_K, 3 Q5_K, 4 Q6_K, whose repacked chunk is 32
-// weights' low 4 bits in Q4_0's nibble order, their higher bits (HB bytes a chunk) and scales in
-// regions of their own (reference/kquant.py has the layout).
-constexpr bool KQUANT = QTYPE >= 2;
-constexpr uint QB = QTYPE == 1 ? 32 : 16;    // bytes of a block's quants (K-quants: a chunk's low bits)
+// QTYPE (0 Q4_0, 1 Q8_0, the K-quants 2 Q4_K, 3 Q5_K, 4 Q6_K) sets how X' is staged: Q8_0 16
+// values a chunk, every other type 32. Each GEMV of the launch has a block type of its own (QR,
+// v3_rows.metal) that stages alike: a launch may mix Q4_0 and the K-quants, not Q8_0 with them.
 constexpr uint VALS = QTYPE == 1 ? 16 : 32;  // values of K in a chunk (16 bytes of quants)
-constexpr uint HB = QTYPE == 3 ? 4 : QTYPE == 4 ? 8 : 0;  // K-quants: bytes of high bits a chunk
 constexpr uint UNITS = VALS / 8;             // 16-byte words of staged X' a chunk reads
 constexpr uint XC = XCHUNK / VALS;           // chunks of one X' chunk
 constexpr uint NT = NSIMD * 32;
