@@ -48,6 +48,21 @@ def within_fp16_steps(what: str, out: Any, ref: Any, steps: float = 1.0) -> Comp
     return Comparison(what, float(np.nan_to_num(worst, nan=np.inf)), steps)
 
 
+def compare_residual(what: str, out: Any, ref: Any, x: Any, tol: float) -> Comparison:
+    """An fp16 output out = x + delta (a block's residual stream) against the reference's: each
+    element's error less one fp16 step of the output, the most its own rounding can leave, in
+    norm relative to the reference's delta (||ref - x||). Where delta is small against x (a
+    block with small weights), one step of x outweighs tol * |delta| and a plain relative error
+    of out - x measures the output's resolution, not the kernel. NaN anywhere fails."""
+    out, ref, x = (np.asarray(a, dtype=np.float64) for a in (out, ref, x))
+    if not np.all(np.isfinite(out)):
+        return Comparison(what, float("inf"), tol)
+    step = np.spacing(np.abs(ref).astype(np.float16)).astype(np.float64)
+    excess = np.linalg.norm(np.maximum(np.abs(out - ref) - step, 0.0))
+    delta = np.linalg.norm(ref - x)
+    return Comparison(what, float(excess / (delta if delta > 0 else 1.0)), tol)
+
+
 @dataclass
 class CheckCase:
     family: str

@@ -18,7 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from harness.bench import BenchCase
-from harness.check import CheckCase, Comparison, compare, exact
+from harness.check import CheckCase, Comparison, compare, compare_residual, exact
 from harness.suites.gemv import _blocks, _packed_once
 from reference import blocks as ref
 from reference import formats
@@ -103,14 +103,14 @@ def _caches(rng: np.random.Generator, n_kv: int, max_seq: int, head_dim: int, po
 
 def _attention_checks(launch_: int, x: np.ndarray, got: tuple, want: tuple, kc: np.ndarray, vc: np.ndarray,
                       pos: int, queue: mx.array) -> list[Comparison]:
-    """A block ending in attention: x_out (its added part: the residual would dominate), K and V
-    of row pos, every other cache row bit for bit, and the queue left zero."""
+    """A block ending in attention: x_out (its added part, compare_residual: the residual would
+    dominate), K and V of row pos, every other cache row bit for bit, and the queue left zero."""
     x_out, k_new, v_new = got
     want_x, k_want, v_want = want
     out = np.array(x_out).astype(np.float64)[0]
     k_got, v_got = np.array(k_new), np.array(v_new)
     others = np.arange(kc.shape[1]) != pos
-    return [compare(f"x_out - x (launch {launch_})", out - x, want_x - x, TOL),
+    return [compare_residual(f"x_out - x (launch {launch_})", out, want_x, x, TOL),
             compare(f"K row pos (launch {launch_})", k_got[:, pos], k_want[:, pos], TOL),
             compare(f"V row pos (launch {launch_})", v_got[:, pos], v_want[:, pos], TOL),
             exact(f"other rows untouched (launch {launch_})",
@@ -193,7 +193,7 @@ def _ffn_case(qtype: str, m: int, d_model: int, f: int, mix: Mix = ()) -> CheckC
                 y = ffn_block(mx.array(x), mx.array(norm), EPS, w["gate_up"], w["down"], qtype, queue=queue)
                 mx.eval(y, queue)
             want = ref.ffn_block(x, norm, EPS, w64["gate_up"], w64["down"])
-            checks += [compare(f"x_out - x (launch {launch_})", np.array(y).astype(np.float64) - x, want - x, TOL),
+            checks += [compare_residual(f"x_out - x (launch {launch_})", np.array(y), want, x, TOL),
                        exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0)]
         return checks
 
@@ -295,7 +295,7 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
                 want = want.astype(np.float16).astype(np.float64)
                 rows.append((k_want, v_want))
             out = np.array(x_out).astype(np.float64)[0]
-            checks.append(compare(f"x_out - x (launch {launch_})", out - x[0], want - x[0], TOL * layers))
+            checks.append(compare_residual(f"x_out - x (launch {launch_})", out, want, x[0], TOL * layers))
             for i, ((kc, vc), (k_want, v_want)) in enumerate(zip(caches, rows)):
                 k_got, v_got = np.array(k_new[i]), np.array(v_new[i])
                 others = np.arange(max_seq) != pos
