@@ -199,3 +199,28 @@ def test_blocks_refuse_types_that_stage_apart():
     with recording() as rec, pytest.raises(ValueError, match="w_down is q8_0"):
         blocks.ffn_block(x, norm, 1e-6, _packed(512, 256, 0, "q4_0"), _packed(256, 256, 1), "q4_0")
     assert not rec.jobs
+
+
+def test_token_block_takes_a_pair_of_types_a_projection():
+    """Three block types over a token's stacks (Q4_0 attention, Q4_K gate|up, Q6_K and Q4_K
+    down) is fine: each GEMV takes its own pair. A Q8_0 stack beside them is refused."""
+    from kernels.runtime import recording
+
+    d, f, hq, hkv, hd = 256, 256, 4, 2, 64
+    norm = mx.ones((2, d), mx.float16)
+
+    def stacks(o_type: str) -> blocks.LayerStacks:
+        return blocks.LayerStacks(
+            norm, blocks.Stack([_packed((hq + 2 * hkv) * hd, d, i, "q4_0") for i in range(2)]),
+            blocks.Stack([_packed(d, hq * hd, i, o_type) for i in range(2)]), norm,
+            blocks.Stack([_packed(2 * f, d, i, "q4_k") for i in range(2)]),
+            blocks.Stack([_packed(d, f, i, t) for i, t in enumerate(("q6_k", "q4_k"))]))
+
+    kv = [mx.zeros((hkv, 16, hd), mx.float16) for _ in range(2)]
+    with recording() as rec:
+        blocks.token_block(mx.zeros((1, d), mx.float16), stacks("q4_0"), 1e-6, "q4_0", kv, list(kv), 3, n_heads=hq)
+    # down: Q6_K in layer 0, Q4_K in layer 1, a tie: type A is layer 0's
+    assert len(rec.jobs) == 1 and "#define Q_DOWN_A 4\n#define Q_DOWN_B 2\n" in rec.jobs[0].spec.prelude
+    with recording() as rec, pytest.raises(ValueError, match="do not share a launch"):
+        blocks.token_block(mx.zeros((1, d), mx.float16), stacks("q8_0"), 1e-6, "q4_0", kv, list(kv), 3, n_heads=hq)
+    assert not rec.jobs

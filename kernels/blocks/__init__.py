@@ -240,8 +240,8 @@ class _FFN:
         if not isinstance(w_gate_up, Packed):
             raise ValueError(f"w_gate_up must be repacked weights (kernels.gemv.repack), got {type(w_gate_up).__name__}")
         d_model, n_up = x.shape[-1], w_gate_up.n
-        gemv.check_gemv_args(x, w_gate_up, qtype, n_up, d_model)
         _packed("w_gate_up", w_gate_up, qtype, n_up, d_model)
+        gemv.check_gemv_args(x, w_gate_up, w_gate_up.qtype, n_up, d_model)
         if n_up % 2:
             raise ValueError(f"w_gate_up must be [gate; up], an even number of rows, got {n_up}")
         _packed("w_down", w_down, qtype, d_model, n_up // 2)
@@ -270,8 +270,8 @@ class _Attention:
         d_model = x.shape[-1]
         n_qkv = (n_heads + 2 * n_kv) * head_dim
         n_qk = n_qkv if w_v is None else (n_heads + n_kv) * head_dim  # w_v: V's rows apart
-        gemv.check_gemv_args(x, w_qkv, qtype, n_qk, d_model, max_m=1)
         _packed("w_qkv" if w_v is None else "w_qkv ([q; k], w_v apart)", w_qkv, qtype, n_qk, d_model)
+        gemv.check_gemv_args(x, w_qkv, w_qkv.qtype, n_qk, d_model, max_m=1)
         if w_v is not None:
             _packed("w_v", w_v, qtype, n_kv * head_dim, d_model)
         _packed("w_o", w_o, qtype, d_model, n_heads * head_dim)
@@ -502,7 +502,10 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     mats = (w.w_qkv, w.w_o, w.w_gate_up, w.w_down) + ((w.w_v,) if w.w_v is not None else ())
     if any(s.layers != layers for s in mats):
         raise ValueError(f"token_block's stacks must have {layers} layers each, got {[s.layers for s in mats]}")
-    _check_types("token_block's stacks", [t for s in mats for t in s.qtypes] + [qtype])
+    apart = sorted({t for s in mats for t in s.qtypes if not stages_alike(t, qtype)})
+    if apart:  # (each Stack holds at most two types; the launch, a pair for each projection)
+        raise ValueError(f"token_block's stacks hold {apart}, which do not share a launch with {qtype} GEMVs (Q8_0 "
+                         f"stages X' apart from Q4_0 and the K-quants)")
     norms = (w.attn_norm, w.ffn_norm) + ((w.q_norm, w.k_norm) if w.q_norm is not None else ())
     if any(n.ndim != 2 or n.shape[0] != layers for n in norms):
         raise ValueError(f"token_block's norms must be [{layers}, width], got {[tuple(n.shape) for n in norms]}")
