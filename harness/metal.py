@@ -1,0 +1,120 @@
+"""The MSL bodies as Metal sees them, without Apple hardware (issue 27).
+
+`metal_source(job)` writes the Metal source that `mx.fast.metal_kernel` builds for a launch. It
+follows the layout of MLX's generator (mlx/backend/common/metal_kernel.cpp, read at 0.30.4;
+kernels/msl/NOTES.md has the rules and what is still to re-read at 0.32.4):
+- the kernel's header (lathe.h, whose Metal branch includes <metal_stdlib>);
+- a template line where the launch has constants;
+- the `[[kernel]]` signature, with:
+  - each input in the `constant` address space under 8 elements, else `device`, passed by
+    reference if 0-d;
+  - the `_shape` / `_strides` / `_ndim` arguments of an input whose names the body mentions;
+  - the outputs;
+  - every thread attribute whose name the body mentions, in MLX's table order;
+- the body;
+- the explicit instantiation with its host name.
+
+MLX compiles that after its own preamble (metal_stdlib, `using namespace metal`, and the
+float16_t / bfloat16_t typedefs), which the front-end check's model of Metal supplies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# MLX's dtype -> Metal type names (get_type_string)
+TYPE_NAMES = {"float32": "float", "float16": "float16_t", "bfloat16": "bfloat16_t", "bool": "bool",
+              "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
+              "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t",
+              "complex64": "complex64_t"}
+# The thread attributes MLX adds when the body names them, in its table's order, and their types
+ATTRIBUTES = (("dispatch_quadgroups_per_threadgroup", "uint"), ("dispatch_simdgroups_per_threadgroup", "uint"),
+              ("dispatch_threads_per_threadgroup", "uint3"), ("grid_origin", "uint3"), ("grid_size", "uint3"),
+              ("quadgroup_index_in_threadgroup", "uint"), ("quadgroups_per_threadgroup", "uint"),
+              ("simdgroup_index_in_threadgroup", "uint"), ("simdgroups_per_threadgroup", "uint"),
+              ("thread_execution_width", "uint"), ("thread_index_in_quadgroup", "uint"),
+              ("thread_index_in_simdgroup", "uint"), ("thread_index_in_threadgroup", "uint"),
+              ("thread_position_in_grid", "uint3"), ("thread_position_in_threadgroup", "uint3"),
+              ("threadgroup_position_in_grid", "uint3"), ("threadgroups_per_grid", "uint3"),
+              ("threads_per_grid", "uint3"), ("threads_per_simdgroup", "uint"), ("threads_per_threadgroup", "uint3"))
+CONSTANT_BELOW = 8  # elements: a smaller input is bound in the constant address space
+
+
+def _dtype(d: Any) -> str:
+    return str(d).split(".")[-1]
+
+
+def _template_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(int(v))  # MLX streams bools without boolalpha
+    if isinstance(v, int):
+        return str(v)
+    return TYPE_NAMES[_dtype(v)]
+
+
+def _template_kind(v: Any) -> str:
+    return "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "typename"
+
+
+def kernel_name(name: str, constants: dict[str, Any], inputs: list[tuple[str, int, int]],
+                outputs: list[str]) -> str:
+    """custom_kernel_<name>, then the template values joined by '_' after an extra '_', then each
+    input's type (s: 0-d, c: under 8 elements) and each output's type. `inputs`: (type name, ndim,
+    size); `outputs`: type names."""
+    out = f"custom_kernel_{name}"
+    if constants:
+        out += "__" + "_".join(_template_value(v) for v in constants.values())
+    for t, ndim, size in inputs:
+        out += f"_{t}" + ("s" if ndim == 0 else "c" if size < CONSTANT_BELOW else "")
+    return out + "".join(f"_{t}" for t in outputs)
+
+
+def metal_source(name: str, body: str, header: str, inputs: list[tuple[str, str, tuple[int, ...]]],
+                 outputs: list[tuple[str, str]], constants: dict[str, Any], atomic_outputs: bool = False) -> str:
+    """The source MLX's metal_kernel compiles for one launch (after its preamble). `inputs`:
+    (name, dtype, shape) in order; `outputs`: (name, dtype); `constants`: the template arguments
+    in order (int, bool or a dtype)."""
+    types = [(TYPE_NAMES[_dtype(d)], len(shape), _size(shape)) for _, d, shape in inputs]
+    k = kernel_name(name, constants, types, [TYPE_NAMES[_dtype(d)] for _, d in outputs])
+    params, buffer = [], 0
+    for (n, _, shape), (t, ndim, size) in zip(inputs, types):
+        space = "constant" if size < CONSTANT_BELOW else "device"
+        params.append(f"const {space} {t}{'&' if ndim == 0 else '*'} {n} [[buffer({buffer})]]")
+        buffer += 1
+        if ndim > 0:  # MLX searches the body for these names (a mention in a comment counts)
+            for suffix, decl in (("_shape", "const constant int*"), ("_strides", "const constant int64_t*"),
+                                 ("_ndim", "const constant int&")):
+                if f"{n}{suffix}" in body:
+                    params.append(f"{decl} {n}{suffix} [[buffer({buffer})]]")
+                    buffer += 1
+    for n, d in outputs:
+        t = TYPE_NAMES[_dtype(d)]
+        params.append(f"device {'atomic<' + t + '>' if atomic_outputs else t}* {n} [[buffer({buffer})]]")
+        buffer += 1
+    params += [f"{t} {a} [[{a}]]" for a, t in ATTRIBUTES if a in body]
+    lines = [header, ""]
+    if constants:
+        lines.append("template <" + ", ".join(f"{_template_kind(v)} {c}" for c, v in constants.items()) + ">")
+    lines.append(f"[[kernel]] void {k}(\n  " + ",\n  ".join(params) + ") {")
+    lines += [body, "}"]
+    if constants:
+        args = "<" + ", ".join(_template_value(v) for v in constants.values()) + ">"
+        lines.append(f'template [[host_name("{k}")]] [[kernel]] decltype({k}{args}) {k}{args};')
+    return "\n".join(lines) + "\n"
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    size = 1
+    for s in shape:
+        size *= s
+    return size
+
+
+def launch_source(job) -> str:
+    """metal_source of a recorded launch (kernels.runtime.Launch), with the body and header that
+    kernels.runtime hands to mx.fast.metal_kernel on Metal."""
+    from kernels.runtime import handed_sources
+
+    body, header = handed_sources(job.spec, True, cuda=False)
+    return metal_source(job.spec.name, body, header,
+                        [(n, a.dtype, tuple(a.shape)) for n, a in zip(job.spec.inputs, job.inputs)],
+                        [(n, d) for n, (_, d) in zip(job.spec.outputs, job.outputs)], dict(job.constants))
