@@ -6,7 +6,8 @@
     lathe bench [family]   benchmarks: results/<device>/<family>.csv and PNG plots, a short table
     lathe peak             the device's memory peak (copy bandwidth)
     lathe compile [family] compile every kernel instantiation ahead: into the kernel cache (CUDA),
-                           or for sm_90 as a compile check (no GPU)
+                           or for sm_90 as a compile check (no GPU); --metal: each as Metal
+                           source through clang's front end over a model of Metal (any machine)
     lathe decode [model]   greedy decode of a GGUF file or preset, per variant, mode and depth
                            (--peer llama.cpp: llama-bench on the same file in the same run)
     lathe options          the experiment options (--set NAME=VALUE on decode, bench, check)
@@ -118,6 +119,35 @@ def _peak_rows(peak, meta, backend, device) -> list[dict]:
 def matches(text: str, match: str) -> bool:
     """-k's selection: `match` is in `text`, or one of its '|'-separated alternatives is."""
     return any(part in text for part in match.split("|"))
+
+
+def cmd_compile_metal(family: str | None, match: str | None = None) -> int:
+    """Every instantiation the check cases launch (the small cases: their launches are recorded on
+    any machine) as the Metal source mx.fast.metal_kernel builds, through clang's C++17 front end
+    over lathe's model of Metal (harness.metal): exit 1 on any error."""
+    from harness.metal import front_end_errors, launch_source
+    from harness.nvrtc import core_calls, record_launches
+    from harness.suites import select
+
+    try:
+        import clang.cindex  # noqa: F401
+    except ImportError:
+        print("lathe compile --metal: needs the libclang package (pip install libclang)")
+        return 2
+    cases = list(core_calls()) if match is None else []
+    for fam in select(family):
+        cases += [c for c in fam.check_cases(small=True) if match is None or matches(c.id, match)]
+    began, sources, failed = time.perf_counter(), {}, 0
+    for job in record_launches(cases):
+        sources.setdefault(launch_source(job), job.spec.name)
+    for source, name in sources.items():
+        errors = front_end_errors(source, f"{name}.metal")
+        if errors:
+            failed += 1
+            print(f"FAIL {name}\n  " + "\n  ".join(errors[:8]))
+    print(f"compile --metal: {len(sources) - failed} passed, {failed} failed (clang's front end over the "
+          f"model of Metal, {time.perf_counter() - began:.1f} s)")
+    return 1 if failed else 0
 
 
 def cmd_compile(family: str | None, match: str | None = None) -> int:
@@ -345,6 +375,8 @@ def _parser() -> argparse.ArgumentParser:
                                "a compile check for sm_90 without a GPU")
     comp.add_argument("family", nargs="?")
     comp.add_argument("-k", dest="match", default=None, help="only the instantiations of check cases whose id contains this")
+    comp.add_argument("--metal", action="store_true",
+                      help="check each instantiation as Metal source with clang's front end (no GPU needed)")
     peak = sub.add_parser("peak", parents=[debug], help="measure the device's memory peak")
     peak.add_argument("--no-write", dest="write", action="store_false")
     sub.add_parser("options", parents=[debug], help="the experiment options: values, defaults, what they do")
@@ -393,7 +425,7 @@ def _run(args: argparse.Namespace) -> int:
                           args.repeat, args.depth, args.write, args.variant, args.kv, args.ctx,
                           args.peer, args.rounds)
     if args.command == "compile":
-        return cmd_compile(args.family, args.match)
+        return (cmd_compile_metal if args.metal else cmd_compile)(args.family, args.match)
     if args.command == "peak":
         cmd_peak(args.write)
         return 0

@@ -118,3 +118,64 @@ def launch_source(job) -> str:
     return metal_source(job.spec.name, body, header,
                         [(n, a.dtype, tuple(a.shape)) for n, a in zip(job.spec.inputs, job.inputs)],
                         [(n, d) for n, (_, d) in zip(job.spec.outputs, job.outputs)], dict(job.constants))
+
+
+# ---- the front-end check: clang's C++17 front end over the model of Metal ---------------------------
+MODEL_DIR = __import__("pathlib").Path(__file__).resolve().parent.parent / "kernels" / "msl" / "metal_model"
+# What MLX's preamble (metal::utils()) gives every custom kernel, as the model spells it
+PREAMBLE = "#include <metal_stdlib>\nusing namespace metal;\ntypedef half float16_t;\n"
+CLANG_ARGS = ("-x", "c++", "-std=c++17", "-fms-extensions", "-Wall", "-Wno-unknown-attributes",
+              "-Wno-unused-variable", "-Wno-unused-but-set-variable", "-Wno-unused-function",
+              "-Wno-pragma-once-outside-header")
+# A threadgroup variable declared in the body (threadgroup float buf[N];): Metal gives it the
+# threadgroup's lifetime; clang's C++ mode refuses an automatic variable in an address space, so
+# the check declares it static (the one rewrite of the source it makes).
+_THREADGROUP_VAR = __import__("re").compile(r"^([ \t]*)(threadgroup\s+[\w:<>, ]+?\s+\w+\s*(\[[^\]]*\])*\s*;)",
+                                            __import__("re").MULTILINE)
+
+
+# Metal's vector constructor calls with several arguments, which clang's ext vectors (the model's
+# vectors) take as braces: half2(a, b) -> half2{a, b}
+_VECTOR_TYPE = __import__("re").compile(r"\b(?:half|float|u?int|u?short|u?char|ulong)[234]\(")
+
+
+def _braced_vector_calls(text: str) -> str:
+    out, at = [], 0
+    for m in _VECTOR_TYPE.finditer(text):
+        if m.start() < at:
+            continue  # inside a call already rewritten (its arguments are rewritten with it)
+        depth, commas, end = 0, 0, None
+        for i in range(m.end() - 1, len(text)):
+            c = text[i]
+            depth += c == "("
+            depth -= c == ")"
+            commas += c == "," and depth == 1
+            if depth == 0:
+                end = i
+                break
+        if end is None or not commas:
+            continue  # one argument: a conversion, which the model's vectors take as a cast
+        inner = _braced_vector_calls(text[m.end():end])
+        out += [text[at:m.end() - 1], "{", inner, "}"]
+        at = end + 1
+    return "".join(out) + text[at:]
+
+
+# MLX's explicit instantiation carries Metal's [[host_name]] and [[kernel]], which C++ does not
+# allow there
+_INSTANTIATION = __import__("re").compile(r'^template \[\[host_name\("[^"]*"\)\]\] \[\[kernel\]\] ', __import__("re").MULTILINE)
+
+
+def front_end_errors(source: str, name: str = "kernel.metal") -> list[str]:
+    """Every error and warning clang's front end gives for `source` (a kernel as metal_source
+    writes it) over the model of Metal: [] when it passes. Needs the libclang package. The check
+    reads three Metal forms the way C++ can (the rewrites above): threadgroup variables as
+    static, vector constructor calls as braces, the instantiation without its attributes."""
+    import clang.cindex as ci
+
+    text = _THREADGROUP_VAR.sub(r"\1static \2", source)
+    text = _INSTANTIATION.sub("template ", _braced_vector_calls(text))
+    text = PREAMBLE + text
+    tu = ci.Index.create().parse(name, args=[*CLANG_ARGS, f"-I{MODEL_DIR}"], unsaved_files=[(name, text)])
+    return [f"{d.location.line}:{d.location.column}: {d.spelling}" for d in tu.diagnostics
+            if d.severity >= ci.Diagnostic.Warning]

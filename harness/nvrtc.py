@@ -46,11 +46,12 @@ def record_instantiations(cases) -> list[Instance]:
 
 
 def core_calls() -> list:
-    """Launches that belong to no family: the compat probes and the peak's copy kernel, as
-    cases with a run(rng) method like a family's check cases."""
+    """Launches that belong to no family, and a kernel that no small check case launches: the
+    compat probes, the peak's copy kernel and the unfused path's cache_read, as cases with a
+    run(rng) method like a family's check cases."""
     import mlx.core as mx
 
-    from kernels import compat
+    from kernels import compat, rope
     from kernels.bandwidth import copy16
 
     class Call:
@@ -64,6 +65,7 @@ def core_calls() -> list:
         Call(lambda: compat.memory(h(64), mx.zeros((64,), mx.uint32), h(64), 32)),
         Call(lambda: compat.simdgroup_matrix(mx.zeros((16, 16), mx.float16), mx.zeros((8, 8)), 3, 5)),
         Call(lambda: copy16(mx.zeros((64,), mx.uint32))),
+        Call(lambda: rope.cache_read(mx.zeros((2, 8, 64), mx.float16), 1, 3, mx.zeros((1,), mx.uint32))),
     ]
 
 

@@ -29,6 +29,11 @@ template <typename W, typename T>
 LATHE_FN W load_wide(const threadgroup T* p, uint i) {
   return ((const threadgroup W*)p)[i];
 }
+// MLX binds an input of fewer than 8 elements in the constant address space (kernels/msl/NOTES.md)
+template <typename W, typename T>
+LATHE_FN W load_wide(const constant T* p, uint i) {
+  return ((const constant W*)p)[i];
+}
 template <typename W, typename T>
 LATHE_FN void store_wide(threadgroup T* p, uint i, W w) {
   ((threadgroup W*)p)[i] = w;
