@@ -47,7 +47,7 @@ import numpy as np
 from harness.plan import Step, replay
 from harness.models import Model
 from reference import formats
-from kernels import attention, blocks, gemv, loop, options, rope
+from kernels import attention, backends, blocks, gemv, loop, options, rope
 from kernels.runtime import index, prepare, recording, resident
 
 VARIANTS = ("unfused", "fused", "megafused")
@@ -136,13 +136,14 @@ def seams_apply(c, types: dict[str, str]) -> bool:
     """Whether the fused variant's decode tokens run seams (kernels.gemv.seam): unless turned off,
     when every matrix that seams pair is in one block type (both GEMVs of a seam share one
     instantiation: Q4_0, Q8_0, or a K-quant file of one type such as Q6_K; v3 seams with `repack`,
-    the K-quants' only form). `types`: GGUF tensor name -> type name,
-    any case."""
+    the K-quants' only form), and where a launch may wait on another's threadgroups (not on
+    Metal: kernels.backends.cross_group_waits; the plan then shows the GEMVs apart).
+    `types`: GGUF tensor name -> type name, any case."""
     head = "token_embd.weight" if c.tied else "output.weight"
     names = [head] + [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
                       for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
     kinds = {types[n].lower() for n in names}
-    return options.get("seams") and len(kinds) == 1 and kinds <= set(QUANTIZED)
+    return options.get("seams") and len(kinds) == 1 and kinds <= set(QUANTIZED) and backends.cross_group_waits()
 
 
 QUANTIZED = ("q4_0", "q8_0", *gemv.K_QTYPES)  # our GEMVs' block types (the K-quants repacked only)

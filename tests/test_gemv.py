@@ -4,6 +4,7 @@ check case against float64 on dequantized weights or the reference bytes (GPU)."
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from kernels import gemv
@@ -201,3 +202,25 @@ def test_tuning_text_takes_every_knob_and_names_them_when_wrong():
         gemv.parse_tuning("PREFETCH=1")
     with pytest.raises(ValueError, match="KEY=INT"):
         gemv.parse_tuning("R=two")
+
+
+def test_the_seam_runs_apart_where_launches_may_not_wait_on_each_other(monkeypatch):
+    """On Metal (kernels.backends.cross_group_waits) a seam is its two GEMVs as two launches: the
+    output projection with its residual, then RMSNorm + the next projection over its output. On
+    CUDA, one seam launch. Recorded, not run (CPU)."""
+    from kernels import backends
+    from kernels.runtime import recording
+    from reference.quant import quantize
+
+    def seam_launches(target: str) -> list[str]:
+        monkeypatch.setattr(backends.runtime, "target_backend", lambda: target)
+        w_a = gemv.repack(mx.array(quantize(np.ones((64, 256), np.float32), "q4_0")), "q4_0", 64, 256)
+        w_b = gemv.repack(mx.array(quantize(np.ones((96, 64), np.float32), "q4_0")), "q4_0", 96, 64)
+        x = mx.zeros((1, 256), mx.float16)
+        with recording() as rec:
+            gemv.seam(x, w_a, 64, 256, mx.zeros((1, 64), mx.float16), mx.ones((64,), mx.float16), 1e-6, w_b, 96,
+                      "q4_0")
+        return [job.spec.name for job in rec.jobs]
+
+    assert seam_launches("cuda") == ["lathe_seam_v3_plain"]
+    assert seam_launches("metal") == ["lathe_gemv_v3_residual", "lathe_rmsnorm_gemv_v3"]

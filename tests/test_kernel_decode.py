@@ -68,6 +68,11 @@ def test_seams_take_two_launches_a_layer(models, monkeypatch, preset):
     assert kernel_plan(c, False, seams=True) == kernel_plan(c, False)  # unfused: no seams
     mixed = dict(m.types, **{"blk.0.ffn_down.weight": "Q8_0"})
     assert not kernel_decode.seams_apply(c, mixed)
+    from kernels import backends  # on Metal a launch may not wait on another's threadgroups
+
+    with monkeypatch.context() as metal:
+        metal.setattr(backends.runtime, "target_backend", lambda: "metal")
+        assert not kernel_decode.seams_apply(c, m.types)
     monkeypatch.setitem(options._values, "seams", False)
     assert not kernel_decode.seams_apply(c, m.types)
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from kernels import attention, gemv, options, rope
+from kernels import attention, backends, gemv, options, rope
 from kernels.gemv import Packed
-from kernels.runtime import KernelSpec, Launch, constant, launch, resident, resident_groups, target_backend
+from kernels.runtime import KernelSpec, Launch, constant, launch, resident, resident_groups
 
 QUEUE_STRIDE = 64  # words between a launch's counters: each on a 256-byte line of its own
 STRIDE_ALIGN = 256  # bytes between layers' matrices in a Stack: every layer's 16-byte loads aligned
@@ -55,11 +55,9 @@ def queue_words(phases: int = 5) -> int:
 
 
 def cross_group_waits() -> bool:
-    """Whether a launch may have threadgroups wait on the work of others (the blocks as one
-    launch each): on CUDA, where resident blocks keep running while others spin. Not on Metal
-    (no forward-progress promise between threadgroups; the phases run as separate launches).
-    Recorded launches on a machine without a GPU are CUDA's (kernels.runtime.target_backend)."""
-    return target_backend() == "cuda"
+    """Whether the blocks run as one launch each: kernels.backends.cross_group_waits, the one
+    place that decides (not on Metal: there the phases run as separate launches)."""
+    return backends.cross_group_waits()
 
 
 def block_queue(phases: int = 5) -> mx.array:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from kernels import options
+from kernels import backends, options
 from kernels.runtime import KernelSpec, Launch, constant, launch, resident
 
 QTYPES = {"q4_0": (0, 18), "q8_0": (1, 34)}
@@ -631,7 +631,8 @@ def seam(x: mx.array, w_a: mx.array | Packed, n_a: int, k_a: int, residual: mx.a
     gemv_v2's, `launched`: threadgroups launched (default: the larger GEMV's count; at least
     GEMV B's), and `prefetch`: B's first weights issued before the wait (default: SEAM_PREFETCH
     where the seam takes no slots). On Packed weights the seam is v3's (its knobs: rows, simds,
-    depth, launched, prefetch)."""
+    depth, launched, prefetch). Where one launch may not wait on another's threadgroups (Metal:
+    kernels.backends.cross_group_waits), the two GEMVs run as two launches, the knobs unused."""
     unknown = set(knobs) - {"rows", "simds", "slots", "max_groups", "launched", "prefetch"}
     if unknown and not isinstance(w_a, Packed):
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: rows, simds, slots, max_groups, "
@@ -649,6 +650,9 @@ def seam(x: mx.array, w_a: mx.array | Packed, n_a: int, k_a: int, residual: mx.a
     if not isinstance(queue, mx.array) or queue.dtype != mx.uint32 or queue.shape != (SEAM_QUEUE,):
         raise ValueError(f"queue must be uint32 [{SEAM_QUEUE}] (seam_queue()), got "
                          f"{getattr(queue, 'dtype', type(queue))} {getattr(queue, 'shape', '')}")
+    if not backends.cross_group_waits():  # Metal: B may not wait on A's threadgroups in one launch
+        a_y = (silu_down_gemv if swiglu else gemv)(x, w_a, qtype, n_a, k_a, residual=residual)
+        return a_y, rmsnorm_gemv(a_y, gamma, eps, w_b, qtype, n_b, n_a)
     if isinstance(w_a, Packed):
         return _seam_v3(x, w_a, n_a, k_a, residual, gamma, eps, w_b, n_b, qtype, swiglu, queue, knobs)
     r, s, xchunk, slots = seam_geometry(qtype, m, n_a, k_a, n_b, knobs.get("rows"), knobs.get("simds"),

@@ -1,0 +1,18 @@
+"""The choices that differ between the two GPUs lathe's MSL bodies run on, made in one place
+(issue 27; kernels/msl/NOTES.md has the hazards behind them). Each reads the backend that
+launches are made for (kernels.runtime.target_backend: the device's, or CUDA's while launches are
+recorded on a machine without a GPU)."""
+
+from __future__ import annotations
+
+from kernels import runtime
+
+
+def cross_group_waits() -> bool:
+    """Whether a launch may have threadgroups wait on the work of others: the seam
+    (kernels.gemv.seam) and the decoder blocks (kernels.blocks) as one launch each. On CUDA,
+    resident blocks keep running while others spin. Not on Metal, which promises no forward
+    progress between the threadgroups of a dispatch and whose device atomics are relaxed only:
+    there each runs its parts as separate launches (same results), unless a Metal run shows
+    otherwise. Without a GPU, plans are CUDA's (as recorded launches are)."""
+    return runtime.target_backend() != "metal"
