@@ -61,3 +61,41 @@ def test_every_instantiation_the_checks_launch_passes(capsys):
 
     assert cmd_compile_metal(None) == 0, capsys.readouterr().out[-3000:]
     assert " 0 failed" in capsys.readouterr().out
+
+
+# CUDA's own device functions that stand for the MSL ones of the same name and meaning (float
+# overloads): cuda_compat.h needs no mapping for them
+CUDA_NAMES = {"cos", "sin", "exp", "exp2", "fabs", "floor", "fma", "max", "min", "pow", "rint", "rsqrt", "trunc"}
+_NOT_FUNCTIONS = {"__attribute__", "address_space", "ext_vector_type", "static_assert", "__builtin_bit_cast",
+                  "sizeof", "decltype", "operator", "vec", "elements", "thread_elements"}
+
+
+def _model_functions() -> set[str]:
+    import re
+
+    from kernels.runtime import MSL_DIR
+
+    text = "".join(re.sub(r"//[^\n]*", "", p.read_text()) for p in (MSL_DIR / "metal_model").iterdir())
+    return {n for n in re.findall(r"\b([a-z_][a-z0-9_]*)\s*\(", text) if n not in _NOT_FUNCTIONS}
+
+
+def test_the_model_and_the_compat_header_cover_one_subset():
+    """The model of Metal declares the MSL functions that the bodies and lathe.h use, and no
+    others; each one the portable code uses (the bodies, and lathe.h outside its Metal branch)
+    is provided on CUDA: named in cuda_compat.h, or one of CUDA's own (CUDA_NAMES)."""
+    import re
+
+    from kernels.runtime import KERNEL_ROOT, MSL_DIR
+
+    def names(text: str) -> set[str]:
+        return set(re.findall(r"\b[A-Za-z_]\w*\b", re.sub(r"//[^\n]*", "", text)))
+
+    lathe = (MSL_DIR / "lathe.h").read_text()
+    metal_branch = lathe[lathe.index("#ifdef __METAL_VERSION__"):lathe.index("#endif")]
+    portable = names("".join(p.read_text() for p in KERNEL_ROOT.glob("*/*.metal")) + lathe.replace(metal_branch, ""))
+    model = _model_functions()
+    assert CUDA_NAMES <= model
+    assert model <= portable | names(metal_branch), f"declared and never used: {sorted(model - portable - names(metal_branch))}"
+    compat = names((MSL_DIR / "cuda_compat.h").read_text())
+    missing = sorted(n for n in model & portable if n not in compat | CUDA_NAMES)
+    assert not missing, f"used by the bodies, declared by the model, not provided on CUDA: {missing}"
