@@ -122,12 +122,15 @@ def matches(text: str, match: str) -> bool:
 
 
 def cmd_compile_metal(family: str | None, match: str | None = None) -> int:
-    """Every instantiation the check cases launch (the small cases: their launches are recorded on
-    any machine) as the Metal source mx.fast.metal_kernel builds, through clang's C++17 front end
-    over lathe's model of Metal (harness.metal): exit 1 on any error."""
-    from harness.metal import front_end_errors, launch_source
+    """Every instantiation the check cases launch on Metal (the small cases: their launches are
+    recorded on any machine, made for Metal: its geometry, and blocks and seams as separate
+    launches) as the Metal source mx.fast.metal_kernel builds, through clang's C++17 front end
+    over lathe's model of Metal (harness.metal): exit 1 on any error, on threadgroup memory past
+    Metal's budget or threadgroups past 256 threads (kernels.backends)."""
+    from harness.metal import front_end, launch_source
     from harness.nvrtc import core_calls, record_launches
     from harness.suites import select
+    from kernels.backends import THREADGROUP_MEMORY, THREADS_PER_THREADGROUP
 
     try:
         import clang.cindex  # noqa: F401
@@ -137,16 +140,24 @@ def cmd_compile_metal(family: str | None, match: str | None = None) -> int:
     cases = list(core_calls()) if match is None else []
     for fam in select(family):
         cases += [c for c in fam.check_cases(small=True) if match is None or matches(c.id, match)]
-    began, sources, failed = time.perf_counter(), {}, 0
-    for job in record_launches(cases):
-        sources.setdefault(launch_source(job), job.spec.name)
-    for source, name in sources.items():
-        errors = front_end_errors(source, f"{name}.metal")
+    began, sources, failed, largest = time.perf_counter(), {}, 0, 0
+    for job in record_launches(cases, target="metal"):
+        threads = job.threadgroup[0] * job.threadgroup[1] * job.threadgroup[2]
+        source = launch_source(job)
+        sources[source] = (job.spec.name, max(threads, sources.get(source, ("", 0))[1]))
+    budget, most = THREADGROUP_MEMORY["metal"], THREADS_PER_THREADGROUP["metal"]
+    for source, (name, threads) in sources.items():
+        errors, threadgroup_bytes = front_end(source, f"{name}.metal")
+        largest = max(largest, threadgroup_bytes)
+        if threadgroup_bytes > budget:
+            errors.append(f"{threadgroup_bytes} bytes of threadgroup memory, past Metal's {budget}")
+        if threads > most:
+            errors.append(f"threadgroups of {threads} threads, past the {most} lathe keeps to on Metal")
         if errors:
             failed += 1
             print(f"FAIL {name}\n  " + "\n  ".join(errors[:8]))
     print(f"compile --metal: {len(sources) - failed} passed, {failed} failed (clang's front end over the "
-          f"model of Metal, {time.perf_counter() - began:.1f} s)")
+          f"model of Metal; threadgroup memory at most {largest} bytes; {time.perf_counter() - began:.1f} s)")
     return 1 if failed else 0
 
 

@@ -19,6 +19,8 @@ float16_t / bfloat16_t typedefs), which the front-end check's model of Metal sup
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 # MLX's dtype -> Metal type names (get_type_string)
@@ -121,7 +123,7 @@ def launch_source(job) -> str:
 
 
 # ---- the front-end check: clang's C++17 front end over the model of Metal ---------------------------
-MODEL_DIR = __import__("pathlib").Path(__file__).resolve().parent.parent / "kernels" / "msl" / "metal_model"
+MODEL_DIR = Path(__file__).resolve().parent.parent / "kernels" / "msl" / "metal_model"
 # What MLX's preamble (metal::utils()) gives every custom kernel, as the model spells it
 PREAMBLE = "#include <metal_stdlib>\nusing namespace metal;\ntypedef half float16_t;\n"
 CLANG_ARGS = ("-x", "c++", "-std=c++17", "-fms-extensions", "-Wall", "-Wno-unknown-attributes",
@@ -130,13 +132,13 @@ CLANG_ARGS = ("-x", "c++", "-std=c++17", "-fms-extensions", "-Wall", "-Wno-unkno
 # A threadgroup variable declared in the body (threadgroup float buf[N];): Metal gives it the
 # threadgroup's lifetime; clang's C++ mode refuses an automatic variable in an address space, so
 # the check declares it static (the one rewrite of the source it makes).
-_THREADGROUP_VAR = __import__("re").compile(r"^([ \t]*)(threadgroup\s+[\w:<>, ]+?\s+\w+\s*(\[[^\]]*\])*\s*;)",
-                                            __import__("re").MULTILINE)
+_THREADGROUP_VAR = re.compile(r"^([ \t]*)(threadgroup\s+[\w:<>, ]+?\s+\w+\s*(\[[^\]]*\])*\s*;)",
+                              re.MULTILINE)
 
 
 # Metal's vector constructor calls with several arguments, which clang's ext vectors (the model's
 # vectors) take as braces: half2(a, b) -> half2{a, b}
-_VECTOR_TYPE = __import__("re").compile(r"\b(?:half|float|u?int|u?short|u?char|ulong)[234]\(")
+_VECTOR_TYPE = re.compile(r"\b(?:half|float|u?int|u?short|u?char|ulong)[234]\(")
 
 
 def _braced_vector_calls(text: str) -> str:
@@ -163,19 +165,39 @@ def _braced_vector_calls(text: str) -> str:
 
 # MLX's explicit instantiation carries Metal's [[host_name]] and [[kernel]], which C++ does not
 # allow there
-_INSTANTIATION = __import__("re").compile(r'^template \[\[host_name\("[^"]*"\)\]\] \[\[kernel\]\] ', __import__("re").MULTILINE)
+_INSTANTIATION = re.compile(r'^template \[\[host_name\("[^"]*"\)\]\] \[\[kernel\]\] ', re.MULTILINE)
+
+
+def front_end(source: str, name: str = "kernel.metal") -> tuple[list[str], int]:
+    """clang's front end over the model of Metal for `source` (a kernel as metal_source writes
+    it): (every error and warning, [] when it passes; the bytes of threadgroup memory it
+    declares). Needs the libclang package. The check reads three Metal forms the way C++ can
+    (the rewrites above): threadgroup variables as static, vector constructor calls as braces,
+    the instantiation without its attributes. Each threadgroup variable is followed by a probe,
+    an undefined template of its size, whose diagnostic names that size in the instantiated
+    kernel (the sizes depend on the template constants)."""
+    import clang.cindex as ci
+
+    count = [0]
+
+    def probed(m: re.Match) -> str:
+        count[0] += 1
+        var = re.search(r"(\w+)\s*(\[[^\]]*\])*\s*;$", m.group(2)).group(1)
+        return f"{m.group(1)}static {m.group(2)} {_PROBE}<sizeof({var})> lathe_tg_probe_{count[0]};"
+
+    text = _THREADGROUP_VAR.sub(probed, source)
+    text = _INSTANTIATION.sub("template ", _braced_vector_calls(text))
+    text = PREAMBLE + f"template <unsigned long N> struct {_PROBE};\n" + text
+    tu = ci.Index.create().parse(name, args=[*CLANG_ARGS, f"-I{MODEL_DIR}"], unsaved_files=[(name, text)])
+    sizes = [int(n) for d in tu.diagnostics for n in re.findall(rf"{_PROBE}<(\d+)", d.spelling)]
+    errors = [f"{d.location.line}:{d.location.column}: {d.spelling}" for d in tu.diagnostics
+              if d.severity >= ci.Diagnostic.Warning and _PROBE not in d.spelling]
+    return errors, sum(sizes)
+
+
+_PROBE = "lathe_threadgroup_bytes"
 
 
 def front_end_errors(source: str, name: str = "kernel.metal") -> list[str]:
-    """Every error and warning clang's front end gives for `source` (a kernel as metal_source
-    writes it) over the model of Metal: [] when it passes. Needs the libclang package. The check
-    reads three Metal forms the way C++ can (the rewrites above): threadgroup variables as
-    static, vector constructor calls as braces, the instantiation without its attributes."""
-    import clang.cindex as ci
-
-    text = _THREADGROUP_VAR.sub(r"\1static \2", source)
-    text = _INSTANTIATION.sub("template ", _braced_vector_calls(text))
-    text = PREAMBLE + text
-    tu = ci.Index.create().parse(name, args=[*CLANG_ARGS, f"-I{MODEL_DIR}"], unsaved_files=[(name, text)])
-    return [f"{d.location.line}:{d.location.column}: {d.spelling}" for d in tu.diagnostics
-            if d.severity >= ci.Diagnostic.Warning]
+    """front_end's errors and warnings alone."""
+    return front_end(source, name)[0]

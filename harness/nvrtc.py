@@ -25,11 +25,12 @@ from kernels import ptx
 from kernels.jit_cache import Instance
 
 
-def record_launches(cases) -> list:
-    """The launches of the cases (kernels.runtime.Launch), recorded instead of executed."""
+def record_launches(cases, target: str | None = None) -> list:
+    """The launches of the cases (kernels.runtime.Launch), recorded instead of executed, made for
+    `target` (kernels.runtime.recording; default CUDA's on a machine without a GPU)."""
     import kernels.runtime as rt
 
-    with rt.recording() as rec:
+    with rt.recording(target) as rec:
         for case in cases:
             try:
                 case.run(np.random.default_rng(0))

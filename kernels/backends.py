@@ -16,3 +16,17 @@ def cross_group_waits() -> bool:
     there each runs its parts as separate launches (same results), unless a Metal run shows
     otherwise. Without a GPU, plans are CUDA's (as recorded launches are)."""
     return runtime.target_backend() != "metal"
+
+
+# Threads a threadgroup may hold: CUDA's limit; on Metal a pipeline may cap it lower, and lathe
+# keeps its Metal launches within 256 until a Metal run measures otherwise (issue 27)
+THREADS_PER_THREADGROUP = {"cuda": 1024, "metal": 256}
+# Static threadgroup memory a threadgroup may declare: 48 KiB on CUDA (a block's static shared
+# memory), 32 KiB on Apple GPUs
+THREADGROUP_MEMORY = {"cuda": 48 * 1024, "metal": 32 * 1024}
+
+
+def threadgroup_memory() -> int:
+    """The threadgroup memory budget of the launches being made (the GEMVs size their staged X
+    against it: kernels.gemv). Without a GPU, CUDA's, as recorded launches are."""
+    return THREADGROUP_MEMORY["metal" if runtime.target_backend() == "metal" else "cuda"]

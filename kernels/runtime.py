@@ -304,26 +304,36 @@ _seen: set = set()  # launches whose module is in the on-disk cache (or left to 
 class recording:
     """Context manager: launches inside are recorded (`.jobs`), not run; each returns zeros of its
     output shapes, lazily (nothing reaches the GPU unless evaluated). For compiling ahead
-    (`prepare`) and for `lathe compile`."""
+    (`prepare`) and for `lathe compile`. `target` ("metal" or "cuda"): the backend the launches
+    are made for (target_backend) on a machine without a GPU; `lathe compile --metal` records
+    Metal's."""
+
+    def __init__(self, target: str | None = None) -> None:
+        if target not in (None, "metal", "cuda"):
+            raise ValueError(f"target must be 'metal' or 'cuda', got {target!r}")
+        self.target = target
 
     def __enter__(self) -> "recording":
         self.jobs: list[Launch] = []
-        self._saved = _recorder[0]
+        self._saved = _recorder[0], _target[0]
         _recorder[0] = self.jobs
+        _target[0] = self.target or _target[0]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _recorder[0] = self._saved
+        _recorder[0], _target[0] = self._saved
 
 
 _recorder: list[list | None] = [None]
+_target: list[str | None] = [None]
 
 
 def target_backend() -> str:
-    """The backend launches are made for: the device's, or CUDA while launches are recorded on a
-    machine without a GPU (`lathe compile` builds CUDA modules there, kernels.ptx)."""
+    """The backend launches are made for: the device's, or while launches are recorded on a
+    machine without a GPU, the recording's target (default CUDA: `lathe compile` builds CUDA
+    modules there, kernels.ptx)."""
     if backend() == "cpu" and _recorder[0] is not None:
-        return "cuda"
+        return _target[0] or "cuda"
     return backend()
 
 

@@ -99,3 +99,37 @@ def test_the_model_and_the_compat_header_cover_one_subset():
     compat = names((MSL_DIR / "cuda_compat.h").read_text())
     missing = sorted(n for n in model & portable if n not in compat | CUDA_NAMES)
     assert not missing, f"used by the bodies, declared by the model, not provided on CUDA: {missing}"
+
+
+@pytest.mark.parametrize("target", ["cuda", "metal"])
+def test_the_wrappers_threadgroup_memory_is_the_sources(target):
+    """The threadgroup memory that the GEMV and tiled-prefill wrappers size their launches with
+    (v2_smem_bytes, v3_smem_bytes, prefill_threadgroup_bytes) is what the instantiated source
+    declares (measured by the front end), and it fits the target's budget (kernels.backends)."""
+    import numpy as np
+
+    from harness.metal import front_end, launch_source
+    from kernels import attention, backends, gemv
+    from kernels.runtime import recording
+    from reference.quant import quantize
+
+    blocks = mx.array(quantize(np.ones((64, 14336), np.float32), "q8_0"))
+    packed = gemv.repack(blocks, "q8_0", 64, 14336)
+    x = mx.zeros((3, 14336), mx.float16)
+    with recording(target) as rec:
+        gemv.gemv_v2(x, blocks, "q8_0", 64, 14336)
+        gemv.gemv_v3(x, packed, "q8_0", 64, 14336)
+        for d, paged in ((128, False), (128, True), (256, False), (256, True)):
+            cache = (mx.zeros((4, 2, d // 8, 16, 8), mx.float16), mx.zeros((4, 2, d, 16), mx.float16)) if paged \
+                else (mx.zeros((2, 64, d), mx.float16), mx.zeros((2, 64, d), mx.float16))
+            attention.prefill_attention(mx.zeros((40, 4, d), mx.float16), *cache, 0, 0.1, kernel="tiled",
+                                        block_table=np.arange(4, dtype=np.int32) if paged else None)
+        budget = backends.threadgroup_memory()
+    v2, v3, *prefills = rec.jobs
+    c = v2.constants
+    want = [gemv.v2_smem_bytes("q8_0", 3, c["R"], c["NSIMD"], c["XCHUNK"], c["SLOTS"]),
+            gemv.v3_smem_bytes(3, v3.constants["XCHUNK"], v3.constants["NSIMD"])]
+    want += [attention.prefill_threadgroup_bytes(j.constants["D"], j.constants["RB"], j.constants["BK"],
+                                                 "table" in j.spec.inputs) for j in prefills]
+    got = [front_end(launch_source(j))[1] for j in rec.jobs]
+    assert got == want and max(got) <= budget == backends.THREADGROUP_MEMORY[target]

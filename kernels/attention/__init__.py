@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from kernels import options
+from kernels import backends, options
 from kernels.runtime import KernelSpec, Launch, constant, index, launch, resident
 
 HEAD_DIMS = (64, 128, 256)
@@ -435,11 +435,25 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
 PREFILL_NSIMD = 4  # SIMD groups of a tiled prefill threadgroup
 
 
-def prefill_tiles(head_dim: int) -> tuple[int, int]:
+def prefill_tiles(head_dim: int, paged: bool = False) -> tuple[int, int]:
     """(RB, BK) of prefill_attention.metal: 8-row blocks a SIMD group and keys a tile. Two row
     blocks share each K and V load up to D = 128; D = 256 keeps one (its output sums alone take
-    64 registers a lane) and tiles of 16 keys (the two stages then fit 48 KiB)."""
-    return (1, 16) if head_dim == 256 else (2, 32)
+    64 registers a lane) and tiles of 16 keys (the two stages then fit 48 KiB). Where the
+    backend gives less threadgroup memory (Metal's 32 KiB: kernels.backends), tiles of fewer
+    keys, down to 8."""
+    rb, bk = (1, 16) if head_dim == 256 else (2, 32)
+    while bk > 8 and prefill_threadgroup_bytes(head_dim, rb, bk, paged) > backends.threadgroup_memory():
+        bk //= 2
+    return rb, bk
+
+
+def prefill_threadgroup_bytes(head_dim: int, rb: int, bk: int, paged: bool) -> int:
+    """Threadgroup memory of a tiled prefill launch (prefill_attention.metal's TG_HALVES): two
+    stages of a K and a V tile, the first also holding Q's staging before the loop."""
+    kst = head_dim + 8
+    vst, v_rows = (bk + 8, head_dim) if paged else (head_dim + 8, bk)
+    stage = bk * kst + v_rows * vst
+    return 2 * (stage + max(stage, PREFILL_NSIMD * rb * 8 * kst))
 
 
 @functools.cache
@@ -454,7 +468,7 @@ def _prefill_tiled(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.
                    rows: int, n_kv: int, pos: int, scale: float, block_size: int,
                    after: mx.array | None) -> mx.array:
     tokens, n_heads, head_dim = q.shape
-    rb, bk = prefill_tiles(head_dim)
+    rb, bk = prefill_tiles(head_dim, table is not None)
     tiles = -(-tokens // (PREFILL_NSIMD * rb * 8))
     inputs = [q, k_cache, v_cache] + ([table.reshape(-1)] if table is not None else []) + [
         _ints((n_kv, rows, tokens, pos, n_heads, tiles)), _scale(float(scale)),

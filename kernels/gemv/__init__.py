@@ -83,7 +83,21 @@ TUNING = {**{q: {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
           "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112, "BLOCK_NSIMD": 0, "V3_K_SHAPES": 1}
 _TUNING_DEFAULTS = copy.deepcopy(TUNING)
-SMEM_BUDGET = 48 * 1024  # static threadgroup memory a CUDA block may declare
+SMEM_BUDGET = backends.THREADGROUP_MEMORY["cuda"]  # CUDA's; launches size against the target's
+
+
+def _per_budget(fn):
+    """fn cached, its keyword `budget` the threadgroup memory of the backend that launches are
+    made for (kernels.backends.threadgroup_memory: 32 KiB on Metal, 48 KiB on CUDA), so that
+    one process may make launches for both (lathe compile --metal records Metal's)."""
+    cached = functools.lru_cache(maxsize=1024)(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kw):
+        return cached(*args, budget=backends.threadgroup_memory(), **kw)
+
+    call.cache_clear = cached.cache_clear
+    return call
 BATCHED_FROM = 16  # linear(): M at which dequantize + MLX matmul overtakes GEMV launches
 
 PROLOGUES = {"plain": 0, "rmsnorm": 1, "swiglu": 2}
@@ -231,9 +245,9 @@ def _fill_groups(n: int, r: int, s: int, rows: int | None, simds: int | None) ->
     return r, s
 
 
-@functools.lru_cache(maxsize=1024)  # pure; called for every launch of the decode loop
+@_per_budget  # pure; called for every launch of the decode loop
 def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
-                simds: int | None = None, slots: int | None = None) -> tuple[int, int, int, int]:
+                simds: int | None = None, slots: int | None = None, *, budget: int) -> tuple[int, int, int, int]:
     """(R, NSIMD, XCHUNK, SLOTS) for a launch: the tuned R and NSIMD (or the given ones), halved
     to give small matrices MIN_GROUPS threadgroups unless given; the tuned SLOTS (or the given)
     where rows are aligned, the tuned value only where all of K still fits one chunk of X beside
@@ -246,18 +260,18 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
     xchunk = -(-k // 2048) * 2048
     tuned = slots is None
     slots = v2_slots(qtype, k, slots)
-    if tuned and slots and v2_smem_bytes(qtype, m, r, s, xchunk, slots) > SMEM_BUDGET:
+    if tuned and slots and v2_smem_bytes(qtype, m, r, s, xchunk, slots) > budget:
         slots = 0
-    while xchunk > 2048 and v2_smem_bytes(qtype, m, r, s, xchunk, slots) > SMEM_BUDGET:
+    while xchunk > 2048 and v2_smem_bytes(qtype, m, r, s, xchunk, slots) > budget:
         xchunk -= 2048
-    while v2_smem_bytes(qtype, m, r, s, xchunk, slots) > SMEM_BUDGET:
+    while v2_smem_bytes(qtype, m, r, s, xchunk, slots) > budget:
         if s > 1 and not simds:
             s //= 2
         elif r > 1 and not rows:
             r //= 2
         else:
             raise ValueError(f"R={r}, NSIMD={s} needs {v2_smem_bytes(qtype, m, r, s, 2048, slots)} bytes "
-                             f"of threadgroup memory (at most {SMEM_BUDGET})")
+                             f"of threadgroup memory (at most {budget})")
     return r, s, xchunk, slots
 
 
@@ -498,9 +512,9 @@ def v3_by_shape(n: int, k: int, qtype: str = "q4_0") -> dict[str, int]:
     return dict(R=2, NSIMD=8, P=4, G=0)
 
 
-@functools.lru_cache(maxsize=1024)
+@_per_budget
 def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, simds: int | None = None,
-                depth: int | None = None) -> tuple[int, int, int, int]:
+                depth: int | None = None, *, budget: int) -> tuple[int, int, int, int]:
     """(R, NSIMD, P, XCHUNK) of a v3 launch: the tuned (or given) R and NSIMD, halved (NSIMD
     first) where the matrix would give fewer than MIN_GROUPS threadgroups; P (16-byte loads a
     lane issues per row before using any) at most a lane's share of a row; all of K staged at
@@ -509,7 +523,7 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
     r, s = _fill_groups(n, rows or tuning["V3_R"] or shaped["R"], simds or tuning["V3_NSIMD"] or shaped["NSIMD"],
                         rows, simds)
     xchunk = k
-    while v3_smem_bytes(m, xchunk, s) > SMEM_BUDGET:
+    while v3_smem_bytes(m, xchunk, s) > budget:
         xchunk = (xchunk - 1) // 2048 * 2048
     if xchunk <= 0:
         raise ValueError(f"M={m} rows of X do not fit in threadgroup memory in chunks of 2048")
@@ -604,9 +618,9 @@ def seam_queue() -> mx.array:
     return resident(mx.zeros((SEAM_QUEUE,), mx.uint32))
 
 
-@functools.lru_cache(maxsize=1024)  # pure; called for every seam launch (set_tuning clears it)
+@_per_budget  # pure; called for every seam launch (set_tuning clears it)
 def seam_geometry(qtype: str, m: int, n_a: int, k_a: int, n_b: int, rows: int | None = None,
-                  simds: int | None = None, slots: int | None = None) -> tuple[int, int, int, int]:
+                  simds: int | None = None, slots: int | None = None, *, budget: int) -> tuple[int, int, int, int]:
     """(R, NSIMD, XCHUNK, SLOTS) shared by a seam's two GEMVs (one set of threadgroup memory):
     the smaller of their own R and NSIMD, the chunk of X that fits for the longer K, and
     SEAM_SLOTS (or the given slots) only where both GEMVs take them with all of K in one chunk."""
@@ -616,7 +630,7 @@ def seam_geometry(qtype: str, m: int, n_a: int, k_a: int, n_b: int, rows: int | 
     r, s = min(geo_a[0], geo_b[0]), min(geo_a[1], geo_b[1])
     k = max(k_a, n_a)
     slots = min(v2_slots(qtype, k_a, slots), v2_slots(qtype, n_a, slots))
-    if slots and v2_smem_bytes(qtype, m, r, s, -(-k // 2048) * 2048, slots) > SMEM_BUDGET:
+    if slots and v2_smem_bytes(qtype, m, r, s, -(-k // 2048) * 2048, slots) > budget:
         slots = 0
     return v2_geometry(qtype, m, 1, k, rows=r, simds=s, slots=slots)
 
