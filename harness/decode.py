@@ -434,13 +434,11 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
                  "Q4_0/Q8_0 quants, then scales; the K-quants low nibbles, high bits, then scales); the GGUF "
                  "file is not changed; the embedding keeps its blocks\n")
     if variant == "megafused":
-        from kernels.blocks import cross_group_waits
-        from kernels.runtime import backend
+        from kernels.backends import cross_group_waits
 
-        # the backend's form (kernels.blocks.cross_group_waits); without a GPU, CUDA's
-        one_launch = cross_group_waits() or backend() == "cpu"
+        one_launch = cross_group_waits()  # the backend's form; without a GPU, CUDA's
         said += ("megafused: each block (a layer's FFN with the next layer's attention) is one launch on CUDA, "
-                 "its phases separate launches on Metal (kernels.blocks.cross_group_waits); shown: "
+                 "its phases separate launches on Metal (kernels.backends.cross_group_waits); shown: "
                  f"{'CUDA' if one_launch else 'Metal'}'s\n")
     plan = kernel_plan(model.config, variant in ("fused", "megafused"), kv == "paged",
                        seams=seams_apply(model.config, model.types), types=model.types, mega=variant == "megafused",

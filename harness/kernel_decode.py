@@ -11,7 +11,7 @@
   Contiguous cache, repacked weights; prompts and 2-4 token steps run fused's plan. Each GEMV
   runs in its matrix's own block type, layer by layer (llama.cpp's Q4_K_M: Q6_K attn_v and
   ffn_down in some layers; V's rows then a matrix apart from [q; k] in every layer). Where one
-  launch may not wait on another's threadgroups (Metal: kernels.blocks.cross_group_waits) the
+  launch may not wait on another's threadgroups (Metal: kernels.backends.cross_group_waits) the
   blocks run their phases as separate launches, and the plan says so.
 - `fused`: RMSNorm folded into one QKV GEMV and one gate+up GEMV over concatenated matrices,
   a decode token's RoPE + KV write folded into the attention launch (Llama; Qwen3's head norms
@@ -167,7 +167,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     which decides between our GEMVs and MLX's matmul; `packed` (default: the repack option): the
     quantized matrices repacked at load, run by the v3 GEMVs; `mega` (fused, a decode token over
     the contiguous cache, repacked): each layer as kernels.blocks' two blocks, one launch each
-    where `one_launch` (default: kernels.blocks.cross_group_waits(), the backend's rule), their
+    where `one_launch` (default: kernels.backends.cross_group_waits(), the backend's rule), their
     phases as separate launches otherwise; `span` (default: the mega_span option): "token", every
     layer in one launch (kernels.blocks.token_block), or "layer", a launch a layer."""
     if phase not in PHASES:
@@ -201,7 +201,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     decode, small = phase == "decode", phase != "prompt"
     wrap = overflow and decode and not paged
     mega = mega and fused and decode and packed and not paged and not wrap
-    one_launch = blocks.cross_group_waits() if one_launch is None else one_launch
+    one_launch = backends.cross_group_waits() if one_launch is None else one_launch
     span = options.get("mega_span") if span is None else span
     seams = seams and fused and small and not mega
     head = "token_embd.weight" if c.tied else "output.weight"

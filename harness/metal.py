@@ -19,6 +19,7 @@ float16_t / bfloat16_t typedefs), which the front-end check's model of Metal sup
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ def metal_source(name: str, body: str, header: str, inputs: list[tuple[str, str,
     """The source MLX's metal_kernel compiles for one launch (after its preamble). `inputs`:
     (name, dtype, shape) in order; `outputs`: (name, dtype); `constants`: the template arguments
     in order (int, bool or a dtype)."""
-    types = [(TYPE_NAMES[_dtype(d)], len(shape), _size(shape)) for _, d, shape in inputs]
+    types = [(TYPE_NAMES[_dtype(d)], len(shape), math.prod(shape)) for _, d, shape in inputs]
     k = kernel_name(name, constants, types, [TYPE_NAMES[_dtype(d)] for _, d in outputs])
     params, buffer = [], 0
     for (n, _, shape), (t, ndim, size) in zip(inputs, types):
@@ -102,13 +103,6 @@ def metal_source(name: str, body: str, header: str, inputs: list[tuple[str, str,
         args = "<" + ", ".join(_template_value(v) for v in constants.values()) + ">"
         lines.append(f'template [[host_name("{k}")]] [[kernel]] decltype({k}{args}) {k}{args};')
     return "\n".join(lines) + "\n"
-
-
-def _size(shape: tuple[int, ...]) -> int:
-    size = 1
-    for s in shape:
-        size *= s
-    return size
 
 
 def launch_source(job) -> str:

@@ -19,9 +19,8 @@ import numpy as np
 
 from harness.bench import BenchCase
 from harness.check import CheckCase, Comparison, compare, compare_residual, exact
-from harness.suites.gemv import _blocks, _packed_once
+from harness.suites.gemv import _blocks, _packed_once, dequantize
 from reference import blocks as ref
-from reference import formats
 from reference.quant import storage_bytes
 
 TOL = 4e-3  # a chain of GEMVs with X' staged as int16, fp16 intermediates, fp32 softmax
@@ -37,10 +36,6 @@ MODELS = {
 }
 FFN = {"qwen3-0.6b": (1024, 3072), "llama3.2-1b": (2048, 8192), "llama3-8b": (4096, 14336)}
 BENCH_QTYPE = {"qwen3-0.6b": "q8_0", "llama3.2-1b": "q8_0", "llama3-8b": "q4_0"}
-
-
-def dequantize(blocks: np.ndarray, qtype: str, k: int) -> np.ndarray:
-    return formats.dequantize(blocks, qtype.upper(), k)
 
 
 # A file's mix of block types, as a case's `mix`: (matrix, layer, type) where it is not the case's

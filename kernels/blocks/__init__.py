@@ -18,7 +18,7 @@ entered through the seam's tickets: threadgroups claim work from one counter in 
 wait only on work claimed before theirs, so no launch size can deadlock. That needs a running
 threadgroup to keep being scheduled while others spin on a counter: NVIDIA GPUs give it to
 resident blocks in practice; Metal documents no forward progress between the threadgroups of a
-dispatch and its device atomics are relaxed only. `cross_group_waits()` is the one place that
+dispatch and its device atomics are relaxed only. `kernels.backends.cross_group_waits()` is the one place that
 decides: where it is False (Metal) each block runs its phases as the separate launches that the
 fused decode variant makes (same results, no waits between threadgroups).
 
@@ -52,12 +52,6 @@ def queue_words(phases: int = 5) -> int:
     """Words of the queue of a launch of `phases` phases: claimed, each phase but the last
     done, threadgroups out (layer_block.metal)."""
     return (phases + 1) * QUEUE_STRIDE
-
-
-def cross_group_waits() -> bool:
-    """Whether the blocks run as one launch each: kernels.backends.cross_group_waits, the one
-    place that decides (not on Metal: there the phases run as separate launches)."""
-    return backends.cross_group_waits()
 
 
 def block_queue(phases: int = 5) -> mx.array:
@@ -420,7 +414,7 @@ def attention_block(x: mx.array, attn_norm: mx.array, eps: float, w_qkv: Packed,
     w_qkv's; w_o and w_v may have other types that stage X' alike (stages_alike)."""
     attn = _Attention(x, attn_norm, eps, w_qkv, w_o, qtype, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
                       k_norm, counters, split_from, w_v)
-    if not cross_group_waits():
+    if not backends.cross_group_waits():
         return _attention_apart(x, eps, qtype, attn)
     x_out = _launch(x, eps, qtype, QKV, 3, None, attn, queue)[2]
     k_cache, v_cache = mx.depends([k_cache, v_cache], [x_out])
@@ -433,7 +427,7 @@ def ffn_block(x: mx.array, ffn_norm: mx.array, eps: float, w_gate_up: Packed, w_
     (X' W_up^T)) W_down^T, X' = RMSNorm(x) * ffn_norm, W_gate_up = [gate; up] (2F rows) repacked.
     queue: the launch site's (block_queue); a fresh one when not given."""
     ffn = _FFN(x, ffn_norm, eps, w_gate_up, w_down, qtype)
-    if not cross_group_waits():
+    if not backends.cross_group_waits():
         return _ffn_apart(x, eps, qtype, ffn)
     return _launch(x, eps, qtype, UP, 2, ffn, None, queue)[1]
 
@@ -453,7 +447,7 @@ def layer_block(x: mx.array, ffn_norm: mx.array, w_gate_up: Packed, w_down: Pack
                       k_norm, counters, split_from, w_v)
     if x.shape[0] != 1:
         raise ValueError(f"layer_block takes one token (x [1, d_model]), got {tuple(x.shape)}")
-    if not cross_group_waits():
+    if not backends.cross_group_waits():
         return _attention_apart(_ffn_apart(x, eps, qtype, ffn), eps, qtype, attn)
     x_out = _launch(x, eps, qtype, UP, 5, ffn, attn, queue)[4]
     k_cache, v_cache = mx.depends([k_cache, v_cache], [x_out])
@@ -517,7 +511,7 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), qtype)
     attn = _Attention(x, w.attn_norm[0], eps, w.w_qkv.layer(0), w.w_o.layer(0), qtype, k_caches[0], v_caches[0], pos,
                       n_heads, theta, neox, *head, counters, split_from, v_of(0))
-    if not cross_group_waits():
+    if not backends.cross_group_waits():
         k_caches, v_caches = list(k_caches), list(v_caches)
         for i in range(layers):
             attn = _Attention(x, w.attn_norm[i], eps, w.w_qkv.layer(i), w.w_o.layer(i), qtype, k_caches[i],

@@ -18,7 +18,7 @@
 // on anything later; the last phase takes no tickets (nothing waits after it): threadgroup g runs
 // its group g once the queue is empty. This needs running threadgroups to keep being scheduled
 // while others spin, which NVIDIA GPUs give resident blocks; Metal promises no such thing, so
-// kernels.blocks runs the phases as separate launches there (kernels.blocks.cross_group_waits).
+// kernels.blocks runs the phases as separate launches there (kernels.backends.cross_group_waits).
 // PREFETCH: a GEMV phase issues its first weights before it waits on the phase before (they need
 // nothing of it: v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip.
 // Split attention (LATHE_SPLIT, long contexts): the partitions of a head group are merged by the
