@@ -224,3 +224,51 @@ def test_the_seam_runs_apart_where_launches_may_not_wait_on_each_other(monkeypat
 
     assert seam_launches("cuda") == ["lathe_seam_v3_plain"]
     assert seam_launches("metal") == ["lathe_gemv_v3_residual", "lathe_rmsnorm_gemv_v3"]
+
+
+def _zero_packed(qtype: str, n: int, k: int) -> gemv.Packed:
+    """Zero weights of [n, k] in `qtype`, repacked (on the CPU: no kernel runs)."""
+    from reference import formats
+
+    return gemv.repack(mx.zeros((n, n and formats.row_bytes(qtype.upper(), k)), mx.uint8), qtype, n, k)
+
+
+def test_a_pair_is_one_launch_of_both_matrices():
+    """gemv_v3's pair (w_b): one launch whose threadgroups past W's take W_B's rows, each matrix
+    in its own block type, R and P at the launch's NSIMD, Y [M, N + N_B]. Recorded, not run."""
+    from kernels.runtime import recording
+
+    w, w_b = _zero_packed("q4_k", 5120, 4096), _zero_packed("q6_k", 1024, 4096)
+    x = mx.zeros((2, 4096), mx.float16)
+    with recording() as rec:
+        y = gemv.rmsnorm_gemv(x, mx.ones((4096,), mx.float16), 1e-5, w, "q4_k", 5120, 4096, w_b=w_b)
+    (job,) = rec.jobs
+    assert job.spec.name == "lathe_rmsnorm_gemv_v3_pair" and tuple(y.shape) == (2, 6144)
+    assert job.spec.inputs[-2:] == ("w_b", "dims_b")
+    c = job.constants
+    r, s, p, _ = gemv.v3_geometry("q4_k", 2, 5120, 4096)
+    r_b, _, p_b, _ = gemv.v3_geometry("q6_k", 2, 1024, 4096, None, s)
+    assert (c["QTYPE"], c["QTYPE_B"], c["R"], c["R_B"], c["P"], c["P_B"], c["NSIMD"]) == (2, 4, r, r_b, p, p_b, s)
+    dims, dims_b = (np.array(a).tolist() for a in (job.inputs[2], job.inputs[-1]))
+    assert dims[:2] == [5120, 4096] and dims_b[:2] == [1024, 4096]
+    assert job.grid[0] == (dims[2] + dims_b[2]) * 32 * s and job.threadgroup[0] == 32 * s
+    assert dims[2] == -(-5120 // (r * s)) and dims_b[2] == -(-1024 // (r_b * s))
+
+
+@pytest.mark.parametrize("qtype, qtype_b, k_b, extra, message", [
+    ("q8_0", "q4_k", 256, {}, "stages X' one way"),
+    ("q4_k", "q8_0", 256, {}, "stages X' one way"),
+    ("q4_k", "q6_k", 512, {}, "K=512"),
+    ("q4_k", "q6_k", 256, {"residual": mx.zeros((1, 8), mx.float16)}, "no residual"),
+])
+def test_a_pair_refuses_what_one_launch_cannot_hold(qtype, qtype_b, k_b, extra, message):
+    """A pair whose matrices stage X' apart, differ in K, or that would add a residual: a clear
+    error before any launch; and v2's GGUF blocks take no pair."""
+    from kernels.runtime import recording
+
+    with recording() as rec, pytest.raises(ValueError, match=message):
+        gemv.gemv_v3(mx.zeros((1, 256), mx.float16), _zero_packed(qtype, 8, 256), qtype, 8, 256,
+                     w_b=_zero_packed(qtype_b, 8, k_b), **extra)
+    assert rec.jobs == []
+    with pytest.raises(ValueError, match="repacked weights only"):
+        gemv.rmsnorm_gemv(x16(), mx.ones((K,), mx.float16), 1e-5, w8(N * 36), "q4_0", N, K, w_b=_zero_packed("q4_0", N, K))

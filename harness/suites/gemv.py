@@ -1,8 +1,8 @@
 """The quantized GEMV family (Q4_0, Q8_0; and the K-quants Q4_K, Q5_K, Q6_K on the v3 path).
 
 Checks: GPU quantize/dequantize byte for byte against reference.quant; v1, v2 and v3 GEMV, the
-fused RMSNorm+GEMV and SiLU+down, gate+up with SwiGLU in its epilogue, the seam (two GEMVs in one launch), the batched (M > 4) path and the
-fused projections against float64
+fused RMSNorm+GEMV and SiLU+down, gate+up with SwiGLU in its epilogue, the seam (two GEMVs in one launch), the batched (M > 4) path, the
+fused projections and v3's pair (two matrices of their own block types in one launch) against float64
 on the dequantized weights, on odd small shapes and on real models' shapes, outputs poisoned.
 Benchmarks (M = 1 unless said): v1 and v2 against MLX's fp16 matvec and quantized_matmul at
 4 and 8 bits; fused against the unfused sequences; the batched path against repeated GEMVs over
@@ -385,6 +385,51 @@ def _projection_case(qtype: str, sizes: tuple[int, ...], k: int, m: int, packed:
                      dict(M=m, N="+".join(map(str, sizes)), K=k), run)
 
 
+def _pair_case(qtype: str, qtype_b: str, m: int, n: int, n_b: int, k: int, norm: bool,
+               knobs: dict | None = None) -> CheckCase:
+    """v3's pair (kernels.gemv's w_b): two repacked matrices of their own block types in one
+    launch, Y = [X' W^T | X' W_B^T], each half against float64; X' = RMSNorm(X) * gamma or X.
+    The fused loop's QKV where a layer's attn_v is of another type than attn_q and attn_k."""
+    from kernels.gemv import gemv_v3, repack, rmsnorm_gemv
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        (host, dev), (host_b, dev_b) = _blocks(rng, qtype, n, k), _blocks(rng, qtype_b, n_b, k)
+        w, w_b = repack(dev, qtype, n, k), repack(dev_b, qtype_b, n_b, k)
+        x = (_x(rng, m, k).astype(np.float32) * 3 + 1).astype(np.float16)
+        gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
+        with poisoned_outputs():
+            if norm:
+                y = rmsnorm_gemv(mx.array(x), mx.array(gamma), 1e-5, w, qtype, n, k, w_b=w_b, **(knobs or {}))
+            else:
+                y = gemv_v3(mx.array(x), w, qtype, n, k, w_b=w_b, **(knobs or {}))
+            mx.eval(y)
+        x64 = rmsnorm64(x, gamma, 1e-5) if norm else x.astype(np.float64)
+        checks = [exact("y is [M, N + N_B]", tuple(y.shape), (m, n + n_b))]
+        checks += _against_float64(f"y[:, :{n}] ({qtype})", y[:, :n], x64, host, qtype, k, rng)
+        checks += _against_float64(f"y[:, {n}:] ({qtype_b})", y[:, n:], x64, host_b, qtype_b, k, rng)
+        return checks
+
+    variant = "v3 pair" + (" rmsnorm" if norm else "")
+    if knobs:
+        variant += " " + ",".join(f"{key}={value}" for key, value in knobs.items())
+    return CheckCase("gemv", f"gemv_pair_{qtype}_{qtype_b}", variant, dict(M=m, N=f"{n}|{n_b}", K=k), run)
+
+
+# Pairs (w_b): the 8B Q4_K_M QKV ([q; k] Q4_K, v Q6_K), Qwen3-0.6B's (Q5_K_M: K = 1024) at M 2,
+# tails of both matrices at M 3 and 4, Q4_0 beside a K-quant, Q8_0 beside Q8_0, and W's grid
+# capped (its row groups streamed) with a B of one row.
+PAIR_CASES = [
+    ("q4_k", "q6_k", 1, 5120, 1024, 4096, True, None),
+    ("q5_k", "q6_k", 2, 3072, 1024, 1024, True, None),
+    ("q6_k", "q4_k", 3, 33, 7, 768, False, None),
+    ("q4_k", "q5_k", 4, 7, 4097, 256, True, None),
+    ("q4_0", "q6_k", 1, 1001, 33, 4352, False, None),
+    ("q8_0", "q8_0", 2, 4096, 1024, 4128, True, None),
+    ("q4_k", "q6_k", 1, 1001, 1, 4096, True, dict(max_groups=5, rows=2)),
+]
+
+
 def _gate_up_swiglu_case(qtype: str, m: int, f: int, k: int, norm: bool, knobs: dict | None = None) -> CheckCase:
     """gate+up with SwiGLU in its epilogue (kernels.gemv.gate_up_swiglu) on [gate; up] repacked as
     the decoder repacks it: silu(X' Wg^T) * (X' Wu^T) against float64, X' = RMSNorm(X) * gamma or X."""
@@ -461,6 +506,7 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1))
             cases.append(_projection_case(qtype, (14336, 14336), 4096, 2))
         cases += _v3_cases(qtype, small)
+    cases += [_pair_case(*case) for case in (PAIR_CASES[2:4] if small else PAIR_CASES)]
     return cases
 
 

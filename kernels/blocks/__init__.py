@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from kernels import attention, backends, gemv, options, rope
-from kernels.gemv import Packed
+from kernels.gemv import Packed, stages_alike
 from kernels.runtime import KernelSpec, Launch, constant, launch, resident, resident_groups
 
 QUEUE_STRIDE = 64  # words between a launch's counters: each on a 256-byte line of its own
@@ -60,12 +60,6 @@ def block_queue(phases: int = 5) -> mx.array:
     token_block). Two launches in flight at once must not share them (the decode loop gives each
     site its own), and launches that share them must be ordered by their data."""
     return resident(mx.zeros((queue_words(phases),), mx.uint32))
-
-
-def stages_alike(a: str, b: str) -> bool:
-    """Whether GEMVs of block types a and b can share a launch: one X' staging (v3_tiles.metal:
-    Q8_0 16 values a chunk, Q4_0 and the K-quants 32)."""
-    return (a == "q8_0") == (b == "q8_0")
 
 
 def _check_types(what: str, qtypes) -> None:

@@ -16,6 +16,9 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
   Q4_0's order, high bits and scales apart: reference/kquant.py's layout).
 - `rmsnorm_gemv`, `silu_down_gemv`: v2 (v3 on Packed weights) with RMSNorm(X) * gamma, or
   silu(gate) * up, computed while X is staged (no normalized or activated copy in device memory).
+- `w_b=` (gemv_v3, rmsnorm_gemv): a pair, a second repacked matrix of a block type of its own
+  whose products follow W's in Y, in the same launch (a fused projection whose parts differ in
+  type: Q4_K_M's Q6_K attn_v beside Q4_K attn_q and attn_k).
 - `gate_up_swiglu`: v3's gate+up (RMSNorm or not) with silu(gate) * up in its epilogue instead:
   the down projection after it is a plain GEMV (the `swiglu_at` option picks which form the loop runs).
 - `seam`: a layer's output projection (+ residual) and the next block's RMSNorm+GEMV in one
@@ -107,16 +110,19 @@ _V2_EXTRA = {"plain": (), "rmsnorm": ("gamma", "eps"), "swiglu": ()}
 
 
 @functools.cache
-def _gemv_spec(version: str, prologue: str, residual: bool, swiglu_out: bool = False) -> KernelSpec:
+def _gemv_spec(version: str, prologue: str, residual: bool, swiglu_out: bool = False, pair: bool = False) -> KernelSpec:
     """One v2 or v3 instantiation family: its prologue (what X' is), whether Y adds a residual,
-    and (v3) whether Y is silu(gate) * up of a [gate; up] matrix's two products."""
+    and (v3) whether Y is silu(gate) * up of a [gate; up] matrix's two products, or (pair) the
+    products of two matrices of their own block types, side by side."""
     name = {"plain": "lathe_gemv", "rmsnorm": "lathe_rmsnorm_gemv",
             "swiglu": "lathe_silu_down_gemv"}[prologue] + ("_swiglu_out" if swiglu_out else "") + f"_{version}"
-    return KernelSpec(name + ("_residual" if residual else ""), f"gemv/gemv_{version}.metal",
-                      ("x", "w", "dims", *_V2_EXTRA[prologue], *(("residual",) if residual else ())),
+    return KernelSpec(name + ("_residual" if residual else "") + ("_pair" if pair else ""), f"gemv/gemv_{version}.metal",
+                      ("x", "w", "dims", *_V2_EXTRA[prologue], *(("residual",) if residual else ()),
+                       *(("w_b", "dims_b") if pair else ())),
                       ("y",), prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
                                       f"#define LATHE_RESIDUAL {int(residual)}\n"
-                                      f"#define LATHE_EPILOGUE {int(swiglu_out)}")
+                                      f"#define LATHE_EPILOGUE {int(swiglu_out)}"
+                                      + (f"\n#define LATHE_PAIR {int(pair)}" if version == "v3" else ""))
 
 
 _QUANTIZE = KernelSpec("lathe_quantize", "gemv/quantize.metal", ("w", "dims"), ("q",))
@@ -354,12 +360,15 @@ def _knobs(knobs: dict) -> dict:
 
 
 def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: str, n: int,
-                 k: int, **knobs: int | None) -> mx.array:
-    """(RMSNorm(X) * gamma) @ W^T in one launch: X is normalized while it is staged."""
+                 k: int, *, w_b: Packed | None = None, **knobs: int | None) -> mx.array:
+    """(RMSNorm(X) * gamma) @ W^T in one launch: X is normalized while it is staged. w_b (v3
+    only): a second matrix whose products follow W's in Y, as gemv_v3's."""
     check_gemv_args(x, w, qtype, n, k)
     _check_norm(gamma, eps, k)
     if isinstance(w, Packed):
-        return _v3("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, knobs)
+        return _v3("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, knobs, w_b=w_b)
+    if w_b is not None:
+        raise ValueError("a pair (w_b) runs on repacked weights only (kernels.gemv.repack, the v3 GEMVs)")
     return _v2("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, _knobs(knobs))
 
 
@@ -533,11 +542,33 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
     return r, s, p, xchunk
 
 
+def stages_alike(a: str, b: str) -> bool:
+    """Whether v3 GEMVs of block types a and b can share a launch: one X' staging (v3_tiles.metal:
+    Q8_0 16 values a chunk, Q4_0 and the K-quants 32)."""
+    return (a == "q8_0") == (b == "q8_0")
+
+
+def _check_pair(w: Packed, w_b: Packed, k: int) -> None:
+    """A second matrix for gemv_v3.metal's pair: repacked, of K columns, staging X' as W does."""
+    if not isinstance(w_b, Packed):
+        raise ValueError("w_b must be repacked weights (kernels.gemv.repack, Packed), as w")
+    if w_b.k != k:
+        raise ValueError(f"w_b has K={w_b.k}, W has K={k}: a pair shares X")
+    if not stages_alike(w.qtype, w_b.qtype):
+        raise ValueError(f"w_b is {w_b.qtype} and W {w.qtype}: one launch stages X' one way "
+                         f"(Q8_0 apart from Q4_0 and the K-quants); run them as two GEMVs")
+
+
 def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: str, n: int, k: int,
-        knobs: dict, residual: mx.array | None = None, swiglu_out: bool = False) -> mx.array:
+        knobs: dict, residual: mx.array | None = None, swiglu_out: bool = False,
+        w_b: Packed | None = None) -> mx.array:
     if not isinstance(w, Packed):
         raise ValueError("v3 takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
+    if w_b is not None:
+        _check_pair(w, w_b, k)
+        if residual is not None or swiglu_out:
+            raise ValueError("a pair (w_b) writes two matrices' products side by side: no residual, no SwiGLU out")
     n_out = n // 2 if swiglu_out else n  # columns of Y
     if residual is not None:
         _check_residual(residual, m, n_out)
@@ -559,18 +590,29 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
     if cap and xchunk >= k:  # streaming row groups needs X' staged once: all of K in one chunk
         groups = min(groups, cap)
     consts = dict(QTYPE=block_format(qtype)[0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk)
-    (y,) = launch(Launch(_gemv_spec("v3", prologue, residual is not None, swiglu_out),
-                         [x, w.data, _dims(n, k, groups), *inputs],
-                         [((m, n_out), mx.float16)], (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
+    launched, n_y, pair = groups, n_out, []
+    if w_b is not None:  # W_B's rows after W's: its own R and P at the launch's NSIMD (and X')
+        r_b, _, p_b, _ = v3_geometry(w_b.qtype, m, w_b.n, k, None, s)
+        groups_b = -(-w_b.n // (r_b * s))
+        cap_b = v3_by_shape(w_b.n, k, w_b.qtype)["G"]
+        if cap_b and xchunk >= k:
+            groups_b = min(groups_b, cap_b)
+        consts.update(QTYPE_B=block_format(w_b.qtype)[0], R_B=r_b, P_B=p_b)
+        launched, n_y, pair = groups + groups_b, n_out + w_b.n, [w_b.data, _dims(w_b.n, k, groups_b)]
+    (y,) = launch(Launch(_gemv_spec("v3", prologue, residual is not None, swiglu_out, w_b is not None),
+                         [x, w.data, _dims(n, k, groups), *inputs, *pair],
+                         [((m, n_y), mx.float16)], (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts))
     return y
 
 
 def gemv_v3(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
-            **knobs: int | None) -> mx.array:
+            w_b: Packed | None = None, **knobs: int | None) -> mx.array:
     """Y[M, N] = X[M, K] @ W^T (+ residual), W repacked (repack), M 1..4. Launch knobs (TUNING's
-    V3_ ones when not given): rows (R), simds (NSIMD), depth (P), max_groups."""
+    V3_ ones when not given, W's only): rows (R), simds (NSIMD), depth (P), max_groups.
+    w_b: a second repacked matrix [N_B, K] of a block type of its own that stages X' as W's does
+    (stages_alike): Y is then [M, N + N_B], X @ W^T then X @ W_B^T, in one launch (no residual)."""
     check_gemv_args(x, w, qtype, n, k)
-    return _v3("plain", [], x, w, qtype, n, k, knobs, residual)
+    return _v3("plain", [], x, w, qtype, n, k, knobs, residual, w_b=w_b)
 
 
 def gate_up_swiglu(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, gamma: mx.array | None = None,

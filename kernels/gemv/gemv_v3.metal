@@ -26,11 +26,36 @@
 // [gate; up] and Y [M, N / 2] is silu(gate) * up of the two products, rounded once, so that the
 // down projection that follows stages a plain X' (no exp, half the bytes).
 //
+// LATHE_PAIR 1: a second matrix, W_B (w_b, dims_b: N_B, K, its threadgroups), of a block type
+// of its own (QTYPE_B, which stages X' as QTYPE does) with its own R_B and P_B, whose N_B columns
+// follow W's in Y [M, N + N_B]: threadgroups dims[2].. take its rows. A fused projection whose
+// parts differ in type (llama.cpp's Q4_K_M: some layers' attn_v Q6_K beside Q4_K attn_q and
+// attn_k) is then one launch, as it is where the parts share a type, with no join after it.
+//
 // The body is in two parts that seam.metal shares: v3_tiles.metal (declarations) and
 // v3_rows.metal (the GEMV of one threadgroup's row groups).
 #include "gemv/v3_tiles.metal"
 {
-  const uint group = threadgroup_position_in_grid.x;
-  constexpr uint KR = K, RR = R, PR = P, QR = QTYPE;
+  const uint launched = threadgroup_position_in_grid.x;
+#if LATHE_PAIR
+  const uint y_columns = uint(dims[0]) + uint(dims_b[0]);
+  auto y_all = y;
+#define GEMV_Y_STRIDE y_columns
+  if (launched >= uint(dims[2])) {
+    const uint group = launched - uint(dims[2]);
+    auto y = y_all + uint(dims[0]);  // before `dims` is W_B's
+    auto w = w_b;
+    auto dims = dims_b;
+    constexpr uint KR = K, RR = R_B, PR = P_B, QR = QTYPE_B;
 #include "gemv/v3_rows.metal"
+  } else
+#endif
+  {
+    const uint group = launched;
+    constexpr uint KR = K, RR = R, PR = P, QR = QTYPE;
+#include "gemv/v3_rows.metal"
+  }
+#ifdef GEMV_Y_STRIDE
+#undef GEMV_Y_STRIDE
+#endif
 }

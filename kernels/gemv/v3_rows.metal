@@ -2,7 +2,9 @@
 // names: x, w, dims, y (and gamma, eps, residual as LATHE_PROLOGUE / LATHE_RESIDUAL need them),
 // `group`, this GEMV's K, R, P and block type as compile-time constants KR, RR, PR and QR (a
 // launch of several GEMVs gives each its own rows, depth and type: blocks/layer_block.metal), and
-// the declarations of v3_tiles.metal (NSIMD and the staged X' are the launch's).
+// the declarations of v3_tiles.metal (NSIMD and the staged X' are the launch's). GEMV_Y_STRIDE,
+// where the includer defines it: the values of a row of Y (else this GEMV's columns; gemv_v3.metal's
+// pair writes two matrices' columns side by side).
 // QR: 0 Q4_0, 1 Q8_0, and the K-quants 2 Q4_K, 3 Q5_K, 4 Q6_K, whose repacked chunk is 32
 // weights' low 4 bits in Q4_0's nibble order, their higher bits (HB bytes a chunk) and scales in
 // regions of their own (reference/kquant.py has the layout).
@@ -35,6 +37,11 @@ constexpr bool SWIGLU_OUT = false;
 static_assert(!SWIGLU_OUT || RR % 2 == 0, "SwiGLU out pairs a gate row with an up row: RR must be even");
 constexpr uint RO = SWIGLU_OUT ? RR / 2 : RR;  // outputs of a row group
 const uint n_out = SWIGLU_OUT ? n / 2 : n;   // columns of Y
+#ifdef GEMV_Y_STRIDE
+const uint y_stride = GEMV_Y_STRIDE;
+#else
+const uint y_stride = n_out;
+#endif
 
 // The row groups of this SIMD group: first, first + stride, ... (a SIMD group past N still takes
 // one, empty: it meets the staging's barriers like the others). Where X' comes in several chunks
@@ -199,7 +206,7 @@ for (uint it = 0; it < items; ++it) {
 #if LATHE_RESIDUAL
         v += float(residual[m * n_out + col]);
 #endif
-        y[m * n_out + col] = half(v);
+        y[m * y_stride + col] = half(v);
       }
     }
   }
