@@ -17,7 +17,10 @@
   a decode token's RoPE + KV write folded into the attention launch (Llama; Qwen3's head norms
   fold into a RoPE + KV write of their own), SiLU folded into the gate+up GEMV's epilogue on
   repacked weights (into the down GEMV's staging otherwise: the `swiglu_at` option), the final
-  norm into the output GEMV.
+  norm into the output GEMV. Where a fused projection's parts differ in block type (llama.cpp's
+  Q4_K_M: attn_v Q6_K in some layers beside Q4_K attn_q and attn_k), its two matrices run as one
+  GEMV launch on repacked weights (kernels.gemv's pair, w_b), or one GEMV a type joined by
+  mx.concatenate (the `mixed_projection` option, and GGUF blocks).
 
 KV cache (`kv=`): `contiguous` (head-major [Hkv, max_seq, D] per layer, the default) or `paged`
 (vLLM's block pool, blocks of BLOCK_SIZE tokens handed out in a fixed shuffled order through a
@@ -245,6 +248,15 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             parts = "|".join(p.split("_")[1] for p in FUSED_PARTS[which])
             norm_linear(norm, runs[0][0], dst, i, label=f"blk.{i}.{which} ({parts})")
             return
+        names = [name for name, _ in runs]
+        if (small and packed and len(runs) == 2 and all(map(quant, names)) and options.get("mixed_projection") == "pair"
+                and gemv.stages_alike(kind(names[0]), kind(names[1]))):  # both matrices in one launch
+            both = "; ".join(f"{kind(name).upper()}: {'|'.join(p.split('.')[2].split('_')[1] for p in run)}"
+                             for name, run in runs)
+            add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v} pair ({both}, repacked)", ("x",), (dst,),
+                _run_norm_linear_pair, norm, *names, dst, weights=(norm, *names), layer=i,
+                launches=(f"lathe_rmsnorm_gemv_{v}_pair",))
+            return
         outs = tuple(f"{dst}.{j}" for j in range(len(runs)))
         if not small:  # a prompt: the norm once, then each part
             rms_norm(norm, i)
@@ -424,6 +436,13 @@ def _run_linear_residual(src, name, d, env, t, pos):
 def _run_norm_linear(norm, name, dst, d, env, t, pos):
     n, k = d.nk[name]
     env[dst] = gemv.rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.matrix(name), d.types[name], n, k)
+
+
+def _run_norm_linear_pair(norm, name, name_b, dst, d, env, t, pos):
+    """A fused projection of two block types: RMSNorm, then both matrices' rows in one launch."""
+    n, k = d.nk[name]
+    env[dst] = gemv.rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.matrix(name), d.types[name], n, k,
+                                 w_b=d.matrix(name_b))
 
 
 def _run_norm_gate_up_swiglu(norm, name, d, env, t, pos):

@@ -84,6 +84,10 @@ DECLARED = (
     Option("swiglu_at", "gate_up", _one_of("gate_up", "down"),
            "fused loop, repacked weights, no seams: silu(gate) * up in the gate+up GEMV's epilogue "
            "(gate_up) or in the down GEMV's staging (down; kernels/gemv/NOTES.md)"),
+    Option("mixed_projection", "pair", _one_of("pair", "concat"),
+           "fused loop, repacked weights: a fused projection whose parts differ in block type (Q4_K_M's "
+           "Q6_K attn_v in some layers) as one GEMV launch over both matrices (pair: kernels.gemv's w_b), "
+           "or a GEMV a type and mx.concatenate (concat)"),
     Option("rope_in_attention", True, _flag,
            "fused loop (no head norms): a decode token's RoPE + KV write inside the attention launch"),
     Option("attn_partition", None, _auto_or_count,

@@ -217,6 +217,29 @@ def test_megafused_takes_the_k_mixes(models):
         assert why in mega_types(c, {**types, **change})
 
 
+def test_fused_runs_a_mixed_projection_as_one_pair_launch(models):
+    """Q4_K_M's layers whose attn_v is Q6_K: the fused decode token runs [q; k] and v as one
+    launch (kernels.gemv's pair, mixed_projection=pair), as many steps as a file of one type;
+    mixed_projection=concat, or GGUF blocks (no repack): a GEMV a type, then mx.concatenate (CPU)."""
+    from harness.models import PRESETS, tensor_types
+
+    c = PRESETS["llama3-8b"]
+    types = {n: t.lower() for n, t in tensor_types(c, "q4_k_m").items()}
+    mixed = sum(types[f"blk.{i}.attn_v.weight"] != types[f"blk.{i}.attn_q.weight"] for i in range(c.n_layers))
+    one_type = kernel_plan(c, True, types={n: t.lower() for n, t in tensor_types(c, "q4_0").items()}, packed=True)
+    pair = kernel_plan(c, True, types=types, packed=True)
+    assert mixed == 16 and len(pair) == len(one_type)
+    pairs = [s for s in pair if "pair" in s.kernel]
+    assert len(pairs) == mixed and pairs[0].kernel == "lathe rmsnorm_gemv_v3 pair (Q4_K: q|k; Q6_K: v, repacked)"
+    assert pairs[0].launches == ("lathe_rmsnorm_gemv_v3_pair",) and not any(s.op == "concat" for s in pair)
+    with options.use(mixed_projection="concat"):
+        concat = kernel_plan(c, True, types=types, packed=True)
+    unpacked = kernel_plan(c, True, types=types, packed=False)
+    for plan in (concat, unpacked):
+        assert sum(s.op == "concat" for s in plan) == mixed and len(plan) == len(one_type) + 2 * mixed
+        assert not any("pair" in s.kernel for s in plan)
+
+
 def test_fused_needs_block_matrices(models):
     with pytest.raises(ValueError, match="one block type"):
         KernelDecoder(models["tiny-llama", "f16"], 32, "fused")
@@ -270,15 +293,17 @@ def _decodes_as_float64(decoder, m, prompt) -> None:
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("qtype", K_MIXES)
-@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "fused concat", "megafused"])
 def test_k_quant_files_against_float64(models, preset, qtype, variant, kv):
-    """llama.cpp's K mixes (the v3 GEMVs on repacked K-quant matrices, Q4_K_M's QKV in one GEMV a
-    block type, the embedding read from its K-quant rows); megafused with a block type a GEMV and
-    a layer, V's rows apart where attn_v's type varies."""
+    """llama.cpp's K mixes (the v3 GEMVs on repacked K-quant matrices, Q4_K_M's mixed QKV as one
+    launch of a pair of matrices, or with mixed_projection=concat one GEMV a block type, the
+    embedding read from its K-quant rows); megafused with a block type a GEMV and a layer, V's
+    rows apart where attn_v's type varies."""
     if variant == "megafused" and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
     m = models[preset, qtype]
-    decoder = KernelDecoder(m, PROMPT + STEPS, variant, kv)
+    with options.use(mixed_projection="concat" if variant.endswith("concat") else "pair"):
+        decoder = KernelDecoder(m, PROMPT + STEPS, variant.split()[0], kv)
     assert {decoder.types[n] for n in decoder.packed} >= {"q6_k"}
     _decodes_as_float64(decoder, m, np.random.default_rng().integers(0, m.config.vocab, PROMPT))
 
