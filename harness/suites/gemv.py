@@ -780,6 +780,34 @@ def _bench_batched(path: str, qtype: str, m: int, n: int, k: int) -> BenchCase:
                      step, nbytes, 2 * m * n * k, nbytes)
 
 
+def _bench_pair(path: str, qtype: str, qtype_b: str, n: int, n_b: int, k: int) -> BenchCase:
+    """A fused projection whose parts differ in block type (Q4_K_M's QKV where attn_v is Q6_K):
+    RMSNorm + both matrices in one launch ('pair', kernels.gemv's w_b) against what it replaced,
+    an RMSNorm+GEMV a type joined by mx.concatenate ('two-gemvs-concat'). Repacked weights."""
+    from kernels.gemv import rmsnorm_gemv
+
+    first, second = _packed_once(qtype, (n, k)), _packed_once(qtype_b, (n_b, k))
+
+    def make():
+        return {"w": first()[0], "w_b": second()[0], "x": mx.random.normal((1, k)).astype(mx.float16),
+                "gamma": (1 + 0.1 * mx.random.normal((k,))).astype(mx.float16)}
+
+    if path == "pair":
+        step = lambda s: [rmsnorm_gemv(s["x"], s["gamma"], 1e-5, s["w"], qtype, n, k, w_b=s["w_b"])]  # noqa: E731
+    else:
+        def step(s):
+            parts = [rmsnorm_gemv(s["x"], s["gamma"], 1e-5, w, t, rows, k)
+                     for w, t, rows in ((s["w"], qtype, n), (s["w_b"], qtype_b, n_b))]
+            return [mx.concatenate(parts, axis=-1)]
+    nbytes = storage_bytes(qtype, n, k) + storage_bytes(qtype_b, n_b, k) + 2 * k + 2 * k + 2 * (n + n_b)
+    return BenchCase("gemv", "gemv-fused", f"qkv_pair_{qtype}_{qtype_b}", path, dict(M=1, N=f"{n}|{n_b}", K=k),
+                     make, step, nbytes, 2 * (n + n_b) * k, nbytes)
+
+
+# Pairs as the K mixes' fused QKV has them: Llama-3-8B Q4_K_M ([q; k] Q4_K, v Q6_K), Qwen3-0.6B's.
+PAIR_BENCH_SHAPES = (("q4_k", "q6_k", 5120, 1024, 4096), ("q4_k", "q6_k", 3072, 1024, 1024))
+
+
 def bench_cases(quick: bool = False) -> list[BenchCase]:
     cases = []
     shapes = BENCH_SHAPES[:2] if quick else BENCH_SHAPES
@@ -809,6 +837,8 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
         cases += [_bench_fused("rmsnorm", "fused-v3", qtype, n, 4096) for n in (4096, 14336)]
         cases.append(_bench_fused("swiglu", "fused-v3", qtype, 4096, 14336))
         cases += [_bench_ffn("swiglu-at-gate_up", qtype, f, d) for f, d in ((14336, 4096), (3072, 1024))]
+    for shape in PAIR_BENCH_SHAPES if not quick else ():
+        cases += [_bench_pair(path, *shape) for path in ("pair", "two-gemvs-concat")]
     return cases
 
 
