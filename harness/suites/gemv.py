@@ -915,8 +915,8 @@ def plots(df: pd.DataFrame, out_dir: Path, peak_gbs: float) -> list[Path]:
         fused["op"] = fused.kernel + "\n" + fused.N.astype(str) + "x" + fused.K.astype(str)
         paths.append(fused_unfused_plot(fused, "op", out_dir / "gemv-fused.png",
                                         "Fused against unfused, M=1: us per call (ratio: unfused / this; "
-                                        "the FFN pairs: SiLU at down / this)",
-                                        baseline_variant=("unfused", "swiglu-at-down")))
+                                        "the FFN pairs: SiLU at down / this; the QKV pairs: two GEMVs + concat / this)",
+                                        baseline_variant=("unfused", "swiglu-at-down", "two-gemvs-concat")))
     batched = df[(df.benchmark == "gemv-batched") & (df.kernel == "linear_q4_0")
                  & (df.N.astype(str) == "4096") & (df.K.astype(str) == "4096")]
     if not batched.empty:
