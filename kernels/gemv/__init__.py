@@ -559,6 +559,17 @@ def _check_pair(w: Packed, w_b: Packed, k: int) -> None:
                          f"(Q8_0 apart from Q4_0 and the K-quants); run them as two GEMVs")
 
 
+def _v3_groups(qtype: str, n: int, k: int, r: int, s: int, xchunk: int, cap: int | None = None) -> int:
+    """Threadgroups of a v3 GEMV's N rows at R rows a SIMD group and NSIMD s: one row group a SIMD
+    group, or at most `cap` (None: TUNING's V3_MAX_GROUPS, else v3_by_shape's; 0: none), each SIMD
+    group then streaming its row groups, which needs X' staged once (all of K in one chunk)."""
+    groups = -(-n // (r * s))
+    cap = (TUNING["V3_MAX_GROUPS"] or v3_by_shape(n, k, qtype)["G"]) if cap is None else cap
+    if cap < 0:
+        raise ValueError(f"max_groups must be >= 0, got {cap}")
+    return min(groups, cap) if cap and xchunk >= k else groups
+
+
 def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: str, n: int, k: int,
         knobs: dict, residual: mx.array | None = None, swiglu_out: bool = False,
         w_b: Packed | None = None) -> mx.array:
@@ -582,21 +593,12 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
     r, s, p, xchunk = v3_geometry(qtype, m, n, k, rows, knobs.get("simds"), knobs.get("depth"))
     if swiglu_out and r % 2:  # small matrices halve R to 1: keep a pair
         r, s, p, xchunk = v3_geometry(qtype, m, n, k, r + 1, s, p)
-    groups = -(-n // (r * s))
-    cap = knobs.get("max_groups")
-    cap = (TUNING["V3_MAX_GROUPS"] or v3_by_shape(n, k, qtype)["G"]) if cap is None else cap
-    if cap < 0:
-        raise ValueError(f"max_groups must be >= 0, got {cap}")
-    if cap and xchunk >= k:  # streaming row groups needs X' staged once: all of K in one chunk
-        groups = min(groups, cap)
+    groups = _v3_groups(qtype, n, k, r, s, xchunk, knobs.get("max_groups"))
     consts = dict(QTYPE=block_format(qtype)[0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk)
     launched, n_y, pair = groups, n_out, []
-    if w_b is not None:  # W_B's rows after W's: its own R and P at the launch's NSIMD (and X')
+    if w_b is not None:  # W_B's rows after W's: its own R, P and grid at the launch's NSIMD (and X')
         r_b, _, p_b, _ = v3_geometry(w_b.qtype, m, w_b.n, k, None, s)
-        groups_b = -(-w_b.n // (r_b * s))
-        cap_b = v3_by_shape(w_b.n, k, w_b.qtype)["G"]
-        if cap_b and xchunk >= k:
-            groups_b = min(groups_b, cap_b)
+        groups_b = _v3_groups(w_b.qtype, w_b.n, k, r_b, s, xchunk)
         consts.update(QTYPE_B=block_format(w_b.qtype)[0], R_B=r_b, P_B=p_b)
         launched, n_y, pair = groups + groups_b, n_out + w_b.n, [w_b.data, _dims(w_b.n, k, groups_b)]
     (y,) = launch(Launch(_gemv_spec("v3", prologue, residual is not None, swiglu_out, w_b is not None),
