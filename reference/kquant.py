@@ -134,7 +134,7 @@ def _make_qx(x: np.ndarray, nmax: int):
 
 
 # ---- Q4_K and Q5_K: 8 sub-blocks of 32 with a 6-bit scale and min each --------------------------
-def _pack_scales_mins(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
+def pack_scales_mins(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     """[S, 8] 6-bit scales and mins -> [S, 12] bytes (GGML's get_scale_min_k4 layout)."""
     out = np.zeros((ls.shape[0], 12), np.uint8)
     out[:, 0:4] = ls[:, :4]
@@ -145,7 +145,7 @@ def _pack_scales_mins(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out
 
 
-def _unpack_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def unpack_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[S, 12] bytes -> the 8 scales and 8 mins, each [S, 8] int."""
     q = scales.astype(np.int32)
     sc = np.concatenate([q[:, 0:4] & 63, (q[:, 8:12] & 0xF) | ((q[:, 0:4] >> 6) << 4)], axis=1)
@@ -173,9 +173,9 @@ def _quantize_qk(x: np.ndarray, nmax: int, rmin: float, nstep: int):
     # uint8_t ls = nearest_int(...): a negative value wraps, then MIN(63, .)
     ls = np.minimum(_nearest_int(inv_scale[:, None] * scales) & 0xFF, 63).astype(np.uint8)
     lm = np.minimum(_nearest_int(inv_min[:, None] * mins) & 0xFF, 63).astype(np.uint8)
-    packed = _pack_scales_mins(ls, lm)
+    packed = pack_scales_mins(ls, lm)
     d16, dmin16 = (max_scale / F32(63)).astype(np.float16), (max_min / F32(63)).astype(np.float16)
-    sc, mn = _unpack_scales_mins(packed)
+    sc, mn = unpack_scales_mins(packed)
     d = d16.astype(F32)[:, None] * sc.astype(F32)
     dm = dmin16.astype(F32)[:, None] * mn.astype(F32)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -270,7 +270,7 @@ def _values(lv: np.ndarray, qtype: str, scales: np.ndarray) -> np.ndarray:
         return (d * sc * q).reshape(supers, QK_K)
     d = np.ascontiguousarray(scales[:, 0:2]).view(np.float16).astype(F32).reshape(-1)
     dmin = np.ascontiguousarray(scales[:, 2:4]).view(np.float16).astype(F32).reshape(-1)
-    sc, mn = _unpack_scales_mins(scales[:, 4:16])
+    sc, mn = unpack_scales_mins(scales[:, 4:16])
     scale = (d[:, None] * sc.astype(F32))[..., None]
     offset = (dmin[:, None] * mn.astype(F32))[..., None]
     return (scale * lv.reshape(supers, 8, 32).astype(F32) - offset).reshape(supers, QK_K)

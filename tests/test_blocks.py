@@ -224,3 +224,24 @@ def test_token_block_takes_a_pair_of_types_a_projection():
     with recording() as rec, pytest.raises(ValueError, match="do not share a launch"):
         blocks.token_block(mx.zeros((1, d), mx.float16), stacks("q8_0"), 1e-6, "q4_0", kv, list(kv), 3, n_heads=hq)
     assert not rec.jobs
+
+
+@pytest.mark.parametrize("qtype", ["q4_k", "q5_k"])
+def test_the_blocks_checks_draw_k_weights_of_mean_zero(qtype):
+    """The blocks' checks chain layers, so their random K-quant weights must average zero as a real
+    layer's do (harness.suites.gemv._k_blocks(centered=True)): random mins give every weight a
+    mean of about half its spread, and two 8B-wide layers then overflowed fp16. The levels and
+    scales stay random; only each min follows its scale."""
+    from harness.suites.gemv import _k_blocks
+
+    n, k = 64, 1024
+    plain = kquant.dequantize(_k_blocks(np.random.default_rng(0), qtype, n, k), qtype, k).astype(np.float64)
+    data = _k_blocks(np.random.default_rng(0), qtype, n, k, centered=True)
+    centered = kquant.dequantize(data, qtype, k).astype(np.float64)
+    assert abs(plain.mean()) > 0.2 * plain.std()  # what the plain draw gives (a check that can fail)
+    assert abs(centered.mean()) < 0.02 * centered.std()
+    # each sub-block's 32 weights about zero on average (levels are uniform: mean 0 +- their spread)
+    sub = centered.reshape(-1, 32)
+    assert np.abs(sub.mean(axis=1)).mean() < 0.5 * sub.std(axis=1).mean()
+    sc, mn = kquant.unpack_scales_mins(data.reshape(-1, kquant.BLOCK_BYTES[qtype])[:, 4:16])
+    assert np.array_equal(sc, mn) and len(np.unique(sc)) == 64  # random 6-bit scales, mins tied to them

@@ -61,7 +61,7 @@ def _attention_mats(rng: np.random.Generator, qtype: str, mix: Mix, layer: int, 
     dev, w64 = {}, {}
     for name, (n, k) in shapes.items():
         t = _type_of(qtype, mix, name, layer)
-        host, blocks = _blocks(rng, t, n, k)
+        host, blocks = _blocks(rng, t, n, k, centered=True)
         dev[name], w64[name] = repack(blocks, t, n, k), dequantize(host, t, k)
     if split_v:
         w64["qkv"] = np.concatenate([w64["qkv"], w64.pop("v")])
@@ -72,10 +72,10 @@ def _ffn_mats(rng: np.random.Generator, qtype: str, mix: Mix, layer: int, d_mode
     """A layer's FFN matrices: repacked ({"gate_up", "down"}) and as float64 ({"gate_up", "down"})."""
     from kernels.gemv import concat_rows, repack
 
-    host_gate, dev_gate = _blocks(rng, qtype, f, d_model)
-    host_up, dev_up = _blocks(rng, qtype, f, d_model)
+    host_gate, dev_gate = _blocks(rng, qtype, f, d_model, centered=True)
+    host_up, dev_up = _blocks(rng, qtype, f, d_model, centered=True)
     t = _type_of(qtype, mix, "down", layer)
-    host_down, dev_down = _blocks(rng, t, d_model, f)
+    host_down, dev_down = _blocks(rng, t, d_model, f, centered=True)
     dev = dict(gate_up=repack(concat_rows([dev_gate, dev_up]), qtype, 2 * f, d_model), down=repack(dev_down, t, d_model, f))
     w64 = dict(gate_up=np.concatenate([dequantize(host_gate, qtype, d_model), dequantize(host_up, qtype, d_model)]),
                down=dequantize(host_down, t, f))

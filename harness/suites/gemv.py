@@ -56,12 +56,14 @@ def _weights(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
     return w.astype(np.float16).astype(np.float32)
 
 
-def _blocks(rng: np.random.Generator, qtype: str, n: int, k: int) -> tuple[np.ndarray, mx.array]:
+def _blocks(rng: np.random.Generator, qtype: str, n: int, k: int, centered: bool = False
+            ) -> tuple[np.ndarray, mx.array]:
     """Random weights in `qtype` blocks, on the host and on the device. Larger matrices are drawn
     and quantized on the device (the quantizer is checked on its own, byte for byte): drawing
-    them on the host was most of the suite's time (0.3 s a call on average)."""
+    them on the host was most of the suite's time (0.3 s a call on average). centered: K-quant
+    weights of mean zero (_k_blocks); Q4_0 and Q8_0 weights are always."""
     if qtype in K_QTYPES:
-        host = _k_blocks(rng, qtype, n, k)
+        host = _k_blocks(rng, qtype, n, k, centered)
         return host, mx.array(host)
     if n * k <= HOST_QUANTIZE_UP_TO:
         host = quantize(_weights(rng, n, k), qtype)
@@ -80,15 +82,29 @@ def _blocks(rng: np.random.Generator, qtype: str, n: int, k: int) -> tuple[np.nd
 K_SCALES = {"q4_k": (2e-5, 1e-4), "q5_k": (1e-5, 5e-5), "q6_k": (2e-6, 2e-5)}
 
 
-def _k_blocks(rng: np.random.Generator, qtype: str, n: int, k: int) -> np.ndarray:
+def _k_blocks(rng: np.random.Generator, qtype: str, n: int, k: int, centered: bool = False) -> np.ndarray:
     """[n, k] in random `qtype` super-blocks: every byte random (levels, sub-block scales and
     mins, high bits: all the bit patterns the format allows) but the fp16 d (and dmin), which are
-    drawn from K_SCALES so that the weights are of a real layer's size."""
+    drawn from K_SCALES so that the weights are of a real layer's size.
+
+    centered (Q4_K, Q5_K): each sub-block's min tied to its scale (m = sc, dmin = d times the
+    middle level), so that the weights average zero as a real layer's do. Independent random
+    mins give every weight a mean of about half its spread: one GEMV does not mind, but a chain
+    of layers does (kernels.blocks' checks): the residual stream of two 8B-wide layers grew to
+    1e4-7e4 and past fp16 in 3 of 17 seeds, the reference's own stream included. Q6_K's signed
+    scales are centered already."""
+    from reference import kquant
+
     size = formats.row_bytes(qtype.upper(), 256)
     blocks = rng.integers(0, 256, (n * k // 256, size), dtype=np.uint8)
     lo, hi = K_SCALES[qtype]
     at = slice(208, 210) if qtype == "q6_k" else slice(0, 4)
     scales = rng.uniform(lo, hi, (blocks.shape[0], at.stop - at.start >> 1)).astype(np.float16)
+    if centered and qtype != "q6_k":
+        middle = (16 if qtype == "q4_k" else 32) / 2 - 0.5  # the mean of the levels 0 .. 2^bits - 1
+        scales[:, 1] = (scales[:, 0].astype(np.float32) * middle).astype(np.float16)
+        sc, _ = kquant.unpack_scales_mins(blocks[:, 4:16])
+        blocks[:, 4:16] = kquant.pack_scales_mins(sc.astype(np.uint8), sc.astype(np.uint8))
     blocks[:, at] = scales.view(np.uint8)
     return blocks.reshape(n, -1)
 
