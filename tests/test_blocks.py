@@ -229,8 +229,8 @@ def test_token_block_takes_a_pair_of_types_a_projection():
 @pytest.mark.parametrize("qtype", ["q4_k", "q5_k"])
 def test_the_blocks_checks_draw_k_weights_of_mean_zero(qtype):
     """The blocks' checks chain layers, so their random K-quant weights must average zero as a real
-    layer's do (harness.suites.gemv._k_blocks(centered=True)): random mins give every weight a
-    mean of about half its spread, and two 8B-wide layers then overflowed fp16. The levels and
+    layer's do (harness.suites.gemv._k_blocks(centered=True)): random mins give the weights a mean
+    close to their spread, and two 8B-wide layers then overflowed fp16. The levels and
     scales stay random; only each min follows its scale."""
     from harness.suites.gemv import _k_blocks
 
