@@ -110,6 +110,9 @@ DECLARED = (
            "or one launch a layer (layer: layer_block)"),
     Option("block_prefetch", True, _flag,
            "the blocks' GEMV phases issue their first weights before waiting on the phase before"),
+    Option("block_l2_ahead", False, _flag,
+           "with block_prefetch: the blocks' GEMV phases also ask the L2 cache for the rest of their rows "
+           "before the wait (prefetch.global.L2; nothing on Metal)"),
     Option("block_geometry", "shared", _one_of("shared", "per_gemv"),
            "the blocks' GEMV phases: all the first GEMV's rows a SIMD group and loads in flight (shared), "
            "or each its own (per_gemv: slower so far, more registers for the whole launch; kernels/loop/NOTES.md)"),

@@ -307,7 +307,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     strides = {"W_QKV_STRIDE": 0, "W_O_STRIDE": 0, "W_UP_STRIDE": 0, "W_DOWN_STRIDE": 0, "NORM_STRIDE": 0,
                "HEAD_NORM_STRIDE": 0, **({"W_V_STRIDE": 0} if V in gemvs else {}), **(strides or {})}
     inputs, consts = [], dict(QTYPE=gemv.block_format(qtype)[0], M=m, NSIMD=s, XCHUNK=geo.xchunk, FIRST=first,
-                              PHASES=phases, PREFETCH=bool(options.get("block_prefetch")), **strides)
+                              PHASES=phases, PREFETCH=bool(options.get("block_prefetch")),
+                              L2_AHEAD=bool(options.get("block_l2_ahead")), **strides)
     for kind in geo.gemvs:
         consts.update({f"R_{_KIND_NAMES[kind]}": geo.gemvs[kind][0], f"P_{_KIND_NAMES[kind]}": geo.gemvs[kind][1]})
     types, layer_types = _launch_types({**(ffn.types if ffn else {}), **(attn.types if attn else {})},

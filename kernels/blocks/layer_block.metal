@@ -20,7 +20,9 @@
 // while others spin, which NVIDIA GPUs give resident blocks; Metal promises no such thing, so
 // kernels.blocks runs the phases as separate launches there (kernels.backends.cross_group_waits).
 // PREFETCH: a GEMV phase issues its first weights before it waits on the phase before (they need
-// nothing of it: v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip.
+// nothing of it: v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip; L2_AHEAD
+// (with PREFETCH): it also asks the L2 for the rest of its ticket's rows, so the DRAM keeps
+// reading through the wait (v3_rows' GEMV_L2_AHEAD).
 // Split attention (LATHE_SPLIT, long contexts): the partitions of a head group are merged by the
 // last of them to finish (LATHE_MERGE, decode_attention.metal), before it counts its task done.
 //
@@ -41,7 +43,7 @@
 // tickets are those of w_qkv ([q; k], qkv_dims) and then w_v's (v_dims, types Q_V_A / Q_V_B, bit
 // V_BIT, W_V_STRIDE, R_V, P_V), V's rows written after Q and K's in qkv.
 // Constants: FIRST, PHASES, v3's QTYPE, M, NSIMD and XCHUNK (the launch's: one threadgroup size,
-// one X' staging, which every GEMV's type shares), PREFETCH, each GEMV's K, R and P (its own rows
+// one X' staging, which every GEMV's type shares), PREFETCH, L2_AHEAD, each GEMV's K, R and P (its own rows
 // a SIMD group and loads in flight, kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F),
 // K_QKV (d_model), K_O (n_heads * D), R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O,
 // W_QKV_STRIDE, W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN
@@ -60,6 +62,7 @@
 #if ATTN
 #include "attention/decode_tiles.metal"
 #endif
+#define GEMV_L2_AHEAD (L2_AHEAD && PREFETCH)
 constexpr uint QUEUE_STRIDE = 64;
 enum : uint { QKV = 0, ATTN_ROWS = 1, O = 2, UP = 3, DOWN = 4, V_BIT = 5 };
 constexpr uint LAST = (FIRST + PHASES - 1) % 5;

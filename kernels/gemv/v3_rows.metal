@@ -109,6 +109,27 @@ for (uint it = 0; it < items; ++it) {
     if (pass == 0 && (CHUNKS > 1 || it == 0)) {
 #ifdef GEMV_BEFORE_X
       if (it == 0) {
+#ifdef GEMV_L2_AHEAD
+        // The rest of this SIMD group's rows into the L2 before the includer's wait, which then
+        // overlaps their DRAM reads too, not only the first PR chunks' (blocks/layer_block.metal).
+        if (GEMV_L2_AHEAD) {
+          for (uint i = 0; i < (CHUNKS == 1 ? mine : 1u); ++i) {
+            const uint c0 = (first + i * stride) * RO;
+            if (c0 >= n_out) break;
+            const size_t rows = min(RO, n_out - c0);
+            for (uint h = 0; h < (SWIGLU_OUT ? 2u : 1u); ++h) {  // SwiGLU out: the gate rows, then the up rows
+              const size_t r0 = c0 + h * n_out;
+              prefetch_l2(w, r0 * NC * 16, rows * NC * 16, lane, 32);  // the quants: 16 bytes a chunk
+              if (!KQUANT) {
+                prefetch_l2(w, size_t(scales) * 2 + r0 * NB * 2, rows * NB * 2, lane, 32);
+              } else {  // the high bits and the scales: HB and 2 bytes a chunk (Q6_K's d, NC / 4, left out)
+                prefetch_l2(w, k_high + r0 * NC * HB, rows * NC * HB, lane, 32);
+                prefetch_l2(w, k_scales + r0 * NC * 2, rows * NC * 2, lane, 32);
+              }
+            }
+          }
+        }
+#endif
         // The includer's code between the issue of the first weights and the first read of X
         // (seam.metal: the wait for X to be written).
         GEMV_BEFORE_X

@@ -376,6 +376,18 @@ __device__ __forceinline__ void grid_reset(const uint* counter, uint count) {
   for (uint i = 0; i < count; ++i) atomicExch(const_cast<uint*>(counter) + i, 0u);
 }
 
+// prefetch_l2(p, begin, bytes, lane, lanes): bytes [begin, begin + bytes) of p brought into the
+// L2 cache ahead of their loads, one 128-byte line an instruction (prefetch.global.L2: nothing
+// waits for it), the `lanes` callers taking lines in turn. A hint; lathe.h's Metal twin does
+// nothing (MSL has no prefetch).
+template <typename T>
+__device__ __forceinline__ void prefetch_l2(const T* p, size_t begin, size_t bytes, uint lane, uint lanes) {
+  const char* base = reinterpret_cast<const char*>(p);
+  for (size_t at = (begin & ~size_t(127)) + 128 * size_t(lane); at < begin + bytes; at += 128 * size_t(lanes)) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + at));
+  }
+}
+
 // LATHE_UNROLL before a loop of constant trip count: unroll it fully (register arrays indexed by
 // its variable then stay in registers).
 #define LATHE_UNROLL _Pragma("unroll")

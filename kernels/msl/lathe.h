@@ -64,6 +64,9 @@ LATHE_FN void async_copy_wide(threadgroup uint4* dst, const device T* src, uint 
 LATHE_FN void async_commit() {}
 template <int N>
 LATHE_FN void async_wait() {}
+// prefetch_l2: cuda_compat.h's hint that bytes of p will be read soon; Metal has no prefetch.
+template <typename T>
+LATHE_FN void prefetch_l2(const device T* p, size_t begin, size_t bytes, uint lane, uint lanes) {}
 // grid_ticket / grid_signal / grid_wait / grid_reset: counters shared by the threadgroups of a
 // launch (cuda_compat.h has the CUDA twins and their contract). Device-scope fences need MSL 3.2
 // (atomic_thread_fence with thread_scope_device). Not run on Metal: this project has no Apple GPU.
