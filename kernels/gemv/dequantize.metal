@@ -54,7 +54,7 @@ if (QTYPE >= 2 && PACKED) {
     }
   }
 } else if (QTYPE >= 2) {
-  constexpr uint SB = QTYPE == 2 ? 144 : QTYPE == 3 ? 176 : 210;  // bytes a super-block
+  constexpr uint SB = kquant_super_bytes<QTYPE>();
   const uint c = blk % 8, base = blk / 8 * SB;  // this thread's 32 weights: part c of a super-block
 #define KQ_BYTES q
 #include "gemv/kquant_block.metal"

@@ -22,7 +22,7 @@ if (id < 0 || id >= dims[2]) {
   }
   return;
 } else if (QTYPE >= 2) {
-  constexpr uint SB = QTYPE == 2 ? 144 : QTYPE == 3 ? 176 : 210;  // bytes a super-block
+  constexpr uint SB = kquant_super_bytes<QTYPE>();
   const uint c = b % 8, base = (uint(id) * (nb / 8) + b / 8) * SB;
 #define KQ_BYTES table
 #include "gemv/kquant_block.metal"

@@ -139,6 +139,14 @@ LATHE_FN float threadgroup_sum(float v, TgFloatPtr scratch, uint simd_id, uint l
   return total;
 }
 
+// ---- K-quant super-blocks --------------------------------------------------------------------------
+// Bytes of a GGUF super-block of 256 weights by the bodies' block type code (2 Q4_K, 3 Q5_K, 4 Q6_K;
+// reference/kquant.py has the layouts), for the kernels that read GGUF's own blocks.
+template <uint QTYPE>
+LATHE_FN constexpr uint kquant_super_bytes() {
+  return QTYPE == 2 ? 144 : QTYPE == 3 ? 176 : 210;
+}
+
 // ---- RoPE ----------------------------------------------------------------------------------------
 // Pair i (0 <= i < D/2) of a head of D elements: standard (interleaved) pairs are (2i, 2i+1),
 // NeoX (split-half) pairs are (i, i + D/2). Pair i turns by angle pos * freq_scale * inv_freq(i).
