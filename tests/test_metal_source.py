@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from harness.metal import kernel_name, launch_source, metal_source
+from harness.metal import ATTRIBUTES, kernel_name, launch_source, metal_source
 
 
 def test_signature_follows_mlx_rules():
@@ -64,3 +64,35 @@ def test_a_recorded_launch_gets_lathe_h_and_its_whole_body():
     k = "custom_kernel_lathe_gemv_v3__0_1_1_1_1_256_256_float16_t_uint8_t_int32_tc_float16_t"
     assert f"template <int QTYPE, int M, int R, int NSIMD, int P, int K, int XCHUNK>\n[[kernel]] void {k}(" in src
     assert src.endswith(f"decltype({k}<0, 1, 1, 1, 1, 256, 256>) {k}<0, 1, 1, 1, 1, 256, 256>;\n")
+
+
+def _mlx_strings() -> list[str]:
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "mlx-0.32.4-metal-kernel-strings.txt"
+    return [line[1:-1] for line in path.read_text().splitlines() if line.startswith('"')]
+
+
+def test_the_generator_writes_mlx_0_32_4s_own_text():
+    """Against the strings of MLX 0.32.4's own generator (its Metal build's libmlx.dylib; the
+    Linux wheels have no Metal back end to ask): the thread attributes are MLX's table, in its
+    order, each type first named where ours first takes it; and every fixed piece of text our
+    signature and instantiation are made of is one of MLX's strings, spaces included."""
+    strings = _mlx_strings()
+    names = {a for a, _ in ATTRIBUTES}
+    table = [s for s in strings if s in names or s in ("uint", "uint3")]
+    ours = []
+    for a, t in ATTRIBUTES:
+        ours.append(a)
+        if t not in ours:
+            ours.append(t)  # the linker keeps one copy of a string: a type shows where first used
+    assert table == ours
+    body = ("uint i = thread_position_in_grid.x; out[i] = a[i] * a_shape[0] + a_strides[0] + a_ndim;")
+    src = metal_source("k", body, "", [("a", mx.float32, (1024,))], [("out", mx.float16)], {"N": 2},
+                       atomic_outputs=True)
+    pieces = ["[[kernel]] void ", "custom_kernel_", " [[buffer(", "  const constant int* ", "_shape [[buffer(",
+              "  const constant int64_t* ", "_strides [[buffer(", "  const constant int& ", "_ndim [[buffer(",
+              "  device ", "atomic<", ")]],", ") {", "template <", 'template [[host_name("',
+              '")]] [[kernel]] decltype(']
+    for piece in pieces:
+        assert piece in strings and piece in src, piece
