@@ -127,7 +127,7 @@ def cmd_compile_metal(family: str | None, match: str | None = None) -> int:
     launches) as the Metal source mx.fast.metal_kernel builds, through clang's C++17 front end
     over lathe's model of Metal (harness.metal): exit 1 on any error, on threadgroup memory past
     Metal's budget or threadgroups past 256 threads (kernels.backends)."""
-    from harness.metal import front_end, launch_source
+    from harness.metal import front_end, launch_source, threadgroup_bytes_mismatch
     from harness.nvrtc import core_calls, record_launches
     from harness.suites import select
     from kernels.backends import THREADGROUP_MEMORY, THREADS_PER_THREADGROUP
@@ -144,11 +144,14 @@ def cmd_compile_metal(family: str | None, match: str | None = None) -> int:
     for job in record_launches(cases, target="metal"):
         threads = job.threadgroup[0] * job.threadgroup[1] * job.threadgroup[2]
         source = launch_source(job)
-        sources[source] = (job.spec.name, max(threads, sources.get(source, ("", 0))[1]))
+        sources[source] = (job, max(threads, sources.get(source, (None, 0))[1]))
     budget, most = THREADGROUP_MEMORY["metal"], THREADS_PER_THREADGROUP["metal"]
-    for source, (name, threads) in sources.items():
+    for source, (job, threads) in sources.items():
+        name = job.spec.name
         errors, threadgroup_bytes = front_end(source, f"{name}.metal")
         largest = max(largest, threadgroup_bytes)
+        if (mismatch := threadgroup_bytes_mismatch(job, threadgroup_bytes)) is not None:
+            errors.append(mismatch)
         if threadgroup_bytes > budget:
             errors.append(f"{threadgroup_bytes} bytes of threadgroup memory, past Metal's {budget}")
         if threads > most:

@@ -168,8 +168,11 @@ def front_end(source: str, name: str = "kernel.metal") -> tuple[list[str], int]:
     declares). Needs the libclang package. The check reads three Metal forms the way C++ can
     (the rewrites above): threadgroup variables as static, vector constructor calls as braces,
     the instantiation without its attributes. Each threadgroup variable is followed by a probe,
-    an undefined template of its size, whose diagnostic names that size in the instantiated
-    kernel (the sizes depend on the template constants)."""
+    a deprecated template of its size, whose warning names that size in the instantiated kernel
+    (the sizes depend on the template constants). A warning, not an error: clang stops
+    instantiating a function template's body at a statement that failed in its definition, so
+    an error from a probe of a size known there (a scalar) hid the probes after it (seen: decode
+    attention's merge weights, caught by the spec's own count, threadgroup_bytes_mismatch)."""
     import clang.cindex as ci
 
     count = [0]
@@ -181,7 +184,7 @@ def front_end(source: str, name: str = "kernel.metal") -> tuple[list[str], int]:
 
     text = _THREADGROUP_VAR.sub(probed, source)
     text = _INSTANTIATION.sub("template ", _braced_vector_calls(text))
-    text = PREAMBLE + f"template <unsigned long N> struct {_PROBE};\n" + text
+    text = PREAMBLE + f"template <unsigned long N> struct [[deprecated]] {_PROBE} {{}};\n" + text
     tu = ci.Index.create().parse(name, args=[*CLANG_ARGS, f"-I{MODEL_DIR}"], unsaved_files=[(name, text)])
     sizes = [int(n) for d in tu.diagnostics for n in re.findall(rf"{_PROBE}<(\d+)", d.spelling)]
     errors = [f"{d.location.line}:{d.location.column}: {d.spelling}" for d in tu.diagnostics
@@ -190,6 +193,18 @@ def front_end(source: str, name: str = "kernel.metal") -> tuple[list[str], int]:
 
 
 _PROBE = "lathe_threadgroup_bytes"
+
+
+def threadgroup_bytes_mismatch(job, measured: int) -> str | None:
+    """Where the threadgroup memory a launch's spec says it declares (KernelSpec.threadgroup_bytes,
+    what kernels.runtime.check_launch holds to the budget) is not what its source declares (`measured`, by
+    front_end): the difference, else None."""
+    formula = job.spec.threadgroup_bytes
+    said = 0 if formula is None else formula(job.constants)
+    if said == measured:
+        return None
+    return (f"declares {measured} bytes of threadgroup memory; its spec's threadgroup_bytes says {said} "
+            f"(constants {dict(job.constants)})")
 
 
 def front_end_errors(source: str, name: str = "kernel.metal") -> list[str]:

@@ -29,11 +29,14 @@ def record_launches(cases, target: str | None = None) -> list:
     """The launches of the cases (kernels.runtime.Launch), recorded instead of executed, made for
     `target` (kernels.runtime.recording; default CUDA's on a machine without a GPU)."""
     import kernels.runtime as rt
+    from kernels.runtime import LaunchLimitError
 
     with rt.recording(target) as rec:
         for case in cases:
             try:
                 case.run(np.random.default_rng(0))
+            except LaunchLimitError:
+                raise  # a launch the target refuses is a failure of the sweep, not a skipped case
             except Exception:  # noqa: BLE001 - comparisons on zeros fail; only launches matter
                 pass
     return rec.jobs

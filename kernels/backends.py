@@ -18,15 +18,17 @@ def cross_group_waits() -> bool:
     return runtime.target_backend() != "metal"
 
 
-# Threads a threadgroup may hold: CUDA's limit; on Metal a pipeline may cap it lower, and lathe
-# keeps its Metal launches within 256 until a Metal run measures otherwise (issue 27)
-THREADS_PER_THREADGROUP = {"cuda": 1024, "metal": 256}
-# Static threadgroup memory a threadgroup may declare: 48 KiB on CUDA (a block's static shared
-# memory), 32 KiB on Apple GPUs
-THREADGROUP_MEMORY = {"cuda": 48 * 1024, "metal": 32 * 1024}
+# Each target's limits on a launch (kernels.runtime holds them, and refuses a launch past them
+# before it is made: LaunchLimitError): threads a threadgroup (CUDA's 1024; on Metal, where a
+# pipeline may be capped below 1024, lathe keeps to 256 until a Metal run measures otherwise) and
+# its static threadgroup memory (48 KiB on CUDA, 32 KiB on Apple GPUs)
+THREADS_PER_THREADGROUP = runtime.THREADS_PER_THREADGROUP
+THREADGROUP_MEMORY = runtime.THREADGROUP_MEMORY
+LaunchLimitError = runtime.LaunchLimitError
 
 
 def threadgroup_memory() -> int:
     """The threadgroup memory budget of the launches being made (the GEMVs size their staged X
     against it: kernels.gemv). Without a GPU, CUDA's, as recorded launches are."""
     return THREADGROUP_MEMORY["metal" if runtime.target_backend() == "metal" else "cuda"]
+

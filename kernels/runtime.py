@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import mlx.core as mx
 
@@ -167,6 +167,10 @@ class KernelSpec:
     outputs: tuple[str, ...]
     prelude: str = ""
     ensure_row_contiguous: bool = True
+    # The threadgroup memory a launch declares, in bytes, from its constants (None: the body
+    # declares none). check_launch holds it to the target's budget before the launch; `lathe
+    # compile --metal` and tests/test_metal_front_end.py hold it to what the source declares.
+    threadgroup_bytes: Callable[[Mapping[str, Any]], int] | None = field(default=None, compare=False)
 
     def source(self) -> str:
         return self.prelude + "\n" + read_body(self.body)
@@ -299,6 +303,7 @@ def instance(job: Launch, inline: bool | None = None, cuda: bool | None = None) 
 
 
 _seen: set = set()  # launches whose module is in the on-disk cache (or left to MLX)
+_checked: set = set()  # off CUDA: launches whose limits were checked (check_launch)
 
 
 class recording:
@@ -368,22 +373,61 @@ def resident_groups(job: Launch) -> int | None:
     return _fits[key]
 
 
+# Each target's limits on a launch (kernels.backends makes its choices from them): threads a
+# threadgroup, where lathe keeps its Metal launches within 256 (a pipeline may cap them below
+# 1024) until a Metal run measures otherwise; and the static threadgroup memory a threadgroup may
+# declare, 48 KiB on CUDA, 32 KiB on Apple GPUs (issue 27)
+THREADS_PER_THREADGROUP = {"cuda": 1024, "metal": 256}
+THREADGROUP_MEMORY = {"cuda": 48 * 1024, "metal": 32 * 1024}
+
+
+class LaunchLimitError(ValueError):
+    """A launch past its target's limits, refused before it is made or recorded."""
+
+
+def check_launch(job: Launch) -> None:
+    """Refuse, with the numbers, a launch whose threadgroups hold more threads or declare more
+    threadgroup memory (its spec's threadgroup_bytes) than its target allows: on CUDA the
+    compile or the launch would fail with less to go on, and on Metal MLX would throw at the
+    pipeline or the library. Wrappers that can size their launch (the GEMVs' staged X, the tiled
+    prefill's key tiles, decode attention's query split) pick a configuration that fits first."""
+    target = "metal" if target_backend() == "metal" else "cuda"
+    threads = job.threadgroup[0] * job.threadgroup[1] * job.threadgroup[2]
+    if threads > THREADS_PER_THREADGROUP[target]:
+        raise LaunchLimitError(f"{job.spec.name}: threadgroups of {threads} threads, past the "
+                               f"{THREADS_PER_THREADGROUP[target]} that lathe's {target} launches may have")
+    formula = job.spec.threadgroup_bytes
+    if formula is not None:
+        need, budget = formula(job.constants), THREADGROUP_MEMORY[target]
+        if need > budget:
+            raise LaunchLimitError(f"{job.spec.name} with {dict(job.constants)}: {need} bytes of threadgroup "
+                                   f"memory, past the {budget} a {target} threadgroup may declare")
+
+
 def launch(job: Launch) -> list[mx.array]:
     if len(job.inputs) != len(job.spec.inputs):
         raise ValueError(f"{job.spec.name}: {len(job.inputs)} inputs for {job.spec.inputs}")
     if _recorder[0] is not None:
+        check_launch(job)
         _recorder[0].append(job)
         return [mx.zeros(tuple(s), d) for s, d in job.outputs]
     inline = options.get("inline_source")
     kernel = _compile_kernel(job.spec, inline)
     if _CUDA[0]:
-        # The first launch of an instantiation in this process: MLX is about to compile it,
-        # unless the on-disk cache has it; if not, compile it there first (a second dtype under
-        # one key is compiled by MLX, as before).
+        # The first launch of an instantiation in this process: its limits are checked, and MLX
+        # is about to compile it unless the on-disk cache has it; if not, compile it there first
+        # (a second dtype under one key is compiled by MLX, as before). Checked once, not at each
+        # launch of the decode loop (the host's time a launch is what small models decode at).
         key = _module_key(job, inline)
         if key not in _seen:
+            check_launch(job)
             jit_cache.ensure(instance(job, inline))
             _seen.add(key)
+    else:
+        key = (*_module_key(job, inline), job.threadgroup)
+        if key not in _checked:
+            check_launch(job)
+            _checked.add(key)
     return kernel(
         inputs=list(job.inputs),
         template=list(job.constants.items()),

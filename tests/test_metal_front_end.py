@@ -101,35 +101,72 @@ def test_the_model_and_the_compat_header_cover_one_subset():
     assert not missing, f"used by the bodies, declared by the model, not provided on CUDA: {missing}"
 
 
-@pytest.mark.parametrize("target", ["cuda", "metal"])
-def test_the_wrappers_threadgroup_memory_is_the_sources(target):
-    """The threadgroup memory that the GEMV and tiled-prefill wrappers size their launches with
-    (v2_smem_bytes, v3_smem_bytes, prefill_threadgroup_bytes) is what the instantiated source
-    declares (measured by the front end), and it fits the target's budget (kernels.backends)."""
-    import numpy as np
+def test_every_spec_counts_the_threadgroup_memory_its_source_declares_on_cuda():
+    """What kernels.runtime.check_launch holds to the budget before a launch (each spec's threadgroup_bytes)
+    is what the instantiated source declares, measured by the front end, for every distinct
+    instantiation the small check cases launch for CUDA: its own geometry, and the seam and the
+    decoder blocks as one launch each, which Metal's sweep (`lathe compile --metal`, the test
+    above, which makes the same comparison) does not see. And each fits CUDA's budget."""
+    from harness.metal import front_end, launch_source, threadgroup_bytes_mismatch
+    from harness.nvrtc import core_calls, record_launches
+    from harness.suites import select
+    from kernels.backends import THREADGROUP_MEMORY
 
-    from harness.metal import front_end, launch_source
-    from kernels import attention, backends, gemv
+    cases = list(core_calls()) + [c for fam in select(None) for c in fam.check_cases(small=True)]
+    jobs = {(job.spec.name, tuple(job.constants.items())): job for job in record_launches(cases, target="cuda")}
+    assert any(job.spec.name.startswith("lathe_layer_block") for job in jobs.values())
+    assert any(job.spec.name.startswith("lathe_seam") for job in jobs.values())
+    wrong, largest = [], 0
+    for job in jobs.values():
+        measured = front_end(launch_source(job))[1]
+        largest = max(largest, measured)
+        if (mismatch := threadgroup_bytes_mismatch(job, measured)) is not None:
+            wrong.append(f"{job.spec.name}: {mismatch}")
+    assert not wrong, "\n".join(wrong[:10])
+    assert 0 < largest <= THREADGROUP_MEMORY["cuda"]
+
+
+def test_a_launch_past_the_budget_is_refused_before_it_is_made():
+    """A spec that counts more threadgroup memory than the target gives, or threadgroups past its
+    threads, is refused with the numbers before anything is recorded or launched; the same
+    launch within the budget goes through."""
+    from kernels.backends import LaunchLimitError
+    from kernels.runtime import KernelSpec, Launch, launch, recording
+
+    spec = KernelSpec("lathe_test_budget", "loop/rmsnorm.metal", ("x", "gamma", "dims", "eps"), ("y",),
+                      prelude="#define LATHE_RESIDUAL 0", threadgroup_bytes=lambda c: 4 * c["NSIMD"])
+    inputs = [mx.zeros((1, 64), mx.float16), mx.zeros((64,), mx.float16), mx.zeros((2,), mx.int32),
+              mx.zeros((1,), mx.float32)]
+    for target, fits, past in (("metal", 8192, 8193), ("cuda", 12288, 12289)):
+        with recording(target) as rec:
+            launch(Launch(spec, inputs, [((1, 64), mx.float16)], (32, 1, 1), (32, 1, 1), dict(NSIMD=fits)))
+            with pytest.raises(LaunchLimitError, match=rf"{4 * past} bytes of threadgroup memory, past the"):
+                launch(Launch(spec, inputs, [((1, 64), mx.float16)], (32, 1, 1), (32, 1, 1), dict(NSIMD=past)))
+            with pytest.raises(LaunchLimitError, match="threadgroups of 2048 threads"):
+                launch(Launch(spec, inputs, [((1, 64), mx.float16)], (2048, 1, 1), (2048, 1, 1), dict(NSIMD=1)))
+        assert len(rec.jobs) == 1
+    with recording("metal") as rec:  # Metal's 256 threads, which CUDA's launches may pass
+        with pytest.raises(LaunchLimitError, match="threadgroups of 512 threads, past the 256"):
+            launch(Launch(spec, inputs, [((1, 64), mx.float16)], (512, 1, 1), (512, 1, 1), dict(NSIMD=16)))
+    assert not rec.jobs
+
+
+def test_decode_attention_splits_a_wide_group_to_fit_the_budget():
+    """Multi-query heads (32 query heads on one kv head, D = 256) would need more threadgroup
+    memory a threadgroup than Metal's 32 KiB and CUDA's 48 KiB: the wrapper gives a threadgroup
+    fewer of the heads (a larger query split) until its launch fits, on either target."""
+    from kernels import attention, options
+    from kernels.backends import THREADGROUP_MEMORY
     from kernels.runtime import recording
-    from reference.quant import quantize
 
-    blocks = mx.array(quantize(np.ones((64, 14336), np.float32), "q8_0"))
-    packed = gemv.repack(blocks, "q8_0", 64, 14336)
-    x = mx.zeros((3, 14336), mx.float16)
-    with recording(target) as rec:
-        gemv.gemv_v2(x, blocks, "q8_0", 64, 14336)
-        gemv.gemv_v3(x, packed, "q8_0", 64, 14336)
-        for d, paged in ((128, False), (128, True), (256, False), (256, True)):
-            cache = (mx.zeros((4, 2, d // 8, 16, 8), mx.float16), mx.zeros((4, 2, d, 16), mx.float16)) if paged \
-                else (mx.zeros((2, 64, d), mx.float16), mx.zeros((2, 64, d), mx.float16))
-            attention.prefill_attention(mx.zeros((40, 4, d), mx.float16), *cache, 0, 0.1, kernel="tiled",
-                                        block_table=np.arange(4, dtype=np.int32) if paged else None)
-        budget = backends.threadgroup_memory()
-    v2, v3, *prefills = rec.jobs
-    c = v2.constants
-    want = [gemv.v2_smem_bytes("q8_0", 3, c["R"], c["NSIMD"], c["XCHUNK"], c["SLOTS"]),
-            gemv.v3_smem_bytes(3, v3.constants["XCHUNK"], v3.constants["NSIMD"])]
-    want += [attention.prefill_threadgroup_bytes(j.constants["D"], j.constants["RB"], j.constants["BK"],
-                                                 "table" in j.spec.inputs) for j in prefills]
-    got = [front_end(launch_source(j))[1] for j in rec.jobs]
-    assert got == want and max(got) <= budget == backends.THREADGROUP_MEMORY[target]
+    q = mx.zeros((1, 32, 256), mx.float16)
+    cache = mx.zeros((1, 1, 64, 256), mx.float16)
+    assert attention.decode_threadgroup_bytes(32, 256, attention.NSIMD, False, False) > THREADGROUP_MEMORY["cuda"]
+    for target, heads in (("metal", 8), ("cuda", 16)):  # the most heads a threadgroup fits
+        # attn_query_split 1: no split for the grid's sake, so only the budget splits the group
+        with recording(target) as rec, options.use(attn_query_split=1):
+            attention.flash_decode(q, cache, cache, [40], 0.1)
+        (job,) = rec.jobs
+        c = job.constants
+        assert (c["G"], c["QS"]) == (heads, 32 // heads)
+        assert job.spec.threadgroup_bytes(c) <= THREADGROUP_MEMORY[target]

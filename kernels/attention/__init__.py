@@ -85,7 +85,25 @@ def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, hea
     return KernelSpec(name, "attention/decode_attention.metal", inputs, outputs,
                       prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_SPLIT {int(split)}\n"
                               f"#define LATHE_ROPE {int(rope)}\n#define LATHE_MERGE {int(merge)}\n"
-                              f"#define LATHE_HEAD_NORM {int(head_norm)}")
+                              f"#define LATHE_HEAD_NORM {int(head_norm)}",
+                      threadgroup_bytes=functools.partial(_decode_threadgroup_bytes, head_norm=head_norm,
+                                                          merge=merge))
+
+
+def decode_threadgroup_bytes(group: int, head_dim: int, nsimd: int, head_norm: bool, merge: bool) -> int:
+    """Threadgroup memory of a decode attention launch (decode_tiles.metal) for `group` query
+    heads a threadgroup: Q and the output sums of each head, a chunk's scores (a thread a token),
+    the softmax's running max, sum and rescale; the heads' norms (Qwen3's), and each partition's
+    weight where the launch merges its partitions."""
+    chunk = nsimd * 32
+    words = 2 * group * head_dim + group * chunk + 3 * group
+    words += (group + 1) if head_norm else 0
+    words += (1 + group * MERGE_PARTS) if merge else 0
+    return 4 * words
+
+
+def _decode_threadgroup_bytes(c: dict, head_norm: bool, merge: bool) -> int:
+    return decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, merge)
 
 
 def merge_counters(slots: int) -> mx.array:
@@ -204,6 +222,13 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     parts = -(-longest // partition) if split else 1
     dims = _ints((n_kv, rows, partition, parts, 0 if shared_cache else 1))
     qs = query_split(group, n_kv * parts * batch)
+    merge = split and options.get("attn_combine") == "last_group" and parts <= MERGE_PARTS
+    head_norm = bool(rope and rope[3])
+    # Where a threadgroup's share of the group's heads would not fit the backend's threadgroup
+    # memory (Metal's 32 KiB; a wide group, as multi-query heads make), fewer heads a threadgroup
+    while group % (2 * qs) == 0 and decode_threadgroup_bytes(group // qs, head_dim, NSIMD, head_norm, merge) \
+            > backends.threadgroup_memory():
+        qs *= 2
     constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size)
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
         inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale)), *rope[3]]
@@ -215,14 +240,13 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
         inputs += [dims, _scale(float(scale)), _no_order() if after is None else after]
     outputs = ([((batch, n_heads, parts, head_dim), mx.float32), ((batch, n_heads, parts, 2), mx.float32)]
                if split else [((batch, n_heads, head_dim), mx.float16)])
-    merge = split and options.get("attn_combine") == "last_group" and parts <= MERGE_PARTS
     if merge:
         if counters is None:
             counters = mx.zeros((batch * n_heads,), mx.uint32)
         _check_counters(counters, batch * n_kv * qs)
         inputs.append(counters)
         outputs.append(((batch, n_heads, head_dim), mx.float16))
-    res = launch(Launch(_spec(paged, split, rope is not None, merge, bool(rope and rope[3])), inputs, outputs,
+    res = launch(Launch(_spec(paged, split, rope is not None, merge, head_norm), inputs, outputs,
                         (parts * 32 * NSIMD, n_kv * qs, batch), (32 * NSIMD, 1, 1), constants))
     if not split or merge:
         return res[-1]
@@ -461,7 +485,8 @@ def _prefill_spec(paged: bool) -> KernelSpec:
     inputs = ("q", "k_cache", "v_cache") + (("table",) if paged else ()) + ("dims", "scale", "after")
     return KernelSpec(f"lathe_{'paged' if paged else 'contiguous'}_prefill_tiled",
                       "attention/prefill_attention.metal", inputs, ("out",),
-                      prelude=f"#define LATHE_PAGED {int(paged)}")
+                      prelude=f"#define LATHE_PAGED {int(paged)}",
+                      threadgroup_bytes=lambda c: prefill_threadgroup_bytes(c["D"], c["RB"], c["BK"], paged))
 
 
 def _prefill_tiled(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.array | None,

@@ -133,7 +133,19 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
                     f"#define LATHE_MERGE {int(split)}\n#define LATHE_HEAD_NORM {int(head_norm)}")
     layers = "" if name != "token_block" else f"_{phases}"
     return KernelSpec(f"lathe_{name}{layers}{'_norm' if head_norm else ''}{'_split' if split else ''}{typed}",
-                      "blocks/layer_block.metal", inputs, outputs, prelude=prelude)
+                      "blocks/layer_block.metal", inputs, outputs, prelude=prelude,
+                      threadgroup_bytes=functools.partial(_threadgroup_bytes, attn=attn, head_norm=head_norm,
+                                                          split=split))
+
+
+def _threadgroup_bytes(c: dict, attn: bool, head_norm: bool, split: bool) -> int:
+    """layer_block.metal's threadgroup memory: v3's staged X', the claimed ticket and the
+    last-out flag, and with attention phases decode attention's arrays (merged partitions where
+    the launch splits)."""
+    gemv_bytes = gemv.v3_smem_bytes(c["M"], c["XCHUNK"], c["NSIMD"]) + 8
+    if not attn:
+        return gemv_bytes
+    return gemv_bytes + attention.decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, split)
 
 
 def _check_queue(queue: mx.array, phases: int) -> None:

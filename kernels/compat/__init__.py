@@ -10,7 +10,8 @@ _IDS = KernelSpec("lathe_probe_thread_ids", "compat/thread_ids.metal", ("dims",)
 _SIMD = KernelSpec("lathe_probe_simd", "compat/simd.metal", ("x", "dims"), ("out",))
 _MEMORY = KernelSpec("lathe_probe_memory", "compat/memory.metal",
                      ("x", "wide_in", "pairs_in", "dims"),
-                     ("rev", "sums", "wide_out", "pairs_out", "quads_out"))
+                     ("rev", "sums", "wide_out", "pairs_out", "quads_out"),
+                     threadgroup_bytes=lambda c: 4 * (c["TG"] + c["TG"] // 32))
 
 
 def thread_ids(grid: tuple[int, int, int], threadgroup: tuple[int, int, int]) -> mx.array:

@@ -122,7 +122,19 @@ def _gemv_spec(version: str, prologue: str, residual: bool, swiglu_out: bool = F
                       ("y",), prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
                                       f"#define LATHE_RESIDUAL {int(residual)}\n"
                                       f"#define LATHE_EPILOGUE {int(swiglu_out)}"
-                                      + (f"\n#define LATHE_PAIR {int(pair)}" if version == "v3" else ""))
+                                      + (f"\n#define LATHE_PAIR {int(pair)}" if version == "v3" else ""),
+                      threadgroup_bytes=_v2_threadgroup_bytes if version == "v2" else _v3_threadgroup_bytes)
+
+
+def _v2_threadgroup_bytes(c: dict) -> int:
+    """gemv_v2.metal's arrays (v2_smem_bytes) from a launch's constants."""
+    qtype = next(q for q, (code, _) in QTYPES.items() if code == c["QTYPE"])
+    return v2_smem_bytes(qtype, c["M"], c["R"], c["NSIMD"], c["XCHUNK"], c["SLOTS"])
+
+
+def _v3_threadgroup_bytes(c: dict) -> int:
+    """gemv_v3.metal's arrays (v3_smem_bytes) from a launch's constants."""
+    return v3_smem_bytes(c["M"], c["XCHUNK"], c["NSIMD"])
 
 
 _QUANTIZE = KernelSpec("lathe_quantize", "gemv/quantize.metal", ("w", "dims"), ("q",))
@@ -650,7 +662,16 @@ def _seam_spec(prologue: str, v3: bool = False) -> KernelSpec:
     return KernelSpec(f"lathe_seam_{'v3_' if v3 else ''}{prologue}", "gemv/seam.metal",
                       ("a_x", "a_w", "a_dims", "residual", "gamma", "eps", "b_w", "b_dims", "queue"),
                       ("a_y", "b_y"), prelude=f"#define PROLOGUE_A {PROLOGUES[prologue]}\n"
-                                              f"#define SEAM_V3 {int(v3)}")
+                                              f"#define SEAM_V3 {int(v3)}",
+                      threadgroup_bytes=_seam_v3_threadgroup_bytes if v3 else _seam_v2_threadgroup_bytes)
+
+
+def _seam_v2_threadgroup_bytes(c: dict) -> int:
+    return _v2_threadgroup_bytes(c) + 4  # the GEMVs' arrays and the ticket a threadgroup claims
+
+
+def _seam_v3_threadgroup_bytes(c: dict) -> int:
+    return _v3_threadgroup_bytes(c) + 4
 
 
 SEAM_QUEUE = 3 * 64  # gemv/seam.metal's counters, each on a 256-byte line of its own

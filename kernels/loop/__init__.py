@@ -17,13 +17,14 @@ EMBED_TYPES = {**{q: block_format(q) for q in V3_QTYPES}, "f16": (5, 1, 1)}
 
 _RMSNORM = {
     False: KernelSpec("lathe_rmsnorm", "loop/rmsnorm.metal", ("x", "gamma", "dims", "eps"), ("y",),
-                      prelude="#define LATHE_RESIDUAL 0"),
+                      prelude="#define LATHE_RESIDUAL 0", threadgroup_bytes=lambda c: 4 * c["NSIMD"]),
     True: KernelSpec("lathe_residual_rmsnorm", "loop/rmsnorm.metal",
                      ("x", "residual", "gamma", "dims", "eps"), ("y", "sum"),
-                     prelude="#define LATHE_RESIDUAL 1"),
+                     prelude="#define LATHE_RESIDUAL 1", threadgroup_bytes=lambda c: 4 * c["NSIMD"]),
 }
 _SWIGLU = KernelSpec("lathe_swiglu", "loop/swiglu.metal", ("gu", "dims"), ("y",))
-_ARGMAX = KernelSpec("lathe_argmax", "loop/argmax.metal", ("logits", "dims"), ("token",))
+_ARGMAX = KernelSpec("lathe_argmax", "loop/argmax.metal", ("logits", "dims"), ("token",),
+                     threadgroup_bytes=lambda c: 8 * c["NSIMD"])  # a SIMD group's best value and index
 _EMBED = KernelSpec("lathe_embed", "loop/embed.metal", ("table", "tokens", "dims"), ("out",))
 
 

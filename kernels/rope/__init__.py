@@ -274,6 +274,8 @@ def _kv_spec(body: str, form: str, norm: bool) -> KernelSpec:
         inputs=("q", "k", "v", *weights, "pos", "inv_freq", "scalars", "dims", *extra_in),
         outputs=("q_out", *extra_out),
         prelude=cache_prelude(form, ("k", "v")),
+        # head_norm_rope_kv_write.metal: a threadgroup of D/2 threads reduces over NSIMD = D/64
+        threadgroup_bytes=(lambda c: 4 * (c["D"] // 64)) if norm else None,
     )
 
 
@@ -488,6 +490,7 @@ _HEAD_RMSNORM = KernelSpec(
     body="rope/head_rmsnorm.metal",
     inputs=("x", "weight", "scalars"),
     outputs=("out",),
+    threadgroup_bytes=lambda c: 4 * ((c["D"] // 2 + 31) // 32),  # a sum a SIMD group of D/2 threads
 )
 
 
