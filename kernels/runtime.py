@@ -17,6 +17,7 @@ import functools
 import hashlib
 import os
 import re
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -153,6 +154,9 @@ def read_body(path: str) -> str:
     return _INCLUDE.sub(lambda m: read_body(m.group(1)).rstrip("\n"), text)
 
 
+_WRITABLE = re.compile(r"\bwritable\((\w+)\)")  # an input a body writes through (lathe.h)
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """What MLX needs to build one kernel object: a unique name, the body and its I/O names.
@@ -174,6 +178,12 @@ class KernelSpec:
 
     def source(self) -> str:
         return self.prelude + "\n" + read_body(self.body)
+
+    @functools.cached_property
+    def written_in_place(self) -> tuple[int, ...]:
+        """The positions of the inputs its source writes through (`writable(name)`)."""
+        names = set(_WRITABLE.findall(self.source()))
+        return tuple(i for i, n in enumerate(self.inputs) if n in names)
 
 
 # MLX's CUDA backend hashes a custom kernel's whole source at every launch: CustomKernel::eval_gpu
@@ -404,9 +414,75 @@ def check_launch(job: Launch) -> None:
                                    f"memory, past the {budget} a {target} threadgroup may declare")
 
 
+# ---- inputs written in place ---------------------------------------------------------------------
+# A body that writes through an input (`writable(name)`: the KV caches) writes into the buffer MLX
+# binds for it. MLX copies an input that is not row-contiguous before binding it (Metal's
+# ensure_row_contiguous), so a write through a transposed or strided view would land in the copy
+# and be lost, silently (kernels/msl/NOTES.md). MLX's Python arrays show no strides but through the
+# buffer protocol, which evaluates the array, so each array is checked once: one the check passed,
+# or that `depends` or `reshaped` made from one, is known whole from then on (by identity, weakly
+# held), and a decode loop's caches are checked at their first write only.
+_whole: dict[int, weakref.ref] = {}
+
+
+def _known_whole(a: mx.array) -> bool:
+    ref = _whole.get(id(a))
+    return ref is not None and ref() is a
+
+
+def _mark_whole(a: mx.array) -> None:
+    key = id(a)
+    _whole[key] = weakref.ref(a, lambda _, key=key: _whole.pop(key, None))
+
+
+def require_whole(a: mx.array, what: str) -> None:
+    """Refuse an array to be written in place that is not row-contiguous."""
+    if _known_whole(a):
+        return
+    try:
+        view = memoryview(a)  # evaluates a
+    except RuntimeError:
+        # inside mx.compile's trace the inputs are placeholders, which cannot be evaluated; the
+        # arrays the compiled function is called with are the decoder's own caches
+        return
+    if not view.c_contiguous:
+        raise ValueError(f"{what} is written in place, so it must be a row-contiguous array (not a transposed "
+                         f"or strided view, shape {tuple(a.shape)}): MLX would bind a copy of it and the write "
+                         "would be lost")
+    _mark_whole(a)
+
+
+def check_in_place_targets(job: Launch) -> None:
+    """Refuse a launch that would write through an input that is not row-contiguous."""
+    for i in job.spec.written_in_place:
+        require_whole(job.inputs[i], f"{job.spec.name}: {job.spec.inputs[i]}")
+
+
+def depends(arrays: mx.array | list[mx.array], dependencies: list[mx.array]) -> Any:
+    """mx.depends(arrays, dependencies), whose results share their inputs' buffers: each result of
+    an input known whole is known whole (the caches a kernel wrote in place, passed on)."""
+    out = mx.depends(arrays, dependencies)
+    for a, o in zip(arrays, out) if isinstance(arrays, list) else ((arrays, out),):
+        if _known_whole(a):
+            _mark_whole(o)
+    return out
+
+
+def reshaped(a: mx.array, shape: tuple[int, ...], what: str) -> mx.array:
+    """a.reshape(shape) of an array to be written in place: `a` is checked (require_whole), and
+    the reshape, a view of the same buffer, is known whole with it."""
+    require_whole(a, what)
+    out = a.reshape(shape)
+    if _known_whole(a):
+        _mark_whole(out)
+    return out
+
+
 def launch(job: Launch) -> list[mx.array]:
     if len(job.inputs) != len(job.spec.inputs):
         raise ValueError(f"{job.spec.name}: {len(job.inputs)} inputs for {job.spec.inputs}")
+    if job.spec.written_in_place:
+        check_in_place_targets(job)
     if _recorder[0] is not None:
         check_launch(job)
         _recorder[0].append(job)

@@ -36,3 +36,46 @@ def test_include_line_names_a_file_that_holds_the_text(tmp_path):
     open(path, "w").write("damaged")  # a file that no longer holds its text is written again
     assert runtime.include_line(text, ".body.cuh", tmp_path) == line and open(path).read() == text
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+
+
+def test_a_cache_written_in_place_must_be_row_contiguous(monkeypatch):
+    """A transposed view of a cache (the right shape, the wrong layout) is refused before the
+    launch: MLX would bind a row-contiguous copy and the write would be lost. A whole cache goes
+    through, is checked once (evaluated, through the buffer protocol), and the caches the kernel
+    returns are known whole: the next write reads no buffer and the same view is refused again."""
+    from kernels import attention, rope
+
+    evaluated = []
+    monkeypatch.setattr(runtime, "memoryview", lambda a: evaluated.append(a.shape) or memoryview(a), raising=False)
+    n_kv, seq, d = 2, 16, 64
+    qkv = mx.zeros(((4 + 2 * n_kv) * d,), mx.float16)
+    cache = mx.zeros((n_kv, seq, d), mx.float16)
+    strided = mx.zeros((seq, n_kv, d), mx.float16).transpose(1, 0, 2)
+    with runtime.recording("cuda") as rec:
+        with pytest.raises(ValueError, match="k_cache is written in place, so it must be a row-contiguous"):
+            rope.rope_qkv_write(qkv, strided, cache, 3, n_heads=4)
+        with pytest.raises(ValueError, match="rope_flash_decode: v_cache is written in place"):
+            attention.rope_flash_decode(qkv, cache, strided, 3, n_heads=4, scale=0.1)
+        assert not rec.jobs
+        rot = rope.rope_qkv_write(qkv, cache, mx.zeros((n_kv, seq, d), mx.float16), 3, n_heads=4)
+        checked = len(evaluated)
+        rot = rope.rope_qkv_write(qkv, rot.k_cache, rot.v_cache, 4, n_heads=4)
+        attention.rope_flash_decode(qkv, rot.k_cache, rot.v_cache, 5, n_heads=4, scale=0.1)
+        assert len(evaluated) == checked and len(rec.jobs) == 3
+    with pytest.raises(ValueError, match="written in place"), runtime.recording("cuda"):
+        rope.rope_qkv_write(qkv, strided, cache, 3, n_heads=4)
+
+
+def test_a_traced_cache_is_not_evaluated():
+    """Inside mx.compile's trace the caches are placeholders, which cannot be evaluated: the
+    in-place check leaves them to the arrays the compiled function is called with."""
+    from kernels import rope
+
+    def step(qkv, k_cache, v_cache):
+        rot = rope.rope_qkv_write(qkv, k_cache, v_cache, 3, n_heads=4)
+        return rot.q, rot.k_cache
+
+    with runtime.recording("cuda") as rec:
+        mx.compile(step)(mx.zeros((8 * 64,), mx.float16), mx.zeros((2, 16, 64), mx.float16),
+                         mx.zeros((2, 16, 64), mx.float16))
+    assert len(rec.jobs) == 1

@@ -31,7 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from kernels import backends, options
-from kernels.runtime import KernelSpec, Launch, constant, index, launch, resident
+from kernels.runtime import KernelSpec, Launch, constant, depends, index, launch, reshaped, resident
 
 HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32)
@@ -383,10 +383,11 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     freqs = rope_kernels._table(head_dim, theta, inv_freq)
     scalars = constant((float(theta), float(freq_scale), float(eps or 0.0)), mx.float32)
     longest = pos + 1 if isinstance(pos, int) else max_seq  # sizes the grid, as flash_decode's
-    out = _run(False, split, qkv.reshape(-1), k_cache[None], v_cache[None], pos_arr, longest, None,
+    out = _run(False, split, qkv.reshape(-1), reshaped(k_cache, (1, *k_cache.shape), "rope_flash_decode: k_cache"),
+               reshaped(v_cache, (1, *v_cache.shape), "rope_flash_decode: v_cache"), pos_arr, longest, None,
                max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from,
                rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True), norms), counters=counters)
-    k_cache, v_cache = mx.depends([k_cache, v_cache], [out])
+    k_cache, v_cache = depends([k_cache, v_cache], [out])
     return out, k_cache, v_cache
 
 
@@ -532,4 +533,4 @@ def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.a
                                           _ints((tokens, n_kv, blocks * block_size))], [((1,), mx.uint32)],
                                (head_dim // X, n_kv, tokens), (head_dim // X, 1, 1),
                                dict(D=head_dim, BS=block_size)))
-    return mx.depends(k_cache, written), mx.depends(v_cache, written), written
+    return depends(k_cache, [written]), depends(v_cache, [written]), written

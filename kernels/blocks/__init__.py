@@ -39,7 +39,7 @@ import mlx.core as mx
 
 from kernels import attention, backends, gemv, options, rope
 from kernels.gemv import Packed, stages_alike
-from kernels.runtime import KernelSpec, Launch, constant, launch, resident, resident_groups
+from kernels.runtime import KernelSpec, Launch, constant, depends, launch, resident, resident_groups
 
 QUEUE_STRIDE = 64  # words between a launch's counters: each on a 256-byte line of its own
 STRIDE_ALIGN = 256  # bytes between layers' matrices in a Stack: every layer's 16-byte loads aligned
@@ -424,7 +424,7 @@ def attention_block(x: mx.array, attn_norm: mx.array, eps: float, w_qkv: Packed,
     if not backends.cross_group_waits():
         return _attention_apart(x, eps, qtype, attn)
     x_out = _launch(x, eps, qtype, QKV, 3, None, attn, queue)[2]
-    k_cache, v_cache = mx.depends([k_cache, v_cache], [x_out])
+    k_cache, v_cache = depends([k_cache, v_cache], [x_out])
     return x_out, k_cache, v_cache
 
 
@@ -457,7 +457,7 @@ def layer_block(x: mx.array, ffn_norm: mx.array, w_gate_up: Packed, w_down: Pack
     if not backends.cross_group_waits():
         return _attention_apart(_ffn_apart(x, eps, qtype, ffn), eps, qtype, attn)
     x_out = _launch(x, eps, qtype, UP, 5, ffn, attn, queue)[4]
-    k_cache, v_cache = mx.depends([k_cache, v_cache], [x_out])
+    k_cache, v_cache = depends([k_cache, v_cache], [x_out])
     return x_out, k_cache, v_cache
 
 
@@ -542,7 +542,7 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
                    HEAD_NORM_STRIDE=w.q_norm.shape[1] if head[0] is not None else 0,
                    **({"W_V_STRIDE": w.w_v.stride} if w.w_v is not None else {}))
     x_out = _launch(x, eps, qtype, QKV, 5 * layers, ffn, attn, queue, strides)[1]
-    caches = mx.depends([*k_caches, *v_caches], [x_out])
+    caches = depends([*k_caches, *v_caches], [x_out])
     return x_out, caches[:layers], caches[layers:]
 
 

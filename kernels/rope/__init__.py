@@ -24,7 +24,8 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from kernels.runtime import FORMS, KernelSpec, Launch, cache_io, cache_prelude, constant, index, launch, resident
+from kernels.runtime import (FORMS, KernelSpec, Launch, cache_io, cache_prelude, constant, depends, index, launch,
+                             resident)
 
 FREQS = ("table", "inline")
 # Launch tuning: threads per threadgroup, and heads per thread (HPT, a compile-time constant) for
@@ -342,7 +343,7 @@ def _kv_write(
         )
     inputs += [k_cache, v_cache]
     q_out, written = launch(Launch(spec, inputs, [q_shape, ((1,), mx.uint32)], grid, tg, constants))
-    k_cache, v_cache = mx.depends([k_cache, v_cache], [written])
+    k_cache, v_cache = depends([k_cache, v_cache], [written])
     return Rotated(q_out, k_cache, v_cache, written)
 
 
@@ -461,7 +462,7 @@ def cache_write(rows: mx.array, cache: mx.array, pos: int | mx.array) -> tuple[m
                (head_dim // 2, max(1, min(n_kv, TUNING["threads"] // (head_dim // 2))), 1),
                {"D": head_dim})
     )
-    return mx.depends(cache, written), written
+    return depends(cache, [written]), written
 
 
 _CACHE_READ = KernelSpec(
