@@ -140,7 +140,7 @@ def cmd_compile_metal(family: str | None, match: str | None = None) -> int:
     cases = list(core_calls()) if match is None else []
     for fam in select(family):
         cases += [c for c in fam.check_cases(small=True) if match is None or matches(c.id, match)]
-    began, sources, failed, largest = time.perf_counter(), {}, 0, 0
+    began, sources, failed, largest, per_kernel = time.perf_counter(), {}, 0, 0, {}
     for job in record_launches(cases, target="metal"):
         threads = job.threadgroup[0] * job.threadgroup[1] * job.threadgroup[2]
         source = launch_source(job)
@@ -159,6 +159,12 @@ def cmd_compile_metal(family: str | None, match: str | None = None) -> int:
         if errors:
             failed += 1
             print(f"FAIL {name}\n  " + "\n  ".join(errors[:8]))
+        kernel = per_kernel.setdefault(name, [0, 0, 0])
+        kernel[:] = kernel[0] + 1, max(kernel[1], threads), max(kernel[2], threadgroup_bytes)
+    # What each kernel asks of a Metal threadgroup at most, over the instantiations checked
+    print(f"{'kernel (Metal launches of the small checks)':52} {'sources':>7} {'threads':>7} {'tg bytes':>8}")
+    for name, (count, threads, tg_bytes) in sorted(per_kernel.items()):
+        print(f"{name:52} {count:7} {threads:7} {tg_bytes:8}")
     print(f"compile --metal: {len(sources) - failed} passed, {failed} failed (clang's front end over the "
           f"model of Metal; threadgroup memory at most {largest} bytes; {time.perf_counter() - began:.1f} s)")
     return 1 if failed else 0

@@ -192,6 +192,36 @@ def front_end(source: str, name: str = "kernel.metal") -> tuple[list[str], int]:
     return errors, sum(sizes)
 
 
+def written_in_place(source: str, name: str = "kernel.metal") -> set[str]:
+    """The kernel's parameters that it writes through (`writable(p)`, lathe.h), read from clang's
+    AST of `source` (a kernel as metal_source writes it), so only the code that the preprocessor
+    keeps counts: a parameter behind a local variable (`auto k_cache = LATHE_K_CACHE(l)`) counts
+    as the parameters its initializer names. Needs the libclang package."""
+    import clang.cindex as ci
+
+    text = PREAMBLE + _INSTANTIATION.sub("template ", _braced_vector_calls(
+        _THREADGROUP_VAR.sub(lambda m: f"{m.group(1)}static {m.group(2)}", source)))
+    tu = ci.Index.create().parse(name, args=[*CLANG_ARGS, f"-I{MODEL_DIR}"], unsaved_files=[(name, text)])
+
+    def parameters(cursor, depth: int = 0) -> set[str]:
+        found = set()
+        for d in cursor.walk_preorder():
+            ref = d.referenced if d.kind == ci.CursorKind.DECL_REF_EXPR else None
+            if ref is not None and ref.kind == ci.CursorKind.PARM_DECL:
+                found.add(ref.spelling)
+            elif ref is not None and ref.kind == ci.CursorKind.VAR_DECL and depth < 3:
+                found |= parameters(ref, depth + 1)
+        return found
+
+    written: set[str] = set()
+    for top in tu.cursor.get_children():
+        if top.spelling.startswith("custom_kernel_") and top.location.file and top.location.file.name == name:
+            for c in top.walk_preorder():
+                if c.kind == ci.CursorKind.CALL_EXPR and c.spelling == "writable":
+                    written |= parameters(next(c.get_arguments()))
+    return written
+
+
 _PROBE = "lathe_threadgroup_bytes"
 
 

@@ -154,9 +154,6 @@ def read_body(path: str) -> str:
     return _INCLUDE.sub(lambda m: read_body(m.group(1)).rstrip("\n"), text)
 
 
-_WRITABLE = re.compile(r"\bwritable\((\w+)\)")  # an input a body writes through (lathe.h)
-
-
 @dataclass(frozen=True)
 class KernelSpec:
     """What MLX needs to build one kernel object: a unique name, the body and its I/O names.
@@ -175,15 +172,19 @@ class KernelSpec:
     # declares none). check_launch holds it to the target's budget before the launch; `lathe
     # compile --metal` and tests/test_metal_front_end.py hold it to what the source declares.
     threadgroup_bytes: Callable[[Mapping[str, Any]], int] | None = field(default=None, compare=False)
+    # The inputs the body writes through (`writable(name)`, the caches), as the builder knows them:
+    # a source's text over-counts (decode attention writes its caches only where it rotates K, an
+    # `#if` away), and a check of an input it does not write costs a wait (tests/test_runtime.py
+    # compares the two)
+    in_place: tuple[str, ...] = ()
 
     def source(self) -> str:
         return self.prelude + "\n" + read_body(self.body)
 
     @functools.cached_property
     def written_in_place(self) -> tuple[int, ...]:
-        """The positions of the inputs its source writes through (`writable(name)`)."""
-        names = set(_WRITABLE.findall(self.source()))
-        return tuple(i for i, n in enumerate(self.inputs) if n in names)
+        """The positions of the inputs in `in_place`, which launches check (check_in_place_targets)."""
+        return tuple(self.inputs.index(n) for n in self.in_place)
 
 
 # MLX's CUDA backend hashes a custom kernel's whole source at every launch: CustomKernel::eval_gpu
@@ -415,6 +416,7 @@ def check_launch(job: Launch) -> None:
 
 
 # ---- inputs written in place ---------------------------------------------------------------------
+WRITABLE = re.compile(r"\bwritable\((\w+)\)")  # an input a body writes through (lathe.h)
 # A body that writes through an input (`writable(name)`: the KV caches) writes into the buffer MLX
 # binds for it. MLX copies an input that is not row-contiguous before binding it (Metal's
 # ensure_row_contiguous), so a write through a transposed or strided view would land in the copy

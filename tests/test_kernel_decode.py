@@ -483,3 +483,24 @@ def test_launches_per_token_counts_every_kernel(models):
     k_before = [id(k) for k in long.k]
     long.launches_per_token(100, device_pos=True)
     assert long.pos == 0 and [id(k) for k in long.k] == k_before  # the caches are the decoder's own
+
+
+@pytest.mark.parametrize("variant, kv", [("unfused", "contiguous"), ("unfused", "paged"), ("fused", "contiguous"),
+                                         ("fused", "paged"), ("megafused", "contiguous")])
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_the_caches_are_checked_once_not_every_token(models, monkeypatch, preset, variant, kv):
+    """Each cache a decoder writes in place is checked row-contiguous once (the buffer protocol,
+    which evaluates it: a wait), at its first write; the caches each step passes on are known
+    whole, so later tokens wait on nothing (launches recorded, CPU)."""
+    from kernels import runtime
+
+    evaluated = []
+    monkeypatch.setattr(runtime, "memoryview", lambda a: evaluated.append(a.shape) or memoryview(a), raising=False)
+    m = models[preset, "q8_0"]
+    decoder = KernelDecoder(m, 64, variant, kv)
+    with runtime.recording():
+        decoder.layers(np.array([1]), 1, 0)
+        first = len(evaluated)
+        for pos in (1, 2, 3):
+            decoder.layers(np.array([pos]), 1, pos)
+    assert 0 < first <= 2 * m.config.n_layers and len(evaluated) == first

@@ -101,13 +101,16 @@ def test_the_model_and_the_compat_header_cover_one_subset():
     assert not missing, f"used by the bodies, declared by the model, not provided on CUDA: {missing}"
 
 
-def test_every_spec_counts_the_threadgroup_memory_its_source_declares_on_cuda():
-    """What kernels.runtime.check_launch holds to the budget before a launch (each spec's threadgroup_bytes)
-    is what the instantiated source declares, measured by the front end, for every distinct
-    instantiation the small check cases launch for CUDA: its own geometry, and the seam and the
-    decoder blocks as one launch each, which Metal's sweep (`lathe compile --metal`, the test
-    above, which makes the same comparison) does not see. And each fits CUDA's budget."""
-    from harness.metal import front_end, launch_source, threadgroup_bytes_mismatch
+def test_every_spec_counts_its_threadgroup_memory_and_names_what_it_writes_in_place():
+    """What kernels.runtime.check_launch holds to the budget before a launch (each spec's
+    threadgroup_bytes) is what the instantiated source declares, measured by the front end, for
+    every distinct instantiation the small check cases launch for CUDA: its own geometry, and the
+    seam and the decoder blocks as one launch each, which Metal's sweep (`lathe compile --metal`,
+    the test above, which makes the same comparison) does not see. And each fits CUDA's budget.
+    The inputs each spec says it writes in place (`in_place`, which launches check) are the
+    parameters its compiled code writes through, read from clang's AST (so a write an `#if`
+    removes does not count)."""
+    from harness.metal import front_end, launch_source, threadgroup_bytes_mismatch, written_in_place
     from harness.nvrtc import core_calls, record_launches
     from harness.suites import select
     from kernels.backends import THREADGROUP_MEMORY
@@ -116,14 +119,22 @@ def test_every_spec_counts_the_threadgroup_memory_its_source_declares_on_cuda():
     jobs = {(job.spec.name, tuple(job.constants.items())): job for job in record_launches(cases, target="cuda")}
     assert any(job.spec.name.startswith("lathe_layer_block") for job in jobs.values())
     assert any(job.spec.name.startswith("lathe_seam") for job in jobs.values())
-    wrong, largest = [], 0
+    wrong, largest, writers = [], 0, 0
     for job in jobs.values():
-        measured = front_end(launch_source(job))[1]
+        source = launch_source(job)
+        measured = front_end(source)[1]
         largest = max(largest, measured)
         if (mismatch := threadgroup_bytes_mismatch(job, measured)) is not None:
             wrong.append(f"{job.spec.name}: {mismatch}")
+        if "writable(" in source.split("[[kernel]]", 1)[1]:  # the body (lathe.h defines it)
+            written = written_in_place(source)
+            writers += bool(written)
+            if written != set(job.spec.in_place):
+                wrong.append(f"{job.spec.name}: writes {sorted(written)} in place, says {job.spec.in_place}")
+        elif job.spec.in_place:
+            wrong.append(f"{job.spec.name}: says it writes {job.spec.in_place} in place, and writes nothing")
     assert not wrong, "\n".join(wrong[:10])
-    assert 0 < largest <= THREADGROUP_MEMORY["cuda"]
+    assert 0 < largest <= THREADGROUP_MEMORY["cuda"] and writers > 10
 
 
 def test_a_launch_past_the_budget_is_refused_before_it_is_made():

@@ -61,7 +61,8 @@ MERGE_PARTS = 64  # partitions the in-launch merge takes (decode_attention.metal
 _COMBINE = KernelSpec("lathe_attention_combine", "attention/combine.metal",
                       ("part_out", "part_ml", "dims"), ("out",))
 _RESHAPE = KernelSpec("lathe_reshape_and_cache", "attention/reshape_and_cache.metal",
-                      ("k", "v", "slots", "k_cache", "v_cache", "dims"), ("written",))
+                      ("k", "v", "slots", "k_cache", "v_cache", "dims"), ("written",),
+                      in_place=("k_cache", "v_cache"))
 
 
 @functools.cache
@@ -87,7 +88,8 @@ def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, hea
                               f"#define LATHE_ROPE {int(rope)}\n#define LATHE_MERGE {int(merge)}\n"
                               f"#define LATHE_HEAD_NORM {int(head_norm)}",
                       threadgroup_bytes=functools.partial(_decode_threadgroup_bytes, head_norm=head_norm,
-                                                          merge=merge))
+                                                          merge=merge),
+                      in_place=("k_cache", "v_cache") if rope else ())  # rope: the new K and V rows
 
 
 def decode_threadgroup_bytes(group: int, head_dim: int, nsimd: int, head_norm: bool, merge: bool) -> int:

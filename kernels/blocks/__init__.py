@@ -135,7 +135,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     return KernelSpec(f"lathe_{name}{layers}{'_norm' if head_norm else ''}{'_split' if split else ''}{typed}",
                       "blocks/layer_block.metal", inputs, outputs, prelude=prelude,
                       threadgroup_bytes=functools.partial(_threadgroup_bytes, attn=attn, head_norm=head_norm,
-                                                          split=split))
+                                                          split=split),
+                      in_place=tuple(n for n in inputs if n.startswith(("k_cache_", "v_cache_"))))
 
 
 def _threadgroup_bytes(c: dict, attn: bool, head_norm: bool, split: bool) -> int:

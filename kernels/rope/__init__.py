@@ -275,6 +275,7 @@ def _kv_spec(body: str, form: str, norm: bool) -> KernelSpec:
         inputs=("q", "k", "v", *weights, "pos", "inv_freq", "scalars", "dims", *extra_in),
         outputs=("q_out", *extra_out),
         prelude=cache_prelude(form, ("k", "v")),
+        in_place=extra_in,  # the caches, in the in_place form
         # head_norm_rope_kv_write.metal: a threadgroup of D/2 threads reduces over NSIMD = D/64
         threadgroup_bytes=(lambda c: 4 * (c["D"] // 64)) if norm else None,
     )
@@ -442,6 +443,7 @@ _CACHE_WRITE = KernelSpec(
     inputs=("src", "pos", "dims", *cache_io("in_place", ("kv",))[0]),
     outputs=cache_io("in_place", ("kv",))[1],
     prelude=cache_prelude("in_place", ("kv",)),
+    in_place=cache_io("in_place", ("kv",))[0],
 )
 
 
