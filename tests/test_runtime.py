@@ -79,3 +79,16 @@ def test_a_traced_cache_is_not_evaluated():
         mx.compile(step)(mx.zeros((8 * 64,), mx.float16), mx.zeros((2, 16, 64), mx.float16),
                          mx.zeros((2, 16, 64), mx.float16))
     assert len(rec.jobs) == 1
+
+
+def test_the_backend_choices_follow_the_target():
+    """kernels.backends answers for the backend the launches are made for: on CUDA a launch may
+    wait on other threadgroups and a threadgroup declares up to 48 KiB; on Metal neither waits
+    (the seam and the blocks run as separate launches) and 32 KiB, with 256 threads at most."""
+    from kernels import backends
+
+    for target, waits, memory, threads in (("cuda", True, 48 * 1024, 1024), ("metal", False, 32 * 1024, 256)):
+        with runtime.recording(target):
+            assert backends.cross_group_waits() is waits
+            assert backends.threadgroup_memory() == memory == backends.THREADGROUP_MEMORY[target]
+            assert backends.THREADS_PER_THREADGROUP[target] == threads
