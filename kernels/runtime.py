@@ -174,8 +174,8 @@ class KernelSpec:
     threadgroup_bytes: Callable[[Mapping[str, Any]], int] | None = field(default=None, compare=False)
     # The inputs the body writes through (`writable(name)`, the caches), as the builder knows them:
     # a source's text over-counts (decode attention writes its caches only where it rotates K, an
-    # `#if` away), and a check of an input it does not write costs a wait (tests/test_runtime.py
-    # compares the two)
+    # `#if` away), and a check of an input it does not write costs a wait
+    # (tests/test_metal_front_end.py holds each list to clang's AST of the compiled code)
     in_place: tuple[str, ...] = ()
 
     def source(self) -> str:
@@ -416,14 +416,14 @@ def check_launch(job: Launch) -> None:
 
 
 # ---- inputs written in place ---------------------------------------------------------------------
-WRITABLE = re.compile(r"\bwritable\((\w+)\)")  # an input a body writes through (lathe.h)
 # A body that writes through an input (`writable(name)`: the KV caches) writes into the buffer MLX
-# binds for it. MLX copies an input that is not row-contiguous before binding it (Metal's
-# ensure_row_contiguous), so a write through a transposed or strided view would land in the copy
-# and be lost, silently (kernels/msl/NOTES.md). MLX's Python arrays show no strides but through the
-# buffer protocol, which evaluates the array, so each array is checked once: one the check passed,
-# or that `depends` or `reshaped` made from one, is known whole from then on (by identity, weakly
-# held), and a decode loop's caches are checked at their first write only.
+# binds for it. MLX copies an input that is not row-contiguous before binding it
+# (ensure_row_contiguous, on both backends), so a write through a transposed or strided view
+# would land in the copy and be lost, silently (kernels/msl/NOTES.md). MLX's Python arrays show
+# no strides but through the buffer protocol, which evaluates the array, so each array is
+# checked once: one the check passed, or that `depends` or `reshaped` made from one, is known
+# whole from then on (by identity, weakly held), and a decode loop's caches are checked at their
+# first write only.
 _whole: dict[int, weakref.ref] = {}
 
 

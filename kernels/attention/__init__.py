@@ -385,8 +385,10 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     freqs = rope_kernels._table(head_dim, theta, inv_freq)
     scalars = constant((float(theta), float(freq_scale), float(eps or 0.0)), mx.float32)
     longest = pos + 1 if isinstance(pos, int) else max_seq  # sizes the grid, as flash_decode's
-    out = _run(False, split, qkv.reshape(-1), reshaped(k_cache, (1, *k_cache.shape), "rope_flash_decode: k_cache"),
-               reshaped(v_cache, (1, *v_cache.shape), "rope_flash_decode: v_cache"), pos_arr, longest, None,
+    # the caches as a batch of one, written in place (the new token's K and V rows)
+    k_one = reshaped(k_cache, (1, *k_cache.shape), "rope_flash_decode: k_cache")
+    v_one = reshaped(v_cache, (1, *v_cache.shape), "rope_flash_decode: v_cache")
+    out = _run(False, split, qkv.reshape(-1), k_one, v_one, pos_arr, longest, None,
                max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from,
                rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True), norms), counters=counters)
     k_cache, v_cache = depends([k_cache, v_cache], [out])
