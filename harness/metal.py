@@ -189,7 +189,39 @@ def front_end(source: str, name: str = "kernel.metal") -> tuple[list[str], int]:
     sizes = [int(n) for d in tu.diagnostics for n in re.findall(rf"{_PROBE}<(\d+)", d.spelling)]
     errors = [f"{d.location.line}:{d.location.column}: {d.spelling}" for d in tu.diagnostics
               if d.severity >= ci.Diagnostic.Warning and _PROBE not in d.spelling]
-    return errors, sum(sizes)
+    return errors + _address_space_casts(tu, name), sum(sizes)
+
+
+# The address space of a pointer or array type as clang spells it (the model's spaces are macros
+# that clang prints by name); None for a type that is neither
+_SPACES = re.compile(r"\b(device|constant|threadgroup)\b|address_space\((\d+)\)")
+
+
+def _space_of(spelling: str) -> str | None:
+    if "*" in spelling:
+        spelling = spelling[:spelling.rindex("*")]  # the pointee's qualifiers
+    elif "[" not in spelling:
+        return None
+    found = _SPACES.search(spelling)
+    return "thread" if found is None else found.group(1) or f"address_space({found.group(2)})"
+
+
+def _address_space_casts(tu, name: str) -> list[str]:
+    """C-style casts in the kernel's file (lathe.h and the body) from a pointer of one address
+    space to a pointer of another: clang's C++ takes them, as a reinterpretation; Metal rejects
+    them (a pointer keeps its address space), so the check does."""
+    import clang.cindex as ci
+
+    errors = []
+    for c in tu.cursor.walk_preorder():
+        if c.kind != ci.CursorKind.CSTYLE_CAST_EXPR or c.location.file is None or c.location.file.name != name:
+            continue
+        operand = list(c.get_children())[-1]
+        to, src = _space_of(c.type.spelling), _space_of(operand.type.spelling)
+        if to is not None and src is not None and to != src and "*" in c.type.spelling:
+            errors.append(f"{c.location.line}:{c.location.column}: a cast from '{operand.type.spelling}' to "
+                          f"'{c.type.spelling}' changes the address space, which Metal does not allow")
+    return errors
 
 
 def written_in_place(source: str, name: str = "kernel.metal") -> set[str]:
