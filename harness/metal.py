@@ -182,14 +182,30 @@ def front_end(source: str, name: str = "kernel.metal") -> tuple[list[str], int]:
         var = re.search(r"(\w+)\s*(\[[^\]]*\])*\s*;$", m.group(2)).group(1)
         return f"{m.group(1)}static {m.group(2)} {_PROBE}<sizeof({var})> lathe_tg_probe_{count[0]};"
 
-    text = _THREADGROUP_VAR.sub(probed, source)
-    text = _INSTANTIATION.sub("template ", _braced_vector_calls(text))
-    text = PREAMBLE + f"template <unsigned long N> struct [[deprecated]] {_PROBE} {{}};\n" + text
-    tu = ci.Index.create().parse(name, args=[*CLANG_ARGS, f"-I{MODEL_DIR}"], unsaved_files=[(name, text)])
+    tu = _parse(_THREADGROUP_VAR.sub(probed, source), name,
+                f"template <unsigned long N> struct [[deprecated]] {_PROBE} {{}};\n")
     sizes = [int(n) for d in tu.diagnostics for n in re.findall(rf"{_PROBE}<(\d+)", d.spelling)]
     errors = [f"{d.location.line}:{d.location.column}: {d.spelling}" for d in tu.diagnostics
               if d.severity >= ci.Diagnostic.Warning and _PROBE not in d.spelling]
     return errors + _address_space_casts(tu, name), sum(sizes)
+
+
+def _parse(source: str, name: str, prelude: str = ""):
+    """clang's translation unit of `source` (threadgroup variables already made static) after the
+    other two rewrites, over the model of Metal."""
+    import clang.cindex as ci
+
+    text = PREAMBLE + prelude + _INSTANTIATION.sub("template ", _braced_vector_calls(source))
+    return ci.Index.create().parse(name, args=[*CLANG_ARGS, f"-I{MODEL_DIR}"], unsaved_files=[(name, text)])
+
+
+def _cursors_of(tu, name: str, kernel_only: bool = False):
+    """Every cursor under the declarations of the kernel's own file (lathe.h and the body, not the
+    model's headers); `kernel_only`: under the kernel function alone."""
+    for top in tu.cursor.get_children():
+        if top.location.file is not None and top.location.file.name == name and (
+                not kernel_only or top.spelling.startswith("custom_kernel_")):
+            yield from top.walk_preorder()
 
 
 # The address space of a pointer or array type as clang spells it (the model's spaces are macros
@@ -213,8 +229,8 @@ def _address_space_casts(tu, name: str) -> list[str]:
     import clang.cindex as ci
 
     errors = []
-    for c in tu.cursor.walk_preorder():
-        if c.kind != ci.CursorKind.CSTYLE_CAST_EXPR or c.location.file is None or c.location.file.name != name:
+    for c in _cursors_of(tu, name):
+        if c.kind != ci.CursorKind.CSTYLE_CAST_EXPR:
             continue
         operand = list(c.get_children())[-1]
         to, src = _space_of(c.type.spelling), _space_of(operand.type.spelling)
@@ -231,9 +247,7 @@ def written_in_place(source: str, name: str = "kernel.metal") -> set[str]:
     as the parameters its initializer names. Needs the libclang package."""
     import clang.cindex as ci
 
-    text = PREAMBLE + _INSTANTIATION.sub("template ", _braced_vector_calls(
-        _THREADGROUP_VAR.sub(lambda m: f"{m.group(1)}static {m.group(2)}", source)))
-    tu = ci.Index.create().parse(name, args=[*CLANG_ARGS, f"-I{MODEL_DIR}"], unsaved_files=[(name, text)])
+    tu = _parse(_THREADGROUP_VAR.sub(lambda m: f"{m.group(1)}static {m.group(2)}", source), name)
 
     def parameters(cursor, depth: int = 0) -> set[str]:
         found = set()
@@ -246,11 +260,9 @@ def written_in_place(source: str, name: str = "kernel.metal") -> set[str]:
         return found
 
     written: set[str] = set()
-    for top in tu.cursor.get_children():
-        if top.spelling.startswith("custom_kernel_") and top.location.file and top.location.file.name == name:
-            for c in top.walk_preorder():
-                if c.kind == ci.CursorKind.CALL_EXPR and c.spelling == "writable":
-                    written |= parameters(next(c.get_arguments()))
+    for c in _cursors_of(tu, name, kernel_only=True):
+        if c.kind == ci.CursorKind.CALL_EXPR and c.spelling == "writable":
+            written |= parameters(next(c.get_arguments()))
     return written
 
 
@@ -259,8 +271,8 @@ _PROBE = "lathe_threadgroup_bytes"
 
 def threadgroup_bytes_mismatch(job, measured: int) -> str | None:
     """Where the threadgroup memory a launch's spec says it declares (KernelSpec.threadgroup_bytes,
-    what kernels.runtime.check_launch holds to the budget) is not what its source declares (`measured`, by
-    front_end): the difference, else None."""
+    what kernels.runtime.check_launch holds to the budget) is not what its source declares
+    (`measured`, by front_end): the difference, else None."""
     formula = job.spec.threadgroup_bytes
     said = 0 if formula is None else formula(job.constants)
     if said == measured:

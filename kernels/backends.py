@@ -19,12 +19,11 @@ def cross_group_waits() -> bool:
 
 
 # Each target's limits on a launch (kernels.runtime holds them, and refuses a launch past them
-# before it is made: LaunchLimitError): threads a threadgroup (CUDA's 1024; on Metal, where a
-# pipeline may be capped below 1024, lathe keeps to 256 until a Metal run measures otherwise) and
-# its static threadgroup memory (48 KiB on CUDA, 32 KiB on Apple GPUs)
+# before it is made: runtime.LaunchLimitError): threads a threadgroup (CUDA's 1024; on Metal,
+# where a pipeline may be capped below 1024, lathe keeps to 256 until a Metal run measures
+# otherwise) and its static threadgroup memory (48 KiB on CUDA, 32 KiB on Apple GPUs)
 THREADS_PER_THREADGROUP = runtime.THREADS_PER_THREADGROUP
 THREADGROUP_MEMORY = runtime.THREADGROUP_MEMORY
-LaunchLimitError = runtime.LaunchLimitError
 
 
 def threadgroup_memory() -> int:

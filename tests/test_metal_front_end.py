@@ -148,7 +148,7 @@ def test_a_launch_past_the_budget_is_refused_before_it_is_made():
     """A spec that counts more threadgroup memory than the target gives, or threadgroups past its
     threads, is refused with the numbers before anything is recorded or launched; the same
     launch within the budget goes through."""
-    from kernels.backends import LaunchLimitError
+    from kernels.runtime import LaunchLimitError
     from kernels.runtime import KernelSpec, Launch, launch, recording
 
     spec = KernelSpec("lathe_test_budget", "loop/rmsnorm.metal", ("x", "gamma", "dims", "eps"), ("y",),
