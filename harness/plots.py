@@ -44,9 +44,9 @@ def _runs(df: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted(found, key=lambda run: run[1])
 
 
-def _run_label(df: pd.DataFrame, sep: str = ", ") -> str:
-    """The runs of these rows, each as `sha MM-DD HH:MM` (UTC)."""
-    return sep.join(f"{sha} {date[5:16].replace('T', ' ')}" for sha, date in _runs(df))
+def _run_label(df: pd.DataFrame, sep: str = ", ", within: str = " ") -> str:
+    """The runs of these rows, each as `sha MM-DD HH:MM` (UTC; `within` between sha and date)."""
+    return sep.join(f"{sha}{within}{date[5:16].replace('T', ' ')}" for sha, date in _runs(df))
 
 
 def _newest_run_per(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
@@ -249,7 +249,7 @@ def decode_plot(df: pd.DataFrame, out_path: str | Path, title: str) -> Path:
                 ax.hlines(tok_s, gi - 0.45, gi + 0.45, colors=colour, linestyles=style, linewidth=2,
                           label=None if name in marked else name)
                 marked.add(name)
-    ax.set_xticks(range(len(groups)), [f"{m} {q}" + (f" @ depth {d}" if d else "") + "\n" + _run_label(g, "\n")
+    ax.set_xticks(range(len(groups)), [f"{m} {q}" + (f" @ depth {d}" if d else "") + "\n" + _run_label(g, "\n", "\n")
                                        for (m, q, d), g in groups], fontsize="small")
     ax.set_yscale("log")
     ax.set_ylabel("decode tok/s (batch 1, log scale)")

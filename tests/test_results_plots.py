@@ -301,7 +301,7 @@ def test_decode_plot_takes_each_bar_from_its_newest_run(tmp_path, marks, monkeyp
     # fused (step, compiled) and llama.cpp from the new run, reference (step, compiled) from the old
     assert marks["bars"] == [190.0, 190.0, 500.0, 500.0, 341.5]
     assert marks["marks"] == [(1000.0, "r")]  # the roofline only: llama.cpp measured in a run
-    assert ticks == ["llama3-8b q4_0\nold1234 11-21 00:00\nnew5678 11-23 00:00"]
+    assert ticks == ["llama3-8b q4_0\nold1234\n11-21 00:00\nnew5678\n11-23 00:00"]
 
 
 def test_decode_plot_falls_back_to_anchors_only_where_the_run_has_no_peer(tmp_path, marks):
