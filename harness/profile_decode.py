@@ -9,6 +9,7 @@
     python -m harness.profile_decode llama3-8b --mode compiled-pipelined --timeline trace.json
     python -m harness.profile_decode --read-timeline trace.json
     python -m harness.profile_decode llama2-7b --seams-ab 5
+    python -m harness.profile_decode qwen3-0.6b --qtype q8_0 --prompt 512 --depth 4096 --timeline trace.json
 
 The first form times `--tokens` decode steps after a 16-token prompt (wall ms per token). The
 second runs `--steps` steps for Nsight Compute, each between two marker launches (a tiny
@@ -25,6 +26,10 @@ PyTorch's profiler: harness.gpu_trace): each token's span on the GPU, its kernel
 gaps between them, and the time of each kernel in the loop as it runs there (Nsight Compute's
 times are of kernels run one at a time, between which the GPU idles and its clock drops). The
 tracer slows the host's encoding, so read the wall time from a run without it.
+
+`--prompt N` times a prompt of N tokens instead (llama-bench's pp, at `--depth`), `--tokens`
+times at one position: its host split (`build`, forward() replaying the prompt's plan; `encode`;
+`wait`) and, with `--timeline`, its kernels: what a prompt's tok/s is made of (issue 24).
 
 `--seams-ab ROUNDS` builds the fused decoder twice in one process, without seams and with them
 (kernels.gemv.seam), and alternates the decode matrix's own tg128 (harness.decode.generate,
@@ -44,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from harness import gpu_trace
+from harness.gpu_trace import Kernel
 
 MARKER = "scan"  # the marker launch's kernel name contains it; nothing in a decode step does
 # ncu writes either spelling, depending on its version
@@ -254,6 +260,86 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
         summarize_timeline(kernels)
 
 
+def summarize_prompt(kernels: list[Kernel], last: tuple[str, ...] = TOKEN_ENDS) -> None:
+    """Each prompt's GPU span (its first kernel's start to its argmax's end; the host builds the
+    next prompt only after that one, so the time between prompts is not the GPU's), its kernels'
+    busy time and gaps, and kernel time by name, a prompt's worth."""
+    ends = [i for i, (_, _, name) in enumerate(kernels) if any(mark in name for mark in last)]
+    if not ends:
+        print(f"timeline: no kernel named {' or '.join(last)}: no prompt to cut out")
+        return
+    spans, busy, by_name = [], [], defaultdict(list)
+    for a, b in zip([-1, *ends[:-1]], ends):
+        mine = kernels[a + 1:b + 1]
+        spans.append(sum(mine[-1][:2]) - mine[0][0])
+        busy.append(sum(d for _, d, _ in mine))
+        for _, d, name in mine:
+            by_name[name.split("(")[0][:64]].append(d)
+    n = len(spans)
+    span, work = float(np.median(spans)), float(np.median(busy))
+    print(f"timeline over {n} prompts: GPU span {span / 1e3:.3f} ms a prompt (median), kernels "
+          f"{work / 1e3:.3f} ms, gaps {(span - work) / 1e3:.3f} ms; {ends[0] + 1} kernels a prompt")
+    print(f"{'kernel':64s} {'a prompt':>8s} {'us each':>8s} {'us a prompt':>11s} {'share':>6s}")
+    for name, ds in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{name:64s} {len(ds) / n:8.1f} {np.mean(ds):8.2f} {sum(ds) / n:11.1f} "
+              f"{100 * sum(ds) / n / span:5.1f}%")
+
+
+def run_prompt(preset: str, qtype: str, variant: str, prompt: int, repeats: int = 5, depth: int = 0,
+               timeline: Path | None = None) -> list[int]:
+    """A `prompt`-token prompt after `depth` cached tokens (llama-bench's pp at -d), `repeats`
+    times at the same position, each prompt's wall time split on the host: `build`, forward()
+    replaying the prompt's plan (graph building, and our launches' Python); `encode`,
+    mx.async_eval of its argmax (MLX encodes every op); `wait`, reading the token. With
+    `timeline`, the GPU's kernels of the timed prompts too (summarize_prompt). Returns each timed
+    prompt's greedy token (the same every time: the prompt rewrites the same cache rows)."""
+    import mlx.core as mx
+
+    from harness.decode import make_decoder, model_file
+    from harness.models import load_gguf
+
+    model = load_gguf(model_file(preset, qtype))
+    decoder = make_decoder(model, depth + prompt + 1, variant)
+    rng = np.random.default_rng(0)
+    if depth:
+        mx.eval(decoder.forward(rng.integers(0, model.config.vocab, depth)), decoder.k, decoder.v)
+    ids = rng.integers(0, model.config.vocab, prompt)
+    parts = defaultdict(list)
+
+    tokens: list[int] = []
+
+    def once() -> float:
+        decoder.pos = depth  # the same rows again: the prompt overwrites what it wrote last time
+        t0 = time.perf_counter()
+        token = decoder.greedy(decoder.forward(ids))
+        t1 = time.perf_counter()
+        mx.async_eval(token)
+        t2 = time.perf_counter()
+        tokens.append(int(token.item()))
+        t3 = time.perf_counter()
+        parts["build"].append(t1 - t0)
+        parts["encode"].append(t2 - t1)
+        parts["wait"].append(t3 - t2)
+        return t3 - t0
+
+    once()  # warm-up: the prompt phase's plan, kernels and MLX's matmuls at this shape
+    parts.clear()
+    tokens.clear()
+    if timeline and not gpu_trace.available():
+        raise SystemExit("--timeline needs the CUDA backend and PyTorch (its profiler reads CUPTI)")
+    trace = gpu_trace.kernel_trace(timeline) if timeline else contextlib.nullcontext([])
+    with trace as kernels:
+        walls = [once() for _ in range(repeats)]
+    wall = float(np.median(walls))
+    split = ", ".join(f"{k} {1e3 * float(np.median(v)):.3f}" for k, v in parts.items())
+    print(f"{preset} {qtype} {variant} prompt {prompt} at depth {depth}: {1e3 * wall:.3f} ms a prompt, "
+          f"{prompt / wall:.1f} tok/s (median of {repeats}; host ms: {split})"
+          f"{', under the kernel tracer' if timeline else ''}")
+    if timeline:
+        summarize_prompt(kernels)
+    return tokens
+
+
 def seams_ab(preset: str, qtype: str, rounds: int, prompt: int = 16, gen: int = 128) -> None:
     """The fused decoder without seams and with them, side by side in one process: tg128 after a
     `prompt`-token prompt, compiled-pipelined, alternated (which goes first swaps each round)."""
@@ -326,12 +412,16 @@ def main(argv: list[str] | None = None) -> int:
                         "--timeline wrote")
     parser.add_argument("--timeline", type=Path, help="compiled-pipelined: trace the GPU's kernels "
                         "(CUPTI, through PyTorch's profiler) into this Chrome trace and summarize it")
-    parser.add_argument("--depth", type=int, default=0, help="compiled-pipelined: tokens in the cache "
-                        "before the 16-token prompt")
+    parser.add_argument("--depth", type=int, default=0, help="compiled-pipelined and --prompt: tokens in "
+                        "the cache before the prompt")
     parser.add_argument("--seams-ab", type=int, metavar="ROUNDS", help="tg128 without seams and with "
                         "them, alternated in one process for ROUNDS rounds")
+    parser.add_argument("--prompt", type=int, help="time a prompt of this many tokens instead (at "
+                        "--depth, --tokens times): its host split, and with --timeline its kernels")
     args = parser.parse_args(argv)
-    if args.seams_ab:
+    if args.prompt:
+        run_prompt(args.model, args.qtype, args.variant, args.prompt, args.tokens, args.depth, args.timeline)
+    elif args.seams_ab:
         seams_ab(args.model, args.qtype, args.seams_ab)
     elif args.summarize:
         summarize(args.summarize)

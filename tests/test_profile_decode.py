@@ -134,3 +134,38 @@ def test_host_profile_keeps_the_tokens_and_names_the_frames(tmp_path, capsys):
     assert "8 samples of the loop's tokens (50 that compiled or traced left out)" in out
     assert " 37.5%  std::_Hash_bytes" in out and " 50.0%  [libcuda.so]" in out
     assert "mlx::core::cu::CommandEncoder::commit\n" in out
+
+
+def test_prompt_timeline_spans_each_prompt_alone(capsys):
+    # Three prompts of (embed 2 us, matmul 20 us, argmax 3 us), 1 us gaps, the host's 100 us
+    # between them: a prompt's span is its own kernels and gaps only.
+    prompt = [("lathe_embed(int*)", 2.0), ("gemm(half*)", 20.0), ("custom_kernel_lathe_argmax_half(half*)", 3.0)]
+    kernels = [k for i in range(3) for k in _timeline(prompt, 1, start=200.0 * i)]
+    profile_decode.summarize_prompt(kernels)
+    out = capsys.readouterr().out
+    assert "over 3 prompts: GPU span 0.027 ms a prompt (median), kernels 0.025 ms, gaps 0.002 ms; " \
+           "3 kernels a prompt" in out
+    assert out.index("gemm") < out.index("lathe_embed")  # by time a prompt
+    profile_decode.summarize_prompt(kernels[:2])
+    assert "no prompt to cut out" in capsys.readouterr().out
+
+
+def test_prompt_profile_repeats_one_prompt_at_its_depth(capsys):
+    # The reference variant (any backend): every timed prompt rewrites the same cache rows, so
+    # each gives the token that the same depth and prompt give a fresh decoder.
+    import mlx.core as mx
+    import numpy as np
+
+    from harness.decode import make_decoder, model_file
+    from harness.models import load_gguf
+
+    tokens = profile_decode.run_prompt("tiny-llama", "q8_0", "reference", 24, repeats=3, depth=8)
+    out = capsys.readouterr().out
+    assert "tiny-llama q8_0 reference prompt 24 at depth 8:" in out and "median of 3" in out
+    assert all(f"{part} " in out for part in ("build", "encode", "wait"))
+    model = load_gguf(model_file("tiny-llama", "q8_0"))
+    rng = np.random.default_rng(0)
+    depth, prompt = rng.integers(0, model.config.vocab, 8), rng.integers(0, model.config.vocab, 24)
+    fresh = make_decoder(model, 8 + 24 + 1, "reference")
+    mx.eval(fresh.forward(depth))
+    assert tokens == [int(fresh.greedy(fresh.forward(prompt)).item())] * 3
