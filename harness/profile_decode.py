@@ -297,6 +297,7 @@ def run_prompt(preset: str, qtype: str, variant: str, prompt: int, repeats: int 
 
     from harness.decode import make_decoder, model_file
     from harness.models import load_gguf
+    from kernels import options
 
     model = load_gguf(model_file(preset, qtype))
     decoder = make_decoder(model, depth + prompt + 1, variant)
@@ -334,7 +335,7 @@ def run_prompt(preset: str, qtype: str, variant: str, prompt: int, repeats: int 
     split = ", ".join(f"{k} {1e3 * float(np.median(v)):.3f}" for k, v in parts.items())
     print(f"{preset} {qtype} {variant} prompt {prompt} at depth {depth}: {1e3 * wall:.3f} ms a prompt, "
           f"{prompt / wall:.1f} tok/s (median of {repeats}; host ms: {split})"
-          f"{', under the kernel tracer' if timeline else ''}")
+          f"{', under the kernel tracer' if timeline else ''}; options: {options.describe() or 'defaults'}")
     if timeline:
         summarize_prompt(kernels)
     return tokens
