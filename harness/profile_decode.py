@@ -144,20 +144,8 @@ def summarize_timeline(kernels: list[tuple[float, float, str]], last: tuple[str,
     if len(ends) < 3:
         print(f"timeline: {len(ends)} kernels named {' or '.join(last)}: too few to cut into tokens")
         return
-    spans, busy, by_name = [], [], defaultdict(list)
-    for a, b in zip(ends[:-1], ends[1:]):
-        spans.append(sum(kernels[b][:2]) - sum(kernels[a][:2]))
-        busy.append(sum(d for _, d, _ in kernels[a + 1:b + 1]))
-        for _, d, name in kernels[a + 1:b + 1]:
-            by_name[name.split("(")[0][:64]].append(d)
-    n = len(spans)
-    span, work = float(np.median(spans)), float(np.median(busy))
-    print(f"timeline over {n} tokens: GPU span {span / 1e3:.3f} ms a token (median), kernels "
-          f"{work / 1e3:.3f} ms, gaps {(span - work) / 1e3:.3f} ms; {ends[1] - ends[0]} kernels a token")
-    print(f"{'kernel':64s} {'a token':>7s} {'us each':>8s} {'us a token':>10s} {'share':>6s}")
-    for name, ds in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
-        print(f"{name:64s} {len(ds) / n:7.1f} {np.mean(ds):8.2f} {sum(ds) / n:10.1f} "
-              f"{100 * sum(ds) / n / span:5.1f}%")
+    groups = [kernels[a + 1:b + 1] for a, b in zip(ends[:-1], ends[1:])]
+    _print_groups("token", groups, [sum(kernels[b][:2]) - sum(kernels[a][:2]) for a, b in zip(ends[:-1], ends[1:])])
     _by_position(kernels, ends)
 
 
@@ -268,20 +256,26 @@ def summarize_prompt(kernels: list[Kernel], last: tuple[str, ...] = TOKEN_ENDS) 
     if not ends:
         print(f"timeline: no kernel named {' or '.join(last)}: no prompt to cut out")
         return
-    spans, busy, by_name = [], [], defaultdict(list)
-    for a, b in zip([-1, *ends[:-1]], ends):
-        mine = kernels[a + 1:b + 1]
-        spans.append(sum(mine[-1][:2]) - mine[0][0])
-        busy.append(sum(d for _, d, _ in mine))
-        for _, d, name in mine:
+    groups = [kernels[a + 1:b + 1] for a, b in zip([-1, *ends[:-1]], ends)]
+    _print_groups("prompt", groups, [sum(g[-1][:2]) - g[0][0] for g in groups])
+
+
+def _print_groups(unit: str, groups: list[list[Kernel]], spans: list[float]) -> None:
+    """The median GPU span of `groups` (each a token's or a prompt's kernels), their kernels' busy
+    time and the gaps left, and kernel time by name, a `unit`'s worth."""
+    busy, by_name = [], defaultdict(list)
+    for group in groups:
+        busy.append(sum(d for _, d, _ in group))
+        for _, d, name in group:
             by_name[name.split("(")[0][:64]].append(d)
-    n = len(spans)
+    n = len(groups)
     span, work = float(np.median(spans)), float(np.median(busy))
-    print(f"timeline over {n} prompts: GPU span {span / 1e3:.3f} ms a prompt (median), kernels "
-          f"{work / 1e3:.3f} ms, gaps {(span - work) / 1e3:.3f} ms; {ends[0] + 1} kernels a prompt")
-    print(f"{'kernel':64s} {'a prompt':>8s} {'us each':>8s} {'us a prompt':>11s} {'share':>6s}")
+    print(f"timeline over {n} {unit}s: GPU span {span / 1e3:.3f} ms a {unit} (median), kernels "
+          f"{work / 1e3:.3f} ms, gaps {(span - work) / 1e3:.3f} ms; {len(groups[0])} kernels a {unit}")
+    each, total = f"a {unit}", f"us a {unit}"
+    print(f"{'kernel':64s} {each:>{len(each)}s} {'us each':>8s} {total:>{len(total)}s} {'share':>6s}")
     for name, ds in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
-        print(f"{name:64s} {len(ds) / n:8.1f} {np.mean(ds):8.2f} {sum(ds) / n:11.1f} "
+        print(f"{name:64s} {len(ds) / n:{len(each)}.1f} {np.mean(ds):8.2f} {sum(ds) / n:{len(total)}.1f} "
               f"{100 * sum(ds) / n / span:5.1f}%")
 
 
