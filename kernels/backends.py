@@ -18,10 +18,8 @@ def cross_group_waits() -> bool:
     return runtime.target_backend() != "metal"
 
 
-# Each target's limits on a launch (kernels.runtime holds them, and refuses a launch past them
-# before it is made: runtime.LaunchLimitError): threads a threadgroup (CUDA's 1024; on Metal,
-# where a pipeline may be capped below 1024, lathe keeps to 256 until a Metal run measures
-# otherwise) and its static threadgroup memory (48 KiB on CUDA, 32 KiB on Apple GPUs)
+# Each target's limits on a launch, defined (and why) beside the check that refuses a launch past
+# them (kernels.runtime.check_launch)
 THREADS_PER_THREADGROUP = runtime.THREADS_PER_THREADGROUP
 THREADGROUP_MEMORY = runtime.THREADGROUP_MEMORY
 
@@ -30,4 +28,3 @@ def threadgroup_memory() -> int:
     """The threadgroup memory budget of the launches being made (the GEMVs size their staged X
     against it: kernels.gemv). Without a GPU, CUDA's, as recorded launches are."""
     return THREADGROUP_MEMORY["metal" if runtime.target_backend() == "metal" else "cuda"]
-
