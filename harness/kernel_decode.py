@@ -402,6 +402,8 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 ("gate", "up"), layer=i, launches=("lathe_swiglu",))
         linear("a", "ffn", b + "ffn_down.weight", i, residual=True)
     if not seams:  # else the head came out of the last seam
+        if not decode and options.get("prompt_logits") == "last":  # the head over one row: a GEMV
+            add("last_row", "x[-1:] (the last token's logits only)", ("x",), ("x",), _run_last_row)
         norm_linear("output_norm.weight", head, "logits")
     return steps
 
@@ -423,6 +425,10 @@ def _run_linear(src, dst, name, d, env, t, pos):
 
 def _run_concat(parts, dst, d, env, t, pos):
     env[dst] = mx.concatenate([env.pop(p) for p in parts], axis=-1)
+
+
+def _run_last_row(d, env, t, pos):
+    env["x"] = env["x"][-1:]
 
 
 def _run_add(src, d, env, t, pos):
@@ -851,7 +857,8 @@ class KernelDecoder:
         return x @ self.w[name].T
 
     def forward(self, tokens) -> mx.array:
-        """Logits [len(tokens), vocab] (float32) for tokens at positions pos..; advances pos."""
+        """Logits [len(tokens), vocab] (float32) for tokens at positions pos..; advances pos. Under
+        prompt_logits=last, a prompt's last token's only ([1, vocab])."""
         if isinstance(tokens, mx.array):
             ids = tokens.reshape(-1).astype(mx.int32)
         else:

@@ -99,6 +99,10 @@ DECLARED = (
     Option("attn_prefill", "tiled", _one_of("tiled", "decode"),
            "a prompt's attention: query tiles against K/V tiles on SIMD-group matrices (tiled), or the "
            "decode kernel with one query per token (decode; kernels/attention/NOTES.md)"),
+    Option("prompt_logits", "all", _one_of("all", "last"),
+           "kernel variants: a prompt's logits for every token (all), or for the last one only (last: "
+           "the head as a GEMV over one row, as llama-bench's pp computes; not yet measured on a GPU, "
+           "kernels/attention/NOTES.md)"),
     Option("attn_query_split", 64, _count,
            "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
     Option("pad_constants", True, _flag,

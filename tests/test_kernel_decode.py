@@ -457,6 +457,49 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, qtype,
             plan_table(decoder.plan, distinct_layers(decoder.plan)))
 
 
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
+@pytest.mark.parametrize("tokens", [3, 20])
+def test_prompt_logits_last_runs_the_head_over_one_row(models, variant, tokens):
+    """prompt_logits=last: a prompt (short or long phase) gives its last token's logits only, the
+    head a GEMV over that one row instead of a dequantized matrix over every row; a decode token's
+    plan is the same either way (launches recorded, CPU)."""
+    from kernels.runtime import recording
+
+    m = models["tiny-qwen3", "q8_0"]
+    head = "token_embd.weight" if m.config.tied else "output.weight"
+    jobs = {}
+    for choice in ("all", "last"):
+        with options.use(prompt_logits=choice), recording():
+            decoder = KernelDecoder(m, 64, variant)
+            with recording() as rec:
+                logits = decoder.forward(np.arange(tokens) % m.config.vocab)
+            assert logits.shape == ((tokens if choice == "all" else 1), m.config.vocab)
+            plan = decoder.plan_for(tokens)
+            ops = [s.op for s in plan]
+            assert ops.count("last_row") == (choice == "last") and plan[-1].weights[-1] == head
+            if choice == "last":  # right before the head's RMSNorm (+ GEMV, one step where fused)
+                assert ops[ops.index("last_row") + 1:] in (["rms_norm", "linear"], ["rmsnorm_linear"])
+            assert "last_row" not in [s.op for s in decoder.plan_for(1)]
+            jobs[choice] = [j.spec.name for j in rec.jobs]
+    if tokens > 4:  # the long phase: the head's dequantize (and MLX's matmul) gives way to a GEMV
+        assert jobs["all"].count("lathe_dequantize") == jobs["last"].count("lathe_dequantize") + 1
+        assert jobs["last"][-1].startswith("lathe_gemv")
+    assert len(jobs["all"]) >= len(jobs["last"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["unfused", "fused", "fused repacked", "megafused repacked"])
+@pytest.mark.parametrize("prompt_len", [3, PROMPT, 40])
+def test_prompt_logits_last_against_float64(models, monkeypatch, variant, prompt_len):
+    """prompt_logits=last: the last token's logits and the decode after them as the float64
+    model's, at a short and a long prompt."""
+    monkeypatch.setitem(options._values, "repack", "repacked" in variant)
+    m = models["tiny-llama", "q4_0"]
+    with options.use(prompt_logits="last"):
+        decoder = KernelDecoder(m, prompt_len + STEPS, variant.split()[0])
+        _decodes_as_float64(decoder, m, np.random.default_rng().integers(0, m.config.vocab, prompt_len))
+
+
 def test_launches_per_token_counts_every_kernel(models):
     """decode.csv's dispatches_per_token: the launches a decode token makes, recorded, the argmax
     included; past SPLIT_FROM cached rows a compiled step's attention (grid sized for the cache)
