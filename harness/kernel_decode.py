@@ -160,7 +160,7 @@ def phase_of(t: int) -> str:
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, seams: bool = False,
                 rope_attention: bool | None = None, types: dict[str, str] | None = None,
                 phase: str = "decode", packed: bool | None = None, mega: bool = False,
-                one_launch: bool | None = None, span: str | None = None) -> list[Step]:
+                one_launch: bool | None = None, span: str | None = None, f16_copies: bool = False) -> list[Step]:
     """The steps a forward() of `phase` replays, in order, each with what executes it (one
     dispatch each where it is our kernel; an MLX op where the kernel says so). `overflow`: the
     contiguous cache wraps around (a decode token's RoPE apart from its cache writes); `seams`
@@ -172,7 +172,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     the contiguous cache, repacked): each layer as kernels.blocks' two blocks, one launch each
     where `one_launch` (default: kernels.backends.cross_group_waits(), the backend's rule), their
     phases as separate launches otherwise; `span` (default: the mega_span option): "token", every
-    layer in one launch (kernels.blocks.token_block), or "layer", a launch a layer."""
+    layer in one launch (kernels.blocks.token_block), or "layer", a launch a layer; `f16_copies`
+    (the prompt_weights option): a prompt's matmuls read fp16 copies made at load, with no
+    dequantize launch."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     rope_attention = rope_in_attention(c) if rope_attention is None else rope_attention
@@ -208,6 +210,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     span = options.get("mega_span") if span is None else span
     seams = seams and fused and small and not mega
     head = "token_embd.weight" if c.tied else "output.weight"
+    last_only = not decode and options.get("prompt_logits") == "last"  # a prompt's head over its last row
     steps: list[Step] = []
 
     def add(op, kernel, reads, writes, run, *args, weights=(), per_token=(), layer=None, launches=()):
@@ -220,9 +223,14 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             add("linear_residual", f"lathe gemv_{v}{shown(name)} + residual", (src, "x"), ("x",), _run_linear_residual,
                 src, name, weights=(name,), layer=layer, launches=(f"lathe_gemv_{v}_residual",))
             return
-        gemvs = (f"lathe_gemv_{v}",) if small else (f"lathe_gemv_{v}", "lathe_dequantize")  # linear()'s two paths
-        add("linear", f"lathe gemv_{v}{shown(name)}" if quant(name) else "mx.matmul (F16)", (src,), (dst,),
-            _run_linear, src, dst, name, weights=(name,), layer=layer, launches=gemvs if quant(name) else ())
+        if quant(name) and not small and f16_copies and not (name == head and last_only):
+            # MLX's matmul alone, on the copy made at load (a head over the last row stays a GEMV)
+            add("linear", f"mx.matmul (F16 copy of{shown(name)})", (src,), (dst,), _run_linear, src, dst, name,
+                weights=(name,), layer=layer)
+        else:
+            gemvs = (f"lathe_gemv_{v}",) if small else (f"lathe_gemv_{v}", "lathe_dequantize")  # linear()'s two paths
+            add("linear", f"lathe gemv_{v}{shown(name)}" if quant(name) else "mx.matmul (F16)", (src,), (dst,),
+                _run_linear, src, dst, name, weights=(name,), layer=layer, launches=gemvs if quant(name) else ())
         if residual:
             add("add", "mx.add", ("x", dst), ("x",), _run_add, dst, layer=layer)
 
@@ -402,7 +410,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 ("gate", "up"), layer=i, launches=("lathe_swiglu",))
         linear("a", "ffn", b + "ffn_down.weight", i, residual=True)
     if not seams:  # else the head came out of the last seam
-        if not decode and options.get("prompt_logits") == "last":  # the head over one row: a GEMV
+        if last_only:  # the head over one row: a GEMV
             add("last_row", "x[-1:] (the last token's logits only)", ("x",), ("x",), _run_last_row)
         norm_linear("output_norm.weight", head, "logits")
     return steps
@@ -712,6 +720,16 @@ class KernelDecoder:
             self.block_queues = [blocks.block_queue() for _ in range(c.n_layers)]
             if self.span == "token":
                 self._stack_layers()
+        # The prompt_weights option: fp16 copies of the matrices a prompt's matmuls read, made
+        # once here rather than dequantized by a launch a matrix every prompt
+        self.f16: dict[str, mx.array] = {}
+        if options.get("prompt_weights") == "f16":
+            for step in kernel_plan(c, self.fused, self.paged, self.overflow, False, None, self.types, "prompt",
+                                    bool(self.packed), span=self.span, f16_copies=True):
+                for name in step.weights if step.kernel.startswith("mx.matmul (F16 copy") else ():
+                    if name not in self.f16:
+                        self.f16[name] = gemv.dequantize(self.matrix(name), self.types[name], *self.nk[name])
+                        mx.eval(self.f16[name])
         self.seams = self.fused and seams_apply(c, self.types)
         self.rope_attention = self.fused and rope_in_attention(c)
         if self.seams:
@@ -852,6 +870,8 @@ class KernelDecoder:
 
     def _linear(self, x: mx.array, name: str) -> mx.array:
         n, k = self.nk[name]
+        if name in self.f16 and x.shape[0] > FUSED_UP_TO:  # a prompt's rows, on the copy made at load
+            return x @ self.f16[name].T
         if self.types[name] in QUANTIZED:
             return gemv.linear(x, self.matrix(name), self.types[name], n, k)
         return x @ self.w[name].T
@@ -926,7 +946,7 @@ class KernelDecoder:
         if phase not in self._plans:
             self._plans[phase] = kernel_plan(self.config, self.fused, self.paged, self.overflow, self.seams,
                                              self.rope_attention, self.types, phase, bool(self.packed), self.mega,
-                                             span=self.span)
+                                             span=self.span, f16_copies=bool(self.f16))
         return self._plans[phase]
 
     def layers(self, ids, t: int, pos) -> mx.array:

@@ -280,27 +280,46 @@ def _print_groups(unit: str, groups: list[list[Kernel]], spans: list[float]) -> 
 
 
 def run_prompt(preset: str, qtype: str, variant: str, prompt: int, repeats: int = 5, depth: int = 0,
-               timeline: Path | None = None) -> list[int]:
+               timeline: Path | None = None, settings: tuple[str, ...] = ("",)) -> list[int]:
     """A `prompt`-token prompt after `depth` cached tokens (llama-bench's pp at -d), `repeats`
     times at the same position, each prompt's wall time split on the host: `build`, forward()
     replaying the prompt's plan (graph building, and our launches' Python); `encode`,
     mx.async_eval of its argmax (MLX encodes every op); `wait`, reading the token. With
-    `timeline`, the GPU's kernels of the timed prompts too (summarize_prompt). Returns each timed
-    prompt's greedy token (the same every time: the prompt rewrites the same cache rows)."""
+    `timeline`, `repeats` more under the kernel tracer, the GPU's kernels of those
+    (summarize_prompt). Each of `settings` (option settings, as `--set` takes them; "" for the
+    defaults) gets a decoder of its own over the model, loaded once. Returns each timed prompt's
+    greedy token (the same every time: the prompt rewrites the same cache rows), setting after
+    setting."""
     import mlx.core as mx
 
     from harness.decode import make_decoder, model_file
     from harness.models import load_gguf
     from kernels import options
 
+    if timeline and not gpu_trace.available():
+        raise SystemExit("--timeline needs the CUDA backend and PyTorch (its profiler reads CUPTI)")
     model = load_gguf(model_file(preset, qtype))
-    decoder = make_decoder(model, depth + prompt + 1, variant)
-    rng = np.random.default_rng(0)
-    if depth:
-        mx.eval(decoder.forward(rng.integers(0, model.config.vocab, depth)), decoder.k, decoder.v)
-    ids = rng.integers(0, model.config.vocab, prompt)
-    parts = defaultdict(list)
+    tokens: list[int] = []
+    for setting in settings:
+        with options.use(**options.parse(setting)):
+            decoder = make_decoder(model, depth + prompt + 1, variant)
+            tokens += _time_prompts(decoder, f"{preset} {qtype} {variant}", prompt, repeats, depth, timeline)
+        del decoder
+        mx.clear_cache()
+    return tokens
 
+
+def _time_prompts(decoder, label: str, prompt: int, repeats: int, depth: int, timeline: Path | None) -> list[int]:
+    """run_prompt's timing of one decoder: untraced, then (with `timeline`) traced."""
+    import mlx.core as mx
+
+    from kernels import options
+
+    rng = np.random.default_rng(0)  # the same cache and prompt for every setting
+    if depth:
+        mx.eval(decoder.forward(rng.integers(0, decoder.config.vocab, depth)), decoder.k, decoder.v)
+    ids = rng.integers(0, decoder.config.vocab, prompt)
+    parts = defaultdict(list)
     tokens: list[int] = []
 
     def once() -> float:
@@ -318,21 +337,18 @@ def run_prompt(preset: str, qtype: str, variant: str, prompt: int, repeats: int 
         return t3 - t0
 
     once()  # warm-up: the prompt phase's plan, kernels and MLX's matmuls at this shape
-    parts.clear()
-    tokens.clear()
-    if timeline and not gpu_trace.available():
-        raise SystemExit("--timeline needs the CUDA backend and PyTorch (its profiler reads CUPTI)")
-    trace = gpu_trace.kernel_trace(timeline) if timeline else contextlib.nullcontext([])
-    with trace as kernels:
-        walls = [once() for _ in range(repeats)]
-    wall = float(np.median(walls))
-    split = ", ".join(f"{k} {1e3 * float(np.median(v)):.3f}" for k, v in parts.items())
-    print(f"{preset} {qtype} {variant} prompt {prompt} at depth {depth}: {1e3 * wall:.3f} ms a prompt, "
-          f"{prompt / wall:.1f} tok/s (median of {repeats}; host ms: {split})"
-          f"{', under the kernel tracer' if timeline else ''}; options: {options.describe() or 'defaults'}")
-    if timeline:
-        summarize_prompt(kernels)
-    return tokens
+    for traced in (False, True) if timeline else (False,):
+        parts.clear()
+        with gpu_trace.kernel_trace(timeline) if traced else contextlib.nullcontext([]) as kernels:
+            walls = [once() for _ in range(repeats)]
+        wall = float(np.median(walls))
+        split = ", ".join(f"{k} {1e3 * float(np.median(v)):.3f}" for k, v in parts.items())
+        print(f"{label} prompt {prompt} at depth {depth}: {1e3 * wall:.3f} ms a prompt, "
+              f"{prompt / wall:.1f} tok/s (median of {repeats}; host ms: {split})"
+              f"{', under the kernel tracer' if traced else ''}; options: {options.describe() or 'defaults'}")
+        if traced:
+            summarize_prompt(kernels)
+    return tokens[1:]
 
 
 def seams_ab(preset: str, qtype: str, rounds: int, prompt: int = 16, gen: int = 128) -> None:
@@ -413,9 +429,13 @@ def main(argv: list[str] | None = None) -> int:
                         "them, alternated in one process for ROUNDS rounds")
     parser.add_argument("--prompt", type=int, help="time a prompt of this many tokens instead (at "
                         "--depth, --tokens times): its host split, and with --timeline its kernels")
+    parser.add_argument("--settings", default="", help="--prompt: option settings to time one after "
+                        "the other in this process, ';' between them ('' the defaults), e.g. "
+                        "';prompt_logits=last;prompt_logits=last,prompt_weights=f16'")
     args = parser.parse_args(argv)
     if args.prompt:
-        run_prompt(args.model, args.qtype, args.variant, args.prompt, args.tokens, args.depth, args.timeline)
+        run_prompt(args.model, args.qtype, args.variant, args.prompt, args.tokens, args.depth, args.timeline,
+                   tuple(args.settings.split(";")))
     elif args.seams_ab:
         seams_ab(args.model, args.qtype, args.seams_ab)
     elif args.summarize:

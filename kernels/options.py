@@ -103,6 +103,10 @@ DECLARED = (
            "kernel variants: a prompt's logits for every token (all), or for the last one only (last: "
            "the head as a GEMV over one row, as llama-bench's pp computes; not yet measured on a GPU, "
            "kernels/attention/NOTES.md)"),
+    Option("prompt_weights", "dequantize", _one_of("dequantize", "f16"),
+           "kernel variants: a prompt's matmuls take each quantized matrix dequantized to fp16 by a launch "
+           "per prompt (dequantize), or an fp16 copy made once when the decoder is built (f16: no "
+           "dequantize launches, at twice the weights' memory; kernels/attention/NOTES.md)"),
     Option("attn_query_split", 64, _count,
            "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
     Option("pad_constants", True, _flag,

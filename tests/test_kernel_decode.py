@@ -407,6 +407,9 @@ PLAN_CASES += [(preset, "q6_k", "fused repacked", "contiguous", False, True)  # 
                for preset in ("tiny-llama", "tiny-qwen3")]
 PLAN_CASES += [(preset, qtype, variant, "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")
                for qtype in K_MIXES for variant in ("megafused repacked", "megafused repacked layer-span")]
+PLAN_CASES += [(preset, "q4_0", variant, kv, False, True)  # prompts on fp16 copies (prompt_weights=f16)
+               for preset in ("tiny-llama", "tiny-qwen3") for kv in ("contiguous", "paged")
+               for variant in ("unfused f16-prompt", "fused repacked f16-prompt")]
 
 
 @pytest.mark.parametrize("preset, qtype, variant, kv, overflow, rope_inside", PLAN_CASES)
@@ -427,6 +430,7 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, qtype,
     monkeypatch.setitem(options._values, "rope_in_attention", rope_inside)
     monkeypatch.setitem(options._values, "repack", "repacked" in variant)
     monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
+    monkeypatch.setitem(options._values, "prompt_weights", "f16" if "f16-prompt" in variant else "dequantize")
     m = models[preset, qtype]
     with recording():  # the decoder's own look-ahead at its kernels, apart from what is checked
         decoder = KernelDecoder(m, 32 if overflow else 64, variant.split()[0], kv, overflow=overflow)
@@ -487,15 +491,50 @@ def test_prompt_logits_last_runs_the_head_over_one_row(models, variant, tokens):
     assert len(jobs["all"]) >= len(jobs["last"])
 
 
+@pytest.mark.parametrize("variant", ["unfused", "fused repacked", "megafused repacked"])
+@pytest.mark.parametrize("logits", ["all", "last"])
+def test_prompt_weights_f16_copies_what_a_prompt_dequantized(models, monkeypatch, variant, logits):
+    """prompt_weights=f16: the decoder makes, once, an fp16 copy of each matrix a prompt's matmuls
+    read (the head only where the prompt's logits are all its rows'); a prompt then makes no
+    dequantize launch, and the decode and short plans are the default's (launches recorded, CPU;
+    the values: test_prompt_options_against_float64)."""
+    import mlx.core as mx
+
+    from kernels.runtime import recording
+
+    monkeypatch.setitem(options._values, "repack", "repacked" in variant)
+    m = models["tiny-qwen3", "q8_0"]
+    head = "token_embd.weight" if m.config.tied else "output.weight"
+    jobs, decoders = {}, {}
+    for weights in ("dequantize", "f16"):
+        with options.use(prompt_weights=weights, prompt_logits=logits), recording():
+            decoders[weights] = decoder = KernelDecoder(m, 64, variant.split()[0])
+            with recording() as rec:
+                decoder.forward(np.arange(20) % m.config.vocab)
+            jobs[weights] = [j.spec.name for j in rec.jobs]
+    default, copies = decoders["dequantize"], decoders["f16"]
+    assert default.f16 == {} and "lathe_dequantize" in jobs["dequantize"]
+    assert "lathe_dequantize" not in jobs["f16"]
+    matmuls = {w for s in default.plan_for(20) if "lathe_dequantize" in s.launches for w in s.weights
+               if not (w == head and logits == "last")}
+    assert set(copies.f16) == matmuls and (head in copies.f16) == (logits == "all")
+    for name, w in copies.f16.items():
+        assert w.dtype == mx.float16 and w.shape == copies.nk[name]
+    for t in (1, 3):
+        assert [s.kernel for s in copies.plan_for(t)] == [s.kernel for s in default.plan_for(t)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["unfused", "fused", "fused repacked", "megafused repacked"])
 @pytest.mark.parametrize("prompt_len", [3, PROMPT, 40])
-def test_prompt_logits_last_against_float64(models, monkeypatch, variant, prompt_len):
-    """prompt_logits=last: the last token's logits and the decode after them as the float64
+@pytest.mark.parametrize("logits, weights", [("last", "dequantize"), ("all", "f16"), ("last", "f16")])
+def test_prompt_options_against_float64(models, monkeypatch, variant, prompt_len, logits, weights):
+    """prompt_logits=last (the last token's logits only) and prompt_weights=f16 (a prompt's
+    matmuls on fp16 copies made at load): the logits and the decode after them as the float64
     model's, at a short and a long prompt."""
     monkeypatch.setitem(options._values, "repack", "repacked" in variant)
     m = models["tiny-llama", "q4_0"]
-    with options.use(prompt_logits="last"):
+    with options.use(prompt_logits=logits, prompt_weights=weights):
         decoder = KernelDecoder(m, prompt_len + STEPS, variant.split()[0])
         _decodes_as_float64(decoder, m, np.random.default_rng().integers(0, m.config.vocab, prompt_len))
 

@@ -169,3 +169,13 @@ def test_prompt_profile_repeats_one_prompt_at_its_depth(capsys):
     fresh = make_decoder(model, 8 + 24 + 1, "reference")
     mx.eval(fresh.forward(depth))
     assert tokens == [int(fresh.greedy(fresh.forward(prompt)).item())] * 3
+
+
+def test_prompt_profile_times_each_setting_on_a_decoder_of_its_own(capsys):
+    # One model load, a decoder per option setting, each timed at the same depth and prompt.
+    tokens = profile_decode.run_prompt("tiny-llama", "q8_0", "reference", 12, repeats=2, depth=4,
+                                       settings=("", "prompt_logits=last,prompt_weights=f16"))
+    out = capsys.readouterr().out
+    assert out.count("tiny-llama q8_0 reference prompt 12 at depth 4:") == 2
+    assert "options: defaults" in out and "options: prompt_logits=last,prompt_weights=f16" in out
+    assert len(tokens) == 4 and len(set(tokens)) == 1
