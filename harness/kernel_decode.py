@@ -218,10 +218,17 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                           functools.partial(run, *args) if args else run, tuple(launches)))
 
     def linear(src, dst, name, layer=None, residual=False):
-        """Y = X @ W^T (+ the residual stream, in the GEMV's epilogue where it can)."""
+        """Y = X @ W^T (+ the residual stream, in the GEMV's epilogue where it can, in MLX's
+        matmul (addmm) for a fused prompt)."""
         if quant(name) and residual and fused and small:
             add("linear_residual", f"lathe gemv_{v}{shown(name)} + residual", (src, "x"), ("x",), _run_linear_residual,
                 src, name, weights=(name,), layer=layer, launches=(f"lathe_gemv_{v}_residual",))
+            return
+        if quant(name) and residual and fused:  # a prompt: x + X @ W^T as one matmul
+            what = f"F16 copy of{shown(name)}" if f16_copies else f"lathe dequantize{shown(name)}"
+            add("linear_residual", f"mx.addmm (x + X @ W^T, W the {what})", (src, "x"), ("x",), _run_linear_add,
+                src, name, weights=(name,), layer=layer,
+                launches=() if f16_copies else (f"lathe_gemv_{v}", "lathe_dequantize"))
             return
         if quant(name) and not small and f16_copies and not (name == head and last_only):
             # MLX's matmul alone, on the copy made at load (a head over the last row stays a GEMV)
@@ -441,6 +448,10 @@ def _run_last_row(d, env, t, pos):
 
 def _run_add(src, d, env, t, pos):
     env["x"] = env["x"] + env[src]
+
+
+def _run_linear_add(src, name, d, env, t, pos):
+    env["x"] = d._linear(env[src], name, residual=env["x"])
 
 
 def _run_linear_residual(src, name, d, env, t, pos):
@@ -726,7 +737,7 @@ class KernelDecoder:
         if options.get("prompt_weights") == "f16":
             for step in kernel_plan(c, self.fused, self.paged, self.overflow, False, None, self.types, "prompt",
                                     bool(self.packed), span=self.span, f16_copies=True):
-                for name in step.weights if step.kernel.startswith("mx.matmul (F16 copy") else ():
+                for name in step.weights if "F16 copy of" in step.kernel else ():
                     if name not in self.f16:
                         self.f16[name] = gemv.dequantize(self.matrix(name), self.types[name], *self.nk[name])
                         mx.eval(self.f16[name])
@@ -868,13 +879,13 @@ class KernelDecoder:
         them, else the GGUF blocks (or fp16 values)."""
         return self.packed.get(name, self.w.get(name))
 
-    def _linear(self, x: mx.array, name: str) -> mx.array:
+    def _linear(self, x: mx.array, name: str, residual: mx.array | None = None) -> mx.array:
         n, k = self.nk[name]
         if name in self.f16 and x.shape[0] > FUSED_UP_TO:  # a prompt's rows, on the copy made at load
-            return x @ self.f16[name].T
+            return gemv.matmul(x, self.f16[name], residual)
         if self.types[name] in QUANTIZED:
-            return gemv.linear(x, self.matrix(name), self.types[name], n, k)
-        return x @ self.w[name].T
+            return gemv.linear(x, self.matrix(name), self.types[name], n, k, residual=residual)
+        return gemv.matmul(x, self.w[name], residual)
 
     def forward(self, tokens) -> mx.array:
         """Logits [len(tokens), vocab] (float32) for tokens at positions pos..; advances pos. Under

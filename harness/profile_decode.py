@@ -300,17 +300,22 @@ def run_prompt(preset: str, qtype: str, variant: str, prompt: int, repeats: int 
         raise SystemExit("--timeline needs the CUDA backend and PyTorch (its profiler reads CUPTI)")
     model = load_gguf(model_file(preset, qtype))
     tokens: list[int] = []
+    decoders = []
     for setting in settings:
         with options.use(**options.parse(setting)):
-            decoder = make_decoder(model, depth + prompt + 1, variant)
-            tokens += _time_prompts(decoder, f"{preset} {qtype} {variant}", prompt, repeats, depth, timeline)
-        del decoder
-        mx.clear_cache()
+            decoders.append(make_decoder(model, depth + prompt + 1, variant))
+    # Every setting untraced first: once the tracer has run, CUPTI stays attached to the process
+    # and each launch costs the host more (a Qwen3-0.6B prompt's encode went from 10 to 15 ms)
+    for traced in (False, True) if timeline else (False,):
+        for setting, decoder in zip(settings, decoders):
+            with options.use(**options.parse(setting)):
+                tokens += _time_prompts(decoder, f"{preset} {qtype} {variant}", prompt, repeats, depth,
+                                        timeline if traced else None)
     return tokens
 
 
 def _time_prompts(decoder, label: str, prompt: int, repeats: int, depth: int, timeline: Path | None) -> list[int]:
-    """run_prompt's timing of one decoder: untraced, then (with `timeline`) traced."""
+    """run_prompt's timing of one decoder: untraced, or traced with `timeline`."""
     import mlx.core as mx
 
     from kernels import options
@@ -337,17 +342,16 @@ def _time_prompts(decoder, label: str, prompt: int, repeats: int, depth: int, ti
         return t3 - t0
 
     once()  # warm-up: the prompt phase's plan, kernels and MLX's matmuls at this shape
-    for traced in (False, True) if timeline else (False,):
-        parts.clear()
-        with gpu_trace.kernel_trace(timeline) if traced else contextlib.nullcontext([]) as kernels:
-            walls = [once() for _ in range(repeats)]
-        wall = float(np.median(walls))
-        split = ", ".join(f"{k} {1e3 * float(np.median(v)):.3f}" for k, v in parts.items())
-        print(f"{label} prompt {prompt} at depth {depth}: {1e3 * wall:.3f} ms a prompt, "
-              f"{prompt / wall:.1f} tok/s (median of {repeats}; host ms: {split})"
-              f"{', under the kernel tracer' if traced else ''}; options: {options.describe() or 'defaults'}")
-        if traced:
-            summarize_prompt(kernels)
+    parts.clear()
+    with gpu_trace.kernel_trace(timeline) if timeline else contextlib.nullcontext([]) as kernels:
+        walls = [once() for _ in range(repeats)]
+    wall = float(np.median(walls))
+    split = ", ".join(f"{k} {1e3 * float(np.median(v)):.3f}" for k, v in parts.items())
+    print(f"{label} prompt {prompt} at depth {depth}: {1e3 * wall:.3f} ms a prompt, "
+          f"{prompt / wall:.1f} tok/s (median of {repeats}; host ms: {split})"
+          f"{', under the kernel tracer' if timeline else ''}; options: {options.describe() or 'defaults'}")
+    if timeline:
+        summarize_prompt(kernels)
     return tokens[1:]
 
 

@@ -208,7 +208,9 @@ def _dequantize_k_case(qtype: str, n: int, k: int) -> CheckCase:
 
 
 # ---- GEMV and friends ------------------------------------------------------------------------------
-def _gemv_case(version: str, qtype: str, m: int, n: int, k: int) -> CheckCase:
+def _gemv_case(version: str, qtype: str, m: int, n: int, k: int, residual: bool = False) -> CheckCase:
+    """`residual` (linear only): Y + R, R added in the same op (a GEMV's epilogue, or mx.addmm
+    for M >= BATCHED_FROM)."""
     from kernels import gemv
     from kernels.runtime import poisoned_outputs
 
@@ -220,15 +222,19 @@ def _gemv_case(version: str, qtype: str, m: int, n: int, k: int) -> CheckCase:
         if version.endswith("v3"):
             dev = gemv.repack(dev, qtype, n, k)
         x = _x(rng, m, k)
+        r = _x(rng, m, n) if residual else None
         with poisoned_outputs():
-            y = fn(mx.array(x), dev, qtype, n, k)
+            y = fn(mx.array(x), dev, qtype, n, k, **(dict(residual=mx.array(r)) if residual else {}))
             mx.eval(y)
-        return _against_float64("y", y, x.astype(np.float64), host, qtype, k, rng)
+        if not residual:
+            return _against_float64("y", y, x.astype(np.float64), host, qtype, k, rng)
+        want = x.astype(np.float64) @ dequantize(host, qtype, k).astype(np.float64).T + r.astype(np.float64)
+        return [compare("y + residual", np.array(y).astype(np.float64), want, TOL)]
 
     variant = version
     if version.startswith("linear") and m >= gemv.BATCHED_FROM:
         variant = version.replace("linear", "batched")
-    return CheckCase("gemv", f"gemv_{qtype}", variant, dict(M=m, N=n, K=k), run)
+    return CheckCase("gemv", f"gemv_{qtype}", variant + (" + residual" if residual else ""), dict(M=m, N=n, K=k), run)
 
 
 def rmsnorm64(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
@@ -565,6 +571,9 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_gate_up_swiglu_case(qtype, m, f, fit(k), norm, knobs))
     for m in (5, 16) if small else (5, 16, 512):
         cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128)))))
+    for m in (3, 9, 16) if small else (3, 9, 16, 512):  # each path of linear(): GEMV, GEMVs + add, addmm
+        cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128))),
+                                residual=True))
     if not small:
         cases.append(_projection_case(qtype, (4096, 1024, 1024), 4096, 1, packed=True))
         cases.append(_projection_case(qtype, (14336, 14336), 4096, 2, packed=True))

@@ -827,17 +827,27 @@ def dequantize(q: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
 
 
 # ---- any M, fused projections -----------------------------------------------------------------------
-def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
-    """Y = X @ W^T for any M (W GGUF blocks, or Packed): the v2 (v3) GEMV for up to MAX_M rows of X, in launches of MAX_M rows
+def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
+           residual: mx.array | None = None) -> mx.array:
+    """Y = X @ W^T (+ residual, [M, N] fp16) for any M (W GGUF blocks, or Packed): the v2 (v3) GEMV for up to MAX_M rows of X, in launches of MAX_M rows
     below BATCHED_FROM, and from there W dequantized to fp16 once and MLX's matmul (the prefill
-    path; the crossover was measured: results/<device>/gemv-batched.png)."""
+    path; the crossover was measured: results/<device>/gemv-batched.png), the residual added in
+    the same op (mx.addmm: one rounding, one launch fewer than a matmul and an add)."""
     check_gemv_args(x, w, qtype, n, k, max_m=None)
     m = x.shape[0]
+    if residual is not None and (residual.shape != (m, n) or residual.dtype != mx.float16):
+        raise ValueError(f"residual must be float16 [{m}, {n}], got {residual.dtype} {list(residual.shape)}")
     if m >= BATCHED_FROM:
-        return x @ dequantize(w, qtype, n, k).T
+        return matmul(x, dequantize(w, qtype, n, k), residual)
     if m <= MAX_M:
-        return gemv(x, w, qtype, n, k)
-    return mx.concatenate([gemv(x[i:i + MAX_M], w, qtype, n, k) for i in range(0, m, MAX_M)])
+        return gemv(x, w, qtype, n, k, residual=residual)
+    y = mx.concatenate([gemv(x[i:i + MAX_M], w, qtype, n, k) for i in range(0, m, MAX_M)])
+    return y if residual is None else y + residual
+
+
+def matmul(x: mx.array, w16: mx.array, residual: mx.array | None = None) -> mx.array:
+    """X @ W^T for fp16 W [N, K] by MLX's matmul, with the residual in the same op where given."""
+    return x @ w16.T if residual is None else mx.addmm(residual, x, w16.T)
 
 
 def concat_rows(weights: Sequence[mx.array]) -> mx.array:
