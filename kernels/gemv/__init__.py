@@ -297,7 +297,7 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
 
 
 SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH", "V3_MAX_GROUPS",
-                "SEAM_V3_WARPS", "BLOCK_NSIMD", "V3_K_SHAPES")
+                "SEAM_V3_WARPS", "BLOCK_NSIMD", "V3_K_SHAPES", "DEQUANT_SPLIT")
 
 
 def parse_tuning(text: str) -> dict[str, int]:
