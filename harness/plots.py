@@ -249,7 +249,7 @@ def decode_plot(df: pd.DataFrame, out_path: str | Path, title: str) -> Path:
                 ax.hlines(tok_s, gi - 0.45, gi + 0.45, colors=colour, linestyles=style, linewidth=2,
                           label=None if name in marked else name)
                 marked.add(name)
-    ax.set_xticks(range(len(groups)), [f"{m} {q}" + (f" @ depth {d}" if d else "") + "\n" + _run_label(g, "\n", "\n")
+    ax.set_xticks(range(len(groups)), [f"{m} {q}" + (f"\n@ depth {d}" if d else "") + "\n" + _run_label(g, "\n", "\n")
                                        for (m, q, d), g in groups], fontsize="small")
     ax.set_yscale("log")
     ax.set_ylabel("decode tok/s (batch 1, log scale)")

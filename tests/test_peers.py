@@ -112,7 +112,8 @@ def _lathe(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
 def test_decode_with_the_peer_alternates_and_divides_by_its_own_rows(tmp_path):
     exe = _fake_llama_bench(tmp_path)
     run = _lathe(tmp_path, "decode", "tiny-llama", "--prompt", "6", "--gen", "4", "--depth", "0,5",
-                 "--mode", "step,compiled", "--peer", "llama.cpp", "--write", LLAMA_BENCH=str(exe))
+                 "--mode", "step,compiled", "--peer", "llama.cpp", "--write", "--set", "prompt_logits=last",
+                 LLAMA_BENCH=str(exe))
     assert run.returncode == 0, run.stdout + run.stderr
     (csv,) = (tmp_path / "results").glob("*/decode.csv")
     df = read_results(csv)
@@ -126,6 +127,8 @@ def test_decode_with_the_peer_alternates_and_divides_by_its_own_rows(tmp_path):
     assert (theirs.decode_tok_s == 1000 + theirs.depth).all() and (theirs.prefill_tok_s == 5000).all()
     assert (theirs.peer_build == "fake123 (7)").all() and (theirs.backend == "FAKE").all()
     assert theirs.x_llama_cpp.isna().all() and theirs.dispatches_per_token.isna().all()
+    # lathe's options are recorded on its rows only: llama.cpp takes none of them
+    assert (ours.options == "prompt_logits=last").all() and theirs.options.isna().all()
     # x_llama_cpp is rounded to 3 places with Python's round; the check rounds the same way
     # (NumPy's .round could land on the other side of a tie and failed about one run in three)
     want = [round(tok_s / (1000 + depth), 3) for tok_s, depth in zip(ours.decode_tok_s, ours.depth)]
