@@ -242,7 +242,9 @@ def decode_row(run: dict, peak_gbs: float | None, device: str, meta: dict) -> di
     it reads)."""
     us = run["ms_per_token"] * 1e3
     nbytes = int((run["weight_mb"] + run["kv_mb"]) * 2**20)
-    if run["variant"] == "llama.cpp":  # the peer takes none of lathe's options
+    from harness.peers import VARIANT
+
+    if run["variant"] == VARIANT:  # llama.cpp takes none of lathe's options
         meta = dict(meta, options="")
     # the repeats' spread: us a token of the fastest and of the slowest repeat
     return dict(benchmark="decode", kernel=run["model"], variant=run["variant"],

@@ -230,14 +230,16 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 src, name, weights=(name,), layer=layer,
                 launches=() if f16_copies else (f"lathe_gemv_{v}", "lathe_dequantize"))
             return
-        if quant(name) and not small and f16_copies and not (name == head and last_only):
+        if not quant(name):
+            kernel, launches = "mx.matmul (F16)", ()
+        elif not small and f16_copies and not (name == head and last_only):
             # MLX's matmul alone, on the copy made at load (a head over the last row stays a GEMV)
-            add("linear", f"mx.matmul (F16 copy of{shown(name)})", (src,), (dst,), _run_linear, src, dst, name,
-                weights=(name,), layer=layer)
-        else:
-            gemvs = (f"lathe_gemv_{v}",) if small else (f"lathe_gemv_{v}", "lathe_dequantize")  # linear()'s two paths
-            add("linear", f"lathe gemv_{v}{shown(name)}" if quant(name) else "mx.matmul (F16)", (src,), (dst,),
-                _run_linear, src, dst, name, weights=(name,), layer=layer, launches=gemvs if quant(name) else ())
+            kernel, launches = f"mx.matmul (F16 copy of{shown(name)})", ()
+        else:  # linear()'s two paths
+            kernel = f"lathe gemv_{v}{shown(name)}"
+            launches = (f"lathe_gemv_{v}",) if small else (f"lathe_gemv_{v}", "lathe_dequantize")
+        add("linear", kernel, (src,), (dst,), _run_linear, src, dst, name, weights=(name,), layer=layer,
+            launches=launches)
         if residual:
             add("add", "mx.add", ("x", dst), ("x",), _run_add, dst, layer=layer)
 
@@ -737,8 +739,9 @@ class KernelDecoder:
         if options.get("prompt_weights") == "f16":
             for step in kernel_plan(c, self.fused, self.paged, self.overflow, False, None, self.types, "prompt",
                                     bool(self.packed), span=self.span, f16_copies=True):
-                for name in step.weights if "F16 copy of" in step.kernel else ():
-                    if name not in self.f16:
+                copied = step.op in ("linear", "linear_residual") and not step.launches  # MLX's matmul alone
+                for name in step.weights if copied else ():
+                    if self.types.get(name) in QUANTIZED and name not in self.f16:
                         self.f16[name] = gemv.dequantize(self.matrix(name), self.types[name], *self.nk[name])
                         mx.eval(self.f16[name])
         self.seams = self.fused and seams_apply(c, self.types)
