@@ -170,31 +170,44 @@ def cmd_compile_metal(family: str | None, match: str | None = None) -> int:
     return 1 if failed else 0
 
 
-def cmd_compile(family: str | None, match: str | None = None) -> int:
+def cmd_compile(family: str | None, match: str | None = None, record: str | None = None,
+                recorded: str | None = None) -> int:
     """Compile every kernel instantiation the checks launch: into the on-disk kernel cache on a
-    CUDA machine, to PTX for sm_90 (a compile check) without a GPU (harness.nvrtc)."""
+    CUDA machine, to PTX for sm_90 (a compile check) without a GPU (harness.nvrtc). `record`:
+    on any machine, write the modules the whole check's cases need to that file instead
+    (recording them took 436 of a cold `lathe compile`'s 521 s on the H200, one core); `recorded`:
+    on CUDA, compile the modules such a file lists, with no recording."""
     from harness.nvrtc import compile_all, core_calls, record_instantiations, record_launches
     from harness.suites import select
     from kernels import jit_cache, runtime
 
     cuda = runtime.backend() == "cuda"
+    began = time.perf_counter()
+    if recorded is not None:
+        if not cuda:
+            print("lathe compile --recorded: compiles into the kernel cache, which needs MLX's CUDA backend")
+            return 2
+        insts = jit_cache.read_instances(Path(recorded))
+        jit_cache.activate()
+        compiled, failures = jit_cache.prepare(insts)
+        return _compile_report(compiled, failures, len(insts), f"read from {recorded}", began)
     cases = list(core_calls())
     for fam in select(family):
         # The whole check's cases on CUDA (their shapes pick constants the small ones do not:
         # 285 modules against 196), the small ones for a compile check.
-        cases += [c for c in fam.check_cases(small=not cuda) if match is None or matches(c.id, match)]
-    began = time.perf_counter()
+        cases += [c for c in fam.check_cases(small=not (cuda or record)) if match is None or matches(c.id, match)]
+    if record is not None:
+        insts = record_instantiations(cases)
+        jit_cache.write_instances(Path(record), insts)
+        print(f"compile --record: {len(insts)} modules of {len(cases)} cases into {record} "
+              f"({time.perf_counter() - began:.1f} s); `lathe compile --recorded {record}` compiles them on CUDA")
+        return 0
     if cuda:
         jobs = record_launches(cases)
-        recorded = time.perf_counter() - began
+        recorded_s = time.perf_counter() - began
         compiled, failures = runtime.prepare(jobs)
-        for name, log in failures.items():
-            print(f"FAIL {name}\n{log}")
-        where = jit_cache.activate() or "nowhere: the kernel cache is off (see above)"
-        print(f"compile: {compiled} compiled, {len(failures)} failed, the rest already cached, of "
-              f"{len({runtime.instance(j) for j in jobs})} modules (recorded in {recorded:.1f} s, "
-              f"{time.perf_counter() - began:.1f} s in all) in {where}")
-        return 1 if failures else 0
+        return _compile_report(compiled, failures, len({runtime.instance(j) for j in jobs}),
+                               f"recorded in {recorded_s:.1f} s", began)
     insts = record_instantiations(cases)
     try:
         failures = compile_all(insts)
@@ -205,6 +218,17 @@ def cmd_compile(family: str | None, match: str | None = None) -> int:
         print(f"FAIL {name}\n{log}")
     print(f"compile: {len(insts) - len(failures)} passed, {len(failures)} failed (NVRTC, sm_90, "
           f"no GPU: a compile check)")
+    return 1 if failures else 0
+
+
+def _compile_report(compiled: int, failures: dict[str, str], modules: int, how: str, began: float) -> int:
+    from kernels import jit_cache
+
+    for name, log in failures.items():
+        print(f"FAIL {name}\n{log}")
+    where = jit_cache.activate() or "nowhere: the kernel cache is off (see above)"
+    print(f"compile: {compiled} compiled, {len(failures)} failed, the rest already cached, of {modules} modules "
+          f"({how}, {time.perf_counter() - began:.1f} s in all) in {where}")
     return 1 if failures else 0
 
 
@@ -397,6 +421,10 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("-k", dest="match", default=None, help="only the instantiations of check cases whose id contains this")
     comp.add_argument("--metal", action="store_true",
                       help="check each instantiation as Metal source with clang's front end (no GPU needed)")
+    comp.add_argument("--record", metavar="FILE", help="write the modules the whole check's cases need to FILE, "
+                      "on any machine (no compiling), for --recorded on a CUDA machine")
+    comp.add_argument("--recorded", metavar="FILE", help="CUDA: compile the modules FILE lists (from --record) "
+                      "into the kernel cache, without recording the cases")
     peak = sub.add_parser("peak", parents=[debug], help="measure the device's memory peak")
     peak.add_argument("--no-write", dest="write", action="store_false")
     sub.add_parser("options", parents=[debug], help="the experiment options: values, defaults, what they do")
@@ -445,7 +473,9 @@ def _run(args: argparse.Namespace) -> int:
                           args.repeat, args.depth, args.write, args.variant, args.kv, args.ctx,
                           args.peer, args.rounds)
     if args.command == "compile":
-        return (cmd_compile_metal if args.metal else cmd_compile)(args.family, args.match)
+        if args.metal:
+            return cmd_compile_metal(args.family, args.match)
+        return cmd_compile(args.family, args.match, args.record, args.recorded)
     if args.command == "peak":
         cmd_peak(args.write)
         return 0

@@ -28,6 +28,24 @@ from kernels.jit_cache import Instance
 def record_launches(cases, target: str | None = None) -> list:
     """The launches of the cases (kernels.runtime.Launch), recorded instead of executed, made for
     `target` (kernels.runtime.recording; default CUDA's on a machine without a GPU)."""
+    jobs: list = []
+    _record(cases, target, jobs.extend)
+    return jobs
+
+
+def record_instantiations(cases) -> list[Instance]:
+    """The distinct CUDA modules the cases' launches need, in first-launch order. Each case's
+    launches are let go once their modules are known: the whole check's cases hold gigabytes of
+    inputs (recording gemv's kept 12 GB and growing)."""
+    import kernels.runtime as rt
+
+    found: dict[Instance, None] = {}
+    _record(cases, None, lambda jobs: found.update((rt.instance(job, cuda=True), None) for job in jobs))
+    return list(found)
+
+
+def _record(cases, target: str | None, take) -> None:
+    """Record each case's launches, handing them to `take` case by case."""
     import kernels.runtime as rt
     from kernels.runtime import LaunchLimitError
 
@@ -39,14 +57,8 @@ def record_launches(cases, target: str | None = None) -> list:
                 raise  # a launch the target refuses is a failure of the sweep, not a skipped case
             except Exception:  # noqa: BLE001 - comparisons on zeros fail; only launches matter
                 pass
-    return rec.jobs
-
-
-def record_instantiations(cases) -> list[Instance]:
-    """The distinct CUDA modules the cases' launches need, in first-launch order."""
-    import kernels.runtime as rt
-
-    return list(dict.fromkeys(rt.instance(job, cuda=True) for job in record_launches(cases)))
+            take(rec.jobs)
+            rec.jobs.clear()
 
 
 def core_calls() -> list:

@@ -402,6 +402,29 @@ def resident(inst: Instance, threads: int) -> int | None:
         return None
 
 
+def write_instances(path: Path, instances) -> None:
+    """Instances to a file (`lathe compile --record`): a format tag, then the pickled list, gzipped."""
+    import gzip
+
+    path.write_bytes(gzip.compress(pickle.dumps((_RECORD_FORMAT, list(instances)))))
+
+
+def read_instances(path: Path) -> list[Instance]:
+    """write_instances' list back; a clear error for any other file."""
+    import gzip
+
+    try:
+        tag, instances = pickle.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        raise ValueError(f"{path}: not a file of `lathe compile --record` ({exc})") from None
+    if tag != _RECORD_FORMAT or not all(isinstance(i, Instance) for i in instances):
+        raise ValueError(f"{path}: not a file of `lathe compile --record` (format {tag!r})")
+    return instances
+
+
+_RECORD_FORMAT = "lathe-instances-1"
+
+
 def prepare(instances, workers: int | None = None) -> tuple[int, dict[str, str]]:
     """Compile the instances not yet cached, in parallel worker processes (NVRTC compiles one
     program at a time in a process: on the H200 16 threads took 60 s for 32 modules, 16

@@ -39,3 +39,28 @@ def test_ptx_has_the_unmangled_kernel_symbol():
     assert f".entry {inst.kernel_name}(" in text
     with pytest.raises(ptx.CompileError, match="undefined"):
         ptx.compile_ptx(src.replace("in[0]", "nowhere[0]"), "broken")
+
+
+ONE_CASE = "rope_neox[table](seq=1,head_dim=64,n_heads=32,n_kv_heads=32,pos=0,"  # one whole-size check case (recording many is slow on a CPU)
+
+
+def test_compile_records_modules_to_a_file_that_a_cuda_machine_compiles(tmp_path, capsys):
+    """`lathe compile --record F` (any machine): the modules of the whole check's cases, written
+    for `--recorded F` on a CUDA machine, which then records nothing; anything else in F is a clear
+    error, and `--recorded` without CUDA says what it needs. No NVRTC, no GPU."""
+    from harness.cli import cmd_compile
+    from harness.nvrtc import record_instantiations
+    from harness.suites import select
+    from kernels import jit_cache, runtime
+
+    path = tmp_path / "modules.gz"
+    assert cmd_compile("rope", ONE_CASE, record=str(path)) == 0
+    assert f"into {path}" in capsys.readouterr().out
+    cases = core_calls() + [c for fam in select("rope") for c in fam.check_cases(small=False) if ONE_CASE in c.id]
+    assert jit_cache.read_instances(path) == record_instantiations(cases)
+    (tmp_path / "other").write_bytes(b"not a list of modules")
+    with pytest.raises(ValueError, match="not a file of `lathe compile --record`"):
+        jit_cache.read_instances(tmp_path / "other")
+    if runtime.backend() != "cuda":
+        assert cmd_compile(None, recorded=str(path)) == 2
+        assert "needs MLX's CUDA backend" in capsys.readouterr().out
