@@ -31,6 +31,7 @@ how many threadgroups of a module fit at once (the blocks size their claimed pha
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import os
 import pickle
@@ -403,10 +404,14 @@ def resident(inst: Instance, threads: int) -> int | None:
 
 
 def write_instances(path: Path, instances) -> None:
-    """Instances to a file (`lathe compile --record`): a format tag, then the pickled list, gzipped."""
+    """Instances to a file (`lathe compile --record`): a format tag, then the pickled list, gzipped.
+    A constant that is an MLX dtype (a template type) is written by name: MLX's Dtype does not
+    pickle."""
     import gzip
 
-    path.write_bytes(gzip.compress(pickle.dumps((_RECORD_FORMAT, list(instances)))))
+    plain = [dataclasses.replace(i, constants=tuple((k, (_DTYPE, dtype_name(v)) if isinstance(v, mx.Dtype) else v)
+                                                    for k, v in i.constants)) for i in instances]
+    path.write_bytes(gzip.compress(pickle.dumps((_RECORD_FORMAT, plain))))
 
 
 def read_instances(path: Path) -> list[Instance]:
@@ -414,15 +419,16 @@ def read_instances(path: Path) -> list[Instance]:
     import gzip
 
     try:
-        tag, instances = pickle.loads(gzip.decompress(path.read_bytes()))
+        tag, plain = pickle.loads(gzip.decompress(path.read_bytes()))
     except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise ValueError(f"{path}: not a file of `lathe compile --record` ({exc})") from None
-    if tag != _RECORD_FORMAT or not all(isinstance(i, Instance) for i in instances):
+    if tag != _RECORD_FORMAT or not all(isinstance(i, Instance) for i in plain):
         raise ValueError(f"{path}: not a file of `lathe compile --record` (format {tag!r})")
-    return instances
+    dtype = lambda v: getattr(mx, v[1]) if isinstance(v, tuple) and v[:1] == (_DTYPE,) else v  # noqa: E731
+    return [dataclasses.replace(i, constants=tuple((k, dtype(v)) for k, v in i.constants)) for i in plain]
 
 
-_RECORD_FORMAT = "lathe-instances-1"
+_RECORD_FORMAT, _DTYPE = "lathe-instances-1", "mlx.core.Dtype"
 
 
 def prepare(instances, workers: int | None = None) -> tuple[int, dict[str, str]]:

@@ -58,6 +58,14 @@ def test_compile_records_modules_to_a_file_that_a_cuda_machine_compiles(tmp_path
     assert f"into {path}" in capsys.readouterr().out
     cases = core_calls() + [c for fam in select("rope") for c in fam.check_cases(small=False) if ONE_CASE in c.id]
     assert jit_cache.read_instances(path) == record_instantiations(cases)
+    # a template type among the constants (MLX's Dtype does not pickle) comes back as itself
+    import mlx.core as mx
+    from kernels.jit_cache import Instance
+
+    typed = Instance("lathe_probe", "out[0] = in[0];", "", (("in", "float16", 1),), (("out", "float16"),),
+                     (("T", mx.float16), ("N", 3)))
+    jit_cache.write_instances(tmp_path / "typed", [typed])
+    assert jit_cache.read_instances(tmp_path / "typed") == [typed]
     (tmp_path / "other").write_bytes(b"not a list of modules")
     with pytest.raises(ValueError, match="not a file of `lathe compile --record`"):
         jit_cache.read_instances(tmp_path / "other")
