@@ -187,7 +187,7 @@ def cmd_compile(family: str | None, match: str | None = None, record: str | None
         if not cuda:
             print("lathe compile --recorded: compiles into the kernel cache, which needs MLX's CUDA backend")
             return 2
-        insts = jit_cache.read_instances(Path(recorded))
+        insts = jit_cache.read_instances(Path(recorded), runtime.SOURCE_DIR)
         jit_cache.activate()
         compiled, failures = jit_cache.prepare(insts)
         return _compile_report(compiled, failures, len(insts), f"read from {recorded}", began)

@@ -4,6 +4,8 @@ with the reason elsewhere. It needs no GPU."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness.nvrtc import compile_all, core_calls, record_instantiations
@@ -57,7 +59,21 @@ def test_compile_records_modules_to_a_file_that_a_cuda_machine_compiles(tmp_path
     assert cmd_compile("rope", ONE_CASE, record=str(path)) == 0
     assert f"into {path}" in capsys.readouterr().out
     cases = core_calls() + [c for fam in select("rope") for c in fam.check_cases(small=False) if ONE_CASE in c.id]
-    assert jit_cache.read_instances(path) == record_instantiations(cases)
+    recorded = record_instantiations(cases)
+    assert jit_cache.read_instances(path, runtime.SOURCE_DIR) == recorded
+    # where this machine keeps kernel sources elsewhere, the included files are written there
+    # (same names: each is its content's digest) and the include lines point there
+    elsewhere = tmp_path / "sources"
+    moved = jit_cache.read_instances(path, elsewhere)
+    assert len(moved) == len(recorded) and any(i.source.startswith("#include") for i in recorded)
+    for old, new in zip(recorded, moved):
+        assert (new.name, new.inputs, new.outputs, new.constants) == (old.name, old.inputs, old.outputs, old.constants)
+        for a, b in ((old.source, new.source), (old.header, new.header)):
+            if a.startswith("#include"):
+                was, now = (Path(t.split('"')[1]) for t in (a, b))
+                assert now.parent == elsewhere and now.name == was.name and now.read_text() == was.read_text()
+            else:
+                assert a == b
     # a template type among the constants (MLX's Dtype does not pickle) comes back as itself
     import mlx.core as mx
     from kernels.jit_cache import Instance
@@ -65,10 +81,10 @@ def test_compile_records_modules_to_a_file_that_a_cuda_machine_compiles(tmp_path
     typed = Instance("lathe_probe", "out[0] = in[0];", "", (("in", "float16", 1),), (("out", "float16"),),
                      (("T", mx.float16), ("N", 3)))
     jit_cache.write_instances(tmp_path / "typed", [typed])
-    assert jit_cache.read_instances(tmp_path / "typed") == [typed]
+    assert jit_cache.read_instances(tmp_path / "typed", runtime.SOURCE_DIR) == [typed]
     (tmp_path / "other").write_bytes(b"not a list of modules")
     with pytest.raises(ValueError, match="not a file of `lathe compile --record`"):
-        jit_cache.read_instances(tmp_path / "other")
+        jit_cache.read_instances(tmp_path / "other", runtime.SOURCE_DIR)
     if runtime.backend() != "cuda":
         assert cmd_compile(None, recorded=str(path)) == 2
         assert "needs MLX's CUDA backend" in capsys.readouterr().out
