@@ -198,6 +198,7 @@ def test_tuned_slots_only_where_all_of_k_fits_one_chunk():
 
 def test_tuning_text_takes_every_knob_and_names_them_when_wrong():
     assert gemv.parse_tuning("R=4, SLOTS=2,SEAM_PREFETCH=0") == {"R": 4, "SLOTS": 2, "SEAM_PREFETCH": 0}
+    assert gemv.parse_tuning("DEQUANT_SPLIT=1") == {"DEQUANT_SPLIT": 1}
     with pytest.raises(ValueError, match="SEAM_PREFETCH"):
         gemv.parse_tuning("PREFETCH=1")
     with pytest.raises(ValueError, match="KEY=INT"):
@@ -231,6 +232,31 @@ def _zero_packed(qtype: str, n: int, k: int) -> gemv.Packed:
     from reference import formats
 
     return gemv.repack(mx.zeros((n, n and formats.row_bytes(qtype.upper(), k)), mx.uint8), qtype, n, k)
+
+
+@pytest.mark.parametrize("qtype, packed, split", [("q4_0", True, 4), ("q8_0", True, 4), ("q4_0", False, 1),
+                                                  ("q8_0", False, 1), ("q6_k", True, 1)])
+def test_dequantize_takes_four_threads_a_repacked_block(qtype, packed, split, monkeypatch):
+    """DEQUANT_SPLIT 4: a repacked Q4_0/Q8_0 block is four threads' (8 weights each, coalesced
+    stores); GGUF blocks and the K-quants stay a thread a block; a split the kernel has no form
+    for is refused before any launch. Recorded, not run."""
+    from kernels.runtime import recording
+    from reference import formats
+
+    n, k = 96, 512
+    w = _zero_packed(qtype, n, k) if packed else mx.zeros((n, formats.row_bytes(qtype.upper(), k)), mx.uint8)
+    with recording() as rec:
+        gemv.dequantize(w, qtype, n, k)
+    (job,) = rec.jobs
+    assert job.constants["SPLIT"] == split and job.grid[0] == -(-n * k // 32 * split // 256) * 256
+    monkeypatch.setitem(gemv.TUNING, "DEQUANT_SPLIT", 2)
+    with recording() as rec:
+        if split == 4:
+            with pytest.raises(ValueError, match="DEQUANT_SPLIT must be 1 or 4"):
+                gemv.dequantize(w, qtype, n, k)
+        else:  # the knob is not theirs
+            gemv.dequantize(w, qtype, n, k)
+    assert len(rec.jobs) == (split != 4)
 
 
 def test_a_pair_is_one_launch_of_both_matrices():

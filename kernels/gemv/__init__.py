@@ -79,12 +79,15 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # cap by shape.
 # V3_K_SHAPES: 1 gives the K-quants v3 knobs of their own on some shapes (v3_by_shape), 0 Q4_0's
 # there too.
+# DEQUANT_SPLIT: threads a repacked Q4_0/Q8_0 block in dequantize (4: 8 weights each, coalesced
+# stores; 1: the whole block, as GGUF blocks and the K-quants are).
 # BLOCK_NSIMD: SIMD groups a threadgroup of a decoder block (kernels.blocks, one threadgroup size
 # for all of a launch's phases) with block_geometry=per_gemv; 0: by the launch's GEMVs
 # (kernels.blocks.block_geometry).
 TUNING = {**{q: {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0} for q in V3_QTYPES},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
-          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112, "BLOCK_NSIMD": 0, "V3_K_SHAPES": 1}
+          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112, "BLOCK_NSIMD": 0, "V3_K_SHAPES": 1,
+          "DEQUANT_SPLIT": 4}
 _TUNING_DEFAULTS = copy.deepcopy(TUNING)
 SMEM_BUDGET = backends.THREADGROUP_MEMORY["cuda"]  # CUDA's; launches size against the target's
 
@@ -294,7 +297,7 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
 
 
 SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH", "V3_MAX_GROUPS",
-                "SEAM_V3_WARPS", "BLOCK_NSIMD", "V3_K_SHAPES")
+                "SEAM_V3_WARPS", "BLOCK_NSIMD", "V3_K_SHAPES", "DEQUANT_SPLIT")
 
 
 def parse_tuning(text: str) -> dict[str, int]:
@@ -819,10 +822,15 @@ def dequantize(q: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
     _check_qtype_shape(qtype, n, k, (*QTYPES, *K_QTYPES))
     _check_weights(q, qtype, n, k)
     packed = isinstance(q, Packed)
-    chunks = n * (k // 32)  # a thread 32 weights: a block, or part of a K-quant super-block
+    # a thread 32 weights (a block, or part of a K-quant super-block), or 8 of a repacked Q4_0/Q8_0
+    # block (DEQUANT_SPLIT 4: coalesced stores, dequantize.metal)
+    split = TUNING["DEQUANT_SPLIT"] if packed and qtype in QTYPES else 1
+    if split not in (1, 4):
+        raise ValueError(f"DEQUANT_SPLIT must be 1 or 4, got {split}")
+    threads = n * (k // 32) * split
     (w,) = launch(Launch(_DEQUANTIZE, [(q.data if packed else q).reshape(-1), _dims(n, k)], [((n, k), mx.float16)],
-                         (-(-chunks // 256) * 256, 1, 1), (256, 1, 1),
-                         dict(QTYPE=block_format(qtype)[0], PACKED=int(packed))))
+                         (-(-threads // 256) * 256, 1, 1), (256, 1, 1),
+                         dict(QTYPE=block_format(qtype)[0], PACKED=int(packed), SPLIT=split)))
     return w
 
 

@@ -6,9 +6,34 @@
 // PACKED 1: q is repacked (kernels.gemv.repack: Q4_0/Q8_0 every block's quants, then every scale;
 // the K-quants reference/kquant.py's layout), so the prompt path reads the decode loop's one copy
 // of the weights without unpacking it.
+// SPLIT 4 (repacked Q4_0/Q8_0 only): four threads a block, each 8 weights: one 8-byte load of
+// quants and one 16-byte store, so a SIMD group's stores cover 512 contiguous bytes (SPLIT 1, a
+// thread a block, stores 16 bytes at a 64-byte stride, 4 times: 1.3 TB/s on the H100 for the
+// 8B's matrices, kernels/attention/NOTES.md).
 // Inputs: q (uint8 blocks), dims (int32: N, K). Output: w (half, [N, K]).
 const uint n = uint(dims[0]);
 const uint nb = uint(dims[1]) / 32;
+if (SPLIT == 4) {
+  const uint t = thread_position_in_grid.x, blk = t / 4, part = t % 4;
+  if (blk >= n * nb) return;
+  const float d = float(as_type<half>(load_wide<ushort>(q, n * nb * (QTYPE == 0 ? 8 : 16) + blk)));
+  // Q4_0: weights 8p..8p+7 are the low (p < 2) or high nibbles of quant bytes 8(p % 2)..+7;
+  // Q8_0: quant bytes 8p..8p+7
+  const uint2 eight = load_wide<uint2>(q, QTYPE == 0 ? blk * 2 + part % 2 : blk * 4 + part);
+  const uint shift = QTYPE == 0 && part >= 2 ? 4u : 0u;
+  uint h[4];
+  for (uint j = 0; j < 4; ++j) {
+    const uint word = j < 2 ? eight.x : eight.y;
+    float v[2];
+    for (uint s = 0; s < 2; ++s) {
+      const uint byte = (word >> (16 * (j % 2) + 8 * s)) & 0xffu;
+      v[s] = QTYPE == 0 ? float(int((byte >> shift) & 15u) - 8) * d : float(int(byte) - int((byte & 128u) << 1)) * d;
+    }
+    h[j] = as_type<uint>(half2(half(v[0]), half(v[1])));
+  }
+  store_wide<uint4>(w, t, uint4{h[0], h[1], h[2], h[3]});
+  return;
+}
 const uint blk = thread_position_in_grid.x;
 if (blk >= n * nb) return;  // no SIMD functions here: lanes may leave early
 
