@@ -177,7 +177,8 @@ def cmd_compile(family: str | None, match: str | None = None, record: str | None
     on any machine, write the modules the whole check's cases need to that file instead
     (recording them took 436 of a cold `lathe compile`'s 521 s on the H200, one core); `recorded`:
     on CUDA, compile the modules such a file lists, with no recording."""
-    from harness.nvrtc import compile_all, core_calls, record_instantiations, record_launches
+    from harness.nvrtc import (compile_all, core_calls, read_instances, record_instantiations, record_launches,
+                               write_instances)
     from harness.suites import select
     from kernels import jit_cache, runtime
 
@@ -187,7 +188,7 @@ def cmd_compile(family: str | None, match: str | None = None, record: str | None
         if not cuda:
             print("lathe compile --recorded: compiles into the kernel cache, which needs MLX's CUDA backend")
             return 2
-        insts = jit_cache.read_instances(Path(recorded), runtime.SOURCE_DIR)
+        insts = read_instances(Path(recorded), runtime.SOURCE_DIR)
         jit_cache.activate()
         compiled, failures = jit_cache.prepare(insts)
         return _compile_report(compiled, failures, len(insts), f"read from {recorded}", began)
@@ -198,7 +199,7 @@ def cmd_compile(family: str | None, match: str | None = None, record: str | None
         cases += [c for c in fam.check_cases(small=not (cuda or record)) if match is None or matches(c.id, match)]
     if record is not None:
         insts = record_instantiations(cases)
-        jit_cache.write_instances(Path(record), insts)
+        write_instances(Path(record), insts)
         print(f"compile --record: {len(insts)} modules of {len(cases)} cases into {record} "
               f"({time.perf_counter() - began:.1f} s); `lathe compile --recorded {record}` compiles them on CUDA")
         return 0

@@ -31,11 +31,9 @@ how many threadgroups of a module fit at once (the blocks size their claimed pha
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import os
 import pickle
-import re
 import struct
 import subprocess
 import sys
@@ -402,46 +400,6 @@ def resident(inst: Instance, threads: int) -> int | None:
         return sm_count() * groups_per_sm(path.read_bytes(), symbol, threads)
     except (AttributeError, OSError, ValueError, RuntimeError):
         return None
-
-
-def write_instances(path: Path, instances) -> None:
-    """Instances to a file (`lathe compile --record`): a format tag, the pickled list and the
-    files their `#include` lines name (kernels.runtime.include_line: on CUDA the source MLX gets
-    is such a line), gzipped. A constant that is an MLX dtype (a template type) is written by
-    name: MLX's Dtype does not pickle."""
-    import gzip
-
-    plain = [dataclasses.replace(i, constants=tuple((k, (_DTYPE, dtype_name(v)) if isinstance(v, mx.Dtype) else v)
-                                                    for k, v in i.constants)) for i in instances]
-    files = {name: Path(name).read_text() for i in plain for name in _INCLUDE.findall(i.source + i.header)}
-    path.write_bytes(gzip.compress(pickle.dumps((_RECORD_FORMAT, plain, files))))
-
-
-def read_instances(path: Path, source_dir: Path) -> list[Instance]:
-    """write_instances' list back, its included files written into `source_dir` (this machine's
-    kernels.runtime.SOURCE_DIR) under their own names (each is named by its content's digest)
-    and the include lines pointed there, as this machine's launches would name them; a clear
-    error for any other file."""
-    import gzip
-
-    from kernels.runtime import include_line
-
-    try:
-        tag, plain, files = pickle.loads(gzip.decompress(path.read_bytes()))
-    except (OSError, EOFError, ValueError, TypeError, pickle.UnpicklingError) as exc:
-        raise ValueError(f"{path}: not a file of `lathe compile --record` ({exc})") from None
-    if tag != _RECORD_FORMAT or not all(isinstance(i, Instance) for i in plain):
-        raise ValueError(f"{path}: not a file of `lathe compile --record` (format {tag!r})")
-    here = {name: include_line(text, "." + ".".join(Path(name).name.split(".")[1:]), source_dir).split('"')[1]
-            for name, text in files.items()}
-    moved = lambda text: _INCLUDE.sub(lambda m: f'#include "{here[m.group(1)]}"', text)  # noqa: E731
-    dtype = lambda v: getattr(mx, v[1]) if isinstance(v, tuple) and v[:1] == (_DTYPE,) else v  # noqa: E731
-    return [dataclasses.replace(i, source=moved(i.source), header=moved(i.header),
-                                constants=tuple((k, dtype(v)) for k, v in i.constants)) for i in plain]
-
-
-_INCLUDE = re.compile(r'^#include "([^"]+\.(?:body|header)\.cuh)"$', re.M)
-_RECORD_FORMAT, _DTYPE = "lathe-instances-2", "mlx.core.Dtype"
 
 
 def prepare(instances, workers: int | None = None) -> tuple[int, dict[str, str]]:

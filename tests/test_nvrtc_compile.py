@@ -51,20 +51,21 @@ def test_compile_records_modules_to_a_file_that_a_cuda_machine_compiles(tmp_path
     for `--recorded F` on a CUDA machine, which then records nothing; anything else in F is a clear
     error, and `--recorded` without CUDA says what it needs. No NVRTC, no GPU."""
     from harness.cli import cmd_compile
+    from harness import nvrtc
     from harness.nvrtc import record_instantiations
     from harness.suites import select
-    from kernels import jit_cache, runtime
+    from kernels import runtime
 
     path = tmp_path / "modules.gz"
     assert cmd_compile("rope", ONE_CASE, record=str(path)) == 0
     assert f"into {path}" in capsys.readouterr().out
     cases = core_calls() + [c for fam in select("rope") for c in fam.check_cases(small=False) if ONE_CASE in c.id]
     recorded = record_instantiations(cases)
-    assert jit_cache.read_instances(path, runtime.SOURCE_DIR) == recorded
+    assert nvrtc.read_instances(path, runtime.SOURCE_DIR) == recorded
     # where this machine keeps kernel sources elsewhere, the included files are written there
     # (same names: each is its content's digest) and the include lines point there
     elsewhere = tmp_path / "sources"
-    moved = jit_cache.read_instances(path, elsewhere)
+    moved = nvrtc.read_instances(path, elsewhere)
     assert len(moved) == len(recorded) and any(i.source.startswith("#include") for i in recorded)
     for old, new in zip(recorded, moved):
         assert (new.name, new.inputs, new.outputs, new.constants) == (old.name, old.inputs, old.outputs, old.constants)
@@ -80,11 +81,11 @@ def test_compile_records_modules_to_a_file_that_a_cuda_machine_compiles(tmp_path
 
     typed = Instance("lathe_probe", "out[0] = in[0];", "", (("in", "float16", 1),), (("out", "float16"),),
                      (("T", mx.float16), ("N", 3)))
-    jit_cache.write_instances(tmp_path / "typed", [typed])
-    assert jit_cache.read_instances(tmp_path / "typed", runtime.SOURCE_DIR) == [typed]
+    nvrtc.write_instances(tmp_path / "typed", [typed])
+    assert nvrtc.read_instances(tmp_path / "typed", runtime.SOURCE_DIR) == [typed]
     (tmp_path / "other").write_bytes(b"not a list of modules")
     with pytest.raises(ValueError, match="not a file of `lathe compile --record`"):
-        jit_cache.read_instances(tmp_path / "other", runtime.SOURCE_DIR)
+        nvrtc.read_instances(tmp_path / "other", runtime.SOURCE_DIR)
     if runtime.backend() != "cuda":
         assert cmd_compile(None, recorded=str(path)) == 2
         assert "needs MLX's CUDA backend" in capsys.readouterr().out
