@@ -71,7 +71,8 @@ def _one_of_each(cases: list) -> list:
     return kept
 
 
-def cmd_check(family: str | None, seed: int | None, match: str | None, quick: bool = False) -> int:
+def cmd_check(family: str | None, seed: int | None, match: str | None, quick: bool = False,
+              shard: tuple[int, int] | None = None) -> int:
     from harness.check import run_case
     from harness.progress import progress
     from harness.suites import select
@@ -87,6 +88,8 @@ def cmd_check(family: str | None, seed: int | None, match: str | None, quick: bo
             cases += _one_of_each(fam.check_cases(small=True)) if quick else fam.check_cases()
         if match:
             cases = [c for c in cases if matches(c.id, match)]
+        if shard:
+            cases = cases[shard[0]::shard[1]]
         began = time.perf_counter()
         results = [run_case(c, seed) for c in progress(cases, len(cases), f"check {fam.name}")]
         _print_check_rows(results)
@@ -114,6 +117,18 @@ def _peak_rows(peak, meta, backend, device) -> list[dict]:
     return [timing_row("peak", name, "copy", moved, 0, dict(nbytes=moved), t, peak.gbs, meta,
                        backend, device)
             for name, (t, _) in peak.by_workload.items()]
+
+
+def shard_spec(text: str) -> tuple[int, int]:
+    """--shard's I/N: the cases at positions I, I + N, I + 2N ... of the selection, so N processes
+    share one check (its float64 references run on the host, one core each)."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: give I/N, two integers (0/4 .. 3/4)") from None
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: I must be at least 0 and below N")
+    return index, count
 
 
 def matches(text: str, match: str) -> bool:
@@ -372,6 +387,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="only cases whose id contains this (or one of its |-separated alternatives)")
     check.add_argument("--quick", action="store_true",
                        help="a smoke run: one case of each kernel and variant, on short inputs")
+    check.add_argument("--shard", type=shard_spec, metavar="I/N", default=None,
+                       help="every N-th case from the I-th of the selection (N processes run one check)")
     bench = sub.add_parser("bench", parents=[debug, opts], help="benchmarks, CSV and plots under results/<device>/")
     bench.add_argument("family", nargs="?")
     bench.add_argument("--quick", action="store_true", help="fewer sizes")
@@ -461,7 +478,7 @@ def _run(args: argparse.Namespace) -> int:
         print("set with --set NAME=VALUE[,...] (decode, bench, check) or LATHE_SET / LATHE_<NAME> in the environment")
         return 0
     if args.command == "check":
-        return cmd_check(args.family, args.seed, args.match, args.quick)
+        return cmd_check(args.family, args.seed, args.match, args.quick, args.shard)
     if args.command == "bench":
         return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep, args.match)
     if args.command == "decode" and args.show_plan:

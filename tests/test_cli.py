@@ -219,3 +219,20 @@ def test_options_are_listed_and_the_plan_names_those_set(capsys, monkeypatch, tm
     with options.use():  # main() sets process-wide options: put them back afterwards
         assert cli.main(["decode", "tiny-llama", "--show-plan", "--set", "seams=on,attn_partition=64"]) == 0
     assert capsys.readouterr().out.startswith("options: seams=on,attn_partition=64\n")
+
+
+@cpu_only
+def test_check_shards_split_the_cases_without_overlap():
+    def cases(run):  # each passing row, its rel_err (fresh data) and result left off
+        return [" ".join(line.split()[:-2]) for line in run.stdout.splitlines() if line.endswith(" pass")]
+
+    shards = [cases(lathe("check", "rope", "--shard", f"{i}/3")) for i in range(3)]
+    whole = cases(lathe("check", "rope"))
+    assert len(whole) >= 3 and all(shards)
+    assert sorted(sum(shards, [])) == sorted(whole)
+
+
+@pytest.mark.parametrize("spec", ["3/3", "-1/2", "1", "a/b"])
+def test_check_shard_spec_errors(spec):
+    run = lathe("check", "rope", "--shard", spec)
+    assert run.returncode == 2 and "--shard" in run.stderr
