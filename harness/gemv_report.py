@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("csv")
     parser.add_argument("--sha", help="the run's git_sha (default: the newest benchmark run)")
     args = parser.parse_args(argv)
-    df = pd.read_csv(args.csv)
+    df = pd.read_csv(args.csv, dtype={"git_sha": str})  # "5e79645" would read as a float
     bench = df[df.benchmark != "gemv-sweep"]
     sha = args.sha or bench.sort_values("date").git_sha.iloc[-1]
     run = bench[bench.git_sha == sha]

@@ -12,7 +12,7 @@ CSV = Path(__file__).resolve().parent.parent / "results" / "nvidia-h200" / "gemv
 
 
 def run_rows() -> pd.DataFrame:
-    df = pd.read_csv(CSV)
+    df = pd.read_csv(CSV, dtype={"git_sha": str})
     return df[df.git_sha == "24caf7e"]
 
 
@@ -44,6 +44,9 @@ def test_report_prints_markdown_and_refuses_a_run_without_gpu_time(capsys, tmp_p
     assert main([str(CSV), "--sha", "24caf7e"]) == 0
     out = capsys.readouterr().out
     assert "| gemv_q4_0 | v3 | 14336 | 4096 |" in out and "| over M = 1 |" in out
+    run_rows().assign(git_sha="5e79645").to_csv(tmp_path / "sha.csv", index=False)
+    assert main([str(tmp_path / "sha.csv")]) == 0  # a sha that reads as a number (5e79645 = inf)
+    assert "run 5e79645 (" in capsys.readouterr().out
     untimed = run_rows().assign(gpu_us=float("nan"))
     untimed.to_csv(tmp_path / "g.csv", index=False)
     assert main([str(tmp_path / "g.csv")]) == 1
