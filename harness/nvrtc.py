@@ -57,7 +57,7 @@ def _record(cases, target: str | None, take) -> None:
     import kernels.runtime as rt
     from kernels.runtime import LaunchLimitError
 
-    with rt.recording(target) as rec:
+    with rt.recording(target, keep_prepared=True) as rec:
         for case in cases:
             try:
                 case.run(np.random.default_rng(0))
@@ -65,8 +65,9 @@ def _record(cases, target: str | None, take) -> None:
                 raise  # a launch the target refuses is a failure of the sweep, not a skipped case
             except Exception:  # noqa: BLE001 - comparisons on zeros fail; only launches matter
                 pass
-            take(rec.jobs)
+            take(rec.jobs + rec.prepared)
             rec.jobs.clear()
+            rec.prepared.clear()
 
 
 def core_calls() -> list:

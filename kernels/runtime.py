@@ -322,25 +322,31 @@ class recording:
     output shapes, lazily (nothing reaches the GPU unless evaluated). For compiling ahead
     (`prepare`) and for `lathe compile`. `target` ("metal" or "cuda"): the backend the launches
     are made for (target_backend) on a machine without a GPU; `lathe compile --metal` records
-    Metal's."""
+    Metal's. `keep_prepared`: what code inside hands to prepare() is kept in `.prepared` rather
+    than compiled (`lathe compile --record`, `pytest --record-launches`: a decoder prepares its
+    token's kernels when it is built, where a test may stop before launching them)."""
 
-    def __init__(self, target: str | None = None) -> None:
+    def __init__(self, target: str | None = None, keep_prepared: bool = False) -> None:
         if target not in (None, "metal", "cuda"):
             raise ValueError(f"target must be 'metal' or 'cuda', got {target!r}")
-        self.target = target
+        self.target, self.keep_prepared = target, keep_prepared
 
     def __enter__(self) -> "recording":
         self.jobs: list[Launch] = []
-        self._saved = _recorder[0], _target[0]
+        self.prepared: list[Launch] = []
+        self._saved = _recorder[0], _target[0], _prepared_sink[0]
         _recorder[0] = self.jobs
         _target[0] = self.target or _target[0]
+        if self.keep_prepared:
+            _prepared_sink[0] = self.prepared
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _recorder[0], _target[0] = self._saved
+        _recorder[0], _target[0], _prepared_sink[0] = self._saved
 
 
 _recorder: list[list | None] = [None]
+_prepared_sink: list[list | None] = [None]
 _target: list[str | None] = [None]
 
 
@@ -355,7 +361,12 @@ def target_backend() -> str:
 
 def prepare(jobs: Sequence[Launch]) -> tuple[int, dict[str, str]]:
     """Compile, in parallel, the modules of recorded launches that the on-disk cache lacks (CUDA;
-    nothing elsewhere). Returns how many were compiled and the NVRTC log of each failure."""
+    nothing elsewhere). Returns how many were compiled and the NVRTC log of each failure. Inside a
+    recording(keep_prepared=True) they go to its `.prepared` instead, for whoever reads the
+    recording to compile (a decoder prepares its token's kernels ahead of any launch)."""
+    if _prepared_sink[0] is not None:
+        _prepared_sink[0].extend(jobs)
+        return 0, {}
     if not _CUDA[0]:
         return 0, {}
     return jit_cache.prepare([instance(j) for j in jobs])

@@ -55,9 +55,9 @@ def _recorded(item):
         return
     import kernels.runtime as rt
 
-    with rt.recording("cuda") as rec:
+    with rt.recording("cuda", keep_prepared=True) as rec:
         yield
-    modules.update((rt.instance(job, cuda=True), None) for job in rec.jobs)
+    modules.update((rt.instance(job, cuda=True), None) for job in rec.jobs + rec.prepared)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -92,3 +92,21 @@ def test_the_backend_choices_follow_the_target():
             assert backends.cross_group_waits() is waits
             assert backends.threadgroup_memory() == memory == backends.THREADGROUP_MEMORY[target]
             assert backends.THREADS_PER_THREADGROUP[target] == threads
+
+
+def test_kernels_prepared_inside_a_recording_are_kept_where_asked():
+    """A decoder compiles its token's kernels ahead (prepare_kernels: recorded, then prepare). A
+    recording(keep_prepared=True) (`lathe compile --record`, `pytest --record-launches`) keeps
+    them, even where the caller stops before launching them; a plain one leaves them out, so that
+    counting a forward's launches counts launches."""
+    from kernels import rope
+
+    qkv, cache = mx.zeros((8 * 64,), mx.float16), mx.zeros((2, 16, 64), mx.float16)
+    for keep in (True, False):
+        with runtime.recording("cuda", keep_prepared=keep) as outer:
+            with runtime.recording() as inner:
+                rope.rope_qkv_write(qkv, cache, mx.zeros((2, 16, 64), mx.float16), 3, n_heads=4)
+            assert len(inner.jobs) == 1 and not outer.jobs and not inner.prepared
+            assert runtime.prepare(inner.jobs) == (0, {})
+            assert outer.prepared == (inner.jobs if keep else []) and not outer.jobs
+    assert runtime.prepare(inner.jobs) == (0, {})  # outside a recording, off CUDA: nothing to do
