@@ -13,15 +13,19 @@ HERE = Path(__file__).resolve().parent
 
 
 def load_cell(family: str) -> tuple[str, str]:
-    """A code cell: `df` (the family's CSV), `latest` (its newest run), `peak`, `device_dir`."""
+    """A code cell: `df` (the family's CSV), `latest` (its newest run), `peak` (peak.csv, where the
+    device has one), `device_dir` (the device with the newest run of the family)."""
     return ("code", f"""import pandas as pd
 from pathlib import Path
 
 root = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
-device_dir = sorted(p for p in (root / "results").iterdir() if p.is_dir())[0]
+# The device whose {family}.csv holds the newest run (results/ has one folder per device)
+newest = lambda d: pd.read_csv(d / "{family}.csv", usecols=["date"]).date.max()
+device_dir = max((d for d in (root / "results").iterdir() if (d / "{family}.csv").exists()), key=newest)
 df = pd.read_csv(device_dir / "{family}.csv", dtype={{"git_sha": str}})
 latest = df[df.git_sha == df.sort_values("date").git_sha.iloc[-1]]  # the newest run's code
-peak = pd.read_csv(device_dir / "peak.csv")
+# the peak each row was measured against is in its own peak_gbs; peak.csv lists the session's runs
+peak = pd.read_csv(device_dir / "peak.csv") if (device_dir / "peak.csv").exists() else None
 print(device_dir.name, "| runs:", sorted(df.git_sha.unique()), "| newest:", latest.git_sha.iloc[0])""")
 
 
