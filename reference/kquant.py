@@ -43,42 +43,48 @@ def _nearest_int(x: np.ndarray) -> np.ndarray:
     return np.rint(x).astype(np.int32)
 
 
-# ---- the sub-block searches, over many sub-blocks at once (axis 0), their elements in order ----
+# ---- the sub-block searches, over many sub-blocks at once, their elements in order ----------------
+# Each runs on the transpose ([n, B]: element i of every sub-block is one contiguous row) so that the
+# sums over a sub-block's elements, which must go in GGML's order to round as its float32 code does,
+# read contiguous rows; the levels are converted to float32 once, not at every use. Same operations
+# in the same order as GGML's loops: byte for byte (tests/test_kquant_reference.py).
 def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
     """make_qkx2_quants for each row of x [B, n] with weights w: (scale [B], the_min [B], L [B, n])."""
     n = x.shape[1]
-    lo = np.minimum(x.min(axis=1), F32(0))
-    hi = x.max(axis=1)
-    sum_w, sum_x = w[:, 0].copy(), w[:, 0] * x[:, 0]
+    xt, wt = np.ascontiguousarray(x.T), np.ascontiguousarray(w.T)
+    lo = np.minimum(xt.min(axis=0), F32(0))
+    hi = xt.max(axis=0)
+    sum_w, sum_x = wt[0].copy(), wt[0] * xt[0]
     for i in range(1, n):
-        sum_w = sum_w + w[:, i]
-        sum_x = sum_x + w[:, i] * x[:, i]
+        sum_w = sum_w + wt[i]
+        sum_x = sum_x + wt[i] * xt[i]
     flat = hi == lo
     span = np.where(flat, F32(1), hi - lo)
     iscale = F32(nmax) / span
     scale = F32(1) / iscale
-    levels = np.clip(_nearest_int(iscale[:, None] * (x - lo[:, None])), 0, nmax)
+    levels = np.clip(_nearest_int(iscale * (xt - lo)), 0, nmax)
 
-    def error(s, m, q):
-        total = np.zeros(x.shape[0], F32)
+    def error(s, m, qf):
+        total = np.zeros(xt.shape[1], F32)
         for i in range(n):
-            diff = s * q[:, i].astype(F32) + m - x[:, i]
-            total = total + w[:, i] * (diff * diff)
+            diff = s * qf[i] + m - xt[i]
+            total = total + wt[i] * (diff * diff)
         return total
 
-    best = error(scale, lo, levels)
+    best = error(scale, lo, levels.astype(F32))
     for step in range(nstep + 1):
         # GGML's loop moves `min` to each better fit, and the next steps start from it
         span = np.where(flat, F32(1), hi - lo)
         iscale = (F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / span
-        aux = np.clip(_nearest_int(iscale[:, None] * (x - lo[:, None])), 0, nmax)
-        sum_l = np.zeros(x.shape[0], F32)
+        aux = np.clip(_nearest_int(iscale * (xt - lo)), 0, nmax)
+        auxf = aux.astype(F32)
+        sum_l = np.zeros(xt.shape[1], F32)
         sum_l2, sum_xl = sum_l.copy(), sum_l.copy()
         for i in range(n):
-            wl = w[:, i] * aux[:, i].astype(F32)
+            wl = wt[i] * auxf[i]
             sum_l = sum_l + wl
-            sum_l2 = sum_l2 + wl * aux[:, i].astype(F32)
-            sum_xl = sum_xl + wl * x[:, i]
+            sum_l2 = sum_l2 + wl * auxf[i]
+            sum_xl = sum_xl + wl * xt[i]
         det = sum_w * sum_l2 - sum_l * sum_l
         with np.errstate(divide="ignore", invalid="ignore"):
             this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
@@ -87,15 +93,15 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
             this_scale = np.where(clamp, sum_xl / sum_l2, this_scale)
         this_min = np.where(clamp, F32(0), this_min)
         ok = det > 0
-        cur = error(np.where(ok, this_scale, F32(0)), np.where(ok, this_min, F32(0)), aux)
+        cur = error(np.where(ok, this_scale, F32(0)), np.where(ok, this_min, F32(0)), auxf)
         better = ok & (cur < best) & ~flat
-        levels = np.where(better[:, None], aux, levels)
+        levels = np.where(better, aux, levels)
         best = np.where(better, cur, best)
         scale = np.where(better, this_scale, scale)
         lo = np.where(better, this_min, lo)
-    levels = np.where(flat[:, None], 0, levels)
+    levels = np.where(flat, 0, levels)
     scale = np.where(flat, F32(0), scale)
-    return scale.astype(F32), (-lo).astype(F32), levels
+    return scale.astype(F32), (-lo).astype(F32), np.ascontiguousarray(levels.T)
 
 
 def _make_qx(x: np.ndarray, nmax: int):
@@ -106,16 +112,17 @@ def _make_qx(x: np.ndarray, nmax: int):
     peak = x[np.arange(x.shape[0]), first]
     zero = np.abs(peak) < GROUP_MAX_EPS
     peak = np.where(zero, F32(1), peak)
+    xt = np.ascontiguousarray(x.T)
+    wgt = xt * xt
 
     def sums(iscale):
-        q = np.clip(_nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
-        sumlx = np.zeros(x.shape[0], F32)
+        q = np.clip(_nearest_int(iscale * xt), -nmax, nmax - 1)
+        lf = q.astype(F32)
+        sumlx = np.zeros(xt.shape[1], F32)
         suml2 = sumlx.copy()
         for i in range(n):
-            wgt = x[:, i] * x[:, i]
-            lf = q[:, i].astype(F32)
-            sumlx = sumlx + wgt * x[:, i] * lf
-            suml2 = suml2 + wgt * lf * lf
+            sumlx = sumlx + wgt[i] * xt[i] * lf[i]
+            suml2 = suml2 + wgt[i] * lf[i] * lf[i]
         return q, sumlx, suml2
 
     q, sumlx, suml2 = sums(F32(-nmax) / peak)
@@ -127,10 +134,10 @@ def _make_qx(x: np.ndarray, nmax: int):
         better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
         with np.errstate(divide="ignore", invalid="ignore"):
             new_scale = (sumlx / suml2).astype(F32)
-        q = np.where(better[:, None], cand, q)
+        q = np.where(better, cand, q)
         scale = np.where(better, new_scale, scale)
         best = np.where(better, scale * sumlx, best)
-    return np.where(zero, F32(0), scale), np.where(zero[:, None], 0, q + nmax)
+    return np.where(zero, F32(0), scale), np.ascontiguousarray(np.where(zero, 0, q + nmax).T)
 
 
 # ---- Q4_K and Q5_K: 8 sub-blocks of 32 with a 6-bit scale and min each --------------------------
