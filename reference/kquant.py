@@ -249,8 +249,13 @@ def quantize(w: np.ndarray, qtype: str) -> np.ndarray:
     if not np.all(np.isfinite(w)):
         raise ValueError("w has NaN or inf: GGUF blocks cannot hold them")
     x = w.astype(F32).reshape(n * (k // QK_K), QK_K)
-    body = {"q4_k": _quantize_q4_k, "q5_k": _quantize_q5_k, "q6_k": _quantize_q6_k}[qtype](x)
-    return body.reshape(n, -1)
+    body = {"q4_k": _quantize_q4_k, "q5_k": _quantize_q5_k, "q6_k": _quantize_q6_k}[qtype]
+    # Super-blocks are independent: a thousand at a time keep the searches' temporaries in the
+    # CPU's caches (an 8B matrix at once made arrays of 235 MB each).
+    return np.concatenate([body(x[i:i + _CHUNK]) for i in range(0, len(x), _CHUNK)]).reshape(n, -1)
+
+
+_CHUNK = 1024  # super-blocks a pass of quantize(): 2048x14336 Q4_K in 3.5 s, 10.1 s at once
 
 
 def dequantize(data: np.ndarray, qtype: str, k: int) -> np.ndarray:
