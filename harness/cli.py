@@ -437,12 +437,13 @@ def _parser() -> argparse.ArgumentParser:
                                "a compile check for sm_90 without a GPU")
     comp.add_argument("family", nargs="?")
     comp.add_argument("-k", dest="match", default=None, help="only the instantiations of check cases whose id contains this")
-    comp.add_argument("--metal", action="store_true",
-                      help="check each instantiation as Metal source with clang's front end (no GPU needed)")
-    comp.add_argument("--record", metavar="FILE", help="write the modules the whole check's cases need to FILE, "
-                      "on any machine (no compiling), for --recorded on a CUDA machine")
-    comp.add_argument("--recorded", metavar="FILE", help="CUDA: compile the modules FILE lists (from --record) "
-                      "into the kernel cache, without recording the cases")
+    how = comp.add_mutually_exclusive_group()  # three jobs of one command: one at a time
+    how.add_argument("--metal", action="store_true",
+                     help="check each instantiation as Metal source with clang's front end (no GPU needed)")
+    how.add_argument("--record", metavar="FILE", help="write the modules the whole check's cases need to FILE, "
+                     "on any machine (no compiling), for --recorded on a CUDA machine")
+    how.add_argument("--recorded", metavar="FILE", help="CUDA: compile the modules FILE lists (from --record) "
+                     "into the kernel cache, without recording the cases")
     peak = sub.add_parser("peak", parents=[debug], help="measure the device's memory peak")
     peak.add_argument("--no-write", dest="write", action="store_false")
     sub.add_parser("options", parents=[debug], help="the experiment options: values, defaults, what they do")

@@ -232,6 +232,11 @@ def test_check_shards_split_the_cases_without_overlap():
     assert sorted(sum(shards, [])) == sorted(whole)
 
 
+def test_compile_takes_one_of_metal_record_recorded():
+    run = lathe("compile", "--record", "a.gz", "--recorded", "a.gz")
+    assert run.returncode == 2 and "not allowed with argument" in run.stderr
+
+
 @pytest.mark.parametrize("spec", ["3/3", "-1/2", "1", "a/b"])
 def test_check_shard_spec_errors(spec):
     run = lathe("check", "rope", "--shard", spec)
