@@ -106,3 +106,14 @@ def run_case(case: CheckCase, seed: int | None = None) -> CheckResult:
         return CheckResult(case, case.run(rng))
     except Exception as exc:  # noqa: BLE001 - reported as a failed row, not swallowed
         return CheckResult(case, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        _release_cached_buffers()
+
+
+def _release_cached_buffers() -> None:
+    """Give the case's freed device buffers back: MLX keeps them cached for reuse, and twelve
+    processes sharing one GPU (check-shards, tests-shards) each kept several GiB after the
+    32768-token attention cases, until allocations failed with out-of-memory (b64513c)."""
+    import mlx.core as mx
+
+    mx.clear_cache()

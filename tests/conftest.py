@@ -70,6 +70,15 @@ def pytest_runtest_call(item):
     yield from _recorded(item)
 
 
+def pytest_runtest_teardown(item):
+    """Sharded, every test gives its freed device buffers back (harness.check: twelve processes
+    that each keep MLX's cache run one GPU out of memory)."""
+    if item.config.getoption("--shard") and "gpu" in item.keywords:
+        import mlx.core as mx
+
+        mx.clear_cache()
+
+
 def pytest_sessionfinish(session, exitstatus):
     modules = getattr(session.config, "_lathe_modules", None)
     if modules is None:
