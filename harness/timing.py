@@ -107,7 +107,11 @@ class Rounds:
         self.compile_s = time.perf_counter() - start
 
         # Calibrate K so that a round lasts at least min_round_s: the fixed cost of one eval
-        # (about 70 us on CUDA) is then a few percent of it.
+        # (about 70 us on CUDA) is then a few percent of it. The first pass over the sets is
+        # not used: one slow first pass (first-use costs) had left a 4096x14336 GEMV at
+        # K = 14, where a round's fixed costs doubled the wall time per call
+        # (gemv.csv at b64513c, kernels/gemv/NOTES.md).
+        _round(self.sets, step, n_sets)
         per_call = _round(self.sets, step, n_sets)[0] / n_sets
         calls = min(max_calls, max(n_sets, math.ceil(min_round_s / max(per_call, 1e-7))))
         self.calls = math.ceil(calls / n_sets) * n_sets

@@ -39,5 +39,22 @@ def test_step_may_update_its_set_and_the_update_is_evaluated():
     assert sum(int(s["n"]) for s in rounds.sets) == before + rounds.calls
 
 
+def test_calibration_is_not_fooled_by_a_slow_first_pass(monkeypatch):
+    """A first round that pays first-use costs must not leave K at one rotation of the sets."""
+    import harness.timing as timing
+
+    real, passes = timing._round, []
+
+    def slow_first(sets, step, calls):
+        seconds, build = real(sets, step, calls)
+        passes.append(calls)
+        return (seconds + 1.0 if len(passes) == 1 else seconds), build
+
+    monkeypatch.setattr(timing, "_round", slow_first)
+    rounds = Rounds(lambda: {"a": mx.random.normal((1 << 10,))}, lambda s: [s["a"] * 2],
+                    set_bytes=1 << 14, l2=1 << 14, min_round_s=0.01)
+    assert rounds.calls > 4 * len(rounds.sets)  # a 1 s first pass would have left K = 4
+
+
 def test_l2_from_name_table():
     assert l2_bytes("NVIDIA H200") >= 50 << 20
