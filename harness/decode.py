@@ -23,6 +23,7 @@ import numpy as np
 from harness.models import PRESETS, Model, load_gguf, write_random_gguf
 from harness.plan import Step, distinct_layers, plan_table
 from harness.sampling import Sampler
+from kernels import options
 from kernels.runtime import index, resident
 from reference.model import weight32
 
@@ -289,6 +290,15 @@ class Session:
 MODES = ("step", "pipelined", "chained", "compiled", "compiled-pipelined")
 
 
+def prompt_forward(decoder: ReferenceDecoder, prompt, mode: str) -> mx.array:
+    """The prompt's logits as `mode` computes them: in the compiled modes through the decoder's
+    compiled forward where it has one (our kernel variants; option prompt_compiled)."""
+    compiled = getattr(decoder, "compiled_forward", None)
+    if compiled is not None and mode.startswith("compiled") and options.get("prompt_compiled"):
+        return compiled(prompt)
+    return decoder.forward(prompt)
+
+
 def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
              sampler: Sampler | None = None) -> Run:
     """Prefill the prompt (one evaluation), then n tokens, greedy or through `sampler`.
@@ -315,7 +325,7 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
         return token
 
     start = time.perf_counter()
-    token = pick(decoder.forward(prompt))
+    token = pick(prompt_forward(decoder, prompt, mode))
     mx.eval(token)
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()

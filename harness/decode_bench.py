@@ -12,8 +12,8 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from harness.decode import (KV_LAYOUTS, MODES, VARIANTS, _backend, generate, make_decoder,
-                            model_file)
+from harness.decode import (KV_LAYOUTS, MODES, VARIANTS, _backend, generate, make_decoder, model_file,
+                            prompt_forward)
 from harness.models import Model, load_gguf, tensor_shapes
 
 
@@ -165,7 +165,7 @@ def _time_mode(decoder, tokens, depth: int, prompt: int, gen: int, mode: str, re
     decoder.reset()
     if depth:
         mx.eval(decoder.forward(tokens[:depth]))
-    mx.eval(decoder.forward(tokens[depth:depth + prompt]))
+    mx.eval(prompt_forward(decoder, tokens[depth:depth + prompt], mode))  # the path generate() takes
     compile_s = time.perf_counter() - start
     reset = getattr(mx, "reset_peak_memory", None)
     if reset:

@@ -107,6 +107,9 @@ DECLARED = (
            "kernel variants: a prompt's matmuls take each quantized matrix dequantized to fp16 by a launch "
            "per prompt (dequantize), or an fp16 copy made once when the decoder is built (f16: no "
            "dequantize launches, at twice the weights' memory; kernels/attention/NOTES.md)"),
+    Option("prompt_compiled", True, _flag,
+           "kernel variants, compiled modes: a prompt through an mx.compile'd forward traced once per "
+           "(length, position), as the decode step is (off: the eager forward; kernels/attention/NOTES.md)"),
     Option("attn_query_split", 64, _count,
            "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
     Option("pad_constants", True, _flag,

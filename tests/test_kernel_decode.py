@@ -370,6 +370,65 @@ def test_compiled_step_logits_match_the_eager_step(models, monkeypatch, variant,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["contiguous", "paged"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
+@pytest.mark.parametrize("logits", ["all", "last"])
+def test_compiled_prompt_matches_the_eager_prompt(models, variant, kv, logits):
+    """compiled_forward (the compiled modes' prompt, option prompt_compiled): a prompt at position
+    0 and one that continues the cache give the eager forward's logits and caches, and a second
+    prompt of the same length and position replays the traced function on its new inputs."""
+    if variant == "megafused" and kv == "paged":
+        pytest.skip("megafused runs over the contiguous cache")
+    m = models["tiny-qwen3", "q4_0"]
+    rng = np.random.default_rng()
+    with options.use(prompt_logits=logits):
+        eager, compiled = KernelDecoder(m, 64, variant, kv), KernelDecoder(m, 64, variant, kv)
+        for attempt in range(2):
+            eager.reset(), compiled.reset()
+            for length in (PROMPT, 5):  # the second continues the first's cache
+                prompt = rng.integers(0, m.config.vocab, length)
+                want, got = np.array(eager.forward(prompt)), np.array(compiled.compiled_forward(prompt))
+                assert got.shape == want.shape == (1 if logits == "last" else length, m.config.vocab)
+                assert rel_err(got, want) <= 1e-3, (attempt, length)
+            assert compiled.pos == eager.pos == PROMPT + 5
+            assert all(np.array_equal(np.array(a), np.array(b), equal_nan=True)
+                       for a, b in zip(eager.k + eager.v, compiled.k + compiled.v))
+            assert sorted(compiled._compiled_prompts) == [(5, PROMPT), (PROMPT, 0)]  # traced once each
+
+
+@pytest.mark.gpu
+def test_compiled_prompt_checks_its_tokens_before_any_launch(models):
+    m = models["tiny-qwen3", "q8_0"]
+    decoder = KernelDecoder(m, 64, "fused")
+    for bad in ([1, m.config.vocab], [-1, 2], [0.5, 1.0], []):
+        with pytest.raises(ValueError, match="token|empty"):
+            decoder.compiled_forward(bad)
+    assert decoder.pos == 0 and not decoder._compiled_prompts
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["contiguous", "paged"])
+@pytest.mark.parametrize("variant", ["unfused", "fused"])
+def test_compiled_modes_decode_as_float64_after_a_compiled_prompt(models, variant, kv):
+    """generate() in compiled-pipelined mode (its prompt through compiled_forward): each token
+    the float64 model's greedy pick after the same tokens, wherever its top-2 margin is clear."""
+    m = models["tiny-llama", "q8_0"]
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    decoder = KernelDecoder(m, PROMPT + STEPS, variant, kv)
+    got = generate(decoder, prompt, STEPS, "compiled-pipelined").generated
+    assert decoder._compiled_prompts, "the prompt did not take the compiled path"
+    want, cache = forward(m, prompt)
+    compared = 0
+    for i, token in enumerate(got):  # the model fed our tokens: a near tie cannot derail the rest
+        top2 = np.sort(want[-1])[-2:]
+        if (top2[1] - top2[0]) > 1e-2 * abs(top2[1]):
+            assert token == int(np.argmax(want[-1])), i
+            compared += 1
+        want, cache = forward(m, [token], cache)
+    assert compared > STEPS // 2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("variant", ["unfused", "fused"])
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
