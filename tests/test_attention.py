@@ -292,3 +292,53 @@ def test_chained_bench_orders_each_call_after_the_one_before():
     assert sets[1]["q"] is not originals[1] and sets[0]["q"] is not originals[0]  # each waits for the one before
     want = plain.step({**sets[1], "q": originals[1]})[0]
     assert np.allclose(np.array(outs[1]), np.array(want))
+
+
+def test_mixed_batch_bench_reads_each_sequence_to_its_own_length():
+    """The mixed decode benchmark (issue 24's batches of 8 and 32): lengths from ctx down to
+    about ctx/2, the bytes those rows hold, MLX's sdpa masked to each sequence's own rows (as
+    sdpa over that sequence alone), and a paged table that gives every sequence blocks of its
+    own, scattered over a pool just large enough."""
+    from harness.suites.attention import _bench, mixed_lengths
+
+    lens = mixed_lengths(8, 1000)
+    assert lens[0] == 1000 and lens[-1] == 500 and lens == sorted(lens, reverse=True) and len(set(lens)) == 8
+    assert mixed_lengths(1, 64) == [64]
+    sdpa = _bench("mlx.sdpa", "qwen3-0.6b", 3, 40, mixed=True)
+    n_heads, n_kv, d = 16, 8, 128
+    assert sdpa.benchmark == "attention-decode-b3-mixed"
+    assert sdpa.bytes == 2 * n_kv * sum(mixed_lengths(3, 40)) * d * 2 + 2 * 2 * 3 * n_heads * d
+    s = sdpa.make_set()
+    (got,) = sdpa.step(s)
+    for b, n in enumerate(mixed_lengths(3, 40)):
+        alone = mx.fast.scaled_dot_product_attention(s["q"][b:b + 1, :, None, :], s["k"][b:b + 1, :, :n],
+                                                     s["v"][b:b + 1, :, :n], scale=d ** -0.5)
+        assert np.allclose(np.array(got[b:b + 1], dtype=np.float32), np.array(alone, dtype=np.float32), atol=2e-3)
+    paged = _bench("paged_v2", "qwen3-0.6b", 3, 40, mixed=True).make_set()
+    table, need = np.array(paged["table"]), [-(-n // 16) for n in mixed_lengths(3, 40)]
+    used = np.concatenate([table[b, :n] for b, n in enumerate(need)])
+    assert paged["k"].shape[0] == sum(need) and sorted(used.tolist()) == list(range(sum(need)))
+
+
+def test_contiguous_cache_reads_the_pool_through_the_table():
+    """The bench's verify reads a paged pool as contiguous caches: token t of sequence b, kv head
+    h is K pool[table[b, t // BS], h, :, t % BS, :] and V pool[table[b, t // BS], h, :, t % BS]."""
+    from harness.suites.attention import _bench, contiguous_cache
+
+    s = _bench("paged_v1", "llama3.2-1b", 3, 50, mixed=True).make_set()
+    k, v = contiguous_cache(s["k"], s["v"], s["table"])
+    kp, vp, table = np.array(s["k"]), np.array(s["v"]), np.array(s["table"])
+    assert k.shape == v.shape == (3, 8, table.shape[1] * 16, 64)
+    k, v = np.array(k), np.array(v)
+    for b, t, h in ((0, 0, 0), (0, 49, 7), (1, 17, 3), (2, 24, 5)):
+        block, off = table[b, t // 16], t % 16
+        assert np.array_equal(k[b, h, t], kp[block, h, :, off, :].reshape(-1))
+        assert np.array_equal(v[b, h, t], vp[block, h, :, off])
+
+
+def test_decode_bench_rows_verify_our_kernels_not_the_peer():
+    from harness.suites.attention import _bench
+
+    assert _bench("mlx.sdpa", "qwen3-0.6b", 1, 512).verify is None
+    assert _bench("flash_decode", "qwen3-0.6b", 1, 512, chained=True).verify is None
+    assert all(_bench(k, "gemma2-2b", 8, 512, mixed=True).verify for k in ("flash_decode", "paged_v1", "paged_v2"))

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from harness.check import CheckCase, Comparison, compare, exact
-from reference import attention as ref
+from reference import attention as ref, rel_err
 
 TOL = 2e-3
 CONTEXTS = (1, 15, 16, 17, 511, 512, 513, 4096, 32768)
@@ -356,23 +356,37 @@ def reference_cases() -> list[CheckCase]:
 
 # ---- benchmarks --------------------------------------------------------------------------------------
 BENCH_CONTEXTS = (512, 2048, 8192, 32768)
+# (query heads, kv heads, head_dim): the two decode presets' heads, and issue 24's other head dims
+# (Llama-3.2-1B's 64, Gemma-2's 256)
 BENCH_MODELS = {"llama3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}
+HEAD_DIM_MODELS = {"llama3.2-1b": (32, 8, 64), "gemma2-2b": (8, 4, 256)}
 
 
-def _bench(kernel: str, model: str, batch: int, ctx: int, chained: bool = False):
-    """One decode step's attention at context ctx for every sequence of the batch. Bytes: K and V
-    read once, q read, out written (fp16). `chained`: each call's q waits for the call before
-    (mx.depends), as a decode layer waits for the one before it, so that GPU time a call is one
-    call's latency; unchained, a round's calls overlap on the GPU and its busy time a call
+def mixed_lengths(batch: int, ctx: int) -> list[int]:
+    """A batch's context lengths spread evenly from ctx down to about ctx/2 (most of them not a
+    multiple of the block size): the mixed batch a server decodes, as vLLM's kernel benchmark
+    draws it, but fixed so that runs compare."""
+    return [ctx - (ctx // 2) * i // max(batch - 1, 1) for i in range(batch)]
+
+
+def _bench(kernel: str, model: str, batch: int, ctx: int, chained: bool = False, mixed: bool = False):
+    """One decode step's attention at context ctx for every sequence of the batch (`mixed`: the
+    lengths of mixed_lengths, ctx the longest). Bytes: the K and V rows each sequence holds, read
+    once, q read, out written (fp16). MLX's sdpa takes a mixed batch as one [B, Hkv, ctx, D]
+    cache and a boolean mask, as a user of it would. `chained`: each call's q waits for the call
+    before (mx.depends), as a decode layer waits for the one before it, so that GPU time a call
+    is one call's latency; unchained, a round's calls overlap on the GPU and its busy time a call
     measures throughput, which hides a launch's tail (kernels/attention/NOTES.md)."""
     from harness.bench import BenchCase
     from kernels.attention import flash_decode, merge_counters, paged_attention
 
-    n_heads, n_kv, head_dim = BENCH_MODELS[model]
+    n_heads, n_kv, head_dim = (BENCH_MODELS | HEAD_DIM_MODELS)[model]
     bs = 16
-    kv_bytes = 2 * batch * n_kv * ctx * head_dim * 2
+    lens = mixed_lengths(batch, ctx) if mixed else [ctx] * batch
+    kv_bytes = 2 * n_kv * sum(lens) * head_dim * 2
     nbytes = kv_bytes + 2 * 2 * batch * n_heads * head_dim
     scale = head_dim ** -0.5
+    blocks_of = [-(-n // bs) for n in lens]  # a paged sequence's blocks
 
     # A set's calls share its merge counters (a split launch merges its partitions in itself), so
     # each call is ordered after the one before on the same set (mx.depends); calls on different
@@ -381,8 +395,12 @@ def _bench(kernel: str, model: str, batch: int, ctx: int, chained: bool = False)
         q = mx.random.normal((batch, n_heads, head_dim)).astype(mx.float16)
         counters = merge_counters(batch * n_heads)
         if kernel.startswith("paged"):
-            blocks = batch * ctx // bs
-            table = mx.array(np.random.default_rng(ctx).permutation(blocks).reshape(batch, -1).astype(np.int32))
+            # every sequence's blocks scattered over the pool; rows padded with block 0 past their length
+            blocks, order = sum(blocks_of), np.random.default_rng(ctx).permutation(sum(blocks_of))
+            table = np.zeros((batch, max(blocks_of)), np.int32)
+            for b, start in enumerate(np.cumsum([0] + blocks_of[:-1])):
+                table[b, : blocks_of[b]] = order[start: start + blocks_of[b]]
+            table = mx.array(table)
             return {"q": q, "k": mx.random.normal((blocks, n_kv, head_dim // 8, bs, 8)).astype(mx.float16),
                     "v": mx.random.normal((blocks, n_kv, head_dim, bs)).astype(mx.float16), "table": table,
                     "counters": counters}
@@ -393,10 +411,11 @@ def _bench(kernel: str, model: str, batch: int, ctx: int, chained: bool = False)
         s["counters"] = mx.depends([s["counters"]], [out])[0]
         return [out]
 
-    lens = [ctx] * batch
     if kernel == "mlx.sdpa":
+        held = mx.array(lens)[:, None, None, None] > mx.arange(ctx)  # [B, 1, 1, ctx]: True where held
+        mask = held if mixed else None
         step = lambda s: [mx.fast.scaled_dot_product_attention(  # noqa: E731
-            s["q"][:, :, None, :], s["k"], s["v"], scale=scale)]
+            s["q"][:, :, None, :], s["k"], s["v"], scale=scale, mask=mask)]
     elif kernel == "flash_decode":
         step = lambda s: ordered(s, flash_decode(s["q"], s["k"], s["v"], lens, scale,  # noqa: E731
                                                  counters=s["counters"]))
@@ -409,6 +428,16 @@ def _bench(kernel: str, model: str, batch: int, ctx: int, chained: bool = False)
                 table_host.append(np.array(s["table"]))
             return ordered(s, paged_attention(s["q"], s["k"], s["v"], table_host[0], lens, scale,
                                               version=version, counters=s["counters"]))
+    def verify() -> float:
+        """rel_err of the kernel's output against MLX's sdpa (masked to each sequence's rows) on
+        one fresh set: a row's bandwidth only counts if the kernel read what it was given."""
+        s = make()
+        (got,) = step(s)
+        k, v = (s["k"], s["v"]) if "table" not in s else contiguous_cache(s["k"], s["v"], s["table"])
+        held = mx.array(lens)[:, None, None, None] > mx.arange(k.shape[2])
+        want = mx.fast.scaled_dot_product_attention(s["q"][:, :, None, :], k, v, scale=scale, mask=held)
+        return rel_err(np.array(got, dtype=np.float64), np.array(want[:, :, 0, :], dtype=np.float64))
+
     if chained:
         each, last = step, []
 
@@ -420,9 +449,20 @@ def _bench(kernel: str, model: str, batch: int, ctx: int, chained: bool = False)
             return outs
     shape = dict(batch=batch, ctx=ctx, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
                  block_size=bs if kernel.startswith("paged") else 0)
-    name = f"attention-decode-{'chain-' if chained else ''}b{batch}"
+    name = f"attention-decode-{'chain-' if chained else ''}b{batch}{'-mixed' if mixed else ''}"
     return BenchCase("attention", name, kernel, model, shape, make, step,
-                     nbytes, 4 * batch * n_heads * ctx * head_dim, nbytes)
+                     nbytes, 4 * n_heads * sum(lens) * head_dim, nbytes,
+                     None if kernel == "mlx.sdpa" or chained else verify)
+
+
+def contiguous_cache(k_pool: mx.array, v_pool: mx.array, table: mx.array) -> tuple[mx.array, mx.array]:
+    """vLLM's paged pools (K [blocks, Hkv, D/8, BS, 8], V [blocks, Hkv, D, BS]) read through a
+    block table [B, max_blocks] as contiguous caches [B, Hkv, max_blocks * BS, D]."""
+    batch, rows = table.shape
+    _, n_kv, d8, bs, _ = k_pool.shape
+    k = k_pool[table].transpose(0, 2, 1, 4, 3, 5).reshape(batch, n_kv, rows * bs, d8 * 8)
+    v = v_pool[table].transpose(0, 2, 1, 4, 3).reshape(batch, n_kv, rows * bs, d8 * 8)
+    return k, v
 
 
 def _bench_prefill(kernel: str, tokens: int, pos: int = 0, model: str = "llama3-8b"):
@@ -465,6 +505,16 @@ def bench_cases(quick: bool = False) -> list:
             for ctx in (512, 8192) if quick else BENCH_CONTEXTS:
                 for kernel in ("flash_decode", "paged_v1", "paged_v2", "mlx.sdpa"):
                     cases.append(_bench(kernel, model, batch, ctx))
+    if not quick:
+        # issue 24's other head dims at batch 1, and mixed batches of 8 and 32 at long contexts
+        for model in HEAD_DIM_MODELS:
+            for ctx in BENCH_CONTEXTS:
+                cases += [_bench(kernel, model, 1, ctx) for kernel in ("flash_decode", "paged_v1", "paged_v2", "mlx.sdpa")]
+        for model in BENCH_MODELS:
+            for batch in (8, 32):
+                for ctx in (8192, 32768):
+                    cases += [_bench(kernel, model, batch, ctx, mixed=True)
+                              for kernel in ("flash_decode", "paged_v1", "paged_v2", "mlx.sdpa")]
     # one sequence, each call waiting for the one before: the latency a decode layer pays
     for model in ("llama3-8b",) if quick else BENCH_MODELS:
         for ctx in (8192,) if quick else BENCH_CONTEXTS:
