@@ -936,22 +936,32 @@ class KernelDecoder:
         self._admit(t)
         fn = self._compiled_prompts.get((t, pos))
         if fn is None:
-            def prompt(ids, *caches):
-                held = self.k, self.v
-                self.k, self.v = list(caches[:n]), list(caches[n:])
-                try:
-                    return (self.layers(ids, t, pos), *self.k, *self.v)
-                finally:
-                    self.k, self.v = held
-
             if len(self._compiled_prompts) >= 8:  # each holds its traced graph
                 self._compiled_prompts.pop(next(iter(self._compiled_prompts)))
-            fn = self._compiled_prompts[t, pos] = mx.compile(prompt)
+            fn = self._compiled_prompts[t, pos] = mx.compile(self._over_caches(t, pos))
         mx.eval(self.k, self.v)  # host tokens: order after pending in-place writes (forward())
         logits, *caches = fn(ids, *self.k, *self.v)
         self.k, self.v = caches[:n], caches[n:]
         self.pos += t
         return logits.astype(mx.float32)
+
+    def _over_caches(self, t: int, pos: int | None = None):
+        """layers() as a function of its caches for mx.compile: (ids, [pos,] *k caches, *v caches)
+        -> (logits, *k caches, *v caches), the caches inputs and outputs rather than state the
+        trace would capture. pos: fixed here (a prompt's), or None to take it as an argument
+        (a decode step's int32[1])."""
+        n = self.config.n_layers
+
+        def over(ids, *rest):
+            at, caches = (rest[0], rest[1:]) if pos is None else (pos, rest)
+            held = self.k, self.v
+            self.k, self.v = list(caches[:n]), list(caches[n:])
+            try:
+                return (self.layers(ids.reshape(-1), t, at), *self.k, *self.v)
+            finally:
+                self.k, self.v = held
+
+        return over
 
     def greedy(self, logits: mx.array) -> mx.array:
         """The next token id (int32[1], on the device): our argmax kernel over the last row of
@@ -970,18 +980,7 @@ class KernelDecoder:
         gives the bare step for a caller whose token comes out of the graph that wrote the
         caches (the previous step's argmax), so that steps can be queued ahead (pipelined)."""
         if self._compiled is None:
-            n = self.config.n_layers
-
-            def step(token, pos, *caches):
-                held = self.k, self.v
-                self.k, self.v = list(caches[:n]), list(caches[n:])
-                try:
-                    logits = self.layers(token.reshape(-1), 1, pos)
-                    return (logits, *self.k, *self.v)
-                finally:
-                    self.k, self.v = held
-
-            self._compiled = mx.compile(step)
+            self._compiled = mx.compile(self._over_caches(1))
         if ordered:
             return self._compiled
         compiled = self._compiled

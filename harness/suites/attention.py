@@ -411,9 +411,11 @@ def _bench(kernel: str, model: str, batch: int, ctx: int, chained: bool = False,
         s["counters"] = mx.depends([s["counters"]], [out])[0]
         return [out]
 
+    def held(rows: int) -> mx.array:  # sdpa's boolean mask [B, 1, 1, rows]: True where a sequence has a row
+        return mx.array(lens)[:, None, None, None] > mx.arange(rows)
+
     if kernel == "mlx.sdpa":
-        held = mx.array(lens)[:, None, None, None] > mx.arange(ctx)  # [B, 1, 1, ctx]: True where held
-        mask = held if mixed else None
+        mask = held(ctx) if mixed else None
         step = lambda s: [mx.fast.scaled_dot_product_attention(  # noqa: E731
             s["q"][:, :, None, :], s["k"], s["v"], scale=scale, mask=mask)]
     elif kernel == "flash_decode":
@@ -434,8 +436,7 @@ def _bench(kernel: str, model: str, batch: int, ctx: int, chained: bool = False,
         s = make()
         (got,) = step(s)
         k, v = (s["k"], s["v"]) if "table" not in s else contiguous_cache(s["k"], s["v"], s["table"])
-        held = mx.array(lens)[:, None, None, None] > mx.arange(k.shape[2])
-        want = mx.fast.scaled_dot_product_attention(s["q"][:, :, None, :], k, v, scale=scale, mask=held)
+        want = mx.fast.scaled_dot_product_attention(s["q"][:, :, None, :], k, v, scale=scale, mask=held(k.shape[2]))
         return rel_err(np.array(got, dtype=np.float64), np.array(want[:, :, 0, :], dtype=np.float64))
 
     if chained:
