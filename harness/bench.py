@@ -48,6 +48,7 @@ def timing_row(benchmark: str, kernel: str, variant: str, nbytes: int, flops: in
         peak_gbs=round(peak_gbs, 1), bytes=nbytes, flops=flops, launches=timing.launches,
         repeats=timing.repeats, rel_err=rel_err, compile_s=round(timing.compile_s, 3),
         host_us=round(timing.host_us, 2), gpu_us=round(timing.gpu_us, 3),
+        gpu_kernels=timing.gpu_kernels,
         **meta, **shape,
     )
 

@@ -22,6 +22,7 @@ COMMON_COLUMNS: list[str] = [
     "benchmark", "kernel", "variant", "backend", "device",
     "us", "us_min", "us_max", "gbs", "pct_peak", "peak_gbs",
     "bytes", "flops", "launches", "repeats", "rel_err", "compile_s", "host_us", "gpu_us",
+    "gpu_kernels",  # gpu_us by kernel: "name=us;name=us" per call (harness.timing.kernel_split)
     "mlx_version", "git_sha", "date",
     "options",  # kernels.options that differed from their defaults in the run ("" when none)
 ]
@@ -47,12 +48,12 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
 
 # Columns a row may leave out; they are written as empty cells.
 OPTIONAL_COLUMNS: frozenset[str] = frozenset(
-    {"rel_err", "compile_s", "host_us", "gpu_us", "flops", "launches", "repeats", "us_min", "us_max",
+    {"rel_err", "compile_s", "host_us", "gpu_us", "gpu_kernels", "flops", "launches", "repeats", "us_min", "us_max",
      "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options", "tokens", "pos"}
 )
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.
-_TEXT_COLUMNS = ["benchmark", "kernel", "variant", "backend", "device",
+_TEXT_COLUMNS = ["benchmark", "kernel", "variant", "backend", "device", "gpu_kernels",
                  "mlx_version", "git_sha", "date", "options", "model", "qtype", "mode", "peer_build"]
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -55,6 +55,9 @@ class Timing:
     compile_s: float  # first call, compilation included
     host_us: float  # median time to build one call's graph on the host (not in `us`)
     gpu_us: float = math.nan  # GPU busy time per call (kernels running), one traced round
+    # each kernel's summed duration per call in that round, longest first: "name=us;name=us"
+    # (which launch of a two-launch path costs what: the split attention and its combine)
+    gpu_kernels: str = ""
 
 
 def _arrays(state: State) -> list[mx.array]:
@@ -141,11 +144,12 @@ def time_calls(
     for _ in range(repeats):
         samples.append(rounds.run() / rounds.calls * 1e6)
         builds.append(rounds.last_build_s / rounds.calls * 1e6)
-    gpu_us = math.nan
+    gpu_us, by_kernel = math.nan, ""
     if gpu_trace.available():  # one more round, its kernels traced: their time, not the host's
         with gpu_trace.kernel_trace() as kernels:
             rounds.run()
         gpu_us = gpu_trace.busy_us(kernels) / rounds.calls
+        by_kernel = kernel_split(kernels, rounds.calls)
     return Timing(
         us=statistics.median(samples),
         us_min=min(samples),
@@ -156,4 +160,16 @@ def time_calls(
         compile_s=rounds.compile_s,
         host_us=statistics.median(builds),
         gpu_us=gpu_us,
+        gpu_kernels=by_kernel,
     )
+
+
+def kernel_split(kernels: list, calls: int) -> str:
+    """Each kernel name's summed duration per call, longest first, as "name=us;name=us" (MLX's
+    custom_kernel_ prefix and lathe_ dropped; the template constants kept)."""
+    total: dict[str, float] = {}
+    for _, duration, name in kernels:
+        short = name.split("(")[0].removeprefix("void ").split("::")[-1]
+        short = short.removeprefix("custom_kernel_").removeprefix("lathe_")
+        total[short] = total.get(short, 0.0) + duration
+    return ";".join(f"{k}={v / calls:.3f}" for k, v in sorted(total.items(), key=lambda kv: -kv[1]))

@@ -39,7 +39,7 @@ def test_common_columns_order():
     assert results.COMMON_COLUMNS == [
         "benchmark", "kernel", "variant", "backend", "device", "us", "us_min", "us_max",
         "gbs", "pct_peak", "peak_gbs", "bytes", "flops", "launches", "repeats", "rel_err",
-        "compile_s", "host_us", "gpu_us", "mlx_version", "git_sha", "date", "options",
+        "compile_s", "host_us", "gpu_us", "gpu_kernels", "mlx_version", "git_sha", "date", "options",
     ]
 
 
@@ -140,7 +140,7 @@ def test_append_rows_upgrades_a_file_of_an_older_schema(tmp_path):
     """Columns added to a schema since a file was written (optional ones only) are added to it,
     empty in its old rows; the old rows keep every value."""
     path = tmp_path / "decode.csv"
-    new = ["options", "round", "x_llama_cpp", "peer_build"]
+    new = ["gpu_kernels", "options", "round", "x_llama_cpp", "peer_build"]
     old_cols = [c for c in results.columns("decode") if c not in new]
     old_row = dict(zip(old_cols, ["decode", "llama3-8b", "fused", "cuda", "NVIDIA H200", "2600.0", "", "", "1500.5",
                                   "36.1", "4150.0", "4000000000", "", "", "3", "", "0.5", "", "", "0.32.4",
