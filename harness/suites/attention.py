@@ -38,7 +38,9 @@ def _paged_state(rng: np.random.Generator, lens: list[int], n_kv: int, head_dim:
 
 
 def _paged_case(version: str, lens: list[int], heads: tuple[int, int], head_dim: int,
-                block_size: int) -> CheckCase:
+                block_size: int, opts: dict | None = None) -> CheckCase:
+    """`opts`: kernels.options set around the launch (named in the case's variant)."""
+    from kernels import options
     from kernels.attention import paged_attention
     from kernels.runtime import poisoned_outputs
 
@@ -48,7 +50,7 @@ def _paged_case(version: str, lens: list[int], heads: tuple[int, int], head_dim:
         k_pool, v_pool, table = _paged_state(rng, lens, n_kv, head_dim, block_size)
         q = rng.standard_normal((len(lens), n_heads, head_dim)).astype(np.float16)
         scale = head_dim ** -0.5
-        with poisoned_outputs():
+        with poisoned_outputs(), options.use(**(opts or {})):
             out = paged_attention(mx.array(q), mx.array(k_pool), mx.array(v_pool), table, lens,
                                   scale, version=version, split_from=0)
             mx.eval(out)
@@ -60,13 +62,19 @@ def _paged_case(version: str, lens: list[int], heads: tuple[int, int], head_dim:
         return checks
 
     shape = dict(ctx="/".join(map(str, lens)), heads=f"{n_heads}/{n_kv}", D=head_dim, bs=block_size)
-    return CheckCase("attention", "paged_attention", version, shape, run)
+    return CheckCase("attention", "paged_attention", version + _named(opts), shape, run)
+
+
+def _named(opts: dict | None) -> str:
+    return "".join(f", {k}={v}" for k, v in (opts or {}).items())
 
 
 def _contiguous_case(split: bool, lens: list[int], heads: tuple[int, int], head_dim: int,
-                     max_seq: int, written: list[int] | None = None) -> CheckCase:
+                     max_seq: int, written: list[int] | None = None, opts: dict | None = None) -> CheckCase:
     """flash_decode over [B, Hkv, max_seq, D]; `written` past max_seq tests circular overflow
-    (the cache then holds the last max_seq tokens, slot = position % max_seq)."""
+    (the cache then holds the last max_seq tokens, slot = position % max_seq). `opts`:
+    kernels.options set around the launch."""
+    from kernels import options
     from kernels.attention import flash_decode, visible_tokens
     from kernels.runtime import poisoned_outputs
 
@@ -84,7 +92,7 @@ def _contiguous_case(split: bool, lens: list[int], heads: tuple[int, int], head_
         q = rng.standard_normal((batch, n_heads, head_dim)).astype(np.float16)
         scale = head_dim ** -0.5
         seen = [visible_tokens(n, max_seq) for n in written]
-        with poisoned_outputs():
+        with poisoned_outputs(), options.use(**(opts or {})):
             out = flash_decode(mx.array(q), mx.array(kc), mx.array(vc), seen, scale, split=split,
                               split_from=0)
             mx.eval(out)
@@ -96,7 +104,7 @@ def _contiguous_case(split: bool, lens: list[int], heads: tuple[int, int], head_
         return checks
 
     shape = dict(ctx="/".join(map(str, written)), heads=f"{n_heads}/{n_kv}", D=head_dim, max_seq=max_seq)
-    return CheckCase("attention", "flash_decode", "split" if split else "whole", shape, run)
+    return CheckCase("attention", "flash_decode", ("split" if split else "whole") + _named(opts), shape, run)
 
 
 def _reshape_case(tokens: int, n_kv: int, head_dim: int, block_size: int) -> CheckCase:
@@ -329,6 +337,18 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             continue
         for combine in ("last_group", "launch"):
             cases.append(_merge_case(lens, heads, d, combine))
+    # fewer V vectors in flight (the attn_v_prefetch option) at Llama-3's heads, a mixed batch; and
+    # the combine launch over more than its 64 partitions a block (sequences of 71 and 32 partitions)
+    for vpf in (1, 2):
+        if not small:
+            cases.append(_paged_case("v2", [4100, 2049, 600], (32, 8), 128, 16, {"attn_v_prefetch": vpf}))
+            cases.append(_contiguous_case(True, [4100, 2049, 600], (32, 8), 128, 4100, opts={"attn_v_prefetch": vpf}))
+    cases.append(_contiguous_case(True, [1, 17], (16, 8), 64, 17, opts={"attn_v_prefetch": 1}))
+    if not small:
+        cases.append(_contiguous_case(True, [9000, 4000], (32, 8), 128, 9000,
+                                      opts={"attn_partition": 128, "attn_combine": "launch"}))
+        cases.append(_paged_case("v2", [9000, 4000], (16, 8), 256, 32,
+                                 {"attn_partition": 128, "attn_combine": "launch"}))
     cases.append(_reshape_case(37, 8, 128, 16))
     cases.append(_reshape_case(64, 4, 64, 32))
     return cases

@@ -58,8 +58,9 @@ CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.meta
 NSIMD = 4
 MERGE_PARTS = 64  # partitions the in-launch merge takes (decode_attention.metal); more: the combine launch
 
+COMBINE_PARTS = 64  # partitions combine.metal weighs at a time (its PB): their weights in threadgroup memory
 _COMBINE = KernelSpec("lathe_attention_combine", "attention/combine.metal",
-                      ("part_out", "part_ml", "dims"), ("out",))
+                      ("part_out", "part_ml", "dims"), ("out",), threadgroup_bytes=lambda c: 4 * COMBINE_PARTS)
 _RESHAPE = KernelSpec("lathe_reshape_and_cache", "attention/reshape_and_cache.metal",
                       ("k", "v", "slots", "k_cache", "v_cache", "dims"), ("written",),
                       in_place=("k_cache", "v_cache"))
@@ -202,6 +203,21 @@ def query_split(group: int, threadgroups: int, most: int | None = None) -> int:
     return qs
 
 
+V_VECTORS = NSIMD * 32 // 8 // NSIMD  # 8-token V vectors a SIMD group takes of a chunk (decode_tiles.metal's VPS)
+
+
+def v_prefetch(head_dim: int) -> int:
+    """V vectors a SIMD group loads at a time (decode_tiles.metal's VPF): the attn_v_prefetch
+    option, else all of a chunk's where D <= 128 (issued with the chunk's K loads) and one at a
+    time for D = 256, whose registers allow no more."""
+    chosen = options.get("attn_v_prefetch")
+    if chosen is None:
+        return V_VECTORS if head_dim <= 128 else 1
+    if chosen not in (1, 2, 4) or V_VECTORS % chosen:
+        raise ValueError(f"attn_v_prefetch must be 1, 2 or 4 (dividing {V_VECTORS}), got {chosen}")
+    return chosen
+
+
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int | None, block_size: int, after: mx.array | None,
@@ -231,7 +247,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     while group % (2 * qs) == 0 and decode_threadgroup_bytes(group // qs, head_dim, NSIMD, head_norm, merge) \
             > backends.threadgroup_memory():
         qs *= 2
-    constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size)
+    constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size, VPREF=v_prefetch(head_dim))
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
         inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale)), *rope[3]]
         constants.update(rope[2])

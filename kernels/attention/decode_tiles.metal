@@ -13,9 +13,16 @@ constexpr uint ROWS = D / 32;  // V rows (output dimensions) a lane owns:
 // contiguous): lane l owns the ROWS neighbours d = ROWS l + i, so a SIMD group reads a row whole.
 #define lane_dim(l, i) (LATHE_PAGED ? (l) + 32 * (i) : (l) * ROWS + (i))
 // P.V's 8-token vectors: VPS a SIMD group takes of a chunk, VPF of them loaded at a time (their V
-// words in registers: all VPS where D <= 128, one at a time for D = 256).
+// words in registers: by default all VPS where D <= 128, one at a time for D = 256). An includer
+// may set VPF by defining LATHE_V_PREFETCH (decode_attention.metal: the attn_v_prefetch option):
+// fewer V words in flight for fewer registers, so that more threadgroups fit an SM.
 constexpr uint VPS = CH / 8 / NSIMD;
+#ifdef LATHE_V_PREFETCH
+constexpr uint VPF = LATHE_V_PREFETCH;
+#else
 constexpr uint VPF = D <= 128 ? VPS : 1;
+#endif
+static_assert(VPS % VPF == 0, "decode attention: VPF must be a factor of VPS");
 // The V words of vectors k0 .. k0 + VPF - 1 of this SIMD group into vw (none past the chunk's
 // tokens; the contiguous layout's rows past the context are not loaded either).
 #if LATHE_PAGED
