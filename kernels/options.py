@@ -94,8 +94,9 @@ DECLARED = (
            "split attention's tokens a threadgroup (auto: sized for about 512 threadgroups)"),
     Option("attn_v_prefetch", None, _auto_or_count,
            "decode attention: 8-token V vectors a SIMD group loads at a time, 1, 2 or 4 (auto: all 4 of a "
-           "chunk, with the chunk's K loads, where D <= 128; fewer take fewer registers, so that more "
-           "threadgroups fit an SM: kernels/attention/NOTES.md)"),
+           "chunk, with its K loads, where D <= 128 and the grid is under 512 threadgroups; 256 / D in "
+           "larger grids, whose threadgroups then take fewer registers and fit 4 an SM: "
+           "kernels/attention/NOTES.md)"),
     Option("attn_combine", "launch", _one_of("launch", "last_group"),
            "split attention's partitions merged by a combine launch of their own (launch), or by the "
            "last threadgroup of each head group in the same launch (last_group: slower so far, "

@@ -206,13 +206,18 @@ def query_split(group: int, threadgroups: int, most: int | None = None) -> int:
 V_VECTORS = NSIMD * 32 // 8 // NSIMD  # 8-token V vectors a SIMD group takes of a chunk (decode_tiles.metal's VPS)
 
 
-def v_prefetch(head_dim: int) -> int:
+def v_prefetch(head_dim: int, threadgroups: int) -> int:
     """V vectors a SIMD group loads at a time (decode_tiles.metal's VPF): the attn_v_prefetch
-    option, else all of a chunk's where D <= 128 (issued with the chunk's K loads) and one at a
-    time for D = 256, whose registers allow no more."""
+    option, else by the launch's regime. A grid of fewer than SPLIT_GRID threadgroups (a short
+    context, or a split one that fits the SMs) is a chain of latencies: all of a chunk's V
+    vectors come in with its K loads where D <= 128 (one at a time for D = 256, whose registers
+    allow no more). A larger grid streams: then 256 / D at a time, which keeps a threadgroup of
+    Llama-3's heads (G = 4, D = 128) within 128 registers, 4 threadgroups an SM instead of 3:
+    one wave for an 8192-token decode (kernels/attention/NOTES.md)."""
     chosen = options.get("attn_v_prefetch")
     if chosen is None:
-        return V_VECTORS if head_dim <= 128 else 1
+        most = V_VECTORS if head_dim <= 128 else 1
+        return most if threadgroups < SPLIT_GRID else max(1, min(most, 256 // head_dim))
     if chosen not in (1, 2, 4) or V_VECTORS % chosen:
         raise ValueError(f"attn_v_prefetch must be 1, 2 or 4 (dividing {V_VECTORS}), got {chosen}")
     return chosen
@@ -247,7 +252,8 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     while group % (2 * qs) == 0 and decode_threadgroup_bytes(group // qs, head_dim, NSIMD, head_norm, merge) \
             > backends.threadgroup_memory():
         qs *= 2
-    constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size, VPREF=v_prefetch(head_dim))
+    constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size,
+                     VPREF=v_prefetch(head_dim, parts * n_kv * qs * batch))
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
         inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale)), *rope[3]]
         constants.update(rope[2])
