@@ -251,7 +251,7 @@ def _compile_report(compiled: int, failures: dict[str, str], modules: int, how: 
 def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: str = "step",
                repeat: int = 1, depth: int | str = 0, write: bool | None = None,
                variant: str = "reference", kv: str = "contiguous", ctx: int | None = None,
-               peer: str | None = None, rounds: int | None = None) -> int:
+               peer: str | None = None, rounds: int | None = None, past_context: bool = False) -> int:
     """Greedy decode of a GGUF model or preset for each variant, mode and depth given
     (comma-separated lists, as llama-bench's): a llama-bench-like table; on a GPU (or with
     write=True) its rows appended to results/<device>/decode.csv, with the roofline at the peak
@@ -278,7 +278,7 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     write = has_gpu() if write is None else write
     peak = _peak().gbs if has_gpu() else None
     rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant, kv, ctx,
-                      rounds=rounds, peer=bench)
+                      rounds=rounds, peer=bench, past_context=past_context)
     if not rows:
         print(f"lathe decode: no variant among {variant} runs with kv {kv} (reference, megafused: contiguous only)")
         return 2
@@ -415,6 +415,9 @@ def _parser() -> argparse.ArgumentParser:
     dec.add_argument("--ctx", type=int, default=None,
                      help="KV cache rows (default depth + prompt + gen); fewer: decode wraps around "
                           "(circular overflow; contiguous cache only)")
+    dec.add_argument("--past-context", action="store_true",
+                     help="allow depth + prompt + gen past the model's trained context (a speed measurement "
+                          "only, as llama-bench's -d allows: Llama-3-8B's 8192 and depth 16384)")
     dec.add_argument("--write", dest="write", action="store_true", default=None,
                      help="append to results/<device>/decode.csv (the default on a GPU)")
     dec.add_argument("--no-write", dest="write", action="store_false")
@@ -490,7 +493,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "decode":
         return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode,
                           args.repeat, args.depth, args.write, args.variant, args.kv, args.ctx,
-                          args.peer, args.rounds)
+                          args.peer, args.rounds, args.past_context)
     if args.command == "compile":
         if args.metal:
             return cmd_compile_metal(args.family, args.match)

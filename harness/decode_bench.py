@@ -5,6 +5,7 @@ variants and modes are harness/decode.py and harness/kernel_decode.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 import time
@@ -40,7 +41,7 @@ def _peak_memory() -> int | None:
 def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, modes=("step",),
                repeat: int = 1, depth=0, peak_gbs: float | None = None,
                variants=("reference",), kv=("contiguous",), ctx: int | None = None,
-               rounds: int = 1, peer=None) -> list[dict]:
+               rounds: int = 1, peer=None, past_context: bool = False) -> list[dict]:
     """llama-bench's matrix: load (or make) the model once; for each variant build its decoder
     once, and for each depth (one or several, as llama-bench's -d) and mode, per repetition,
     prefill `depth` + `prompt` random tokens and greedily generate `gen`, timed apart (a warm-up
@@ -50,7 +51,9 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     layout of `kv` (a paged one is named <variant>/paged in the rows); the reference variant
     over the contiguous cache only. `ctx`: the KV cache's rows (default depth + prompt + gen for
     each depth; one given size serves every depth); fewer make the decode steps wrap around
-    (circular overflow), over the contiguous cache only.
+    (circular overflow), over the contiguous cache only. `past_context`: depth + prompt + gen may
+    pass the model's trained context (speed only, as llama-bench's -d: RoPE and the caches take
+    any position; the logits mean nothing there for a real model).
 
     `peer` (a harness.peers.LlamaBench): llama.cpp timed on the same file, same prompt, gen,
     depths and repeats, after lathe's rows in each of `rounds` rounds (lathe, llama.cpp, lathe,
@@ -68,12 +71,17 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     model = load_gguf(path)
     c = model.config
     deepest = max(depths)
-    if prompt < 1 or gen < 1 or deepest + prompt + gen > c.ctx:
+    most = max(c.ctx, deepest + prompt + gen) if past_context else c.ctx
+    if prompt < 1 or gen < 1 or deepest + prompt + gen > most:
         raise ValueError(f"depth + prompt + gen = {deepest + prompt + gen} must be in 2..{c.ctx} "
-                         f"(the context), with prompt and gen at least 1")
-    if ctx is not None and not deepest + prompt <= ctx <= c.ctx:
+                         f"(the context; past it with past_context), with prompt and gen at least 1")
+    if ctx is not None and not deepest + prompt <= ctx <= most:
         raise ValueError(f"ctx must hold depth + prompt = {deepest + prompt} tokens and be at most the "
                          f"model's {c.ctx}, got {ctx}")
+    if deepest + prompt + gen > c.ctx:  # the decoders size their caches up to the config's context
+        print(f"decode {name}: depth + prompt + gen = {deepest + prompt + gen} is past the model's trained "
+              f"context of {c.ctx} (past_context): a speed measurement only", file=sys.stderr, flush=True)
+        c = model.config = dataclasses.replace(c, ctx=deepest + prompt + gen)
     wrap = ctx is not None and ctx < deepest + prompt + gen
     if wrap and "megafused" in variants:
         raise ValueError(f"ctx {ctx} < depth + prompt + gen = {deepest + prompt + gen}: decode wraps around "

@@ -95,6 +95,17 @@ def test_decode_rejects_unknown_variants_and_modes():
     assert run_decode("tiny-llama", "q8_0", 4, 2, kv="paged") == []
 
 
+def test_decode_past_the_trained_context_only_when_asked():
+    """A depth past the model's context (Llama-3-8B's 8192 at llama-bench's -d 16384) is an error,
+    unless past_context allows it: then the decode runs there, as llama-bench's does."""
+    from harness.decode_bench import run_decode
+
+    with pytest.raises(ValueError, match="past it with past_context"):
+        run_decode("tiny-llama", "q8_0", 4, 2, depth=1020)  # tiny-llama's context: 1024
+    (row,) = run_decode("tiny-llama", "q8_0", 4, 2, depth=1020, past_context=True)
+    assert (row["depth"], row["test"]) == (1020, "pp4+tg2 @ d1020") and row["decode_tok_s"] > 0
+
+
 def test_decode_over_several_depths():
     """--depth 0,5 (as llama-bench's -d): one row per depth from one decoder, each timed after
     its own depth, the KV traffic growing with it; bad depth lists are clear errors."""
