@@ -56,7 +56,9 @@ class Timing:
     host_us: float  # median time to build one call's graph on the host (not in `us`)
     gpu_us: float = math.nan  # GPU busy time per call (kernels running), one traced round
     # each kernel's summed duration per call in that round, longest first: "name=us;name=us"
-    # (which launch of a two-launch path costs what: the split attention and its combine)
+    # (which launch of a two-launch path costs what: the split attention and its combine). Where
+    # MLX runs calls side by side (calls with no data between them) durations overlap, and their
+    # sum can pass gpu_us: compare them within a row, not with gpu_us
     gpu_kernels: str = ""
 
 

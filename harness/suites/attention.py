@@ -549,13 +549,18 @@ def bench_cases(quick: bool = False) -> list:
 
 
 def plots(df, out_dir, peak_gbs):
+    """One PNG a benchmark and model: GB/s by wall time beside GB/s by GPU time, a line a kernel,
+    from the rows run with the default options (an A/B run's rows, `--set ...`, are newer and
+    would otherwise take a line's place)."""
     from harness.plots import bandwidth_plot
 
+    if "options" in df.columns:
+        df = df[df["options"].fillna("") == ""]
     paths = []
     for bench in sorted(df.benchmark.unique()):
         for model in sorted(df[df.benchmark == bench].variant.unique()):
             sub = df[(df.benchmark == bench) & (df.variant == model)]
             paths.append(bandwidth_plot(sub, "ctx", out_dir / f"{bench}-{model}.png",
                                         f"{bench} {model}: GB/s against context", peak_gbs=peak_gbs,
-                                        line_by="kernel"))
+                                        line_by="kernel", gpu_time=True))
     return paths
