@@ -12,12 +12,9 @@ peak measured in the same process; only rows run with the default options count 
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import pandas as pd
 
-from harness.gemv_report import markdown
+from harness.report import run_main
 
 OURS = ("flash_decode", "paged_v2")
 SDPA = "mlx.sdpa"
@@ -90,21 +87,8 @@ def prefill_table(run: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.attention_report", description=__doc__.split("\n")[0])
-    parser.add_argument("csv")
-    parser.add_argument("--sha", help="the run's git_sha (default: the newest run)")
-    args = parser.parse_args(argv)
-    df = pd.read_csv(args.csv, dtype={"git_sha": str, "options": str})  # a sha may read as a number
-    sha = args.sha or df.sort_values("date").git_sha.iloc[-1]
-    run = df[df.git_sha == sha]
-    if run.empty or run.gpu_us.isna().all():
-        print(f"{args.csv}: no rows with gpu_us for {sha}", file=sys.stderr)
-        return 1
-    print(f"{args.csv}, run {sha} ({run.device.iloc[0]}, peak {run.peak_gbs.median():.0f} GB/s), "
-          f"{len(default_rows(run))} cases under the default options\n")
-    for table in (decode_table(run), mixed_table(run), prefill_table(run)):
-        print(markdown(table), "\n")
-    return 0
+    return run_main(argv, "python -m harness.attention_report", __doc__.split("\n")[0],
+                    lambda run: [decode_table(run), mixed_table(run), prefill_table(run)])
 
 
 if __name__ == "__main__":

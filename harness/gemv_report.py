@@ -10,10 +10,9 @@ results/<device>/gemv.csv [--sha SHA]` prints markdown tables (what kernels/gemv
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import pandas as pd
+
+from harness.report import markdown, run_main  # noqa: F401 - markdown: this module's users
 
 LARGE = {(4096, 14336), (14336, 4096), (28672, 4096), (128256, 4096)}
 MID = {(4096, 4096), (6144, 4096)}
@@ -64,31 +63,10 @@ def m_table(run: pd.DataFrame) -> pd.DataFrame:
     return rows[["kernel", "N", "K", "M", "gpu_us", "M1 gpu_us", "over M = 1", "met (<= 1.3)"]]
 
 
-def markdown(table: pd.DataFrame) -> str:
-    """A markdown table (pandas' to_markdown needs tabulate, which lathe does not install)."""
-    cells = [[("" if pd.isna(v) else f"{v:g}" if isinstance(v, float) else str(v)) for v in row]
-             for row in table.itertuples(index=False)]
-    lines = [list(map(str, table.columns)), ["---"] * len(table.columns), *cells]
-    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.gemv_report", description=__doc__.split("\n")[0])
-    parser.add_argument("csv")
-    parser.add_argument("--sha", help="the run's git_sha (default: the newest benchmark run)")
-    args = parser.parse_args(argv)
-    df = pd.read_csv(args.csv, dtype={"git_sha": str})  # "5e79645" would read as a float
-    bench = df[df.benchmark != "gemv-sweep"]
-    sha = args.sha or bench.sort_values("date").git_sha.iloc[-1]
-    run = bench[bench.git_sha == sha]
-    if run.empty or run.gpu_us.isna().all():
-        print(f"{args.csv}: no rows with gpu_us for {sha}", file=sys.stderr)
-        return 1
-    print(f"{args.csv}, run {sha} ({run.device.iloc[0]}, peak {run.peak_gbs.iloc[0]:.0f} GB/s), "
-          f"{run.gpu_us.notna().sum()} of {len(run)} rows with gpu_us\n")
-    print(markdown(m1_table(run)), "\n")
-    print(markdown(m_table(run)))
-    return 0
+    return run_main(argv, "python -m harness.gemv_report", __doc__.split("\n")[0],
+                    lambda run: [m1_table(run), m_table(run)],
+                    keep=lambda df: df[df.benchmark != "gemv-sweep"])
 
 
 if __name__ == "__main__":

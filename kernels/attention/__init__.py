@@ -203,7 +203,8 @@ def query_split(group: int, threadgroups: int, most: int | None = None) -> int:
     return qs
 
 
-V_VECTORS = NSIMD * 32 // 8 // NSIMD  # 8-token V vectors a SIMD group takes of a chunk (decode_tiles.metal's VPS)
+# 8-token V vectors a SIMD group takes of a chunk of NSIMD * 32 tokens (decode_tiles.metal's VPS): 4
+V_VECTORS = NSIMD * 32 // 8 // NSIMD
 
 
 def v_prefetch(head_dim: int, threadgroups: int) -> int:
