@@ -71,17 +71,16 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     model = load_gguf(path)
     c = model.config
     deepest = max(depths)
-    most = max(c.ctx, deepest + prompt + gen) if past_context else c.ctx
-    if prompt < 1 or gen < 1 or deepest + prompt + gen > most:
-        raise ValueError(f"depth + prompt + gen = {deepest + prompt + gen} must be in 2..{c.ctx} "
-                         f"(the context; past it with past_context), with prompt and gen at least 1")
-    if ctx is not None and not deepest + prompt <= ctx <= most:
-        raise ValueError(f"ctx must hold depth + prompt = {deepest + prompt} tokens and be at most the "
-                         f"model's {c.ctx}, got {ctx}")
-    if deepest + prompt + gen > c.ctx:  # the decoders size their caches up to the config's context
+    if past_context and deepest + prompt + gen > c.ctx:  # the decoders size caches up to the config's context
         print(f"decode {name}: depth + prompt + gen = {deepest + prompt + gen} is past the model's trained "
               f"context of {c.ctx} (past_context): a speed measurement only", file=sys.stderr, flush=True)
         c = model.config = dataclasses.replace(c, ctx=deepest + prompt + gen)
+    if prompt < 1 or gen < 1 or deepest + prompt + gen > c.ctx:
+        raise ValueError(f"depth + prompt + gen = {deepest + prompt + gen} must be in 2..{c.ctx} "
+                         f"(the context; past it with past_context), with prompt and gen at least 1")
+    if ctx is not None and not deepest + prompt <= ctx <= c.ctx:
+        raise ValueError(f"ctx must hold depth + prompt = {deepest + prompt} tokens and be at most the "
+                         f"model's {c.ctx}, got {ctx}")
     wrap = ctx is not None and ctx < deepest + prompt + gen
     if wrap and "megafused" in variants:
         raise ValueError(f"ctx {ctx} < depth + prompt + gen = {deepest + prompt + gen}: decode wraps around "
