@@ -97,10 +97,6 @@ DECLARED = (
            "chunk, with its K loads, where D <= 128 and the grid is under 512 threadgroups; 256 / D in "
            "larger grids, whose threadgroups then take fewer registers and fit 4 an SM: "
            "kernels/attention/NOTES.md)"),
-    Option("attn_l2_prefetch", None, _auto_or_count,
-           "decode attention: chunks of K and V requested into the L2 ahead of their loads, 0 to 4 (0: none; "
-           "auto: 1, the threadgroup's first chunk before its query is read, then each next chunk as the one "
-           "before it begins: kernels/attention/NOTES.md)"),
     Option("attn_combine", "launch", _one_of("launch", "last_group"),
            "split attention's partitions merged by a combine launch of their own (launch), or by the "
            "last threadgroup of each head group in the same launch (last_group: slower so far, "

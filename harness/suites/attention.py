@@ -344,14 +344,6 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             cases.append(_paged_case("v2", [4100, 2049, 600], (32, 8), 128, 16, {"attn_v_prefetch": vpf}))
             cases.append(_contiguous_case(True, [4100, 2049, 600], (32, 8), 128, 4100, opts={"attn_v_prefetch": vpf}))
     cases.append(_contiguous_case(True, [1, 17], (16, 8), 64, 17, opts={"attn_v_prefetch": 1}))
-    # K and V requested into the L2 ahead of their loads (the attn_l2_prefetch option): none; and 3
-    # chunks ahead over 136-token partitions, whose chunks start inside a block and whose last
-    # chunks (and requests) stop at a sequence's end, and over a whole-context walk of many chunks
-    for l2pf, part in ((0, None), (3, 136)):
-        opts = {"attn_l2_prefetch": l2pf} | ({"attn_partition": part} if part else {})
-        cases.append(_paged_case("v2", [1000, 333, 17], (16, 8), 64, 32, opts))
-        cases.append(_contiguous_case(True, [1000, 333], (8, 4), 256, 1000, opts=opts))
-    cases.append(_paged_case("v1", [1500, 77], (32, 8), 128, 16, {"attn_l2_prefetch": 3}))
     if not small:
         cases.append(_contiguous_case(True, [9000, 4000], (32, 8), 128, 9000,
                                       opts={"attn_partition": 128, "attn_combine": "launch"}))

@@ -224,21 +224,6 @@ def v_prefetch(head_dim: int, threadgroups: int) -> int:
     return chosen
 
 
-L2_PREFETCH_MOST = 4
-L2_PREFETCH_AUTO = 1
-
-
-def l2_prefetch() -> int:
-    """Chunks of K and V a threadgroup requests into the L2 ahead of their loads
-    (decode_tiles.metal's L2PF): the attn_l2_prefetch option, else L2_PREFETCH_AUTO."""
-    chosen = options.get("attn_l2_prefetch")
-    if chosen is None:
-        return L2_PREFETCH_AUTO
-    if not 0 <= chosen <= L2_PREFETCH_MOST:
-        raise ValueError(f"attn_l2_prefetch must be 0 to {L2_PREFETCH_MOST} chunks, got {chosen}")
-    return chosen
-
-
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int | None, block_size: int, after: mx.array | None,
@@ -269,7 +254,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
             > backends.threadgroup_memory():
         qs *= 2
     constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size,
-                     VPREF=v_prefetch(head_dim, parts * n_kv * qs * batch), L2PREF=l2_prefetch())
+                     VPREF=v_prefetch(head_dim, parts * n_kv * qs * batch))
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
         inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale)), *rope[3]]
         constants.update(rope[2])

@@ -18,8 +18,6 @@ const uint ctx = min(uint(lens[b]), rows * uint(LATHE_PAGED ? BS : 1));
 #endif
 const uint t_begin = LATHE_SPLIT ? min(ctx, part * uint(dims[2])) : 0;
 const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
-// The first L2PF chunks' K and V requested into the L2 before the query is read (L2PF).
-for (uint c = 0; c < L2PF; ++c) PREFETCH_CHUNK(t_begin + c * CH);
 
 #if LATHE_ROPE
 {
@@ -89,7 +87,6 @@ threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
 
 for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   const uint cn = min(CH, t_end - c0);
-  if (L2PF > 0) PREFETCH_CHUNK(c0 + L2PF * CH);  // the chunk L2PF ahead
   // This SIMD group's V words of its first VPF vectors of the chunk, issued before the K loads:
   // they do not depend on the scores, and P.V then waits on no DRAM round trip of its own.
 #if LATHE_PAGED

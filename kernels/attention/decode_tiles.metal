@@ -54,44 +54,6 @@ static_assert(VPS % VPF == 0, "decode attention: VPF must be a factor of VPS");
     }                                                                                           \
   }
 #endif
-// L2PF (the attn_l2_prefetch option, through LATHE_L2_PREFETCH; 0 where an includer sets none):
-// chunks whose K and V lines are requested into the L2 ahead of their loads. The first L2PF
-// chunks are requested before anything else (the query's load, RoPE), then each chunk requests
-// the one L2PF ahead as it begins. The requests hold no registers and wait for nothing, so a
-// threadgroup has its whole chunk in flight from its first instruction, where its own loads come
-// in groups (a K row in D / 8 / KG round trips, V in VPS / VPF): the second and later groups then
-// meet the L2, not DRAM, and the next chunk streams in while this one's arithmetic runs.
-#ifdef LATHE_L2_PREFETCH
-constexpr uint L2PF = LATHE_L2_PREFETCH;
-#else
-constexpr uint L2PF = 0;
-#endif
-// PREFETCH_CHUNK(c): the K and V lines of tokens [c, c + CH) (none past t_end), the threadgroup's
-// threads taking 128-byte lines in turn.
-#if LATHE_PAGED
-// A block's K ([D/8, BS, 8]) and V ([D, BS]) of one kv head are each D * BS * 2 contiguous bytes.
-#define PREFETCH_CHUNK(c)                                                                         \
-  if ((c) < t_end) {                                                                              \
-    constexpr uint LPB_ = D * BS * 2 / 128; /* 128-byte lines of a block's K, and of its V */     \
-    const uint b0_ = (c) / BS, nb_ = (min((c) + CH, t_end) - 1) / BS - b0_ + 1;                   \
-    for (uint i_ = tid; i_ < nb_ * 2 * LPB_; i_ += NT) {                                          \
-      const uint r_ = i_ % (2 * LPB_);                                                            \
-      const size_t at_ = size_t(uint(table[cb * rows + b0_ + i_ / (2 * LPB_)]) * n_kv + h) * (D * BS * 2) \
-                         + (r_ % LPB_) * 128;                                                     \
-      if (r_ < LPB_) prefetch_l2(k_cache, at_, 128, 0, 1);                                        \
-      else prefetch_l2(v_cache, at_, 128, 0, 1);                                                  \
-    }                                                                                             \
-  }
-#else
-// A kv head's rows are contiguous in both caches ([S, D]): one run of bytes each.
-#define PREFETCH_CHUNK(c)                                                                         \
-  if ((c) < t_end) {                                                                              \
-    const size_t at_ = size_t((cb * n_kv + h) * rows + (c)) * (D * 2);                            \
-    const size_t n_ = size_t(min(CH, t_end - (c))) * (D * 2);                                     \
-    prefetch_l2(k_cache, at_, n_, tid, NT);                                                       \
-    prefetch_l2(v_cache, at_, n_, tid, NT);                                                       \
-  }
-#endif
 const float NEG_INF = -as_type<float>(0x7f800000u);  // -inf
 
 threadgroup float q_s[G * D];
