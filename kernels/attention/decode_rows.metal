@@ -269,33 +269,32 @@ if (merge_here) {
     for (uint j = 0; j < 2; ++j) w_s[g * MERGE_PARTS + lane + 32 * j] = den > 0.0f ? w2[j] / den : 0.0f;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  // out = sum_p w_p o_p: a thread's EPT values, 8 partitions at a time with all their loads
-  // issued before the sums (a rolled loop would wait out one L2 round trip a partition).
-  constexpr uint EPT = (G * D + NT - 1) / NT;
-  float merged[EPT];
-  for (uint i = 0; i < EPT; ++i) merged[i] = 0.0f;
-  for (uint p0 = 0; p0 < parts; p0 += 8) {
-    float o8[EPT][8];
-    LATHE_UNROLL
-    for (uint i = 0; i < EPT; ++i) {
-      const uint e = tid + i * NT;
-      const uint row = b * n_heads + hg * G + e / D;
+  // out = sum_p w_p o_p, a thread a 4-value slot of the G heads' outputs (one 16-byte load a
+  // partition), MB partitions' loads issued before any is used (64 partitions: 16 L2 round trips;
+  // MB = 8 took Llama-3's split kernel to 130 registers, 3 threadgroups an SM instead of 4). The
+  // addresses are clamped, not predicated (a partition past the last is loaded again and weighed
+  // 0): NVRTC spread the predicated loads of the form before among their FMAs, one or two in
+  // flight at a time, and the merge's tail was about 100 L2 round trips (kernels/attention/NOTES.md).
+  constexpr uint SLOTS = G * D / 4;
+  constexpr uint MB = 4;
+  for (uint s = tid; s < SLOTS; s += NT) {
+    const uint g = s / (D / 4);
+    const auto slot = part_out + ((b * n_heads + hg * G + g) * parts * D + 4 * (s % (D / 4)));
+    float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (uint p0 = 0; p0 < parts; p0 += MB) {
+      uint4 o[MB];
       LATHE_UNROLL
-      for (uint j = 0; j < 8; ++j) {
-        o8[i][j] = e < G * D && p0 + j < parts ? part_out[(row * parts + p0 + j) * D + e % D] : 0.0f;
+      for (uint j = 0; j < MB; ++j) o[j] = load_wide<uint4>(slot, min(p0 + j, parts - 1) * (D / 4));
+      LATHE_UNROLL
+      for (uint j = 0; j < MB; ++j) {
+        const float w = p0 + j < parts ? w_s[g * MERGE_PARTS + min(p0 + j, MERGE_PARTS - 1)] : 0.0f;
+        m4[0] = fma(w, as_type<float>(o[j].x), m4[0]);
+        m4[1] = fma(w, as_type<float>(o[j].y), m4[1]);
+        m4[2] = fma(w, as_type<float>(o[j].z), m4[2]);
+        m4[3] = fma(w, as_type<float>(o[j].w), m4[3]);
       }
     }
-    LATHE_UNROLL
-    for (uint i = 0; i < EPT; ++i) {
-      const uint g = (tid + i * NT) / D;
-      for (uint j = 0; j < 8; ++j) {
-        if (p0 + j < parts && g < G) merged[i] = fma(w_s[g * MERGE_PARTS + p0 + j], o8[i][j], merged[i]);
-      }
-    }
-  }
-  for (uint i = 0; i < EPT; ++i) {
-    const uint e = tid + i * NT;
-    if (e < G * D) out[(b * n_heads + hg * G) * D + e] = half(merged[i]);
+    for (uint k = 0; k < 4; ++k) out[(b * n_heads + hg * G) * D + 4 * s + k] = half(m4[k]);
   }
 }
 #endif
