@@ -97,6 +97,10 @@ DECLARED = (
            "chunk, with its K loads, where D <= 128 and the grid is under 512 threadgroups; 256 / D in "
            "larger grids, whose threadgroups then take fewer registers and fit 4 an SM: "
            "kernels/attention/NOTES.md)"),
+    Option("attn_early_loads", 0, _count,
+           "decode attention: the first chunk's loads issued before the query is read, so that the query's "
+           "round trip overlaps theirs: 0 none, 1 its V vectors, 2 its V and first K vectors "
+           "(kernels/attention/NOTES.md)"),
     Option("attn_combine", "launch", _one_of("launch", "last_group"),
            "split attention's partitions merged by a combine launch of their own (launch), or by the "
            "last threadgroup of each head group in the same launch (last_group: one launch a layer fewer, "

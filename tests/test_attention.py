@@ -184,6 +184,45 @@ def test_auto_partition_aims_at_the_split_grid(longest, grids, want):
     assert at.auto_partition(longest, grids) == want
 
 
+@pytest.mark.parametrize("parts, most, want", [
+    (64, 16, 16), (33, 16, 16), (16, 16, 16), (10, 16, 8), (6, 16, 4), (3, 16, 2), (2, 16, 2), (1, 16, 1),
+    (64, 4, 4), (3, 4, 2),
+])
+def test_merge_loads_never_exceed_the_partitions(parts, most, want):
+    """The merge's loads at a time: a power of two up to `most`, at most `parts` (its last round
+    is shifted back to end at the last partition, so it must not start before the first)."""
+    assert at.merge_loads(parts, most) == want
+
+
+def test_merge_loads_reject_what_the_merge_cannot_take():
+    for parts in (0, at.MERGE_PARTS + 1):
+        with pytest.raises(ValueError, match="partitions"):
+            at.merge_loads(parts)
+
+
+@pytest.mark.parametrize("tight, loads", [(False, 16), (True, 4)])
+def test_merge_loads_of_the_launch(jobs, tight, loads):
+    """16 partitions' loads at a time in the merge, 4 in Llama-3's contiguous kernel where it
+    holds V vectors in pairs (130 registers with more: kernels.attention._run)."""
+    k = mx.zeros((1, 8, 8192, 128), mx.float16)
+    q = mx.zeros((1, 32, 128), mx.float16)
+    with options.use(attn_combine="last_group", attn_v_prefetch=2 if tight else 4):
+        at.flash_decode(q, k, k, [8192], 0.125)
+    assert len(jobs) == 1 and jobs[0].constants["MLOADS"] == loads
+
+
+def test_early_loads_option_is_checked(jobs):
+    k = mx.zeros((1, KV, 4096, D), mx.float16)
+    for early in (0, 1, 2):
+        with options.use(attn_early_loads=early):
+            at.flash_decode(q16(), k, k, [300], 0.125)
+        assert jobs[-1].constants["EARLY"] == early
+    made = len(jobs)
+    with options.use(attn_early_loads=3), pytest.raises(ValueError, match="attn_early_loads"):
+        at.flash_decode(q16(), k, k, [300], 0.125)
+    assert len(jobs) == made  # nothing launched
+
+
 @pytest.mark.parametrize("group, threadgroups, most, want", [
     (4, 8, 64, 4),     # Llama-3-8B decode: 8 KV heads of 4 query heads -> 32 threadgroups
     (4, 64, 64, 1),    # already 64 threadgroups (partitions, or a batch): one per KV head

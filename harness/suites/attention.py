@@ -191,7 +191,8 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
     return CheckCase("attention", "prefill_attention", variant, shape, run)
 
 
-def _merge_case(lens: list[int], heads: tuple[int, int], head_dim: int, combine: str) -> CheckCase:
+def _merge_case(lens: list[int], heads: tuple[int, int], head_dim: int, combine: str,
+                opts: dict | None = None) -> CheckCase:
     """Split flash_decode with the partitions merged in its own launch (last_group: on counters
     given, twice on the same counters, which each launch must leave zero) or by the combine
     launch, against float64."""
@@ -212,7 +213,7 @@ def _merge_case(lens: list[int], heads: tuple[int, int], head_dim: int, combine:
                 kc[b, :, n:], vc[b, :, n:] = np.nan, np.nan
             q = rng.standard_normal((batch, n_heads, head_dim)).astype(np.float16)
             scale = head_dim ** -0.5
-            with poisoned_outputs(), options.use(attn_combine=combine):
+            with poisoned_outputs(), options.use(attn_combine=combine, **(opts or {})):
                 out = flash_decode(mx.array(q), mx.array(kc), mx.array(vc), lens, scale, split_from=0,
                                    counters=counters)
                 mx.eval(out, counters)
@@ -225,16 +226,17 @@ def _merge_case(lens: list[int], heads: tuple[int, int], head_dim: int, combine:
         return checks
 
     shape = dict(ctx="/".join(map(str, lens)), heads=f"{n_heads}/{n_kv}", D=head_dim)
-    return CheckCase("attention", "flash_decode", f"split, merged: {combine}", shape, run)
+    return CheckCase("attention", "flash_decode", f"split, merged: {combine}" + _named(opts), shape, run)
 
 
 def _rope_decode_case(pos: int, heads: tuple[int, int], head_dim: int, neox: bool, split: bool,
-                      device_pos: bool = False, head_norm: bool = False) -> CheckCase:
+                      device_pos: bool = False, head_norm: bool = False, opts: dict | None = None) -> CheckCase:
     """rope_flash_decode: one token's QKV row at `pos` over a cache holding rows 0..pos-1 (row
     pos and later NaN: the kernel must write row pos before it reads it), against float64 RoPE
     (reference/rope.py) and attention; the new cache rows against the rotated K and V, every
     other row unchanged, NaN included. `device_pos`: the position as int32[1] on the device (a
     compiled step's form)."""
+    from kernels import options
     from kernels.attention import rope_flash_decode
     from kernels.runtime import poisoned_outputs
     from reference import rope as ref_rope
@@ -252,7 +254,7 @@ def _rope_decode_case(pos: int, heads: tuple[int, int], head_dim: int, neox: boo
         theta, scale = 500000.0, head_dim ** -0.5
         at = mx.array(np.array([pos], np.int32)) if device_pos else pos
         norms = [rng.uniform(0.5, 1.5, head_dim).astype(np.float32) for _ in range(2)] if head_norm else [None, None]
-        with poisoned_outputs():
+        with poisoned_outputs(), options.use(**(opts or {})):
             out, k_new, v_new = rope_flash_decode(mx.array(qkv), mx.array(kc), mx.array(vc), at, scale,
                                                   n_heads=n_heads, theta=theta, neox=neox, split=split,
                                                   split_from=0, eps=1e-6 if head_norm else None,
@@ -276,7 +278,7 @@ def _rope_decode_case(pos: int, heads: tuple[int, int], head_dim: int, neox: boo
 
     shape = dict(pos=pos, heads=f"{n_heads}/{n_kv}", D=head_dim)
     variant = (("head-norm " if head_norm else "") + ("neox " if neox else "") + ("split" if split else "whole")
-               + (" device pos" if device_pos else ""))
+               + (" device pos" if device_pos else "") + _named(opts))
     return CheckCase("attention", "rope_flash_decode", variant, shape, run)
 
 
@@ -349,6 +351,22 @@ def check_cases(small: bool = False) -> list[CheckCase]:
                                       opts={"attn_partition": 128, "attn_combine": "launch"}))
         cases.append(_paged_case("v2", [9000, 4000], (16, 8), 256, 32,
                                  {"attn_partition": 128, "attn_combine": "launch"}))
+    # the first chunk's loads before the query's (attn_early_loads): partitions of three chunks
+    # (the last one short) over a mixed batch, the unsplit body, the RoPE launch whose new row
+    # lies in one partition (that threadgroup loads after its write), the head norms, the merge
+    for early in (1, 2):
+        e = {"attn_early_loads": early}
+        if not small:
+            cases.append(_contiguous_case(True, [4100, 2049, 600], (32, 8), 128, 4100, opts={**e, "attn_partition": 384}))
+            cases.append(_paged_case("v2", [4100, 2049, 600], (16, 8), 64, 16, {**e, "attn_partition": 384}))
+            cases.append(_rope_decode_case(1500, (32, 8), 128, False, True, True, opts=e))
+            cases.append(_rope_decode_case(900, (16, 8), 128, True, True, False, head_norm=True, opts=e))
+            cases.append(_merge_case([4097], (32, 8), 128, "last_group", opts=e))
+        cases.append(_contiguous_case(False, [1, 17, 513], (16, 8), 256, 513, opts=e))
+        cases.append(_rope_decode_case(70, (16, 16), 64, True, False, True, opts=e))
+    # the paged kernel's partitions merged in its launch
+    if not small:
+        cases.append(_paged_case("v2", [4100, 2049, 600], (32, 8), 128, 16, {"attn_combine": "last_group"}))
     cases.append(_reshape_case(37, 8, 128, 16))
     cases.append(_reshape_case(64, 4, 64, 32))
     return cases

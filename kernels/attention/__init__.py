@@ -58,6 +58,16 @@ CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.meta
 NSIMD = 4
 MERGE_PARTS = 64  # partitions the in-launch merge takes (decode_attention.metal); more: the combine launch
 
+
+def merge_loads(parts: int, most: int = 16) -> int:
+    """Partitions whose partials the in-launch merge loads at a time (decode_rows.metal's MLOADS):
+    a power of two up to `most`, never more than the launch's `parts` (its last round is shifted
+    back to end at the last partition, so every load is in range without a clamp)."""
+    if not 1 <= parts <= MERGE_PARTS:
+        raise ValueError(f"the in-launch merge takes 1..{MERGE_PARTS} partitions, got {parts}")
+    return min(most, 1 << (parts.bit_length() - 1))
+
+
 COMBINE_PARTS = 64  # partitions combine.metal weighs at a time (its PB): their weights in threadgroup memory
 _COMBINE = KernelSpec("lathe_attention_combine", "attention/combine.metal",
                       ("part_out", "part_ml", "dims"), ("out",), threadgroup_bytes=lambda c: 4 * COMBINE_PARTS)
@@ -224,6 +234,15 @@ def v_prefetch(head_dim: int, threadgroups: int) -> int:
     return chosen
 
 
+def early_loads() -> int:
+    """The first chunk's loads issued before the query's (decode_rows.metal's LATHE_EARLY_LOADS):
+    the attn_early_loads option, 0, 1 or 2."""
+    chosen = options.get("attn_early_loads")
+    if chosen not in (0, 1, 2):
+        raise ValueError(f"attn_early_loads must be 0, 1 or 2, got {chosen}")
+    return chosen
+
+
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int | None, block_size: int, after: mx.array | None,
@@ -254,7 +273,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
             > backends.threadgroup_memory():
         qs *= 2
     constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size,
-                     VPREF=v_prefetch(head_dim, parts * n_kv * qs * batch))
+                     VPREF=v_prefetch(head_dim, parts * n_kv * qs * batch), EARLY=early_loads())
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
         inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale)), *rope[3]]
         constants.update(rope[2])
@@ -266,6 +285,12 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     outputs = ([((batch, n_heads, parts, head_dim), mx.float32), ((batch, n_heads, parts, 2), mx.float32)]
                if split else [((batch, n_heads, head_dim), mx.float16)])
     if merge:
+        # 16 loads at a time, but 4 in Llama-3's contiguous kernel (G = 4, D = 128) where it holds
+        # V vectors in pairs to stay at 128 registers (v_prefetch): ptxas takes it to 130 with 8
+        # or more, 3 threadgroups an SM instead of 4 (the merge's own registers are not the peak).
+        tight = (not paged and rope is None and head_dim <= 128 and constants["G"] * head_dim >= 512
+                 and constants["VPREF"] < V_VECTORS)
+        constants["MLOADS"] = merge_loads(parts, 4 if tight else 16)
         if counters is None:
             counters = mx.zeros((batch * n_heads,), mx.uint32)
         _check_counters(counters, batch * n_kv * qs)

@@ -19,6 +19,31 @@ const uint ctx = min(uint(lens[b]), rows * uint(LATHE_PAGED ? BS : 1));
 const uint t_begin = LATHE_SPLIT ? min(ctx, part * uint(dims[2])) : 0;
 const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
 
+// Early loads (LATHE_EARLY_LOADS, the attn_early_loads option): the first chunk's first loads
+// are issued before the query is read (1: this SIMD group's first VPF V vectors; 2: also each
+// thread's first KG K vectors). They need only the context, and the query's round trip (with
+// LATHE_ROPE its turn, the new row's write and a barrier) then overlaps theirs instead of coming
+// before it. Not in the threadgroup that writes the new row (LATHE_ROPE): it reads that row after
+// the write.
+#if LATHE_PAGED
+uint4 vw[VPF][ROWS];  // vector k, row lane_dim(lane, i): its 8 tokens
+#else
+uint vw[VPF][8][ROWS / 2];  // vector k, token j: this lane's ROWS values as half2 words
+#endif
+#if LATHE_ROPE
+const bool early = EARLY_LOADS > 0 && (uint(pos[0]) < t_begin || uint(pos[0]) >= t_end);
+#else
+const bool early = EARLY_LOADS > 0;
+#endif
+uint4 kr[KG];  // EARLY_LOADS 2: the first chunk's first K vectors (scored before the chunk loop)
+if (early && t_begin < t_end) {
+  const uint c0 = t_begin, cn = min(CH, t_end - c0);
+  LOAD_V_GROUP(0);
+  if (EARLY_LOADS > 1 && tid < cn) {
+    LOAD_K_GROUP(K_ROW(c0 + tid), 0);
+  }
+}
+
 #if LATHE_ROPE
 {
   // Pair i of a head turns by pos * freq_scale * inv_freq(i) (rope_kv_write.metal's angles).
@@ -84,17 +109,23 @@ for (uint g = 0; g < G; ++g) {
 }
 // (LATHE_ROPE: the new cache row, written above, is read by other threads of this threadgroup.)
 threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+// The first chunk's scores over the K vectors loaded early, taken before the chunk loop so that
+// those registers are free in it (held across the loop, they took Llama-3's kernel from 128 to
+// 166 registers).
+float s_first[G];
+for (uint g = 0; g < G; ++g) s_first[g] = 0.0f;
+if (EARLY_LOADS > 1 && early && tid < min(CH, t_end - t_begin)) {
+  K_GROUP_SCORES(s_first, 0);
+}
 
 for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   const uint cn = min(CH, t_end - c0);
+  const bool loaded = early && c0 == t_begin;  // the first loads went before the query's
   // This SIMD group's V words of its first VPF vectors of the chunk, issued before the K loads:
   // they do not depend on the scores, and P.V then waits on no DRAM round trip of its own.
-#if LATHE_PAGED
-  uint4 vw[VPF][ROWS];  // vector k, row lane_dim(lane, i): its 8 tokens
-#else
-  uint vw[VPF][8][ROWS / 2];  // vector k, token j: this lane's ROWS values as half2 words
-#endif
-  LOAD_V_GROUP(0);
+  if (!loaded) {
+    LOAD_V_GROUP(0);
+  }
   // Scores of the chunk, a thread a token (CH = NT: no loop here, so that the compiler keeps
   // q_s in threadgroup memory rather than hoisting all G * D values into registers).
   {
@@ -102,37 +133,17 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
     float s[G];
     for (uint g = 0; g < G; ++g) s[g] = 0.0f;
     if (tl < cn) {
-      const uint t = c0 + tl;
-#if LATHE_PAGED
-      const uint block = uint(table[cb * rows + t / BS]);
-      const uint k0 = ((block * n_kv + h) * DV * BS + t % BS) * 8;  // + c * BS * 8
-#else
-      const uint k0 = ((cb * n_kv + h) * rows + t) * D;  // + c * 8
-#endif
+      const uint k_row = K_ROW(c0 + tl);
+      const bool k_loaded = EARLY_LOADS > 1 && loaded;
+      if (k_loaded) {
+        for (uint g = 0; g < G; ++g) s[g] = s_first[g];
+      }
+      const uint k_from = k_loaded ? KG : 0;
       // KG 16-byte loads in flight together, then their products (D / 8 / KG latencies a row).
-      for (uint c0k = 0; c0k < DV; c0k += KG) {
+      for (uint c0k = k_from; c0k < DV; c0k += KG) {
         uint4 kr[KG];
-        LATHE_UNROLL
-        for (uint c = 0; c < KG; ++c) {
-#if LATHE_PAGED
-          kr[c] = load_wide<uint4>(k_cache, (k0 + (c0k + c) * BS * 8) / 8);
-#else
-          kr[c] = load_wide<uint4>(k_cache, (k0 + (c0k + c) * 8) / 8);
-#endif
-        }
-        LATHE_UNROLL
-        for (uint c = 0; c < KG; ++c) {
-          const uint ku[4] = {kr[c].x, kr[c].y, kr[c].z, kr[c].w};
-          for (uint j = 0; j < 4; ++j) {
-            const half2 k2 = as_type<half2>(ku[j]);
-            const float ka = float(k2.x), kb = float(k2.y);
-            const uint e = 8 * (c0k + c) + 2 * j;
-            for (uint g = 0; g < G; ++g) {
-              s[g] = fma(q_s[g * D + e], ka, s[g]);
-              s[g] = fma(q_s[g * D + e + 1], kb, s[g]);
-            }
-          }
-        }
+        LOAD_K_GROUP(k_row, c0k);
+        K_GROUP_SCORES(s, c0k);
       }
     }
     for (uint g = 0; g < G; ++g) p_s[g * CH + tl] = tl < cn ? s[g] : NEG_INF;
@@ -270,24 +281,27 @@ if (merge_here) {
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   // out = sum_p w_p o_p, a thread a 4-value slot of the G heads' outputs (one 16-byte load a
-  // partition), MB partitions' loads issued before any is used (64 partitions: 16 L2 round trips;
-  // MB = 8 took Llama-3's split kernel to 130 registers, 3 threadgroups an SM instead of 4). The
-  // addresses are clamped, not predicated (a partition past the last is loaded again and weighed
-  // 0): NVRTC spread the predicated loads of the form before among their FMAs, one or two in
-  // flight at a time, and the merge's tail was about 100 L2 round trips (kernels/attention/NOTES.md).
+  // partition), MLOADS partitions' loads (the host's merge_loads: up to 16, at most the
+  // partitions) issued before any is used: 64 partitions in 4 L2 round trips. The last round is
+  // shifted back to end at the last partition, the partitions it repeats weighed 0, so that every
+  // load is in range at a fixed offset from one address: NVRTC spread predicated loads among their
+  // FMAs (about 100 L2 round trips in the tail), and clamped addresses took a register pair a
+  // load (kernels/attention/NOTES.md).
   constexpr uint SLOTS = G * D / 4;
-  constexpr uint MB = 4;
+  constexpr uint MB = MLOADS;
   for (uint s = tid; s < SLOTS; s += NT) {
     const uint g = s / (D / 4);
     const auto slot = part_out + ((b * n_heads + hg * G + g) * parts * D + 4 * (s % (D / 4)));
     float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (uint p0 = 0; p0 < parts; p0 += MB) {
+      const uint pb = min(p0, parts - MB);  // parts >= MB (the host's)
+      const auto at = slot + pb * D;  // this round's first partition
       uint4 o[MB];
       LATHE_UNROLL
-      for (uint j = 0; j < MB; ++j) o[j] = load_wide<uint4>(slot, min(p0 + j, parts - 1) * (D / 4));
+      for (uint j = 0; j < MB; ++j) o[j] = load_wide<uint4>(at, j * (D / 4));
       LATHE_UNROLL
       for (uint j = 0; j < MB; ++j) {
-        const float w = p0 + j < parts ? w_s[g * MERGE_PARTS + min(p0 + j, MERGE_PARTS - 1)] : 0.0f;
+        const float w = pb + j >= p0 ? w_s[g * MERGE_PARTS + pb + j] : 0.0f;
         m4[0] = fma(w, as_type<float>(o[j].x), m4[0]);
         m4[1] = fma(w, as_type<float>(o[j].y), m4[1]);
         m4[2] = fma(w, as_type<float>(o[j].z), m4[2]);

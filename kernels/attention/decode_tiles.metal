@@ -23,6 +23,14 @@ constexpr uint VPF = LATHE_V_PREFETCH;
 constexpr uint VPF = D <= 128 ? VPS : 1;
 #endif
 static_assert(VPS % VPF == 0, "decode attention: VPF must be a factor of VPS");
+// The first chunk's loads issued before the query is read (decode_rows.metal): 0 none, 1 its V
+// vectors, 2 its V and its first K vectors. An includer may set it (decode_attention.metal: the
+// attn_early_loads option).
+#ifdef LATHE_EARLY_LOADS
+constexpr uint EARLY_LOADS = LATHE_EARLY_LOADS;
+#else
+constexpr uint EARLY_LOADS = 0;
+#endif
 // The V words of vectors k0 .. k0 + VPF - 1 of this SIMD group into vw (none past the chunk's
 // tokens; the contiguous layout's rows past the context are not loaded either).
 #if LATHE_PAGED
@@ -54,6 +62,34 @@ static_assert(VPS % VPF == 0, "decode attention: VPF must be a factor of VPS");
     }                                                                                           \
   }
 #endif
+// K: a thread a token t of the chunk, its row's 16-byte vectors c0k .. c0k + KG - 1 into kr
+// (k_row: the row's first value; the paged K block is [D/8, BS, 8], the contiguous [S, D]).
+#if LATHE_PAGED
+#define K_ROW(t) ((uint(table[cb * rows + (t) / BS]) * n_kv + h) * DV * BS + (t) % BS) * 8
+#define LOAD_K_GROUP(k_row, c0k)                                                                \
+  LATHE_UNROLL                                                                                  \
+  for (uint c = 0; c < KG; ++c) kr[c] = load_wide<uint4>(k_cache, ((k_row) + ((c0k) + c) * BS * 8) / 8);
+#else
+#define K_ROW(t) ((cb * n_kv + h) * rows + (t)) * D
+#define LOAD_K_GROUP(k_row, c0k)                                                                \
+  LATHE_UNROLL                                                                                  \
+  for (uint c = 0; c < KG; ++c) kr[c] = load_wide<uint4>(k_cache, ((k_row) + ((c0k) + c) * 8) / 8);
+#endif
+// s[g] += q_g . (K vectors c0k .. c0k + KG - 1 of this thread's token, in kr), G query heads.
+#define K_GROUP_SCORES(s, c0k)                                                                  \
+  LATHE_UNROLL                                                                                  \
+  for (uint c = 0; c < KG; ++c) {                                                               \
+    const uint ku_[4] = {kr[c].x, kr[c].y, kr[c].z, kr[c].w};                                   \
+    for (uint j = 0; j < 4; ++j) {                                                              \
+      const half2 k2_ = as_type<half2>(ku_[j]);                                                 \
+      const float ka_ = float(k2_.x), kb_ = float(k2_.y);                                       \
+      const uint e_ = 8 * ((c0k) + c) + 2 * j;                                                  \
+      for (uint g = 0; g < G; ++g) {                                                            \
+        s[g] = fma(q_s[g * D + e_], ka_, s[g]);                                                 \
+        s[g] = fma(q_s[g * D + e_ + 1], kb_, s[g]);                                             \
+      }                                                                                         \
+    }                                                                                           \
+  }
 const float NEG_INF = -as_type<float>(0x7f800000u);  // -inf
 
 threadgroup float q_s[G * D];
