@@ -97,10 +97,10 @@ DECLARED = (
            "chunk, with its K loads, where D <= 128 and the grid is under 512 threadgroups; 256 / D in "
            "larger grids, whose threadgroups then take fewer registers and fit 4 an SM: "
            "kernels/attention/NOTES.md)"),
-    Option("attn_early_loads", 0, _count,
-           "decode attention: the first chunk's loads issued before the query is read, so that the query's "
-           "round trip overlaps theirs: 0 none, 1 its V vectors, 2 its V and first K vectors "
-           "(kernels/attention/NOTES.md)"),
+    Option("attn_k_slots", None, _auto_or_count,
+           "decode attention: K rows through threadgroup memory, a round of 8 vectors a thread copied at once "
+           "(cp.async), in this many slots: 0 (loaded into registers), 1, or 2 (the next round's copies during "
+           "this one's products); auto: 2 where the backend's threadgroup memory allows (kernels/attention/NOTES.md)"),
     Option("attn_combine", "launch", _one_of("launch", "last_group"),
            "split attention's partitions merged by a combine launch of their own (launch), or by the "
            "last threadgroup of each head group in the same launch (last_group: one launch a layer fewer, "

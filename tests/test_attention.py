@@ -211,15 +211,23 @@ def test_merge_loads_of_the_launch(jobs, tight, loads):
     assert len(jobs) == 1 and jobs[0].constants["MLOADS"] == loads
 
 
-def test_early_loads_option_is_checked(jobs):
-    k = mx.zeros((1, KV, 4096, D), mx.float16)
-    for early in (0, 1, 2):
-        with options.use(attn_early_loads=early):
-            at.flash_decode(q16(), k, k, [300], 0.125)
-        assert jobs[-1].constants["EARLY"] == early
+def test_k_slots_fit_the_backend(jobs, monkeypatch):
+    """K's slots of threadgroup memory: 2 within CUDA's 48 KiB, 1 within Metal's 32 KiB; the
+    option fixes them, and a value past 2 is refused before any launch."""
+    k = mx.zeros((1, 8, 4096, 128), mx.float16)
+    q = mx.zeros((1, 32, 128), mx.float16)
+    at.flash_decode(q, k, k, [300], 0.125)
+    assert jobs[-1].constants["KSLOTS"] == 2
+    assert at.decode_threadgroup_bytes(4, 128, at.NSIMD, False, True, 2) <= 48 * 1024
+    monkeypatch.setattr(at.backends, "threadgroup_memory", lambda: 32 * 1024)
+    assert at.k_slots(4, 128, False, True) == 1
+    for chosen in (0, 1, 2):
+        with options.use(attn_k_slots=chosen):
+            at.flash_decode(q, k, k, [300], 0.125)
+        assert jobs[-1].constants["KSLOTS"] == chosen
     made = len(jobs)
-    with options.use(attn_early_loads=3), pytest.raises(ValueError, match="attn_early_loads"):
-        at.flash_decode(q16(), k, k, [300], 0.125)
+    with options.use(attn_k_slots=3), pytest.raises(ValueError, match="attn_k_slots"):
+        at.flash_decode(q, k, k, [300], 0.125)
     assert len(jobs) == made  # nothing launched
 
 

@@ -351,19 +351,26 @@ def check_cases(small: bool = False) -> list[CheckCase]:
                                       opts={"attn_partition": 128, "attn_combine": "launch"}))
         cases.append(_paged_case("v2", [9000, 4000], (16, 8), 256, 32,
                                  {"attn_partition": 128, "attn_combine": "launch"}))
-    # the first chunk's loads before the query's (attn_early_loads): partitions of three chunks
-    # (the last one short) over a mixed batch, the unsplit body, the RoPE launch whose new row
-    # lies in one partition (that threadgroup loads after its write), the head norms, the merge
-    for early in (1, 2):
-        e = {"attn_early_loads": early}
+    # K in registers and in one slot of threadgroup memory (attn_k_slots; the default takes two):
+    # partitions of three chunks (the last one short) over a mixed batch, the unsplit body, the
+    # RoPE launch whose new row lies in one partition (that threadgroup copies K after its
+    # write), the head norms, the merge
+    for slots in (0, 1):
+        o = {"attn_k_slots": slots}
         if not small:
-            cases.append(_contiguous_case(True, [4100, 2049, 600], (32, 8), 128, 4100, opts={**e, "attn_partition": 384}))
-            cases.append(_paged_case("v2", [4100, 2049, 600], (16, 8), 64, 16, {**e, "attn_partition": 384}))
-            cases.append(_rope_decode_case(1500, (32, 8), 128, False, True, True, opts=e))
-            cases.append(_rope_decode_case(900, (16, 8), 128, True, True, False, head_norm=True, opts=e))
-            cases.append(_merge_case([4097], (32, 8), 128, "last_group", opts=e))
-        cases.append(_contiguous_case(False, [1, 17, 513], (16, 8), 256, 513, opts=e))
-        cases.append(_rope_decode_case(70, (16, 16), 64, True, False, True, opts=e))
+            cases.append(_contiguous_case(True, [4100, 2049, 600], (32, 8), 128, 4100, opts={**o, "attn_partition": 384}))
+            cases.append(_paged_case("v2", [4100, 2049, 600], (16, 8), 64, 16, {**o, "attn_partition": 384}))
+            cases.append(_rope_decode_case(1500, (32, 8), 128, False, True, True, opts=o))
+            cases.append(_rope_decode_case(900, (16, 8), 128, True, True, False, head_norm=True, opts=o))
+            cases.append(_merge_case([4097], (32, 8), 128, "last_group", opts=o))
+        cases.append(_contiguous_case(False, [1, 17, 513], (16, 8), 256, 513, opts=o))
+        cases.append(_rope_decode_case(70, (16, 16), 64, True, False, True, opts=o))
+    # the default's two slots over partitions of several chunks (the next chunk's first round
+    # copied during a chunk's softmax and P.V), paged and contiguous, every head dim
+    if not small:
+        for heads, d, bs in (((32, 8), 128, 16), ((16, 8), 64, 32), ((8, 4), 256, 16)):
+            cases.append(_paged_case("v2", [5000, 1100, 129], heads, d, bs, {"attn_partition": 512}))
+            cases.append(_contiguous_case(True, [5000, 1100, 129], heads, d, 5000, opts={"attn_partition": 512}))
     # the paged kernel's partitions merged in its launch
     if not small:
         cases.append(_paged_case("v2", [4100, 2049, 600], (32, 8), 128, 16, {"attn_combine": "last_group"}))

@@ -103,20 +103,22 @@ def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, hea
                       in_place=("k_cache", "v_cache") if rope else ())  # rope: the new K and V rows
 
 
-def decode_threadgroup_bytes(group: int, head_dim: int, nsimd: int, head_norm: bool, merge: bool) -> int:
+def decode_threadgroup_bytes(group: int, head_dim: int, nsimd: int, head_norm: bool, merge: bool,
+                             slots: int = 0) -> int:
     """Threadgroup memory of a decode attention launch (decode_tiles.metal) for `group` query
     heads a threadgroup: Q and the output sums of each head, a chunk's scores (a thread a token),
-    the softmax's running max, sum and rescale; the heads' norms (Qwen3's), and each partition's
-    weight where the launch merges its partitions."""
+    the softmax's running max, sum and rescale; the heads' norms (Qwen3's), each partition's
+    weight where the launch merges its partitions, and K's `slots` (a round of 8 16-byte vectors
+    for each thread, and 16 bytes)."""
     chunk = nsimd * 32
     words = 2 * group * head_dim + group * chunk + 3 * group
     words += (group + 1) if head_norm else 0
     words += (1 + group * MERGE_PARTS) if merge else 0
-    return 4 * words
+    return 4 * words + 16 * (slots * 8 * chunk + 1)
 
 
 def _decode_threadgroup_bytes(c: dict, head_norm: bool, merge: bool) -> int:
-    return decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, merge)
+    return decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, merge, c.get("KSLOTS", 0))
 
 
 def merge_counters(slots: int) -> mx.array:
@@ -234,13 +236,18 @@ def v_prefetch(head_dim: int, threadgroups: int) -> int:
     return chosen
 
 
-def early_loads() -> int:
-    """The first chunk's loads issued before the query's (decode_rows.metal's LATHE_EARLY_LOADS):
-    the attn_early_loads option, 0, 1 or 2."""
-    chosen = options.get("attn_early_loads")
-    if chosen not in (0, 1, 2):
-        raise ValueError(f"attn_early_loads must be 0, 1 or 2, got {chosen}")
-    return chosen
+def k_slots(group: int, head_dim: int, head_norm: bool, merge: bool) -> int:
+    """K's slots of threadgroup memory (decode_tiles.metal's KSLOTS): the attn_k_slots option, else
+    2 where the backend's threadgroup memory holds them (CUDA's 48 KiB, as launched: with the
+    next round's copies in flight during this one's products), else 1 (Metal's 32 KiB), else 0."""
+    chosen = options.get("attn_k_slots")
+    if chosen is not None:
+        if chosen not in (0, 1, 2):
+            raise ValueError(f"attn_k_slots must be 0, 1 or 2, got {chosen}")
+        return chosen
+    budget = backends.threadgroup_memory()
+    return next(n for n in (2, 1, 0)
+                if decode_threadgroup_bytes(group, head_dim, NSIMD, head_norm, merge, n) <= budget)
 
 
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
@@ -273,7 +280,8 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
             > backends.threadgroup_memory():
         qs *= 2
     constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size,
-                     VPREF=v_prefetch(head_dim, parts * n_kv * qs * batch), EARLY=early_loads())
+                     VPREF=v_prefetch(head_dim, parts * n_kv * qs * batch),
+                     KSLOTS=k_slots(group // qs, head_dim, head_norm, merge))
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
         inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale)), *rope[3]]
         constants.update(rope[2])

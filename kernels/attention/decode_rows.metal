@@ -19,29 +19,23 @@ const uint ctx = min(uint(lens[b]), rows * uint(LATHE_PAGED ? BS : 1));
 const uint t_begin = LATHE_SPLIT ? min(ctx, part * uint(dims[2])) : 0;
 const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
 
-// Early loads (LATHE_EARLY_LOADS, the attn_early_loads option): the first chunk's first loads
-// are issued before the query is read (1: this SIMD group's first VPF V vectors; 2: also each
-// thread's first KG K vectors). They need only the context, and the query's round trip (with
-// LATHE_ROPE its turn, the new row's write and a barrier) then overlaps theirs instead of coming
-// before it. Not in the threadgroup that writes the new row (LATHE_ROPE): it reads that row after
-// the write.
-#if LATHE_PAGED
-uint4 vw[VPF][ROWS];  // vector k, row lane_dim(lane, i): its 8 tokens
-#else
-uint vw[VPF][8][ROWS / 2];  // vector k, token j: this lane's ROWS values as half2 words
-#endif
+// K through threadgroup memory (K_SLOTS > 0, decode_tiles.metal's k_s): each thread copies its own
+// token's KG 16-byte vectors a round into a slot with cp.async (async_copy_wide). The copies hold
+// no registers, so all of a round's are in flight at once (ptxas spread the register loads of a
+// round among their products to stay within 128 registers: three or four DRAM round trips a
+// round; kernels/attention/NOTES.md), and with two slots the next round's copies go out before
+// this round's products, the next chunk's first round during this chunk's softmax and P.V. The
+// first chunk's first round goes out before the query is read, except in the threadgroup that
+// writes the new row (LATHE_ROPE), which reads it after the write. A thread reads back only its
+// own copies: its async_wait orders them, no barrier.
+uint k_issued = 0, k_read = 0;  // rounds copied and rounds scored; a round's slot: its number % K_SLOTS
 #if LATHE_ROPE
-const bool early = EARLY_LOADS > 0 && (uint(pos[0]) < t_begin || uint(pos[0]) >= t_end);
+const bool k_early = uint(pos[0]) < t_begin || uint(pos[0]) >= t_end;
 #else
-const bool early = EARLY_LOADS > 0;
+const bool k_early = true;
 #endif
-uint4 kr[KG];  // EARLY_LOADS 2: the first chunk's first K vectors (scored before the chunk loop)
-if (early && t_begin < t_end) {
-  const uint c0 = t_begin, cn = min(CH, t_end - c0);
-  LOAD_V_GROUP(0);
-  if (EARLY_LOADS > 1 && tid < cn) {
-    LOAD_K_GROUP(K_ROW(c0 + tid), 0);
-  }
+if (K_SLOTS > 0 && k_early && t_begin < t_end) {
+  K_COPY(t_begin, 0);
 }
 
 #if LATHE_ROPE
@@ -109,22 +103,18 @@ for (uint g = 0; g < G; ++g) {
 }
 // (LATHE_ROPE: the new cache row, written above, is read by other threads of this threadgroup.)
 threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
-// The first chunk's scores over the K vectors loaded early, taken before the chunk loop so that
-// those registers are free in it (held across the loop, they took Llama-3's kernel from 128 to
-// 166 registers).
-float s_first[G];
-for (uint g = 0; g < G; ++g) s_first[g] = 0.0f;
-if (EARLY_LOADS > 1 && early && tid < min(CH, t_end - t_begin)) {
-  K_GROUP_SCORES(s_first, 0);
-}
-
 for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   const uint cn = min(CH, t_end - c0);
-  const bool loaded = early && c0 == t_begin;  // the first loads went before the query's
   // This SIMD group's V words of its first VPF vectors of the chunk, issued before the K loads:
   // they do not depend on the scores, and P.V then waits on no DRAM round trip of its own.
-  if (!loaded) {
-    LOAD_V_GROUP(0);
+#if LATHE_PAGED
+  uint4 vw[VPF][ROWS];  // vector k, row lane_dim(lane, i): its 8 tokens
+#else
+  uint vw[VPF][8][ROWS / 2];  // vector k, token j: this lane's ROWS values as half2 words
+#endif
+  LOAD_V_GROUP(0);
+  if (K_SLOTS > 0 && k_issued == k_read) {  // the chunk's first round, unless it went out already
+    K_COPY(c0, 0);
   }
   // Scores of the chunk, a thread a token (CH = NT: no loop here, so that the compiler keeps
   // q_s in threadgroup memory rather than hoisting all G * D values into registers).
@@ -132,18 +122,34 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
     const uint tl = tid;
     float s[G];
     for (uint g = 0; g < G; ++g) s[g] = 0.0f;
-    if (tl < cn) {
-      const uint k_row = K_ROW(c0 + tl);
-      const bool k_loaded = EARLY_LOADS > 1 && loaded;
-      if (k_loaded) {
-        for (uint g = 0; g < G; ++g) s[g] = s_first[g];
+    // Rounds of KG 16-byte vectors: copied (K_SLOTS > 0) or loaded together, then their products.
+    for (uint r = 0; r < DV / KG; ++r) {
+      uint4 kr[KG];
+      if (K_SLOTS > 0) {
+        bool next = false;
+        if (K_SLOTS > 1) {
+          if (r + 1 < DV / KG) {
+            K_COPY(c0, r + 1);
+            next = true;
+          } else if (c0 + CH < t_end) {
+            K_COPY(c0 + CH, 0);
+            next = true;
+          }
+        }
+        if (next) {
+          async_wait<1>();
+        } else {
+          async_wait<0>();
+        }
+        const uint at = (k_read % K_SLOT_MOD) * KG * NT + tl;
+        LATHE_UNROLL
+        for (uint c = 0; c < KG; ++c) kr[c] = k_s[at + c * NT];
+        ++k_read;
+      } else if (tl < cn) {
+        LOAD_K_GROUP(K_ROW(c0 + tl), r * KG);
       }
-      const uint k_from = k_loaded ? KG : 0;
-      // KG 16-byte loads in flight together, then their products (D / 8 / KG latencies a row).
-      for (uint c0k = k_from; c0k < DV; c0k += KG) {
-        uint4 kr[KG];
-        LOAD_K_GROUP(k_row, c0k);
-        K_GROUP_SCORES(s, c0k);
+      if (tl < cn) {
+        K_GROUP_SCORES(s, r * KG);
       }
     }
     for (uint g = 0; g < G; ++g) p_s[g * CH + tl] = tl < cn ? s[g] : NEG_INF;

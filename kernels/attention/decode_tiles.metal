@@ -23,14 +23,16 @@ constexpr uint VPF = LATHE_V_PREFETCH;
 constexpr uint VPF = D <= 128 ? VPS : 1;
 #endif
 static_assert(VPS % VPF == 0, "decode attention: VPF must be a factor of VPS");
-// The first chunk's loads issued before the query is read (decode_rows.metal): 0 none, 1 its V
-// vectors, 2 its V and its first K vectors. An includer may set it (decode_attention.metal: the
-// attn_early_loads option).
-#ifdef LATHE_EARLY_LOADS
-constexpr uint EARLY_LOADS = LATHE_EARLY_LOADS;
+// Slots of threadgroup memory K goes through (decode_rows.metal), a round of KG 16-byte vectors
+// for each of the NT threads a slot: 0 (K loaded into registers, as the blocks of kernels/blocks
+// do), 1, or 2 (the next round's copies in flight during this one's products). An includer may
+// set it (decode_attention.metal: the attn_k_slots option).
+#ifdef LATHE_K_SLOTS
+constexpr uint K_SLOTS = LATHE_K_SLOTS;
 #else
-constexpr uint EARLY_LOADS = 0;
+constexpr uint K_SLOTS = 0;
 #endif
+constexpr uint K_SLOT_MOD = K_SLOTS > 0 ? K_SLOTS : 1;  // (a divisor where K_SLOTS is 0 and unused)
 // The V words of vectors k0 .. k0 + VPF - 1 of this SIMD group into vw (none past the chunk's
 // tokens; the contiguous layout's rows past the context are not loaded either).
 #if LATHE_PAGED
@@ -64,17 +66,31 @@ constexpr uint EARLY_LOADS = 0;
 #endif
 // K: a thread a token t of the chunk, its row's 16-byte vectors c0k .. c0k + KG - 1 into kr
 // (k_row: the row's first value; the paged K block is [D/8, BS, 8], the contiguous [S, D]).
+// (K_AT: its 16-byte vector c, an index of k_cache seen as uint4.)
 #if LATHE_PAGED
 #define K_ROW(t) ((uint(table[cb * rows + (t) / BS]) * n_kv + h) * DV * BS + (t) % BS) * 8
-#define LOAD_K_GROUP(k_row, c0k)                                                                \
-  LATHE_UNROLL                                                                                  \
-  for (uint c = 0; c < KG; ++c) kr[c] = load_wide<uint4>(k_cache, ((k_row) + ((c0k) + c) * BS * 8) / 8);
+#define K_AT(k_row, c) (((k_row) + (c) * BS * 8) / 8)
 #else
 #define K_ROW(t) ((cb * n_kv + h) * rows + (t)) * D
+#define K_AT(k_row, c) (((k_row) + (c) * 8) / 8)
+#endif
 #define LOAD_K_GROUP(k_row, c0k)                                                                \
   LATHE_UNROLL                                                                                  \
-  for (uint c = 0; c < KG; ++c) kr[c] = load_wide<uint4>(k_cache, ((k_row) + ((c0k) + c) * 8) / 8);
-#endif
+  for (uint c = 0; c < KG; ++c) kr[c] = load_wide<uint4>(k_cache, K_AT(k_row, (c0k) + c));
+// K_SLOTS > 0: round r (vectors r KG .. r KG + KG - 1) of the chunk at c0_, each thread its own
+// token's, into the next slot (cp.async), as one group of copies. Every thread commits a group,
+// with copies or none, so that the groups' count is the threadgroup's (async_wait).
+#define K_COPY(c0_, r_)                                                                         \
+  {                                                                                             \
+    if (tid < min(CH, t_end - (c0_))) {                                                         \
+      const uint k_row_ = K_ROW((c0_) + tid);                                                   \
+      const uint slot_ = (k_issued % K_SLOT_MOD) * KG * NT + tid;                                   \
+      LATHE_UNROLL                                                                              \
+      for (uint c = 0; c < KG; ++c) async_copy_wide(&k_s[slot_ + c * NT], k_cache, K_AT(k_row_, (r_) * KG + c)); \
+    }                                                                                           \
+    async_commit();                                                                             \
+    ++k_issued;                                                                                 \
+  }
 // s[g] += q_g . (K vectors c0k .. c0k + KG - 1 of this thread's token, in kr), G query heads.
 #define K_GROUP_SCORES(s, c0k)                                                                  \
   LATHE_UNROLL                                                                                  \
@@ -98,6 +114,7 @@ threadgroup float m_s[G];
 threadgroup float l_s[G];
 threadgroup float alpha_s[G];
 threadgroup float sum_s[G * D];
+threadgroup uint4 k_s[K_SLOTS * KG * NT + 1];  // K's slots (K_SLOTS: 0, 1 or 2); [slot][vector][thread]
 #if LATHE_HEAD_NORM
 threadgroup float norm_s[G + 1];  // 1 / RMS of the G query heads and of the kv head's K
 #endif

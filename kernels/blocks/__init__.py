@@ -360,7 +360,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         if split:
             outputs += [((1, a.n_heads, parts, a.head_dim), mx.float32), ((1, a.n_heads, parts, 2), mx.float32)]
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=0,
-                      NEOX=a.neox, FREQ_TABLE=True, EARLY=attention.early_loads())
+                      NEOX=a.neox, FREQ_TABLE=True)
         if split:
             consts.update(MLOADS=attention.merge_loads(parts))
     inputs = [x, gemv._eps(float(eps)), _GRID, queue] + inputs
