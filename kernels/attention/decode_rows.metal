@@ -113,9 +113,6 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   uint vw[VPF][8][ROWS / 2];  // vector k, token j: this lane's ROWS values as half2 words
 #endif
   LOAD_V_GROUP(0);
-  if (K_SLOTS > 0 && k_issued == k_read) {  // the chunk's first round, unless it went out already
-    K_COPY(c0, 0);
-  }
   // Scores of the chunk, a thread a token (CH = NT: no loop here, so that the compiler keeps
   // q_s in threadgroup memory rather than hoisting all G * D values into registers).
   {
@@ -126,6 +123,9 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
     for (uint r = 0; r < DV / KG; ++r) {
       uint4 kr[KG];
       if (K_SLOTS > 0) {
+        if (k_issued == k_read) {  // this round, unless it went out already (early, or a round before)
+          K_COPY(c0, r);
+        }
         bool next = false;
         if (K_SLOTS > 1) {
           if (r + 1 < DV / KG) {

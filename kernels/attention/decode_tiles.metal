@@ -79,14 +79,22 @@ constexpr uint K_SLOT_MOD = K_SLOTS > 0 ? K_SLOTS : 1;  // (a divisor where K_SL
   for (uint c = 0; c < KG; ++c) kr[c] = load_wide<uint4>(k_cache, K_AT(k_row, (c0k) + c));
 // K_SLOTS > 0: round r (vectors r KG .. r KG + KG - 1) of the chunk at c0_, each thread its own
 // token's, into the next slot (cp.async), as one group of copies. Every thread commits a group,
-// with copies or none, so that the groups' count is the threadgroup's (async_wait).
+// with copies or none, so that the groups' count is the threadgroup's (async_wait). The paged
+// block's vectors of a round are a warp's 512 contiguous bytes (a lane a token); the contiguous
+// layout gives a lane a row of its own, its neighbouring vectors two halves of one 32-byte sector:
+// those go through the L1, which asks the L2 for the sector once.
+#if LATHE_PAGED
+#define K_ASYNC_COPY async_copy_wide
+#else
+#define K_ASYNC_COPY async_copy_wide_l1
+#endif
 #define K_COPY(c0_, r_)                                                                         \
   {                                                                                             \
     if (tid < min(CH, t_end - (c0_))) {                                                         \
       const uint k_row_ = K_ROW((c0_) + tid);                                                   \
       const uint slot_ = (k_issued % K_SLOT_MOD) * KG * NT + tid;                                   \
       LATHE_UNROLL                                                                              \
-      for (uint c = 0; c < KG; ++c) async_copy_wide(&k_s[slot_ + c * NT], k_cache, K_AT(k_row_, (r_) * KG + c)); \
+      for (uint c = 0; c < KG; ++c) K_ASYNC_COPY(&k_s[slot_ + c * NT], k_cache, K_AT(k_row_, (r_) * KG + c)); \
     }                                                                                           \
     async_commit();                                                                             \
     ++k_issued;                                                                                 \

@@ -127,6 +127,15 @@ __device__ __forceinline__ void async_copy_wide(uint4* dst, const T* src, uint i
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to),
                "l"(reinterpret_cast<const uint4*>(src) + i));
 }
+// async_copy_wide_l1: the same through the L1 (cp.async.ca), where a thread's neighbouring copies
+// share 32-byte sectors that its warp's other copies do not (one row a lane): the L1 then asks the
+// L2 for a sector once, where cp.async.cg asks for each 16-byte half.
+template <typename T>
+__device__ __forceinline__ void async_copy_wide_l1(uint4* dst, const T* src, uint i) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(to),
+               "l"(reinterpret_cast<const uint4*>(src) + i));
+}
 __device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void async_wait() {

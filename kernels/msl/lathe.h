@@ -55,10 +55,14 @@ LATHE_FN int dot2_lo(uint a, uint b, int c) {
          int(short(a >> 16)) * int(char((b >> 8) & 0xffu));
 }
 LATHE_FN int dot2_hi(uint a, uint b, int c) { return dot2_lo(a, b >> 16, c); }
-// async_copy_wide / async_commit / async_wait<N>: cuda_compat.h's copies into threadgroup memory
-// that bypass registers; here a plain 16-byte copy, complete when the call returns.
+// async_copy_wide / async_copy_wide_l1 / async_commit / async_wait<N>: cuda_compat.h's copies into
+// threadgroup memory that bypass registers; here a plain 16-byte copy, complete when the call returns.
 template <typename T>
 LATHE_FN void async_copy_wide(threadgroup uint4* dst, const device T* src, uint i) {
+  *dst = ((const device uint4*)src)[i];
+}
+template <typename T>
+LATHE_FN void async_copy_wide_l1(threadgroup uint4* dst, const device T* src, uint i) {
   *dst = ((const device uint4*)src)[i];
 }
 LATHE_FN void async_commit() {}
