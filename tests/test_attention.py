@@ -175,9 +175,10 @@ def test_merge_counters_are_checked_before_the_launch(jobs):
     (4240, 8, 128),     # Llama-3 decode at depth 4096: 34 partitions, 272 threadgroups
     (2049, 8, 128),
     (16384, 8, 256),    # 64 partitions of 256
-    (32768, 8, 512),    # at most PARTITION_MOST
+    (32768, 8, 512),    # 64 partitions of 512
+    (131072, 8, 1024),  # at most PARTITION_MOST
     (100, 8, 128),      # at least one chunk (a thread a token)
-    (4096, 8 * 16, 512),  # a 16-token prompt's grid is large already
+    (4096, 8 * 16, 1024),  # a 16-token prompt's grid is large already
     (4096, 1, 128),
 ])
 def test_auto_partition_aims_at_the_split_grid(longest, grids, want):

@@ -41,8 +41,10 @@ X = 8  # fp16 values in one 16-byte K vector of the paged layout
 # PARTITION_MOST. The kernel walks its chunks one after another, each a chain of latencies, so a
 # small grid of long partitions is slow (one decode sequence with few kv heads; measured in
 # kernels/attention/NOTES.md). Batches and prompts, whose grids are large already, keep
-# partitions of PARTITION_MOST. The attn_partition option fixes it.
-PARTITION_MOST = 512
+# partitions of PARTITION_MOST: 1024 since K's copies run ahead across chunks (a mixed batch of 8
+# at 32768, Llama-3's heads: 221.4 -> 214.0 us against 512 on the H200). The attn_partition
+# option fixes it.
+PARTITION_MOST = 1024
 SPLIT_GRID = 512
 # Split only past this many tokens: below it a second launch (the combine) costs more than the
 # partitions' parallelism gains (results/<device>/attention.csv). Checks pass split_from=0 to
