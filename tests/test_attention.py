@@ -185,14 +185,13 @@ def test_auto_partition_aims_at_the_split_grid(longest, grids, want):
     assert at.auto_partition(longest, grids) == want
 
 
-@pytest.mark.parametrize("parts, most, want", [
-    (64, 16, 16), (33, 16, 16), (16, 16, 16), (10, 16, 8), (6, 16, 4), (3, 16, 2), (2, 16, 2), (1, 16, 1),
-    (64, 4, 4), (3, 4, 2),
+@pytest.mark.parametrize("parts, want", [
+    (64, 16), (33, 16), (17, 16), (16, 16), (15, 8), (10, 8), (6, 4), (5, 4), (3, 2), (2, 2), (1, 1),
 ])
-def test_merge_loads_never_exceed_the_partitions(parts, most, want):
-    """The merge's loads at a time: a power of two up to `most`, at most `parts` (its last round
-    is shifted back to end at the last partition, so it must not start before the first)."""
-    assert at.merge_loads(parts, most) == want
+def test_merge_loads_never_exceed_the_partitions(parts, want):
+    """The merge's loads at a time: a power of two up to 16, at most `parts` (its last round is
+    shifted back to end at the last partition, so it must not start before the first)."""
+    assert at.merge_loads(parts) == want
 
 
 def test_merge_loads_reject_what_the_merge_cannot_take():
@@ -201,14 +200,14 @@ def test_merge_loads_reject_what_the_merge_cannot_take():
             at.merge_loads(parts)
 
 
-@pytest.mark.parametrize("tight, loads", [(False, 16), (True, 4)])
-def test_merge_loads_of_the_launch(jobs, tight, loads):
-    """16 partitions' loads at a time in the merge, 4 in Llama-3's contiguous kernel where it
-    holds V vectors in pairs (130 registers with more: kernels.attention._run)."""
+@pytest.mark.parametrize("ctx, split_from, loads", [(8192, at.SPLIT_FROM, 16), (2600, at.SPLIT_FROM, 16), (1000, 0, 8)])
+def test_merge_loads_of_the_launch(jobs, ctx, split_from, loads):
+    """The merged launch loads its partitions' partials 16 at a time, fewer where it has fewer
+    than 16 partitions (partitions of 128 tokens: 64, 21 and 8 of them)."""
     k = mx.zeros((1, 8, 8192, 128), mx.float16)
     q = mx.zeros((1, 32, 128), mx.float16)
-    with options.use(attn_combine="last_group", attn_v_prefetch=2 if tight else 4):
-        at.flash_decode(q, k, k, [8192], 0.125)
+    with options.use(attn_combine="last_group"):
+        at.flash_decode(q, k, k, [ctx], 0.125, split_from=split_from)
     assert len(jobs) == 1 and jobs[0].constants["MLOADS"] == loads
 
 

@@ -61,13 +61,15 @@ NSIMD = 4
 MERGE_PARTS = 64  # partitions the in-launch merge takes (decode_attention.metal); more: the combine launch
 
 
-def merge_loads(parts: int, most: int = 16) -> int:
+def merge_loads(parts: int) -> int:
     """Partitions whose partials the in-launch merge loads at a time (decode_rows.metal's MLOADS):
-    a power of two up to `most`, never more than the launch's `parts` (its last round is shifted
-    back to end at the last partition, so every load is in range without a clamp)."""
+    a power of two up to 16, never more than the launch's `parts` (its last round is shifted back
+    to end at the last partition, so every load is in range without a clamp). ptxas keeps every
+    decode kernel at its registers with 16 (Llama-3's contiguous one at 112 with K's two slots,
+    128 with none; at e5dd20c, K in registers, it took 130 with 8 or more)."""
     if not 1 <= parts <= MERGE_PARTS:
         raise ValueError(f"the in-launch merge takes 1..{MERGE_PARTS} partitions, got {parts}")
-    return min(most, 1 << (parts.bit_length() - 1))
+    return min(16, 1 << (parts.bit_length() - 1))
 
 
 COMBINE_PARTS = 64  # partitions combine.metal weighs at a time (its PB): their weights in threadgroup memory
@@ -295,12 +297,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     outputs = ([((batch, n_heads, parts, head_dim), mx.float32), ((batch, n_heads, parts, 2), mx.float32)]
                if split else [((batch, n_heads, head_dim), mx.float16)])
     if merge:
-        # 16 loads at a time, but 4 in Llama-3's contiguous kernel (G = 4, D = 128) where it holds
-        # V vectors in pairs to stay at 128 registers (v_prefetch): ptxas takes it to 130 with 8
-        # or more, 3 threadgroups an SM instead of 4 (the merge's own registers are not the peak).
-        tight = (not paged and rope is None and head_dim <= 128 and constants["G"] * head_dim >= 512
-                 and constants["VPREF"] < V_VECTORS)
-        constants["MLOADS"] = merge_loads(parts, 4 if tight else 16)
+        constants["MLOADS"] = merge_loads(parts)
         if counters is None:
             counters = mx.zeros((batch * n_heads,), mx.uint32)
         _check_counters(counters, batch * n_kv * qs)

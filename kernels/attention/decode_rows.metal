@@ -146,10 +146,24 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
         for (uint c = 0; c < KG; ++c) kr[c] = k_s[at + c * NT];
         ++k_read;
       } else if (tl < cn) {
-        LOAD_K_GROUP(K_ROW(c0 + tl), r * KG);
+        const uint k_row = K_ROW(c0 + tl);
+        LATHE_UNROLL
+        for (uint c = 0; c < KG; ++c) kr[c] = load_wide<uint4>(k_cache, K_AT(k_row, r * KG + c));
       }
       if (tl < cn) {
-        K_GROUP_SCORES(s, r * KG);
+        LATHE_UNROLL
+        for (uint c = 0; c < KG; ++c) {
+          const uint ku[4] = {kr[c].x, kr[c].y, kr[c].z, kr[c].w};
+          for (uint j = 0; j < 4; ++j) {
+            const half2 k2 = as_type<half2>(ku[j]);
+            const float ka = float(k2.x), kb = float(k2.y);
+            const uint e = 8 * (r * KG + c) + 2 * j;
+            for (uint g = 0; g < G; ++g) {
+              s[g] = fma(q_s[g * D + e], ka, s[g]);
+              s[g] = fma(q_s[g * D + e + 1], kb, s[g]);
+            }
+          }
+        }
       }
     }
     for (uint g = 0; g < G; ++g) p_s[g * CH + tl] = tl < cn ? s[g] : NEG_INF;

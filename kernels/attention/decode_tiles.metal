@@ -64,9 +64,8 @@ constexpr uint K_SLOT_MOD = K_SLOTS > 0 ? K_SLOTS : 1;  // (a divisor where K_SL
     }                                                                                           \
   }
 #endif
-// K: a thread a token t of the chunk, its row's 16-byte vectors c0k .. c0k + KG - 1 into kr
-// (k_row: the row's first value; the paged K block is [D/8, BS, 8], the contiguous [S, D]).
-// (K_AT: its 16-byte vector c, an index of k_cache seen as uint4.)
+// K_ROW(t): the first value of token t's K row; K_AT(k_row, c): its 16-byte vector c, an index of
+// k_cache seen as uint4 (the paged K block is [D/8, BS, 8], the contiguous [S, D]).
 #if LATHE_PAGED
 #define K_ROW(t) ((uint(table[cb * rows + (t) / BS]) * n_kv + h) * DV * BS + (t) % BS) * 8
 #define K_AT(k_row, c) (((k_row) + (c) * BS * 8) / 8)
@@ -74,9 +73,6 @@ constexpr uint K_SLOT_MOD = K_SLOTS > 0 ? K_SLOTS : 1;  // (a divisor where K_SL
 #define K_ROW(t) ((cb * n_kv + h) * rows + (t)) * D
 #define K_AT(k_row, c) (((k_row) + (c) * 8) / 8)
 #endif
-#define LOAD_K_GROUP(k_row, c0k)                                                                \
-  LATHE_UNROLL                                                                                  \
-  for (uint c = 0; c < KG; ++c) kr[c] = load_wide<uint4>(k_cache, K_AT(k_row, (c0k) + c));
 // K_SLOTS > 0: round r (vectors r KG .. r KG + KG - 1) of the chunk at c0_, each thread its own
 // token's, into the next slot (cp.async), as one group of copies. Every thread commits a group,
 // with copies or none, so that the groups' count is the threadgroup's (async_wait). The paged
@@ -92,27 +88,12 @@ constexpr uint K_SLOT_MOD = K_SLOTS > 0 ? K_SLOTS : 1;  // (a divisor where K_SL
   {                                                                                             \
     if (tid < min(CH, t_end - (c0_))) {                                                         \
       const uint k_row_ = K_ROW((c0_) + tid);                                                   \
-      const uint slot_ = (k_issued % K_SLOT_MOD) * KG * NT + tid;                                   \
+      const uint slot_ = (k_issued % K_SLOT_MOD) * KG * NT + tid;                               \
       LATHE_UNROLL                                                                              \
       for (uint c = 0; c < KG; ++c) K_ASYNC_COPY(&k_s[slot_ + c * NT], k_cache, K_AT(k_row_, (r_) * KG + c)); \
     }                                                                                           \
     async_commit();                                                                             \
     ++k_issued;                                                                                 \
-  }
-// s[g] += q_g . (K vectors c0k .. c0k + KG - 1 of this thread's token, in kr), G query heads.
-#define K_GROUP_SCORES(s, c0k)                                                                  \
-  LATHE_UNROLL                                                                                  \
-  for (uint c = 0; c < KG; ++c) {                                                               \
-    const uint ku_[4] = {kr[c].x, kr[c].y, kr[c].z, kr[c].w};                                   \
-    for (uint j = 0; j < 4; ++j) {                                                              \
-      const half2 k2_ = as_type<half2>(ku_[j]);                                                 \
-      const float ka_ = float(k2_.x), kb_ = float(k2_.y);                                       \
-      const uint e_ = 8 * ((c0k) + c) + 2 * j;                                                  \
-      for (uint g = 0; g < G; ++g) {                                                            \
-        s[g] = fma(q_s[g * D + e_], ka_, s[g]);                                                 \
-        s[g] = fma(q_s[g * D + e_ + 1], kb_, s[g]);                                             \
-      }                                                                                         \
-    }                                                                                           \
   }
 const float NEG_INF = -as_type<float>(0x7f800000u);  // -inf
 
