@@ -101,6 +101,10 @@ DECLARED = (
            "decode attention: K rows through threadgroup memory, a round of 8 vectors a thread copied at once "
            "(cp.async), in this many slots: 0 (loaded into registers), 1, or 2 (the next round's copies during "
            "this one's products); auto: 2 where the backend's threadgroup memory allows (kernels/attention/NOTES.md)"),
+    Option("attn_mma", "auto", _one_of("auto", "on", "off"),
+           "decode attention: scores and P.V on SIMD-group matrices (tensor cores on CUDA), a SIMD group its "
+           "own 32 tokens of a chunk; auto: from 4 query heads a threadgroup (Llama-3's), on: wherever the "
+           "form allows (K slots, <= 8 heads, D 32..128), off: FMAs a thread a token (kernels/attention/NOTES.md)"),
     Option("attn_combine", "launch", _one_of("launch", "last_group"),
            "split attention's partitions merged by a combine launch of their own (launch), or by the "
            "last threadgroup of each head group in the same launch (last_group: one launch a layer fewer, "

@@ -231,6 +231,35 @@ def test_k_slots_fit_the_backend(jobs, monkeypatch):
     assert len(jobs) == made  # nothing launched
 
 
+@pytest.mark.parametrize("heads, head_dim, mma, want", [
+    ((32, 8), 128, "auto", 1),   # Llama-3-8B: 4 heads a threadgroup
+    ((32, 8), 64, "auto", 1),    # Llama-3.2-1B
+    ((16, 8), 128, "auto", 0),   # Qwen3: 2 heads, FMAs
+    ((16, 8), 128, "on", 1),
+    ((28, 4), 128, "on", 1),     # 7 heads: rows 7 of 8
+    ((32, 8), 128, "off", 0),
+    ((16, 8), 256, "on", 0),     # D past 32 NSIMD: V's words would not fit the registers
+    ((64, 4), 128, "on", 0),     # 16 heads: past a fragment's 8 rows
+])
+def test_mma_where_the_form_allows(jobs, heads, head_dim, mma, want):
+    """Scores and P.V on SIMD-group matrices: auto from 4 heads a threadgroup, on wherever the
+    form allows (<= 8 heads, D a multiple of 32 up to 128, K slots), off never; a launch records
+    it as its MMA constant, and its threadgroup memory holds Q's fp16 rows."""
+    n_heads, n_kv = heads
+    k = mx.zeros((1, n_kv, 4096, head_dim), mx.float16)
+    q = mx.zeros((1, n_heads, head_dim), mx.float16)
+    with options.use(attn_mma=mma, attn_query_split=0):
+        at.flash_decode(q, k, k, [3000], head_dim ** -0.5)
+    c = [j.constants for j in jobs if "MMA" in j.constants][-1]  # (the combine launch follows)
+    assert c["MMA"] == want
+    assert at.decode_threadgroup_bytes(c["G"], head_dim, at.NSIMD, False, False, c["KSLOTS"], bool(want)) \
+        - at.decode_threadgroup_bytes(c["G"], head_dim, at.NSIMD, False, False, c["KSLOTS"]) \
+        == (16 * (head_dim + 8) - 2 if want else 0)
+    with options.use(attn_mma=mma, attn_k_slots=0):
+        at.flash_decode(q, k, k, [3000], head_dim ** -0.5)
+    assert [j.constants for j in jobs if "MMA" in j.constants][-1]["MMA"] == 0  # K in registers
+
+
 @pytest.mark.parametrize("group, threadgroups, most, want", [
     (4, 8, 64, 4),     # Llama-3-8B decode: 8 KV heads of 4 query heads -> 32 threadgroups
     (4, 64, 64, 1),    # already 64 threadgroups (partitions, or a batch): one per KV head

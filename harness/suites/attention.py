@@ -365,6 +365,20 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             cases.append(_merge_case([4097], (32, 8), 128, "last_group", opts=o))
         cases.append(_contiguous_case(False, [1, 17, 513], (16, 8), 256, 513, opts=o))
         cases.append(_rope_decode_case(70, (16, 16), 64, True, False, True, opts=o))
+    # scores and P.V on SIMD-group matrices (attn_mma; auto takes them from 4 heads a threadgroup):
+    # off at Llama-3's heads, on at two and at seven heads (a fragment's rows past G), auto at
+    # Llama-3.2-1B's (D = 64: two SIMD groups across D, two across a chunk's tokens); paged (a V
+    # word of 8 tokens masked at a sequence's end) and contiguous, split, unsplit, merged, RoPE
+    for mma, heads, d in (("off", (32, 8), 128), ("on", (16, 8), 128), ("on", (28, 4), 128),
+                          ("auto", (32, 8), 64)):
+        o = {"attn_mma": mma}
+        cases.append(_paged_case("v2", [1, 37, 259], heads, d, 16, o))
+        cases.append(_contiguous_case(False, [5, 131], heads, d, 131, opts=o))
+        if not small:
+            cases.append(_paged_case("v2", [4100, 2049, 603], heads, d, 32, {**o, "attn_partition": 384}))
+            cases.append(_contiguous_case(True, [4101, 1000], heads, d, 4101, opts=o))
+            cases.append(_merge_case([4097], heads, d, "last_group", opts=o))
+            cases.append(_rope_decode_case(1500, heads, d, False, True, True, opts=o))
     # the default's two slots over partitions of several chunks (the next chunk's first round
     # copied during a chunk's softmax and P.V), paged and contiguous, every head dim
     if not small:

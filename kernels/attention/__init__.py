@@ -108,21 +108,22 @@ def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, hea
 
 
 def decode_threadgroup_bytes(group: int, head_dim: int, nsimd: int, head_norm: bool, merge: bool,
-                             slots: int = 0) -> int:
+                             slots: int = 0, mma: bool = False) -> int:
     """Threadgroup memory of a decode attention launch (decode_tiles.metal) for `group` query
     heads a threadgroup: Q and the output sums of each head, a chunk's scores (a thread a token),
     the softmax's running max, sum and rescale; the heads' norms (Qwen3's), each partition's
-    weight where the launch merges its partitions, and K's `slots` (a round of 8 16-byte vectors
-    for each thread, and 16 bytes)."""
+    weight where the launch merges its partitions, K's `slots` (a round of 8 16-byte vectors
+    for each thread, and 16 bytes), and with `mma` Q in fp16 (8 rows of D + 8 halves)."""
     chunk = nsimd * 32
     words = 2 * group * head_dim + group * chunk + 3 * group
     words += (group + 1) if head_norm else 0
     words += (1 + group * MERGE_PARTS) if merge else 0
-    return 4 * words + 16 * (slots * 8 * chunk + 1)
+    return 4 * words + 16 * (slots * 8 * chunk + 1) + 2 * (8 * (head_dim + 8) if mma else 1)
 
 
 def _decode_threadgroup_bytes(c: dict, head_norm: bool, merge: bool) -> int:
-    return decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, merge, c.get("KSLOTS", 0))
+    return decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, merge, c.get("KSLOTS", 0),
+                                    bool(c.get("MMA", 0)))
 
 
 def merge_counters(slots: int) -> mx.array:
@@ -254,6 +255,20 @@ def k_slots(group: int, head_dim: int, head_norm: bool, merge: bool) -> int:
                 if decode_threadgroup_bytes(group, head_dim, NSIMD, head_norm, merge, n) <= budget)
 
 
+def use_mma(group: int, head_dim: int, slots: int, head_norm: bool, merge: bool) -> int:
+    """Scores and P.V on SIMD-group matrices (decode_tiles.metal's USE_MMA): the attn_mma option.
+    The form needs K in threadgroup memory (slots > 0), at most 8 heads a threadgroup (a fragment's
+    rows), D a multiple of 32 and at most 128 (its V words in registers), and Q's fp16 copy within
+    the backend's threadgroup memory. auto takes it from 4 heads a threadgroup on (Llama-3's heads:
+    their FMAs a token were the longest link of the chain; kernels/attention/NOTES.md), on wherever
+    it can, off never."""
+    chosen = options.get("attn_mma")
+    can = (slots > 0 and group <= 8 and head_dim % 32 == 0 and head_dim <= 32 * NSIMD
+           and decode_threadgroup_bytes(group, head_dim, NSIMD, head_norm, merge, slots, True)
+           <= backends.threadgroup_memory())
+    return int(can and (chosen == "on" or (chosen == "auto" and group >= 4)))
+
+
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int | None, block_size: int, after: mx.array | None,
@@ -286,6 +301,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size,
                      VPREF=v_prefetch(head_dim, parts * n_kv * qs * batch),
                      KSLOTS=k_slots(group // qs, head_dim, head_norm, merge))
+    constants["MMA"] = use_mma(group // qs, head_dim, constants["KSLOTS"], head_norm, merge)
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
         inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale)), *rope[3]]
         constants.update(rope[2])

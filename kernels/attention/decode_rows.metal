@@ -66,8 +66,13 @@ if (K_SLOTS > 0 && k_early && t_begin < t_end) {
     const uint i0 = rope_first<D, NEOX>(i), i1 = rope_second<D, NEOX>(i);
     const float a = float(qkv[(hg * G + g) * D + i0]) * Q_NORM(g, i0);
     const float bq = float(qkv[(hg * G + g) * D + i1]) * Q_NORM(g, i1);
-    q_s[g * D + i0] = (a * c - bq * sn) * scale[0];
-    q_s[g * D + i1] = (a * sn + bq * c) * scale[0];
+    const float q0 = (a * c - bq * sn) * scale[0], q1 = (a * sn + bq * c) * scale[0];
+    q_s[g * D + i0] = q0;
+    q_s[g * D + i1] = q1;
+    if (USE_MMA) {
+      qh_s[g * QST + i0] = half(q0);
+      qh_s[g * QST + i1] = half(q1);
+    }
   }
   const uint row_at = uint(pos[0]);
   if (row_at >= t_begin && row_at < t_end) {  // this threadgroup reads the new row: write it first
@@ -91,8 +96,12 @@ if (K_SLOTS > 0 && k_early && t_begin < t_end) {
 #else
 for (uint e = tid; e < G * D; e += NT) {
   q_s[e] = float(q[(b * n_heads + hg * G) * D + e]) * scale[0];
+  if (USE_MMA) qh_s[(e / D) * QST + e % D] = half(q_s[e]);
 }
 #endif
+if (USE_MMA) {  // Q's rows past the G heads: zero in the products
+  for (uint e = tid; e < (8 - G) * QST; e += NT) qh_s[G * QST + e] = half(0.0f);
+}
 if (tid < G) {
   m_s[tid] = NEG_INF;
   l_s[tid] = 0.0f;
@@ -101,6 +110,13 @@ float acc[G][ROWS];
 for (uint g = 0; g < G; ++g) {
   for (uint i = 0; i < ROWS; ++i) acc[g][i] = 0.0f;
 }
+// USE_MMA: this SIMD group's sums O [8 heads x its 32 dimensions] (rows G..7 unused), fragment w
+// holding columns MMA_DIM(w, k); its lane's fragment row and first column.
+simdgroup_float8x8 o_mma[4];
+for (uint w = 0; w < 4; ++w) o_mma[w] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+const uint mma_r = sg8x8_row(lane), mma_c = sg8x8_col(lane);
+uint4 zero4;
+zero4.x = zero4.y = zero4.z = zero4.w = 0u;
 // (LATHE_ROPE: the new cache row, written above, is read by other threads of this threadgroup.)
 threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
 for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
@@ -112,13 +128,21 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
 #else
   uint vw[VPF][8][ROWS / 2];  // vector k, token j: this lane's ROWS values as half2 words
 #endif
-  LOAD_V_GROUP(0);
+  uint4 vm[VM];  // USE_MMA: this SIMD group's V (decode_tiles.metal's LOAD_V_MMA)
+  const uint mma_t0 = c0 + MMA_TOKENS * (simd / MMA_DG);  // its first token of P.V
+  if (USE_MMA) {
+    LOAD_V_MMA(0, VM / 2);
+  } else {
+    LOAD_V_GROUP(0);
+  }
   // Scores of the chunk, a thread a token (CH = NT: no loop here, so that the compiler keeps
   // q_s in threadgroup memory rather than hoisting all G * D values into registers).
   {
     const uint tl = tid;
     float s[G];
     for (uint g = 0; g < G; ++g) s[g] = 0.0f;
+    simdgroup_float8x8 st[4];  // USE_MMA: S^T of the SIMD group's 32 tokens, 8 a fragment, 8 heads
+    for (uint x = 0; x < 4; ++x) st[x] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     // Rounds of KG 16-byte vectors: copied (K_SLOTS > 0) or loaded together, then their products.
     for (uint r = 0; r < DV / KG; ++r) {
       uint4 kr[KG];
@@ -142,15 +166,37 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
           async_wait<0>();
         }
         const uint at = (k_read % K_SLOT_MOD) * KG * NT + tl;
-        LATHE_UNROLL
-        for (uint c = 0; c < KG; ++c) kr[c] = k_s[at + c * NT];
+        if (USE_MMA) {
+          // The SIMD group's lanes copied its 32 tokens' rows: their copies, then the products,
+          // a fragment of K 8 tokens by one 8-dimension vector (rows 16 bytes apart).
+          simdgroup_barrier(mem_flags::mem_threadgroup);
+          const auto kh = threadgroup_view<half>(k_s) + (at - tl + 32 * simd) * 8;
+          LATHE_UNROLL
+          for (uint c = 0; c < KG; c += 2) {
+            simdgroup_half8x8 qt0, qt1;  // Q^T's fragments of vectors r KG + c and + 1
+            simdgroup_load(qt0, qh_s + 8 * (r * KG + c), QST, 0, true);
+            simdgroup_load(qt1, qh_s + 8 * (r * KG + c + 1), QST, 0, true);
+            LATHE_UNROLL
+            for (uint x = 0; x < 4; x += 2) {
+              simdgroup_half8x8 k00, k01, k10, k11;  // tokens 8 x .. and 8 x + 8 .., vectors c, c + 1
+              simdgroup_load(k00, kh + (c * NT + 8 * x) * 8, 8);
+              simdgroup_load(k01, kh + ((c + 1) * NT + 8 * x) * 8, 8);
+              simdgroup_load(k10, kh + (c * NT + 8 * x + 8) * 8, 8);
+              simdgroup_load(k11, kh + ((c + 1) * NT + 8 * x + 8) * 8, 8);
+              sg8x8_mma_k16x2(st[x], st[x + 1], k00, k01, k10, k11, qt0, qt1);
+            }
+          }
+        } else {
+          LATHE_UNROLL
+          for (uint c = 0; c < KG; ++c) kr[c] = k_s[at + c * NT];
+        }
         ++k_read;
       } else if (tl < cn) {
         const uint k_row = K_ROW(c0 + tl);
         LATHE_UNROLL
         for (uint c = 0; c < KG; ++c) kr[c] = load_wide<uint4>(k_cache, K_AT(k_row, r * KG + c));
       }
-      if (tl < cn) {
+      if (!USE_MMA && tl < cn) {
         LATHE_UNROLL
         for (uint c = 0; c < KG; ++c) {
           const uint ku[4] = {kr[c].x, kr[c].y, kr[c].z, kr[c].w};
@@ -166,7 +212,18 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
         }
       }
     }
-    for (uint g = 0; g < G; ++g) p_s[g * CH + tl] = tl < cn ? s[g] : NEG_INF;
+    if (USE_MMA) {  // lane (row r, column c) of fragment x: token 8 x + r, heads c and c + 1
+      LOAD_V_MMA(VM / 2, VM / 2);
+      LATHE_UNROLL
+      for (uint x = 0; x < 4; ++x) {
+        const float2 e = st[x].thread_elements();
+        const uint t = 32 * simd + 8 * x + mma_r;
+        if (mma_c < G) p_s[mma_c * CH + t] = t < cn ? e.x : NEG_INF;
+        if (mma_c + 1 < G) p_s[(mma_c + 1) * CH + t] = t < cn ? e.y : NEG_INF;
+      }
+    } else {
+      for (uint g = 0; g < G; ++g) p_s[g * CH + tl] = tl < cn ? s[g] : NEG_INF;
+    }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
@@ -194,6 +251,55 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
 
   // P.V: SIMD groups take 8-token vectors in turn (vector vi = simd + k * NSIMD); lane l owns
   // rows lane_dim(l, i). The V words of VPF vectors are in vw; the first VPF came in with K.
+  if (USE_MMA) {
+    // O = O * alpha + P V over the SIMD group's tokens and dimensions: P's fragments b (heads x
+    // tokens MMA_TOKEN(b, k), fp16) and V's (b, w), two (16 tokens) a product.
+    const float alpha = mma_r < G ? alpha_s[mma_r] : 0.0f;
+    LATHE_UNROLL
+    for (uint w = 0; w < 4; ++w) {
+      float2 e = o_mma[w].thread_elements();
+      e.x *= alpha;
+      e.y *= alpha;
+      o_mma[w].thread_elements() = e;
+    }
+    LATHE_UNROLL
+    for (uint b = 0; b < VM; b += 2) {
+      simdgroup_half8x8 pf[2], vf[2];
+      LATHE_UNROLL
+      for (uint y = 0; y < 2; ++y) {
+        const uint t = mma_t0 - c0 + MMA_TOKEN(b + y, mma_c);  // and t + 1
+        float p0 = 0.0f, p1 = 0.0f;
+        if (mma_r < G) {
+          p0 = p_s[mma_r * CH + t];
+          p1 = p_s[mma_r * CH + t + 1];
+        }
+        pf[y] = make_filled_simdgroup_matrix<half, 8, 8>(half(0.0f));
+        pf[y].thread_elements() = half2(half(p0), half(p1));
+      }
+      LATHE_UNROLL
+      for (uint w = 0; w < 4; ++w) {
+        LATHE_UNROLL
+        for (uint y = 0; y < 2; ++y) {
+#if LATHE_PAGED
+          // word x of this lane's 8 tokens 32 g + 8 (c / 2) ..: those past the partition masked
+          const uint g = (b + y) / 4, x = (b + y) % 4;
+          const uint4 v4 = vm[4 * g + w];
+          const uint t8 = mma_t0 + 32 * g + 4 * mma_c;
+          const uint n8 = t_end > t8 ? t_end - t8 : 0u;
+          uint word = x == 0 ? v4.x : x == 1 ? v4.y : x == 2 ? v4.z : v4.w;
+          word = 2 * x >= n8 ? 0u : 2 * x + 1 >= n8 ? (word & 0xffffu) : word;
+          vf[y] = sg8x8_from_col_pairs(as_type<half2>(word), lane);
+#else
+          const uint4 v4 = vm[b + y];
+          const uint word = w == 0 ? v4.x : w == 1 ? v4.y : w == 2 ? v4.z : v4.w;
+          vf[y] = make_filled_simdgroup_matrix<half, 8, 8>(half(0.0f));
+          vf[y].thread_elements() = as_type<half2>(word);
+#endif
+        }
+        sg8x8_mma_k16(o_mma[w], pf[0], pf[1], vf[0], vf[1]);
+      }
+    }
+  } else {
   for (uint g = 0; g < G; ++g) {
     for (uint i = 0; i < ROWS; ++i) acc[g][i] *= alpha_s[g];
   }
@@ -243,12 +349,21 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
       }
     }
   }
+  }
   threadgroup_barrier(mem_flags::mem_threadgroup);  // p_s is rewritten by the next chunk
 }
 
 // The SIMD groups' sums, one after another into sum_s.
-for (uint w = 0; w < NSIMD; ++w) {
-  if (simd == w) {
+for (uint w = 0; w < (USE_MMA ? MMA_TG : NSIMD); ++w) {
+  if (USE_MMA && simd / MMA_DG == w && mma_r < G) {  // row mma_r, columns MMA_DIM(f, mma_c) and + 1
+    LATHE_UNROLL
+    for (uint f = 0; f < 4; ++f) {
+      const float2 e = o_mma[f].thread_elements();
+      const uint at = mma_r * D + MMA_DIM(f, mma_c);
+      sum_s[at] = (w == 0 ? 0.0f : sum_s[at]) + e.x;
+      sum_s[at + 1] = (w == 0 ? 0.0f : sum_s[at + 1]) + e.y;
+    }
+  } else if (!USE_MMA && simd == w) {
     for (uint g = 0; g < G; ++g) {
       for (uint i = 0; i < ROWS; ++i) {
         const uint e = g * D + lane_dim(lane, i);

@@ -33,6 +33,59 @@ constexpr uint K_SLOTS = LATHE_K_SLOTS;
 constexpr uint K_SLOTS = 0;
 #endif
 constexpr uint K_SLOT_MOD = K_SLOTS > 0 ? K_SLOTS : 1;  // (a divisor where K_SLOTS is 0 and unused)
+// Scores and P.V on SIMD-group matrices (8x8, tensor cores on CUDA) where an includer sets
+// LATHE_MMA to 1 (decode_attention.metal: the attn_mma option). Scores: a SIMD group takes the 32
+// tokens its lanes copied, S^T = K Q^T with K's fragments from the slot and Q^T's from qh_s (fp16,
+// the G heads padded to 8 rows). P.V: O [8 heads x D] += P V with P from p_s (fp16 in the product)
+// and V from registers; SIMD group `simd` takes 32 dimensions (MMA_DG: D / 32 groups) of the
+// chunk's tokens of its token group (MMA_TG: NSIMD / MMA_DG groups, their sums added at the
+// end). The G heads' FMAs a token were the longest link of a threadgroup's chain at G = 4
+// (kernels/attention/NOTES.md). Needs K_SLOTS > 0, G <= 8, D 32 .. 128 a multiple of 32 (the
+// host's use_mma).
+#ifdef LATHE_MMA
+constexpr bool USE_MMA = LATHE_MMA;
+#else
+constexpr bool USE_MMA = false;
+#endif
+static_assert(!USE_MMA || (K_SLOTS > 0 && G <= 8 && D % 32 == 0 && D <= 32 * NSIMD),
+              "decode attention: MMA needs K slots, G <= 8, D a multiple of 32 up to 32 NSIMD");
+constexpr uint QST = D + 8;  // qh_s's row stride (halves): the 8 rows of a transposed load in distinct banks
+constexpr uint MMA_DG = D >= 32 ? D / 32 : 1;  // SIMD groups across D, 32 dimensions each
+constexpr uint MMA_TG = NSIMD >= MMA_DG ? NSIMD / MMA_DG : 1;  // ... and across the chunk's tokens
+constexpr uint MMA_TOKENS = CH / MMA_TG;       // tokens a SIMD group's P.V takes
+constexpr uint VM = MMA_TOKENS / 8;            // its V: 16-byte words a lane
+// V's words (USE_MMA), as simdgroup_matrix thread elements: lane (row r, column c) of a fragment
+// loads, for the SIMD group's dimensions 32 dg .. (dg = simd % MMA_DG) and 8-token blocks b of its
+// tokens (from MMA_TOKENS (simd / MMA_DG)),
+//  contiguous: token 8 b + r, dimensions 32 dg + 8 (c / 2) .. + 7: vm[b]. Its word w is V's
+//    fragment (b, w): tokens 8 b + k (MMA_TOKEN), "virtual" dimensions k = 32 dg + 8 (k / 2) +
+//    2 w + k % 2 (MMA_DIM);
+//  paged: dimension 32 dg + 8 w + r, tokens 32 g + 8 (c / 2) .. + 7: vm[4 g + w]. Its word x is
+//    V's fragment (b = 4 g + x, w), taken by column pairs (sg8x8_from_col_pairs): "virtual"
+//    tokens k = 32 g + 8 (k / 2) + 2 x + k % 2 (MMA_TOKEN), dimensions 32 dg + 8 w + k (MMA_DIM).
+// P's fragment b (the A operand) takes the same tokens. Tokens past the partition are zero
+// (contiguous: not loaded; paged: not loaded, or masked in a word where they are used).
+#if LATHE_PAGED
+#define MMA_TOKEN(b, k) (32 * ((b) / 4) + 8 * ((k) / 2) + 2 * ((b) % 4) + (k) % 2)
+#define MMA_DIM(w, k) (32 * (simd % MMA_DG) + 8 * (w) + (k))
+#define LOAD_V_MMA(i0, n)                                                                       \
+  LATHE_UNROLL                                                                                  \
+  for (uint i = (i0); i < (i0) + (n); ++i) {                                                    \
+    const uint t_ = mma_t0 + 32 * (i / 4) + 4 * mma_c;                                          \
+    const uint v0_ = t_ < t_end ? (uint(table[cb * rows + t_ / BS]) * n_kv + h) * D * BS + t_ % BS : 0u; \
+    vm[i] = t_ < t_end ? load_wide<uint4>(v_cache, (v0_ + MMA_DIM(i % 4, mma_r) * BS) / 8) : zero4; \
+  }
+#else
+#define MMA_TOKEN(b, k) (8 * (b) + (k))
+#define MMA_DIM(w, k) (32 * (simd % MMA_DG) + 8 * ((k) / 2) + 2 * (w) + (k) % 2)
+#define LOAD_V_MMA(i0, n)                                                                       \
+  LATHE_UNROLL                                                                                  \
+  for (uint i = (i0); i < (i0) + (n); ++i) {                                                    \
+    const uint t_ = mma_t0 + 8 * i + mma_r;                                                     \
+    const uint v0_ = ((cb * n_kv + h) * rows + t_) * D + MMA_DIM(0, mma_c);                     \
+    vm[i] = t_ < t_end ? load_wide<uint4>(v_cache, v0_ / 8) : zero4;                            \
+  }
+#endif
 // The V words of vectors k0 .. k0 + VPF - 1 of this SIMD group into vw (none past the chunk's
 // tokens; the contiguous layout's rows past the context are not loaded either).
 #if LATHE_PAGED
@@ -104,6 +157,7 @@ threadgroup float l_s[G];
 threadgroup float alpha_s[G];
 threadgroup float sum_s[G * D];
 threadgroup uint4 k_s[K_SLOTS * KG * NT + 1];  // K's slots (K_SLOTS: 0, 1 or 2); [slot][vector][thread]
+threadgroup half qh_s[USE_MMA ? 8 * QST : 1];  // USE_MMA: the G query heads (scaled, fp16), rows G..7 zero
 #if LATHE_HEAD_NORM
 threadgroup float norm_s[G + 1];  // 1 / RMS of the G query heads and of the kv head's K
 #endif

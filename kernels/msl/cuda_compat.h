@@ -333,6 +333,16 @@ __device__ __forceinline__ void sg8x8_mma_k16(simdgroup_float8x8& d, const simdg
   float2 unused = make_float2(0.0f, 0.0f);
   lathe_mma_k16(d.e, unused, w0, 0u, w1, 0u, wb0, wb1);
 }
+// A half matrix given by column pairs: lane l's word holds rows sg8x8_col(l) and sg8x8_col(l) + 1
+// of column sg8x8_row(l), as two keys of one dimension lie in a paged V block: the B operand's
+// layout as it is (lathe.h's Metal twin shuffles).
+__device__ __forceinline__ simdgroup_half8x8 sg8x8_from_col_pairs(half2 w, uint lane) {
+  (void)lane;
+  simdgroup_half8x8 m;
+  m.e = w;
+  m.cols = true;
+  return m;
+}
 // The fragment layout (lathe.h's Metal twins follow Apple's): lane l's elements are row
 // sg8x8_row(l), columns sg8x8_col(l) and sg8x8_col(l) + 1; the four lanes of a row differ in
 // their two low bits, so a row reduces over shuffles by 1 and 2.

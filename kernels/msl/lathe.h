@@ -117,6 +117,21 @@ LATHE_FN void sg8x8_mma_k16x2(thread simdgroup_float8x8& d0, thread simdgroup_fl
   sg8x8_mma_k16(d0, a00, a01, b0, b1);
   sg8x8_mma_k16(d1, a10, a11, b0, b1);
 }
+// The lane whose elements are row `row`, columns `col` (even) and col + 1: sg8x8_row/col inverted.
+LATHE_FN uint sg8x8_lane(uint row, uint col) {
+  return ((row & 4) << 2) | ((col & 4) << 1) | ((row & 3) << 1) | ((col >> 1) & 1);
+}
+// A half matrix given by column pairs (cuda_compat.h: the B layout as it is): lane l's word holds
+// rows sg8x8_col(l) and sg8x8_col(l) + 1 of column sg8x8_row(l). Each lane gathers its row's two
+// elements from the lanes that hold columns c and c + 1.
+LATHE_FN simdgroup_half8x8 sg8x8_from_col_pairs(half2 w, uint lane) {
+  const uint r = sg8x8_row(lane), c = sg8x8_col(lane);
+  const half2 a = simd_shuffle(w, ushort(sg8x8_lane(c, r & 6u)));
+  const half2 b = simd_shuffle(w, ushort(sg8x8_lane(c + 1, r & 6u)));
+  simdgroup_half8x8 m;
+  m.thread_elements() = (r & 1) ? half2(a.y, b.y) : half2(a.x, b.x);
+  return m;
+}
 LATHE_FN float sg8x8_row_sum(float v) {
   v += simd_shuffle_xor(v, ushort(1));
   return v + simd_shuffle_xor(v, ushort(8));
