@@ -131,7 +131,7 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   uint4 vm[VM];  // USE_MMA: this SIMD group's V (decode_tiles.metal's LOAD_V_MMA)
   const uint mma_t0 = c0 + MMA_TOKENS * (simd / MMA_DG);  // its first token of P.V
   if (USE_MMA) {
-    LOAD_V_MMA(0, VM / 2);
+    LOAD_V_MMA(0, VM_FIRST);
   } else {
     LOAD_V_GROUP(0);
   }
@@ -213,7 +213,7 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
       }
     }
     if (USE_MMA) {  // lane (row r, column c) of fragment x: token 8 x + r, heads c and c + 1
-      LOAD_V_MMA(VM / 2, VM / 2);
+      LOAD_V_MMA(VM_FIRST, VM - VM_FIRST);
       LATHE_UNROLL
       for (uint x = 0; x < 4; ++x) {
         const float2 e = st[x].thread_elements();

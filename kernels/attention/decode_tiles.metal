@@ -54,6 +54,8 @@ constexpr uint MMA_DG = D >= 32 ? D / 32 : 1;  // SIMD groups across D, 32 dimen
 constexpr uint MMA_TG = NSIMD >= MMA_DG ? NSIMD / MMA_DG : 1;  // ... and across the chunk's tokens
 constexpr uint MMA_TOKENS = CH / MMA_TG;       // tokens a SIMD group's P.V takes
 constexpr uint VM = MMA_TOKENS / 8;            // its V: 16-byte words a lane
+constexpr uint VM_FIRST = VM * VPF / VPS;      // ... loaded at the chunk's start (VPF of VPS, as V's
+                                               // vectors), the rest once its scores are in
 // V's words (USE_MMA), as simdgroup_matrix thread elements: lane (row r, column c) of a fragment
 // loads, for the SIMD group's dimensions 32 dg .. (dg = simd % MMA_DG) and 8-token blocks b of its
 // tokens (from MMA_TOKENS (simd / MMA_DG)),
