@@ -379,6 +379,13 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             cases.append(_contiguous_case(True, [4101, 1000], heads, d, 4101, opts=o))
             cases.append(_merge_case([4097], heads, d, "last_group", opts=o))
             cases.append(_rope_decode_case(1500, heads, d, False, True, True, opts=o))
+    # K copied by whole rows into a swizzled slot (attn_k_copy=row; the MMA form, contiguous):
+    # chunks ending inside a SIMD group's tokens, several chunks a partition, the RoPE launch
+    o = {"attn_k_copy": "row"}
+    cases.append(_contiguous_case(False, [5, 131], (32, 8), 128, 131, opts=o))
+    if not small:
+        cases.append(_contiguous_case(True, [4101, 1000], (32, 8), 64, 4101, opts={**o, "attn_partition": 384}))
+        cases.append(_rope_decode_case(1500, (32, 8), 128, False, True, True, opts=o))
     # the default's two slots over partitions of several chunks (the next chunk's first round
     # copied during a chunk's softmax and P.V), paged and contiguous, every head dim
     if not small:

@@ -201,9 +201,10 @@ def _pool(k_cache: mx.array, v_cache: mx.array) -> tuple[int, int, int, int]:
 @functools.cache
 def auto_partition(longest: int, grids: int) -> int:
     """Partition length for a split launch over `longest` tokens with `grids` (kv head, sequence)
-    pairs: about SPLIT_GRID threadgroups in all, whole chunks, at most PARTITION_MOST tokens."""
+    pairs: about SPLIT_GRID threadgroups in all (the attn_split_grid option), whole chunks, at
+    most PARTITION_MOST tokens."""
     chunk = NSIMD * 32
-    partitions = max(1, SPLIT_GRID // max(1, grids))  # wanted per (kv head, sequence)
+    partitions = max(1, (options.get("attn_split_grid") or SPLIT_GRID) // max(1, grids))  # per (kv head, sequence)
     tokens = -(-longest // partitions)
     return min(max(-(-tokens // chunk) * chunk, chunk), PARTITION_MOST)  # whole chunks
 
@@ -302,6 +303,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
                      VPREF=v_prefetch(head_dim, parts * n_kv * qs * batch),
                      KSLOTS=k_slots(group // qs, head_dim, head_norm, merge))
     constants["MMA"] = use_mma(group // qs, head_dim, constants["KSLOTS"], head_norm, merge)
+    constants["KROW"] = int(bool(constants["MMA"]) and not paged and options.get("attn_k_copy") == "row")
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
         inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale)), *rope[3]]
         constants.update(rope[2])

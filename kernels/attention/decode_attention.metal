@@ -37,7 +37,8 @@
 // (its K and V come back through the cache, rounded to fp16 as every other row's; with QS > 1
 // each of the QS threadgroups writes the same bytes). The context is pos + 1 tokens.
 // Constants: D, G, QS, NSIMD, BS (paged block size; 0 contiguous), VPREF (V vectors a SIMD group
-// loads at a time, the attn_v_prefetch option), KSLOTS (k_slots: K's slots of threadgroup memory), MMA (use_mma: 0 or 1), MLOADS
+// loads at a time, the attn_v_prefetch option), KSLOTS (k_slots: K's slots of threadgroup memory),
+// MMA (use_mma: 0 or 1), KROW (the attn_k_copy option's row: 1), MLOADS
 // (LATHE_MERGE: partitions the merge loads at a time, merge_loads); with LATHE_ROPE also NEOX and
 // FREQ_TABLE (rope_kv_write.metal's). Prelude: LATHE_PAGED, LATHE_SPLIT, LATHE_ROPE, LATHE_MERGE
 // (split only; adds the input counters, uint32[B * Hkv * QS], and the output out).
@@ -51,6 +52,7 @@
 #define LATHE_V_PREFETCH VPREF  // V vectors loaded at a time (decode_tiles.metal's VPF)
 #define LATHE_K_SLOTS KSLOTS  // K through threadgroup memory (decode_tiles.metal)
 #define LATHE_MMA MMA  // scores and P.V on SIMD-group matrices (decode_tiles.metal)
+#define LATHE_K_ROWS KROW  // K copied by rows (decode_tiles.metal's K_BY_ROW)
 constexpr uint NT = NSIMD * 32;
 const uint tid = thread_index_in_threadgroup;
 const uint lane = thread_index_in_simdgroup;

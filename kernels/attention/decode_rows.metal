@@ -167,10 +167,12 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
         }
         const uint at = (k_read % K_SLOT_MOD) * KG * NT + tl;
         if (USE_MMA) {
-          // The SIMD group's lanes copied its 32 tokens' rows: their copies, then the products,
-          // a fragment of K 8 tokens by one 8-dimension vector (rows 16 bytes apart).
+          // The SIMD group's lanes copied its 32 tokens' rows: their copies, then the products.
+          // Lane (row r, column c) of K's fragment (tokens 8 x .., vector v) holds token 8 x + r's
+          // dimensions 8 v + c, + 1: word c / 2 of the slot's uint4 K_SLOT_AT(token, v).
           simdgroup_barrier(mem_flags::mem_threadgroup);
-          const auto kh = threadgroup_view<half>(k_s) + (at - tl + 32 * simd) * 8;
+          const auto kh = threadgroup_view<half>(k_s) + (at - tl + 32 * simd) * 8;  // [vector][token]
+          const auto kw = threadgroup_view<uint>(k_s) + 4 * (at - tl);             // K_BY_ROW
           LATHE_UNROLL
           for (uint c = 0; c < KG; c += 2) {
             simdgroup_half8x8 qt0, qt1;  // Q^T's fragments of vectors r KG + c and + 1
@@ -179,16 +181,24 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
             LATHE_UNROLL
             for (uint x = 0; x < 4; x += 2) {
               simdgroup_half8x8 k00, k01, k10, k11;  // tokens 8 x .. and 8 x + 8 .., vectors c, c + 1
-              simdgroup_load(k00, kh + (c * NT + 8 * x) * 8, 8);
-              simdgroup_load(k01, kh + ((c + 1) * NT + 8 * x) * 8, 8);
-              simdgroup_load(k10, kh + (c * NT + 8 * x + 8) * 8, 8);
-              simdgroup_load(k11, kh + ((c + 1) * NT + 8 * x + 8) * 8, 8);
+              if (K_BY_ROW) {
+                const uint t0 = 32 * simd + 8 * x + mma_r, t1 = t0 + 8;
+                k00.thread_elements() = as_type<half2>(kw[4 * K_SLOT_AT(t0, c) + mma_c / 2]);
+                k01.thread_elements() = as_type<half2>(kw[4 * K_SLOT_AT(t0, c + 1) + mma_c / 2]);
+                k10.thread_elements() = as_type<half2>(kw[4 * K_SLOT_AT(t1, c) + mma_c / 2]);
+                k11.thread_elements() = as_type<half2>(kw[4 * K_SLOT_AT(t1, c + 1) + mma_c / 2]);
+              } else {  // 8 tokens' vectors 16 bytes apart
+                simdgroup_load(k00, kh + (c * NT + 8 * x) * 8, 8);
+                simdgroup_load(k01, kh + ((c + 1) * NT + 8 * x) * 8, 8);
+                simdgroup_load(k10, kh + (c * NT + 8 * x + 8) * 8, 8);
+                simdgroup_load(k11, kh + ((c + 1) * NT + 8 * x + 8) * 8, 8);
+              }
               sg8x8_mma_k16x2(st[x], st[x + 1], k00, k01, k10, k11, qt0, qt1);
             }
           }
         } else {
           LATHE_UNROLL
-          for (uint c = 0; c < KG; ++c) kr[c] = k_s[at + c * NT];
+          for (uint c = 0; c < KG; ++c) kr[c] = k_s[at - tl + K_SLOT_AT(tl, c)];
         }
         ++k_read;
       } else if (tl < cn) {

@@ -128,12 +128,22 @@ constexpr uint VM_FIRST = VM * VPF / VPS;      // ... loaded at the chunk's star
 #define K_ROW(t) ((cb * n_kv + h) * rows + (t)) * D
 #define K_AT(k_row, c) (((k_row) + (c) * 8) / 8)
 #endif
-// K_SLOTS > 0: round r (vectors r KG .. r KG + KG - 1) of the chunk at c0_, each thread its own
-// token's, into the next slot (cp.async), as one group of copies. Every thread commits a group,
-// with copies or none, so that the groups' count is the threadgroup's (async_wait). The paged
-// block's vectors of a round are a warp's 512 contiguous bytes (a lane a token); the contiguous
-// layout gives a lane a row of its own, its neighbouring vectors two halves of one 32-byte sector:
-// those go through the L1, which asks the L2 for the sector once.
+// K_SLOTS > 0: round r (vectors r KG .. r KG + KG - 1) of the chunk at c0_ into the next slot
+// (cp.async), as one group of copies. Every thread commits a group, with copies or none, so that
+// the groups' count is the threadgroup's (async_wait). Each thread copies its own token's vectors
+// (slot layout [vector][token]): the paged block's vectors of a round are a warp's 512 contiguous
+// bytes (a lane a token); the contiguous layout gives a lane a row of its own, its neighbouring
+// vectors two halves of one 32-byte sector: those go through the L1, which asks the L2 for the
+// sector once. K_BY_ROW (LATHE_K_ROWS, the attn_k_copy option; the MMA form over the contiguous
+// layout, where a SIMD group reads back only its own 32 tokens): KG lanes take one token's round, 32 / KG tokens' whole rows an
+// instruction, into [token][vector] with vector c of token t at c ^ (t % KG), so that both the
+// copies and an 8-token fragment's reads fall in distinct banks.
+#ifdef LATHE_K_ROWS
+constexpr bool K_BY_ROW = USE_MMA && !LATHE_PAGED && LATHE_K_ROWS;
+#else
+constexpr bool K_BY_ROW = false;
+#endif
+#define K_SLOT_AT(t, c) (K_BY_ROW ? (t) * KG + ((c) ^ ((t) % KG)) : (c) * NT + (t))  // a uint4 of a slot
 #if LATHE_PAGED
 #define K_ASYNC_COPY async_copy_wide
 #else
@@ -141,11 +151,19 @@ constexpr uint VM_FIRST = VM * VPF / VPS;      // ... loaded at the chunk's star
 #endif
 #define K_COPY(c0_, r_)                                                                         \
   {                                                                                             \
-    if (tid < min(CH, t_end - (c0_))) {                                                         \
-      const uint k_row_ = K_ROW((c0_) + tid);                                                   \
-      const uint slot_ = (k_issued % K_SLOT_MOD) * KG * NT + tid;                               \
+    const uint slot_ = (k_issued % K_SLOT_MOD) * KG * NT;                                       \
+    const uint n_ = min(CH, t_end - (c0_));                                                     \
+    if (K_BY_ROW) {  /* (one address a lane, the rows at fixed offsets from it) */            \
+      const auto src_ = k_cache + K_ROW((c0_) + 32 * simd + lane / KG) + ((r_) * KG + lane % KG) * 8; \
       LATHE_UNROLL                                                                              \
-      for (uint c = 0; c < KG; ++c) K_ASYNC_COPY(&k_s[slot_ + c * NT], k_cache, K_AT(k_row_, (r_) * KG + c)); \
+      for (uint i = 0; i < KG; ++i) {                                                           \
+        const uint t_ = 32 * simd + i * (32 / KG) + lane / KG;                                  \
+        if (t_ < n_) async_copy_wide(&k_s[slot_ + K_SLOT_AT(t_, lane % KG)], src_, i * (32 / KG) * D / 8); \
+      }                                                                                         \
+    } else if (tid < n_) {                                                                      \
+      const uint k_row_ = K_ROW((c0_) + tid);                                                   \
+      LATHE_UNROLL                                                                              \
+      for (uint c = 0; c < KG; ++c) K_ASYNC_COPY(&k_s[slot_ + K_SLOT_AT(tid, c)], k_cache, K_AT(k_row_, (r_) * KG + c)); \
     }                                                                                           \
     async_commit();                                                                             \
     ++k_issued;                                                                                 \
@@ -158,7 +176,7 @@ threadgroup float m_s[G];
 threadgroup float l_s[G];
 threadgroup float alpha_s[G];
 threadgroup float sum_s[G * D];
-threadgroup uint4 k_s[K_SLOTS * KG * NT + 1];  // K's slots (K_SLOTS: 0, 1 or 2); [slot][vector][thread]
+threadgroup uint4 k_s[K_SLOTS * KG * NT + 1];  // K's slots (K_SLOTS: 0, 1 or 2), K_SLOT_AT's layout
 threadgroup half qh_s[USE_MMA ? 8 * QST : 1];  // USE_MMA: the G query heads (scaled, fp16), rows G..7 zero
 #if LATHE_HEAD_NORM
 threadgroup float norm_s[G + 1];  // 1 / RMS of the G query heads and of the kv head's K
