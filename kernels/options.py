@@ -93,7 +93,8 @@ DECLARED = (
     Option("attn_partition", None, _auto_or_count,
            "split attention's tokens a threadgroup (auto: sized for about 512 threadgroups)"),
     Option("attn_split_grid", None, _auto_or_count,
-           "split attention: threadgroups the automatic partition length aims at (auto: 512)"),
+           "split attention: threadgroups the automatic partition length aims at (auto: 256 for the MMA "
+           "form, 512 otherwise)"),
     Option("attn_v_prefetch", None, _auto_or_count,
            "decode attention: 8-token V vectors a SIMD group loads at a time, 1, 2 or 4 (auto: all 4 of a "
            "chunk, with its K loads, where D <= 128 and the grid is under 512 threadgroups; 256 / D in "
@@ -107,10 +108,10 @@ DECLARED = (
            "decode attention: scores and P.V on SIMD-group matrices (tensor cores on CUDA), a SIMD group its "
            "own 32 tokens of a chunk; auto: from 4 query heads a threadgroup (Llama-3's), on: wherever the "
            "form allows (K slots, <= 8 heads, D 32..128), off: FMAs a thread a token (kernels/attention/NOTES.md)"),
-    Option("attn_k_copy", "token", _one_of("token", "row"),
+    Option("attn_k_copy", "auto", _one_of("auto", "token", "row"),
            "decode attention, MMA form, contiguous cache: K's copies a thread a token's vectors (token), or "
            "a SIMD group's 32 tokens by whole rows, 8 lanes a row (row: full sectors an instruction, "
-           "more registers; kernels/attention/NOTES.md)"),
+           "more registers); auto: row in grids of at most 256 threadgroups (kernels/attention/NOTES.md)"),
     Option("attn_combine", "launch", _one_of("launch", "last_group"),
            "split attention's partitions merged by a combine launch of their own (launch), or by the "
            "last threadgroup of each head group in the same launch (last_group: one launch a layer fewer, "

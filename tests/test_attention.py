@@ -260,6 +260,20 @@ def test_mma_where_the_form_allows(jobs, heads, head_dim, mma, want):
     assert [j.constants for j in jobs if "MMA" in j.constants][-1]["MMA"] == 0  # K in registers
 
 
+def test_mma_launches_aim_at_a_smaller_grid(jobs):
+    """The MMA form's split launches aim at SPLIT_GRID_MMA threadgroups (Llama-3's heads at 8192:
+    32 partitions of 256 tokens), with K copied by rows over the contiguous cache; the FMA form
+    keeps SPLIT_GRID (Qwen3's heads: 64 of 128); a batch's large grid keeps K's copies by token."""
+    k = mx.zeros((1, 8, 8192, 128), mx.float16)
+    for heads, parts, krow in ((32, 32, 1), (16, 64, 0)):
+        at.flash_decode(mx.zeros((1, heads, 128), mx.float16), k, k, [8192], 0.125)
+        c = [j for j in jobs if "MMA" in j.constants][-1]
+        assert (c.constants["MMA"], c.constants["KROW"], c.grid[0] // (32 * at.NSIMD)) == (krow, krow, parts)
+    kb = mx.zeros((8, 8, 8192, 128), mx.float16)
+    at.flash_decode(mx.zeros((8, 32, 128), mx.float16), kb, kb, [8192] * 8, 0.125)
+    assert [j for j in jobs if "MMA" in j.constants][-1].constants["KROW"] == 0
+
+
 @pytest.mark.parametrize("group, threadgroups, most, want", [
     (4, 8, 64, 4),     # Llama-3-8B decode: 8 KV heads of 4 query heads -> 32 threadgroups
     (4, 64, 64, 1),    # already 64 threadgroups (partitions, or a batch): one per KV head

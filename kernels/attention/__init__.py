@@ -46,6 +46,11 @@ X = 8  # fp16 values in one 16-byte K vector of the paged layout
 # option fixes it.
 PARTITION_MOST = 1024
 SPLIT_GRID = 512
+# Launches in the MMA form (use_mma) aim at half as many: each threadgroup's chain is shorter, and
+# partitions of two chunks (K's next copies in flight across them) and half the partials to merge
+# beat one-chunk partitions (H200, Llama-3's heads at 8192: flash_decode 11.6 -> 9.8 us with
+# attn_k_copy=row, paged_v2 9.5 -> 8.7; kernels/attention/NOTES.md).
+SPLIT_GRID_MMA = 256
 # Split only past this many tokens: below it a second launch (the combine) costs more than the
 # partitions' parallelism gains (results/<device>/attention.csv). Checks pass split_from=0 to
 # test the split.
@@ -199,12 +204,12 @@ def _pool(k_cache: mx.array, v_cache: mx.array) -> tuple[int, int, int, int]:
 
 
 @functools.cache
-def auto_partition(longest: int, grids: int) -> int:
+def auto_partition(longest: int, grids: int, split_grid: int = SPLIT_GRID) -> int:
     """Partition length for a split launch over `longest` tokens with `grids` (kv head, sequence)
-    pairs: about SPLIT_GRID threadgroups in all (the attn_split_grid option), whole chunks, at
-    most PARTITION_MOST tokens."""
+    pairs: about `split_grid` threadgroups in all (the attn_split_grid option where set), whole
+    chunks, at most PARTITION_MOST tokens."""
     chunk = NSIMD * 32
-    partitions = max(1, (options.get("attn_split_grid") or SPLIT_GRID) // max(1, grids))  # per (kv head, sequence)
+    partitions = max(1, (options.get("attn_split_grid") or split_grid) // max(1, grids))  # per (kv head, sequence)
     tokens = -(-longest // partitions)
     return min(max(-(-tokens // chunk) * chunk, chunk), PARTITION_MOST)  # whole chunks
 
@@ -270,6 +275,17 @@ def use_mma(group: int, head_dim: int, slots: int, head_norm: bool, merge: bool)
     return int(can and (chosen == "on" or (chosen == "auto" and group >= 4)))
 
 
+def k_copy_rows(mma: int, paged: bool, threadgroups: int) -> int:
+    """K copied by whole rows (decode_tiles.metal's K_BY_ROW): the attn_k_copy option; auto takes it
+    for the MMA form over the contiguous cache in grids of at most SPLIT_GRID_MMA threadgroups. Its
+    copies ask for whole sectors where a lane a token asks for halves, for ~25 more registers (3
+    threadgroups an SM instead of 4): past two an SM the token copies keep more in flight."""
+    chosen = options.get("attn_k_copy")
+    if not mma or paged or chosen == "token":
+        return 0
+    return int(chosen == "row" or threadgroups <= SPLIT_GRID_MMA)
+
+
 def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.array,
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int | None, block_size: int, after: mx.array | None,
@@ -282,8 +298,11 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     attn_combine option); fresh zeros when not given."""
     # rope: one token, q the flat QKV row, k_cache [1, Hkv, S, D]
     batch, n_heads, head_dim = (1, n_kv * group, k_cache.shape[-1]) if rope is not None else q.shape
-    if partition is None:  # the attn_partition option, else sized for the grid
-        partition = options.get("attn_partition") or auto_partition(longest, n_kv * batch)
+    head_norm = bool(rope and rope[3])
+    if partition is None:  # the attn_partition option, else sized for the grid (and the form)
+        mma = use_mma(group, head_dim, k_slots(group, head_dim, head_norm, False), head_norm, False)
+        partition = options.get("attn_partition") or auto_partition(
+            longest, n_kv * batch, SPLIT_GRID_MMA if mma else SPLIT_GRID)
     if partition % CHUNK_MULTIPLE or partition <= 0:
         raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     # One partition holds every context, or contexts are short: the unsplit body writes the output
@@ -293,7 +312,6 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     dims = _ints((n_kv, rows, partition, parts, 0 if shared_cache else 1))
     qs = query_split(group, n_kv * parts * batch)
     merge = split and options.get("attn_combine") == "last_group" and parts <= MERGE_PARTS
-    head_norm = bool(rope and rope[3])
     # Where a threadgroup's share of the group's heads would not fit the backend's threadgroup
     # memory (Metal's 32 KiB; a wide group, as multi-query heads make), fewer heads a threadgroup
     while group % (2 * qs) == 0 and decode_threadgroup_bytes(group // qs, head_dim, NSIMD, head_norm, merge) \
@@ -303,7 +321,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
                      VPREF=v_prefetch(head_dim, parts * n_kv * qs * batch),
                      KSLOTS=k_slots(group // qs, head_dim, head_norm, merge))
     constants["MMA"] = use_mma(group // qs, head_dim, constants["KSLOTS"], head_norm, merge)
-    constants["KROW"] = int(bool(constants["MMA"]) and not paged and options.get("attn_k_copy") == "row")
+    constants["KROW"] = k_copy_rows(constants["MMA"], paged, parts * n_kv * qs * batch)
     if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
         inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale)), *rope[3]]
         constants.update(rope[2])
