@@ -300,7 +300,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     batch, n_heads, head_dim = (1, n_kv * group, k_cache.shape[-1]) if rope is not None else q.shape
     head_norm = bool(rope and rope[3])
     if partition is None:  # the attn_partition option, else sized for the grid (and the form)
-        mma = use_mma(group, head_dim, k_slots(group, head_dim, head_norm, False), head_norm, False)
+        mma = group <= 8 and use_mma(group, head_dim, k_slots(group, head_dim, head_norm, False), head_norm, False)
         partition = options.get("attn_partition") or auto_partition(
             longest, n_kv * batch, SPLIT_GRID_MMA if mma else SPLIT_GRID)
     if partition % CHUNK_MULTIPLE or partition <= 0:
