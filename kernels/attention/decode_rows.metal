@@ -27,7 +27,8 @@ const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
 // this round's products, the next chunk's first round during this chunk's softmax and P.V. The
 // first chunk's first round goes out before the query is read, except in the threadgroup that
 // writes the new row (LATHE_ROPE), which reads it after the write. A thread reads back only its
-// own copies: its async_wait orders them, no barrier.
+// own copies: its async_wait orders them, no barrier (the MMA form: its SIMD group's, after the
+// lanes' waits and a SIMD-group barrier).
 uint k_issued = 0, k_read = 0;  // rounds copied and rounds scored; a round's slot: its number % K_SLOTS
 #if LATHE_ROPE
 const bool k_early = uint(pos[0]) < t_begin || uint(pos[0]) >= t_end;

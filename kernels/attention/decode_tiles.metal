@@ -135,9 +135,9 @@ constexpr uint VM_FIRST = VM * VPF / VPS;      // ... loaded at the chunk's star
 // bytes (a lane a token); the contiguous layout gives a lane a row of its own, its neighbouring
 // vectors two halves of one 32-byte sector: those go through the L1, which asks the L2 for the
 // sector once. K_BY_ROW (LATHE_K_ROWS, the attn_k_copy option; the MMA form over the contiguous
-// layout, where a SIMD group reads back only its own 32 tokens): KG lanes take one token's round, 32 / KG tokens' whole rows an
-// instruction, into [token][vector] with vector c of token t at c ^ (t % KG), so that both the
-// copies and an 8-token fragment's reads fall in distinct banks.
+// layout, where a SIMD group reads back only its own 32 tokens): KG lanes take one token's round,
+// 32 / KG tokens' whole rows an instruction, into [token][vector] with vector c of token t at
+// c ^ (t % KG), so that both the copies and an 8-token fragment's reads fall in distinct banks.
 #ifdef LATHE_K_ROWS
 constexpr bool K_BY_ROW = USE_MMA && !LATHE_PAGED && LATHE_K_ROWS;
 #else
