@@ -269,6 +269,9 @@ def test_mma_launches_aim_at_a_smaller_grid(jobs):
         at.flash_decode(mx.zeros((1, heads, 128), mx.float16), k, k, [8192], 0.125)
         c = [j for j in jobs if "MMA" in j.constants][-1]
         assert (c.constants["MMA"], c.constants["KROW"], c.grid[0] // (32 * at.NSIMD)) == (krow, krow, parts)
+    with options.use(attn_split_grid=512):  # the option, read at each launch
+        at.flash_decode(mx.zeros((1, 32, 128), mx.float16), k, k, [8192], 0.125)
+    assert [j for j in jobs if "MMA" in j.constants][-1].grid[0] // (32 * at.NSIMD) == 64
     kb = mx.zeros((8, 8, 8192, 128), mx.float16)
     at.flash_decode(mx.zeros((8, 32, 128), mx.float16), kb, kb, [8192] * 8, 0.125)
     assert [j for j in jobs if "MMA" in j.constants][-1].constants["KROW"] == 0

@@ -206,10 +206,9 @@ def _pool(k_cache: mx.array, v_cache: mx.array) -> tuple[int, int, int, int]:
 @functools.cache
 def auto_partition(longest: int, grids: int, split_grid: int = SPLIT_GRID) -> int:
     """Partition length for a split launch over `longest` tokens with `grids` (kv head, sequence)
-    pairs: about `split_grid` threadgroups in all (the attn_split_grid option where set), whole
-    chunks, at most PARTITION_MOST tokens."""
+    pairs: about `split_grid` threadgroups in all, whole chunks, at most PARTITION_MOST tokens."""
     chunk = NSIMD * 32
-    partitions = max(1, (options.get("attn_split_grid") or split_grid) // max(1, grids))  # per (kv head, sequence)
+    partitions = max(1, split_grid // max(1, grids))  # wanted per (kv head, sequence)
     tokens = -(-longest // partitions)
     return min(max(-(-tokens // chunk) * chunk, chunk), PARTITION_MOST)  # whole chunks
 
@@ -247,18 +246,25 @@ def v_prefetch(head_dim: int, threadgroups: int) -> int:
     return chosen
 
 
+def split_grid(mma: int) -> int:
+    """Threadgroups a split launch's automatic partitions aim at: the attn_split_grid option, else
+    SPLIT_GRID_MMA for the MMA form, SPLIT_GRID otherwise."""
+    return options.get("attn_split_grid") or (SPLIT_GRID_MMA if mma else SPLIT_GRID)
+
+
 def k_slots(group: int, head_dim: int, head_norm: bool, merge: bool) -> int:
     """K's slots of threadgroup memory (decode_tiles.metal's KSLOTS): the attn_k_slots option, else
     2 where the backend's threadgroup memory holds them (CUDA's 48 KiB, as launched: with the
-    next round's copies in flight during this one's products), else 1 (Metal's 32 KiB), else 0."""
+    next round's copies in flight during this one's products), else 1 (Metal's 32 KiB), else 0
+    (also where even that is past the budget: the launch then splits the group to fit)."""
     chosen = options.get("attn_k_slots")
     if chosen is not None:
         if chosen not in (0, 1, 2):
             raise ValueError(f"attn_k_slots must be 0, 1 or 2, got {chosen}")
         return chosen
     budget = backends.threadgroup_memory()
-    return next(n for n in (2, 1, 0)
-                if decode_threadgroup_bytes(group, head_dim, NSIMD, head_norm, merge, n) <= budget)
+    return next((n for n in (2, 1)
+                 if decode_threadgroup_bytes(group, head_dim, NSIMD, head_norm, merge, n) <= budget), 0)
 
 
 def use_mma(group: int, head_dim: int, slots: int, head_norm: bool, merge: bool) -> int:
@@ -300,9 +306,8 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     batch, n_heads, head_dim = (1, n_kv * group, k_cache.shape[-1]) if rope is not None else q.shape
     head_norm = bool(rope and rope[3])
     if partition is None:  # the attn_partition option, else sized for the grid (and the form)
-        mma = group <= 8 and use_mma(group, head_dim, k_slots(group, head_dim, head_norm, False), head_norm, False)
-        partition = options.get("attn_partition") or auto_partition(
-            longest, n_kv * batch, SPLIT_GRID_MMA if mma else SPLIT_GRID)
+        partition = options.get("attn_partition") or auto_partition(longest, n_kv * batch, split_grid(
+            use_mma(group, head_dim, k_slots(group, head_dim, head_norm, False), head_norm, False)))
     if partition % CHUNK_MULTIPLE or partition <= 0:
         raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     # One partition holds every context, or contexts are short: the unsplit body writes the output

@@ -338,7 +338,9 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         # longest context a call can see), merged in the launch: at most MERGE_PARTS of them.
         group = a.n_heads // a.n_kv
         chunk = s * 32  # decode_rows' tokens a chunk at this NSIMD
-        partition = options.get("attn_partition") or attention.auto_partition(a.longest, a.n_kv)
+        # (the blocks' attention keeps K in registers: no MMA form, its split grid)
+        partition = options.get("attn_partition") or attention.auto_partition(
+            a.longest, a.n_kv, attention.split_grid(0))
         partition = max(-(-partition // chunk) * chunk, -(-a.longest // (attention.MERGE_PARTS * chunk)) * chunk)
         split = a.longest > partition and a.longest > a.split_from
         parts = -(-a.longest // partition) if split else 1
