@@ -117,9 +117,11 @@ DECLARED = (
            "last threadgroup of each head group in the same launch (last_group: one launch a layer fewer, "
            "faster alone at 8192 on the H200, 1.25 us a layer more in the decode loop at depth 4096; "
            "kernels/attention/NOTES.md)"),
-    Option("attn_prefill", "tiled", _one_of("tiled", "decode"),
-           "a prompt's attention: query tiles against K/V tiles on SIMD-group matrices (tiled), or the "
-           "decode kernel with one query per token (decode; kernels/attention/NOTES.md)"),
+    Option("attn_prefill", "auto", _one_of("auto", "wgmma", "tiled", "decode"),
+           "a prompt's attention: query tiles against K/V tiles on SIMD-group matrices (tiled), the same "
+           "on Hopper's warpgroup MMA (wgmma: a native CUDA kernel, sm_90a, D 64 or 128), wgmma where it "
+           "runs and tiled elsewhere (auto), or the decode kernel with one query per token (decode; "
+           "kernels/attention/NOTES.md)"),
     Option("prompt_logits", "all", _one_of("all", "last"),
            "kernel variants: a prompt's logits for every token (all), or for the last one only (last: "
            "the head as a GEMV over one row, as llama-bench's pp computes: the setting to compare prompt "

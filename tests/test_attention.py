@@ -435,3 +435,75 @@ def test_decode_bench_rows_verify_our_kernels_not_the_peer():
     assert _bench("mlx.sdpa", "qwen3-0.6b", 1, 512).verify is None
     assert _bench("flash_decode", "qwen3-0.6b", 1, 512, chained=True).verify is None
     assert all(_bench(k, "gemma2-2b", 8, 512, mixed=True).verify for k in ("flash_decode", "paged_v1", "paged_v2"))
+
+
+# ---- the wgmma prompt kernel (a native CUDA kernel, kernels/native.py) ---------------------------
+
+
+def _nvrtc_missing() -> str:
+    from kernels import ptx
+
+    try:
+        ptx.nvrtc()
+    except (FileNotFoundError, OSError) as exc:
+        return str(exc)
+    return ""
+
+
+@pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("paged, block_size", [(0, 0), (1, 16), (1, 32)])
+def test_wgmma_prefill_compiles_for_sm90a(head_dim, paged, block_size):
+    """Every instantiation the host can ask for builds (NVRTC, no GPU), with its own symbol."""
+    from kernels import native
+
+    consts = (("HEAD_DIM", head_dim), ("PAGED", paged), ("BLOCK_SIZE", block_size))
+    cubin = native.cubin(at.WGMMA_PREFILL, "lathe_prefill_wgmma", consts)
+    assert cubin[:4] == b"\x7fELF"
+    assert native.entry_name("lathe_prefill_wgmma", dict(consts)).encode() in cubin
+
+
+def test_wgmma_prefill_refuses_what_it_cannot_take():
+    assert "head_dim 256" in at.wgmma_prefill_unavailable(256, 0)
+    assert "block size 12" in at.wgmma_prefill_unavailable(128, 12)
+    if not at.native.available():  # this machine: the reason, before any launch
+        assert at.wgmma_prefill_unavailable(128, 0) == at.native.unavailable_reason() != ""
+        with pytest.raises(ValueError, match="prefill kernel 'wgmma'"):
+            at.prefill_attention(mx.zeros((3, H, D), mx.float16), mx.zeros((KV, 32, D), mx.float16),
+                                 mx.zeros((KV, 32, D), mx.float16), 0, 0.1, kernel="wgmma")
+
+
+def test_wgmma_prefill_shared_memory_fits_an_sm():
+    """Q's tile and three stages of K and V: within the 227 KiB a Hopper CTA may take."""
+    assert at.wgmma_prefill_bytes(128) <= 227 * 1024
+    assert at.wgmma_prefill_bytes(64) == (at.WGMMA_ROWS + 6 * at.WGMMA_KEYS) * 64 * 2 + 48 + 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("tokens, pos", [(200, 0), (77, 333)])
+def test_wgmma_prefill_matches_the_tiled_kernel(paged, tokens, pos):
+    """Where it runs (Hopper), the wgmma kernel agrees with the portable tiled one on the same
+    cache, contiguous and paged (both are checked against float64 by `lathe check attention`)."""
+    from kernels import native
+
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+    rng = np.random.default_rng(7)
+    n_heads, n_kv, head_dim, bs = 32, 8, 128, 16
+    n = pos + tokens
+    k = rng.standard_normal((n_kv, n, head_dim)).astype(np.float16)
+    v = rng.standard_normal((n_kv, n, head_dim)).astype(np.float16)
+    q = mx.array(rng.standard_normal((tokens, n_heads, head_dim)).astype(np.float16))
+    caches, table = (mx.array(k), mx.array(v)), None
+    if paged:
+        blocks = -(-n // bs) + 2
+        k_pool = np.zeros((blocks, n_kv, head_dim // ref.X, bs, ref.X), np.float16)
+        v_pool = np.zeros((blocks, n_kv, head_dim, bs), np.float16)
+        table = rng.permutation(blocks)[: -(-n // bs)].astype(np.int32)
+        slots = table[np.arange(n) // bs] * bs + np.arange(n) % bs
+        ref.reshape_and_cache(k_pool, v_pool, k.transpose(1, 0, 2), v.transpose(1, 0, 2), slots)
+        caches = (mx.array(k_pool), mx.array(v_pool))
+    outs = [np.array(at.prefill_attention(q, *caches, pos, head_dim ** -0.5, block_table=table, kernel=kernel))
+            for kernel in ("wgmma", "tiled")]
+    np.testing.assert_allclose(outs[0].astype(np.float32), outs[1].astype(np.float32), atol=3e-3, rtol=0)

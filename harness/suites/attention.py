@@ -147,7 +147,7 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
     """A prompt of `tokens` at positions pos.. over a cache already holding pos earlier tokens:
     query i against rows 0 .. pos+i only (rows past pos+tokens are NaN). With a block size, the
     same tokens in a paged pool, blocks scattered by the table (spare blocks NaN). kernel:
-    "tiled", or the decode kernel "split" (forced) or "whole"."""
+    "tiled", "wgmma" (Hopper only), or the decode kernel "split" (forced) or "whole"."""
     from kernels.attention import prefill_attention
     from kernels.runtime import poisoned_outputs
 
@@ -176,7 +176,7 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
             caches = (mx.array(k_pool), mx.array(v_pool))
         with poisoned_outputs():
             out = prefill_attention(mx.array(q), *caches, pos, scale, block_table=table,
-                                    kernel="tiled" if kernel == "tiled" else "decode",
+                                    kernel=kernel if kernel in ("tiled", "wgmma") else "decode",
                                     split=kernel == "split", split_from=0)
             mx.eval(out)
         out = np.array(out)
@@ -283,6 +283,8 @@ def _rope_decode_case(pos: int, heads: tuple[int, int], head_dim: int, neox: boo
 
 
 def check_cases(small: bool = False) -> list[CheckCase]:
+    from kernels import native
+
     contexts = (1, 17, 513) if small else CONTEXTS
     cases = []
     for c, ctx in enumerate(contexts):
@@ -319,6 +321,17 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             continue
         for kernel in ("tiled", "split"):
             cases.append(_prefill_case(tokens, pos, heads, d, kernel, bs))
+    # the wgmma prompt kernel (a native CUDA kernel: Hopper only), tiles of 128 rows and 128 keys:
+    # tails on both sides, positions past a tile, GQA 4:1, 2:1 and 1:1, both head dims it takes
+    if native.available():
+        for tokens, pos, heads, d, bs in ((1, 0, (32, 8), 128, 0), (17, 0, (32, 8), 128, 0),
+                                          (130, 31, (16, 8), 64, 0), (129, 127, (32, 8), 128, 0),
+                                          (513, 7, (32, 32), 128, 0), (300, 2000, (16, 8), 128, 0),
+                                          (17, 0, (32, 8), 128, 16), (64, 100, (16, 8), 64, 32),
+                                          (130, 5, (32, 8), 128, 32), (300, 700, (32, 8), 128, 16)):
+            if small and tokens > 17:
+                continue
+            cases.append(_prefill_case(tokens, pos, heads, d, "wgmma", bs))
     # RoPE + KV write + attention in one launch (the fused decode loop's attention)
     for pos, heads, d, neox, split, dev in ((0, (32, 8), 128, False, False, False), (16, (32, 8), 128, False, True, True),
                                             (70, (16, 16), 64, True, False, True), (600, (64, 8), 256, True, True, False),
@@ -532,12 +545,13 @@ def contiguous_cache(k_pool: mx.array, v_pool: mx.array, table: mx.array) -> tup
     return k, v
 
 
-def _bench_prefill(kernel: str, tokens: int, pos: int = 0, model: str = "llama3-8b"):
+def _bench_prefill(kernel: str, tokens: int, pos: int = 0, model: str = "llama3-8b", block_size: int = 0):
     """A prompt of `tokens` at positions pos .. pos+tokens-1 attending causally over the cache
-    (its own K and V after pos earlier tokens'). kernel: "tiled" or "decode" (prefill_attention's
-    two kernels), or "mlx.sdpa" (causal, its mask aligned to the end of the keys). Bytes: K and V
+    (its own K and V after pos earlier tokens'). kernel: "wgmma", "tiled" or "decode"
+    (prefill_attention's kernels), or "mlx.sdpa" (causal, its mask aligned to the end of the keys). Bytes: K and V
     read once, q read, out written (the floor; a kernel re-reads K and V from L2 for each query
-    tile); flops: the two products over the causal half."""
+    tile); flops: the two products over the causal half. With a block size, the same cache as
+    vLLM's paged pool, its blocks in a shuffled order (the row's kernel is named `<kernel> paged`)."""
     from harness.bench import BenchCase
     from kernels.attention import prefill_attention
 
@@ -547,18 +561,29 @@ def _bench_prefill(kernel: str, tokens: int, pos: int = 0, model: str = "llama3-
     nbytes = 2 * n_kv * keys * head_dim * 2 + 2 * 2 * tokens * n_heads * head_dim
     flops = 4 * tokens * (pos + (tokens + 1) // 2) * n_heads * head_dim
 
-    def make():
-        return {"q": mx.random.normal((tokens, n_heads, head_dim)).astype(mx.float16),
-                "k": mx.random.normal((n_kv, keys, head_dim)).astype(mx.float16),
-                "v": mx.random.normal((n_kv, keys, head_dim)).astype(mx.float16)}
+    blocks = -(-keys // block_size) if block_size else 0
+    table = np.random.default_rng(0).permutation(blocks).astype(np.int32) if block_size else None
 
-    if kernel == "mlx.sdpa":
+    def make():
+        s = {"q": mx.random.normal((tokens, n_heads, head_dim)).astype(mx.float16),
+             "k": mx.random.normal((n_kv, keys, head_dim)).astype(mx.float16),
+             "v": mx.random.normal((n_kv, keys, head_dim)).astype(mx.float16)}
+        if block_size:  # the pool's layout (random values: only the bytes' places matter here)
+            s["k"] = mx.random.normal((blocks, n_kv, head_dim // 8, block_size, 8)).astype(mx.float16)
+            s["v"] = mx.random.normal((blocks, n_kv, head_dim, block_size)).astype(mx.float16)
+        return s
+
+    if block_size:
+        step = lambda s: [prefill_attention(s["q"], s["k"], s["v"], pos, scale, block_table=table,  # noqa: E731
+                                            kernel=kernel)]
+        kernel = f"{kernel} paged"
+    elif kernel == "mlx.sdpa":
         step = lambda s: [mx.fast.scaled_dot_product_attention(  # noqa: E731
             s["q"].transpose(1, 0, 2)[None], s["k"][None], s["v"][None], scale=scale, mask="causal")]
     else:
         step = lambda s: [prefill_attention(s["q"], s["k"], s["v"], pos, scale, kernel=kernel)]  # noqa: E731
     shape = dict(batch=1, ctx=keys, tokens=tokens, pos=pos, n_heads=n_heads, n_kv_heads=n_kv,
-                 head_dim=head_dim, block_size=0)
+                 head_dim=head_dim, block_size=block_size)
     return BenchCase("attention", "attention-prefill", kernel, model, shape, make, step, nbytes, flops, nbytes)
 
 
@@ -586,11 +611,17 @@ def bench_cases(quick: bool = False) -> list:
     for model in ("llama3-8b",) if quick else BENCH_MODELS:
         for ctx in (8192,) if quick else BENCH_CONTEXTS:
             cases += [_bench(kernel, model, 1, ctx, chained=True) for kernel in ("flash_decode", "paged_v2", "mlx.sdpa")]
+    from kernels import native
+
+    # the wgmma kernel where it runs (Hopper), beside the portable one
+    prefill_kernels = ("wgmma",) * native.available() + ("tiled", "decode", "mlx.sdpa")
     for tokens, pos in ((512, 0),) if quick else PREFILL_PROMPTS:
         for model in ("llama3-8b",) if quick else BENCH_MODELS:
             # the decode kernel only where a call takes well under a few seconds
-            cases += [_bench_prefill(k, tokens, pos, model) for k in ("tiled", "decode", "mlx.sdpa")
+            cases += [_bench_prefill(k, tokens, pos, model) for k in prefill_kernels
                       if not (k == "decode" and tokens * (pos + tokens) > 2048 * 4096)]
+            # over the paged pool (the decode loop's paged option), blocks of 16
+            cases += [_bench_prefill(k, tokens, pos, model, 16) for k in prefill_kernels[:-2]]
     return cases
 
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from kernels import backends, options
+from kernels import backends, native, options
 from kernels.runtime import KernelSpec, Launch, constant, depends, index, launch, reshaped, resident
 
 HEAD_DIMS = (64, 128, 256)
@@ -518,7 +518,9 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
     (one sequence's blocks, host ints) vLLM's paged pool as paged_attention takes it.
 
     `kernel` (default: the attn_prefill option): "tiled", prefill_attention.metal (query tiles
-    against K/V tiles in threadgroup memory on SIMD-group matrices, online softmax); "decode",
+    against K/V tiles in threadgroup memory on SIMD-group matrices, online softmax); "wgmma",
+    prefill_wgmma.cu (the same schedule on Hopper's warpgroup MMA: a native CUDA kernel, sm_90a
+    only, D 64 or 128); "auto", wgmma where it runs, else tiled; "decode",
     the decode kernel with one query per token, every query on the same cache (K and V come
     through the L2 cache for the other queries; split, partition, split_from and counters apply
     to it only)."""
@@ -547,10 +549,17 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
             raise ValueError(f"block_table points outside the {k_cache.shape[0]} blocks of the pool")
         table_dev = _ints(tuple(table)).reshape(1, -1)
     kernel = options.get("attn_prefill") if kernel is None else kernel
+    if kernel == "auto":
+        kernel = "wgmma" if not wgmma_prefill_unavailable(head_dim, block_size) else "tiled"
+    if kernel == "wgmma":
+        reason = wgmma_prefill_unavailable(head_dim, block_size)
+        if reason:
+            raise ValueError(f"prefill kernel 'wgmma': {reason}")
+        return _prefill_wgmma(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after)
     if kernel == "tiled":
         return _prefill_tiled(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after)
     if kernel != "decode":
-        raise ValueError(f"kernel must be 'tiled' or 'decode', got {kernel!r}")
+        raise ValueError(f"kernel must be 'auto', 'wgmma', 'tiled' or 'decode', got {kernel!r}")
     lens = np.arange(pos + 1, pos + tokens + 1)
     return _run(block_table is not None, split, q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
                 table_dev, rows, n_kv, group, scale, partition, block_size, after, shared_cache=True,
@@ -602,6 +611,44 @@ def _prefill_tiled(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.
     (out,) = launch(Launch(_prefill_spec(table is not None), inputs, [((tokens, n_heads, head_dim), mx.float16)],
                            (tiles * 32 * PREFILL_NSIMD, n_heads, 1), (32 * PREFILL_NSIMD, 1, 1),
                            dict(D=head_dim, RB=rb, BK=bk, NSIMD=PREFILL_NSIMD, BS=block_size)))
+    return out
+
+
+WGMMA_PREFILL = "attention/prefill_wgmma.cu"
+WGMMA_ROWS, WGMMA_KEYS, WGMMA_THREADS = 128, 128, 256  # prefill_wgmma.cu's BM, BN, THREADS
+
+
+def wgmma_prefill_unavailable(head_dim: int, block_size: int) -> str:
+    """Why the wgmma prefill kernel cannot take this launch ('' where it can)."""
+    if head_dim not in (64, 128):
+        return f"head_dim {head_dim} (it takes 64 or 128)"
+    if block_size % 8:
+        return f"block size {block_size} (paged blocks must hold whole 8-key pieces)"
+    return native.unavailable_reason()
+
+
+WGMMA_STAGES = 3  # prefill_wgmma.cu's STAGES
+
+
+def wgmma_prefill_bytes(head_dim: int) -> int:
+    """prefill_wgmma.cu's SMEM_BYTES: Q's tile, the stages of a K and a V tile, two mbarriers a
+    stage, 1 KiB to align the base."""
+    return (WGMMA_ROWS + WGMMA_STAGES * 2 * WGMMA_KEYS) * head_dim * 2 + 2 * WGMMA_STAGES * 8 + 1024
+
+
+def _prefill_wgmma(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.array | None,
+                   rows: int, n_kv: int, pos: int, scale: float, block_size: int,
+                   after: mx.array | None) -> mx.array:
+    tokens, n_heads, head_dim = q.shape
+    tiles = -(-tokens // WGMMA_ROWS)
+    dims = _ints((n_kv, rows, tokens, pos, n_heads, tiles))
+    inputs = [q, k_cache, v_cache, dims if table is None else table.reshape(-1), dims,
+              _scale(float(scale)), _no_order() if after is None else after]
+    constants = dict(HEAD_DIM=head_dim, PAGED=int(table is not None), BLOCK_SIZE=block_size)
+    (out,) = native.launch(WGMMA_PREFILL, "lathe_prefill_wgmma", constants, inputs,
+                           [((tokens, n_heads, head_dim), mx.float16)],
+                           (n_heads * WGMMA_THREADS, tiles, 1), (WGMMA_THREADS, 1, 1),
+                           wgmma_prefill_bytes(head_dim))
     return out
 
 
