@@ -574,8 +574,8 @@ def _bench_prefill(kernel: str, tokens: int, pos: int = 0, model: str = "llama3-
         return s
 
     if block_size:
-        step = lambda s: [prefill_attention(s["q"], s["k"], s["v"], pos, scale, block_table=table,  # noqa: E731
-                                            kernel=kernel)]
+        step = lambda s, k=kernel: [prefill_attention(s["q"], s["k"], s["v"], pos, scale,  # noqa: E731
+                                                      block_table=table, kernel=k)]
         kernel = f"{kernel} paged"
     elif kernel == "mlx.sdpa":
         step = lambda s: [mx.fast.scaled_dot_product_attention(  # noqa: E731
