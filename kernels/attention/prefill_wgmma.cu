@@ -194,20 +194,6 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
   }
   __syncthreads();
 
-#if PAGED
-  // A thread copies the same key of every K piece and the same 8 keys of every V row in a tile
-  // (THREADS is a multiple of BN): two table entries a tile, read a tile ahead so that the
-  // copies never wait on the table (in the copies' path they were the kernel's top stall).
-  static_assert(THREADS % BN == 0, "prefill_wgmma: a thread's keys repeat in every round");
-  const u32 key_k = tid % BN, key_v = (tid % (BN / 8)) * 8;
-  u32 blk_k = 0, blk_v = 0;
-  auto lookup = [&](u32 j) {
-    const u32 kk = j * BN + key_k, kv = j * BN + key_v;
-    blk_k = kk < kv_end ? u32(table[kk / BLOCK_SIZE]) : 0u;
-    blk_v = kv < kv_end ? u32(table[kv / BLOCK_SIZE]) : 0u;
-  };
-  lookup(0);
-#endif
   // This thread's share of tile j's K and V into stage j % STAGES, once both warpgroups are done
   // with the tile that was there; its arrival on the stage's `full` barrier when they land.
   auto issue = [&](u32 j) {
@@ -216,26 +202,24 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     const u32 k0 = j * BN, ks = q_s + Q_BYTES + stage * STAGE_BYTES, vs = ks + TILE_BYTES;
 #if PAGED
     // K: consecutive threads take consecutive keys of one 16-byte piece (a block's are adjacent).
-    {
-      const u32 key = k0 + key_k;
-      const unsigned long long base = (((unsigned long long)blk_k * n_kv + h) * CHUNKS) * BLOCK_SIZE + key % BLOCK_SIZE;
 #pragma unroll
-      for (u32 it = 0; it < BN * CHUNKS / THREADS; ++it) {
-        const u32 c = (tid + it * THREADS) / BN;
-        copy16(ks + swizzled(BN, key_k, c), k_cache + (base + c * BLOCK_SIZE) * 8, key < kv_end ? 16 : 0);
-      }
+    for (u32 it = 0; it < BN * CHUNKS / THREADS; ++it) {
+      const u32 i = tid + it * THREADS, c = i / BN, r = i % BN, key = k0 + r;
+      const bool in = key < kv_end;
+      const u32 blk = in ? u32(table[key / BLOCK_SIZE]) : 0u;
+      copy16(ks + swizzled(BN, r, c),
+             k_cache + ((((unsigned long long)blk * n_kv + h) * CHUNKS + c) * BLOCK_SIZE + key % BLOCK_SIZE) * 8,
+             in ? 16 : 0);
     }
     // V: 8 keys of one dimension a piece; the tile as [D][keys].
-    {
-      const u32 key = k0 + key_v, n = key < kv_end ? min(kv_end - key, 8u) : 0u;
-      const unsigned long long base = ((unsigned long long)blk_v * n_kv + h) * D * BLOCK_SIZE + key % BLOCK_SIZE;
 #pragma unroll
-      for (u32 it = 0; it < D * (BN / 8) / THREADS; ++it) {
-        const u32 d = (tid + it * THREADS) / (BN / 8);
-        copy16(vs + swizzled(D, d, key_v / 8), v_cache + base + d * BLOCK_SIZE, n * 2);
-      }
+    for (u32 it = 0; it < D * (BN / 8) / THREADS; ++it) {
+      const u32 i = tid + it * THREADS, d = i / (BN / 8), c = i % (BN / 8), key = k0 + c * 8;
+      const u32 n = key < kv_end ? min(kv_end - key, 8u) : 0u;
+      const u32 blk = n ? u32(table[key / BLOCK_SIZE]) : 0u;
+      copy16(vs + swizzled(D, d, c),
+             v_cache + (((unsigned long long)blk * n_kv + h) * D + d) * BLOCK_SIZE + key % BLOCK_SIZE, n * 2);
     }
-    lookup(j + 1);
 #else
 #pragma unroll
     for (u32 it = 0; it < BN * CHUNKS / THREADS; ++it) {
