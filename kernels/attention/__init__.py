@@ -622,8 +622,8 @@ def wgmma_prefill_unavailable(head_dim: int, block_size: int) -> str:
     """Why the wgmma prefill kernel cannot take this launch ('' where it can)."""
     if head_dim not in (64, 128):
         return f"head_dim {head_dim} (it takes 64 or 128)"
-    if block_size % 8:
-        return f"block size {block_size} (paged blocks must hold whole 8-key pieces)"
+    if block_size % 8 or (block_size and WGMMA_KEYS % block_size):
+        return f"block size {block_size} (paged blocks of 8, 16, 32, 64 or 128 keys: whole 8-key pieces, whole blocks a tile)"
     return native.unavailable_reason()
 
 

@@ -16,16 +16,23 @@
 //     other's products);
 //   runs the online softmax on S_j's accumulators (a row lives in the 4 lanes of a quad) while
 //     its P V product finishes; then rescales O and packs P_j to fp16.
-// Shared tiles are stored in the 128-byte swizzle the descriptors name (a 16-byte piece c of row
-// r at r * 128 + ((c ^ r % 8) * 16) within 64-column blocks of the row), so that both the copies
-// and the tensor cores' reads spread over all banks.
+// Q's tile and contiguous K/V tiles are stored in the 128-byte swizzle the descriptors name (a
+// 16-byte piece c of row r at r * 128 + ((c ^ r % 8) * 16) within 64-column blocks of the row), so
+// that both the copies and the tensor cores' reads spread over all banks.
 // The cache layout is a switch (PAGED):
 //  0  contiguous, head-major k/v_cache[1, Hkv, S, D]: V tiles as [key][D] (MN-major for P V);
 //  1  paged as vLLM: k_cache[blocks, Hkv, D/8, BS, 8], v_cache[blocks, Hkv, D, BS]; key t in
-//     block table[t / BS] at offset t % BS. V tiles as [D][key] (K-major for P V).
+//     block table[t / BS] at offset t % BS. A block's K (or V) for one head is one run of D * BS
+//     halves, copied in order: consecutive threads take consecutive 16-byte pieces, so that a
+//     warp's copies are contiguous on both sides (a cp.async's sectors are fetched apart when
+//     its destinations scatter: Nsight Compute counted 9x the L2 requests of the contiguous
+//     kernel with K copied key by key). Each piece lands in the tensor cores' layout without a
+//     swizzle (8x8 core matrices of 128 contiguous bytes, both operands K-major):
+//       K tile  [D/8][BN keys][8 dims]   a block's piece (d8, key) at d8 * BN * 16 + key * 16;
+//       V tile  [BN/8][D][8 keys]        (d, 8 keys kp) at (key / 8) * D * 16 + d * 16.
 // Keys past the last row's position are not read: cp.async fills them with zeros (unused cache
 // slots may hold anything, and 0 * NaN would spoil a sum); their scores are masked.
-// Constants (NVRTC -D): HEAD_DIM (64 or 128), PAGED (0, 1), BLOCK_SIZE (paged; a multiple of 8),
+// Constants (NVRTC -D): HEAD_DIM (64 or 128), PAGED (0, 1), BLOCK_SIZE (paged; 8, 16, 32, 64, 128),
 // ENTRY (the symbol: kernels.native names each instantiation).
 // Inputs: q[T, Hq, D], k_cache, v_cache, table (int32; paged, else any int32 array), dims (int32:
 //   Hkv, S or MAXB, T, pos, Hq, query tiles), scale (float[1]), after (ordering token, not read).
@@ -44,7 +51,8 @@ constexpr int STAGES = 3;
 constexpr int OREGS = D / 2;                 // O's accumulators a thread
 constexpr int SREGS = BN / 2;                // S's
 static_assert(D == 64 || D == 128, "prefill_wgmma: D is 64 or 128");
-static_assert(!PAGED || BLOCK_SIZE % 8 == 0, "prefill_wgmma: paged blocks hold whole 8-key pieces");
+static_assert(!PAGED || (BLOCK_SIZE % 8 == 0 && BN % BLOCK_SIZE == 0),
+              "prefill_wgmma: paged blocks hold whole 8-key pieces, and a tile whole blocks");
 static_assert(BN * CHUNKS % THREADS == 0 && BM * CHUNKS % THREADS == 0, "prefill_wgmma: whole copy rounds");
 constexpr int BARRIERS_AT = Q_BYTES + STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
 #define SMEM_BYTES (BARRIERS_AT + 2 * STAGES * 8 + 1024)  // + slack to align the base to 1024
@@ -85,12 +93,13 @@ __device__ __forceinline__ u32 swizzled(u32 rows, u32 r, u32 c) {
   return (c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) << 4);
 }
 
-// A shared-memory matrix descriptor, 128-byte swizzle: start address, leading-dimension byte
-// offset (MN-major: from one 64-element block of the MN dimension to the next), stride byte
-// offset (from one 8-row group to the next).
-__device__ __forceinline__ u64 descriptor(u32 address, u32 lbo, u32 sbo) {
+// A shared-memory matrix descriptor: start address, leading-dimension byte offset (swizzled
+// MN-major: from one 64-element block of the MN dimension to the next; unswizzled K-major: from
+// one core matrix to the next along K), stride byte offset (from one 8-row group to the next),
+// and the layout: the 128-byte swizzle, or none.
+__device__ __forceinline__ u64 descriptor(u32 address, u32 lbo, u32 sbo, bool swizzle = true) {
   return (u64)((address & 0x3FFFF) >> 4) | ((u64)((lbo >> 4) & 0x3FFF) << 16) |
-         ((u64)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+         ((u64)((sbo >> 4) & 0x3FFF) << 32) | ((u64)swizzle << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -201,24 +210,19 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     if (j >= STAGES) barrier_wait(empty + stage * 8, (j / STAGES - 1) & 1);
     const u32 k0 = j * BN, ks = q_s + Q_BYTES + stage * STAGE_BYTES, vs = ks + TILE_BYTES;
 #if PAGED
-    // K: consecutive threads take consecutive keys of one 16-byte piece (a block's are adjacent).
+    // A block's K and V runs for head h, in order (see the layout above); pieces past the last
+    // key are zeros.
+    constexpr u32 RUN = D * BLOCK_SIZE / 8;  // 16-byte pieces of one block's run
 #pragma unroll
-    for (u32 it = 0; it < BN * CHUNKS / THREADS; ++it) {
-      const u32 i = tid + it * THREADS, c = i / BN, r = i % BN, key = k0 + r;
-      const bool in = key < kv_end;
-      const u32 blk = in ? u32(table[key / BLOCK_SIZE]) : 0u;
-      copy16(ks + swizzled(BN, r, c),
-             k_cache + ((((unsigned long long)blk * n_kv + h) * CHUNKS + c) * BLOCK_SIZE + key % BLOCK_SIZE) * 8,
-             in ? 16 : 0);
-    }
-    // V: 8 keys of one dimension a piece; the tile as [D][keys].
-#pragma unroll
-    for (u32 it = 0; it < D * (BN / 8) / THREADS; ++it) {
-      const u32 i = tid + it * THREADS, d = i / (BN / 8), c = i % (BN / 8), key = k0 + c * 8;
-      const u32 n = key < kv_end ? min(kv_end - key, 8u) : 0u;
-      const u32 blk = n ? u32(table[key / BLOCK_SIZE]) : 0u;
-      copy16(vs + swizzled(D, d, c),
-             v_cache + (((unsigned long long)blk * n_kv + h) * D + d) * BLOCK_SIZE + key % BLOCK_SIZE, n * 2);
+    for (u32 it = 0; it < D * BN / 8 / THREADS; ++it) {
+      const u32 i = tid + it * THREADS, b = i / RUN, w = i % RUN, first = k0 + b * BLOCK_SIZE;
+      const u32 blk = first < kv_end ? u32(table[first / BLOCK_SIZE]) : 0u;
+      const unsigned long long run = ((unsigned long long)blk * n_kv + h) * D * BLOCK_SIZE + w * 8;
+      const u32 d8 = w / BLOCK_SIZE, key = b * BLOCK_SIZE + w % BLOCK_SIZE;       // K: [D/8][BS][8]
+      copy16(ks + d8 * BN * 16 + key * 16, k_cache + run, k0 + key < kv_end ? 16 : 0);
+      const u32 d = w / (BLOCK_SIZE / 8), kp = b * BLOCK_SIZE + (w % (BLOCK_SIZE / 8)) * 8;  // V: [D][BS]
+      const u32 n = k0 + kp < kv_end ? min(kv_end - k0 - kp, 8u) : 0u;
+      copy16(vs + (kp / 8) * D * 16 + d * 16, v_cache + run, n * 2);
     }
 #else
 #pragma unroll
@@ -264,7 +268,11 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const u64 a = descriptor(q_s + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32, 16, 1024);
+#if PAGED  // K as [D/8][BN][8]: core matrices 128 bytes apart along the keys, BN * 16 along D
+      const u64 b = descriptor(ks + kk * 2 * BN * 16, BN * 16, 128, false);
+#else
       const u64 b = descriptor(ks + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+#endif
       wgmma_ss_n128(s, a, b, kk > 0);
     }
     wgmma_commit();
@@ -273,8 +281,8 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     const u32 vs = q_s + Q_BYTES + (j % STAGES) * STAGE_BYTES + TILE_BYTES;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-#if PAGED  // V as [D][keys]: K-major, 64-key blocks D rows apart
-      WGMMA_PV<0>(o, p[kk], descriptor(vs + (kk / 4) * D * 128 + (kk % 4) * 32, 16, 1024));
+#if PAGED  // V as [BN/8][D][8]: core matrices 128 bytes apart along D, D * 16 along the keys
+      WGMMA_PV<0>(o, p[kk], descriptor(vs + kk * 2 * D * 16, D * 16, 128, false));
 #else      // V as [keys][D]: MN-major, 64-dimension blocks BN rows apart
       WGMMA_PV<1>(o, p[kk], descriptor(vs + kk * 16 * 128, BN * 128, 1024));
 #endif
