@@ -42,15 +42,15 @@ def test_mixed_and_prefill_tables():
     mixed = mixed_table(run_rows())
     assert set(mixed["rows"]) == {"b8-mixed", "b32-mixed"}
     assert (mixed[mixed["longest ctx"] == 8192]["met (>= 90)"] == "").all()
-    prefill = prefill_table(run_rows()).set_index(["heads", "tokens", "pos"])
-    row = prefill.loc[("llama3-8b", 2048, 0)]
-    assert abs(row["sdpa / tiled (GPU)"] - row["sdpa gpu_us"] / row["tiled gpu_us"]) < 0.01
-    assert prefill.loc[("llama3-8b", 16, 4096)]["met (>= 0.8)"] == ""  # a 16-token prompt has no floor
+    prefill = prefill_table(run_rows()).set_index(["heads", "tokens", "pos", "kernel"])
+    row = prefill.loc[("llama3-8b", 2048, 0, "tiled")]
+    assert abs(row["sdpa / ours (GPU)"] - row["sdpa gpu_us"] / row["gpu_us"]) < 0.01
+    assert prefill.loc[("llama3-8b", 16, 4096, "tiled")]["met (>= 0.8)"] == ""  # a 16-token prompt has no floor
 
 
 def test_report_prints_markdown_and_refuses_a_run_without_gpu_time(capsys, tmp_path):
     assert main([str(CSV), "--sha", "4dff975"]) == 0
     out = capsys.readouterr().out
-    assert "| b1 | llama3-8b | 32768 |" in out and "| sdpa / tiled (GPU) |" in out
+    assert "| b1 | llama3-8b | 32768 |" in out and "| sdpa / ours (GPU) |" in out
     run_rows().assign(gpu_us=float("nan")).to_csv(tmp_path / "a.csv", index=False)
     assert main([str(tmp_path / "a.csv")]) == 1
