@@ -74,7 +74,7 @@ def launch(path: str, stem: str, constants: dict[str, int], inputs: Sequence[mx.
     launches are recorded (no GPU) it compiles the kernel and returns zeros."""
     key = tuple(constants.items())
     binary = cubin(path, stem, key)
-    if runtime._recorder[0] is not None:
+    if runtime.recording_launches():
         return [mx.zeros(tuple(s), d) for s, d in outputs]
     reason = unavailable_reason()
     if reason:
@@ -83,4 +83,4 @@ def launch(path: str, stem: str, constants: dict[str, int], inputs: Sequence[mx.
         name=entry_name(stem, constants), compiled_source=binary, inputs=list(inputs),
         output_shapes=[tuple(s) for s, _ in outputs], output_dtypes=[d for _, d in outputs],
         scalars=[], grid=grid, threadgroup=threadgroup, shared_memory=shared_memory,
-        init_value=runtime._poison[0])
+        init_value=runtime.poison_value())

@@ -124,6 +124,9 @@ __device__ __forceinline__ u32 pack_half2(float lo, float hi) {
   return r;
 }
 
+// The products: one wgmma instruction at the two widths used (N = 128: S, and P V at D = 128;
+// N = 64: P V at D = 64), A from shared memory or from registers. Inline asm takes its operand
+// lists spelled out, one per accumulator register, hence four wrappers of the same shape.
 // D[64 x 64] (+)= A[64 x 16] B[16 x 64], A and B in shared memory (descriptors, both K-major);
 // accumulate 0 overwrites D.
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 a, u64 b, int accumulate) {
