@@ -124,20 +124,9 @@ __device__ __forceinline__ u32 pack_half2(float lo, float hi) {
   return r;
 }
 
-// The products: one wgmma instruction at the two widths used (N = 128: S, and P V at D = 128;
-// N = 64: P V at D = 64), A from shared memory or from registers. Inline asm takes its operand
-// lists spelled out, one per accumulator register, hence four wrappers of the same shape.
-// D[64 x 64] (+)= A[64 x 16] B[16 x 64], A and B in shared memory (descriptors, both K-major);
-// accumulate 0 overwrites D.
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 a, u64 b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
+// The products: one wgmma instruction at the widths used (N = 128: S, and P V at D = 128; N = 64:
+// P V at D = 64), A from shared memory (S) or from registers (P V). Inline asm takes its operand
+// lists spelled out, one per accumulator register, hence three wrappers of the same shape.
 // D[64 x 64] += A[64 x 16] B[16 x 64], A in registers (laid out as the accumulator is), B in
 // shared memory, K-major (TRANS_B 0) or MN-major (TRANS_B 1).
 template <int TRANS_B>
