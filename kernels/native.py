@@ -46,6 +46,11 @@ def entry_name(stem: str, constants: dict[str, int]) -> str:
 
 
 @functools.cache
+def instance(path: str, stem: str, constants: tuple[tuple[str, int], ...]) -> tuple[str, bytes]:
+    """(symbol, cubin) of one instantiation, built once a process: what each launch hands MLX."""
+    return entry_name(stem, dict(constants)), cubin(path, stem, constants)
+
+
 def cubin(path: str, stem: str, constants: tuple[tuple[str, int], ...]) -> bytes:
     """NVRTC: the kernel at kernels/<path> with its constants as -D defines and ENTRY (its
     symbol), for sm_90a. No GPU is needed; raises kernels.ptx.CompileError with NVRTC's log."""
@@ -72,15 +77,14 @@ def launch(path: str, stem: str, constants: dict[str, int], inputs: Sequence[mx.
     """One launch of a native kernel (grid in threads, as kernels.runtime's launches). Outputs
     are poisoned inside kernels.runtime.poisoned_outputs, as every other launch's. While
     launches are recorded (no GPU) it compiles the kernel and returns zeros."""
-    key = tuple(constants.items())
-    binary = cubin(path, stem, key)
-    if runtime._recorder[0] is not None:
+    name, binary = instance(path, stem, tuple(constants.items()))
+    if runtime.recording_launches():
         return [mx.zeros(tuple(s), d) for s, d in outputs]
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(reason)
     return mx.fast.precompiled_cuda_kernel(
-        name=entry_name(stem, constants), compiled_source=binary, inputs=list(inputs),
+        name=name, compiled_source=binary, inputs=list(inputs),
         output_shapes=[tuple(s) for s, _ in outputs], output_dtypes=[d for _, d in outputs],
         scalars=[], grid=grid, threadgroup=threadgroup, shared_memory=shared_memory,
-        init_value=runtime._poison[0])
+        init_value=runtime.poison_value())

@@ -270,6 +270,11 @@ class Launch:
 _poison: list[float | None] = [None]
 
 
+def poison_value() -> float | None:
+    """What launches fill their outputs with first (NaN inside poisoned_outputs, else None)."""
+    return _poison[0]
+
+
 class poisoned_outputs:
     """Context manager: every launch inside fills its outputs with `value` (NaN) first."""
 
@@ -346,6 +351,11 @@ class recording:
 
 
 _recorder: list[list | None] = [None]
+
+
+def recording_launches() -> bool:
+    """Whether launches are being recorded (a `recording` is open), not run."""
+    return _recorder[0] is not None
 _prepared_sink: list[list | None] = [None]
 _target: list[str | None] = [None]
 

@@ -564,14 +564,14 @@ def _bench_prefill(kernel: str, tokens: int, pos: int = 0, model: str = "llama3-
     blocks = -(-keys // block_size) if block_size else 0
     table = np.random.default_rng(0).permutation(blocks).astype(np.int32) if block_size else None
 
+    # the pool's layout where paged (random values: only the bytes' places matter here)
+    k_shape = (blocks, n_kv, head_dim // 8, block_size, 8) if block_size else (n_kv, keys, head_dim)
+    v_shape = (blocks, n_kv, head_dim, block_size) if block_size else (n_kv, keys, head_dim)
+
     def make():
-        s = {"q": mx.random.normal((tokens, n_heads, head_dim)).astype(mx.float16),
-             "k": mx.random.normal((n_kv, keys, head_dim)).astype(mx.float16),
-             "v": mx.random.normal((n_kv, keys, head_dim)).astype(mx.float16)}
-        if block_size:  # the pool's layout (random values: only the bytes' places matter here)
-            s["k"] = mx.random.normal((blocks, n_kv, head_dim // 8, block_size, 8)).astype(mx.float16)
-            s["v"] = mx.random.normal((blocks, n_kv, head_dim, block_size)).astype(mx.float16)
-        return s
+        return {"q": mx.random.normal((tokens, n_heads, head_dim)).astype(mx.float16),
+                "k": mx.random.normal(k_shape).astype(mx.float16),
+                "v": mx.random.normal(v_shape).astype(mx.float16)}
 
     if block_size:
         step = lambda s, k=kernel: [prefill_attention(s["q"], s["k"], s["v"], pos, scale,  # noqa: E731
@@ -621,7 +621,8 @@ def bench_cases(quick: bool = False) -> list:
             cases += [_bench_prefill(k, tokens, pos, model) for k in prefill_kernels
                       if not (k == "decode" and tokens * (pos + tokens) > 2048 * 4096)]
             # over the paged pool (the decode loop's paged option), blocks of 16
-            cases += [_bench_prefill(k, tokens, pos, model, 16) for k in prefill_kernels[:-2]]
+            cases += [_bench_prefill(k, tokens, pos, model, 16) for k in prefill_kernels
+                      if k in ("wgmma", "tiled")]
     return cases
 
 

@@ -549,13 +549,13 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
             raise ValueError(f"block_table points outside the {k_cache.shape[0]} blocks of the pool")
         table_dev = _ints(tuple(table)).reshape(1, -1)
     kernel = options.get("attn_prefill") if kernel is None else kernel
-    if kernel == "auto":
-        kernel = "wgmma" if not wgmma_prefill_unavailable(head_dim, block_size) else "tiled"
-    if kernel == "wgmma":
+    if kernel in ("auto", "wgmma"):
         reason = wgmma_prefill_unavailable(head_dim, block_size)
-        if reason:
+        if not reason:
+            return _prefill_wgmma(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after)
+        if kernel == "wgmma":
             raise ValueError(f"prefill kernel 'wgmma': {reason}")
-        return _prefill_wgmma(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after)
+        kernel = "tiled"  # auto, where wgmma cannot run
     if kernel == "tiled":
         return _prefill_tiled(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after)
     if kernel != "decode":
