@@ -452,7 +452,7 @@ def _nvrtc_missing() -> str:
 
 @pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("paged, block_size", [(0, 0), (1, 16), (1, 32)])
+@pytest.mark.parametrize("paged, block_size", [(0, 0), (1, 8), (1, 16), (1, 32), (1, 64), (1, 128)])
 def test_wgmma_prefill_compiles_for_sm90a(head_dim, paged, block_size):
     """Every instantiation the host can ask for builds (NVRTC, no GPU), with its own symbol."""
     from kernels import native
@@ -480,17 +480,18 @@ def test_wgmma_prefill_shared_memory_fits_an_sm():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("bs", [0, 8, 16, 32, 64, 128])
 @pytest.mark.parametrize("tokens, pos", [(200, 0), (77, 333)])
-def test_wgmma_prefill_matches_the_tiled_kernel(paged, tokens, pos):
+def test_wgmma_prefill_matches_the_tiled_kernel(bs, tokens, pos):
     """Where it runs (Hopper), the wgmma kernel agrees with the portable tiled one on the same
-    cache, contiguous and paged (both are checked against float64 by `lathe check attention`)."""
+    cache, contiguous (bs 0) and paged with every block size (each its own V layout: rows of 16
+    to 128 bytes; both kernels are checked against float64 by `lathe check attention`)."""
     from kernels import native
 
     if not native.available():
         pytest.skip(native.unavailable_reason())
     rng = np.random.default_rng(7)
-    n_heads, n_kv, head_dim, bs = 32, 8, 128, 16
+    n_heads, n_kv, head_dim, paged = 32, 8, 128, bs > 0
     n = pos + tokens
     k = rng.standard_normal((n_kv, n, head_dim)).astype(np.float16)
     v = rng.standard_normal((n_kv, n, head_dim)).astype(np.float16)

@@ -24,12 +24,15 @@
 //  1  paged as vLLM: k_cache[blocks, Hkv, D/8, BS, 8], v_cache[blocks, Hkv, D, BS]; key t in
 //     block table[t / BS] at offset t % BS. A block's K (or V) for one head is one run of D * BS
 //     halves, copied in order: consecutive threads take consecutive 16-byte pieces, so that a
-//     warp's copies are contiguous on both sides (a cp.async's sectors are fetched apart when
-//     its destinations scatter: Nsight Compute counted 9x the L2 requests of the contiguous
-//     kernel with K copied key by key). Each piece lands in the tensor cores' layout without a
-//     swizzle (8x8 core matrices of 128 contiguous bytes, both operands K-major):
-//       K tile  [D/8][BN keys][8 dims]   a block's piece (d8, key) at d8 * BN * 16 + key * 16;
-//       V tile  [BN/8][D][8 keys]        (d, 8 keys kp) at (key / 8) * D * 16 + d * 16.
+//     warp's copies are contiguous on both sides. Where a cp.async's destinations fall on the
+//     same banks, the two halves of a 32-byte sector are fetched apart (Nsight Compute: 9x the
+//     L2 requests of the contiguous kernel, the L2's tag lookups 66-71% busy), so every
+//     128-byte line of a run lands in one 128-byte line of shared memory:
+//       K tile  [D/8][BN keys][8 dims]   unswizzled core matrices (8x8, 128 contiguous bytes,
+//               K-major): a block's piece (d8, key) at d8 * BN * 16 + key * 16;
+//       V tile  [BN / VW][D][VW keys]    a run's rows (one dimension, BS keys) as they are, up
+//               to VW = min(BS, 64) keys a row, in the swizzle of that row width (none at 16
+//               bytes, else 32, 64 or 128): the K-major B operand of P V.
 // Keys past the last row's position are not read: cp.async fills them with zeros (unused cache
 // slots may hold anything, and 0 * NaN would spoil a sum); their scores are masked.
 // Constants (NVRTC -D): HEAD_DIM (64 or 128), PAGED (0, 1), BLOCK_SIZE (paged; 8, 16, 32, 64, 128),
@@ -54,6 +57,14 @@ static_assert(D == 64 || D == 128, "prefill_wgmma: D is 64 or 128");
 static_assert(!PAGED || (BLOCK_SIZE % 8 == 0 && BN % BLOCK_SIZE == 0),
               "prefill_wgmma: paged blocks hold whole 8-key pieces, and a tile whole blocks");
 static_assert(BN * CHUNKS % THREADS == 0 && BM * CHUNKS % THREADS == 0, "prefill_wgmma: whole copy rounds");
+#if PAGED
+// V's rows in shared memory (see the layout above): VW keys, VROW bytes, the swizzle mode of the
+// descriptor (0 none, 3: 32-byte, 2: 64-byte, 1: 128-byte) and its XOR mask of 16-byte pieces.
+constexpr int VW = BLOCK_SIZE < 64 ? BLOCK_SIZE : 64;
+constexpr int VROW = 2 * VW;
+constexpr int VMODE = VROW == 16 ? 0 : VROW == 32 ? 3 : VROW == 64 ? 2 : 1;
+constexpr u32 VXOR = VROW / 16 - 1;
+#endif
 constexpr int BARRIERS_AT = Q_BYTES + STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
 #define SMEM_BYTES (BARRIERS_AT + 2 * STAGES * 8 + 1024)  // + slack to align the base to 1024
 
@@ -96,10 +107,10 @@ __device__ __forceinline__ u32 swizzled(u32 rows, u32 r, u32 c) {
 // A shared-memory matrix descriptor: start address, leading-dimension byte offset (swizzled
 // MN-major: from one 64-element block of the MN dimension to the next; unswizzled K-major: from
 // one core matrix to the next along K), stride byte offset (from one 8-row group to the next),
-// and the layout: the 128-byte swizzle, or none.
-__device__ __forceinline__ u64 descriptor(u32 address, u32 lbo, u32 sbo, bool swizzle = true) {
+// and the layout (bits 62-63): 1 the 128-byte swizzle, 2 the 64-byte, 3 the 32-byte, 0 none.
+__device__ __forceinline__ u64 descriptor(u32 address, u32 lbo, u32 sbo, u32 mode = 1) {
   return (u64)((address & 0x3FFFF) >> 4) | ((u64)((lbo >> 4) & 0x3FFF) << 16) |
-         ((u64)((sbo >> 4) & 0x3FFF) << 32) | ((u64)swizzle << 62);
+         ((u64)((sbo >> 4) & 0x3FFF) << 32) | ((u64)mode << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -214,7 +225,8 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
       copy16(ks + d8 * BN * 16 + key * 16, k_cache + run, k0 + key < kv_end ? 16 : 0);
       const u32 d = w / (BLOCK_SIZE / 8), kp = b * BLOCK_SIZE + (w % (BLOCK_SIZE / 8)) * 8;  // V: [D][BS]
       const u32 n = k0 + kp < kv_end ? min(kv_end - k0 - kp, 8u) : 0u;
-      copy16(vs + (kp / 8) * D * 16 + d * 16, v_cache + run, n * 2);
+      const u32 at = d * VROW + (kp % VW) * 2;  // within its group of VW keys, then swizzled
+      copy16(vs + (kp / VW) * D * VROW + (at ^ (((at >> 7) & VXOR) << 4)), v_cache + run, n * 2);
     }
 #else
 #pragma unroll
@@ -261,7 +273,7 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     for (int kk = 0; kk < D / 16; ++kk) {
       const u64 a = descriptor(q_s + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32, 16, 1024);
 #if PAGED  // K as [D/8][BN][8]: core matrices 128 bytes apart along the keys, BN * 16 along D
-      const u64 b = descriptor(ks + kk * 2 * BN * 16, BN * 16, 128, false);
+      const u64 b = descriptor(ks + kk * 2 * BN * 16, BN * 16, 128, 0);
 #else
       const u64 b = descriptor(ks + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
 #endif
@@ -273,8 +285,11 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     const u32 vs = q_s + Q_BYTES + (j % STAGES) * STAGE_BYTES + TILE_BYTES;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-#if PAGED  // V as [BN/8][D][8]: core matrices 128 bytes apart along D, D * 16 along the keys
-      WGMMA_PV<0>(o, p[kk], descriptor(vs + kk * 2 * D * 16, D * 16, 128, false));
+#if PAGED  // V as [BN/VW][D][VW]: keys 16kk.. start in group 16kk / VW; 8-row groups 8 * VROW
+           // apart; with VW = 8 (no swizzle) the second 8 keys are the next group, D * 16 on
+           // (the leading offset; a swizzled row holds all 16 keys and has none)
+      WGMMA_PV<0>(o, p[kk], descriptor(vs + (16 * kk / VW) * D * VROW + (16 * kk % VW) * 2,
+                                       VMODE ? 16 : D * 16, 8 * VROW, VMODE));
 #else      // V as [keys][D]: MN-major, 64-dimension blocks BN rows apart
       WGMMA_PV<1>(o, p[kk], descriptor(vs + kk * 16 * 128, BN * 128, 1024));
 #endif
