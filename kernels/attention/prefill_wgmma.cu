@@ -185,7 +185,7 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
   extern __shared__ __align__(1024) unsigned char smem[];
   const u32 q_s = (shared_address(smem) + 1023) & ~1023u;  // the swizzle is of address bits: 1024-aligned
   const u32 full = q_s + BARRIERS_AT, empty = full + STAGES * 8;
-  const u32 tid = threadIdx.x;
+  const u32 tid = threadIdx.x % THREADS;  // (known < THREADS: a copy's block and offset fold)
   const u32 wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const u32 n_kv = u32(dims[0]), rows = u32(dims[1]), n_tok = u32(dims[2]), pos = u32(dims[3]);
   const u32 n_heads = u32(dims[4]);
@@ -206,6 +206,16 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
   }
   __syncthreads();
 
+#if PAGED
+  // The table's entries of a tile (lane l: its block l % NB), read a tile before its copies so
+  // that they never wait on the load; 0 (any block: nothing is read) past the last key.
+  constexpr u32 NB = BN / BLOCK_SIZE;
+  auto entries = [&](u32 j) {
+    const u32 e = j * NB + lane % NB;
+    return e * BLOCK_SIZE < kv_end ? u32(table[e]) : 0u;
+  };
+  u32 next_blocks = entries(0);
+#endif
   // This thread's share of tile j's K and V into stage j % STAGES, once both warpgroups are done
   // with the tile that was there; its arrival on the stage's `full` barrier when they land.
   auto issue = [&](u32 j) {
@@ -213,13 +223,15 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     if (j >= STAGES) barrier_wait(empty + stage * 8, (j / STAGES - 1) & 1);
     const u32 k0 = j * BN, ks = q_s + Q_BYTES + stage * STAGE_BYTES, vs = ks + TILE_BYTES;
 #if PAGED
+    const u32 blocks = next_blocks;
+    if (j + 1 < n_tiles) next_blocks = entries(j + 1);
     // A block's K and V runs for head h, in order (see the layout above); pieces past the last
     // key are zeros.
     constexpr u32 RUN = D * BLOCK_SIZE / 8;  // 16-byte pieces of one block's run
 #pragma unroll
     for (u32 it = 0; it < D * BN / 8 / THREADS; ++it) {
-      const u32 i = tid + it * THREADS, b = i / RUN, w = i % RUN, first = k0 + b * BLOCK_SIZE;
-      const u32 blk = first < kv_end ? u32(table[first / BLOCK_SIZE]) : 0u;
+      const u32 i = tid + it * THREADS, b = i / RUN, w = i % RUN;
+      const u32 blk = __shfl_sync(0xffffffffu, blocks, b);
       const unsigned long long run = ((unsigned long long)blk * n_kv + h) * D * BLOCK_SIZE + w * 8;
       const u32 d8 = w / BLOCK_SIZE, key = b * BLOCK_SIZE + w % BLOCK_SIZE;       // K: [D/8][BS][8]
       copy16(ks + d8 * BN * 16 + key * 16, k_cache + run, k0 + key < kv_end ? 16 : 0);
