@@ -112,11 +112,11 @@ DECLARED = (
            "decode attention, MMA form, contiguous cache: K's copies a thread a token's vectors (token), or "
            "a SIMD group's 32 tokens by whole rows, 8 lanes a row (row: full sectors an instruction, "
            "more registers); auto: row in grids of at most 256 threadgroups (kernels/attention/NOTES.md)"),
-    Option("attn_combine", "launch", _one_of("launch", "last_group"),
+    Option("attn_combine", "auto", _one_of("auto", "launch", "last_group"),
            "split attention's partitions merged by a combine launch of their own (launch), or by the "
-           "last threadgroup of each head group in the same launch (last_group: one launch a layer fewer, "
-           "faster alone at 8192 on the H200, 1.25 us a layer more in the decode loop at depth 4096; "
-           "kernels/attention/NOTES.md)"),
+           "last threadgroup of each head group in the same launch (last_group: one launch fewer); auto: "
+           "last_group, except in the fused decode loop's RoPE + attention launch, where it measured "
+           "1.25 us a layer slower at depth 4096 (kernels/attention/NOTES.md)"),
     Option("attn_prefill", "auto", _one_of("auto", "wgmma", "tiled", "decode"),
            "a prompt's attention: query tiles against K/V tiles on SIMD-group matrices (tiled), the same "
            "on Hopper's warpgroup MMA (wgmma: a native CUDA kernel, sm_90a, D 64 or 128), wgmma where it "

@@ -316,7 +316,10 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     parts = -(-longest // partition) if split else 1
     dims = _ints((n_kv, rows, partition, parts, 0 if shared_cache else 1))
     qs = query_split(group, n_kv * parts * batch)
-    merge = split and options.get("attn_combine") == "last_group" and parts <= MERGE_PARTS
+    combine = options.get("attn_combine")
+    if combine == "auto":  # merged in the launch, but in the fused loop's RoPE launch (NOTES.md)
+        combine = "launch" if rope is not None else "last_group"
+    merge = split and combine == "last_group" and parts <= MERGE_PARTS
     # Where a threadgroup's share of the group's heads would not fit the backend's threadgroup
     # memory (Metal's 32 KiB; a wide group, as multi-query heads make), fewer heads a threadgroup
     while group % (2 * qs) == 0 and decode_threadgroup_bytes(group // qs, head_dim, NSIMD, head_norm, merge) \
