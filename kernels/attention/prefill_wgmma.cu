@@ -74,10 +74,16 @@ __device__ __forceinline__ u32 shared_address(const void* p) {
   return r;
 }
 
-// One 16-byte piece global -> shared; bytes < 16 copies that many and zeros the rest.
+// One 16-byte piece global -> shared; bytes < 16 copies that many and zeros the rest. Tiles
+// before the one holding the last key copy whole pieces (TAIL false): no bound to work out.
+template <bool TAIL>
 __device__ __forceinline__ void copy16(u32 dst, const void* src, u32 bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+  if (TAIL)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
+
 // mbarriers: a tile's copies arrive on its stage's `full` barrier as they land (each thread's, once
 // all its earlier copies have); each warp arrives on `empty` when its warpgroup is done with it.
 __device__ __forceinline__ void barrier_init(u32 bar, u32 count) {
@@ -102,6 +108,44 @@ __device__ __forceinline__ void turn_pass(u32 wg) { asm volatile("bar.arrive %0,
 // The offset of piece c (16 bytes) of row r in a tile of `rows` rows, 128-byte swizzled.
 __device__ __forceinline__ u32 swizzled(u32 rows, u32 r, u32 c) {
   return (c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) << 4);
+}
+
+// One thread's share of a K/V tile's copies (keys k0 .. k0 + BN - 1 of kv head h) into shared
+// memory at ks and vs. TAIL: the tile holds the last key (kv_end - 1), and pieces past it are
+// zeros; the tiles before it copy whole pieces with no bound to check.
+template <bool TAIL>
+__device__ __forceinline__ void copy_tile(u32 tid, u32 ks, u32 vs, u32 k0, u32 kv_end, u32 h, u32 n_kv,
+                                          u32 rows, u32 blocks, const unsigned short* __restrict__ k_cache,
+                                          const unsigned short* __restrict__ v_cache) {
+#if PAGED
+  // A block's K and V runs for head h, in order (see the layout above); the tile's blocks come
+  // one a lane in `blocks` (lane b: the tile's block b).
+  (void)rows;
+  constexpr u32 RUN = D * BLOCK_SIZE / 8;  // 16-byte pieces of one block's run
+#pragma unroll
+  for (u32 it = 0; it < D * BN / 8 / THREADS; ++it) {
+    const u32 i = tid + it * THREADS, b = i / RUN, w = i % RUN;
+    const u32 blk = __shfl_sync(0xffffffffu, blocks, b);
+    const unsigned long long run = ((unsigned long long)blk * n_kv + h) * D * BLOCK_SIZE + w * 8;
+    const u32 d8 = w / BLOCK_SIZE, key = b * BLOCK_SIZE + w % BLOCK_SIZE;       // K: [D/8][BS][8]
+    copy16<TAIL>(ks + d8 * BN * 16 + key * 16, k_cache + run, k0 + key < kv_end ? 16 : 0);
+    const u32 d = w / (BLOCK_SIZE / 8), kp = b * BLOCK_SIZE + (w % (BLOCK_SIZE / 8)) * 8;  // V: [D][BS]
+    const u32 n = TAIL && k0 + kp < kv_end ? min(kv_end - k0 - kp, 8u) : 0u;
+    const u32 at = d * VROW + (kp % VW) * 2;  // within its group of VW keys, then swizzled
+    copy16<TAIL>(vs + (kp / VW) * D * VROW + (at ^ (((at >> 7) & VXOR) << 4)), v_cache + run, n * 2);
+  }
+#else
+  (void)n_kv;
+  (void)blocks;
+#pragma unroll
+  for (u32 it = 0; it < BN * CHUNKS / THREADS; ++it) {
+    const u32 i = tid + it * THREADS, r = i / CHUNKS, c = i % CHUNKS, key = k0 + r;
+    const bool in = !TAIL || key < kv_end;
+    const unsigned long long src = ((unsigned long long)h * rows + (in ? key : 0u)) * D + c * 8;
+    copy16<TAIL>(ks + swizzled(BN, r, c), k_cache + src, in ? 16 : 0);
+    copy16<TAIL>(vs + swizzled(BN, r, c), v_cache + src, in ? 16 : 0);
+  }
+#endif
 }
 
 // A shared-memory matrix descriptor: start address, leading-dimension byte offset (swizzled
@@ -225,31 +269,13 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
 #if PAGED
     const u32 blocks = next_blocks;
     if (j + 1 < n_tiles) next_blocks = entries(j + 1);
-    // A block's K and V runs for head h, in order (see the layout above); pieces past the last
-    // key are zeros.
-    constexpr u32 RUN = D * BLOCK_SIZE / 8;  // 16-byte pieces of one block's run
-#pragma unroll
-    for (u32 it = 0; it < D * BN / 8 / THREADS; ++it) {
-      const u32 i = tid + it * THREADS, b = i / RUN, w = i % RUN;
-      const u32 blk = __shfl_sync(0xffffffffu, blocks, b);
-      const unsigned long long run = ((unsigned long long)blk * n_kv + h) * D * BLOCK_SIZE + w * 8;
-      const u32 d8 = w / BLOCK_SIZE, key = b * BLOCK_SIZE + w % BLOCK_SIZE;       // K: [D/8][BS][8]
-      copy16(ks + d8 * BN * 16 + key * 16, k_cache + run, k0 + key < kv_end ? 16 : 0);
-      const u32 d = w / (BLOCK_SIZE / 8), kp = b * BLOCK_SIZE + (w % (BLOCK_SIZE / 8)) * 8;  // V: [D][BS]
-      const u32 n = k0 + kp < kv_end ? min(kv_end - k0 - kp, 8u) : 0u;
-      const u32 at = d * VROW + (kp % VW) * 2;  // within its group of VW keys, then swizzled
-      copy16(vs + (kp / VW) * D * VROW + (at ^ (((at >> 7) & VXOR) << 4)), v_cache + run, n * 2);
-    }
 #else
-#pragma unroll
-    for (u32 it = 0; it < BN * CHUNKS / THREADS; ++it) {
-      const u32 i = tid + it * THREADS, r = i / CHUNKS, c = i % CHUNKS, key = k0 + r;
-      const bool in = key < kv_end;
-      const unsigned long long src = ((unsigned long long)h * rows + (in ? key : 0u)) * D + c * 8;
-      copy16(ks + swizzled(BN, r, c), k_cache + src, in ? 16 : 0);
-      copy16(vs + swizzled(BN, r, c), v_cache + src, in ? 16 : 0);
-    }
+    const u32 blocks = 0;  // (no table)
 #endif
+    if (k0 + BN <= kv_end)
+      copy_tile<false>(tid, ks, vs, k0, kv_end, h, n_kv, rows, blocks, k_cache, v_cache);
+    else
+      copy_tile<true>(tid, ks, vs, k0, kv_end, h, n_kv, rows, blocks, k_cache, v_cache);
     copies_arrive(full + stage * 8);
   };
   // Tile j is in (and visible to the tensor cores, which read through the async proxy).
@@ -263,7 +289,7 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
   for (u32 it = 0; it < BM * CHUNKS / THREADS; ++it) {
     const u32 i = tid + it * THREADS, r = i / CHUNKS, c = i % CHUNKS, t = q0 + r;
     const bool in = t < n_tok;
-    copy16(q_s + swizzled(BM, r, c), q + ((unsigned long long)(in ? t : 0) * n_heads + hq) * D + c * 8, in ? 16 : 0);
+    copy16<true>(q_s + swizzled(BM, r, c), q + ((unsigned long long)(in ? t : 0) * n_heads + hq) * D + c * 8, in ? 16 : 0);
   }
   issue(0);
 
