@@ -324,6 +324,16 @@ def test_device_lengths_against_float64(ctx):
     assert np.allclose(dev, host, atol=2e-3)
 
 
+def test_calls_without_counters_share_their_streams(jobs):
+    """attn_combine's auto merges a split call in its own launch; calls that bring no counters
+    take their stream's, which each launch leaves zero: no fresh array (a memset) a call."""
+    k = mx.zeros((1, KV, 4096, D), mx.float16)
+    for _ in range(2):
+        at.flash_decode(q16(), k, k, [4000], 0.125)
+    assert len(jobs) == 2 and "MLOADS" in jobs[0].constants
+    assert jobs[0].inputs[-1] is jobs[1].inputs[-1]
+
+
 def test_paged_device_form_sizes_the_grid_for_the_table(jobs):
     """Device context lengths with a device block table (a compiled step): nothing read on the
     host, the grid sized for all the table's blocks (split past SPLIT_FROM)."""

@@ -139,6 +139,19 @@ def merge_counters(slots: int) -> mx.array:
     return resident(mx.zeros((slots,), mx.uint32))
 
 
+_STREAM_COUNTERS: dict[tuple[int, str], mx.array] = {}
+
+
+def _stream_counters(slots: int) -> mx.array:
+    """Counters for a call that brings none (one outside the decode loop): its stream's, kept.
+    A launch leaves them zero and the launches of one stream run one after another, so calls
+    reuse them; a fresh array a call cost an allocation and a memset in every call's wall time."""
+    key = (slots, str(mx.default_stream(mx.default_device())))
+    if key not in _STREAM_COUNTERS:
+        _STREAM_COUNTERS[key] = merge_counters(slots)
+    return _STREAM_COUNTERS[key]
+
+
 def _check_counters(counters: mx.array, need: int) -> None:
     if not isinstance(counters, mx.array) or counters.dtype != mx.uint32 or counters.ndim != 1 \
             or counters.size < need:
@@ -301,7 +314,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     rope: (inv_freq, rope_scalars, constants, head norms: (q_norm, k_norm) or ()) of
     rope_flash_decode, whose q is the QKV row.
     counters: the launch site's (merge_counters) where a split launch merges in itself (the
-    attn_combine option); fresh zeros when not given."""
+    attn_combine option); the stream's own (_stream_counters) when not given."""
     # rope: one token, q the flat QKV row, k_cache [1, Hkv, S, D]
     batch, n_heads, head_dim = (1, n_kv * group, k_cache.shape[-1]) if rope is not None else q.shape
     head_norm = bool(rope and rope[3])
@@ -343,7 +356,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     if merge:
         constants["MLOADS"] = merge_loads(parts)
         if counters is None:
-            counters = mx.zeros((batch * n_heads,), mx.uint32)
+            counters = _stream_counters(batch * n_heads)
         _check_counters(counters, batch * n_kv * qs)
         inputs.append(counters)
         outputs.append(((batch, n_heads, head_dim), mx.float16))
