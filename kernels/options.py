@@ -115,8 +115,7 @@ DECLARED = (
     Option("attn_combine", "auto", _one_of("auto", "launch", "last_group"),
            "split attention's partitions merged by a combine launch of their own (launch), or by the "
            "last threadgroup of each head group in the same launch (last_group: one launch fewer); auto: "
-           "last_group for a flash_decode / paged_attention call on its own, launch for the decode "
-           "loop's sites (they bring their counters) and RoPE launches, where the merge measured "
+           "last_group, except in the fused decode loop's RoPE + attention launch, where it measured "
            "1.25 us a layer slower at depth 4096 (kernels/attention/NOTES.md)"),
     Option("attn_prefill", "auto", _one_of("auto", "wgmma", "tiled", "decode"),
            "a prompt's attention: query tiles against K/V tiles on SIMD-group matrices (tiled), the same "

@@ -601,8 +601,8 @@ def test_prompt_options_against_float64(models, monkeypatch, variant, prompt_len
 def test_launches_per_token_counts_every_kernel(models):
     """decode.csv's dispatches_per_token: the launches a decode token makes, recorded, the argmax
     included; past SPLIT_FROM cached rows a compiled step's attention (grid sized for the cache)
-    launches its split and, with attn_combine=launch (auto's choice for the loop's sites), the
-    combine: a layer's step makes two."""
+    launches its split and, with attn_combine=launch (auto's choice for the fused loop's RoPE
+    launch), the combine: a layer's step makes two."""
     from kernels import attention
     from kernels.runtime import recording
 
@@ -622,7 +622,7 @@ def test_launches_per_token_counts_every_kernel(models):
         assert long.launches_per_token(2100, device_pos=False) == len(long.plan) + 1 + c.n_layers
     with options.use(attn_combine="last_group"):
         assert long.launches_per_token(100, device_pos=True) == len(long.plan) + 1
-    # auto (the default): the loop's sites (with their counters) keep the combine launch
+    # auto (the default): the fused loop's RoPE + attention launch keeps its combine launch
     assert long.launches_per_token(100, device_pos=True) == len(long.plan) + 1 + c.n_layers
     k_before = [id(k) for k in long.k]
     long.launches_per_token(100, device_pos=True)

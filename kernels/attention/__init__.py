@@ -330,9 +330,8 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     dims = _ints((n_kv, rows, partition, parts, 0 if shared_cache else 1))
     qs = query_split(group, n_kv * parts * batch)
     combine = options.get("attn_combine")
-    if combine == "auto":  # merged in the launch for a call on its own; the decode loop's sites
-        # (they bring their counters) and RoPE launches keep the combine launch (NOTES.md)
-        combine = "last_group" if counters is None and rope is None else "launch"
+    if combine == "auto":  # merged in the launch, but in the fused loop's RoPE launch (NOTES.md)
+        combine = "launch" if rope is not None else "last_group"
     merge = split and combine == "last_group" and parts <= MERGE_PARTS
     # Where a threadgroup's share of the group's heads would not fit the backend's threadgroup
     # memory (Metal's 32 KiB; a wide group, as multi-query heads make), fewer heads a threadgroup
