@@ -356,6 +356,8 @@ _recorder: list[list | None] = [None]
 def recording_launches() -> bool:
     """Whether launches are being recorded (a `recording` is open), not run."""
     return _recorder[0] is not None
+
+
 _prepared_sink: list[list | None] = [None]
 _target: list[str | None] = [None]
 

@@ -631,7 +631,8 @@ def _prefill_tiled(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.
 
 
 WGMMA_PREFILL = "attention/prefill_wgmma.cu"
-WGMMA_ROWS, WGMMA_KEYS, WGMMA_THREADS = 128, 128, 256  # prefill_wgmma.cu's BM, BN, THREADS
+# prefill_wgmma.cu's BM, BN, THREADS and STAGES
+WGMMA_ROWS, WGMMA_KEYS, WGMMA_THREADS, WGMMA_STAGES = 128, 128, 256, 3
 
 
 def wgmma_prefill_unavailable(head_dim: int, block_size: int) -> str:
@@ -641,9 +642,6 @@ def wgmma_prefill_unavailable(head_dim: int, block_size: int) -> str:
     if block_size % 8 or (block_size and WGMMA_KEYS % block_size):
         return f"block size {block_size} (paged blocks of 8, 16, 32, 64 or 128 keys: whole 8-key pieces, whole blocks a tile)"
     return native.unavailable_reason()
-
-
-WGMMA_STAGES = 3  # prefill_wgmma.cu's STAGES
 
 
 def wgmma_prefill_bytes(head_dim: int) -> int:

@@ -233,7 +233,6 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
   const u32 wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const u32 n_kv = u32(dims[0]), rows = u32(dims[1]), n_tok = u32(dims[2]), pos = u32(dims[3]);
   const u32 n_heads = u32(dims[4]);
-  (void)rows;  // (the paged layout has no rows dimension)
   // Every head's heaviest tile first (CTAs start in x order), a kv head's query heads adjacent.
   const u32 hq = blockIdx.x, h = hq / (n_heads / n_kv);
   const u32 q0 = (u32(dims[5]) - 1 - blockIdx.y) * BM;
