@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from kernels import backends, jit_cache, native, options
+from kernels import backends, native, options
 from kernels.runtime import KernelSpec, Launch, constant, depends, index, launch, reshaped, resident
 
 HEAD_DIMS = (64, 128, 256)
@@ -646,17 +646,8 @@ def wgmma_prefill_unavailable(head_dim: int, block_size: int) -> str:
 
 def wgmma_prefill_bytes(head_dim: int) -> int:
     """prefill_wgmma.cu's SMEM_BYTES: Q's tile, the stages of a K and a V tile, two mbarriers a
-    stage and one a warpgroup, 1 KiB to align the base."""
-    return (WGMMA_ROWS + WGMMA_STAGES * 2 * WGMMA_KEYS) * head_dim * 2 + (2 * WGMMA_STAGES + 2) * 8 + 1024
-
-
-def _wgmma_ctas(items: int) -> int:
-    """The persistent prompt kernel's grid: one CTA an SM (its shared memory takes the SM's), at
-    most one an item. Where no driver answers (launches recorded without a GPU), one an item."""
-    try:
-        return min(items, jit_cache.sm_count())
-    except (AttributeError, OSError, RuntimeError):
-        return items
+    stage, 1 KiB to align the base."""
+    return (WGMMA_ROWS + WGMMA_STAGES * 2 * WGMMA_KEYS) * head_dim * 2 + 2 * WGMMA_STAGES * 8 + 1024
 
 
 def _prefill_wgmma(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.array | None,
@@ -670,7 +661,7 @@ def _prefill_wgmma(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.
     constants = dict(HEAD_DIM=head_dim, PAGED=int(table is not None), BLOCK_SIZE=block_size)
     (out,) = native.launch(WGMMA_PREFILL, "lathe_prefill_wgmma", constants, inputs,
                            [((tokens, n_heads, head_dim), mx.float16)],
-                           (_wgmma_ctas(n_heads * tiles) * WGMMA_THREADS, 1, 1), (WGMMA_THREADS, 1, 1),
+                           (n_heads * WGMMA_THREADS, tiles, 1), (WGMMA_THREADS, 1, 1),
                            wgmma_prefill_bytes(head_dim))
     return out
 

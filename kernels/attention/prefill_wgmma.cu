@@ -4,12 +4,9 @@
 // pos .. pos+T-1, against a cache that already holds their K and V (fp16), causal, fp32 softmax
 // and sums; the same inputs, so the host hands either kernel the same arrays.
 //
-// FlashAttention-3's consumer schedule without its producer warps, on a persistent grid: a work
-// item is BM = 128 query rows of one head (64 a warpgroup), whose kv head's keys it walks in
-// tiles of BN = 128; a CTA of two warpgroups, one an SM, takes items heaviest first and runs its
-// items' tiles as one stream, so the next item's Q rows and first tiles load under the last
-// item's products and no CTA's start or end leaves the tensor cores idle (at 2048 tokens, 512
-// items of 1-16 tiles on 132 SMs). Every thread copies its share of tile j+1 with cp.async into
+// FlashAttention-3's consumer schedule without its producer warps: a CTA of two warpgroups takes
+// BM = 128 query rows of one head (64 a warpgroup; the heaviest tiles first) and walks its kv
+// head's keys in tiles of BN = 128. Every thread copies its share of tile j+1 with cp.async into
 // one of three shared stages while tile j is used; an mbarrier a stage says when a tile is in
 // (each thread's copies arrive on it), another when both warpgroups are done with it. Per tile j
 // a warpgroup
@@ -42,8 +39,7 @@
 // ENTRY (the symbol: kernels.native names each instantiation).
 // Inputs: q[T, Hq, D], k_cache, v_cache, table (int32; paged, else any int32 array), dims (int32:
 //   Hkv, S or MAXB, T, pos, Hq, query tiles), scale (float[1]), after (ordering token, not read).
-// Output: out[T, Hq, D] (fp16). Launch: G <= Hq * tiles CTAs of 256 threads (one an SM: the
-// host gives min(items, SMs)), SMEM_BYTES dynamic.
+// Output: out[T, Hq, D] (fp16). Launch: (Hq, tiles) CTAs of 256 threads, SMEM_BYTES dynamic.
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
@@ -69,9 +65,8 @@ constexpr int VROW = 2 * VW;
 constexpr int VMODE = VROW == 16 ? 0 : VROW == 32 ? 3 : VROW == 64 ? 2 : 1;
 constexpr u32 VXOR = VROW / 16 - 1;
 #endif
-// full[STAGES], empty[STAGES], then q_full[2] (a warpgroup's Q rows)
-constexpr int BARRIERS_AT = Q_BYTES + STAGES * STAGE_BYTES;
-#define SMEM_BYTES (BARRIERS_AT + (2 * STAGES + 2) * 8 + 1024)  // + slack to align the base to 1024
+constexpr int BARRIERS_AT = Q_BYTES + STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
+#define SMEM_BYTES (BARRIERS_AT + 2 * STAGES * 8 + 1024)  // + slack to align the base to 1024
 
 __device__ __forceinline__ u32 shared_address(const void* p) {
   u32 r;
@@ -233,75 +228,46 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
       unsigned short* __restrict__ out) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const u32 q_s = (shared_address(smem) + 1023) & ~1023u;  // the swizzle is of address bits: 1024-aligned
-  const u32 full = q_s + BARRIERS_AT, empty = full + STAGES * 8, q_full = empty + STAGES * 8;
+  const u32 full = q_s + BARRIERS_AT, empty = full + STAGES * 8;
   const u32 tid = threadIdx.x % THREADS;  // (known < THREADS: a copy's block and offset fold)
   const u32 wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const u32 n_kv = u32(dims[0]), rows = u32(dims[1]), n_tok = u32(dims[2]), pos = u32(dims[3]);
-  const u32 n_heads = u32(dims[4]), q_tiles = u32(dims[5]), n_items = n_heads * q_tiles;
+  const u32 n_heads = u32(dims[4]);
+  // Every head's heaviest tile first (CTAs start in x order), a kv head's query heads adjacent.
+  const u32 hq = blockIdx.x, h = hq / (n_heads / n_kv);
+  const u32 q0 = (u32(dims[5]) - 1 - blockIdx.y) * BM;
+  const u32 kv_end = pos + min(q0 + BM, n_tok);  // keys the tile's last row sees
+  const u32 n_tiles = (kv_end + BN - 1) / BN;
   const float scale_log2 = scale[0] * 1.4426950408889634f;
-
-  // This CTA's k-th work item (a query tile of one head): the list runs heaviest tile first,
-  // every head at one depth before the next (a kv head's query heads adjacent), and goes to the
-  // CTAs in snake order (round r: CTA b takes the list's r * G + b, or r * G + G - 1 - b on odd
-  // rounds), which evens out the rounds' lengths.
-  auto item_of = [&](u32 k) {
-    const u32 b = k % 2 ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    return k * gridDim.x + b;
-  };
-  struct Item {
-    u32 hq, q0, kv_end, n_tiles;  // head, first query row, keys its last row sees, their tiles
-  };
-  auto describe = [&](u32 i) {
-    Item it;
-    it.hq = i % n_heads;
-    it.q0 = (q_tiles - 1 - i / n_heads) * BM;
-    it.kv_end = pos + min(it.q0 + BM, n_tok);
-    it.n_tiles = (it.kv_end + BN - 1) / BN;
-    return it;
-  };
-  if (item_of(0) >= n_items) return;  // (the host launches at most one CTA an item)
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       barrier_init(full + s * 8, THREADS);  // every thread's copies
       barrier_init(empty + s * 8, 8);       // every warp
     }
-    for (int w = 0; w < 2; ++w) barrier_init(q_full + w * 8, 128);  // a warpgroup's copies of its Q rows
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
-  // The copies run one tile ahead of the products over the CTA's tiles of all its items in turn
-  // (tile g: stage g % STAGES), so that the next item's first tiles load under the last item's
-  // products. The producer's place: item pk (its description pit), tile pj, g = gp.
-  u32 pk = 0, pj = 0, gp = 0;
-  Item pit = describe(item_of(0));
-  bool p_more = true;
 #if PAGED
   // The table's entries of a tile (lane l: its block l % NB), read a tile before its copies so
   // that they never wait on the load; 0 (any block: nothing is read) past the last key.
   constexpr u32 NB = BN / BLOCK_SIZE;
-  auto entries = [&](u32 kv_end, u32 j) {
+  auto entries = [&](u32 j) {
     const u32 e = j * NB + lane % NB;
     return e * BLOCK_SIZE < kv_end ? u32(table[e]) : 0u;
   };
-  u32 next_blocks = entries(pit.kv_end, 0);
+  u32 next_blocks = entries(0);
 #endif
-  // This thread's share of the producer's tile into stage gp % STAGES, once both warpgroups are
-  // done with the tile that was there; its arrival on the stage's `full` barrier when they land.
-  auto issue_next = [&]() {
-    const u32 stage = gp % STAGES;
-    if (gp >= STAGES) barrier_wait(empty + stage * 8, (gp / STAGES - 1) & 1);
-    const u32 k0 = pj * BN, kv_end = pit.kv_end, h = pit.hq / (n_heads / n_kv);
-    const u32 ks = q_s + Q_BYTES + stage * STAGE_BYTES, vs = ks + TILE_BYTES;
-    if (++pj == pit.n_tiles) {
-      pj = 0;
-      p_more = item_of(++pk) < n_items;
-      if (p_more) pit = describe(item_of(pk));
-    }
+  // This thread's share of tile j's K and V into stage j % STAGES, once both warpgroups are done
+  // with the tile that was there; its arrival on the stage's `full` barrier when they land.
+  auto issue = [&](u32 j) {
+    const u32 stage = j % STAGES;
+    if (j >= STAGES) barrier_wait(empty + stage * 8, (j / STAGES - 1) & 1);
+    const u32 k0 = j * BN, ks = q_s + Q_BYTES + stage * STAGE_BYTES, vs = ks + TILE_BYTES;
 #if PAGED
     const u32 blocks = next_blocks;
-    if (p_more) next_blocks = entries(pit.kv_end, pj);
+    if (j + 1 < n_tiles) next_blocks = entries(j + 1);
 #else
     const u32 blocks = 0;  // (no table)
 #endif
@@ -310,43 +276,27 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     else
       copy_tile<true>(tid, ks, vs, k0, kv_end, h, n_kv, rows, blocks, k_cache, v_cache);
     copies_arrive(full + stage * 8);
-    ++gp;
   };
-  // This warpgroup's 64 rows of an item's Q tile (rows past the prompt are zeros: computed, never
-  // written), arriving on its q_full barrier. Each warpgroup reads only its own rows, so it
-  // reloads them as soon as its last product with the previous item's Q is done.
-  auto copy_q = [&](const Item& it) {
-#pragma unroll
-    for (u32 n = 0; n < 64 * CHUNKS / 128; ++n) {
-      const u32 i = tid % 128 + n * 128, r = wg * 64 + i / CHUNKS, c = i % CHUNKS, t = it.q0 + r;
-      const bool in = t < n_tok;
-      copy16<true>(q_s + swizzled(BM, r, c), q + ((unsigned long long)(in ? t : 0) * n_heads + it.hq) * D + c * 8,
-                   in ? 16 : 0);
-    }
-    copies_arrive(q_full + wg * 8);
-  };
-  // Tile g is in (and visible to the tensor cores, which read through the async proxy).
-  auto arrived = [&](u32 g) {
-    barrier_wait(full + (g % STAGES) * 8, (g / STAGES) & 1);
+  // Tile j is in (and visible to the tensor cores, which read through the async proxy).
+  auto arrived = [&](u32 j) {
+    barrier_wait(full + (j % STAGES) * 8, (j / STAGES) & 1);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   };
 
-  // The consumer's item (it: the k-th, ck) and this thread's two rows of it (row_a, row_a + 8:
-  // the accumulator layout) and their positions.
-  u32 ck = 0;
-  Item it = describe(item_of(0));
+  // Q's rows (rows past the prompt are zeros: computed, never written), with tile 0's copies.
+#pragma unroll
+  for (u32 it = 0; it < BM * CHUNKS / THREADS; ++it) {
+    const u32 i = tid + it * THREADS, r = i / CHUNKS, c = i % CHUNKS, t = q0 + r;
+    const bool in = t < n_tok;
+    copy16<true>(q_s + swizzled(BM, r, c), q + ((unsigned long long)(in ? t : 0) * n_heads + hq) * D + c * 8, in ? 16 : 0);
+  }
+  issue(0);
+
+  // This thread's two rows of the CTA (row_a, row_a + 8: the accumulator layout) and positions.
   const u32 row_a = wg * 64 + warp * 16 + lane / 4;
   const u32 last = pos + n_tok - 1;
-  u32 pos_a, pos_b, wg_first;
-  auto positions = [&]() {
-    pos_a = min(pos + it.q0 + row_a, last);
-    pos_b = min(pos + it.q0 + row_a + 8, last);
-    wg_first = min(pos + it.q0 + wg * 64, last);
-  };
-  positions();
-  copy_q(it);
-  issue_next();
-
+  const u32 pos_a = min(pos + q0 + row_a, last), pos_b = min(pos + q0 + row_a + 8, last);
+  const u32 wg_first = min(pos + q0 + wg * 64, last);
   const float NEG_INF = __int_as_float(0xff800000);
   float o[OREGS], s[SREGS];
   u32 p[BN / 16][4];
@@ -354,8 +304,8 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
   for (int i = 0; i < OREGS; ++i) o[i] = 0.0f;
   float m_a = NEG_INF, m_b = NEG_INF, l_a = 0.0f, l_b = 0.0f;  // l: this thread's part of the row sums
 
-  auto issue_scores = [&](u32 g) {  // S = Q K_g^T (this warpgroup's rows of Q)
-    const u32 ks = q_s + Q_BYTES + (g % STAGES) * STAGE_BYTES;
+  auto issue_scores = [&](u32 j) {  // S = Q K_j^T
+    const u32 ks = q_s + Q_BYTES + (j % STAGES) * STAGE_BYTES;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const u64 a = descriptor(q_s + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32, 16, 1024);
@@ -368,8 +318,8 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     }
     wgmma_commit();
   };
-  auto issue_pv = [&](u32 g) {  // O += P V_g
-    const u32 vs = q_s + Q_BYTES + (g % STAGES) * STAGE_BYTES + TILE_BYTES;
+  auto issue_pv = [&](u32 j) {  // O += P V_j
+    const u32 vs = q_s + Q_BYTES + (j % STAGES) * STAGE_BYTES + TILE_BYTES;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
 #if PAGED  // V as [BN/VW][D][VW]: keys 16kk.. start in group 16kk / VW; 8-row groups 8 * VROW
@@ -383,11 +333,12 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     }
     wgmma_commit();
   };
-  // The online softmax in base 2 on S's accumulators (tile j of the item), in place: element
-  // 4n + e is row a (e < 2) or b, key k0 + 8n + 2 (lane % 4) + e % 2. Leaves P (fp32) in s and
-  // sets the rows' alphas (the factor O's sums so far take). The running maxima are of the
-  // unscaled scores (scale > 0): the scale goes into exp2's argument, one FFMA an element.
+  // The online softmax in base 2 on S_j's accumulators, in place: element 4n + e is row a (e < 2)
+  // or b, key k0 + 8n + 2 (lane % 4) + e % 2. Leaves P_j (fp32) in s; returns nothing, sets the
+  // rows' alphas (the factor O's sums so far take).
   float alpha_a, alpha_b;
+  // The running maxima are of the unscaled scores (scale > 0): the scale goes into exp2's
+  // argument, one FFMA an element.
   auto softmax = [&](u32 j) {
     const u32 k0 = j * BN;
     if (k0 + BN - 1 > wg_first) {  // a tile that reaches past some row's position
@@ -410,9 +361,7 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     max_b = fmaxf(max_b, __shfl_xor_sync(0xffffffffu, max_b, 1));
     max_b = fmaxf(max_b, __shfl_xor_sync(0xffffffffu, max_b, 2));
     // Tile 0 holds key 0, which every row sees: the running max is finite from there on (a
-    // warpgroup's rows may all lie before a tile: all its scores masked, its P zeros). At an
-    // item's tile 0 the maxima start at -inf, so alpha is 0 and O's sums (the last item's, stored
-    // by then) restart at zero.
+    // warpgroup's rows may all lie before a tile: all its scores masked, its P zeros).
     const float new_a = fmaxf(m_a, max_a), new_b = fmaxf(m_b, max_b);
     alpha_a = exp2_approx((m_a - new_a) * scale_log2);
     alpha_b = exp2_approx((m_b - new_b) * scale_log2);
@@ -432,7 +381,7 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     l_a = l_a * alpha_a + sum_a;
     l_b = l_b * alpha_b + sum_b;
   };
-  // O's sums rescaled to the new maxima, and P packed as the A operand (keys 16kk.. of rows a
+  // O's sums rescaled to the new maxima, and P_j packed as the A operand (keys 16kk.. of rows a
   // and b are S's blocks 2kk and 2kk + 1), once the P V product that read the last P is done.
   auto rescale_and_pack = [&]() {
 #pragma unroll
@@ -450,86 +399,60 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
       p[kk][3] = pack_half2(s[8 * kk + 6], s[8 * kk + 7]);
     }
   };
-  auto done_with = [&](u32 g) {  // this warp no longer reads tile g
+  auto done_with = [&](u32 j) {  // this warp no longer reads tile j
     __syncwarp();
-    if (lane == 0) barrier_arrive(empty + (g % STAGES) * 8);
-  };
-  // O / l into an item's output rows (the row sums' parts summed over the quad).
-  auto store = [&](u32 hq, u32 q0, float la, float lb) {
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-    const float inv_a = 1.0f / la, inv_b = 1.0f / lb;
-    const u32 t_a = q0 + row_a, t_b = t_a + 8;
-    u32* out_a = reinterpret_cast<u32*>(out + ((unsigned long long)t_a * n_heads + hq) * D);
-    u32* out_b = reinterpret_cast<u32*>(out + ((unsigned long long)t_b * n_heads + hq) * D);
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const u32 col = n * 4 + lane % 4;  // pairs of halves
-      if (t_a < n_tok) out_a[col] = pack_half2(o[4 * n] * inv_a, o[4 * n + 1] * inv_a);
-      if (t_b < n_tok) out_b[col] = pack_half2(o[4 * n + 2] * inv_b, o[4 * n + 3] * inv_b);
-    }
+    if (lane == 0) barrier_arrive(empty + (j % STAGES) * 8);
   };
 
-  // Turns: warpgroup 0 goes first; each passes the turn after issuing its products, once a tile
-  // (S_g with P_{g-1} V_{g-1}, the previous tile's whichever item it was of) and once more for
-  // the last P V; warpgroup 1's last pass left out so that every arrival is matched.
+  // Turns: warpgroup 0 goes first; each passes the turn after issuing its products, n_tiles + 1
+  // times (S_0; S_j with P_{j-1} V_{j-1}; P_{n-1} V_{n-1}), warpgroup 1's last pass left out so
+  // that every arrival is matched.
   if (wg == 1) turn_pass(wg);
-  u32 j = 0, g = 0;  // the consumer's tile: j of its item, g of the CTA's
-  u32 prev_hq = 0, prev_q0 = 0;
-  for (;; ++g) {
-    if (p_more) issue_next();  // tile g + 1
-    arrived(g);
-    if (j == 0) {  // this warpgroup's Q rows of the item
-      barrier_wait(q_full + wg * 8, ck & 1);
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    }
+  if (n_tiles > 1) issue(1);
+  arrived(0);
+  turn_wait(wg);
+  wgmma_fence();
+  issue_scores(0);
+  turn_pass(wg);
+  wgmma_wait<0>();
+  pin(s);
+  softmax(0);
+  rescale_and_pack();
+  for (u32 j = 1; j < n_tiles; ++j) {
+    if (j + 1 < n_tiles) issue(j + 1);
+    arrived(j);
     turn_wait(wg);
     wgmma_fence();
-    issue_scores(g);
-    if (g > 0)
-      issue_pv(g - 1);
-    else
-      wgmma_commit();  // an empty group: the waits below count the same on every tile
+    issue_scores(j);
+    issue_pv(j - 1);
     turn_pass(wg);
     wgmma_wait<1>();
     pin(s);
-    const bool item_ends = j + 1 == it.n_tiles;
-    const bool more = item_ends && item_of(ck + 1) < n_items;
-    if (more) {  // the warpgroup's products with this Q are done: its rows take the next item's
-      asm volatile("bar.sync %0, 128;\n" ::"r"(3 + wg) : "memory");
-      copy_q(describe(item_of(ck + 1)));
-    }
-    float la = l_a, lb = l_b;  // (the last item's sums, at an item's first tile)
-    if (j == 0) {
-      m_a = m_b = NEG_INF;
-      l_a = l_b = 0.0f;
-    }
     softmax(j);
     wgmma_wait<0>();
     pin(o);
-    if (g > 0) {
-      done_with(g - 1);
-      if (j == 0) store(prev_hq, prev_q0, la, lb);  // O holds the last item's whole sums
-    }
+    done_with(j - 1);
     rescale_and_pack();
-    if (item_ends) {
-      prev_hq = it.hq;
-      prev_q0 = it.q0;
-      if (!more) break;
-      it = describe(item_of(++ck));
-      positions();
-      j = 0;
-    } else {
-      ++j;
-    }
   }
   turn_wait(wg);
   wgmma_fence();
-  issue_pv(g);
+  issue_pv(n_tiles - 1);
   if (wg == 0) turn_pass(wg);
   wgmma_wait<0>();
   pin(o);
-  store(prev_hq, prev_q0, l_a, l_b);
+
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+  const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+  const u32 t_a = q0 + row_a, t_b = t_a + 8;
+  u32* out_a = reinterpret_cast<u32*>(out + ((unsigned long long)t_a * n_heads + hq) * D);
+  u32* out_b = reinterpret_cast<u32*>(out + ((unsigned long long)t_b * n_heads + hq) * D);
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const u32 col = n * 4 + lane % 4;  // pairs of halves
+    if (t_a < n_tok) out_a[col] = pack_half2(o[4 * n] * inv_a, o[4 * n + 1] * inv_a);
+    if (t_b < n_tok) out_b[col] = pack_half2(o[4 * n + 2] * inv_b, o[4 * n + 3] * inv_b);
+  }
 }
