@@ -73,8 +73,10 @@ def _nvrtc():
 
 def launch(path: str, stem: str, constants: dict[str, int], inputs: Sequence[mx.array],
            outputs: Sequence[tuple[tuple[int, ...], mx.Dtype]], grid: tuple[int, int, int],
-           threadgroup: tuple[int, int, int], shared_memory: int) -> list[mx.array]:
-    """One launch of a native kernel (grid in threads, as kernels.runtime's launches). Outputs
+           threadgroup: tuple[int, int, int], shared_memory: int,
+           scalars: Sequence[int] = ()) -> list[mx.array]:
+    """One launch of a native kernel (grid in threads, as kernels.runtime's launches): its
+    parameters are the inputs' and outputs' pointers, then `scalars` (32-bit ints). Outputs
     are poisoned inside kernels.runtime.poisoned_outputs, as every other launch's. While
     launches are recorded (no GPU) it compiles the kernel and returns zeros."""
     name, binary = instance(path, stem, tuple(constants.items()))
@@ -86,5 +88,5 @@ def launch(path: str, stem: str, constants: dict[str, int], inputs: Sequence[mx.
     return mx.fast.precompiled_cuda_kernel(
         name=name, compiled_source=binary, inputs=list(inputs),
         output_shapes=[tuple(s) for s, _ in outputs], output_dtypes=[d for _, d in outputs],
-        scalars=[], grid=grid, threadgroup=threadgroup, shared_memory=shared_memory,
+        scalars=list(scalars), grid=grid, threadgroup=threadgroup, shared_memory=shared_memory,
         init_value=runtime.poison_value())

@@ -650,19 +650,26 @@ def wgmma_prefill_bytes(head_dim: int) -> int:
     return (WGMMA_ROWS + WGMMA_STAGES * 2 * WGMMA_KEYS) * head_dim * 2 + 2 * WGMMA_STAGES * 8 + 1024
 
 
+def _float_bits(x: float) -> int:
+    """x's fp32 bits as a signed int (a kernel parameter the kernel reads back as a float)."""
+    return int(np.array(x, np.float32).view(np.int32))
+
+
 def _prefill_wgmma(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.array | None,
                    rows: int, n_kv: int, pos: int, scale: float, block_size: int,
                    after: mx.array | None) -> mx.array:
     tokens, n_heads, head_dim = q.shape
     tiles = -(-tokens // WGMMA_ROWS)
-    dims = _ints((n_kv, rows, tokens, pos, n_heads, tiles))
-    inputs = [q, k_cache, v_cache, dims if table is None else table.reshape(-1), dims,
-              _scale(float(scale)), _no_order() if after is None else after]
+    # the sizes and the scale go as kernel parameters: a CTA's first copies then wait on no load
+    # (the contiguous cache's `table` is any array: not read)
+    inputs = [q, k_cache, v_cache, q if table is None else table.reshape(-1),
+              _no_order() if after is None else after]
     constants = dict(HEAD_DIM=head_dim, PAGED=int(table is not None), BLOCK_SIZE=block_size)
     (out,) = native.launch(WGMMA_PREFILL, "lathe_prefill_wgmma", constants, inputs,
                            [((tokens, n_heads, head_dim), mx.float16)],
                            (n_heads * WGMMA_THREADS, tiles, 1), (WGMMA_THREADS, 1, 1),
-                           wgmma_prefill_bytes(head_dim))
+                           wgmma_prefill_bytes(head_dim),
+                           scalars=(*map(int, (n_kv, rows, tokens, pos, n_heads, tiles)), _float_bits(scale)))
     return out
 
 

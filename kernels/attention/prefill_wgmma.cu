@@ -37,9 +37,11 @@
 // slots may hold anything, and 0 * NaN would spoil a sum); their scores are masked.
 // Constants (NVRTC -D): HEAD_DIM (64 or 128), PAGED (0, 1), BLOCK_SIZE (paged; 8, 16, 32, 64, 128),
 // ENTRY (the symbol: kernels.native names each instantiation).
-// Inputs: q[T, Hq, D], k_cache, v_cache, table (int32; paged, else any int32 array), dims (int32:
-//   Hkv, S or MAXB, T, pos, Hq, query tiles), scale (float[1]), after (ordering token, not read).
-// Output: out[T, Hq, D] (fp16). Launch: (Hq, tiles) CTAs of 256 threads, SMEM_BYTES dynamic.
+// Inputs: q[T, Hq, D], k_cache, v_cache, table (int32; paged, else any array: not read), after
+//   (ordering token, not read). Output: out[T, Hq, D] (fp16). Scalars (kernel parameters, so that
+//   a CTA's first copies wait on no load): Hkv, S or MAXB, T, pos, Hq, query tiles, and the scale's
+//   bits (MLX 0.32.4's precompiled_cuda_kernel refuses a Python float).
+// Launch: (Hq, tiles) CTAs of 256 threads, SMEM_BYTES dynamic.
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
@@ -223,31 +225,29 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const u32 (&a)[4],
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k_cache,
-      const unsigned short* __restrict__ v_cache, const int* __restrict__ table,
-      const int* __restrict__ dims, const float* __restrict__ scale, const void* after,
-      unsigned short* __restrict__ out) {
+      const unsigned short* __restrict__ v_cache, const int* __restrict__ table, const void* after,
+      unsigned short* __restrict__ out, const u32 n_kv, const u32 rows, const u32 n_tok, const u32 pos,
+      const u32 n_heads, const u32 q_tiles, const int scale_bits) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const u32 q_s = (shared_address(smem) + 1023) & ~1023u;  // the swizzle is of address bits: 1024-aligned
   const u32 full = q_s + BARRIERS_AT, empty = full + STAGES * 8;
   const u32 tid = threadIdx.x % THREADS;  // (known < THREADS: a copy's block and offset fold)
   const u32 wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
-  const u32 n_kv = u32(dims[0]), rows = u32(dims[1]), n_tok = u32(dims[2]), pos = u32(dims[3]);
-  const u32 n_heads = u32(dims[4]);
   // Every head's heaviest tile first (CTAs start in x order), a kv head's query heads adjacent.
   const u32 hq = blockIdx.x, h = hq / (n_heads / n_kv);
-  const u32 q0 = (u32(dims[5]) - 1 - blockIdx.y) * BM;
+  const u32 q0 = (q_tiles - 1 - blockIdx.y) * BM;
   const u32 kv_end = pos + min(q0 + BM, n_tok);  // keys the tile's last row sees
   const u32 n_tiles = (kv_end + BN - 1) / BN;
-  const float scale_log2 = scale[0] * 1.4426950408889634f;
+  const float scale_log2 = __int_as_float(scale_bits) * 1.4426950408889634f;
 
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      barrier_init(full + s * 8, THREADS);  // every thread's copies
-      barrier_init(empty + s * 8, 8);       // every warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  // Q's rows (rows past the prompt are zeros: computed, never written), before anything else: the
+  // copies need no barrier until their arrival, which tile 0's (after the barriers' set-up) counts.
+#pragma unroll
+  for (u32 it = 0; it < BM * CHUNKS / THREADS; ++it) {
+    const u32 i = tid + it * THREADS, r = i / CHUNKS, c = i % CHUNKS, t = q0 + r;
+    const bool in = t < n_tok;
+    copy16<true>(q_s + swizzled(BM, r, c), q + ((unsigned long long)(in ? t : 0) * n_heads + hq) * D + c * 8, in ? 16 : 0);
   }
-  __syncthreads();
 
 #if PAGED
   // The table's entries of a tile (lane l: its block l % NB), read a tile before its copies so
@@ -259,6 +259,16 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
   };
   u32 next_blocks = entries(0);
 #endif
+
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      barrier_init(full + s * 8, THREADS);  // every thread's copies
+      barrier_init(empty + s * 8, 8);       // every warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
   // This thread's share of tile j's K and V into stage j % STAGES, once both warpgroups are done
   // with the tile that was there; its arrival on the stage's `full` barrier when they land.
   auto issue = [&](u32 j) {
@@ -283,14 +293,7 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   };
 
-  // Q's rows (rows past the prompt are zeros: computed, never written), with tile 0's copies.
-#pragma unroll
-  for (u32 it = 0; it < BM * CHUNKS / THREADS; ++it) {
-    const u32 i = tid + it * THREADS, r = i / CHUNKS, c = i % CHUNKS, t = q0 + r;
-    const bool in = t < n_tok;
-    copy16<true>(q_s + swizzled(BM, r, c), q + ((unsigned long long)(in ? t : 0) * n_heads + hq) * D + c * 8, in ? 16 : 0);
-  }
-  issue(0);
+  issue(0);  // (its arrival counts Q's copies too)
 
   // This thread's two rows of the CTA (row_a, row_a + 8: the accumulator layout) and positions.
   const u32 row_a = wg * 64 + warp * 16 + lane / 4;
