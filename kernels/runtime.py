@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import mlx.core as mx
+import numpy as np
 
 from kernels import jit_cache, options
 
@@ -96,6 +97,21 @@ def constant(values: tuple, dtype: mx.Dtype = mx.int32) -> mx.array:
     """A small constant input (dims, eps, scale) as a resident array, made once per value. Not
     for values that change every token: making one waits for the GPU (see `index`)."""
     return _constant(values, dtype, options.get("pad_constants"))
+
+
+def table_constant(values) -> mx.array:
+    """`constant` for host int32 values in an array (a block table, a batch's lengths): cached on
+    their bytes, so that a long table costs a copy and a hash rather than a Python int an entry
+    (a 2048-entry table took 250 us a call through `constant`'s tuple key)."""
+    a = np.ascontiguousarray(values, dtype=np.int32)
+    if a.nbytes < 16:  # small: as every constant (padded where pad_constants says)
+        return constant(tuple(int(x) for x in a.reshape(-1))).reshape(a.shape)
+    return _table_constant(a.tobytes(), a.shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _table_constant(raw: bytes, shape: tuple[int, ...]) -> mx.array:
+    return resident(mx.array(np.frombuffer(raw, np.int32).reshape(shape)))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -23,6 +23,21 @@ def test_a_constant_is_made_once_per_value():
     assert runtime.constant((2.5,), mx.float32) is runtime.constant((2.5,), mx.float32)
 
 
+@pytest.mark.parametrize("shape", [(2,), (3,), (2048,), (1, 513), (4, 9)])
+def test_table_constant_holds_the_table(shape):
+    """A block table (any shape, any int dtype on the host) as an int32 constant: the same values
+    and shape, small ones through `constant`, long ones cached on their bytes (made once)."""
+    table = np.random.default_rng(1).permutation(int(np.prod(shape))).reshape(shape).astype(np.int64)
+    c = runtime.table_constant(table)
+    assert c.shape == shape and c.dtype == mx.int32
+    np.testing.assert_array_equal(np.array(c), table)
+    if table.size >= 4:  # 16 bytes of int32 and more: the cached array itself
+        assert runtime.table_constant(table.copy()) is c
+    other = table.copy()
+    other.flat[-1] += 1  # one entry differs: another constant
+    np.testing.assert_array_equal(np.array(runtime.table_constant(other)), other)
+
+
 def test_include_line_names_a_file_that_holds_the_text(tmp_path):
     # on CUDA, MLX gets this line instead of a kernel's text (it hashes its source every launch)
     text = "// a body\ny[0] = x[0] + 1.0f;\n"

@@ -31,7 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from kernels import backends, native, options
-from kernels.runtime import KernelSpec, Launch, constant, depends, index, launch, reshaped, resident
+from kernels.runtime import KernelSpec, Launch, constant, depends, index, launch, reshaped, resident, table_constant
 
 HEAD_DIMS = (64, 128, 256)
 BLOCK_SIZES = (16, 32)
@@ -166,7 +166,7 @@ def _ints(values: tuple[int, ...]) -> mx.array:
 def _device_ints(values: np.ndarray) -> mx.array:
     """Host ints for a kernel: one value (a decode step's length or slot) as a view into the
     resident index table, so that per-token values neither write managed memory nor wait."""
-    return index(int(values[0])) if len(values) == 1 else _ints(tuple(values))
+    return index(int(values[0])) if len(values) == 1 else table_constant(values)
 
 
 def _scale(scale: float) -> mx.array:
@@ -410,7 +410,7 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
         used = table[b, : -(-int(n) // block_size)]
         if used.min() < 0 or used.max() >= blocks:
             raise ValueError(f"block_table row {b} points outside the {blocks} blocks of the pool")
-    table_dev = block_table if isinstance(block_table, mx.array) else _ints(tuple(table.reshape(-1))).reshape(table.shape)
+    table_dev = block_table if isinstance(block_table, mx.array) else table_constant(table)
     if table_dev.dtype != mx.int32:
         table_dev = table_dev.astype(mx.int32)
     return _run(True, version == "v2", q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
@@ -563,7 +563,7 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
         used = table[: -(-(pos + tokens) // block_size)]
         if used.min() < 0 or used.max() >= k_cache.shape[0]:
             raise ValueError(f"block_table points outside the {k_cache.shape[0]} blocks of the pool")
-        table_dev = _ints(tuple(table)).reshape(1, -1)
+        table_dev = table_constant(table.reshape(1, -1))
     kernel = options.get("attn_prefill") if kernel is None else kernel
     if kernel in ("auto", "wgmma"):
         reason = wgmma_prefill_unavailable(head_dim, block_size)

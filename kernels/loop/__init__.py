@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 
 from kernels.gemv import V3_QTYPES, block_format
-from kernels.runtime import KernelSpec, Launch, constant, index, launch
+from kernels.runtime import KernelSpec, Launch, constant, index, launch, table_constant
 
 NSIMD = 4
 # table type -> (QTYPE of loop/embed.metal, weights a block, bytes a block): the GEMVs' formats
@@ -120,7 +120,7 @@ def embed(table: mx.array, tokens, qtype: str, k: int) -> mx.array:
             raise ValueError("tokens must be a non-empty list of integers")
         if host.min() < 0 or host.max() >= vocab:
             raise ValueError(f"token ids must be in 0..{vocab - 1}, got {host.min()}..{host.max()}")
-        ids = index(int(host[0])) if host.size == 1 else constant(tuple(int(i) for i in host))
+        ids = index(int(host[0])) if host.size == 1 else table_constant(host)
     t = ids.shape[0]
     blocks = t * (k // 32)
     (out,) = launch(Launch(_EMBED, [table, ids, _ints((t, k, vocab))], [((t, k), mx.float16)],
