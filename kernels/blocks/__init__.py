@@ -146,7 +146,8 @@ def _threadgroup_bytes(c: dict, attn: bool, head_norm: bool, split: bool) -> int
     gemv_bytes = gemv.v3_smem_bytes(c["M"], c["XCHUNK"], c["NSIMD"]) + 8
     if not attn:
         return gemv_bytes
-    return gemv_bytes + attention.decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, split)
+    return gemv_bytes + attention.decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, split,
+                                                          c.get("KSLOTS", 0), bool(c.get("MMA", 0)))
 
 
 def _check_queue(queue: mx.array, phases: int) -> None:
@@ -338,7 +339,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         # longest context a call can see), merged in the launch: at most MERGE_PARTS of them.
         group = a.n_heads // a.n_kv
         chunk = s * 32  # decode_rows' tokens a chunk at this NSIMD
-        # (the blocks' attention keeps K in registers: no MMA form, its split grid)
+        # (the split grid of the register form: the blocks' attention keeps K in registers unless
+        # block_k_slots says otherwise)
         partition = options.get("attn_partition") or attention.auto_partition(
             a.longest, a.n_kv, attention.split_grid(0))
         partition = max(-(-partition // chunk) * chunk, -(-a.longest // (attention.MERGE_PARTS * chunk)) * chunk)
@@ -361,8 +363,20 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         outputs += [((1, a.n_qkv), mx.float16), ((1, a.n_heads, a.head_dim), mx.float16), ((1, a.d), mx.float16)]
         if split:
             outputs += [((1, a.n_heads, parts, a.head_dim), mx.float32), ((1, a.n_heads, parts, 2), mx.float32)]
+        slots = options.get("block_k_slots")
+        if slots not in (0, 1, 2):
+            raise ValueError(f"block_k_slots must be 0, 1 or 2, got {slots}")
+        mma = int(bool(options.get("block_attn_mma")) and slots > 0 and group // qs <= 8
+                  and a.head_dim % 32 == 0 and a.head_dim <= 32 * s)
+        # at most `slots`: fewer where the launch's threadgroup memory cannot hold them (a slot is
+        # 4 KiB a SIMD group)
+        others = gemv.v3_smem_bytes(m, geo.xchunk, s) + 8
+        while slots and others + attention.decode_threadgroup_bytes(
+                group // qs, a.head_dim, s, bool(a.norms), split, slots, bool(mma)) > backends.threadgroup_memory():
+            slots -= 1
+        mma = mma if slots else 0
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=0,
-                      NEOX=a.neox, FREQ_TABLE=True)
+                      NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, MMA=mma)
         if split:
             consts.update(MLOADS=attention.merge_loads(parts))
     inputs = [x, gemv._eps(float(eps)), _GRID, queue] + inputs
