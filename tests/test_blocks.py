@@ -245,3 +245,44 @@ def test_the_blocks_checks_draw_k_weights_of_mean_zero(qtype):
     assert np.abs(sub.mean(axis=1)).mean() < 0.5 * sub.std(axis=1).mean()
     sc, mn = kquant.unpack_scales_mins(data.reshape(-1, kquant.BLOCK_BYTES[qtype])[:, 4:16])
     assert np.array_equal(sc, mn) and len(np.unique(sc)) == 64  # random 6-bit scales, mins tied to them
+
+
+
+def _attention_slots(max_seq: int, **setting) -> tuple[int, int, int]:
+    """(KSLOTS, MMA, NSIMD) of a one-layer token_block over a cache of max_seq rows, the position
+    on the device (as the decode loop passes it: the launch is sized for the whole cache)."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    d, f, hq, hkv, hd = 1024, 3072, 4, 2, 64  # Qwen3-0.6B's FFN: 4 SIMD groups a threadgroup
+    norm = mx.ones((1, d), mx.float16)
+    stacks = blocks.LayerStacks(norm, blocks.Stack([_packed((hq + 2 * hkv) * hd, d, 0)]),
+                                blocks.Stack([_packed(d, hq * hd, 1)]), norm,
+                                blocks.Stack([_packed(2 * f, d, 2)]), blocks.Stack([_packed(d, f, 3)]))
+    kv = [mx.zeros((hkv, max_seq, hd), mx.float16)]
+    with options.use(**setting), recording() as rec:
+        blocks.token_block(mx.zeros((1, d), mx.float16), stacks, 1e-6, "q8_0", kv, list(kv),
+                           mx.array([5], mx.int32), n_heads=hq)
+    (job,) = rec.jobs
+    return job.constants["KSLOTS"], job.constants["MMA"], job.constants["NSIMD"]
+
+
+def test_the_blocks_attention_takes_k_slots_past_one_chunk_a_ticket():
+    """block_k_slots auto: K through threadgroup memory (2 slots, with the MMA form where D fits
+    the SIMD groups) where the in-launch merge's 64 partitions leave a ticket more than one chunk
+    (NSIMD * 32 tokens), registers up to that (the megafused A/B of kernels/attention/NOTES.md);
+    a setting is taken as given where the threadgroup memory holds it."""
+    from kernels import attention
+
+    _, _, nsimd = _attention_slots(64)
+    edge = attention.MERGE_PARTS * nsimd * 32
+    mma = int(64 <= 32 * nsimd)
+    assert _attention_slots(edge // 2)[:2] == (0, 0)
+    assert _attention_slots(edge)[:2] == (0, 0)
+    assert _attention_slots(edge + 1)[:2] == (2, mma)
+    assert _attention_slots(4 * edge)[:2] == (2, mma)
+    assert _attention_slots(4 * edge, block_k_slots=0)[:2] == (0, 0)
+    assert _attention_slots(4 * edge, block_attn_mma=False)[:2] == (2, 0)
+    assert _attention_slots(edge // 2, block_k_slots=1)[:2] == (1, mma)
+    with pytest.raises(ValueError, match="block_k_slots must be 0, 1 or 2"):
+        _attention_slots(64, block_k_slots=3)

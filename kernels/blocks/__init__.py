@@ -364,6 +364,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         if split:
             outputs += [((1, a.n_heads, parts, a.head_dim), mx.float32), ((1, a.n_heads, parts, 2), mx.float32)]
         slots = options.get("block_k_slots")
+        if slots is None:  # auto: where the merge's 64 partitions leave a ticket several chunks (NOTES.md)
+            slots = 2 if a.longest > attention.MERGE_PARTS * chunk else 0
         if slots not in (0, 1, 2):
             raise ValueError(f"block_k_slots must be 0, 1 or 2, got {slots}")
         mma = int(bool(options.get("block_attn_mma")) and slots > 0 and group // qs <= 8
