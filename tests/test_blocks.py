@@ -247,7 +247,6 @@ def test_the_blocks_checks_draw_k_weights_of_mean_zero(qtype):
     assert np.array_equal(sc, mn) and len(np.unique(sc)) == 64  # random 6-bit scales, mins tied to them
 
 
-
 def _attention_slots(max_seq: int, **setting) -> tuple[int, int, int]:
     """(KSLOTS, MMA, NSIMD) of a one-layer token_block over a cache of max_seq rows, the position
     on the device (as the decode loop passes it: the launch is sized for the whole cache)."""

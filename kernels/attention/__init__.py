@@ -275,9 +275,21 @@ def k_slots(group: int, head_dim: int, head_norm: bool, merge: bool) -> int:
         if chosen not in (0, 1, 2):
             raise ValueError(f"attn_k_slots must be 0, 1 or 2, got {chosen}")
         return chosen
-    budget = backends.threadgroup_memory()
-    return next((n for n in (2, 1)
-                 if decode_threadgroup_bytes(group, head_dim, NSIMD, head_norm, merge, n) <= budget), 0)
+    return slots_that_fit(2, group, head_dim, NSIMD, head_norm, merge, False, backends.threadgroup_memory())
+
+
+def slots_that_fit(most: int, group: int, head_dim: int, nsimd: int, head_norm: bool, merge: bool,
+                   mma: bool, budget: int) -> int:
+    """The most K slots, at most `most`, with which decode attention's threadgroup arrays stay
+    within `budget` bytes (0 where not even one does)."""
+    return next((n for n in range(most, 0, -1)
+                 if decode_threadgroup_bytes(group, head_dim, nsimd, head_norm, merge, n, mma) <= budget), 0)
+
+
+def mma_form(group: int, head_dim: int, nsimd: int = NSIMD) -> bool:
+    """Whether the MMA form takes these heads: at most 8 a threadgroup (a fragment's rows), D a
+    multiple of 32 and at most 32 a SIMD group (its V words in registers)."""
+    return group <= 8 and head_dim % 32 == 0 and head_dim <= 32 * nsimd
 
 
 def use_mma(group: int, head_dim: int, slots: int, head_norm: bool, merge: bool) -> int:
@@ -288,7 +300,7 @@ def use_mma(group: int, head_dim: int, slots: int, head_norm: bool, merge: bool)
     their FMAs a token were the longest link of the chain; kernels/attention/NOTES.md), on wherever
     it can, off never."""
     chosen = options.get("attn_mma")
-    can = (slots > 0 and group <= 8 and head_dim % 32 == 0 and head_dim <= 32 * NSIMD
+    can = (slots > 0 and mma_form(group, head_dim)
            and decode_threadgroup_bytes(group, head_dim, NSIMD, head_norm, merge, slots, True)
            <= backends.threadgroup_memory())
     return int(can and (chosen == "on" or (chosen == "auto" and group >= 4)))

@@ -25,8 +25,9 @@ constexpr uint VPF = D <= 128 ? VPS : 1;
 static_assert(VPS % VPF == 0, "decode attention: VPF must be a factor of VPS");
 // Slots of threadgroup memory K goes through (decode_rows.metal), a round of KG 16-byte vectors
 // for each of the NT threads a slot: 0 (K loaded into registers, as the blocks of kernels/blocks
-// do where their threadgroup memory has no room), 1, or 2 (the next round's copies in flight during this one's products). An includer may
-// set it (decode_attention.metal: the attn_k_slots option).
+// do where their threadgroup memory has no room), 1, or 2 (the next round's copies in flight
+// during this one's products). An includer may set it (decode_attention.metal: the attn_k_slots
+// option; layer_block.metal: block_k_slots).
 #ifdef LATHE_K_SLOTS
 constexpr uint K_SLOTS = LATHE_K_SLOTS;
 #else

@@ -139,11 +139,17 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
                       in_place=tuple(n for n in inputs if n.startswith(("k_cache_", "v_cache_"))))
 
 
+def _gemv_bytes(m: int, xchunk: int, nsimd: int) -> int:
+    """layer_block.metal's threadgroup memory for its GEMV phases: v3's staged X', the claimed
+    ticket and the last-out flag."""
+    return gemv.v3_smem_bytes(m, xchunk, nsimd) + 8
+
+
 def _threadgroup_bytes(c: dict, attn: bool, head_norm: bool, split: bool) -> int:
     """layer_block.metal's threadgroup memory: v3's staged X', the claimed ticket and the
     last-out flag, and with attention phases decode attention's arrays (merged partitions where
     the launch splits)."""
-    gemv_bytes = gemv.v3_smem_bytes(c["M"], c["XCHUNK"], c["NSIMD"]) + 8
+    gemv_bytes = _gemv_bytes(c["M"], c["XCHUNK"], c["NSIMD"])
     if not attn:
         return gemv_bytes
     return gemv_bytes + attention.decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, split,
@@ -368,15 +374,12 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
             slots = 2 if a.longest > attention.MERGE_PARTS * chunk else 0
         if slots not in (0, 1, 2):
             raise ValueError(f"block_k_slots must be 0, 1 or 2, got {slots}")
-        mma = int(bool(options.get("block_attn_mma")) and slots > 0 and group // qs <= 8
-                  and a.head_dim % 32 == 0 and a.head_dim <= 32 * s)
-        # at most `slots`: fewer where the launch's threadgroup memory cannot hold them (a slot is
-        # 4 KiB a SIMD group)
-        others = gemv.v3_smem_bytes(m, geo.xchunk, s) + 8
-        while slots and others + attention.decode_threadgroup_bytes(
-                group // qs, a.head_dim, s, bool(a.norms), split, slots, bool(mma)) > backends.threadgroup_memory():
-            slots -= 1
-        mma = mma if slots else 0
+        mma = bool(options.get("block_attn_mma")) and slots > 0 and attention.mma_form(group // qs, a.head_dim, s)
+        # at most `slots`: fewer where the launch's threadgroup memory cannot hold them beside the
+        # GEMV phases' (a slot is 4 KiB a SIMD group)
+        slots = attention.slots_that_fit(slots, group // qs, a.head_dim, s, bool(a.norms), split, mma,
+                                         backends.threadgroup_memory() - _gemv_bytes(m, geo.xchunk, s))
+        mma = int(mma and slots > 0)
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=0,
                       NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, MMA=mma)
         if split:
