@@ -1,14 +1,25 @@
-"""GGUF block formats Q4_0 and Q8_0, from GGML's reference quantizer, in NumPy.
+"""GGUF's 32-weight block formats Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, from GGML's reference quantizer,
+in NumPy.
 
-A row of K weights (K a multiple of 32) is stored as K / 32 blocks, each an fp16 scale d followed
-by the quantized values:
+A row of K weights (K a multiple of 32) is stored as K / 32 blocks, each an fp16 scale d (and for
+Q4_1/Q5_1 an fp16 min m) followed by the quantized values (ggml-common.h's block_q*):
 - Q4_0, 18 bytes a block: d = (the element of largest magnitude, with its sign) / -8; value i is
   q_i = min(15, trunc(x_i / d + 8.5)) in 4 bits; byte j holds q_j in its low nibble and q_{j+16}
   in its high nibble; weight = (q - 8) * d.
+- Q4_1, 20 bytes: d, then m = min x, then Q4_0's nibbles of q_i = min(15, trunc((x_i - m) / d + 0.5))
+  with d = (max x - min x) / 15; weight = q * d + m.
+- Q5_0, 22 bytes: d = (signed extreme) / -16, then 4 bytes qh (a little-endian uint32 whose bit i
+  is bit 4 of q_i), then the low 4 bits of each q_i = min(31, trunc(x_i / d + 16.5)) as Q4_0's
+  nibbles; weight = (q - 16) * d.
+- Q5_1, 24 bytes: d = (max - min) / 31, m = min, qh, nibbles of q_i = trunc((x_i - m) / d + 0.5)
+  (GGML clamps nothing here: q never passes 31); weight = q * d + m.
 - Q8_0, 34 bytes a block: d = max |x| / 127; q_i = round(x_i / d) (half away from zero) as int8;
   weight = q * d.
 The arithmetic is float32 as in GGML (1/d computed once, then multiplied), so that the bytes are
 those of GGML and of the `gguf` package; a block of zeros has d = 0 and all q at their zero point.
+Where the two differ, on blocks of zeros led by a -0, Q5_0 writes GGML's d = -0 (its running
+maximum starts at +0) and Q4_0 keeps gguf's +0 (tests/test_quant_reference.py compares it with
+gguf).
 """
 
 from __future__ import annotations
@@ -16,8 +27,12 @@ from __future__ import annotations
 import numpy as np
 
 BLOCK = 32
-BLOCK_BYTES = {"q4_0": 2 + BLOCK // 2, "q8_0": 2 + BLOCK}
+# the 4- and 5-bit formats: (bits a quant, whether the block has a min m after d)
+NIBBLE_TYPES = {"q4_0": (4, False), "q4_1": (4, True), "q5_0": (5, False), "q5_1": (5, True)}
+BLOCK_BYTES = {**{q: 2 + 2 * has_min + 4 * (bits == 5) + BLOCK // 2 for q, (bits, has_min) in NIBBLE_TYPES.items()},
+               "q8_0": 2 + BLOCK}
 QTYPES = tuple(BLOCK_BYTES)
+PACKED_QTYPES = ("q4_0", "q8_0")  # those the v3 GEMV repacks (dequantize_packed)
 
 
 def check_rows(qtype: str, k: int, block_bytes: dict[str, int], block: int) -> None:
@@ -59,17 +74,49 @@ def quantize(w: np.ndarray, qtype: str) -> np.ndarray:
     if not np.all(np.isfinite(w)):
         raise ValueError("w has NaN or inf: GGUF blocks cannot hold them")
     blocks = w.astype(np.float32).reshape(n, k // BLOCK, BLOCK)
-    if qtype == "q4_0":
-        where = np.abs(blocks).argmax(axis=-1)[..., None]  # first of equal magnitudes, as GGML
-        d = (np.take_along_axis(blocks, where, axis=-1) / np.float32(-8)).astype(np.float32)
-        q = np.trunc(blocks * _inverse(d) + np.float32(8.5)).astype(np.int32)
-        q = np.minimum(q, 15).astype(np.uint8)
-        body = q[..., : BLOCK // 2] | (q[..., BLOCK // 2 :] << 4)
-    else:
+    if qtype == "q8_0":
         d = (np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
         body = _round_half_away(blocks * _inverse(d)).astype(np.int8).view(np.uint8)
-    scale = d.astype(np.float16).view(np.uint8)  # [n, blocks, 2]
-    return np.concatenate([scale, body], axis=-1).reshape(n, -1)
+        head = [d]
+    else:
+        bits, has_min = NIBBLE_TYPES[qtype]
+        top = (1 << bits) - 1
+        if has_min:  # GGML's strict < and > loops keep the first of equal values (-0 or +0)
+            lo = np.take_along_axis(blocks, blocks.argmin(axis=-1)[..., None], axis=-1)
+            hi = np.take_along_axis(blocks, blocks.argmax(axis=-1)[..., None], axis=-1)
+            d = ((hi - lo) / np.float32(top)).astype(np.float32)
+            with np.errstate(invalid="ignore"):  # only a range past float32's (x - lo = inf, times 0)
+                q = np.trunc((blocks - lo) * _inverse(d) + np.float32(0.5))
+            head = [d, lo]
+        else:
+            where = np.abs(blocks).argmax(axis=-1)[..., None]  # first of equal magnitudes, as GGML
+            peak = np.take_along_axis(blocks, where, axis=-1)
+            if qtype == "q5_0":  # GGML's max starts at +0 and moves only on a larger |x| (Q4_0: gguf's sign)
+                peak = np.where(peak == 0, np.float32(0), peak)
+            d = (peak / np.float32(-(1 << (bits - 1)))).astype(np.float32)
+            q = np.trunc(blocks * _inverse(d) + np.float32((1 << (bits - 1)) + 0.5))
+            head = [d]
+        q = q.astype(np.int32)
+        q = (q if qtype == "q5_1" else np.minimum(q, top)).astype(np.uint8)  # Q5_1's (uint8_t) alone
+        body = _nibbles(q)
+        if bits == 5:
+            head.append(np.packbits((q >> 4) & 1, axis=-1, bitorder="little"))  # qh: bit i of a LE uint32
+    with np.errstate(over="ignore"):  # a scale or min past fp16's range is inf, as GGML's conversion
+        parts = [h.astype(np.float16).view(np.uint8) if h.dtype == np.float32 else h for h in head]  # [n, b, 2 | 4]
+    return np.concatenate([*parts, body], axis=-1).reshape(n, -1)
+
+
+def _nibbles(q: np.ndarray) -> np.ndarray:
+    """[..., 32] levels -> [..., 16] bytes: byte j holds level j's low 4 bits low, level j + 16's high."""
+    return (q[..., : BLOCK // 2] & 0x0F) | ((q[..., BLOCK // 2:] & 0x0F) << 4)
+
+
+def _levels(body: np.ndarray, qh: np.ndarray | None) -> np.ndarray:
+    """Nibble bytes [..., 16] (and qh [..., 4] for Q5) -> the levels [..., 32] as float32."""
+    q = np.concatenate([body & 0x0F, body >> 4], axis=-1)
+    if qh is not None:
+        q = q | (np.unpackbits(qh, axis=-1, bitorder="little") << 4)
+    return q.astype(np.float32)
 
 
 def dequantize(data: np.ndarray, qtype: str, k: int) -> np.ndarray:
@@ -84,19 +131,26 @@ def dequantize(data: np.ndarray, qtype: str, k: int) -> np.ndarray:
         )
     blocks = data.reshape(data.shape[0], n_blocks, BLOCK_BYTES[qtype])
     d = np.ascontiguousarray(blocks[..., :2]).view(np.float16).astype(np.float32)
-    body = blocks[..., 2:]
-    if qtype == "q4_0":
-        q = np.concatenate([body & 0x0F, body >> 4], axis=-1).astype(np.float32) - 8
-    else:
-        q = np.ascontiguousarray(body).view(np.int8).astype(np.float32)
-    return (q * d).reshape(data.shape[0], k)
+    if qtype == "q8_0":
+        q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).astype(np.float32)
+        return (q * d).reshape(data.shape[0], k)
+    bits, has_min = NIBBLE_TYPES[qtype]
+    at = 4 if has_min else 2
+    q = _levels(blocks[..., -BLOCK // 2:], blocks[..., at: at + 4] if bits == 5 else None)
+    if has_min:  # d * q + m, as GGML's and gguf's dequantizers (two roundings)
+        m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
+        return (q * d + m).reshape(data.shape[0], k)
+    return ((q - np.float32(1 << (bits - 1))) * d).reshape(data.shape[0], k)
 
 
 def dequantize_packed(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarray:
     """The v3 GEMV's load-time layout (kernels.gemv.repack) -> [n, k] float32, read from its
     definition: all the blocks' quants first, row after row and block after block (each in its
-    GGUF order: 16 bytes for Q4_0, 32 for Q8_0), then all the fp16 scales in the same order."""
+    GGUF order: 16 bytes for Q4_0, 32 for Q8_0), then all the fp16 scales in the same order. Q4_0
+    and Q8_0 only: the GEMV repacks no other 32-weight format."""
     _check(qtype, k)
+    if qtype not in PACKED_QTYPES:
+        raise ValueError(f"the packed layout is defined for {PACKED_QTYPES} only, got {qtype!r}")
     data = np.asarray(data, dtype=np.uint8).reshape(-1)
     n_blocks = k // BLOCK
     quant_bytes = BLOCK_BYTES[qtype] - 2
@@ -104,10 +158,7 @@ def dequantize_packed(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarra
         raise ValueError(f"packed {qtype} [{n}, {k}] takes {n * n_blocks * BLOCK_BYTES[qtype]} bytes, got {data.size}")
     body = data[: n * n_blocks * quant_bytes].reshape(n, n_blocks, quant_bytes)
     d = data[n * n_blocks * quant_bytes:].view(np.float16).astype(np.float32).reshape(n, n_blocks, 1)
-    if qtype == "q4_0":
-        q = np.concatenate([body & 0x0F, body >> 4], axis=-1).astype(np.float32) - 8
-    else:
-        q = body.view(np.int8).astype(np.float32)
+    q = _levels(body, None) - 8 if qtype == "q4_0" else body.view(np.int8).astype(np.float32)
     return (q * d).reshape(n, k)
 
 
