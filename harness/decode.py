@@ -25,7 +25,7 @@ from harness.plan import Step, distinct_layers, plan_table
 from harness.sampling import Sampler
 from kernels import options
 from kernels.runtime import index, resident
-from reference.model import weight32
+from reference.model import layer_rope, weight32
 
 
 class ReferenceDecoder:
@@ -51,6 +51,12 @@ class ReferenceDecoder:
                           mx.float32 if name.endswith("norm.weight") else self.dtype))
                       for name, w in host}
         mx.clear_cache()
+        # each layer's RoPE as the float64 oracle computes it: MLX's periods (1 / angle a
+        # position) and the factor on cos and sin (yarn)
+        self.rope = []
+        for i in range(c.n_layers):
+            angles, mscale = layer_rope(model, i)
+            self.rope.append((mx.array((1.0 / angles).astype(np.float32)), float(mscale)))
         self.plan = reference_plan(c)  # built once, replayed for every token
         self.resize(max_seq)
 
@@ -86,16 +92,21 @@ class ReferenceDecoder:
         if t > 1 and start + t > self.max_seq:
             raise ValueError(f"a prompt of {t} tokens at position {start} does not fit the cache of "
                              f"{self.max_seq}: prompts must fit; decode steps past it wrap around")
-        mask = None
-        if t > 1:  # causal over the cache so far: query i sees keys 0 .. start + i
-            mask = mx.arange(start + t)[None, :] <= (start + mx.arange(t))[:, None]
         # Circular overflow: one token past the cache goes to row pos % max_seq, over the oldest
         # token, and attends to every row (the last max_seq positions; softmax ignores order).
         row, seen = start % self.max_seq, min(start + t, self.max_seq)
+        rows = mx.arange(seen)
+        held = rows if t > 1 else start - (start - rows) % self.max_seq  # the position a row holds
+        queries = (start + mx.arange(t))[:, None]
 
-        def store(i: int, k: mx.array, v: mx.array):
+        def store(i: int, k: mx.array, v: mx.array, window: int | None):
             self.k[i][:, :, row:row + t, :] = k
             self.v[i][:, :, row:row + t, :] = v
+            # causal (query j sees positions up to start + j), and a sliding layer's window
+            mask = held[None, :] <= queries if t > 1 else None
+            if window:
+                near = queries - held[None, :] < window
+                mask = near if mask is None else mask & near
             return self.k[i][:, :, :seen, :], self.v[i][:, :, :seen, :], mask
 
         logits = self.layers(tokens, start, store)
@@ -117,13 +128,16 @@ class ReferenceDecoder:
 
             def step(token, pos, *caches):
                 ks, vs = list(caches[:layers]), list(caches[layers:])
-                valid = (mx.arange(self.max_seq) <= pos)[None, None, None, :]
+                rows = mx.arange(self.max_seq)
+                held = pos - (pos - rows) % self.max_seq  # the position each row holds (< 0: none yet)
+                valid = (held >= 0)[None, None, None, :]
                 row = pos % self.max_seq  # circular overflow, as in forward()
 
-                def store(i: int, k: mx.array, v: mx.array):
+                def store(i: int, k: mx.array, v: mx.array, window: int | None):
                     ks[i] = mx.slice_update(ks[i], k, row, axes=(2,))
                     vs[i] = mx.slice_update(vs[i], v, row, axes=(2,))
-                    return ks[i], vs[i], valid
+                    near = valid & ((pos - held) < window)[None, None, None, :] if window else valid
+                    return ks[i], vs[i], near
 
                 logits = self.layers(token, pos.reshape(()), store)
                 return (logits, *ks, *vs)
@@ -133,8 +147,8 @@ class ReferenceDecoder:
 
     def layers(self, tokens: mx.array, offset, store) -> mx.array:
         """The model over tokens at positions offset.. (an int, or an array in a compiled step),
-        by replaying the plan. `store(layer, k, v)` puts the rotated K and V into the cache and
-        returns what attention reads: (keys, values, mask)."""
+        by replaying the plan. `store(layer, k, v, window)` puts the rotated K and V into the cache
+        and returns what attention reads: (keys, values, mask), the mask with the layer's window."""
         t = tokens.size
         env = {"token": tokens}
         for step in self.plan:
@@ -143,31 +157,61 @@ class ReferenceDecoder:
 
 
 def reference_plan(c) -> list[Step]:
-    """The reference variant's plan: MLX built-ins, one step per op."""
+    """The reference variant's plan: MLX built-ins, one step per op, in the order of the
+    architecture's layer (harness/arch)."""
+    a = c.architecture
     mm = "mx.matmul (dequantized weights)"
-    steps = [Step("embed", "mx.take", ("token",), ("x",), ("token_embd.weight",), ("token",))]
+    steps = [Step("embed", "mx.take" + (" * sqrt(d_model)" if a.embed_scale else ""), ("token",), ("x",),
+                  ("token_embd.weight",), ("token",))]
+
+    def linear(src, dst, name, i):
+        bias = (f"blk.{i}.{name}.bias",) if name in c.biases else ()
+        steps.append(Step("linear", mm + (" + bias" if bias else ""), (src,), (dst,), (f"blk.{i}.{name}.weight", *bias),
+                          layer=i))
+
     for i in range(c.n_layers):
-        b = f"blk.{i}."
+        b, layer = f"blk.{i}.", c.layer(i)
         steps += [Step("rms_norm", "mx.fast.rms_norm", ("x",), ("h",), (b + "attn_norm.weight",), layer=i)]
-        steps += [Step("linear", mm, ("h",), (n,), (b + f"attn_{n}.weight",), layer=i) for n in "qkv"]
+        if a.fused_qkv:
+            linear("h", "qkv", "attn_qkv", i)
+            steps += [Step("split", "mx.split (q | k | v)", ("qkv",), ("q", "k", "v"), layer=i)]
+        else:
+            for n in "qkv":
+                linear("h", n, f"attn_{n}", i)
         if c.head_norm:
             steps += [Step("head_norm", "mx.fast.rms_norm", (n,), (n,), (b + f"attn_{n}_norm.weight",),
                            layer=i) for n in "qk"]
-        steps += [Step("rope", "mx.fast.rope", (n,), (n,), (), ("pos",), layer=i) for n in "qk"]
+        turn = f"mx.fast.rope (base {layer.theta:g}" + (f", scale {layer.freq_scale:g}" if layer.freq_scale != 1 else "")
+        turn += (", rope_freqs" if c.rope_freqs else "") + (", yarn" if c.rope_scaling == "yarn" else "") + ")"
+        steps += [Step("rope", turn, (n,), (n,), ("rope_freqs.weight",) if c.rope_freqs else (), ("pos",), layer=i)
+                  for n in "qk"]
+        sees = f" (window {layer.window})" if layer.window else ""
         steps += [Step("kv_write", "slice update", ("k", "v"), (f"cache.{i}",), (), ("pos",), layer=i),
-                  Step("attention", "mx.fast.scaled_dot_product_attention", ("q", f"cache.{i}"), ("o",),
-                       (), ("kv_len",), layer=i),
-                  Step("linear", mm, ("o",), ("attn",), (b + "attn_output.weight",), layer=i),
-                  Step("add", "mx.add", ("x", "attn"), ("x",), layer=i),
-                  Step("rms_norm", "mx.fast.rms_norm", ("x",), ("h",), (b + "ffn_norm.weight",), layer=i),
-                  Step("linear", mm, ("h",), ("gate",), (b + "ffn_gate.weight",), layer=i),
-                  Step("linear", mm, ("h",), ("up",), (b + "ffn_up.weight",), layer=i),
-                  Step("swiglu", "mx ops: gate * sigmoid(gate) * up", ("gate", "up"), ("a",), layer=i),
-                  Step("linear", mm, ("a",), ("ffn",), (b + "ffn_down.weight",), layer=i),
-                  Step("add", "mx.add", ("x", "ffn"), ("x",), layer=i)]
+                  Step("attention", "mx.fast.scaled_dot_product_attention" + sees, ("q", f"cache.{i}"), ("o",),
+                       (), ("kv_len",), layer=i)]
+        linear("o", "attn", "attn_output", i)
+        if a.post_norms:
+            steps += [Step("rms_norm", "mx.fast.rms_norm", ("attn",), ("attn",), (b + "post_attention_norm.weight",),
+                           layer=i)]
+        steps += [Step("add", "mx.add", ("x", "attn"), ("x",), layer=i),
+                  Step("rms_norm", "mx.fast.rms_norm", ("x",), ("h",), (b + "ffn_norm.weight",), layer=i)]
+        if a.fused_gate_up:
+            linear("h", "gate_up", "ffn_up", i)
+            steps += [Step("split", "mx.split (gate | up)", ("gate_up",), ("gate", "up"), layer=i)]
+        else:
+            linear("h", "gate", "ffn_gate", i)
+            linear("h", "up", "ffn_up", i)
+        steps += [Step("gated", f"mx ops: {a.activation}(gate) * up", ("gate", "up"), ("a",), layer=i)]
+        linear("a", "ffn", "ffn_down", i)
+        if a.post_norms:
+            steps += [Step("rms_norm", "mx.fast.rms_norm", ("ffn",), ("ffn",), (b + "post_ffw_norm.weight",), layer=i)]
+        steps += [Step("add", "mx.add", ("x", "ffn"), ("x",), layer=i)]
     out = "token_embd.weight" if c.tied else "output.weight"
     steps += [Step("rms_norm", "mx.fast.rms_norm", ("x",), ("h",), ("output_norm.weight",)),
               Step("linear", mm, ("h",), ("logits",), (out,))]
+    if c.final_softcap:
+        steps += [Step("softcap", f"mx ops: {c.final_softcap:g} * tanh(logits / {c.final_softcap:g})", ("logits",),
+                       ("logits",))]
     return steps
 
 
@@ -177,7 +221,8 @@ def _heads(a: mx.array, heads: int, t: int, head_dim: int) -> mx.array:
 
 
 def _op_embed(d, s, env, t, offset, store):
-    env["x"] = d.w[s.weights[0]][env["token"]]
+    x = d.w[s.weights[0]][env["token"]]
+    env["x"] = x * math.sqrt(d.config.d_model) if d.config.architecture.embed_scale else x
 
 
 def _op_rms_norm(d, s, env, t, offset, store):
@@ -186,7 +231,19 @@ def _op_rms_norm(d, s, env, t, offset, store):
 
 def _op_linear(d, s, env, t, offset, store):
     y = env[s.reads[0]] @ d.w[s.weights[0]].T
+    if len(s.weights) > 1:  # the bias
+        y = y + d.w[s.weights[1]].astype(y.dtype)
     env[s.writes[0]] = y.astype(mx.float32) if s.writes[0] == "logits" else y
+
+
+def _op_split(d, s, env, t, offset, store):
+    c = d.config
+    if len(s.writes) == 3:
+        q = c.n_heads * c.head_dim
+        parts = mx.split(env[s.reads[0]], [q, q + c.n_kv_heads * c.head_dim], axis=-1)
+    else:
+        parts = mx.split(env[s.reads[0]], 2, axis=-1)
+    env.update(zip(s.writes, parts))
 
 
 def _op_head_norm(d, s, env, t, offset, store):
@@ -199,20 +256,20 @@ def _op_rope(d, s, env, t, offset, store):
     c = d.config
     heads = c.n_heads if s.reads[0] == "q" else c.n_kv_heads
     x = _heads(env[s.reads[0]], heads, t, c.head_dim)
-    env[s.writes[0]] = mx.fast.rope(x, c.head_dim, traditional=not c.neox, base=c.rope_theta,
-                                    scale=1.0, offset=offset)
+    freqs, mscale = d.rope[s.layer]
+    y = mx.fast.rope(x, c.head_dim, traditional=not c.neox, base=None, scale=1.0, offset=offset, freqs=freqs)
+    env[s.writes[0]] = y * mscale if mscale != 1.0 else y
 
 
 def _op_kv_write(d, s, env, t, offset, store):
     c = d.config
-    env[s.writes[0]] = store(s.layer, env["k"], _heads(env["v"], c.n_kv_heads, t, c.head_dim))
+    env[s.writes[0]] = store(s.layer, env["k"], _heads(env["v"], c.n_kv_heads, t, c.head_dim),
+                             c.layer(s.layer).window)
 
 
 def _op_attention(d, s, env, t, offset, store):
-    c = d.config
     keys, values, mask = env[s.reads[1]]
-    o = mx.fast.scaled_dot_product_attention(env["q"], keys, values,
-                                             scale=1.0 / math.sqrt(c.head_dim), mask=mask)
+    o = mx.fast.scaled_dot_product_attention(env["q"], keys, values, scale=d.config.scale, mask=mask)
     env["o"] = o[0].transpose(1, 0, 2).reshape(t, -1)
 
 
@@ -220,13 +277,19 @@ def _op_add(d, s, env, t, offset, store):
     env[s.writes[0]] = env[s.reads[0]] + env[s.reads[1]]
 
 
-def _op_swiglu(d, s, env, t, offset, store):
-    env[s.writes[0]] = silu(env[s.reads[0]]) * env[s.reads[1]]
+def _op_gated(d, s, env, t, offset, store):
+    gate = env[s.reads[0]]
+    env[s.writes[0]] = (gelu(gate) if d.config.architecture.activation == "gelu" else silu(gate)) * env[s.reads[1]]
 
 
-_OPS = {"embed": _op_embed, "rms_norm": _op_rms_norm, "linear": _op_linear,
+def _op_softcap(d, s, env, t, offset, store):
+    cap = d.config.final_softcap
+    env["logits"] = cap * mx.tanh(env["logits"] / cap)
+
+
+_OPS = {"embed": _op_embed, "rms_norm": _op_rms_norm, "linear": _op_linear, "split": _op_split,
         "head_norm": _op_head_norm, "rope": _op_rope, "kv_write": _op_kv_write,
-        "attention": _op_attention, "add": _op_add, "swiglu": _op_swiglu}
+        "attention": _op_attention, "add": _op_add, "gated": _op_gated, "softcap": _op_softcap}
 
 
 def _backend() -> str:
@@ -237,6 +300,11 @@ def _backend() -> str:
 
 def silu(x: mx.array) -> mx.array:
     return x * mx.sigmoid(x)
+
+
+def gelu(x: mx.array) -> mx.array:
+    """GELU, tanh approximation (ggml_gelu; Gemma's gelu_pytorch_tanh)."""
+    return 0.5 * x * (1 + mx.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
 
 
 @dataclass
@@ -436,7 +504,11 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
                          f"contiguous only), got {variant!r}, {kv!r}")
     if variant == "reference":
         return said + plan_table(reference_plan(model.config))
-    from harness.kernel_decode import kernel_plan, repacked, seams_apply
+    from harness.kernel_decode import kernel_gaps, kernel_plan, repacked, seams_apply
+
+    gaps = kernel_gaps(model.config, model.types)
+    if gaps:
+        raise ValueError(f"the {variant} variant does not run this {model.config.arch} model's {'; '.join(gaps)}")
 
     if repacked():
         said += ("load-time transform: every quantized projection (after QKV and gate+up are concatenated, "

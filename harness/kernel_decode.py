@@ -117,6 +117,26 @@ def split_v_apart(c, types: dict[str, str]) -> bool:
     return any(kind(f"blk.{i}.attn_v.weight") != kind(f"blk.{i}.attn_q.weight") for i in range(c.n_layers))
 
 
+def kernel_gaps(c, types: dict[str, str]) -> list[str]:
+    """What a model's layer or file holds that lathe's kernel variants do not run yet, each named
+    (empty: they run it). The plan maps the llama / qwen3 layer to kernels; the other features of
+    harness/arch run in the reference variant and the float64 oracle until a kernel maps them."""
+    a, gaps = c.architecture, []
+    features = {"the embedding times sqrt(d_model)": a.embed_scale, "post-attention and post-FFN norms": a.post_norms,
+                f"a {a.activation}-gated FFN": a.activation != "silu", "a fused attn_qkv matrix": a.fused_qkv,
+                "a fused [gate; up] ffn_up matrix": a.fused_gate_up, f"biases on {', '.join(c.biases)}": bool(c.biases),
+                f"{c.rope_scaling} RoPE scaling": c.rope_scaling != "none", "rope_freqs.weight factors": c.rope_freqs,
+                f"a RoPE attn_factor of {c.rope_attn_factor:g}": c.rope_attn_factor != 1.0,
+                f"sliding-window layers ({c.sliding_window} tokens)": any(c.layer(i).window for i in range(c.n_layers)),
+                f"an attention scale of {c.scale:g}": abs(c.scale - c.head_dim ** -0.5) > 1e-12,
+                "a final logit softcap": bool(c.final_softcap)}
+    gaps += [what for what, present in features.items() if present]
+    odd = sorted({t for t in types.values() if t not in ("F32", "F16") and t.lower() not in QUANTIZED})
+    if odd:
+        gaps.append(f"{', '.join(odd)} matrices (the GEMVs take {', '.join(q.upper() for q in QUANTIZED)}, and F16)")
+    return gaps
+
+
 def mega_types(c, types: dict[str, str]) -> str | None:
     """Why the megafused variant cannot run a file's layers, or None where it can: a block's
     GEMVs share one X' staging (kernels.blocks.stages_alike), each projection's layers take at
@@ -685,6 +705,10 @@ class KernelDecoder:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {kv!r}")
         if overflow and kv == "paged":
             raise ValueError("circular overflow is for the contiguous cache; a paged cache grows by blocks")
+        gaps = kernel_gaps(model.config, model.types)
+        if gaps:
+            raise ValueError(f"the {variant} variant does not run this {model.config.arch} model's "
+                             f"{'; '.join(gaps)}: the reference variant does (--variant reference)")
         k_types = sorted({t for t in model.types.values() if t.endswith("_K")})
         if k_types and not repacked():
             raise ValueError(f"this model has {', '.join(k_types)} matrices, which lathe's GEMVs read repacked "

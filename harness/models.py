@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from harness.arch import architectures
+from harness.arch import Layer, architectures
 from reference import kquant
 from reference import formats
+from reference.model import YARN
 from reference.formats import GGUF_BLOCK_TYPES as QUANTIZED
 
 ARCHITECTURES = architectures()
 ARCHS = tuple(ARCHITECTURES)
 K_MIXES = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K"}  # file type -> its matrices' base type
 QTYPES = ("f16", "q8_0", "q4_0", *K_MIXES)
-_SUPPORTED_TENSOR_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
+_SUPPORTED_TENSOR_TYPES = ("F32", "F16", *QUANTIZED)
+FILE_TYPES = {"f16": 1, "q8_0": 7, "q4_0": 2, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}  # general.file_type
 
 
 class GGUFError(ValueError):
@@ -48,44 +50,89 @@ class Config:
     rope_theta: float
     eps: float
     tied: bool  # output projection shares token_embd
+    # What sets real files apart (harness/arch describes which family takes which); the defaults
+    # are the plain llama layer's.
+    sliding_window: int = 0  # tokens a sliding layer sees (its own included); 0: none
+    swa_pattern: int = 0  # every swa_pattern-th layer global, the others sliding; 0: the architecture's
+    rope_theta_swa: float = 0.0  # the sliding layers' RoPE base; 0: the architecture's
+    rope_scaling: str = "none"  # none, linear or yarn (`<arch>.rope.scaling.type`)
+    rope_factor: float = 1.0  # positions are divided by it (linear, yarn)
+    rope_orig_ctx: int = 0  # yarn: the context the model was trained at
+    rope_attn_factor: float = 1.0  # a factor on RoPE's cos and sin (`rope.scaling.attn_factor`)
+    rope_freqs: bool = False  # rope_freqs.weight divides each pair's rotation (Llama 3.1's scaling)
+    attn_scale: float = 0.0  # the scale of Q K^T; 0: 1 / sqrt(head_dim)
+    final_softcap: float = 0.0  # logits = c * tanh(logits / c); 0: none
+    biases: tuple[str, ...] = ()  # the matrices (attn_q, ...) whose file carries a .bias
+
+    @property
+    def architecture(self):
+        return ARCHITECTURES[self.arch]
 
     @property
     def neox(self) -> bool:
-        return ARCHITECTURES[self.arch].neox
+        return self.architecture.neox
 
     @property
     def head_norm(self) -> bool:
-        return ARCHITECTURES[self.arch].head_norm
+        return self.architecture.head_norm
+
+    @property
+    def scale(self) -> float:
+        """The factor of attention's scores."""
+        return self.attn_scale or self.head_dim ** -0.5
+
+    def layer(self, i: int) -> Layer:
+        """Layer i's attention window, RoPE base and RoPE position scale (llama.cpp's is_swa,
+        get_rope_freq_base and get_rope_freq_scale)."""
+        a = self.architecture
+        pattern = self.swa_pattern or a.swa_pattern
+        sliding = bool(self.sliding_window) and pattern > 0 and i % pattern < pattern - 1
+        scale = 1.0 / self.rope_factor if self.rope_scaling in ("linear", "yarn") else 1.0
+        if sliding and a.swa_theta:  # Gemma 3: sliding layers turn at their own base, unscaled
+            return Layer(self.sliding_window, self.rope_theta_swa or a.swa_theta, 1.0)
+        return Layer(self.sliding_window if sliding else None, self.rope_theta, scale)
 
 
-PRESETS = {name: Config(arch.name, **fields) for arch in ARCHITECTURES.values()
-           for name, fields in arch.presets.items()}
+PRESETS = {name: Config(arch.name, **({"biases": arch.biases} if arch.required_biases else {}), **fields)
+           for arch in ARCHITECTURES.values() for name, fields in arch.presets.items()}
 
 
 def tensor_shapes(c: Config) -> dict[str, tuple[int, int] | tuple[int]]:
-    """Every tensor of a model as [rows, row length] (GGUF ne reversed), norms as [length]."""
+    """Every tensor of a model as [rows, row length] (GGUF ne reversed), norms and biases as
+    [length]: what its architecture's layer reads (harness/arch), and the optional tensors the
+    config says the file has (biases, rope_freqs)."""
+    a = c.architecture
     shapes: dict[str, tuple[int, int] | tuple[int]] = {
         "token_embd.weight": (c.vocab, c.d_model),
         "output_norm.weight": (c.d_model,),
     }
     if not c.tied:
         shapes["output.weight"] = (c.vocab, c.d_model)
+    if c.rope_freqs:
+        shapes["rope_freqs.weight"] = (c.head_dim // 2,)
     q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    rows = {"attn_q": q, "attn_k": kv, "attn_v": kv, "attn_output": c.d_model}
     for i in range(c.n_layers):
         b = f"blk.{i}."
-        shapes |= {
-            b + "attn_norm.weight": (c.d_model,),
-            b + "attn_q.weight": (q, c.d_model),
-            b + "attn_k.weight": (kv, c.d_model),
-            b + "attn_v.weight": (kv, c.d_model),
-            b + "attn_output.weight": (c.d_model, q),
-            b + "ffn_norm.weight": (c.d_model,),
-            b + "ffn_gate.weight": (c.ff, c.d_model),
-            b + "ffn_up.weight": (c.ff, c.d_model),
-            b + "ffn_down.weight": (c.d_model, c.ff),
-        }
+        shapes[b + "attn_norm.weight"] = (c.d_model,)
+        if a.fused_qkv:
+            shapes[b + "attn_qkv.weight"] = (q + 2 * kv, c.d_model)
+        else:
+            shapes |= {b + f"attn_{n}.weight": (rows[f"attn_{n}"], c.d_model) for n in "qkv"}
+        shapes[b + "attn_output.weight"] = (c.d_model, q)
+        shapes |= {b + f"{part}.bias": (rows[part],) for part in c.biases}
         if c.head_norm:
             shapes |= {b + "attn_q_norm.weight": (c.head_dim,), b + "attn_k_norm.weight": (c.head_dim,)}
+        if a.post_norms:
+            shapes[b + "post_attention_norm.weight"] = (c.d_model,)
+        shapes[b + "ffn_norm.weight"] = (c.d_model,)
+        if a.fused_gate_up:
+            shapes[b + "ffn_up.weight"] = (2 * c.ff, c.d_model)
+        else:
+            shapes |= {b + "ffn_gate.weight": (c.ff, c.d_model), b + "ffn_up.weight": (c.ff, c.d_model)}
+        shapes[b + "ffn_down.weight"] = (c.d_model, c.ff)
+        if a.post_norms:
+            shapes[b + "post_ffw_norm.weight"] = (c.d_model,)
     return shapes
 
 
@@ -94,14 +141,17 @@ def _more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # llama.cpp's tensor_type_fallback
+
+
 def tensor_types(c: Config, qtype: str) -> dict[str, str]:
-    """Each tensor's GGUF type in a file of type `qtype`: norms F32; f16, q8_0, q4_0 every matrix
-    in that type; the K mixes as llama.cpp's quantizer makes them without an importance matrix
-    (llama_tensor_get_type for a dense llama / qwen3): the output matrix (the embedding where tied)
-    Q6_K; q4_k_m and q5_k_m give attn_v and ffn_down Q6_K in the layers of _more_bits, Q4_K / Q5_K
-    elsewhere, every other matrix Q4_K / Q5_K; q6_k everything Q6_K. A K-quant matrix needs rows
-    of a multiple of 256 (llama.cpp would fall back to Q5_0/Q5_1/Q8_0 there, which lathe does not
-    read): a clear error."""
+    """Each tensor's GGUF type in a file of type `qtype`: norms and biases F32; f16, q8_0, q4_0
+    every matrix in that type; the K mixes as llama.cpp's quantizer makes them without an
+    importance matrix (llama_tensor_get_type for a dense model): the output matrix (the embedding
+    where tied) Q6_K; q4_k_m and q5_k_m give attn_v and ffn_down Q6_K in the layers of
+    _more_bits, Q4_K / Q5_K elsewhere, every other matrix Q4_K / Q5_K; q6_k everything Q6_K. A
+    matrix whose rows are not whole 256-weight super-blocks falls back as llama.cpp's does (Q4_K
+    to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0: Gemma 3 270M's 640-wide rows)."""
     if qtype not in QTYPES:
         raise ValueError(f"qtype must be one of {QTYPES}, got {qtype!r}")
     shapes = tensor_shapes(c)
@@ -112,22 +162,26 @@ def tensor_types(c: Config, qtype: str) -> dict[str, str]:
         if len(shape) == 1:
             types[name] = "F32"
             continue
-        if shape[1] % kquant.QK_K:
-            raise ValueError(f"{qtype}: {name} has rows of {shape[1]}, not a multiple of {kquant.QK_K}; "
-                             f"K-quant files need every matrix's rows in whole super-blocks")
         layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
         if name == "output.weight" or (c.tied and name == "token_embd.weight"):
-            types[name] = "Q6_K"
+            kind = "Q6_K"
         elif name.endswith(("attn_v.weight", "ffn_down.weight")) and qtype != "q6_k" and _more_bits(layer, c.n_layers):
-            types[name] = "Q6_K"
+            kind = "Q6_K"
         else:
-            types[name] = base
+            kind = base
+        if shape[1] % kquant.QK_K:
+            kind = _FALLBACK[kind]
+            if shape[1] % 32:
+                raise ValueError(f"{qtype}: {name} has rows of {shape[1]}, not a multiple of 32")
+        types[name] = kind
     return types
 
 
 def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0", seed: int = 0) -> Path:
-    """A GGUF file of the preset's shapes with random weights (fixed seed). Matrices are scaled by
-    1/sqrt(fan-in) and norms are near 1, so that activations stay finite through the layers."""
+    """A GGUF file of the preset's shapes with random weights (fixed seed), with the metadata
+    keys of its architecture's features (sliding window, RoPE scaling) as llama.cpp's converter
+    writes them. Matrices are scaled by 1/sqrt(fan-in) and norms are near 1, so that activations
+    stay finite through the layers."""
     import gguf
 
     c = PRESETS[preset] if isinstance(preset, str) else preset
@@ -148,6 +202,21 @@ def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0
     w.add_rope_freq_base(c.rope_theta)
     w.add_layer_norm_rms_eps(c.eps)
     w.add_uint32(f"{a}.vocab_size", c.vocab)
+    if c.sliding_window:
+        w.add_uint32(f"{a}.attention.sliding_window", c.sliding_window)
+    if c.swa_pattern:
+        w.add_uint32(f"{a}.attention.sliding_window_pattern", c.swa_pattern)
+    if c.rope_theta_swa:
+        w.add_float32(f"{a}.rope.freq_base_swa", c.rope_theta_swa)
+    if c.rope_scaling != "none":
+        w.add_string(f"{a}.rope.scaling.type", c.rope_scaling)
+        w.add_float32(f"{a}.rope.scaling.factor", c.rope_factor)
+        if c.rope_orig_ctx:
+            w.add_uint32(f"{a}.rope.scaling.original_context_length", c.rope_orig_ctx)
+    if c.final_softcap:
+        w.add_float32(f"{a}.final_logit_softcapping", c.final_softcap)
+    if qtype in ("f16", "q8_0", "q4_0", *K_MIXES):
+        w.add_uint32("general.file_type", FILE_TYPES[qtype])
     w.add_tokenizer_model("none")
     shapes = list(tensor_shapes(c).items())
     # Each tensor has its own stream (seed, index), so tensors are made in parallel threads
@@ -169,6 +238,10 @@ def _random_tensor(name: str, shape: tuple[int, ...], seed: int, index: int, kin
     embedding N(0, 1)) in their GGUF type `kind`, made in row chunks to bound the float32
     temporaries."""
     rng = np.random.default_rng([seed, index])
+    if name.endswith(".bias"):
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if name == "rope_freqs.weight":  # Llama 3.1's factors run from 1 (fast pairs) to the scaling factor
+        return np.geomspace(1.0, 8.0, shape[0]).astype(np.float32)
     if len(shape) == 1:
         return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     rows, k = shape
@@ -185,7 +258,8 @@ def _random_tensor(name: str, shape: tuple[int, ...], seed: int, index: int, kin
 class Model:
     config: Config
     tensors: dict[str, np.ndarray]  # float32/float16 arrays, or uint8 blocks for Q8_0/Q4_0
-    types: dict[str, str] = field(default_factory=dict)  # name -> "F32" | "F16" | "Q8_0" | "Q4_0"
+    types: dict[str, str] = field(default_factory=dict)  # name -> "F32" | "F16" | "Q8_0" | "Q4_0" | ...
+    file_type: int | None = None  # general.file_type (llama.cpp's LLAMA_FTYPE), where the file says
 
 
 def _field(reader, key: str, required: bool = True):
@@ -283,6 +357,140 @@ def truncation(path: str | Path) -> str | None:
     return None
 
 
+# Every `<arch>.` metadata key lathe reads, with the Config field it sets; a key of the file's
+# architecture namespace outside this table, or one whose feature its architecture does not take
+# (harness/arch), is refused by name: nothing a file says that could change the math is ignored.
+_KEYS = {
+    "context_length": ("ctx", int), "embedding_length": ("d_model", int), "block_count": ("n_layers", int),
+    "feed_forward_length": ("ff", int), "attention.head_count": ("n_heads", int),
+    "attention.head_count_kv": ("n_kv_heads", int), "attention.key_length": ("head_dim", int),
+    "rope.freq_base": ("rope_theta", float), "attention.layer_norm_rms_epsilon": ("eps", float),
+    "vocab_size": ("vocab", int), "attention.sliding_window": ("sliding_window", int),
+    "attention.sliding_window_pattern": ("swa_pattern", int), "rope.freq_base_swa": ("rope_theta_swa", float),
+    "rope.scaling.type": ("rope_scaling", str), "rope.scaling.factor": ("rope_factor", float),
+    "rope.scaling.original_context_length": ("rope_orig_ctx", int),
+    "rope.scaling.attn_factor": ("rope_attn_factor", float), "rope.scale_linear": ("rope_factor", float),
+    "final_logit_softcapping": ("final_softcap", float),
+}
+# Keys read only to check that they agree with the rest (a value that differs is refused)
+_MUST_MATCH = {"attention.value_length": "head_dim", "rope.dimension_count": "head_dim"}
+_INFORMATIONAL = {"rope.scaling.finetuned"}  # says how the model was trained, changes no op
+# yarn's parameters, which llama.cpp fixes in code for these architectures and does not read from
+# the file (reference.model.YARN): accepted where the file agrees, refused where it does not
+_YARN_KEYS = {"rope.scaling.yarn_ext_factor": "ext_factor", "rope.scaling.yarn_beta_fast": "beta_fast",
+              "rope.scaling.yarn_beta_slow": "beta_slow"}
+# Known tensors lathe does not run, named in the refusal (any other unknown tensor is refused too)
+_KNOWN_UNSUPPORTED = {
+    "rope_factors_long.weight": "LongRoPE scaling", "rope_factors_short.weight": "LongRoPE scaling",
+    "ffn_gate_inp.weight": "a mixture of experts' router", "attn_norm.bias": "a LayerNorm's bias",
+    "ffn_norm.bias": "a LayerNorm's bias", "output.bias": "a bias of the head",
+    "ffn_up.bias": "an FFN bias", "ffn_down.bias": "an FFN bias", "ffn_gate.bias": "an FFN bias",
+    "attn_qkv.bias": "a bias of a fused QKV", "post_attention_norm.weight": "a post-attention norm",
+    "post_ffw_norm.weight": "a post-FFN norm", "attn_q_norm.weight": "Q head norms",
+    "attn_k_norm.weight": "K head norms", "rope_freqs.weight": "llama3 RoPE scaling",
+}
+
+
+def _value(field):
+    """A metadata field's value: str, a number, or a list for arrays."""
+    kind = field.types[0].name if field.types else ""
+    if kind == "STRING":
+        return bytes(field.parts[field.data[0]]).decode()
+    if kind == "ARRAY":
+        return [field.parts[i].tolist() for i in field.data]
+    value = field.parts[field.data[0]]
+    return value.item() if hasattr(value, "item") and value.size == 1 else value.tolist()
+
+
+def _refuse(path, what: str) -> GGUFError:
+    return GGUFError(f"{path}: {what} is not supported")
+
+
+def file_type_name(model: "Model") -> str:
+    """What a results row names a file's types by: general.file_type's name (llama.cpp's
+    LLAMA_FTYPE_MOSTLY_Q4_K_M -> q4_k_m), else the mix of its matrices' types, most weights
+    first (q5_0+q4_k+...), never a command-line default."""
+    import gguf
+
+    if model.file_type is not None:
+        try:
+            return gguf.LlamaFileType(model.file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
+        except ValueError:
+            pass
+    weights: dict[str, int] = {}
+    for name, kind in model.types.items():
+        if not name.endswith("norm.weight") and not name.endswith(".bias") and name != "rope_freqs.weight":
+            weights[kind] = weights.get(kind, 0) + int(np.prod(model.tensors[name].shape))
+    return "+".join(k.lower() for k, _ in sorted(weights.items(), key=lambda kv: -kv[1]))
+
+
+def read_config(reader, path) -> tuple[Config, int | None]:
+    """A file's Config from its metadata, each key used or refused by name (_KEYS); and its
+    general.file_type, or None."""
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHS:
+        raise GGUFError(f"{path}: architecture {arch!r} is not supported; supported: {ARCHS}")
+    a = ARCHITECTURES[arch]
+    fields: dict = {}
+    checks: dict[str, object] = {}
+    file_type = None
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key.startswith("tokenizer."):
+            continue  # the header's own counts; the tokenizer's (harness.tokenizer reads or refuses them)
+        if key.startswith("general."):
+            if key == "general.file_type":
+                file_type = int(_value(f))
+            continue  # names, licence, provenance, alignment (the reader's): no part of the math
+        suffix = key[len(arch) + 1:] if key.startswith(arch + ".") else None
+        value = _value(f)
+        if suffix in a.not_applied:
+            continue  # read, and not applied, as llama.cpp's graph for this family (the module says why)
+        if suffix in _KEYS:
+            name, cast = _KEYS[suffix]
+            if isinstance(value, list):
+                raise _refuse(path, f"{key} = {value} (an array: a per-layer value)")
+            fields[name] = cast(value)
+        elif suffix in _MUST_MATCH:
+            checks[key] = (_MUST_MATCH[suffix], int(value))
+        elif suffix in _YARN_KEYS:
+            if float(value) != YARN[_YARN_KEYS[suffix]]:
+                raise _refuse(path, f"{key} = {value} (llama.cpp runs yarn with {_YARN_KEYS[suffix]} "
+                                    f"{YARN[_YARN_KEYS[suffix]]:g} whatever the file says)")
+        elif suffix not in _INFORMATIONAL:
+            raise _refuse(path, f"metadata key {key} = {value!r}")
+    for key in ("embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+                "context_length", "attention.layer_norm_rms_epsilon"):
+        if _KEYS[key][0] not in fields:
+            raise GGUFError(f"{path}: missing metadata key '{arch}.{key}'")
+    fields.setdefault("n_kv_heads", fields["n_heads"])
+    fields.setdefault("head_dim", fields["d_model"] // fields["n_heads"])
+    fields.setdefault("rope_theta", 10000.0)
+    for key, (name, value) in checks.items():
+        if value != fields[name]:
+            raise _refuse(path, f"{key} = {value} (not the head size {fields[name]}: partial rotary or unequal K/V heads)")
+    # features: each one the file states, only where its architecture takes it
+    if "rope_factor" in fields and "rope_scaling" not in fields:  # llama.cpp's default type is linear
+        fields["rope_scaling"] = "linear"
+    scaling = fields.get("rope_scaling", "none")
+    if scaling == "linear" and fields.get("rope_factor", 1.0) in (0.0, 1.0):  # llama.cpp: freq_scale 1
+        scaling = fields["rope_scaling"] = "none"
+        fields["rope_factor"] = 1.0
+    if scaling not in a.rope_scalings:
+        raise _refuse(path, f"{arch}.rope.scaling.type = {scaling!r} (RoPE scaling; {arch} takes {a.rope_scalings})")
+    if scaling == "none" and fields.get("rope_factor", 1.0) != 1.0:
+        raise _refuse(path, f"{arch}.rope.scaling.factor = {fields['rope_factor']} with scaling type 'none'")
+    if fields.get("sliding_window") and not a.swa_pattern:
+        raise _refuse(path, f"{arch}.attention.sliding_window = {fields['sliding_window']} (a sliding window; "
+                            f"{arch} has none)")
+    for name in ("swa_pattern", "rope_theta_swa"):
+        if name in fields and not (a.swa_pattern and fields.get("sliding_window")):
+            raise _refuse(path, f"{arch}'s {name} (sliding-window layers) without a pattern of them")
+    if fields.get("final_softcap") and not a.final_softcap:
+        raise _refuse(path, f"{arch}.final_logit_softcapping (a softcap of the logits)")
+    fields.setdefault("vocab", 0)  # where the file does not say: the embedding's rows (load_gguf)
+    return Config(arch=arch, tied=False, **(a.hparams(fields) if a.hparams else fields)), file_type
+
+
 def load_gguf(path: str | Path) -> Model:
     """Read a GGUF file into a checked Model; anything unusable is a GGUFError saying why."""
     import gguf
@@ -300,36 +508,26 @@ def load_gguf(path: str | Path) -> Model:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # noqa: BLE001 - corrupt files fail in many ways
         raise GGUFError(f"{path}: unreadable GGUF ({type(exc).__name__}: {exc})") from exc
-    arch = _field(reader, "general.architecture")
-    if arch not in ARCHS:
-        raise GGUFError(f"{path}: architecture {arch!r} is not supported; supported: {ARCHS}")
-    n_heads = int(_field(reader, f"{arch}.attention.head_count"))
-    d_model = int(_field(reader, f"{arch}.embedding_length"))
-    head_dim = _field(reader, f"{arch}.attention.key_length", required=False)
-    names = {t.name for t in reader.tensors}
+    config, file_type = read_config(reader, path)
+    a, names = config.architecture, {t.name for t in reader.tensors}
     emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if emb is None:
         raise GGUFError(f"{path}: missing tensor 'token_embd.weight'")
-    vocab = _field(reader, f"{arch}.vocab_size", required=False) or int(emb.shape[1])
-    config = Config(
-        arch=arch,
-        n_layers=int(_field(reader, f"{arch}.block_count")),
-        d_model=d_model,
-        n_heads=n_heads,
-        n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", required=False) or n_heads),
-        head_dim=int(head_dim or d_model // n_heads),
-        ff=int(_field(reader, f"{arch}.feed_forward_length")),
-        vocab=int(vocab),
-        ctx=int(_field(reader, f"{arch}.context_length")),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", required=False) or 10000.0),
-        eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        tied="output.weight" not in names,
-    )
+    if "rope_freqs.weight" in names and not a.rope_freqs:
+        raise _refuse(path, f"rope_freqs.weight (RoPE frequency factors) in a {config.arch} file")
+    biases = tuple(p for p in a.biases if f"blk.0.{p}.bias" in names)
+    if a.required_biases and biases != a.biases:
+        raise GGUFError(f"{path}: missing tensor(s) {[f'blk.0.{p}.bias' for p in a.biases if p not in biases]}")
+    config = replace(config, vocab=config.vocab or int(emb.shape[1]), tied="output.weight" not in names,
+                     rope_freqs="rope_freqs.weight" in names, biases=biases)
     want = tensor_shapes(config)
+    for t in reader.tensors:  # every tensor used, or refused by name
+        if t.name not in want:
+            part = t.name.split(".", 2)[-1] if t.name.startswith("blk.") else t.name
+            why = _KNOWN_UNSUPPORTED.get(part, "a tensor this architecture's layer does not read")
+            raise _refuse(path, f"{t.name} ({why}) in a {config.arch} file")
     tensors, types = {}, {}
     for t in reader.tensors:
-        if t.name not in want:
-            continue
         kind = t.tensor_type.name
         if kind not in _SUPPORTED_TENSOR_TYPES:
             raise GGUFError(f"{path}: tensor {t.name} has type {kind}; supported: {_SUPPORTED_TENSOR_TYPES}")
@@ -345,5 +543,5 @@ def load_gguf(path: str | Path) -> Model:
     missing = sorted(set(want) - set(tensors))
     if missing:
         raise GGUFError(f"{path}: missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-    return Model(config, tensors, types)
+    return Model(config, tensors, types, file_type)
 

@@ -1,12 +1,14 @@
-"""A float64 forward pass of a llama / qwen3 GGUF model: the oracle of the decode loop.
+"""A float64 forward pass of a GGUF model: the oracle of the decode loop.
 
-`model` is anything with `.config` (n_layers, d_model, n_heads, n_kv_heads, head_dim, vocab,
-rope_theta, eps, tied, neox, head_norm) and `.tensors` / `.types` as harness.models loads them
-(quantized tensors as GGUF block bytes, dequantized here). One step:
-    x = embed(tokens); per layer: x += attn(rms_norm(x)); x += ffn(rms_norm(x));
-    logits = rms_norm(x) @ W_out^T
-with per-head RMSNorm of Q and K before RoPE for qwen3, RoPE pairs as in llama.cpp (neighbouring
-for llama, NeoX for qwen3), causal GQA attention with scale 1/sqrt(head_dim), SwiGLU FFN.
+`model` is anything with `.config` and `.tensors` / `.types` as harness.models loads them
+(quantized tensors as GGUF block bytes, dequantized here). The config says what the layer
+computes (harness/arch: `config.architecture`'s norm placement, head norms, activation, fused
+tensors, embedding scale; `config.layer(i)`'s window, RoPE base and scale; biases, RoPE
+scalings, the attention scale and a final softcap); the step is harness/arch's docstring's:
+    x = embed(tokens) [* sqrt(d)]; per layer: x += [post_norm](attn(rms_norm(x)));
+    x += [post_norm](ffn(rms_norm(x))); logits = rms_norm(x) @ W_out^T [softcapped]
+with RoPE pairs as in llama.cpp (neighbouring for llama, NeoX for the others), causal GQA
+attention, a gated FFN (SiLU or GELU).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reference import formats
-from reference.rope import rms_norm, rope
+from reference.rope import gelu, rms_norm, rope, rope_frequencies, silu
 
 
 def weight32(model, name: str) -> np.ndarray:
@@ -51,14 +53,15 @@ class KVCache:
         return self.k[0].shape[0] if self.k else 0
 
 
-def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, window: int | None = None) -> np.ndarray:
-    """Causal GQA: q [T, H, D] at positions start.., k and v [S, Hkv, D] -> [T, H * D]; with a
-    window, position p sees only the last `window` positions up to p (a KV cache of `window`
-    rows overwritten in a circle)."""
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, window: int | None = None,
+               scale: float | None = None) -> np.ndarray:
+    """Causal GQA: q [T, H, D] at positions start.., k and v [S, Hkv, D] -> [T, H * D], scores
+    scaled by `scale` (default 1/sqrt(D)); with a window, position p sees only the last `window`
+    positions up to p (a sliding layer, or a KV cache of `window` rows overwritten in a circle)."""
     t, h, d = q.shape
     group = h // k.shape[1]
     kk, vv = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [S, H, D]
-    scores = np.einsum("thd,shd->hts", q, kk) / np.sqrt(d)
+    scores = np.einsum("thd,shd->hts", q, kk) * (d ** -0.5 if scale is None else scale)
     key_pos, query_pos = np.arange(k.shape[0])[None, :], (start + np.arange(t))[:, None]
     allowed = key_pos <= query_pos
     if window is not None:
@@ -69,11 +72,38 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, window: 
     return np.einsum("hts,shd->thd", p, vv).reshape(t, h * d)
 
 
+# llama.cpp's yarn for every architecture here: ext_factor 1, betas 32 and 1, fixed in code
+# (llama-context.cpp, llama-hparams.h); the files' rope.scaling.yarn_* keys are not read by it,
+# and harness.models refuses a file whose keys say otherwise.
+YARN = dict(ext_factor=1.0, beta_fast=32.0, beta_slow=1.0)
+
+
+def layer_rope(model, i: int) -> tuple[np.ndarray, float]:
+    """Layer i's RoPE: each pair's angle a position and the factor on cos and sin
+    (reference.rope.rope_frequencies over the config's scalings)."""
+    c, layer = model.config, model.config.layer(i)
+    factors = weight(model, "rope_freqs.weight") if getattr(c, "rope_freqs", False) else None
+    yarn = None
+    if getattr(c, "rope_scaling", "none") == "yarn":
+        yarn = dict(ext_factor=YARN["ext_factor"], orig_ctx=c.rope_orig_ctx or c.ctx, beta_fast=YARN["beta_fast"],
+                    beta_slow=YARN["beta_slow"])
+    return rope_frequencies(c.head_dim, layer.theta, layer.freq_scale, factors, yarn,
+                            getattr(c, "rope_attn_factor", 1.0))
+
+
+def _linear(model, h: np.ndarray, name: str) -> np.ndarray:
+    """h @ W^T, plus the matrix's bias where the file has one."""
+    y = h @ weight(model, name + ".weight").T
+    bias = name + ".bias"
+    return y + weight(model, bias) if bias in model.tensors else y
+
+
 def forward(model, tokens, cache: KVCache | None = None, window: int | None = None) -> tuple[np.ndarray, KVCache]:
     """Logits [len(tokens), vocab] for tokens at positions cache.length .., and the grown cache;
     `window`: attention over the last `window` positions only (circular overflow of a cache of
-    that many rows; RoPE keeps the absolute positions)."""
+    that many rows; RoPE keeps the absolute positions), on top of a sliding layer's own window."""
     c = model.config
+    a = c.architecture
     tokens = np.asarray(tokens, dtype=np.int64)
     if tokens.ndim != 1 or tokens.size == 0:
         raise ValueError("tokens must be a non-empty 1-D sequence of ids")
@@ -82,28 +112,49 @@ def forward(model, tokens, cache: KVCache | None = None, window: int | None = No
     cache = cache if cache is not None else KVCache()
     start = cache.length
     positions = np.arange(start, start + tokens.size)
+    q_rows, kv_rows = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    act = gelu if a.activation == "gelu" else silu
     x = weight(model, "token_embd.weight")[tokens]
+    if a.embed_scale:
+        x = x * np.sqrt(c.d_model)
     for i in range(c.n_layers):
         b = f"blk.{i}."
         h = rms_norm(x, weight(model, b + "attn_norm.weight"), c.eps)
-        q = (h @ weight(model, b + "attn_q.weight").T).reshape(-1, c.n_heads, c.head_dim)
-        k = (h @ weight(model, b + "attn_k.weight").T).reshape(-1, c.n_kv_heads, c.head_dim)
-        v = (h @ weight(model, b + "attn_v.weight").T).reshape(-1, c.n_kv_heads, c.head_dim)
+        if a.fused_qkv:
+            qkv = h @ weight(model, b + "attn_qkv.weight").T
+            q, k, v = np.split(qkv, [q_rows, q_rows + kv_rows], axis=-1)
+        else:
+            q, k, v = (_linear(model, h, b + f"attn_{n}") for n in "qkv")
+        q, k, v = (t.reshape(-1, heads, c.head_dim) for t, heads in ((q, c.n_heads), (k, c.n_kv_heads), (v, c.n_kv_heads)))
         if c.head_norm:
             q = rms_norm(q, weight(model, b + "attn_q_norm.weight"), c.eps)
             k = rms_norm(k, weight(model, b + "attn_k_norm.weight"), c.eps)
-        q = rope(q, positions, c.rope_theta, neox=c.neox)
-        k = rope(k, positions, c.rope_theta, neox=c.neox)
+        freqs, mscale = layer_rope(model, i)
+        q = rope(q, positions, neox=c.neox, freqs=freqs) * mscale
+        k = rope(k, positions, neox=c.neox, freqs=freqs) * mscale
         if len(cache.k) <= i:
             cache.k.append(k)
             cache.v.append(v)
         else:
             cache.k[i] = np.concatenate([cache.k[i], k])
             cache.v[i] = np.concatenate([cache.v[i], v])
-        x = x + _attention(q, cache.k[i], cache.v[i], start, window) @ weight(model, b + "attn_output.weight").T
+        sees = [w for w in (window, c.layer(i).window) if w]
+        o = _attention(q, cache.k[i], cache.v[i], start, min(sees) if sees else None, c.scale)
+        o = _linear(model, o, b + "attn_output")
+        if a.post_norms:
+            o = rms_norm(o, weight(model, b + "post_attention_norm.weight"), c.eps)
+        x = x + o
         h = rms_norm(x, weight(model, b + "ffn_norm.weight"), c.eps)
-        gate, up = h @ weight(model, b + "ffn_gate.weight").T, h @ weight(model, b + "ffn_up.weight").T
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ weight(model, b + "ffn_down.weight").T
+        if a.fused_gate_up:
+            gate, up = np.split(h @ weight(model, b + "ffn_up.weight").T, 2, axis=-1)
+        else:
+            gate, up = h @ weight(model, b + "ffn_gate.weight").T, h @ weight(model, b + "ffn_up.weight").T
+        f = (act(gate) * up) @ weight(model, b + "ffn_down.weight").T
+        if a.post_norms:
+            f = rms_norm(f, weight(model, b + "post_ffw_norm.weight"), c.eps)
+        x = x + f
     x = rms_norm(x, weight(model, "output_norm.weight"), c.eps)
-    out = weight(model, "token_embd.weight" if c.tied else "output.weight")
-    return x @ out.T, cache
+    logits = x @ weight(model, "token_embd.weight" if c.tied else "output.weight").T
+    if getattr(c, "final_softcap", 0.0):
+        logits = c.final_softcap * np.tanh(logits / c.final_softcap)
+    return logits, cache

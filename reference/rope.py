@@ -102,3 +102,40 @@ def rope_kv_write(
     k_rot = rope(k, positions, theta, freq_scale, neox, freqs)
     return q_rot, cache_write(k_cache, k_rot, pos), cache_write(v_cache, np.asarray(v), pos)
 
+
+
+def yarn_corr_dims(head_dim: int, orig_ctx: int, theta: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims: the pair range over which yarn ramps from interpolated
+    (slow pairs) to extrapolated (fast pairs) rotation."""
+    def dim(n_rot: float) -> float:
+        return head_dim * np.log(orig_ctx / (n_rot * 2 * np.pi)) / (2 * np.log(theta))
+    return max(0.0, float(np.floor(dim(beta_fast)))), min(head_dim - 1.0, float(np.ceil(dim(beta_slow))))
+
+
+def rope_frequencies(head_dim: int, theta: float, freq_scale: float = 1.0, factors: np.ndarray | None = None,
+                     yarn: dict | None = None, attn_factor: float = 1.0) -> tuple[np.ndarray, float]:
+    """Each pair's angle per position, and the factor on cos and sin, as ggml's rope_yarn turns a
+    pair: theta_i = pos * base^(-2i/D) / factor_i (rope_freqs.weight: Llama 3.1), scaled by
+    freq_scale (linear: 1 / factor), cos and sin times attn_factor; with yarn (keys ext_factor,
+    orig_ctx, beta_fast, beta_slow) pair i mixes the scaled and unscaled angles by its ramp, and
+    cos and sin take another 1 + 0.1 ln(1 / freq_scale)."""
+    inv = inv_freq(head_dim, theta)
+    if factors is not None:
+        inv = inv / np.asarray(factors, dtype=np.float64)
+    if not yarn or not yarn["ext_factor"]:
+        return inv * freq_scale, float(attn_factor)
+    low, high = yarn_corr_dims(head_dim, yarn["orig_ctx"], theta, yarn["beta_fast"], yarn["beta_slow"])
+    i = np.arange(head_dim // 2)
+    ramp = (1 - np.clip((i - low) / max(0.001, high - low), 0, 1)) * yarn["ext_factor"]
+    return inv * (freq_scale * (1 - ramp) + ramp), float(attn_factor * (1 + 0.1 * np.log(1 / freq_scale)))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (ggml_gelu; Gemma's gelu_pytorch_tanh)."""
+    x = np.asarray(x, dtype=np.float64)
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x / (1 + np.exp(-x))

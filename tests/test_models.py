@@ -56,10 +56,18 @@ def test_k_mixes_are_llama_cpp_s():
     assert tied["token_embd.weight"] == "Q6_K" and "output.weight" not in tied
 
 
-def test_k_mixes_need_whole_super_blocks(tmp_path):
-    narrow = replace(PRESETS["tiny-llama"], d_model=160, n_heads=4, head_dim=40)
-    with pytest.raises(ValueError, match="multiple of 256"):
-        write_random_gguf(tmp_path / "narrow.gguf", narrow, "q4_k_m")
+def test_k_mixes_fall_back_where_rows_are_not_super_blocks(tmp_path):
+    """llama.cpp's tensor_type_fallback: a matrix whose rows are not whole 256-weight super-blocks
+    takes Q5_0 for Q4_K, Q5_1 for Q5_K, Q8_0 for Q6_K (Gemma 3 270M's 640-wide rows); the file
+    is written and read back with those types."""
+    narrow = replace(PRESETS["tiny-llama"], d_model=160, n_heads=4, head_dim=40, n_layers=8)
+    for qtype, low, high in (("q4_k_m", "Q5_0", "Q8_0"), ("q5_k_m", "Q5_1", "Q8_0")):
+        types = tensor_types(narrow, qtype)
+        assert types["blk.0.attn_q.weight"] == low and types["blk.0.attn_v.weight"] == high  # layer 0: more bits
+        assert types["blk.0.ffn_down.weight"] == high.replace("Q8_0", "Q6_K")  # 512-wide rows: a K-quant
+        assert types["output.weight"] == "Q8_0"
+    m = load_gguf(write_random_gguf(tmp_path / "narrow.gguf", narrow, "q4_k_m"))
+    assert m.types == tensor_types(narrow, "q4_k_m")
 
 
 def test_kernels_take_k_quants_repacked_only(tiny):
@@ -156,7 +164,7 @@ def test_unsupported_tensor_type_names_the_supported_ones(tmp_path, tiny):
 
     data = load_gguf(tiny["tiny-llama", "f16"])
     c = data.config
-    w = gguf.GGUFWriter(str(tmp_path / "q4_1.gguf"), "llama")
+    w = gguf.GGUFWriter(str(tmp_path / "mxfp4.gguf"), "llama")
     for key, value in (("add_context_length", c.ctx), ("add_embedding_length", c.d_model),
                        ("add_block_count", c.n_layers), ("add_feed_forward_length", c.ff),
                        ("add_head_count", c.n_heads), ("add_head_count_kv", c.n_kv_heads),
@@ -164,10 +172,10 @@ def test_unsupported_tensor_type_names_the_supported_ones(tmp_path, tiny):
         getattr(w, key)(value)
     for name, t in data.tensors.items():
         if name == "blk.0.attn_q.weight":
-            t = gguf.quants.quantize(t.astype(np.float32), gguf.GGMLQuantizationType.Q4_1)
-            w.add_tensor(name, t, raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+            t = gguf.quants.quantize(t.astype(np.float32), gguf.GGMLQuantizationType.MXFP4)
+            w.add_tensor(name, t, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
         else:
             w.add_tensor(name, t)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    with pytest.raises(GGUFError, match=r"blk.0.attn_q.weight has type Q4_1; supported: .*Q4_0"):
-        load_gguf(tmp_path / "q4_1.gguf")
+    with pytest.raises(GGUFError, match=r"blk.0.attn_q.weight has type MXFP4; supported: .*Q4_0"):
+        load_gguf(tmp_path / "mxfp4.gguf")

@@ -1,10 +1,13 @@
-"""Llama (Llama 2, Llama 3): neighbouring RoPE pairs, as llama.cpp turns them (its converter
-permutes Q and K to match), no head norms, a separate output matrix."""
+"""Llama (Llama 2, Llama 3, 3.1-3.3): neighbouring RoPE pairs, as llama.cpp turns them (its
+converter permutes Q and K to match), no head norms, SiLU-gated FFN, a separate output matrix
+(tied in the small 3.2 models). RoPE scalings as llama.cpp reads them: linear and yarn from
+`llama.rope.scaling.*`, and Llama 3.1's factors from the file's rope_freqs.weight. Biases on the
+attention matrices are optional (llama.cpp's llama graph adds them where present)."""
 
-from harness.arch import Architecture
+from harness.arch import BIAS_PARTS, Architecture
 
 ARCHITECTURE = Architecture(
-    name="llama", neox=False, head_norm=False,
+    name="llama", neox=False, biases=BIAS_PARTS, rope_scalings=("none", "linear", "yarn"), rope_freqs=True,
     presets={
         "tiny-llama": dict(n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, head_dim=64, ff=512, vocab=512,
                            ctx=1024, rope_theta=10000.0, eps=1e-5, tied=False),

@@ -1,5 +1,5 @@
 """Qwen3: NeoX RoPE pairs, an RMSNorm of every Q and K head before RoPE, tied embeddings (the
-small models)."""
+small models), no biases."""
 
 from harness.arch import Architecture
 

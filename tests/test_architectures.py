@@ -1,0 +1,263 @@
+"""The architectures of harness/arch, end to end on the CPU: a random-weight file of each family
+(and of llama's RoPE scalings and biases) written with the metadata llama.cpp's converter gives
+it, loaded, and decoded by the reference variant (MLX built-ins) against the float64 oracle
+(reference.model.forward) that reads the same description; the oracle's own new pieces against
+their definitions; and the loader's refusal, in one line naming it, of every key and tensor it
+does not run (nothing a file says is ignored)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from harness.arch import BIAS_PARTS
+from harness.decode import ReferenceDecoder, generate
+from harness.models import PRESETS, GGUFError, file_type_name, load_gguf, write_random_gguf
+from reference import rel_err
+from reference.model import forward
+from reference.rope import gelu, rope, rope_frequencies
+from tests.decode_checks import wraps_like_the_window
+
+PROMPT, STEPS = 12, 40
+
+# Each family's tiny preset, and llama's file-borne variants (the scalings llama.cpp reads, biases)
+CONFIGS = {
+    "qwen2": PRESETS["tiny-qwen2"],
+    "gemma3": PRESETS["tiny-gemma3"],
+    "phi3": PRESETS["tiny-phi3"],
+    "llama-linear": replace(PRESETS["tiny-llama"], rope_scaling="linear", rope_factor=4.0),
+    "llama-yarn": replace(PRESETS["tiny-llama"], rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=256),
+    "llama-rope-freqs": replace(PRESETS["tiny-llama"], rope_freqs=True),
+    "llama-biases": replace(PRESETS["tiny-llama"], biases=BIAS_PARTS),
+    "gemma3-softcap": replace(PRESETS["tiny-gemma3"], final_softcap=50.0),
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("arch")
+    return {name: write_random_gguf(d / f"{name}.gguf", c, "q8_0", seed=3) for name, c in CONFIGS.items()}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_written_file_loads_as_its_config(files, name):
+    """The loader reads back every feature the writer put in (keys and tensors), nothing more."""
+    m = load_gguf(files[name])
+    assert m.config.eps == pytest.approx(CONFIGS[name].eps, rel=1e-6)  # a float32 in the file
+    assert replace(m.config, eps=CONFIGS[name].eps) == CONFIGS[name]
+    assert file_type_name(m) == "q8_0"
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_reference_variant_against_float64(files, name):
+    """The MLX reference variant against the float64 oracle, prompt then decode steps past the
+    sliding window (tiny-gemma3's layer 0 sees 8 positions), greedy where the margin is clear."""
+    m = load_gguf(files[name])
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    decoder = ReferenceDecoder(m, PROMPT + STEPS)
+    ours = np.array(decoder.forward(prompt))[-1]
+    want, cache = forward(m, prompt)
+    want, compared = want[-1], 0
+    for _ in range(STEPS):
+        assert rel_err(ours, want) <= 1e-2
+        top2 = np.sort(want)[-2:]
+        if top2[1] - top2[0] > 1e-2 * abs(top2[1]):
+            assert int(np.argmax(ours)) == int(np.argmax(want))
+            compared += 1
+        token = int(np.argmax(want))
+        ours = np.array(decoder.forward([token]))[-1]
+        step, cache = forward(m, [token], cache)
+        want = step[-1]
+    assert compared > STEPS // 2
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_sliding_layers_wrap_like_the_window(files, mode):
+    """Gemma 3's sliding layer inside a cache that itself wraps around (20 rows, window 8)."""
+    m = load_gguf(files["gemma3"])
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    wraps_like_the_window(ReferenceDecoder(m, 20), m, prompt, mode)
+
+
+def test_modes_agree_on_a_sliding_window_model(files):
+    from harness.decode import MODES
+
+    m = load_gguf(files["gemma3"])
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    runs = {mode: generate(ReferenceDecoder(m, PROMPT + 24), prompt, 24, mode).generated for mode in MODES}
+    assert len(set(map(tuple, runs.values()))) == 1, runs
+
+
+def test_each_feature_changes_the_logits(files):
+    """No feature is a no-op in the oracle: switching it off moves the logits (so the tests above,
+    which compare two readers of the same description, could fail)."""
+    tokens = np.arange(1, 30)
+    for name, off in (("llama-linear", dict(rope_scaling="none", rope_factor=1.0)),
+                      ("llama-yarn", dict(rope_scaling="none", rope_factor=1.0)),
+                      ("llama-rope-freqs", dict(rope_freqs=False)),
+                      ("gemma3", dict(sliding_window=0)),
+                      ("gemma3-softcap", dict(final_softcap=0.0))):
+        m = load_gguf(files[name])
+        base = forward(m, tokens)[0]
+        m.config = replace(m.config, **off)
+        assert rel_err(forward(m, tokens)[0], base) > 1e-3, name
+    m = load_gguf(files["llama-biases"])
+    base = forward(m, tokens)[0]
+    for part in BIAS_PARTS:
+        m.tensors[f"blk.0.{part}.bias"] = np.zeros_like(m.tensors[f"blk.0.{part}.bias"])
+    m.__dict__.pop("_float64")
+    assert rel_err(forward(m, tokens)[0], base) > 1e-3
+
+
+def test_rope_scalings_against_their_definitions():
+    """Linear: positions divided by the factor; rope_freqs: each pair's angle divided by its
+    factor; yarn: the ramp leaves the fastest pairs unscaled and scales the slowest by 1 / factor,
+    with cos and sin times 1 + 0.1 ln(factor) (ggml's rope_yarn)."""
+    d, theta = 64, 10000.0
+    base = 1.0 / theta ** (np.arange(0, d, 2) / d)
+    angles, mscale = rope_frequencies(d, theta, 0.25)
+    np.testing.assert_allclose(angles, base / 4) and mscale == 1.0
+    factors = np.geomspace(1, 8, d // 2)
+    np.testing.assert_allclose(rope_frequencies(d, theta, 1.0, factors)[0], base / factors)
+    yarn = dict(ext_factor=1.0, orig_ctx=256, beta_fast=32.0, beta_slow=1.0)
+    angles, mscale = rope_frequencies(d, theta, 0.25, yarn=yarn)
+    assert angles[0] == base[0] and angles[-1] == pytest.approx(base[-1] / 4)
+    assert np.all(angles <= base) and mscale == pytest.approx(1 + 0.1 * np.log(4))
+    x = np.random.default_rng(0).standard_normal((3, 2, d))  # rope with angles = rope at base
+    np.testing.assert_allclose(rope(x, np.arange(3), theta, neox=True), rope(x, np.arange(3), neox=True, freqs=base))
+
+
+def test_gelu_is_the_tanh_approximation():
+    x = np.array([-3.0, -1.0, 0.0, 0.5, 2.0])
+    np.testing.assert_allclose(gelu(x), [-0.0036373, -0.1588080, 0.0, 0.3457140, 1.9545977], rtol=3e-5)
+
+
+# ---- the loader: every key and tensor used, or refused in one line naming it ------------------------
+def _rewrite(src, dst, arch_keys=(), drop_keys=(), extra_tensors=(), arch=None):
+    """A copy of a GGUF file with metadata keys added or dropped and tensors added."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    arch = arch or bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    w = gguf.GGUFWriter(str(dst), arch)
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_keys:
+            continue
+        kind = f.types[0]
+        if kind == gguf.GGUFValueType.STRING:
+            w.add_string(key, bytes(f.parts[f.data[0]]).decode())
+        elif kind != gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, f.parts[f.data[0]].item(), kind)
+    for key, value, kind in arch_keys:
+        w.add_key_value(key, value, kind)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    for name, data in extra_tensors:
+        w.add_tensor(name, data)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    return dst
+
+
+def _refusals():
+    from gguf import GGUFValueType as V
+
+    f32 = lambda *shape: np.ones(shape, np.float32)  # noqa: E731
+    return {
+        # (file, keys, tensors) -> what the one line must name
+        "rope_freqs in qwen2": ("qwen2", [], [("rope_freqs.weight", f32(32))], r"rope_freqs.weight \(RoPE frequency"),
+        "longrope factors": ("phi3", [], [("rope_factors_long.weight", f32(32))], r"rope_factors_long.weight \(LongRoPE"),
+        "moe router": ("llama-linear", [], [("blk.0.ffn_gate_inp.weight", f32(4, 256))],
+                       r"blk.0.ffn_gate_inp.weight \(a mixture of experts' router\)"),
+        "ffn bias": ("llama-biases", [], [("blk.1.ffn_down.bias", f32(256))], r"blk.1.ffn_down.bias \(an FFN bias\)"),
+        "post norm in llama": ("llama-linear", [], [("blk.0.post_attention_norm.weight", f32(256))],
+                               r"post_attention_norm.weight \(a post-attention norm\)"),
+        "unknown tensor": ("qwen2", [], [("blk.0.attn_sinks.weight", f32(4))], r"blk.0.attn_sinks.weight \(a tensor"),
+        "unknown key": ("llama-linear", [("llama.attention.clamp_kqv", 8.0, V.FLOAT32)], [],
+                        r"metadata key llama.attention.clamp_kqv = 8.0"),
+        "experts": ("qwen2", [("qwen2.expert_count", 8, V.UINT32)], [], r"qwen2.expert_count = 8"),
+        "window in llama": ("llama-linear", [("llama.attention.sliding_window", 4096, V.UINT32)], [],
+                            r"llama.attention.sliding_window = 4096 \(a sliding window; llama has none\)"),
+        "attention softcap": ("gemma3", [("gemma3.attn_logit_softcapping", 50.0, V.FLOAT32)], [],
+                              r"gemma3.attn_logit_softcapping = 50.0"),
+        "final softcap in qwen2": ("qwen2", [("qwen2.final_logit_softcapping", 30.0, V.FLOAT32)], [],
+                                   r"qwen2.final_logit_softcapping \(a softcap"),
+        "yarn beta": ("llama-yarn", [("llama.rope.scaling.yarn_beta_fast", 16.0, V.FLOAT32)], [],
+                      r"yarn_beta_fast = 16.0 \(llama.cpp runs yarn with beta_fast 32"),
+        "partial rotary": ("qwen2", [("qwen2.rope.dimension_count", 32, V.UINT32)], [],
+                           r"qwen2.rope.dimension_count = 32 \(not the head size 64"),
+        "scaling type": ("qwen2", [("qwen2.rope.scaling.type", "longrope", V.STRING),
+                                   ("qwen2.rope.scaling.factor", 4.0, V.FLOAT32)], [],
+                         r"rope.scaling.type = 'longrope' \(RoPE scaling"),
+        "split file": ("gemma3", [("split.count", 2, V.UINT16)], [], r"metadata key split.count = 2"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_refusals()))
+def test_what_a_file_says_is_used_or_refused_by_name(files, tmp_path, case):
+    source, keys, tensors, named = _refusals()[case]
+    path = _rewrite(files[source], tmp_path / "crafted.gguf", keys, extra_tensors=tensors)
+    with pytest.raises(GGUFError, match=named) as err:
+        load_gguf(path)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(str(path)) and "not supported" in message
+
+
+def test_required_biases_and_read_but_not_applied_keys(files, tmp_path):
+    """Qwen2's Q/K/V biases are required; Phi-3's sliding window is read and, as llama.cpp's phi3
+    graph does, not applied (harness/arch/phi3.py); a yarn key equal to llama.cpp's is taken."""
+    from gguf import GGUFValueType as V
+
+    import gguf
+
+    src = files["qwen2"]
+    reader = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(tmp_path / "nobias.gguf"), "qwen2")
+    for key, f in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture" and f.types[0] != V.ARRAY:
+            if f.types[0] == V.STRING:
+                w.add_string(key, bytes(f.parts[f.data[0]]).decode())
+            else:
+                w.add_key_value(key, f.parts[f.data[0]].item(), f.types[0])
+    for t in reader.tensors:
+        if not t.name.endswith(".bias"):
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    with pytest.raises(GGUFError, match=r"missing tensor\(s\) \['blk.0.attn_q.bias'"):
+        load_gguf(tmp_path / "nobias.gguf")
+    phi = _rewrite(files["phi3"], tmp_path / "phi.gguf", [("phi3.attention.sliding_window", 2047, V.UINT32)])
+    assert load_gguf(phi).config.layer(0).window is None
+    yarn = _rewrite(files["llama-yarn"], tmp_path / "yarn.gguf", [("llama.rope.scaling.yarn_beta_fast", 32.0, V.FLOAT32)])
+    assert load_gguf(yarn).config.rope_scaling == "yarn"
+
+
+def test_rows_name_the_files_types(files, tmp_path):
+    """general.file_type's name where the file has one, else its matrices' type mix."""
+    path = _rewrite(files["qwen2"], tmp_path / "untyped.gguf", drop_keys=("general.file_type",))
+    assert file_type_name(load_gguf(path)) == "q8_0"
+    path = write_random_gguf(tmp_path / "f16.gguf", "tiny-qwen3", "f16")
+    assert file_type_name(load_gguf(path)) == "f16"
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi3", "llama-yarn", "llama-biases"])
+def test_kernel_variants_name_what_they_do_not_run(files, name):
+    """Before any launch (no GPU needed): the kernel variants list the layer's features that no
+    kernel maps yet, and send the user to the reference variant; qwen2's biases too."""
+    from harness.kernel_decode import KernelDecoder
+
+    m = load_gguf(files[name])
+    with pytest.raises(ValueError, match=r"variant does not run this .* model's .*the reference variant does") as err:
+        KernelDecoder(m, 64, "fused")
+    expected = {"gemma3": "post-attention and post-FFN norms", "phi3": "a fused attn_qkv matrix",
+                "llama-yarn": "yarn RoPE scaling", "llama-biases": "biases on attn_q"}[name]
+    assert expected in str(err.value)
+
+
+def test_kernel_variants_name_block_types_they_do_not_read(tmp_path):
+    from harness.kernel_decode import KernelDecoder
+
+    narrow = replace(PRESETS["tiny-llama"], d_model=160, n_heads=4, head_dim=40)
+    m = load_gguf(write_random_gguf(tmp_path / "narrow.gguf", narrow, "q4_k_m"))
+    with pytest.raises(ValueError, match=r"model's Q5_0 matrices \(the GEMVs take Q4_0, Q8_0"):
+        KernelDecoder(m, 64, "unfused")
