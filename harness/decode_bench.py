@@ -15,7 +15,7 @@ import numpy as np
 
 from harness.decode import (KV_LAYOUTS, MODES, VARIANTS, _backend, generate, make_decoder, model_file,
                             prompt_forward)
-from harness.models import Model, load_gguf, tensor_shapes
+from harness.models import Model, file_type_name, load_gguf, tensor_shapes
 
 
 def traffic(model: Model, position: float) -> tuple[int, int]:
@@ -69,6 +69,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
         raise ValueError(f"repeat and rounds must be at least 1, got {repeat} and {rounds}")
     path = model_file(name, qtype, seed)
     model = load_gguf(path)
+    qtype = file_type_name(model)  # what the file holds (a preset's is --qtype), never the flag's default
     c = model.config
     deepest = max(depths)
     if past_context and deepest + prompt + gen > c.ctx:  # the decoders size caches up to the config's context

@@ -257,3 +257,31 @@ def decode_plot(df: pd.DataFrame, out_path: str | Path, title: str) -> Path:
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     return _save(fig, out_path)
+
+
+def quality_plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
+    """quality.csv: each (model, text, n_ctx)'s newest run, perplexity per variant beside
+    llama.cpp's (left) and each variant's mean KL divergence from the reference (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = df[df["benchmark"] == "quality"]
+    groups = list(df.groupby(["model", "text", "n_ctx"], sort=True))
+    fig, axes = plt.subplots(max(1, len(groups)), 2, figsize=(11, 3 + 2.5 * len(groups)), squeeze=False)
+    for (key, g), (left, right) in zip(groups, axes):
+        newest = g[g["date"] == g["date"].max()]
+        left.bar(newest["variant"], newest["ppl"], yerr=newest["ppl_err"], color="tab:blue")
+        left.set_title(f"{key[0]} on {key[1]} (n_ctx {key[2]}): perplexity", fontsize=9)
+        left.tick_params(axis="x", rotation=30, labelsize=8)
+        kl = newest.dropna(subset=["kl_mean"])
+        right.bar(kl["variant"], kl["kl_mean"], color="tab:orange")
+        right.set_title("mean KL(reference || variant), nats", fontsize=9)
+        right.tick_params(axis="x", rotation=30, labelsize=8)
+        right.axhline(1e-3, color="grey", linestyle="--", linewidth=0.8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

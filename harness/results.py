@@ -44,6 +44,11 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
                "prefill_tok_s", "decode_tok_s", "ms_per_token",
                "dispatches_per_token", "pct_roofline", "round", "x_llama_cpp", "peer_build"],
     "peak": ["nbytes"],
+    # lathe quality: a text's perplexity per variant (and llama.cpp's, variant "llama.cpp"), each
+    # GPU variant's KL divergence from the reference and top-token agreement on the same tokens;
+    # us: a chunk's evaluation, wall time; x_llama_cpp: ppl over llama.cpp's ppl of the same run
+    "quality": ["model", "qtype", "text", "n_ctx", "chunks", "tokens_scored", "ppl", "ppl_err",
+                "kl_mean", "kl_p99", "same_top", "x_llama_cpp", "peer_build"],
 }
 
 # Columns a row may leave out; they are written as empty cells.
@@ -54,7 +59,7 @@ OPTIONAL_COLUMNS: frozenset[str] = frozenset(
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.
 _TEXT_COLUMNS = ["benchmark", "kernel", "variant", "backend", "device", "gpu_kernels",
-                 "mlx_version", "git_sha", "date", "options", "model", "qtype", "mode", "peer_build"]
+                 "mlx_version", "git_sha", "date", "options", "model", "qtype", "mode", "peer_build", "text"]
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 

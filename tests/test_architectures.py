@@ -75,9 +75,11 @@ def test_reference_variant_against_float64(files, name):
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
 def test_sliding_layers_wrap_like_the_window(files, mode):
-    """Gemma 3's sliding layer inside a cache that itself wraps around (20 rows, window 8)."""
+    """Gemma 3's sliding layer inside a cache that itself wraps around (20 rows, window 8). A fixed
+    prompt: the cache's own window shows in the global layer alone, by more than the check's 1e-2
+    for most prompts, not all (decode_checks' last assertion)."""
     m = load_gguf(files["gemma3"])
-    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    prompt = np.random.default_rng(7).integers(0, m.config.vocab, PROMPT)
     wraps_like_the_window(ReferenceDecoder(m, 20), m, prompt, mode)
 
 
