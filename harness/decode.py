@@ -40,7 +40,11 @@ class ReferenceDecoder:
         if max_seq < 1 or max_seq > c.ctx:
             raise ValueError(f"max_seq must be in 1..{c.ctx} (the model's context), got {max_seq}")
         self.config = c
-        self.dtype = dtype or (mx.float32 if mx.default_device() == mx.cpu else mx.float16)
+        # float16 on a GPU, except where the architecture's activations pass float16's range
+        # (Gemma: the embedding times sqrt(d_model), norms after each block; llama.cpp keeps them
+        # float32): the reference variant is the quality runs' base, NaN-free or nothing
+        wide = c.architecture.embed_scale or c.architecture.post_norms
+        self.dtype = dtype or (mx.float32 if mx.default_device() == mx.cpu or wide else mx.float16)
         # Norm weights stay float32; matrices are dequantized once, on the host in float32 and in
         # parallel threads (NumPy frees the GIL): an 8B model in seconds, where the oracle's
         # cached float64 copies took 90 s and twice the weights' memory.
