@@ -276,6 +276,11 @@ def quality_plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
         left.set_title(f"{key[0]} on {key[1]} (n_ctx {key[2]}): perplexity", fontsize=9)
         left.tick_params(axis="x", rotation=30, labelsize=8)
         kl = newest.dropna(subset=["kl_mean"])
+        if kl.empty:  # only the reference ran (the kernel variants refused the model)
+            right.text(0.5, 0.5, "no kernel variant ran this model", ha="center", va="center",
+                       transform=right.transAxes, fontsize=9)
+            right.set_xticks([])
+            right.set_yticks([])
         right.bar(kl["variant"], kl["kl_mean"], color="tab:orange")
         right.set_title("mean KL(reference || variant), nats", fontsize=9)
         right.tick_params(axis="x", rotation=30, labelsize=8)
