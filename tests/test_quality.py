@@ -61,3 +61,22 @@ def test_kl_and_top_agreement_by_their_definitions():
 def test_text_path_errors():
     with pytest.raises(ValueError, match="no such file"):
         quality.text_path("/no/such/text.txt")
+
+
+def test_quality_rows_and_plot(tmp_path):
+    """quality.csv's schema takes a run's rows (a variant's, llama.cpp's) and the plot draws them,
+    also where only the reference ran."""
+    from harness.plots import quality_plot
+    from harness.results import append_rows, read_results
+
+    common = dict(benchmark="quality", backend="cpu", device="cpu", model="m", qtype="q4_k_m", text="t.txt",
+                  n_ctx=512, chunks=2, gbs=None, pct_peak=None, peak_gbs=None, bytes=1, mlx_version="x",
+                  git_sha="abc", date="2026-11-26T00:00:00Z", us=1.0, tokens_scored=510)
+    rows = [dict(common, kernel="lathe decode (reference)", variant="reference", ppl=41.7, ppl_err=1.4,
+                 kl_mean=None, kl_p99=None, same_top=None),
+            dict(common, kernel="llama-perplexity", variant="llama.cpp", ppl=41.73, ppl_err=1.37, kl_mean=None,
+                 kl_p99=None, same_top=None, x_llama_cpp=1.0)]
+    csv = append_rows(tmp_path / "quality.csv", "quality", rows)
+    df = read_results(csv)
+    assert list(df["variant"]) == ["reference", "llama.cpp"] and df["ppl"].tolist() == [41.7, 41.73]
+    assert quality_plot(df, tmp_path / "quality.png", "t").stat().st_size > 1000
