@@ -14,7 +14,7 @@ from harness.models import load_gguf, write_random_gguf
 from kernels import options
 from reference import rel_err
 from reference.model import forward
-from tests.decode_checks import wraps_like_the_window
+from tests.decode_checks import decodes_as_float64, wraps_like_the_window
 
 PROMPT, STEPS = 16, 24
 # llama.cpp's mixed files (Q6_K attn_v and ffn_down in some layers beside Q4_K / Q5_K) and a one-type one
@@ -270,23 +270,7 @@ def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, vari
 
 
 def _decodes_as_float64(decoder, m, prompt) -> None:
-    """The decoder's logits within 1e-2 of the float64 model's over a prompt and STEPS decode
-    tokens, and its greedy token the model's wherever the top-2 margin is clear."""
-    ours = np.array(decoder.forward(prompt))[-1]
-    want, cache = forward(m, prompt)
-    want = want[-1]
-    compared = 0
-    for _ in range(STEPS):
-        assert rel_err(ours, want) <= 1e-2
-        top2 = np.sort(want)[-2:]
-        if (top2[1] - top2[0]) > 1e-2 * abs(top2[1]):
-            assert int(np.argmax(ours)) == int(np.argmax(want))
-            compared += 1
-        token = int(np.argmax(want))
-        ours = np.array(decoder.forward([token]))[-1]
-        step, cache = forward(m, [token], cache)
-        want = step[-1]
-    assert compared > STEPS // 2
+    decodes_as_float64(decoder, m, prompt, STEPS)
 
 
 @pytest.mark.gpu
