@@ -542,7 +542,6 @@ def cmd_quality(model: str, qtype: str, text: str, n_ctx: int, n_chunks: int | N
         print(f"  chunk {done}/{total}: reference ppl {ref.ppl:.4f} ({time.perf_counter() - began:.0f} s)", flush=True)
 
     scores = quality.evaluate(decoders, parts, progress)
-    took = (time.perf_counter() - began) / len(parts) / len(decoders)
     peer_row = None
     if peer:
         exe = quality.find_llama_perplexity()
@@ -559,7 +558,7 @@ def cmd_quality(model: str, qtype: str, text: str, n_ctx: int, n_chunks: int | N
     rows = []
     for name, sc in scores.items():
         kl = np.array(sc.kl_values) if sc.kl_values else None
-        rows.append(dict(common, kernel=f"lathe decode ({name})", variant=name, us=round(took * 1e6, 1),
+        rows.append(dict(common, kernel=f"lathe decode ({name})", variant=name, us=round(sc.seconds / len(parts) * 1e6, 1),
                          tokens_scored=sc.count, ppl=round(sc.ppl, 5), ppl_err=round(sc.ppl_err, 5),
                          kl_mean=None if kl is None else float(f"{kl.mean():.4g}"),
                          kl_p99=None if kl is None else float(f"{np.percentile(kl, 99):.4g}"),

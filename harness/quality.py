@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import re
 import subprocess
 import sys
@@ -96,6 +97,7 @@ class Scores:
     kl_values: list | None = None
     same_top: int = 0
     count: int = 0
+    seconds: float = 0.0  # wall time of this decoder's chunks (forward and read-back)
 
     def add(self, logp: np.ndarray, targets: np.ndarray, ref_logp: np.ndarray | None = None) -> None:
         picked = -logp[np.arange(len(targets)), targets]
@@ -130,8 +132,10 @@ def evaluate(decoders: dict, chunk_list: list[np.ndarray], progress=None) -> dic
         targets = chunk[first + 1:]
         ref = None
         for name, decoder in decoders.items():
+            began = time.perf_counter()
             decoder.reset()
             logits = np.array(decoder.forward(chunk.tolist())[first:-1], dtype=np.float32)
+            scores[name].seconds += time.perf_counter() - began
             logp = log_softmax(logits)
             scores[name].add(logp, targets, None if ref is None else ref)
             if ref is None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.quant import check_rows
+from reference.quant import check_rows, quantizable
 
 KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 QK = 256
@@ -150,14 +150,9 @@ _CHUNK = {"iq4_nl": 8192, "iq4_xs": 1024}  # blocks a pass: the searches' tempor
 
 def quantize(w: np.ndarray, qtype: str) -> np.ndarray:
     """[n, k] floats -> [n, k / block weights * block bytes] uint8 blocks."""
-    w = np.asarray(w)
-    if w.ndim != 2:
-        raise ValueError(f"w must be [n, k], got shape {w.shape}")
+    w = quantizable(w, qtype, BLOCK_BYTES, BLOCK_WEIGHTS.get(qtype, 1))
     n, k = w.shape
-    _check(qtype, k)
-    if not np.all(np.isfinite(w)):
-        raise ValueError("w has NaN or inf: GGUF blocks cannot hold them")
-    x = w.astype(F32).reshape(-1, BLOCK_WEIGHTS[qtype])
+    x = w.reshape(-1, BLOCK_WEIGHTS[qtype])
     body, step = (_quantize_iq4_nl if qtype == "iq4_nl" else _quantize_iq4_xs), _CHUNK[qtype]
     with np.errstate(over="ignore"):  # a scale past fp16's range is inf, as GGML's conversion
         return np.concatenate([body(x[i:i + step]) for i in range(0, len(x), step)]).reshape(n, -1)

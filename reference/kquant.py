@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.quant import check_rows
+from reference.quant import check_rows, quantizable
 
 QK_K = 256
 BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
@@ -241,14 +241,9 @@ def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
 
 def quantize(w: np.ndarray, qtype: str) -> np.ndarray:
     """[n, k] floats -> [n, k / 256 * block bytes] uint8 super-blocks."""
-    w = np.asarray(w)
-    if w.ndim != 2:
-        raise ValueError(f"w must be [n, k], got shape {w.shape}")
+    w = quantizable(w, qtype, BLOCK_BYTES, QK_K)
     n, k = w.shape
-    check_rows(qtype, k, BLOCK_BYTES, QK_K)
-    if not np.all(np.isfinite(w)):
-        raise ValueError("w has NaN or inf: GGUF blocks cannot hold them")
-    x = w.astype(F32).reshape(n * (k // QK_K), QK_K)
+    x = w.reshape(n * (k // QK_K), QK_K)
     body = {"q4_k": _quantize_q4_k, "q5_k": _quantize_q5_k, "q6_k": _quantize_q6_k}[qtype]
     # Super-blocks are independent: a thousand at a time keep the searches' temporaries in the
     # CPU's caches (an 8B matrix at once made arrays of 235 MB each).

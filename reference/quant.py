@@ -45,6 +45,18 @@ def check_rows(qtype: str, k: int, block_bytes: dict[str, int], block: int) -> N
                          f"{block}, got {k}")
 
 
+def quantizable(w: np.ndarray, qtype: str, block_bytes: dict[str, int], block: int) -> np.ndarray:
+    """w as float32 [n, k], checked for quantizing into `qtype` (this module's formats and
+    reference.kquant's, reference.iquant's): a 2-D array of finite values in whole blocks."""
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise ValueError(f"w must be [n, k], got shape {w.shape}")
+    check_rows(qtype, w.shape[1], block_bytes, block)
+    if not np.all(np.isfinite(w)):
+        raise ValueError("w has NaN or inf: GGUF blocks cannot hold them")
+    return w.astype(np.float32)
+
+
 def _check(qtype: str, k: int) -> None:
     check_rows(qtype, k, BLOCK_BYTES, BLOCK)
 
@@ -66,14 +78,9 @@ def _round_half_away(x: np.ndarray) -> np.ndarray:
 
 def quantize(w: np.ndarray, qtype: str) -> np.ndarray:
     """[n, k] floats -> [n, k / 32 * block bytes] uint8 blocks."""
-    w = np.asarray(w)
-    if w.ndim != 2:
-        raise ValueError(f"w must be [n, k], got shape {w.shape}")
+    w = quantizable(w, qtype, BLOCK_BYTES, BLOCK)
     n, k = w.shape
-    _check(qtype, k)
-    if not np.all(np.isfinite(w)):
-        raise ValueError("w has NaN or inf: GGUF blocks cannot hold them")
-    blocks = w.astype(np.float32).reshape(n, k // BLOCK, BLOCK)
+    blocks = w.reshape(n, k // BLOCK, BLOCK)
     if qtype == "q8_0":
         d = (np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
         body = _round_half_away(blocks * _inverse(d)).astype(np.int8).view(np.uint8)

@@ -41,6 +41,7 @@ def test_scores_against_the_float64_model(tmp_path):
     # mean NLL within 0.02 nats a token (the GPU's reference variant runs fp16 weights)
     assert math.log(scores["reference"].ppl) == pytest.approx(nll / count, abs=2e-2)
     assert scores["again"].kl == pytest.approx(0, abs=1e-9) and scores["again"].same_top == count
+    assert scores["reference"].seconds > 0 and scores["again"].seconds > 0
 
 
 def test_kl_and_top_agreement_by_their_definitions():
