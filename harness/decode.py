@@ -545,7 +545,7 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
         return said + plan_table(reference_plan(model.config))
     from harness.kernel_decode import kernel_gaps, kernel_plan, repacked, seams_apply
 
-    gaps = kernel_gaps(model.config, model.types)
+    gaps = kernel_gaps(model.config, model.types, variant)
     if gaps:
         raise ValueError(f"the {variant} variant does not run this {model.config.arch} model's {'; '.join(gaps)}")
 

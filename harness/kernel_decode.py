@@ -42,7 +42,6 @@ holds the launches forward() makes against it.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import mlx.core as mx
@@ -51,6 +50,7 @@ import numpy as np
 from harness.plan import Step, replay
 from harness.models import Model
 from reference import formats
+from reference.model import layer_rope
 from kernels import attention, backends, blocks, gemv, loop, options, rope
 from kernels.runtime import index, prepare, recording, resident
 
@@ -117,24 +117,36 @@ def split_v_apart(c, types: dict[str, str]) -> bool:
     return any(kind(f"blk.{i}.attn_v.weight") != kind(f"blk.{i}.attn_q.weight") for i in range(c.n_layers))
 
 
-def kernel_gaps(c, types: dict[str, str]) -> list[str]:
-    """What a model's layer or file holds that lathe's kernel variants do not run yet, each named
-    (empty: they run it). The plan maps the llama / qwen3 layer to kernels; the other features of
-    harness/arch run in the reference variant and the float64 oracle until a kernel maps them."""
-    a, gaps = c.architecture, []
+def kernel_gaps(c, types: dict[str, str], variant: str = "fused") -> list[str]:
+    """What a model's layer or file holds that lathe's kernel variant does not run yet, each named
+    (empty: it runs it). unfused and fused map the llama / qwen3 layer, RoPE scalings (a frequency
+    table the RoPE kernels take, yarn's cos/sin factor folded into the attention scale) and
+    Q/K/V biases (an add after the projection); megafused the llama / qwen3 layer alone. The
+    other features of harness/arch run in the reference variant and the float64 oracle until a
+    kernel maps them."""
+    a, mega = c.architecture, variant == "megafused"
+    extra_bias = [b for b in c.biases if mega or b == "attn_output"]
     features = {"the embedding times sqrt(d_model)": a.embed_scale, "post-attention and post-FFN norms": a.post_norms,
                 f"a {a.activation}-gated FFN": a.activation != "silu", "a fused attn_qkv matrix": a.fused_qkv,
-                "a fused [gate; up] ffn_up matrix": a.fused_gate_up, f"biases on {', '.join(c.biases)}": bool(c.biases),
-                f"{c.rope_scaling} RoPE scaling": c.rope_scaling != "none", "rope_freqs.weight factors": c.rope_freqs,
-                f"a RoPE attn_factor of {c.rope_attn_factor:g}": c.rope_attn_factor != 1.0,
+                "a fused [gate; up] ffn_up matrix": a.fused_gate_up,
+                f"biases on {', '.join(extra_bias)}": bool(extra_bias),
+                f"{c.rope_scaling} RoPE scaling": mega and c.rope_scaling != "none",
+                "rope_freqs.weight factors": mega and c.rope_freqs,
+                f"a RoPE attn_factor of {c.rope_attn_factor:g}": mega and c.rope_attn_factor != 1.0,
                 f"sliding-window layers ({c.sliding_window} tokens)": any(c.layer(i).window for i in range(c.n_layers)),
-                f"an attention scale of {c.scale:g}": abs(c.scale - c.head_dim ** -0.5) > 1e-12,
+                f"an attention scale of {c.scale:g}": mega and abs(c.scale - c.head_dim ** -0.5) > 1e-12,
                 "a final logit softcap": bool(c.final_softcap)}
-    gaps += [what for what, present in features.items() if present]
+    gaps = [what for what, present in features.items() if present]
     odd = sorted({t for t in types.values() if t not in ("F32", "F16") and t.lower() not in QUANTIZED})
     if odd:
         gaps.append(f"{', '.join(odd)} matrices (the GEMVs take {', '.join(q.upper() for q in QUANTIZED)}, and F16)")
     return gaps
+
+
+def rope_table(c) -> bool:
+    """Whether RoPE turns by a frequency table made from the config (linear or yarn scaling,
+    rope_freqs factors, an attn_factor) rather than from the base alone."""
+    return c.rope_scaling != "none" or c.rope_freqs or c.rope_attn_factor != 1.0
 
 
 def mega_types(c, types: dict[str, str]) -> str | None:
@@ -167,7 +179,8 @@ def seams_apply(c, types: dict[str, str]) -> bool:
     names = [head] + [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
                       for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
     kinds = {types[n].lower() for n in names}
-    return options.get("seams") and len(kinds) == 1 and kinds <= set(QUANTIZED) and backends.cross_group_waits()
+    return (options.get("seams") and len(kinds) == 1 and kinds <= set(QUANTIZED) and backends.cross_group_waits()
+            and not c.biases)  # a seam hands its QKV to the next layer with no step for the biases
 
 
 QUANTIZED = ("q4_0", "q8_0", *gemv.K_QTYPES)  # our GEMVs' block types (the K-quants repacked only)
@@ -355,6 +368,10 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             rms_norm(b + "attn_norm.weight", i)
             for n in "qkv":
                 linear("h", n, b + f"attn_{n}.weight", i)
+        if c.biases:  # Qwen2's (llama's where a file has them): Q, K and V biases, one add
+            parts = ("qkv",) if fused else tuple("qkv")
+            add("bias", "mx.add (q|k|v biases)", parts, parts, _run_bias, i,
+                weights=tuple(b + f"attn_{n}.bias" for n in "qkv"), layer=i)
         apart = paged or wrap  # RoPE in launches of its own, then the cache writes
         if apart or not fused:  # (fused: Q, K and V are slices of the projection's output)
             if c.head_norm:
@@ -535,10 +552,18 @@ def _run_head_norm(n, i, d, env, t, pos):
     env[n] = rope.head_rmsnorm(env[n], d.g32[f"blk.{i}.attn_{n}_norm.weight"], d.config.eps)
 
 
+def _run_bias(i, d, env, t, pos):
+    if "qkv" in env and d.fused:
+        env["qkv"] = env["qkv"] + d.bias[i]
+    else:
+        for n, part in zip("qkv", mx.split(d.bias[i], d.qkv_splits)):
+            env[n] = env[n] + part
+
+
 def _run_rope(n, i, d, env, t, pos):
     _heads_of(d, env, t)
     rotate = rope.rope_neox if d.config.neox else rope.rope
-    env[n] = rotate(env[n], pos, theta=d.config.rope_theta)
+    env[n] = rotate(env[n], pos, theta=d.config.rope_theta, inv_freq=d.inv_freq)
 
 
 def _run_rope_kv_write(i, d, env, t, pos):
@@ -549,13 +574,13 @@ def _run_rope_kv_write(i, d, env, t, pos):
         if c.head_norm:
             rot = rope.head_norm_rope_neox_qkv_write(
                 env["qkv"], d.g32[b + "attn_q_norm.weight"], d.g32[b + "attn_k_norm.weight"], d.k[i], d.v[i], pos,
-                n_heads=c.n_heads, eps=c.eps, theta=c.rope_theta)
+                n_heads=c.n_heads, eps=c.eps, theta=c.rope_theta, inv_freq=d.inv_freq)
         else:
             rot = rope.rope_qkv_write(env["qkv"], d.k[i], d.v[i], pos, n_heads=c.n_heads, theta=c.rope_theta,
-                                      neox=c.neox)
+                                      neox=c.neox, inv_freq=d.inv_freq)
     else:
         write = rope.rope_neox_batch_kv_write if c.neox else rope.rope_batch_kv_write
-        rot = write(*_heads_of(d, env, t), d.k[i], d.v[i], pos, theta=c.rope_theta)
+        rot = write(*_heads_of(d, env, t), d.k[i], d.v[i], pos, theta=c.rope_theta, inv_freq=d.inv_freq)
     d.k[i], d.v[i] = rot.k_cache, rot.v_cache
     env["q"], env["written"] = rot.q, rot.written
 
@@ -570,8 +595,7 @@ def _lens(pos, rows=None):
 def _run_attention(i, d, env, t, pos):
     """Attention over the contiguous cache after its write: a decode token (flash decode) or a
     prompt (causal, each token over the cache up to its own position)."""
-    c, hd = d.config, d.config.head_dim
-    scale = 1.0 / math.sqrt(hd)
+    c, hd, scale = d.config, d.config.head_dim, d.scale
     if t == 1:
         o = attention.flash_decode(env["q"].reshape(1, c.n_heads, hd), d.k[i][None], d.v[i][None], _lens(pos),
                                    scale, after=env["written"], counters=d.attn_counters[i])
@@ -583,9 +607,9 @@ def _run_attention(i, d, env, t, pos):
 
 def _run_rope_attention(i, d, env, t, pos):
     c = d.config
-    o, d.k[i], d.v[i] = attention.rope_flash_decode(env["qkv"], d.k[i], d.v[i], pos, 1.0 / math.sqrt(c.head_dim),
+    o, d.k[i], d.v[i] = attention.rope_flash_decode(env["qkv"], d.k[i], d.v[i], pos, d.scale,
                                                      n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
-                                                     counters=d.attn_counters[i])
+                                                     inv_freq=d.inv_freq, counters=d.attn_counters[i])
     _end_layer_attention(env, o.reshape(1, -1))
 
 
@@ -658,7 +682,7 @@ def _run_wrapping_attention(i, d, env, t, pos):
     order does not matter to softmax)."""
     c = d.config
     o = attention.flash_decode(env["q"].reshape(1, c.n_heads, c.head_dim), d.k[i][None], d.v[i][None],
-                               _lens(pos, d.max_seq), 1.0 / math.sqrt(c.head_dim),
+                               _lens(pos, d.max_seq), d.scale,
                                after=mx.concatenate([env["written.k"], env["written.v"]]), counters=d.attn_counters[i])
     _end_layer_attention(env, o.reshape(1, -1))
 
@@ -670,7 +694,7 @@ def _run_reshape_and_cache(i, d, env, t, pos):
 
 
 def _run_paged_attention(i, d, env, t, pos):
-    scale = 1.0 / math.sqrt(d.config.head_dim)
+    scale = d.scale
     if t == 1:
         table = d.table if isinstance(pos, int) else d.table_dev
         o = attention.paged_attention(env["q"], d.k[i], d.v[i], table, _lens(pos), scale, after=env["written"],
@@ -705,10 +729,11 @@ class KernelDecoder:
             raise ValueError(f"kv must be one of {KV_LAYOUTS}, got {kv!r}")
         if overflow and kv == "paged":
             raise ValueError("circular overflow is for the contiguous cache; a paged cache grows by blocks")
-        gaps = kernel_gaps(model.config, model.types)
+        gaps = kernel_gaps(model.config, model.types, variant)
         if gaps:
+            other = "fused" if variant == "megafused" and not kernel_gaps(model.config, model.types) else "reference"
             raise ValueError(f"the {variant} variant does not run this {model.config.arch} model's "
-                             f"{'; '.join(gaps)}: the reference variant does (--variant reference)")
+                             f"{'; '.join(gaps)}: the {other} variant does (--variant {other})")
         k_types = sorted({t for t in model.types.values() if t.endswith("_K")})
         if k_types and not repacked():
             raise ValueError(f"this model has {', '.join(k_types)} matrices, which lathe's GEMVs read repacked "
@@ -769,6 +794,19 @@ class KernelDecoder:
                     if self.types.get(name) in QUANTIZED and name not in self.f16:
                         self.f16[name] = gemv.dequantize(self.matrix(name), self.types[name], *self.nk[name])
                         mx.eval(self.f16[name])
+        # RoPE by a frequency table where the file scales it (the same table every layer: the
+        # layers of the families the kernel variants run share base and scale), yarn's factor on
+        # cos and sin squared into the attention scale (q.k takes it once from each side)
+        self.inv_freq, mscale = None, 1.0
+        if rope_table(c):
+            angles, mscale = layer_rope(model, 0)
+            self.inv_freq = resident(mx.array(angles.astype(np.float32)))
+        self.scale = c.scale * mscale * mscale
+        if c.biases:  # [q; k; v] biases a layer, fp16, added to the projection's output
+            q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+            self.qkv_splits = [q, q + kv]
+            self.bias = [resident(mx.array(np.concatenate([model.tensors[f"blk.{i}.attn_{n}.bias"] for n in "qkv"])
+                                           .astype(np.float16))) for i in range(c.n_layers)]
         self.seams = self.fused and seams_apply(c, self.types)
         self.rope_attention = self.fused and rope_in_attention(c)
         if self.seams:

@@ -222,7 +222,8 @@ def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0
     # Each tensor has its own stream (seed, index), so tensors are made in parallel threads
     # (NumPy releases the GIL) and an 8B model takes seconds per core rather than minutes.
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        made = pool.map(lambda i: _random_tensor(*shapes[i], seed, i, types[shapes[i][0]]), range(len(shapes)))
+        made = pool.map(lambda i: _random_tensor(*shapes[i], seed, i, types[shapes[i][0]], c.rope_theta),
+                        range(len(shapes)))
         for (name, _), data in zip(shapes, made):
             raw = gguf.GGMLQuantizationType[types[name]] if data.dtype == np.uint8 else None
             w.add_tensor(name, data, raw_dtype=raw)
@@ -233,15 +234,30 @@ def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0
     return path
 
 
-def _random_tensor(name: str, shape: tuple[int, ...], seed: int, index: int, kind: str) -> np.ndarray:
+def llama3_rope_factors(head_dim: int, theta: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
+                        original_ctx: int = 8192) -> np.ndarray:
+    """Llama 3.1's rope_freqs.weight as llama.cpp's converter computes it from rope_scaling
+    (conversion/llama.py; these are its defaults, Llama 3.1's values): 1 for pairs whose
+    wavelength is under original_ctx / high, `factor` past original_ctx / low, a smooth blend
+    between."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelength = 2 * np.pi / freqs
+    smooth = (original_ctx / wavelength - low) / (high - low)
+    blend = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelength < original_ctx / high, 1.0,
+                    np.where(wavelength > original_ctx / low, factor, blend)).astype(np.float32)
+
+
+def _random_tensor(name: str, shape: tuple[int, ...], seed: int, index: int, kind: str,
+                   theta: float = 10000.0) -> np.ndarray:
     """One tensor of a random model: norms near 1 (float32), matrices N(0, 1/fan-in) (the
     embedding N(0, 1)) in their GGUF type `kind`, made in row chunks to bound the float32
     temporaries."""
     rng = np.random.default_rng([seed, index])
     if name.endswith(".bias"):
         return (0.1 * rng.standard_normal(shape)).astype(np.float32)
-    if name == "rope_freqs.weight":  # Llama 3.1's factors run from 1 (fast pairs) to the scaling factor
-        return np.geomspace(1.0, 8.0, shape[0]).astype(np.float32)
+    if name == "rope_freqs.weight":
+        return llama3_rope_factors(2 * shape[0], theta)
     if len(shape) == 1:
         return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     rows, k = shape

@@ -31,6 +31,7 @@ CONFIGS = {
     "llama-yarn": replace(PRESETS["tiny-llama"], rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=256),
     "llama-rope-freqs": replace(PRESETS["tiny-llama"], rope_freqs=True),
     "llama-biases": replace(PRESETS["tiny-llama"], biases=BIAS_PARTS),
+    "llama-qkv-biases": replace(PRESETS["tiny-llama"], biases=("attn_q", "attn_k", "attn_v")),
     "gemma3-softcap": replace(PRESETS["tiny-gemma3"], final_softcap=50.0),
 }
 
@@ -228,18 +229,74 @@ def test_rows_name_the_files_types(files, tmp_path):
     assert file_type_name(load_gguf(path)) == "f16"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "phi3", "llama-yarn", "llama-biases"])
-def test_kernel_variants_name_what_they_do_not_run(files, name):
-    """Before any launch (no GPU needed): the kernel variants list the layer's features that no
-    kernel maps yet, and send the user to the reference variant; qwen2's biases too."""
+@pytest.mark.parametrize("name, variant, expected", [
+    ("gemma3", "fused", "post-attention and post-FFN norms"), ("phi3", "unfused", "a fused attn_qkv matrix"),
+    ("llama-biases", "fused", "biases on attn_output"), ("llama-yarn", "megafused", "yarn RoPE scaling"),
+    ("llama-rope-freqs", "megafused", "rope_freqs.weight factors"), ("qwen2", "megafused", "biases on attn_q")])
+def test_kernel_variants_name_what_they_do_not_run(files, name, variant, expected):
+    """Before any launch (no GPU needed): a kernel variant lists the layer's features that no
+    kernel of it maps yet, and sends the user to a variant that runs it."""
     from harness.kernel_decode import KernelDecoder
 
     m = load_gguf(files[name])
-    with pytest.raises(ValueError, match=r"variant does not run this .* model's .*the reference variant does") as err:
-        KernelDecoder(m, 64, "fused")
-    expected = {"gemma3": "post-attention and post-FFN norms", "phi3": "a fused attn_qkv matrix",
-                "llama-yarn": "yarn RoPE scaling", "llama-biases": "biases on attn_q"}[name]
+    with pytest.raises(ValueError, match=r"variant does not run this .* model's .*the (reference|fused) variant does") as err:
+        KernelDecoder(m, 64, variant)
     assert expected in str(err.value)
+    assert ("the fused variant does (" in str(err.value)) == (variant == "megafused")
+
+
+KERNEL_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2"]
+
+
+@pytest.mark.parametrize("name", KERNEL_MAPPED)
+@pytest.mark.parametrize("variant", ["unfused", "fused"])
+def test_kernel_plans_map_scalings_and_biases(files, name, variant):
+    """On any machine (launches recorded, not run): unfused and fused build and replay their plan
+    for these files; the biases are one add after the projection, and a scaled RoPE's table is
+    the float64 oracle's layer 0 angles (yarn's factor squared into the attention scale)."""
+    from harness.kernel_decode import KernelDecoder
+    from kernels.runtime import recording
+    from reference.model import layer_rope
+
+    m = load_gguf(files[name])
+    with recording():
+        decoder = KernelDecoder(m, 64, variant)
+        decoder.forward(np.arange(5) % m.config.vocab)
+        decoder.forward([1])
+    biases = [s for s in decoder.plan if s.op == "bias"]
+    assert len(biases) == (m.config.n_layers if m.config.biases else 0)
+    angles, mscale = layer_rope(m, 0)
+    if name.startswith("llama-") and "biases" not in name:
+        np.testing.assert_allclose(np.array(decoder.inv_freq), angles, rtol=1e-6)
+    else:
+        assert decoder.inv_freq is None
+    assert decoder.scale == pytest.approx(m.config.scale * mscale ** 2)
+    assert (mscale > 1) == (name == "llama-yarn")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant, kv", [("unfused", "contiguous"), ("fused", "contiguous"), ("fused", "paged")])
+@pytest.mark.parametrize("name", KERNEL_MAPPED)
+def test_kernel_variants_against_float64(files, name, variant, kv):
+    """lathe's kernels on RoPE scalings and Q/K/V biases: a prompt, then decode tokens, against
+    the float64 oracle (tests/decode_checks.py)."""
+    from harness.kernel_decode import KernelDecoder
+
+    m = load_gguf(files[name])
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    decodes_as_float64(KernelDecoder(m, PROMPT + STEPS, variant, kv), m, prompt, STEPS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["llama-yarn", "qwen2"])
+def test_kernel_variants_wrap_like_the_window(files, name):
+    """The wrapping path (RoPE in launches of its own, then the cache writes) on a scaled RoPE and
+    on biases: twice around a cache of 20 rows."""
+    from harness.kernel_decode import KernelDecoder
+
+    m = load_gguf(files[name])
+    prompt = np.random.default_rng(7).integers(0, m.config.vocab, PROMPT)
+    wraps_like_the_window(KernelDecoder(m, 20, "fused", overflow=True), m, prompt, "eager")
 
 
 def test_kernel_variants_name_block_types_they_do_not_read(tmp_path):

@@ -15,6 +15,10 @@ ARCHITECTURE = Architecture(
                           ctx=4096, rope_theta=10000.0, eps=1e-5, tied=False),
         "llama3-8b": dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, ff=14336, vocab=128256,
                           ctx=8192, rope_theta=500000.0, eps=1e-5, tied=False),
+        # Llama-3.1-8B: Llama 3's shapes and its rope_freqs.weight (llama3 scaling, factor 8 from
+        # 8192 tokens; the file's context is 131072, 8192 here as llama3-8b's)
+        "llama3.1-8b": dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, ff=14336,
+                            vocab=128256, ctx=8192, rope_theta=500000.0, eps=1e-5, tied=False, rope_freqs=True),
         # Llama-3.2-1B's shapes (its file's context is 131072; 8192 here, as llama3-8b's)
         "llama3.2-1b": dict(n_layers=16, d_model=2048, n_heads=32, n_kv_heads=8, head_dim=64, ff=8192,
                             vocab=128256, ctx=8192, rope_theta=500000.0, eps=1e-5, tied=True),
