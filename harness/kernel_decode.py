@@ -120,15 +120,17 @@ def split_v_apart(c, types: dict[str, str]) -> bool:
 def kernel_gaps(c, types: dict[str, str], variant: str = "fused") -> list[str]:
     """What a model's layer or file holds that lathe's kernel variant does not run yet, each named
     (empty: it runs it). unfused and fused map the llama / qwen3 layer, RoPE scalings (a frequency
-    table the RoPE kernels take, yarn's cos/sin factor folded into the attention scale) and
-    Q/K/V biases (an add after the projection); megafused the llama / qwen3 layer alone. The
+    table the RoPE kernels take, yarn's cos/sin factor folded into the attention scale), Q/K/V
+    biases (an add after the projection) and Phi-3's fused QKV and [gate; up] tensors (the fused
+    variant's own concatenations, read from the file); megafused the llama / qwen3 layer alone. The
     other features of harness/arch run in the reference variant and the float64 oracle until a
     kernel maps them."""
     a, mega = c.architecture, variant == "megafused"
     extra_bias = [b for b in c.biases if mega or b == "attn_output"]
     features = {"the embedding times sqrt(d_model)": a.embed_scale, "post-attention and post-FFN norms": a.post_norms,
-                f"a {a.activation}-gated FFN": a.activation != "silu", "a fused attn_qkv matrix": a.fused_qkv,
-                "a fused [gate; up] ffn_up matrix": a.fused_gate_up,
+                f"a {a.activation}-gated FFN": a.activation != "silu", "a fused attn_qkv matrix": mega and a.fused_qkv,
+                "a fused [gate; up] ffn_up matrix": mega and a.fused_gate_up,
+                f"heads of {c.head_dim} (attention takes {attention.HEAD_DIMS})": c.head_dim not in attention.HEAD_DIMS,
                 f"biases on {', '.join(extra_bias)}": bool(extra_bias),
                 f"{c.rope_scaling} RoPE scaling": mega and c.rope_scaling != "none",
                 "rope_freqs.weight factors": mega and c.rope_freqs,
@@ -178,7 +180,7 @@ def seams_apply(c, types: dict[str, str]) -> bool:
     head = "token_embd.weight" if c.tied else "output.weight"
     names = [head] + [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
                       for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
-    kinds = {types[n].lower() for n in names}
+    kinds = {types[n].lower() for n in names if n in types}  # Phi-3: attn_qkv, ffn_up hold the parts
     return (options.get("seams") and len(kinds) == 1 and kinds <= set(QUANTIZED) and backends.cross_group_waits()
             and not c.biases)  # a seam hands its QKV to the next layer with no step for the biases
 
@@ -216,6 +218,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     v = "v3" if packed else "v2"  # the GEMV generation that the weights' layout takes
     kinds = {n: t.lower() for n, t in (types or {}).items()}
     split_v = mega and fused and packed and not paged and split_v_apart(c, kinds)  # as the decoder's _concat
+    if c.architecture.fused_gate_up:  # Phi-3's ffn_up is [gate; up]: the decoder names it ffn_gate_up
+        for i in range(c.n_layers):
+            kinds.setdefault(f"blk.{i}.ffn_gate_up.weight", kinds.get(f"blk.{i}.ffn_up.weight", "q8_0"))
     for i in range(c.n_layers):  # the fused matrices' types, as the decoder's _concat gives them
         for projection_name in FUSED_PARTS:
             for name, run in fused_runs(kinds, i, projection_name, split_v):
@@ -364,6 +369,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             pass  # this layer's QKV came out of the last seam of the layer before
         elif fused:
             projection(b + "attn_norm.weight", "attn_qkv", "qkv", i)
+        elif c.architecture.fused_qkv:  # the file's [q; k; v] matrix, sliced after
+            rms_norm(b + "attn_norm.weight", i)
+            linear("h", "qkv", b + "attn_qkv.weight", i)
         else:
             rms_norm(b + "attn_norm.weight", i)
             for n in "qkv":
@@ -446,7 +454,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 weights=(b + "ffn_down.weight",), layer=i, launches=(f"lathe_silu_down_gemv_{v}_residual",))
             continue
         rms_norm(b + "ffn_norm.weight", i)
-        if fused:  # a prompt: the gate+up matrix, then SwiGLU over its [gate | up] rows
+        if fused or c.architecture.fused_gate_up:  # a prompt (Phi-3: any step): gate+up, SwiGLU over its rows
             linear("h", "gate_up", gate_up, i)
             add("swiglu", "lathe swiglu", ("gate_up",), ("a",), _run_swiglu, ("gate_up",), layer=i,
                 launches=("lathe_swiglu",))
@@ -767,8 +775,14 @@ class KernelDecoder:
             raise ValueError(f"megafused cannot run this file's layers: {why} (the fused variant can)")
         # megafused on a file whose attn_v differs in type in some layer: [q; k] and v apart in every layer
         self.split_v = self.mega and split_v_apart(c, self.types)
-        if self.fused:
+        a = c.architecture
+        if a.fused_gate_up:  # the file's ffn_up is [gate; up]: the matrix the fused variant makes
+            for i in range(c.n_layers):
+                old, new = f"blk.{i}.ffn_up.weight", f"blk.{i}.ffn_gate_up.weight"
+                self.w[new], self.nk[new], self.types[new] = self.w.pop(old), self.nk.pop(old), self.types.pop(old)
+        if self.fused and not a.fused_qkv:
             self._concat("attn_qkv", ("attn_q", "attn_k", "attn_v"))
+        if self.fused and not a.fused_gate_up:
             self._concat("ffn_gate_up", ("ffn_gate", "ffn_up"))
         self.packed: dict[str, gemv.Packed] = {}  # repacked matrices (the repack option)
         if repacked():

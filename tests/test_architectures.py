@@ -230,7 +230,7 @@ def test_rows_name_the_files_types(files, tmp_path):
 
 
 @pytest.mark.parametrize("name, variant, expected", [
-    ("gemma3", "fused", "post-attention and post-FFN norms"), ("phi3", "unfused", "a fused attn_qkv matrix"),
+    ("gemma3", "fused", "post-attention and post-FFN norms"), ("phi3", "megafused", "a fused attn_qkv matrix"),
     ("llama-biases", "fused", "biases on attn_output"), ("llama-yarn", "megafused", "yarn RoPE scaling"),
     ("llama-rope-freqs", "megafused", "rope_freqs.weight factors"), ("qwen2", "megafused", "biases on attn_q")])
 def test_kernel_variants_name_what_they_do_not_run(files, name, variant, expected):
@@ -245,15 +245,16 @@ def test_kernel_variants_name_what_they_do_not_run(files, name, variant, expecte
     assert ("the fused variant does (" in str(err.value)) == (variant == "megafused")
 
 
-KERNEL_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2"]
+KERNEL_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2", "phi3"]
 
 
 @pytest.mark.parametrize("name", KERNEL_MAPPED)
 @pytest.mark.parametrize("variant", ["unfused", "fused"])
 def test_kernel_plans_map_scalings_and_biases(files, name, variant):
     """On any machine (launches recorded, not run): unfused and fused build and replay their plan
-    for these files; the biases are one add after the projection, and a scaled RoPE's table is
-    the float64 oracle's layer 0 angles (yarn's factor squared into the attention scale)."""
+    for these files; the biases are one add after the projection, a scaled RoPE's table is the
+    float64 oracle's layer 0 angles (yarn's factor squared into the attention scale), and
+    Phi-3's fused tensors are read as the matrices the fused variant would make."""
     from harness.kernel_decode import KernelDecoder
     from kernels.runtime import recording
     from reference.model import layer_rope
@@ -272,6 +273,9 @@ def test_kernel_plans_map_scalings_and_biases(files, name, variant):
         assert decoder.inv_freq is None
     assert decoder.scale == pytest.approx(m.config.scale * mscale ** 2)
     assert (mscale > 1) == (name == "llama-yarn")
+    if name == "phi3":
+        bound = " ".join(w for step in decoder.plan for w in step.weights)
+        assert "blk.0.attn_qkv" in bound and "blk.0.ffn_gate_up" in bound and "attn_q.weight" not in bound
 
 
 @pytest.mark.gpu
@@ -304,5 +308,5 @@ def test_kernel_variants_name_block_types_they_do_not_read(tmp_path):
 
     narrow = replace(PRESETS["tiny-llama"], d_model=160, n_heads=4, head_dim=40)
     m = load_gguf(write_random_gguf(tmp_path / "narrow.gguf", narrow, "q4_k_m"))
-    with pytest.raises(ValueError, match=r"model's Q5_0 matrices \(the GEMVs take Q4_0, Q8_0"):
+    with pytest.raises(ValueError, match=r"heads of 40 \(attention takes .*Q5_0 matrices \(the GEMVs take Q4_0, Q8_0"):
         KernelDecoder(m, 64, "unfused")
