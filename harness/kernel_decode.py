@@ -121,21 +121,24 @@ def kernel_gaps(c, types: dict[str, str], variant: str = "fused") -> list[str]:
     """What a model's layer or file holds that lathe's kernel variant does not run yet, each named
     (empty: it runs it). unfused and fused map the llama / qwen3 layer, RoPE scalings (a frequency
     table the RoPE kernels take, yarn's cos/sin factor folded into the attention scale), Q/K/V
-    biases (an add after the projection) and Phi-3's fused QKV and [gate; up] tensors (the fused
-    variant's own concatenations, read from the file); megafused the llama / qwen3 layer alone. The
-    other features of harness/arch run in the reference variant and the float64 oracle until a
-    kernel maps them."""
+    biases (an add after the projection), Phi-3's fused QKV and [gate; up] tensors (the fused
+    variant's own concatenations, read from the file) and Gemma 3's layer (a float32 residual
+    stream: the scaled embedding, post-block norms; GELU; sliding windows in the attention kernels;
+    a RoPE base a layer); megafused the llama / qwen3 layer alone. The other features of
+    harness/arch run in the reference variant and the float64 oracle until a kernel maps them."""
     a, mega = c.architecture, variant == "megafused"
     extra_bias = [b for b in c.biases if mega or b == "attn_output"]
-    features = {"the embedding times sqrt(d_model)": a.embed_scale, "post-attention and post-FFN norms": a.post_norms,
-                f"a {a.activation}-gated FFN": a.activation != "silu", "a fused attn_qkv matrix": mega and a.fused_qkv,
+    features = {"the embedding times sqrt(d_model)": mega and a.embed_scale,
+                "post-attention and post-FFN norms": mega and a.post_norms,
+                f"a {a.activation}-gated FFN": mega and a.activation != "silu", "a fused attn_qkv matrix": mega and a.fused_qkv,
                 "a fused [gate; up] ffn_up matrix": mega and a.fused_gate_up,
                 f"heads of {c.head_dim} (attention takes {attention.HEAD_DIMS})": c.head_dim not in attention.HEAD_DIMS,
                 f"biases on {', '.join(extra_bias)}": bool(extra_bias),
                 f"{c.rope_scaling} RoPE scaling": mega and c.rope_scaling != "none",
                 "rope_freqs.weight factors": mega and c.rope_freqs,
                 f"a RoPE attn_factor of {c.rope_attn_factor:g}": mega and c.rope_attn_factor != 1.0,
-                f"sliding-window layers ({c.sliding_window} tokens)": any(c.layer(i).window for i in range(c.n_layers)),
+                f"sliding-window layers ({c.sliding_window} tokens)": mega and any(c.layer(i).window for i in range(c.n_layers)),
+                "layers of different RoPE bases": mega and len({c.layer(i).theta for i in range(c.n_layers)}) > 1,
                 f"an attention scale of {c.scale:g}": mega and abs(c.scale - c.head_dim ** -0.5) > 1e-12,
                 "a final logit softcap": bool(c.final_softcap)}
     gaps = [what for what, present in features.items() if present]
@@ -182,10 +185,17 @@ def seams_apply(c, types: dict[str, str]) -> bool:
                       for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")]
     kinds = {types[n].lower() for n in names if n in types}  # Phi-3: attn_qkv, ffn_up hold the parts
     return (options.get("seams") and len(kinds) == 1 and kinds <= set(QUANTIZED) and backends.cross_group_waits()
-            and not c.biases)  # a seam hands its QKV to the next layer with no step for the biases
+            and not c.biases  # a seam hands its QKV to the next layer with no step for the biases
+            and not wide_stream(c))  # nor takes a float32 residual stream or post-block norms
 
 
-QUANTIZED = ("q4_0", "q8_0", *gemv.K_QTYPES)  # our GEMVs' block types (the K-quants repacked only)
+def wide_stream(c) -> bool:
+    """Whether the residual stream is float32 (the reference variant's rule too: Gemma's scaled
+    embedding and post-block norms carry it past fp16's 65504; llama.cpp keeps it float32)."""
+    return c.architecture.embed_scale or c.architecture.post_norms
+
+
+QUANTIZED = ("q4_0", "q8_0", *gemv.K_QTYPES, *gemv.LEGACY_QTYPES)  # our GEMVs' (K-quants, legacy: repacked only)
 PHASES = ("decode", "short", "prompt")  # 1 token; 2..FUSED_UP_TO (the fused GEMVs' rows); more
 
 
@@ -227,6 +237,10 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 kinds.setdefault(name, kinds.get(run[0], "q8_0"))
     kind = lambda name: kinds.get(name, "q8_0")  # noqa: E731
     quant = lambda name: kind(name) in QUANTIZED  # noqa: E731
+    arch = c.architecture
+    post, act = arch.post_norms, arch.activation  # Gemma: post-block norms, GELU
+    act_shown = "GELU" if act == "gelu" else "SiLU"
+    windowed = {i for i in range(c.n_layers) if c.layer(i).window}
     shown = lambda name: f" ({kind(name).upper()}{', repacked' if packed else ''})"  # noqa: E731
 
     def block_shown(layers, parts) -> str:
@@ -282,6 +296,19 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         if residual:
             add("add", "mx.add", ("x", dst), ("x",), _run_add, dst, layer=layer)
 
+    def block_out(src, dst, name, i, norm):
+        """A block's output projection into the residual stream: in the GEMV's epilogue, or
+        (post_norms) RMS-normed first and added to the float32 stream."""
+        if not post:
+            linear(src, dst, name, i, residual=True)
+            return
+        linear(src, dst, name, i)
+        post_norm(dst, norm, i)
+
+    def post_norm(src, norm, i):
+        add("post_norm_add", "lathe rmsnorm + mx.add (float32 stream)", (src, "x"), ("x",), _run_post_norm_add, src,
+            norm, weights=(norm,), layer=i, launches=("lathe_rmsnorm",))
+
     def rms_norm(norm, layer=None):
         """RMSNorm of the residual stream into h."""
         add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, norm, weights=(norm,), layer=layer,
@@ -323,7 +350,10 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 linear("h", out, name, i)
         add("concat", "mx.concatenate (one GEMV a block type)", outs, (dst,), _run_concat, outs, dst, layer=i)
 
-    add("embed", f"lathe embed ({kinds.get('token_embd.weight', 'q8_0').upper()})", ("token",), ("x",), _run_embed,
+    wide = wide_stream(c)
+    scaled = " x sqrt(d_model)" if arch.embed_scale else ""
+    add("embed", f"lathe embed ({kinds.get('token_embd.weight', 'q8_0').upper()})"
+        + (f"{scaled}, float32 stream (MLX ops)" if wide else ""), ("token",), ("x",), _run_embed,
         weights=("token_embd.weight",), per_token=("token",), launches=("lathe_embed",))
     for i in range(c.n_layers):
         b = f"blk.{i}."
@@ -418,7 +448,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             else:
                 add("rope_kv_write", "lathe rope_batch_kv_write", ("q", "k", "v"), ("q", f"cache.{i}"),
                     _run_rope_kv_write, i, per_token=("pos",), layer=i, launches=("lathe_rope_kv_write",))
-            add("attention", "lathe flash_decode (split past 2048, merged: attn_combine)" if decode else "lathe prefill_attention (kernel: attn_prefill)",
+            seen = f", window {c.layer(i).window}" if i in windowed else ""
+            add("attention", f"lathe flash_decode (split past 2048, merged: attn_combine{seen})" if decode
+                else f"lathe prefill_attention (kernel: attn_prefill{seen})",
                 ("q", f"cache.{i}"), ("o",), _run_attention, i, per_token=("kv_len",), layer=i,
                 launches=("lathe_contiguous_attention", "lathe_attention_combine") + (() if decode else ("lathe_contiguous_prefill",)))
         # -- the output projection and the FFN --------------------------------------------------------
@@ -434,36 +466,41 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 weights=(b + "ffn_down.weight", nxt[0], nxt[1] if last else f"blk.{i + 1}.attn_qkv (q|k|v)"),
                 layer=i, launches=(f"lathe_seam_{'v3_' if packed else ''}swiglu",))
             continue
-        linear("o", "attn", b + "attn_output.weight", i, residual=True)
-        gate_up = b + "ffn_gate_up.weight"
+        block_out("o", "attn", b + "attn_output.weight", i, b + "post_attention_norm.weight")
+        gate_up, down, ffn_norm = b + "ffn_gate_up.weight", b + "ffn_down.weight", b + "post_ffw_norm.weight"
         if fused and small and quant(gate_up) and packed and options.get("swiglu_at") == "gate_up":
             # SiLU in gate+up's epilogue: down is a plain GEMV over [t, F]
-            add("rmsnorm_linear_swiglu", f"lathe rmsnorm_gemv_swiglu_out_v3{shown(gate_up)}", ("x",), ("a",),
-                _run_norm_gate_up_swiglu,
+            add("rmsnorm_linear_swiglu", f"lathe rmsnorm_gemv_swiglu_out_v3{shown(gate_up)} ({act_shown})", ("x",),
+                ("a",), _run_norm_gate_up_swiglu,
                 b + "ffn_norm.weight", gate_up, weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i,
                 launches=("lathe_rmsnorm_gemv_swiglu_out_v3",))
-            linear("a", "ffn", b + "ffn_down.weight", i, residual=True)
+            block_out("a", "ffn", down, i, ffn_norm)
             continue
         if fused and small and quant(gate_up):
             add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v}{shown(gate_up)}", ("x",), ("gate_up",), _run_norm_linear,
                 b + "ffn_norm.weight",
                 gate_up, "gate_up", weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i,
                 launches=(f"lathe_rmsnorm_gemv_{v}",))
-            add("silu_down_residual", f"lathe silu_down_gemv_{v}{shown(b + 'ffn_down.weight')} + residual",
+            if post:  # act(gate) * up into down, then the post-FFN norm and the add
+                add("silu_down", f"lathe silu_down_gemv_{v}{shown(down)} ({act_shown})", ("gate_up",), ("ffn",),
+                    _run_silu_down, i, weights=(down,), layer=i, launches=(f"lathe_silu_down_gemv_{v}",))
+                post_norm("ffn", ffn_norm, i)
+                continue
+            add("silu_down_residual", f"lathe silu_down_gemv_{v}{shown(down)} + residual",
                 ("gate_up", "x"), ("x",), _run_silu_down, i,
-                weights=(b + "ffn_down.weight",), layer=i, launches=(f"lathe_silu_down_gemv_{v}_residual",))
+                weights=(down,), layer=i, launches=(f"lathe_silu_down_gemv_{v}_residual",))
             continue
         rms_norm(b + "ffn_norm.weight", i)
         if fused or c.architecture.fused_gate_up:  # a prompt (Phi-3: any step): gate+up, SwiGLU over its rows
             linear("h", "gate_up", gate_up, i)
-            add("swiglu", "lathe swiglu", ("gate_up",), ("a",), _run_swiglu, ("gate_up",), layer=i,
+            add("swiglu", f"lathe swiglu ({act_shown})", ("gate_up",), ("a",), _run_swiglu, ("gate_up",), layer=i,
                 launches=("lathe_swiglu",))
         else:
             linear("h", "gate", b + "ffn_gate.weight", i)
             linear("h", "up", b + "ffn_up.weight", i)
-            add("swiglu", "lathe swiglu (over mx.concatenate of gate, up)", ("gate", "up"), ("a",), _run_swiglu,
-                ("gate", "up"), layer=i, launches=("lathe_swiglu",))
-        linear("a", "ffn", b + "ffn_down.weight", i, residual=True)
+            add("swiglu", f"lathe swiglu ({act_shown}, over mx.concatenate of gate, up)", ("gate", "up"), ("a",),
+                _run_swiglu, ("gate", "up"), layer=i, launches=("lathe_swiglu",))
+        block_out("a", "ffn", down, i, ffn_norm)
     if not seams:  # else the head came out of the last seam
         if last_only:  # the head over one row: a GEMV
             add("last_row", "x[-1:] (the last token's logits only)", ("x",), ("x",), _run_last_row)
@@ -476,6 +513,15 @@ def _run_embed(d, env, t, pos):
     embd = "token_embd.weight"
     env["x"] = loop.embed(d.w[embd], env["token"], d.types[embd] if d.types[embd] != "f32" else "f16",
                           d.config.d_model)
+    if d.wide:  # a float32 residual stream (Gemma's passes fp16's range), scaled where the family says
+        scale = d.config.d_model ** 0.5 if d.config.architecture.embed_scale else 1.0
+        env["x"] = env["x"].astype(mx.float32) * scale
+
+
+def _run_post_norm_add(src, norm, d, env, t, pos):
+    """A block's output RMS-normed (post_attention_norm, post_ffw_norm), then added to the float32
+    residual stream."""
+    env["x"] = env["x"] + loop.rmsnorm(env.pop(src), d.g16[norm], d.config.eps)
 
 
 def _run_rmsnorm(norm, d, env, t, pos):
@@ -520,17 +566,21 @@ def _run_norm_linear_pair(norm, name, name_b, dst, d, env, t, pos):
 
 def _run_norm_gate_up_swiglu(norm, name, d, env, t, pos):
     env["a"] = gemv.gate_up_swiglu(env["x"], d.matrix(name), d.types[name], *d.nk[name], gamma=d.g16[norm],
-                                   eps=d.config.eps)
+                                   eps=d.config.eps, activation=d.config.architecture.activation)
 
 
 def _run_silu_down(i, d, env, t, pos):
-    wd = f"blk.{i}.ffn_down.weight"
-    env["x"] = gemv.silu_down_gemv(env["gate_up"], d.matrix(wd), d.types[wd], *d.nk[wd], residual=env["x"])
+    """down of act(gate) * up: plus the residual stream, or into "ffn" where a post-FFN norm
+    comes first (post_norms)."""
+    wd, post = f"blk.{i}.ffn_down.weight", d.config.architecture.post_norms
+    y = gemv.silu_down_gemv(env["gate_up"], d.matrix(wd), d.types[wd], *d.nk[wd], residual=None if post else env["x"],
+                            activation=d.config.architecture.activation)
+    env["ffn" if post else "x"] = y
 
 
 def _run_swiglu(parts, d, env, t, pos):
     gate_up = env[parts[0]] if len(parts) == 1 else mx.concatenate([env[p] for p in parts], axis=-1)
-    env["a"] = loop.swiglu(gate_up)
+    env["a"] = loop.swiglu(gate_up, d.config.architecture.activation)
 
 
 def _run_seam(i, second, norm, name, dst, d, env, t, pos):
@@ -571,7 +621,7 @@ def _run_bias(i, d, env, t, pos):
 def _run_rope(n, i, d, env, t, pos):
     _heads_of(d, env, t)
     rotate = rope.rope_neox if d.config.neox else rope.rope
-    env[n] = rotate(env[n], pos, theta=d.config.rope_theta, inv_freq=d.inv_freq)
+    env[n] = rotate(env[n], pos, theta=d.thetas[i], inv_freq=d.inv_freqs[i])
 
 
 def _run_rope_kv_write(i, d, env, t, pos):
@@ -582,13 +632,13 @@ def _run_rope_kv_write(i, d, env, t, pos):
         if c.head_norm:
             rot = rope.head_norm_rope_neox_qkv_write(
                 env["qkv"], d.g32[b + "attn_q_norm.weight"], d.g32[b + "attn_k_norm.weight"], d.k[i], d.v[i], pos,
-                n_heads=c.n_heads, eps=c.eps, theta=c.rope_theta, inv_freq=d.inv_freq)
+                n_heads=c.n_heads, eps=c.eps, theta=d.thetas[i], inv_freq=d.inv_freqs[i])
         else:
-            rot = rope.rope_qkv_write(env["qkv"], d.k[i], d.v[i], pos, n_heads=c.n_heads, theta=c.rope_theta,
-                                      neox=c.neox, inv_freq=d.inv_freq)
+            rot = rope.rope_qkv_write(env["qkv"], d.k[i], d.v[i], pos, n_heads=c.n_heads, theta=d.thetas[i],
+                                      neox=c.neox, inv_freq=d.inv_freqs[i])
     else:
         write = rope.rope_neox_batch_kv_write if c.neox else rope.rope_batch_kv_write
-        rot = write(*_heads_of(d, env, t), d.k[i], d.v[i], pos, theta=c.rope_theta, inv_freq=d.inv_freq)
+        rot = write(*_heads_of(d, env, t), d.k[i], d.v[i], pos, theta=d.thetas[i], inv_freq=d.inv_freqs[i])
     d.k[i], d.v[i] = rot.k_cache, rot.v_cache
     env["q"], env["written"] = rot.q, rot.written
 
@@ -606,18 +656,19 @@ def _run_attention(i, d, env, t, pos):
     c, hd, scale = d.config, d.config.head_dim, d.scale
     if t == 1:
         o = attention.flash_decode(env["q"].reshape(1, c.n_heads, hd), d.k[i][None], d.v[i][None], _lens(pos),
-                                   scale, after=env["written"], counters=d.attn_counters[i])
+                                   scale, after=env["written"], counters=d.attn_counters[i], window=d.windows[i])
     else:
         o = attention.prefill_attention(env["q"].reshape(t, c.n_heads, hd), d.k[i], d.v[i], pos, scale,
-                                        after=env["written"])
+                                        after=env["written"], window=d.windows[i])
     _end_layer_attention(env, o.reshape(t, -1))
 
 
 def _run_rope_attention(i, d, env, t, pos):
     c = d.config
     o, d.k[i], d.v[i] = attention.rope_flash_decode(env["qkv"], d.k[i], d.v[i], pos, d.scale,
-                                                     n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
-                                                     inv_freq=d.inv_freq, counters=d.attn_counters[i])
+                                                     n_heads=c.n_heads, theta=d.thetas[i], neox=c.neox,
+                                                     inv_freq=d.inv_freqs[i], counters=d.attn_counters[i],
+                                                     window=d.windows[i])
     _end_layer_attention(env, o.reshape(1, -1))
 
 
@@ -706,10 +757,10 @@ def _run_paged_attention(i, d, env, t, pos):
     if t == 1:
         table = d.table if isinstance(pos, int) else d.table_dev
         o = attention.paged_attention(env["q"], d.k[i], d.v[i], table, _lens(pos), scale, after=env["written"],
-                                      counters=d.attn_counters[i])
+                                      counters=d.attn_counters[i], window=d.windows[i])
     else:
         o = attention.prefill_attention(env["q"], d.k[i], d.v[i], pos, scale, block_table=d.table[0],
-                                        after=env["written"])
+                                        after=env["written"], window=d.windows[i])
     _end_layer_attention(env, o.reshape(t, -1))
 
 
@@ -808,14 +859,30 @@ class KernelDecoder:
                     if self.types.get(name) in QUANTIZED and name not in self.f16:
                         self.f16[name] = gemv.dequantize(self.matrix(name), self.types[name], *self.nk[name])
                         mx.eval(self.f16[name])
-        # RoPE by a frequency table where the file scales it (the same table every layer: the
-        # layers of the families the kernel variants run share base and scale), yarn's factor on
-        # cos and sin squared into the attention scale (q.k takes it once from each side)
-        self.inv_freq, mscale = None, 1.0
-        if rope_table(c):
-            angles, mscale = layer_rope(model, 0)
-            self.inv_freq = resident(mx.array(angles.astype(np.float32)))
+        # RoPE by a frequency table where the file scales it, yarn's factor on cos and sin squared
+        # into the attention scale (q.k takes it once from each side); a layer's own base and
+        # scale where layers differ (Gemma 3: sliding layers at 10000, unscaled): a table a layer
+        layers = [c.layer(i) for i in range(c.n_layers)]
+        per_layer = len({(layer.theta, layer.freq_scale) for layer in layers}) > 1
+        self.inv_freqs, mscale = [None] * c.n_layers, 1.0
+        if rope_table(c) or per_layer:
+            tables = {}
+            for i, layer in enumerate(layers):
+                if (layer.theta, layer.freq_scale) not in tables:
+                    angles, m_i = layer_rope(model, i)
+                    tables[layer.theta, layer.freq_scale] = resident(mx.array(angles.astype(np.float32)))
+                    mscale = m_i if i == 0 else mscale
+                self.inv_freqs[i] = tables[layer.theta, layer.freq_scale]
+        self.inv_freq = self.inv_freqs[0]  # layer 0's (megafused's: one base and scale a model)
+        self.thetas = [layer.theta for layer in layers]
         self.scale = c.scale * mscale * mscale
+        # sliding-window layers: the attention kernels read each query's last `window` rows of
+        # a cache that holds every position (Gemma 3)
+        self.windows = [layer.window or 0 for layer in layers]
+        if overflow and any(0 < w < max_seq for w in self.windows):
+            raise ValueError("circular overflow over sliding-window layers narrower than the cache is not mapped "
+                             "(the ring's rows are not in position order): the reference variant runs it")
+        self.wide = wide_stream(c)  # a float32 residual stream (Gemma)
         if c.biases:  # [q; k; v] biases a layer, fp16, added to the projection's output
             q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
             self.qkv_splits = [q, q + kv]

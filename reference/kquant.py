@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.quant import check_rows, quantizable
+from reference.quant import check_rows, high_positions as _high_positions, quantizable
 
 QK_K = 256
 BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
@@ -310,15 +310,6 @@ def levels(data: np.ndarray, qtype: str, k: int) -> np.ndarray:
     if qtype == "q5_k":
         q = q | (np.stack([(b[:, 16:48] >> j) & 1 for j in range(8)], axis=1) << 4)
     return q.reshape(n, k).astype(np.uint8)
-
-
-def _high_positions(bits: int) -> np.ndarray:
-    """Bit position in its high-bit word of each of a chunk's 32 weights (see the layout above)."""
-    w = np.arange(32)
-    half, t, b = w // 16, w % 16 // 4, w % 4
-    if bits == 1:
-        return 8 * b + 4 * half + t
-    return 8 * b + 2 * t + 32 * half  # two words: the second's bits 32 on
 
 
 def pack(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarray:

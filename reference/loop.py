@@ -11,9 +11,12 @@ def rmsnorm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * np.asarray(gamma, np.float64)
 
 
-def swiglu(gate_up: np.ndarray) -> np.ndarray:
+def swiglu(gate_up: np.ndarray, activation: str = "silu") -> np.ndarray:
+    """act(gate) * up of [gate | up]: SiLU, or GELU's tanh approximation (reference.rope.gelu)."""
+    from reference.rope import gelu, silu
+
     g, u = np.split(np.asarray(gate_up, dtype=np.float64), 2, axis=-1)
-    return g / (1.0 + np.exp(-g)) * u
+    return (gelu(g) if activation == "gelu" else silu(g)) * u
 
 
 def argmax(logits: np.ndarray) -> np.ndarray:

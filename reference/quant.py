@@ -169,6 +169,66 @@ def dequantize_packed(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarra
     return (q * d).reshape(n, k)
 
 
+# ---- the legacy affine blocks' load-time layout (kernels.gemv.repack): the K-quants' regions ----
+# A Q4_1, Q5_0 or Q5_1 matrix [n, k] repacked is its blocks (chunks of 32), row after row, in
+# three regions, as many bytes as the GGUF blocks: every block's 16 bytes of nibbles as GGUF has
+# them (Q4_0's order); Q5_0/Q5_1 every block's fifth bits as one uint32 in Q5_K's places
+# (reference/kquant.py's layout: weight 4t + b at bit 8b + t, weight 16 + 4t + b at 8b + 4 + t);
+# then every block's fp16 d (Q5_0) or d and m (Q4_1, Q5_1).
+LEGACY_PACKED = ("q4_1", "q5_0", "q5_1")
+
+
+def high_positions(bits: int) -> np.ndarray:
+    """Bit position in its high-bit word of each of a chunk's 32 weights (the repacked layouts':
+    bits 1, Q5_K's and the legacy Q5s'; bits 2, Q6_K's, in two words: reference/kquant.py)."""
+    w = np.arange(32)
+    half, t, b = w // 16, w % 16 // 4, w % 4
+    if bits == 1:
+        return 8 * b + 4 * half + t
+    return 8 * b + 2 * t + 32 * half  # two words: the second's bits 32 on
+
+
+def pack_legacy(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarray:
+    """GGUF blocks [n, k / 32 * block bytes] -> the repacked bytes (the layout above)."""
+    _check(qtype, k)
+    if qtype not in LEGACY_PACKED:
+        raise ValueError(f"pack_legacy takes {LEGACY_PACKED}, got {qtype!r}")
+    blocks = np.asarray(data, dtype=np.uint8).reshape(n * (k // BLOCK), BLOCK_BYTES[qtype])
+    bits, has_min = NIBBLE_TYPES[qtype]
+    heads = 4 if has_min else 2
+    parts = [blocks[:, -BLOCK // 2:].reshape(-1)]
+    if bits == 5:
+        fifth = np.unpackbits(blocks[:, heads:heads + 4], axis=-1, bitorder="little").astype(np.uint64)
+        words = (fifth << high_positions(1).astype(np.uint64)).sum(axis=-1, dtype=np.uint64)
+        parts.append(words.astype(np.uint32).view(np.uint8))
+    parts.append(blocks[:, :heads].reshape(-1))
+    return np.concatenate(parts)
+
+
+def dequantize_packed_legacy(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarray:
+    """The repacked bytes -> [n, k] float32, read from the layout's definition (not by undoing
+    pack_legacy): the values dequantize gives for the blocks they came from."""
+    _check(qtype, k)
+    if qtype not in LEGACY_PACKED:
+        raise ValueError(f"dequantize_packed_legacy takes {LEGACY_PACKED}, got {qtype!r}")
+    data = np.asarray(data, dtype=np.uint8).reshape(-1)
+    chunks = n * k // BLOCK
+    if data.size != chunks * BLOCK_BYTES[qtype]:
+        raise ValueError(f"packed {qtype} [{n}, {k}] takes {chunks * BLOCK_BYTES[qtype]} bytes, got {data.size}")
+    bits, has_min = NIBBLE_TYPES[qtype]
+    q = _levels(data[: 16 * chunks].reshape(chunks, 16), None).astype(np.int64)
+    at = 16 * chunks
+    if bits == 5:
+        words = data[at: at + 4 * chunks].view(np.uint32).astype(np.uint64)[:, None]
+        q |= ((words >> high_positions(1).astype(np.uint64)) & np.uint64(1)).astype(np.int64) << 4
+        at += 4 * chunks
+    heads = data[at:].view(np.float16).astype(np.float32).reshape(chunks, 2 if has_min else 1)
+    d = heads[:, :1]
+    if has_min:
+        return (q.astype(np.float32) * d + heads[:, 1:]).reshape(n, k)
+    return ((q.astype(np.float32) - np.float32(16)) * d).reshape(n, k)
+
+
 def gguf_rows(data: np.ndarray, ne: tuple[int, ...]) -> np.ndarray:
     """A GGUF 2-D tensor as the [N, K] row-major matrix the kernels use.
 

@@ -230,7 +230,8 @@ def test_rows_name_the_files_types(files, tmp_path):
 
 
 @pytest.mark.parametrize("name, variant, expected", [
-    ("gemma3", "fused", "post-attention and post-FFN norms"), ("phi3", "megafused", "a fused attn_qkv matrix"),
+    ("gemma3", "megafused", "post-attention and post-FFN norms"), ("phi3", "megafused", "a fused attn_qkv matrix"),
+    ("gemma3-softcap", "fused", "a final logit softcap"),
     ("llama-biases", "fused", "biases on attn_output"), ("llama-yarn", "megafused", "yarn RoPE scaling"),
     ("llama-rope-freqs", "megafused", "rope_freqs.weight factors"), ("qwen2", "megafused", "biases on attn_q")])
 def test_kernel_variants_name_what_they_do_not_run(files, name, variant, expected):
@@ -245,7 +246,7 @@ def test_kernel_variants_name_what_they_do_not_run(files, name, variant, expecte
     assert ("the fused variant does (" in str(err.value)) == (variant == "megafused")
 
 
-KERNEL_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2", "phi3"]
+KERNEL_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2", "phi3", "gemma3"]
 
 
 @pytest.mark.parametrize("name", KERNEL_MAPPED)
@@ -269,6 +270,13 @@ def test_kernel_plans_map_scalings_and_biases(files, name, variant):
     angles, mscale = layer_rope(m, 0)
     if name.startswith("llama-") and "biases" not in name:
         np.testing.assert_allclose(np.array(decoder.inv_freq), angles, rtol=1e-6)
+    elif name == "gemma3":  # a table a layer: the sliding layers' base is not the global ones'
+        for i in range(m.config.n_layers):
+            np.testing.assert_allclose(np.array(decoder.inv_freqs[i]), layer_rope(m, i)[0], rtol=1e-6)
+        assert decoder.windows == [m.config.layer(i).window or 0 for i in range(m.config.n_layers)] and any(decoder.windows)
+        steps = " ".join(step.kernel for step in decoder.plan)
+        assert "x sqrt(d_model), float32 stream" in steps and "GELU" in steps and "window 8" in steps
+        assert sum(step.op == "post_norm_add" for step in decoder.plan) == 2 * m.config.n_layers
     else:
         assert decoder.inv_freq is None
     assert decoder.scale == pytest.approx(m.config.scale * mscale ** 2)
@@ -304,9 +312,52 @@ def test_kernel_variants_wrap_like_the_window(files, name):
 
 
 def test_kernel_variants_name_block_types_they_do_not_read(tmp_path):
-    from harness.kernel_decode import KernelDecoder
+    """A head size attention does not take, and a block type no GEMV reads (the importance-matrix
+    IQ4s), each named before any launch; the K mixes' fallbacks (Q5_0, Q8_0 beside Q4_K and Q6_K,
+    as in Gemma-3-270M's Q4_K_M) are read."""
+    from harness.kernel_decode import KernelDecoder, kernel_gaps
 
     narrow = replace(PRESETS["tiny-llama"], d_model=160, n_heads=4, head_dim=40)
     m = load_gguf(write_random_gguf(tmp_path / "narrow.gguf", narrow, "q4_k_m"))
-    with pytest.raises(ValueError, match=r"heads of 40 \(attention takes .*Q5_0 matrices \(the GEMVs take Q4_0, Q8_0"):
+    assert {"Q5_0", "Q4_K", "Q6_K"} <= set(m.types.values())
+    with pytest.raises(ValueError, match=r"heads of 40 \(attention takes [^;]*: the reference variant does"):
         KernelDecoder(m, 64, "unfused")
+    types = {**m.types, "blk.0.attn_q.weight": "IQ4_NL", "blk.1.ffn_up.weight": "IQ4_XS"}
+    assert "IQ4_NL, IQ4_XS matrices (the GEMVs take Q4_0, Q8_0" in "; ".join(kernel_gaps(narrow, types, "fused"))
+
+
+# Gemma-3-270M's Q4_K_M as llama.cpp's quantizer makes it, at a tiny size: 320-wide rows are not
+# whole super-blocks, so attn_q/k/v and ffn_gate/up fall back to Q5_0 (attn_v to Q8_0 in the
+# layers that take more bits) and the tied embedding to Q8_0, beside Q4_K attn_output and Q4_K /
+# Q6_K ffn_down
+GEMMA_K_MIX = replace(PRESETS["tiny-gemma3"], d_model=320, ff=512)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant, kv", [("unfused", "contiguous"), ("fused", "contiguous"), ("fused", "paged")])
+def test_gemma_k_mix_against_float64(tmp_path, variant, kv):
+    """The real Gemma-3-270M file's block types, layer and sliding windows (layer 0 sees 8
+    positions) on lathe's kernels: a prompt, then decode tokens, against the float64 oracle."""
+    from harness.kernel_decode import KernelDecoder
+
+    m = load_gguf(write_random_gguf(tmp_path / "gemma-k-mix.gguf", GEMMA_K_MIX, "q4_k_m", seed=4))
+    assert {"Q5_0", "Q8_0", "Q4_K", "Q6_K"} <= set(m.types.values())
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    decodes_as_float64(KernelDecoder(m, PROMPT + STEPS, variant, kv), m, prompt, STEPS)
+
+
+def test_gemma_k_mix_plans_read_every_type(tmp_path):
+    """On any machine (launches recorded): the fused plan of that mix runs each block type in our
+    GEMVs (no MLX matmul at decode), Q|K in Q5_0 apart from a Q8_0 V where the layer's types differ."""
+    from harness.kernel_decode import KernelDecoder
+    from kernels.runtime import recording
+
+    m = load_gguf(write_random_gguf(tmp_path / "gemma-k-mix.gguf", GEMMA_K_MIX, "q4_k_m", seed=4))
+    with recording():
+        decoder = KernelDecoder(m, 64, "fused")
+        decoder.forward(np.arange(20) % m.config.vocab)
+        decoder.forward([1])
+    kernels = [step.kernel for step in decoder.plan]
+    assert not any("mx.matmul" in k for k in kernels)
+    assert any("Q5_0" in k for k in kernels) and any("Q8_0" in k for k in kernels)
+    assert any(step.op == "concat" for step in decoder.plan)  # q|k Q5_0, v Q8_0

@@ -29,7 +29,7 @@ def _bad_inputs(fn):
         (lambda: fn(x16(), w8(N * 36 + 1), "q4_0", N, K), "takes 288"),
         (lambda: fn(x16(), w8(N * 36), "q8_0", N, K), "takes 544"),
         (lambda: fn(x16(), mx.zeros((N * 36,), mx.int8), "q4_0", N, K), "uint8"),
-        (lambda: fn(x16(), w8(N * 36), "q5_0", N, K), "qtype"),
+        (lambda: fn(x16(), w8(N * 36), "q2_k", N, K), "qtype"),
         (lambda: fn(x16(), w8(0), "q4_0", 0, K), "N must be positive"),
     ]
 
@@ -125,6 +125,20 @@ def test_k_quant_repack_is_the_reference_layout(qtype, monkeypatch):
     assert np.array_equal(np.array(packed.data), kquant.pack(blocks, qtype, 5, 768))
     with pytest.raises(ValueError, match="Q4_0/Q8_0"):
         gemv.unpack(packed)
+
+
+@pytest.mark.parametrize("qtype", list(gemv.LEGACY_QTYPES))
+def test_legacy_repack_is_the_reference_layout(qtype):
+    """The device repack of Q4_1, Q5_0, Q5_1 (MLX ops; here on the CPU) makes
+    reference.quant.pack_legacy's bytes, on random blocks (every fifth-bit pattern)."""
+    from reference import quant
+
+    blocks = np.random.default_rng(8).integers(0, 256, (5, 96 // 32 * gemv.LEGACY_QTYPES[qtype][1]), dtype=np.uint8)
+    packed = gemv.repack(mx.array(blocks), qtype, 5, 96)
+    assert (packed.qtype, packed.n, packed.k) == (qtype, 5, 96)
+    assert np.array_equal(np.array(packed.data), quant.pack_legacy(blocks, qtype, 5, 96))
+    with pytest.raises(ValueError, match="repacked weights only"):
+        gemv.gemv_v2(mx.zeros((1, 96), mx.float16), mx.array(blocks), qtype, 5, 96)
 
 
 def test_k_quants_take_the_v3_path_only():

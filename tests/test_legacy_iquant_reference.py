@@ -154,3 +154,21 @@ def test_round_trip_within_the_format(qtype, bound):
 def test_bad_input_is_a_clear_error(bad, message):
     with pytest.raises(ValueError, match=message):
         bad()
+
+
+@pytest.mark.parametrize("qtype", LEGACY)
+def test_the_repacked_legacy_layout_holds_the_same_weights(qtype):
+    """kernels.gemv.repack's layout for the legacy blocks (pack_legacy), read back from its own
+    definition, gives dequantize's values exactly, on quantized weights and on random bytes (every
+    fifth-bit pattern), with the same number of bytes."""
+    rng = np.random.default_rng(5)
+    n, k = 3, 96
+    quantized = quant.quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+    noise = rng.integers(0, 256, quantized.shape, dtype=np.uint8).reshape(n, k // 32, -1)
+    heads = 2 if qtype == "q5_0" else 4
+    noise[..., :heads] = rng.uniform(-2, 2, (n, k // 32, heads // 2)).astype(np.float16).view(np.uint8)
+    for data in (quantized, noise.reshape(n, -1)):
+        packed = quant.pack_legacy(data, qtype, n, k)
+        assert packed.size == data.size
+        np.testing.assert_array_equal(quant.dequantize_packed_legacy(packed, qtype, n, k),
+                                      quant.dequantize(data, qtype, k))

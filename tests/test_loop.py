@@ -11,7 +11,9 @@ h = lambda *s: mx.zeros(s, mx.float16)  # noqa: E731
 
 BAD = [
     (lambda: loop.rmsnorm(h(1, 12), h(12), 1e-5), "multiple of 8"),
-    (lambda: loop.rmsnorm(mx.zeros((1, 8)), h(8), 1e-5), "float16"),
+    (lambda: loop.rmsnorm(mx.zeros((1, 8), mx.int32), h(8), 1e-5), "float16 or float32"),
+    (lambda: loop.rmsnorm(mx.zeros((1, 8)), h(8), 1e-5, residual=h(1, 8)), "float16, got"),
+    (lambda: loop.swiglu(h(1, 16), activation="relu"), "activation must be one of"),
     (lambda: loop.rmsnorm(h(1, 8), h(16), 1e-5), "gamma must be"),
     (lambda: loop.rmsnorm(h(1, 8), h(8), 0.0), "eps"),
     (lambda: loop.rmsnorm(h(1, 8), h(8), 1e-5, h(2, 8)), "residual must be"),
@@ -23,7 +25,7 @@ BAD = [
     (lambda: loop.embed(h(10, 32), [-1], "f16", 32), r"0..9"),
     (lambda: loop.embed(h(10, 32), [1], "q4_0", 32), "uint8"),
     (lambda: loop.embed(mx.zeros((10, 17), mx.uint8), [1], "q8_0", 32), "rows of 34"),
-    (lambda: loop.embed(h(10, 32), [1], "q5_0", 32), "qtype"),
+    (lambda: loop.embed(h(10, 32), [1], "q2_k", 32), "qtype"),
     (lambda: loop.embed(h(10, 32), mx.array([1.0]), "f16", 32), "int32"),
 ]
 

@@ -70,10 +70,12 @@ def _named(opts: dict | None) -> str:
 
 
 def _contiguous_case(split: bool, lens: list[int], heads: tuple[int, int], head_dim: int,
-                     max_seq: int, written: list[int] | None = None, opts: dict | None = None) -> CheckCase:
+                     max_seq: int, written: list[int] | None = None, opts: dict | None = None,
+                     window: int = 0) -> CheckCase:
     """flash_decode over [B, Hkv, max_seq, D]; `written` past max_seq tests circular overflow
     (the cache then holds the last max_seq tokens, slot = position % max_seq). `opts`:
-    kernels.options set around the launch."""
+    kernels.options set around the launch. `window`: a sliding-window layer's, each sequence
+    over its last `window` tokens (the rows before them hold other tokens: wrong if read)."""
     from kernels import options
     from kernels.attention import flash_decode, visible_tokens
     from kernels.runtime import poisoned_outputs
@@ -94,16 +96,20 @@ def _contiguous_case(split: bool, lens: list[int], heads: tuple[int, int], head_
         seen = [visible_tokens(n, max_seq) for n in written]
         with poisoned_outputs(), options.use(**(opts or {})):
             out = flash_decode(mx.array(q), mx.array(kc), mx.array(vc), seen, scale, split=split,
-                              split_from=0)
+                              split_from=0, window=window)
             mx.eval(out)
         out = np.array(out)
         checks = []
         for b, n in enumerate(written):
             k, v = ref.contiguous_tokens(kc, vc, b, n)
+            if window:
+                k, v = k[-window:], v[-window:]
             checks.append(compare(f"sequence {b} ({n} written)", out[b], ref.attend(q[b], k, v, scale), TOL))
         return checks
 
     shape = dict(ctx="/".join(map(str, written)), heads=f"{n_heads}/{n_kv}", D=head_dim, max_seq=max_seq)
+    if window:
+        shape["window"] = window
     return CheckCase("attention", "flash_decode", ("split" if split else "whole") + _named(opts), shape, run)
 
 
@@ -143,7 +149,7 @@ def _reshape_case(tokens: int, n_kv: int, head_dim: int, block_size: int) -> Che
 
 
 def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, kernel: str,
-                  block_size: int = 0) -> CheckCase:
+                  block_size: int = 0, window: int = 0) -> CheckCase:
     """A prompt of `tokens` at positions pos.. over a cache already holding pos earlier tokens:
     query i against rows 0 .. pos+i only (rows past pos+tokens are NaN). With a block size, the
     same tokens in a paged pool, blocks scattered by the table (spare blocks NaN). kernel:
@@ -177,16 +183,19 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
         with poisoned_outputs():
             out = prefill_attention(mx.array(q), *caches, pos, scale, block_table=table,
                                     kernel=kernel if kernel in ("tiled", "wgmma") else "decode",
-                                    split=kernel == "split", split_from=0)
+                                    split=kernel == "split", split_from=0, window=window)
             mx.eval(out)
         out = np.array(out)
-        want = np.stack([ref.attend(q[i], k64[: pos + i + 1], v64[: pos + i + 1], scale)
+        first = lambda i: max(0, pos + i + 1 - window) if window else 0  # noqa: E731
+        want = np.stack([ref.attend(q[i], k64[first(i): pos + i + 1], v64[first(i): pos + i + 1], scale)
                          for i in range(tokens)])
-        return [compare("causal outputs", out, want, TOL)]
+        return [compare("causal outputs" + (f" (window {window})" if window else ""), out, want, TOL)]
 
     shape = dict(T=tokens, pos=pos, heads=f"{n_heads}/{n_kv}", D=head_dim)
     if block_size:
         shape["bs"] = block_size
+    if window:
+        shape["window"] = window
     variant = kernel + (" paged" if block_size else "")
     return CheckCase("attention", "prefill_attention", variant, shape, run)
 
@@ -314,6 +323,19 @@ def check_cases(small: bool = False) -> list[CheckCase]:
                                   (300, 2000, (16, 8), 128)):
         if not small:
             cases.append(_prefill_case(tokens, pos, heads, d, "tiled"))
+    # sliding-window layers (Gemma's): a decode token past its window, at a split's edge and
+    # unaligned starts; prompts whose rows see windows inside, across and before their tiles
+    for ctx, window, heads, d, split in ((1300, 512, (4, 1), 256, True), (700, 100, (32, 8), 128, True),
+                                         (37, 8, (16, 8), 64, False), (513, 512, (4, 1), 256, False),
+                                         (5000, 1021, (8, 8), 128, True)):
+        if not (small and ctx > 700):
+            cases.append(_contiguous_case(split, [ctx], heads, d, ctx + 3, window=window))
+    for tokens, pos, heads, d, window in ((200, 0, (4, 1), 256, 64), (97, 600, (4, 1), 256, 512),
+                                          (300, 31, (16, 8), 128, 40), (17, 0, (32, 8), 128, 5)):
+        if small and tokens > 17:
+            continue
+        for kernel in ("tiled", "split"):
+            cases.append(_prefill_case(tokens, pos, heads, d, kernel, window=window))
     # a prompt over the paged pool (the decode loop's paged option)
     for tokens, pos, heads, d, bs in ((17, 0, (32, 8), 128, 16), (64, 100, (16, 8), 64, 32),
                                       (200, 1000, (64, 8), 256, 16), (130, 5, (32, 8), 128, 32)):

@@ -25,11 +25,16 @@ import pandas as pd
 from harness.bench import BenchCase
 from harness.check import CheckCase, Comparison, compare, exact, within_fp16_steps
 from reference import formats, rel_err
+from reference import loop as ref_loop
 from reference.quant import quantize
 
 TOL = 2e-3
 QTYPES = ("q4_0", "q8_0")
 K_QTYPES = ("q4_k", "q5_k", "q6_k")  # the v3 GEMVs and dequantize (repacked weights only)
+LEGACY_QTYPES = ("q4_1", "q5_0", "q5_1")  # the same (blocks of 32: the K-quants' code path)
+# Legacy check shapes beyond the odd ones: Gemma-3-270M's (its Q5_0 q, k|v, gate|up: K = 640)
+# and the 8B's, which the small list lacks
+LEGACY_REAL = ((1024, 640), (512, 640), (4096, 640), (4096, 4096), (14336, 4096))
 K_SMALL_K = (256, 768, 4352)  # K-quant rows are whole super-blocks of 256
 SMALL_N = (1, 7, 33, 4097)
 SMALL_K = (32, 96, 256, 4128)  # 256: the smallest K whose rows are 16-byte aligned
@@ -64,6 +69,9 @@ def _blocks(rng: np.random.Generator, qtype: str, n: int, k: int, centered: bool
     weights of mean zero (_k_blocks); Q4_0 and Q8_0 weights are always."""
     if qtype in K_QTYPES:
         host = _k_blocks(rng, qtype, n, k, centered)
+        return host, mx.array(host)
+    if qtype in LEGACY_QTYPES:
+        host = _legacy_blocks(rng, qtype, n, k)
         return host, mx.array(host)
     if n * k <= HOST_QUANTIZE_UP_TO:
         host = quantize(_weights(rng, n, k), qtype)
@@ -107,6 +115,19 @@ def _k_blocks(rng: np.random.Generator, qtype: str, n: int, k: int, centered: bo
         sc, _ = kquant.unpack_scales_mins(blocks[:, 4:16])
         blocks[:, 4:16] = kquant.pack_scales_mins(sc.astype(np.uint8), sc.astype(np.uint8))
     blocks[:, at] = scales.view(np.uint8)
+    return blocks.reshape(n, -1)
+
+
+def _legacy_blocks(rng: np.random.Generator, qtype: str, n: int, k: int) -> np.ndarray:
+    """[n, k] in random Q4_1, Q5_0 or Q5_1 blocks: every byte random (levels, fifth bits) but the
+    fp16 d, of a real layer's weights (0.01-0.1 at the largest level), and m, centring the
+    levels (Q4_1, Q5_1: a weight's mean about zero, as _k_blocks' centered form says why)."""
+    size = formats.row_bytes(qtype.upper(), 32)
+    blocks = rng.integers(0, 256, (n * k // 32, size), dtype=np.uint8)
+    top = 15 if qtype == "q4_1" else 31
+    d = rng.uniform(0.01, 0.1, blocks.shape[0]).astype(np.float32) / top
+    heads = [d] if qtype == "q5_0" else [d, -d * top / 2]
+    blocks[:, : 2 * len(heads)] = np.stack(heads, axis=1).astype(np.float16).view(np.uint8)
     return blocks.reshape(n, -1)
 
 
@@ -181,21 +202,25 @@ def _dequantize_k_case(qtype: str, n: int, k: int) -> CheckCase:
     from kernels.gemv import dequantize as gpu_dequantize
     from kernels.gemv import repack
     from kernels.runtime import poisoned_outputs
-    from reference import kquant
+    from reference import kquant, quant
+
+    legacy = qtype in LEGACY_QTYPES  # Q4_1, Q5_0, Q5_1: the same checks on reference.quant's blocks
+    module, pack = (quant, quant.pack_legacy) if legacy else (kquant, kquant.pack)
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         kinds = [rng.standard_normal(k) / 32, rng.standard_t(2, k), np.zeros(k), np.full(k, 0.37),
                  rng.standard_normal(k) * (rng.random(k) < 0.05), np.abs(rng.standard_normal(k))]
         w = np.stack([kinds[i % len(kinds)] if i < len(kinds) else rng.standard_normal(k) / 32
                       for i in range(n)]).astype(np.float32)
-        blocks = kquant.quantize(w, qtype)
+        blocks = module.quantize(w, qtype)
         packed = repack(mx.array(blocks), qtype, n, k)
         with poisoned_outputs():
             got = gpu_dequantize(mx.array(blocks), qtype, n, k)
             got_packed = gpu_dequantize(packed, qtype, n, k)
             mx.eval(got, got_packed)
-        want = kquant.dequantize(blocks, qtype, k)
-        checks = [exact("repacked bytes (reference.kquant.pack)", np.array(packed.data), kquant.pack(blocks, qtype, n, k))]
+        want = module.dequantize(blocks, qtype, k)
+        checks = [exact(f"repacked bytes (reference.{module.__name__.split('.')[-1]}.{pack.__name__})",
+                        np.array(packed.data), pack(blocks, qtype, n, k))]
         for label, out in (("dequantized", got), ("dequantized from the repacked blocks", got_packed)):
             out = np.array(out)
             if qtype == "q6_k":
@@ -248,10 +273,11 @@ def swiglu64(gate_up: np.ndarray) -> np.ndarray:
 
 
 def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = False,
-                knobs: dict | None = None, version: str = "v2") -> CheckCase:
+                knobs: dict | None = None, version: str = "v2", gemma: bool = False) -> CheckCase:
     """A prologue (rmsnorm: RMSNorm(X) * gamma; swiglu: silu(gate) * up; plain: X) and, with
     `residual`, the epilogue Y + R, against float64; `knobs`: launch knobs (kernels.gemv.gemv_v2,
-    gemv_v3) in place of the tuned ones; `version` v3: on repacked weights."""
+    gemv_v3) in place of the tuned ones; `version` v3: on repacked weights. `gemma` (v3): Gemma's
+    forms, the RMSNorm of a float32 X of magnitudes past fp16's, GELU in place of SiLU."""
     from kernels.gemv import gemv_v2, gemv_v3, repack, rmsnorm_gemv, silu_down_gemv
     from kernels.runtime import poisoned_outputs
 
@@ -266,14 +292,16 @@ def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = 
         extra.update(knobs or {})
         with poisoned_outputs():
             if kind == "rmsnorm":
-                x = (_x(rng, m, k).astype(np.float32) * 3 + 1).astype(np.float16)
+                x = (_x(rng, m, k).astype(np.float32) * 3 + 1)
+                x = x * 3e4 if gemma else x.astype(np.float16)  # Gemma: float32, |x| to 1e5
                 gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
                 y = rmsnorm_gemv(mx.array(x), mx.array(gamma), 1e-5, dev, qtype, n, k, **(knobs or {}))
                 x64 = rmsnorm64(x, gamma, 1e-5)
             elif kind == "swiglu":
                 x = (_x(rng, m, 2 * k).astype(np.float32) * 2).astype(np.float16)
-                y = silu_down_gemv(mx.array(x), dev, qtype, n, k, **extra)
-                x64 = swiglu64(x)
+                act = "gelu" if gemma else "silu"
+                y = silu_down_gemv(mx.array(x), dev, qtype, n, k, activation=act, **extra)
+                x64 = ref_loop.swiglu(x, act)
             else:
                 x = _x(rng, m, k)
                 y = plain(mx.array(x), dev, qtype, n, k, **extra)
@@ -286,7 +314,7 @@ def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = 
         return [compare("y + residual", np.array(y).astype(np.float64), want, TOL)]
 
     name = {"rmsnorm": "rmsnorm_gemv", "swiglu": "silu_down_gemv", "plain": "gemv"}[kind]
-    variant = version + (" + residual" if residual else "")
+    variant = version + (" + residual" if residual else "") + (" gemma (float32 X, GELU)" if gemma else "")
     if knobs:
         variant += " " + ",".join(f"{key}={value}" for key, value in knobs.items())
     return CheckCase("gemv", f"{name}_{qtype}", variant, dict(M=m, N=n, K=k), run)
@@ -453,29 +481,33 @@ PAIR_CASES = [
 ]
 
 
-def _gate_up_swiglu_case(qtype: str, m: int, f: int, k: int, norm: bool, knobs: dict | None = None) -> CheckCase:
+def _gate_up_swiglu_case(qtype: str, m: int, f: int, k: int, norm: bool, knobs: dict | None = None,
+                         gemma: bool = False) -> CheckCase:
     """gate+up with SwiGLU in its epilogue (kernels.gemv.gate_up_swiglu) on [gate; up] repacked as
-    the decoder repacks it: silu(X' Wg^T) * (X' Wu^T) against float64, X' = RMSNorm(X) * gamma or X."""
+    the decoder repacks it: silu(X' Wg^T) * (X' Wu^T) against float64, X' = RMSNorm(X) * gamma or X.
+    `gemma` (with norm): GELU, and X float32 of magnitudes past fp16's."""
     from kernels.gemv import concat_rows, gate_up_swiglu, repack
     from kernels.runtime import poisoned_outputs
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         (g_host, g_dev), (u_host, u_dev) = _blocks(rng, qtype, f, k), _blocks(rng, qtype, f, k)
         w = repack(concat_rows([g_dev, u_dev]), qtype, 2 * f, k)
-        x = (_x(rng, m, k).astype(np.float32) * 3 + 1).astype(np.float16)
+        x = (_x(rng, m, k).astype(np.float32) * 3 + 1)
+        x = x * 3e4 if gemma else x.astype(np.float16)
         gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
         norm_args = dict(gamma=mx.array(gamma), eps=1e-5) if norm else {}
+        act = "gelu" if gemma else "silu"
         with poisoned_outputs():
-            y = gate_up_swiglu(mx.array(x), w, qtype, 2 * f, k, **norm_args, **(knobs or {}))
+            y = gate_up_swiglu(mx.array(x), w, qtype, 2 * f, k, activation=act, **norm_args, **(knobs or {}))
             mx.eval(y)
         x64 = rmsnorm64(x, gamma, 1e-5) if norm else x.astype(np.float64)
         rows = _rows_checked(rng, f)
         gate = x64 @ dequantize(g_host[rows], qtype, k).astype(np.float64).T
         up = x64 @ dequantize(u_host[rows], qtype, k).astype(np.float64).T
-        want = gate / (1 + np.exp(-gate)) * up
-        return [compare("silu(gate) * up", np.array(y).astype(np.float64)[:, rows], want, TOL)]
+        want = ref_loop.swiglu(np.concatenate([gate, up], axis=1), act)
+        return [compare(f"{act}(gate) * up", np.array(y).astype(np.float64)[:, rows], want, TOL)]
 
-    variant = "v3" + (" rmsnorm" if norm else "")
+    variant = "v3" + (" rmsnorm" if norm else "") + (" gemma (float32 X, GELU)" if gemma else "")
     if knobs:
         variant += " " + ",".join(f"{key}={value}" for key, value in knobs.items())
     return CheckCase("gemv", f"gate_up_swiglu_{qtype}", variant, dict(M=m, N=f"{f}+{f}", K=k), run)
@@ -499,6 +531,16 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         shapes = [(1, 256), (7, 768), (33, 4352)] + ([] if small else [(1024, 3072), (4096, 14336)])
         cases += [_dequantize_k_case(qtype, n, k) for n, k in shapes]
         cases += _v3_cases(qtype, small)
+    for qtype in ("q5_0", "q8_0", "q4_k", "q6_k"):  # Gemma-3-270M's types in Gemma's forms
+        cases += [_fused_case("rmsnorm", qtype, m, *((33, 256) if m > 1 else (1024, 768)), version="v3", gemma=True)
+                  for m in (1, 3)]
+        cases.append(_fused_case("swiglu", qtype, 1, 640, 2048, residual=True, version="v3", gemma=True))
+        cases.append(_gate_up_swiglu_case(qtype, 1, 2048, 768, True, gemma=True))
+    for qtype in LEGACY_QTYPES:  # the legacy affine blocks: v3's small set, and real shapes
+        cases += [_dequantize_k_case(qtype, n, k) for n, k in [(1, 32), (7, 96), (33, 4128)]
+                  + ([] if small else [(1024, 640)])]
+        cases += _v3_cases(qtype, True)
+        cases += [_gemv_case("v3", qtype, 1 + c % 2, n, k) for c, (n, k) in enumerate(() if small else LEGACY_REAL)]
     for qtype in QTYPES:
         cases += [_quantize_case(qtype, 33, 4128), _quantize_case(qtype, 1, 32),
                   _quantize_case(qtype, 0, 256, adversarial=True)]
@@ -619,6 +661,13 @@ def _device_blocks(qtype: str, n: int, k: int) -> mx.array:
     return q
 
 
+def _device_legacy_blocks(qtype: str, n: int, k: int) -> mx.array:
+    """Random Q4_1/Q5_0/Q5_1 blocks (_legacy_blocks', drawn on the host: no GPU quantizer)."""
+    q = mx.array(_legacy_blocks(np.random.default_rng(n * 7 + k), qtype, n, k))
+    mx.eval(q)
+    return q
+
+
 def _device_k_blocks(qtype: str, n: int, k: int) -> mx.array:
     """Random K-quant super-blocks made on the device (_k_blocks' kind: random bytes, drawn fp16
     scales)."""
@@ -641,7 +690,8 @@ def _weights_once(qtype: str, *shapes: tuple[int, int]):
 
     def fresh() -> list[mx.array]:
         if not made:
-            make = _device_k_blocks if qtype in K_QTYPES else _device_blocks
+            make = (_device_k_blocks if qtype in K_QTYPES else _device_legacy_blocks if qtype in LEGACY_QTYPES
+                    else _device_blocks)
             made.extend(make(qtype, n, k) for n, k in shapes)
         return [b + mx.array(0, mx.uint8) for b in made]
 
@@ -841,7 +891,7 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
         for qtype in QTYPES:
             cases += [_bench_ours(v, qtype, n, k) for v in ("v1", "v2", "v3")]
         cases += [_bench_mlx(kind, n, k) for kind in ("fp16", "4bit-gs32", "8bit-gs32")]
-        cases += [_bench_ours("v3", qtype, n, k) for qtype in K_QTYPES]
+        cases += [_bench_ours("v3", qtype, n, k) for qtype in (*K_QTYPES, *LEGACY_QTYPES)]
         cases += [_bench_mlx(kind, n, k) for kind in K_MLX_PEERS]
     fused = ("fused", "fused-v3", "unfused")
     for qtype in QTYPES:

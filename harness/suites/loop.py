@@ -1,6 +1,6 @@
 """The decode loop's small kernels (kernels.loop) against reference/loop.py and reference/quant.py:
-RMSNorm and residual + RMSNorm, SwiGLU, argmax (ties planted), embedding rows from F16, Q8_0,
-Q4_0 and K-quant (reference/kquant.py) tables; odd sizes included, outputs poisoned. Benchmarks against the MLX built-in doing the
+RMSNorm (of fp16 or float32 rows) and residual + RMSNorm, SwiGLU and GeGLU, argmax (ties
+planted), embedding rows from F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and K-quant (reference/kquant.py) tables; odd sizes included, outputs poisoned. Benchmarks against the MLX built-in doing the
 same at decode sizes."""
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from reference import loop as ref
 TOL = 2e-3
 
 
-def _rmsnorm_case(m: int, k: int, residual: bool) -> CheckCase:
+def _rmsnorm_case(m: int, k: int, residual: bool, wide: bool = False) -> CheckCase:
+    """`wide`: x float32 of magnitudes past fp16's (1e5: Gemma's residual stream)."""
     from kernels.loop import rmsnorm
     from kernels.runtime import poisoned_outputs
 
     def run(rng: np.random.Generator) -> list[Comparison]:
-        x = (rng.standard_normal((m, k)) * 3).astype(np.float16)
+        x = (rng.standard_normal((m, k)) * (1e5 if wide else 3)).astype(np.float32 if wide else np.float16)
         r = rng.standard_normal((m, k)).astype(np.float16)
         gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
         with poisoned_outputs():
@@ -33,21 +34,22 @@ def _rmsnorm_case(m: int, k: int, residual: bool) -> CheckCase:
         return [exact("x + residual", np.array(out[1]), s),
                 compare("y", np.array(out[0]), ref.rmsnorm(s, gamma, 1e-5), TOL)]
 
-    return CheckCase("loop", "residual_rmsnorm" if residual else "rmsnorm", "kernel", dict(M=m, K=k), run)
+    name = "residual_rmsnorm" if residual else "rmsnorm_x32" if wide else "rmsnorm"
+    return CheckCase("loop", name, "kernel", dict(M=m, K=k), run)
 
 
-def _swiglu_case(m: int, f: int) -> CheckCase:
+def _swiglu_case(m: int, f: int, activation: str = "silu") -> CheckCase:
     from kernels.loop import swiglu
     from kernels.runtime import poisoned_outputs
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         gu = (rng.standard_normal((m, 2 * f)) * 2).astype(np.float16)
         with poisoned_outputs():
-            y = swiglu(mx.array(gu))
+            y = swiglu(mx.array(gu), activation)
             mx.eval(y)
-        return [compare("y", np.array(y), ref.swiglu(gu), TOL)]
+        return [compare("y", np.array(y), ref.swiglu(gu, activation), TOL)]
 
-    return CheckCase("loop", "swiglu", "kernel", dict(M=m, F=f), run)
+    return CheckCase("loop", "swiglu" if activation == "silu" else f"swiglu_{activation}", "kernel", dict(M=m, F=f), run)
 
 
 def _argmax_case(m: int, v: int, dtype: str = "float32") -> CheckCase:
@@ -87,9 +89,9 @@ def _embed_case(qtype: str, t: int, k: int, vocab: int) -> CheckCase:
             out = embed(mx.array(table), ids.tolist(), qtype, k)
             dev = embed(mx.array(table), mx.array(ids.astype(np.int32)), qtype, k)
             mx.eval(out, dev)
-        if qtype in ("q4_k", "q5_k"):
-            # d * sc * q - dmin * m: the GPU may fuse the product into the difference (one
-            # rounding, not two), as in kernels.gemv.dequantize: within one fp16 step
+        if qtype in ("q4_k", "q5_k", "q4_1", "q5_1", "q5_0"):
+            # d * sc * q - dmin * m (legacy: d * q + m, d * (q - 16)): the GPU may fuse the product
+            # into the sum (one rounding, not two), as in kernels.gemv.dequantize: within one fp16 step
             return [within_fp16_steps(f"rows ({how} ids, fp16 steps from the reference)", np.array(got), want)
                     for how, got in (("host", out), ("device", dev))]
         want = want.astype(np.float16)
@@ -102,9 +104,9 @@ def _embed_case(qtype: str, t: int, k: int, vocab: int) -> CheckCase:
 def check_cases(small: bool = False) -> list[CheckCase]:
     cases = []
     for m, k in ((1, 8), (3, 72), (1, 4096), (17, 4104)) if not small else ((1, 8), (3, 72)):
-        cases += [_rmsnorm_case(m, k, False), _rmsnorm_case(m, k, True)]
+        cases += [_rmsnorm_case(m, k, False), _rmsnorm_case(m, k, True), _rmsnorm_case(m, k, False, wide=True)]
     for m, f in ((1, 8), (5, 3080), (1, 14336)) if not small else ((1, 8),):
-        cases.append(_swiglu_case(m, f))
+        cases += [_swiglu_case(m, f), _swiglu_case(m, f, "gelu")]
     # V: tiny, odd (scalar loads only), 16-byte rows of float but not of half (4 | V, not 8),
     # vocabularies (Llama 2, Llama 3 and Qwen3: 1024 threads and 16-byte loads).
     for m, v in ((1, 1), (2, 33), (3, 8196), (1, 32000), (2, 128256), (4, 151936)) if not small else ((1, 1), (2, 33)):
@@ -112,6 +114,9 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             cases.append(_argmax_case(m, v, dtype))
     for qtype in ("f16", "q8_0", "q4_0"):
         for t, k, vocab in ((1, 32, 7), (5, 96, 300), (16, 4096, 1000)) if not small else ((1, 32, 7),):
+            cases.append(_embed_case(qtype, t, k, vocab))
+    for qtype in ("q4_1", "q5_0", "q5_1"):  # the legacy affine blocks
+        for t, k, vocab in ((1, 32, 7), (5, 96, 300), (16, 640, 1000)) if not small else ((1, 32, 7),):
             cases.append(_embed_case(qtype, t, k, vocab))
     for qtype in ("q4_k", "q5_k", "q6_k"):  # rows of whole super-blocks
         for t, k, vocab in ((1, 256, 7), (5, 768, 300), (16, 4096, 1000)) if not small else ((1, 256, 7),):

@@ -86,10 +86,12 @@ _RESHAPE = KernelSpec("lathe_reshape_and_cache", "attention/reshape_and_cache.me
 
 
 @functools.cache
-def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, head_norm: bool = False) -> KernelSpec:
+def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, head_norm: bool = False,
+          window: int = 0) -> KernelSpec:
     """One decode_attention.metal family; `merge` (split only): the last threadgroup of a head
     group merges the partitions in the same launch (counters in, out out); `head_norm` (rope
-    only): Qwen3's per-head RMSNorm of Q and K before they turn."""
+    only): Qwen3's per-head RMSNorm of Q and K before they turn; `window` (> 0): a sliding-window
+    layer's, each query over its last `window` positions only."""
     if rope:  # the QKV row and its position in place of q, lens and the ordering token
         inputs = ("qkv", "k_cache", "v_cache", "pos", "inv_freq", "rope_scalars", "dims", "scale") + (
             ("q_norm", "k_norm") if head_norm else ())
@@ -102,11 +104,11 @@ def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, hea
         inputs, outputs = (*inputs, "counters"), (*outputs, "out")
     head_norm = head_norm and rope
     name = (f"lathe_{'paged' if paged else 'contiguous'}_{'norm_' if head_norm else ''}{'rope_' if rope else ''}"
-            f"attention_{'split' if split else 'whole'}{'_merge' if merge else ''}")
+            f"attention_{'split' if split else 'whole'}{'_merge' if merge else ''}{f'_window{window}' if window else ''}")
     return KernelSpec(name, "attention/decode_attention.metal", inputs, outputs,
                       prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_SPLIT {int(split)}\n"
                               f"#define LATHE_ROPE {int(rope)}\n#define LATHE_MERGE {int(merge)}\n"
-                              f"#define LATHE_HEAD_NORM {int(head_norm)}",
+                              f"#define LATHE_HEAD_NORM {int(head_norm)}\n#define LATHE_WINDOW {int(window)}",
                       threadgroup_bytes=functools.partial(_decode_threadgroup_bytes, head_norm=head_norm,
                                                           merge=merge),
                       in_place=("k_cache", "v_cache") if rope else ())  # rope: the new K and V rows
@@ -321,12 +323,18 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int | None, block_size: int, after: mx.array | None,
          shared_cache: bool = False, split_from: int = SPLIT_FROM, rope: tuple | None = None,
-         counters: mx.array | None = None) -> mx.array:
+         counters: mx.array | None = None, window: int = 0) -> mx.array:
     """lens: int32[B] on the device; longest: the most any of them can be (it sizes the grid).
     rope: (inv_freq, rope_scalars, constants, head norms: (q_norm, k_norm) or ()) of
     rope_flash_decode, whose q is the QKV row.
     counters: the launch site's (merge_counters) where a split launch merges in itself (the
-    attn_combine option); the stream's own (_stream_counters) when not given."""
+    attn_combine option); the stream's own (_stream_counters) when not given.
+    window (> 0): each query sees its last `window` positions: the grid covers at most that many
+    tokens (and the few the kernel's aligned start adds), wherever they lie."""
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (0: none), got {window}")
+    if window:
+        longest = min(longest, window + CHUNK_MULTIPLE - 1)
     # rope: one token, q the flat QKV row, k_cache [1, Hkv, S, D]
     batch, n_heads, head_dim = (1, n_kv * group, k_cache.shape[-1]) if rope is not None else q.shape
     head_norm = bool(rope and rope[3])
@@ -372,7 +380,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
         _check_counters(counters, batch * n_kv * qs)
         inputs.append(counters)
         outputs.append(((batch, n_heads, head_dim), mx.float16))
-    res = launch(Launch(_spec(paged, split, rope is not None, merge, head_norm), inputs, outputs,
+    res = launch(Launch(_spec(paged, split, rope is not None, merge, head_norm, window), inputs, outputs,
                         (parts * 32 * NSIMD, n_kv * qs, batch), (32 * NSIMD, 1, 1), constants))
     if not split or merge:
         return res[-1]
@@ -385,7 +393,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
 def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_table,
                     context_lens: Sequence[int] | mx.array, scale: float, *, version: str = "v2",
                     partition: int | None = None, after: mx.array | None = None,
-                    split_from: int = SPLIT_FROM, counters: mx.array | None = None) -> mx.array:
+                    split_from: int = SPLIT_FROM, counters: mx.array | None = None, window: int = 0) -> mx.array:
     """out[B, Hq, D] for one query token per sequence over vLLM's paged caches (k_cache
     [blocks, Hkv, D/8, BS, 8], v_cache [blocks, Hkv, D, BS]); block_table [B, max_blocks] and
     context_lens [B] are checked on the host before the launch. v2 splits contexts longer than
@@ -394,7 +402,8 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
     The device form (a compiled decode step, whose position is an array): context_lens int32[B]
     and block_table int32[B, max_blocks] both on the device. Only shapes and dtypes can be checked
     then: the caller checked the table's entries once, when it made it; the kernel clamps a
-    length to the table's blocks, and the grid is sized for them."""
+    length to the table's blocks, and the grid is sized for them. `window` (> 0): each sequence
+    attends to its last `window` tokens only (flash_decode's)."""
     if version not in ("v1", "v2"):
         raise ValueError(f"version must be 'v1' or 'v2', got {version!r}")
     blocks, n_kv, head_dim, block_size = _pool(k_cache, v_cache)
@@ -410,7 +419,7 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
         rows = block_table.shape[1]
         return _run(True, version == "v2", q, k_cache, v_cache, context_lens, rows * block_size,
                     block_table, rows, n_kv, group, scale, partition, block_size, after,
-                    split_from=split_from, counters=counters)
+                    split_from=split_from, counters=counters, window=window)
     table = _host_ints("block_table", block_table, 2)
     lens = _host_ints("context_lens", context_lens, 1)
     if table.shape[0] != batch or lens.shape[0] != batch:
@@ -427,7 +436,7 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
         table_dev = table_dev.astype(mx.int32)
     return _run(True, version == "v2", q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
                 table_dev, table.shape[1], n_kv, group, scale, partition, block_size, after,
-                split_from=split_from, counters=counters)
+                split_from=split_from, counters=counters, window=window)
 
 
 def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
@@ -443,12 +452,14 @@ def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
 def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Sequence[int],
                  scale: float, *, split: bool = True, partition: int | None = None,
                  after: mx.array | None = None, split_from: int = SPLIT_FROM,
-                 counters: mx.array | None = None) -> mx.array:
+                 counters: mx.array | None = None, window: int = 0) -> mx.array:
     """out[B, Hq, D] over the contiguous head-major caches [B, Hkv, max_seq, D]; lengths[b] is
     the number of slots sequence b attends to (see visible_tokens). Host lengths are checked;
     `lengths` may also be int32[B] on the device (a compiled decode step, whose position is an
     array): then nothing can be checked before the launch, the caller keeps them in 1..max_seq,
-    and the grid is sized for max_seq (partitions past a sequence's end exit at once)."""
+    and the grid is sized for max_seq (partitions past a sequence's end exit at once).
+    `window` (> 0, a sliding-window layer): sequence b attends to its last `window` slots only,
+    lengths[b] - window .. lengths[b] - 1 (the cache holds every position; Gemma's local layers)."""
     _fp16("k_cache", k_cache)
     _fp16("v_cache", v_cache)
     if k_cache.ndim != 4 or tuple(v_cache.shape) != tuple(k_cache.shape):
@@ -468,7 +479,7 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
             raise ValueError(f"lengths must be {batch} values in 1..{max_seq}, got {lens.tolist()}")
         lens_dev, longest = _device_ints(lens), int(lens.max())
     return _run(False, split, q, k_cache, v_cache, lens_dev, longest, None, max_seq, n_kv, group,
-                scale, partition, 0, after, split_from=split_from, counters=counters)
+                scale, partition, 0, after, split_from=split_from, counters=counters, window=window)
 
 
 def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int | mx.array,
@@ -476,7 +487,7 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
                       inv_freq: mx.array | None = None, neox: bool = False, split: bool = True,
                       partition: int | None = None, split_from: int = SPLIT_FROM,
                       counters: mx.array | None = None, q_norm: mx.array | None = None,
-                      k_norm: mx.array | None = None, eps: float | None = None,
+                      k_norm: mx.array | None = None, eps: float | None = None, window: int = 0,
                       ) -> tuple[mx.array, mx.array, mx.array]:
     """One decode token's RoPE, KV-cache write and attention in one launch (a launch a layer
     fewer than kernels.rope.rope_qkv_write then flash_decode: the same cache rows; the rotated
@@ -487,7 +498,8 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     pos: an int (checked here) or int32[1] on the device (a compiled step: a position past the
     cache writes nothing and attends to the rows held; the caller keeps it in range).
     q_norm, k_norm (f32[D]) and eps: Qwen3's per-head RMSNorm of each query head and of K before
-    they turn (kernels.rope.head_norm_rope_neox_kv_write's, in this launch)."""
+    they turn (kernels.rope.head_norm_rope_neox_kv_write's, in this launch). `window` (> 0): the
+    token attends to its last `window` rows only (flash_decode's)."""
     from kernels import rope as rope_kernels
 
     _fp16("k_cache", k_cache)
@@ -514,7 +526,7 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     v_one = reshaped(v_cache, (1, *v_cache.shape), "rope_flash_decode: v_cache")
     out = _run(False, split, qkv.reshape(-1), k_one, v_one, pos_arr, longest, None,
                max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from,
-               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True), norms), counters=counters)
+               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True), norms), counters=counters, window=window)
     k_cache, v_cache = depends([k_cache, v_cache], [out])
     return out, k_cache, v_cache
 
@@ -539,7 +551,8 @@ def _head_norms(q_norm: mx.array | None, k_norm: mx.array | None, eps: float | N
 def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float,
                       *, block_table=None, split: bool = True, partition: int | None = None,
                       after: mx.array | None = None, split_from: int = SPLIT_FROM,
-                      counters: mx.array | None = None, kernel: str | None = None) -> mx.array:
+                      counters: mx.array | None = None, kernel: str | None = None,
+                      window: int = 0) -> mx.array:
     """Causal attention of a prompt's T query tokens q[T, Hq, D], at positions pos .. pos+T-1,
     over a cache that already holds their K and V: token i sees tokens 0 .. pos+i. The cache is
     the contiguous head-major [Hkv, max_seq, D] (or [1, Hkv, max_seq, D]), or with `block_table`
@@ -551,7 +564,10 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
     only, D 64 or 128); "auto", wgmma where it runs, else tiled; "decode",
     the decode kernel with one query per token, every query on the same cache (K and V come
     through the L2 cache for the other queries; split, partition, split_from and counters apply
-    to it only)."""
+    to it only). `window` (> 0, a sliding-window layer): token i sees tokens pos+i-window+1 ..
+    pos+i only (tiled and decode; wgmma does not take it, so auto runs tiled)."""
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (0: none), got {window}")
     _fp16("k_cache", k_cache)
     _fp16("v_cache", v_cache)
     if block_table is not None:
@@ -578,20 +594,20 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
         table_dev = table_constant(table.reshape(1, -1))
     kernel = options.get("attn_prefill") if kernel is None else kernel
     if kernel in ("auto", "wgmma"):
-        reason = wgmma_prefill_unavailable(head_dim, block_size)
+        reason = "a sliding window" if window else wgmma_prefill_unavailable(head_dim, block_size)
         if not reason:
             return _prefill_wgmma(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after)
         if kernel == "wgmma":
             raise ValueError(f"prefill kernel 'wgmma': {reason}")
         kernel = "tiled"  # auto, where wgmma cannot run
     if kernel == "tiled":
-        return _prefill_tiled(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after)
+        return _prefill_tiled(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after, window)
     if kernel != "decode":
         raise ValueError(f"kernel must be 'auto', 'wgmma', 'tiled' or 'decode', got {kernel!r}")
     lens = np.arange(pos + 1, pos + tokens + 1)
     return _run(block_table is not None, split, q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
                 table_dev, rows, n_kv, group, scale, partition, block_size, after, shared_cache=True,
-                split_from=split_from, counters=counters)
+                split_from=split_from, counters=counters, window=window)
 
 
 PREFILL_NSIMD = 4  # SIMD groups of a tiled prefill threadgroup
@@ -619,24 +635,24 @@ def prefill_threadgroup_bytes(head_dim: int, rb: int, bk: int, paged: bool) -> i
 
 
 @functools.cache
-def _prefill_spec(paged: bool) -> KernelSpec:
+def _prefill_spec(paged: bool, window: int = 0) -> KernelSpec:
     inputs = ("q", "k_cache", "v_cache") + (("table",) if paged else ()) + ("dims", "scale", "after")
-    return KernelSpec(f"lathe_{'paged' if paged else 'contiguous'}_prefill_tiled",
+    return KernelSpec(f"lathe_{'paged' if paged else 'contiguous'}_prefill_tiled{f'_window{window}' if window else ''}",
                       "attention/prefill_attention.metal", inputs, ("out",),
-                      prelude=f"#define LATHE_PAGED {int(paged)}",
+                      prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_WINDOW {int(window)}",
                       threadgroup_bytes=lambda c: prefill_threadgroup_bytes(c["D"], c["RB"], c["BK"], paged))
 
 
 def _prefill_tiled(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.array | None,
                    rows: int, n_kv: int, pos: int, scale: float, block_size: int,
-                   after: mx.array | None) -> mx.array:
+                   after: mx.array | None, window: int = 0) -> mx.array:
     tokens, n_heads, head_dim = q.shape
     rb, bk = prefill_tiles(head_dim, table is not None)
     tiles = -(-tokens // (PREFILL_NSIMD * rb * 8))
     inputs = [q, k_cache, v_cache] + ([table.reshape(-1)] if table is not None else []) + [
         _ints((n_kv, rows, tokens, pos, n_heads, tiles)), _scale(float(scale)),
         _no_order() if after is None else after]
-    (out,) = launch(Launch(_prefill_spec(table is not None), inputs, [((tokens, n_heads, head_dim), mx.float16)],
+    (out,) = launch(Launch(_prefill_spec(table is not None, window), inputs, [((tokens, n_heads, head_dim), mx.float16)],
                            (tiles * 32 * PREFILL_NSIMD, n_heads, 1), (32 * PREFILL_NSIMD, 1, 1),
                            dict(D=head_dim, RB=rb, BK=bk, NSIMD=PREFILL_NSIMD, BS=block_size)))
     return out

@@ -16,7 +16,16 @@ const uint ctx = min(uint(pos[0]) + 1, rows);
 #else
 const uint ctx = min(uint(lens[b]), rows * uint(LATHE_PAGED ? BS : 1));
 #endif
-const uint t_begin = LATHE_SPLIT ? min(ctx, part * uint(dims[2])) : 0;
+// LATHE_WINDOW W > 0 (a sliding-window layer, Gemma's): the query sees its last W positions,
+// tokens t_lo .. ctx - 1. The partitions are laid from t_lo rounded down to a vector of 8 (t_from:
+// V's vectors and the K copies stay aligned), and the few tokens before t_lo in partition 0's first
+// chunk are masked out of the scores; that chunk holds t_lo, so its running max is finite.
+#ifndef LATHE_WINDOW
+#define LATHE_WINDOW 0
+#endif
+const uint t_lo = LATHE_WINDOW > 0 && ctx > uint(LATHE_WINDOW) ? ctx - uint(LATHE_WINDOW) : 0u;
+const uint t_from = t_lo & ~7u;
+const uint t_begin = LATHE_SPLIT ? min(ctx, t_from + part * uint(dims[2])) : t_from;
 const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
 
 // K through threadgroup memory (K_SLOTS > 0, decode_tiles.metal's k_s): each thread copies its own
@@ -229,11 +238,12 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
       for (uint x = 0; x < 4; ++x) {
         const float2 e = st[x].thread_elements();
         const uint t = 32 * simd + 8 * x + mma_r;
-        if (mma_c < G) p_s[mma_c * CH + t] = t < cn ? e.x : NEG_INF;
-        if (mma_c + 1 < G) p_s[(mma_c + 1) * CH + t] = t < cn ? e.y : NEG_INF;
+        const bool seen = t < cn && c0 + t >= t_lo;
+        if (mma_c < G) p_s[mma_c * CH + t] = seen ? e.x : NEG_INF;
+        if (mma_c + 1 < G) p_s[(mma_c + 1) * CH + t] = seen ? e.y : NEG_INF;
       }
     } else {
-      for (uint g = 0; g < G; ++g) p_s[g * CH + tl] = tl < cn ? s[g] : NEG_INF;
+      for (uint g = 0; g < G; ++g) p_s[g * CH + tl] = tl < cn && c0 + tl >= t_lo ? s[g] : NEG_INF;
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);

@@ -54,6 +54,15 @@ const uint h = hq / (n_heads / n_kv);
 const uint q0 = (uint(dims[5]) - 1 - threadgroup_position_in_grid.x) * BQ;
 const uint kv_end = pos + min(q0 + BQ, n_tok);  // keys the tile's last row sees
 const uint n_tiles = (kv_end + BK - 1) / BK;
+// LATHE_WINDOW W > 0 (a sliding-window layer, Gemma's): a row at position p sees keys p - W + 1 .. p
+// only; the tiles start at the one holding the first key the tile's first row sees. A row may then
+// meet a tile with no key it sees: its running max stays -inf, and m_safe keeps exp finite.
+#ifndef LATHE_WINDOW
+#define LATHE_WINDOW 0
+#endif
+const uint first_seen = LATHE_WINDOW > 0 && pos + q0 + 1 > uint(LATHE_WINDOW) ? pos + q0 + 1 - uint(LATHE_WINDOW) : 0u;
+const uint j_first = first_seen / BK;  // tiles alternate stages from here (stage 0 first)
+#define SEES(key, p) ((key) <= (p) && (LATHE_WINDOW == 0 || (key) + uint(LATHE_WINDOW) > (p)))
 const float scale_log2 = scale[0] * LOG2E;
 
 // Tile j's K and V into stage j % 2 (asynchronous where a whole 16-byte word is wanted).
@@ -61,7 +70,7 @@ const float scale_log2 = scale[0] * LOG2E;
 #define ISSUE_TILE(j_)                                                                           \
   {                                                                                              \
     const uint k0_ = (j_) * BK;                                                                  \
-    auto st_ = kv_s + ((j_) & 1u) * STAGE;                                          \
+    auto st_ = kv_s + (((j_) - j_first) & 1u) * STAGE;                                          \
     for (uint e = tid; e < BK * DB; e += NT) {                                                   \
       const uint kk = e / DB, d8 = e % DB, key = k0_ + kk;                                       \
       if (key < kv_end) {                                                                        \
@@ -87,7 +96,7 @@ const float scale_log2 = scale[0] * LOG2E;
 #define ISSUE_TILE(j_)                                                                           \
   {                                                                                              \
     const uint k0_ = (j_) * BK;                                                                  \
-    auto st_ = kv_s + ((j_) & 1u) * STAGE;                                          \
+    auto st_ = kv_s + (((j_) - j_first) & 1u) * STAGE;                                          \
     for (uint e = tid; e < BK * DB; e += NT) {                                                   \
       const uint kk = e / DB, d8 = e % DB, key = k0_ + kk;                                       \
       const uint src = (h * rows + key) * DB + d8;                                               \
@@ -111,7 +120,7 @@ const float scale_log2 = scale[0] * LOG2E;
     store_wide<uint4>(qs, row * (KST / 8) + d8, load_wide<uint4>(q, (t * n_heads + hq) * DB + d8));
   }
 }
-ISSUE_TILE(0);
+ISSUE_TILE(j_first);
 async_commit();
 threadgroup_barrier(mem_flags::mem_threadgroup);
 
@@ -133,12 +142,12 @@ for (uint rb = 0; rb < RB; ++rb) {
   qpos[rb] = pos + min(q0 + row + r, n_tok - 1);
 }
 
-for (uint j = 0; j < n_tiles; ++j) {
+for (uint j = j_first; j < n_tiles; ++j) {
   async_wait<0>();
   threadgroup_barrier(mem_flags::mem_threadgroup);  // tile j is in; tile j-1 (and Q) is done with
   if (j + 1 < n_tiles) ISSUE_TILE(j + 1);
   async_commit();
-  const auto ks = kv_s + (j & 1u) * STAGE;
+  const auto ks = kv_s + ((j - j_first) & 1u) * STAGE;
   const auto vs = ks + BK * KST;
 
   simdgroup_float8x8 s[RB][KB];
@@ -170,17 +179,19 @@ for (uint j = 0; j < n_tiles; ++j) {
     for (uint kb = 0; kb < KB; ++kb) {
       x[kb] = s[rb][kb].thread_elements();
       const uint key = j * BK + kb * 8 + c;
-      x[kb].x = key <= qpos[rb] ? x[kb].x * scale_log2 : NEG_INF;
-      x[kb].y = key + 1 <= qpos[rb] ? x[kb].y * scale_log2 : NEG_INF;
+      x[kb].x = SEES(key, qpos[rb]) ? x[kb].x * scale_log2 : NEG_INF;
+      x[kb].y = SEES(key + 1, qpos[rb]) ? x[kb].y * scale_log2 : NEG_INF;
       row_max = max(row_max, max(x[kb].x, x[kb].y));
     }
-    // Tile 0 holds key 0, which every row sees: the running max is finite from there on.
+    // Tile 0 holds key 0, which every row sees: the running max is finite from there on (with a
+    // window, a row may see nothing yet: m_safe).
     const float m_new = max(m_run[rb], sg8x8_row_max(row_max));
-    const float alpha = exp2(m_run[rb] - m_new);
+    const float m_safe = LATHE_WINDOW > 0 && m_new == NEG_INF ? 0.0f : m_new;
+    const float alpha = exp2(m_run[rb] - m_safe);
     float row_sum = 0.0f;
     LATHE_UNROLL
     for (uint kb = 0; kb < KB; ++kb) {
-      const float p0 = exp2(x[kb].x - m_new), p1 = exp2(x[kb].y - m_new);
+      const float p0 = exp2(x[kb].x - m_safe), p1 = exp2(x[kb].y - m_safe);
       row_sum += p0 + p1;
       p[rb][kb] = make_filled_simdgroup_matrix<half, 8, 8>(half(0.0f));
       p[rb][kb].thread_elements() = half2(half(p0), half(p1));

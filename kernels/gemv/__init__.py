@@ -1,4 +1,5 @@
-"""Quantized matrix-vector products on GGUF blocks (Q4_0, Q8_0; v3 also Q4_K, Q5_K, Q6_K):
+"""Quantized matrix-vector products on GGUF blocks (Q4_0, Q8_0; v3 also Q4_K, Q5_K, Q6_K and the
+legacy affine blocks Q4_1, Q5_0, Q5_1):
 Y[M, N] = X[M, K] @ W^T.
 
 W is the [N, K / 32 * block bytes] uint8 matrix of reference.quant (GGUF's own bytes: a GGUF
@@ -47,7 +48,12 @@ QTYPES = {"q4_0": (0, 18), "q8_0": (1, 34)}
 # The K-quants (reference/kquant.py): (QTYPE code, bytes a super-block of 256). The v3 GEMVs
 # (repacked weights) and `dequantize` read them; v1 and v2 take Q4_0 and Q8_0 only.
 K_QTYPES = {"q4_k": (2, 144), "q5_k": (3, 176), "q6_k": (4, 210)}
-V3_QTYPES = (*QTYPES, *K_QTYPES)
+# The legacy affine blocks of 32 (reference/quant.py): (QTYPE code, bytes a block). Repacked as
+# the K-quants are (their chunks of 32 are the blocks: low nibbles, fifth bits, then each block's
+# d, or d and m), they run in v3 only, on the K-quants' code path: value d * q - offset, the
+# offset 16 d (Q5_0) or -m (Q4_1, Q5_1). Code 5 is the embedding's F16 (kernels.loop).
+LEGACY_QTYPES = {"q4_1": (6, 20), "q5_0": (7, 22), "q5_1": (8, 24)}
+V3_QTYPES = (*QTYPES, *K_QTYPES, *LEGACY_QTYPES)
 MAX_M = 4  # rows of X a GEMV launch takes; linear() goes past it
 ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 
@@ -112,19 +118,29 @@ _V1 = KernelSpec(name="lathe_gemv_v1", body="gemv/gemv.metal",
 _V2_EXTRA = {"plain": (), "rmsnorm": ("gamma", "eps"), "swiglu": ()}
 
 
+ACTIVATIONS = {"silu": 0, "gelu": 1}  # the gate's activation (lathe.h's gate_act; harness.arch.ACTIVATIONS)
+
+
 @functools.cache
-def _gemv_spec(version: str, prologue: str, residual: bool, swiglu_out: bool = False, pair: bool = False) -> KernelSpec:
+def _gemv_spec(version: str, prologue: str, residual: bool, swiglu_out: bool = False, pair: bool = False,
+               activation: str = "silu", wide_x: bool = False) -> KernelSpec:
     """One v2 or v3 instantiation family: its prologue (what X' is), whether Y adds a residual,
-    and (v3) whether Y is silu(gate) * up of a [gate; up] matrix's two products, or (pair) the
-    products of two matrices of their own block types, side by side."""
+    and (v3) whether Y is act(gate) * up of a [gate; up] matrix's two products, or (pair) the
+    products of two matrices of their own block types, side by side. `activation`: the gate's
+    (SiLU, or GELU) where the prologue or the epilogue applies one; `wide_x` (v3's RMSNorm
+    prologue): X is float32, a residual stream past fp16's range (Gemma's)."""
     name = {"plain": "lathe_gemv", "rmsnorm": "lathe_rmsnorm_gemv",
             "swiglu": "lathe_silu_down_gemv"}[prologue] + ("_swiglu_out" if swiglu_out else "") + f"_{version}"
-    return KernelSpec(name + ("_residual" if residual else "") + ("_pair" if pair else ""), f"gemv/gemv_{version}.metal",
+    name += ("_residual" if residual else "") + ("_pair" if pair else "")
+    name += ("_gelu" if activation == "gelu" else "") + ("_x32" if wide_x else "")
+    return KernelSpec(name, f"gemv/gemv_{version}.metal",
                       ("x", "w", "dims", *_V2_EXTRA[prologue], *(("residual",) if residual else ()),
                        *(("w_b", "dims_b") if pair else ())),
                       ("y",), prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
                                       f"#define LATHE_RESIDUAL {int(residual)}\n"
-                                      f"#define LATHE_EPILOGUE {int(swiglu_out)}"
+                                      f"#define LATHE_EPILOGUE {int(swiglu_out)}\n"
+                                      f"#define LATHE_ACT {ACTIVATIONS[activation]}\n"
+                                      f"#define LATHE_X32 {int(wide_x)}"
                                       + (f"\n#define LATHE_PAIR {int(pair)}" if version == "v3" else ""),
                       threadgroup_bytes=_v2_threadgroup_bytes if version == "v2" else _v3_threadgroup_bytes)
 
@@ -156,6 +172,8 @@ def block_format(qtype: str) -> tuple[int, int, int]:
     """(QTYPE code, weights a block, bytes a block) of a GEMV format or a K-quant."""
     if qtype in QTYPES:
         return QTYPES[qtype][0], 32, QTYPES[qtype][1]
+    if qtype in LEGACY_QTYPES:
+        return LEGACY_QTYPES[qtype][0], 32, LEGACY_QTYPES[qtype][1]
     return K_QTYPES[qtype][0], 256, K_QTYPES[qtype][1]
 
 
@@ -205,15 +223,17 @@ def _check_norm(gamma: mx.array, eps: float, k: int) -> None:
 
 
 def check_gemv_args(x: mx.array, w: mx.array, qtype: str, n: int, k: int,
-                    x_width: int | None = None, max_m: int | None = MAX_M) -> None:
+                    x_width: int | None = None, max_m: int | None = MAX_M, wide_x: bool = False) -> None:
     """Every argument check of the GEMV kernels (before any launch). `x_width` is X's row length
     where it is not K (2K for the gate+up input of silu_down_gemv); `max_m=None` takes any M.
-    The K-quants only as repacked weights (Packed: the v3 GEMVs)."""
-    if qtype in K_QTYPES and not isinstance(w, Packed):
+    The K-quants and the legacy affine blocks only as repacked weights (Packed: the v3 GEMVs).
+    X is fp16; float32 where `wide_x` (the RMSNorm prologue of a float32 residual stream)."""
+    if (qtype in K_QTYPES or qtype in LEGACY_QTYPES) and not isinstance(w, Packed):
         raise ValueError(f"{qtype} runs on repacked weights only (kernels.gemv.repack, the v3 GEMVs); "
                          f"GGUF blocks go to v1/v2, which take {tuple(QTYPES)}")
     _check_qtype_shape(qtype, n, k, V3_QTYPES if isinstance(w, Packed) else tuple(QTYPES))
-    _check_fp16("activations", x)
+    if not (wide_x and isinstance(x, mx.array) and x.dtype == mx.float32):
+        _check_fp16("activations", x)
     width = k if x_width is None else x_width
     if x.ndim != 2 or x.shape[1] != width or x.shape[0] < 1 or (max_m and x.shape[0] > max_m):
         limit = f"M in 1..{max_m}" if max_m else "M >= 1"
@@ -340,7 +360,7 @@ def v2_groups(n: int, k: int, r: int, s: int, xchunk: int, max_groups: int | Non
 
 
 def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: str, n: int,
-        k: int, knobs: dict, residual: mx.array | None = None) -> mx.array:
+        k: int, knobs: dict, residual: mx.array | None = None, activation: str = "silu") -> mx.array:
     if isinstance(w, Packed):
         raise ValueError("v2 takes GGUF blocks; repacked (Packed) weights go to the v3 GEMVs")
     w = w.reshape(-1)
@@ -353,7 +373,8 @@ def _v2(prologue: str, inputs: list[mx.array], x: mx.array, w: mx.array, qtype: 
     groups = v2_groups(n, k, r, s, xchunk, knobs.get("max_groups"))
     consts = dict(QTYPE=QTYPES[qtype][0], M=m, R=r, NSIMD=s, ALIGNED=(k // 32) % 8 == 0,
                   XCHUNK=xchunk, SLOTS=slots)
-    (y,) = launch(Launch(_gemv_spec("v2", prologue, residual is not None), [x, w, _dims(n, k, groups), *inputs],
+    (y,) = launch(Launch(_gemv_spec("v2", prologue, residual is not None, activation=activation),
+                         [x, w, _dims(n, k, groups), *inputs],
                          [((m, n), mx.float16)],
                          (groups * 32 * s, 1, 1), (32 * s, 1, 1), consts))
     return y
@@ -377,8 +398,9 @@ def _knobs(knobs: dict) -> dict:
 def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: str, n: int,
                  k: int, *, w_b: Packed | None = None, **knobs: int | None) -> mx.array:
     """(RMSNorm(X) * gamma) @ W^T in one launch: X is normalized while it is staged. w_b (v3
-    only): a second matrix whose products follow W's in Y, as gemv_v3's."""
-    check_gemv_args(x, w, qtype, n, k)
+    only): a second matrix whose products follow W's in Y, as gemv_v3's. On repacked weights X
+    may be float32 (a residual stream past fp16's range: Gemma's)."""
+    check_gemv_args(x, w, qtype, n, k, wide_x=isinstance(w, Packed))
     _check_norm(gamma, eps, k)
     if isinstance(w, Packed):
         return _v3("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, knobs, w_b=w_b)
@@ -388,13 +410,19 @@ def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: s
 
 
 def silu_down_gemv(gate_up: mx.array, w: mx.array, qtype: str, n: int, k: int, *,
-                   residual: mx.array | None = None, **knobs: int | None) -> mx.array:
-    """(silu(gate) * up) @ W^T (+ residual) with gate_up = [gate | up] as [M, 2K] (a fused
-    gate+up output)."""
+                   residual: mx.array | None = None, activation: str = "silu", **knobs: int | None) -> mx.array:
+    """(act(gate) * up) @ W^T (+ residual) with gate_up = [gate | up] as [M, 2K] (a fused
+    gate+up output); act SiLU, or GELU (`activation`, ACTIVATIONS)."""
     check_gemv_args(gate_up, w, qtype, n, k, x_width=2 * k)
+    _check_activation(activation)
     if isinstance(w, Packed):
-        return _v3("swiglu", [], gate_up, w, qtype, n, k, knobs, residual)
-    return _v2("swiglu", [], gate_up, w, qtype, n, k, _knobs(knobs), residual)
+        return _v3("swiglu", [], gate_up, w, qtype, n, k, knobs, residual, activation=activation)
+    return _v2("swiglu", [], gate_up, w, qtype, n, k, _knobs(knobs), residual, activation)
+
+
+def _check_activation(activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
 
 
 # ---- v3: weights repacked when the model loads ----------------------------------------------------
@@ -420,6 +448,8 @@ def repack(w: mx.array, qtype: str, n: int, k: int) -> Packed:
     _check_weights(w, qtype, n, k)
     if qtype in K_QTYPES:
         return _repack_k(w, qtype, n, k)
+    if qtype in LEGACY_QTYPES:
+        return _repack_legacy(w, qtype, n, k)
     blocks = w.reshape(n, k // 32, QTYPES[qtype][1])
     data = mx.concatenate([blocks[:, :, 2:].reshape(-1), blocks[:, :, :2].reshape(-1)])
     mx.eval(data)
@@ -482,6 +512,25 @@ def _repack_k(w: mx.array, qtype: str, n: int, k: int) -> Packed:
             heads.append(part[..., :16].reshape(-1))
         mx.eval(quants[-1], *high[-1:], heads[-1], *ds[-1:])
     data = mx.concatenate(quants + high + heads + ds)
+    mx.eval(data)
+    return Packed(data, qtype, n, k)
+
+
+def _repack_legacy(w: mx.array, qtype: str, n: int, k: int) -> Packed:
+    """Q4_1, Q5_0, Q5_1 in the K-quants' regions (reference.quant.pack_legacy): each block's 16
+    bytes of nibbles as GGUF has them (Q4_0's order), its fifth bits moved to Q5_K's places
+    (_high_words), then each block's d (Q5_0) or d and m, side by side."""
+    bb = LEGACY_QTYPES[qtype][1]
+    blocks = w.reshape(n * (k // 32), bb)
+    heads = 2 if qtype == "q5_0" else 4  # d, or d and m, first in the block
+    parts = [blocks[:, bb - 16:].reshape(-1)]
+    if qtype != "q4_1":
+        qh = blocks[:, heads:heads + 4].reshape(-1, 4).astype(mx.uint32)
+        word = qh[:, 0] | (qh[:, 1] << 8) | (qh[:, 2] << 16) | (qh[:, 3] << 24)
+        fifth = ((word[:, None] >> mx.arange(32, dtype=mx.uint32)) & 1).astype(mx.uint8)
+        parts.append(_high_words((fifth << 4).reshape(1, -1, 32), "q5_k"))
+    parts.append(blocks[:, :heads].reshape(-1))
+    data = mx.concatenate(parts)
     mx.eval(data)
     return Packed(data, qtype, n, k)
 
@@ -559,7 +608,7 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
 
 def stages_alike(a: str, b: str) -> bool:
     """Whether v3 GEMVs of block types a and b can share a launch: one X' staging (v3_tiles.metal:
-    Q8_0 16 values a chunk, Q4_0 and the K-quants 32)."""
+    Q8_0 16 values a chunk, every other type 32)."""
     return (a == "q8_0") == (b == "q8_0")
 
 
@@ -587,7 +636,7 @@ def _v3_groups(qtype: str, n: int, k: int, r: int, s: int, xchunk: int, cap: int
 
 def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: str, n: int, k: int,
         knobs: dict, residual: mx.array | None = None, swiglu_out: bool = False,
-        w_b: Packed | None = None) -> mx.array:
+        w_b: Packed | None = None, activation: str = "silu") -> mx.array:
     if not isinstance(w, Packed):
         raise ValueError("v3 takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
@@ -616,7 +665,9 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
         groups_b = _v3_groups(w_b.qtype, w_b.n, k, r_b, s, xchunk)
         consts.update(QTYPE_B=block_format(w_b.qtype)[0], R_B=r_b, P_B=p_b)
         launched, n_y, pair = groups + groups_b, n_out + w_b.n, [w_b.data, _dims(w_b.n, k, groups_b)]
-    (y,) = launch(Launch(_gemv_spec("v3", prologue, residual is not None, swiglu_out, w_b is not None),
+    wide_x = x.dtype == mx.float32  # the RMSNorm prologue over a float32 stream (check_gemv_args)
+    (y,) = launch(Launch(_gemv_spec("v3", prologue, residual is not None, swiglu_out, w_b is not None,
+                                    activation, wide_x),
                          [x, w.data, _dims(n, k, groups), *inputs, *pair],
                          [((m, n_y), mx.float16)], (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts))
     return y
@@ -633,13 +684,15 @@ def gemv_v3(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
 
 
 def gate_up_swiglu(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, gamma: mx.array | None = None,
-                   eps: float | None = None, **knobs: int | None) -> mx.array:
+                   eps: float | None = None, activation: str = "silu", **knobs: int | None) -> mx.array:
     """silu(X' @ W_gate^T) * (X' @ W_up^T) -> [M, n / 2] in one launch: W = [gate; up] (concat_rows
     of the two, repacked: n = 2F rows), X' = X, or RMSNorm(X) * gamma with `gamma` and `eps`.
     The FFN's activation rides in the gate+up GEMV's epilogue (each SIMD group holds gate row i
     and up row i), so the down projection after it is a plain GEMV over [M, F]. v3 only (Packed
-    weights); knobs as gemv_v3's, rows even."""
-    check_gemv_args(x, w, qtype, n, k)
+    weights); knobs as gemv_v3's, rows even. `activation`: SiLU, or GELU (GeGLU: Gemma); X may
+    be float32 with the RMSNorm prologue (rmsnorm_gemv's)."""
+    check_gemv_args(x, w, qtype, n, k, wide_x=gamma is not None)
+    _check_activation(activation)
     if not isinstance(w, Packed):
         raise ValueError("gate_up_swiglu runs on repacked weights (kernels.gemv.repack), not GGUF blocks")
     if n % 2:
@@ -647,9 +700,10 @@ def gate_up_swiglu(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, gamma:
     if (gamma is None) != (eps is None):
         raise ValueError("the RMSNorm prologue takes both gamma and eps")
     if gamma is None:
-        return _v3("plain", [], x, w, qtype, n, k, knobs, swiglu_out=True)
+        return _v3("plain", [], x, w, qtype, n, k, knobs, swiglu_out=True, activation=activation)
     _check_norm(gamma, eps, k)
-    return _v3("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, knobs, swiglu_out=True)
+    return _v3("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, knobs, swiglu_out=True,
+               activation=activation)
 
 
 def gemv(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
@@ -818,8 +872,8 @@ def quantize(w: mx.array, qtype: str, check_finite: bool = True) -> mx.array:
 
 def dequantize(q: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
     """[N, K/32 * block bytes] blocks, or Packed -> fp16 [N, K] (each value (q - 8) d or q d, rounded once).
-    The K-quants too: [N, K/256 * super-block bytes] -> fp16 [N, K]."""
-    _check_qtype_shape(qtype, n, k, (*QTYPES, *K_QTYPES))
+    The K-quants too: [N, K/256 * super-block bytes] -> fp16 [N, K]; and Q4_1, Q5_0, Q5_1."""
+    _check_qtype_shape(qtype, n, k, V3_QTYPES)
     _check_weights(q, qtype, n, k)
     packed = isinstance(q, Packed)
     # a thread 32 weights (a block, or part of a K-quant super-block), or 8 of a repacked Q4_0/Q8_0

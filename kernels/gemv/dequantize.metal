@@ -3,9 +3,10 @@
 // a sub-block's worth of a 256-weight super-block each: Q4_K (QTYPE 2) and Q5_K (3) d * sc * q -
 // dmin * m (the product and the difference may fuse into one rounding on the GPU: a checked
 // fp16 step at most), Q6_K (4) d * scale * (q - 32).
+// Q4_1 (6), Q5_0 (7), Q5_1 (8): d q + m, d (q - 16) and d q + m, a block each (legacy_block.metal).
 // PACKED 1: q is repacked (kernels.gemv.repack: Q4_0/Q8_0 every block's quants, then every scale;
-// the K-quants reference/kquant.py's layout), so the prompt path reads the decode loop's one copy
-// of the weights without unpacking it.
+// the K-quants reference/kquant.py's layout, the legacy blocks reference/quant.py's pack_legacy),
+// so the prompt path reads the decode loop's one copy of the weights without unpacking it.
 // SPLIT 4 (repacked Q4_0/Q8_0 only): four threads a block, each 8 weights: one 8-byte load of
 // quants and one 16-byte store, so a SIMD group's stores cover 512 contiguous bytes (SPLIT 1, a
 // thread a block, stores 16 bytes at a 64-byte stride, 4 times: 1.3 TB/s on the H100 for the
@@ -44,9 +45,10 @@ if (QTYPE >= 2 && PACKED) {
   const uint chunks = n * nb;
   const uint4 lowq = load_wide<uint4>(q, blk);
   const uint lw[4] = {lowq.x, lowq.y, lowq.z, lowq.w};
-  const uint high_at = chunks * 16, scales_at = high_at + chunks * (QTYPE == 3 ? 4 : QTYPE == 4 ? 8 : 0);
+  constexpr bool FIFTH = QTYPE == 3 || QTYPE == 7 || QTYPE == 8;
+  const uint high_at = chunks * 16, scales_at = high_at + chunks * (FIFTH ? 4 : QTYPE == 4 ? 8 : 0);
   uint h0 = 0u, h1 = 0u;
-  if (QTYPE == 3) h0 = load_wide<uint>(q, high_at / 4 + blk);
+  if (FIFTH) h0 = load_wide<uint>(q, high_at / 4 + blk);
   if (QTYPE == 4) {
     const uint2 h = load_wide<uint2>(q, high_at / 8 + blk);
     h0 = h.x, h1 = h.y;
@@ -57,6 +59,13 @@ if (QTYPE >= 2 && PACKED) {
     const float d = float(as_type<half>(load_wide<ushort>(q, (scales_at + chunks * 2) / 2 + blk / 8)));
     lo_scale = d * float(int(pair << 24) >> 24);
     hi_scale = d * float(int(pair << 16) >> 24);
+  } else if (QTYPE == 7) {  // Q5_0: d (q - 16)
+    lo_scale = hi_scale = float(as_type<half>(load_wide<ushort>(q, scales_at / 2 + blk)));
+    offset = 16.0f * lo_scale;
+  } else if (QTYPE >= 6) {  // Q4_1, Q5_1: d q + m
+    const half2 dm = as_type<half2>(load_wide<uint>(q, scales_at / 4 + blk));
+    lo_scale = hi_scale = float(dm.x);
+    offset = -float(dm.y);
   } else {
     const uint4 head = load_wide<uint4>(q, scales_at / 16 + blk / 8);
     const uint j = blk % 8, shift = 8 * (j % 4);
@@ -70,7 +79,7 @@ if (QTYPE >= 2 && PACKED) {
   for (uint l = 0; l < 32; ++l) {
     const uint hi_half = l / 16, t = l % 16 / 4, b = l % 4;  // byte b of word t
     uint level = (lw[t] >> (8 * b + 4 * hi_half)) & 15u;
-    if (QTYPE == 3) level |= ((h0 >> (8 * b + 4 * hi_half + t)) & 1u) << 4;
+    if (FIFTH) level |= ((h0 >> (8 * b + 4 * hi_half + t)) & 1u) << 4;
     if (QTYPE == 4) level |= (((hi_half ? h1 : h0) >> (8 * b + 2 * t)) & 3u) << 4;
     if (QTYPE == 4) {
       v[l] = (hi_half ? hi_scale : lo_scale) * float(int(level) - 32);
@@ -78,6 +87,11 @@ if (QTYPE >= 2 && PACKED) {
       v[l] = lo_scale * float(level) - offset;
     }
   }
+} else if (QTYPE >= 6) {
+  const uint base = blk * (QTYPE == 6 ? 20u : QTYPE == 7 ? 22u : 24u);
+#define LB_BYTES q
+#include "gemv/legacy_block.metal"
+#undef LB_BYTES
 } else if (QTYPE >= 2) {
   constexpr uint SB = kquant_super_bytes<QTYPE>();
   const uint c = blk % 8, base = blk / 8 * SB;  // this thread's 32 weights: part c of a super-block

@@ -7,13 +7,18 @@
 // pair writes two matrices' columns side by side).
 // QR: 0 Q4_0, 1 Q8_0, and the K-quants 2 Q4_K, 3 Q5_K, 4 Q6_K, whose repacked chunk is 32
 // weights' low 4 bits in Q4_0's nibble order, their higher bits (HB bytes a chunk) and scales in
-// regions of their own (reference/kquant.py has the layout).
+// regions of their own (reference/kquant.py has the layout); the legacy affine blocks 6 Q4_1,
+// 7 Q5_0, 8 Q5_1 repacked the same way, a chunk a block, its d (and m) in the scales region
+// (reference/quant.py's pack_legacy): Q4_K's arithmetic, d * level - offset.
 // gemv_v3.metal runs it once as its own threadgroup; seam.metal runs two GEMVs, each over groups
 // it claims. The design is gemv_v3.metal's.
 static_assert(VALS == (QR == 1 ? 16u : 32u), "X' is staged for the launch's QTYPE: Q8_0 apart from the others");
-constexpr bool KQUANT = QR >= 2;
+constexpr bool KQUANT = QR >= 2;             // the repacked regions (K-quants and legacy blocks)
+constexpr bool LEGACY = QR >= 6;             // Q4_1, Q5_0, Q5_1: a scale (and min) a chunk
+constexpr bool FIFTH = QR == 3 || QR == 7 || QR == 8;  // a fifth bit a weight (Q5_K, Q5_0, Q5_1)
 constexpr uint QB = QR == 1 ? 32 : 16;       // bytes of a block's quants (K-quants: a chunk's low bits)
-constexpr uint HB = QR == 3 ? 4 : QR == 4 ? 8 : 0;  // K-quants: bytes of high bits a chunk
+constexpr uint HB = FIFTH ? 4 : QR == 4 ? 8 : 0;  // K-quants: bytes of high bits a chunk
+constexpr uint SB = QR == 6 || QR == 8 ? 4 : 2;  // bytes of scales a chunk (K-quants: 16 a super-block)
 constexpr uint NB = KR / 32;                 // blocks a row
 constexpr uint NC = KR / VALS;               // chunks a row
 constexpr uint CHUNKS = (NC + XC - 1) / XC;  // X' chunks
@@ -26,9 +31,12 @@ const uint scales = n * NB * QB / 2;  // Q4_0/Q8_0: the first scale, in 2-byte w
 const uint k_high = n * NC * 16, k_scales = k_high + n * NC * HB;
 
 // LATHE_EPILOGUE 1 (SwiGLU out): W is [gate; up], F = N / 2 rows each, and Y[m, i] =
-// silu(X' . gate_i) * (X' . up_i) for i < F. A row group is then RR / 2 outputs: its first RR / 2
+// act(X' . gate_i) * (X' . up_i) for i < F (SiLU; GELU with LATHE_ACT 1). A row group is then RR / 2 outputs: its first RR / 2
 // rows are the gate rows of those outputs and its last RR / 2 their up rows, so both sums of an
 // output end in one SIMD group and meet in lane 0 (no [M, 2F] round trip through memory).
+#ifndef LATHE_ACT
+#define LATHE_ACT 0  // the gate's activation (lathe.h's gate_act): SiLU unless the prelude says
+#endif
 #if defined(LATHE_EPILOGUE) && LATHE_EPILOGUE == 1
 constexpr bool SWIGLU_OUT = true;
 #else
@@ -80,6 +88,18 @@ for (uint it = 0; it < items; ++it) {
         if (!KQUANT) {
           dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, scales + row * NB + (xc0 + c) * VALS / 32)))
                           : 0.0f;
+        } else if (LEGACY) {
+          // the block's fp16 d (Q5_0: offset 16 d) or d and m (Q4_1, Q5_1: offset -m)
+          if (QR == 7) {
+            const float d = live ? float(as_type<half>(load_wide<ushort>(w, k_scales / 2 + chunk))) : 0.0f;
+            dw[r][p] = d;
+            dk[r][p] = 16.0f * d;
+          } else {
+            const half2 dm = live ? as_type<half2>(load_wide<uint>(w, k_scales / 4 + chunk)) : half2(half(0.0f), half(0.0f));
+            dw[r][p] = float(dm.x);
+            dk[r][p] = -float(dm.y);
+          }
+          hb[r][p][0] = FIFTH && live ? load_wide<uint>(w, k_high / 4 + chunk) : 0u;
         } else if (QR == 4) {
           // two int8 scales (the chunk's two sub-blocks of 16), and the super-block's fp16 d
           const uint pair = live ? uint(load_wide<ushort>(w, k_scales / 2 + chunk)) : 0u;
@@ -124,7 +144,7 @@ for (uint it = 0; it < items; ++it) {
                 prefetch_l2(w, size_t(scales) * 2 + r0 * NB * 2, rows * NB * 2, lane, 32);
               } else {  // the high bits and the scales: HB and 2 bytes a chunk (Q6_K's d, NC / 4, left out)
                 prefetch_l2(w, k_high + r0 * NC * HB, rows * NC * HB, lane, 32);
-                prefetch_l2(w, k_scales + r0 * NC * 2, rows * NC * 2, lane, 32);
+                prefetch_l2(w, k_scales + r0 * NC * SB, rows * NC * SB, lane, 32);
               }
             }
           }
@@ -163,7 +183,7 @@ for (uint it = 0; it < items; ++it) {
         dx[m] = x_scale[m * (XCHUNK / 32) + blk];
         // Q4_0 takes 8 off each level, Q4_K/Q5_K a min per chunk: both by the block's sum of X'
         offset[m] = QR == 0 ? 8 * x_sum[m * (XCHUNK / 32) + blk]
-                            : QR == 2 || QR == 3 ? x_sum[m * (XCHUNK / 32) + blk] : 0;
+                            : KQUANT && QR != 4 ? x_sum[m * (XCHUNK / 32) + blk] : 0;
       }
       LATHE_UNROLL
       for (uint r = 0; r < uint(RR); ++r) {
@@ -175,7 +195,7 @@ for (uint it = 0; it < items; ++it) {
           for (uint t = 0; t < 4; ++t) {
             if (QR != 1) {  // word t: values 4t.. (low nibbles) and 16 + 4t.. (high nibbles)
               uint lo = qw[t] & 0x0f0f0f0fu, hi = (qw[t] >> 4) & 0x0f0f0f0fu;
-              if (QR == 3) {  // the fifth bits, one a byte
+              if (FIFTH) {  // the fifth bits, one a byte
                 lo |= ((hb[r][p][0] >> t) & 0x01010101u) << 4;
                 hi |= ((hb[r][p][0] >> (4 + t)) & 0x01010101u) << 4;
               } else if (QR == 4) {  // bits 4-5, then level - 32 as int8 in each byte (no borrows:
@@ -199,7 +219,7 @@ for (uint it = 0; it < items; ++it) {
           }
           if (QR == 4) {  // a scale for each half of the chunk
             acc[r][m] = fma(dx[m], fma(dw[r][p], float(lo_dot), dk[r][p] * float(hi_dot)), acc[r][m]);
-          } else if (KQUANT) {  // d * sc * (levels . X') - dmin * m * (sum of X')
+          } else if (KQUANT) {  // d * sc * (levels . X') - dmin * m * (sum of X') (legacy: d, offset)
             acc[r][m] = fma(dx[m], fma(dw[r][p], float(lo_dot + hi_dot), -dk[r][p] * float(offset[m])), acc[r][m]);
           } else {
             acc[r][m] = fma(dw[r][p] * dx[m], float(lo_dot + hi_dot - offset[m]), acc[r][m]);
@@ -222,7 +242,7 @@ for (uint it = 0; it < items; ++it) {
         if (lane != 0 || col >= n_out) continue;
         float v = total[r][m];
         if (SWIGLU_OUT) {
-          v = v / (1.0f + exp(-v)) * total[SWIGLU_OUT ? r + RO : r][m];
+          v = gate_act<LATHE_ACT>(v) * total[SWIGLU_OUT ? r + RO : r][m];
         }
 #if LATHE_RESIDUAL
         v += float(residual[m * n_out + col]);

@@ -1,13 +1,42 @@
 // Stage one chunk of X' in threadgroup memory as int16 with one scale per block of 32 (1/32767
 // of the block's largest magnitude) and the sum of the block's int16 values (Q4_0 takes its -8
-// off as 8 * that sum). X' is X, RMSNorm(X) * gamma (LATHE_PROLOGUE 1) or silu(gate) * up of
-// X = [gate | up] (2), computed here: no normalized or activated copy in device memory.
+// off as 8 * that sum). X' is X, RMSNorm(X) * gamma (LATHE_PROLOGUE 1) or act(gate) * up of
+// X = [gate | up] (2; act: SiLU, or GELU where LATHE_ACT is 1), computed here: no normalized or
+// activated copy in device memory.
 // Shared by the v2 and v3 GEMVs, which differ only in where the values go: the includer's
 // X_STORE(m, e, packed) stores the 16 values of row m from value e of the chunk (a multiple of
 // 16), packed two to a uint (packed[0] = values e, e + 1, ...).
 // The scope names: x, k, nb, gamma and eps (prologue 1), tid, NT, M, XCHUNK, cb0 (the chunk's
 // first block), x_scale and x_sum (M * XCHUNK / 32 each), inv_rms, scratch, simd, lane.
 // Every thread of the threadgroup runs it; it begins and ends with a threadgroup barrier.
+#ifndef LATHE_ACT
+#define LATHE_ACT 0
+#endif
+#ifndef LATHE_X32
+#define LATHE_X32 0
+#endif
+// X_EIGHT(p, i, e): values 8i .. 8i + 7 of p into float e[8]; p half, or float where LATHE_X32
+// (v3's RMSNorm prologue over a float32 residual stream: Gemma's passes fp16's range).
+#if LATHE_X32
+#define X_EIGHT(p, i, e)                                                                       \
+  {                                                                                            \
+    const uint4 lo_ = load_wide<uint4>(p, 2 * (i)), hi_ = load_wide<uint4>(p, 2 * (i) + 1);   \
+    e[0] = as_type<float>(lo_.x), e[1] = as_type<float>(lo_.y);                                \
+    e[2] = as_type<float>(lo_.z), e[3] = as_type<float>(lo_.w);                                \
+    e[4] = as_type<float>(hi_.x), e[5] = as_type<float>(hi_.y);                                \
+    e[6] = as_type<float>(hi_.z), e[7] = as_type<float>(hi_.w);                                \
+  }
+#else
+#define X_EIGHT(p, i, e)                                                                       \
+  {                                                                                            \
+    const uint4 w_ = load_wide<uint4>(p, i);                                                   \
+    const uint u_[4] = {w_.x, w_.y, w_.z, w_.w};                                               \
+    for (uint j_ = 0; j_ < 4; ++j_) {                                                          \
+      const half2 h_ = as_type<half2>(u_[j_]);                                                 \
+      e[2 * j_] = float(h_.x), e[2 * j_ + 1] = float(h_.y);                                    \
+    }                                                                                          \
+  }
+#endif
 {
 #if LATHE_PROLOGUE == 1
   if (cb0 == 0) {
@@ -15,12 +44,9 @@
     for (uint m = 0; m < uint(M); ++m) {
       float ss = 0.0f;
       for (uint i = tid; i < k / 8; i += NT) {
-        const uint4 v = load_wide<uint4>(x + m * k, i);
-        const uint u[4] = {v.x, v.y, v.z, v.w};
-        for (uint j = 0; j < 4; ++j) {
-          const half2 hx = as_type<half2>(u[j]);
-          ss += float(hx.x) * float(hx.x) + float(hx.y) * float(hx.y);
-        }
+        float e[8];
+        X_EIGHT(x + m * k, i, e);
+        for (uint j = 0; j < 8; ++j) ss += e[j] * e[j];
       }
       const float total = threadgroup_sum<NSIMD>(ss, scratch, simd, lane);
       if (tid == 0) inv_rms[m] = rsqrt(total / float(k) + eps[0]);
@@ -47,8 +73,8 @@
       const auto src = x + m * k;
 #endif
       for (uint q = 0; q < 2; ++q) {
-        const uint4 g = load_wide<uint4>(src, k0 / 8 + q);
-        const uint gw[4] = {g.x, g.y, g.z, g.w};
+        float xe[8];
+        X_EIGHT(src, k0 / 8 + q, xe);
 #if LATHE_PROLOGUE == 1
         const uint4 s4 = load_wide<uint4>(gamma, k0 / 8 + q);
         const uint sw[4] = {s4.x, s4.y, s4.z, s4.w};
@@ -57,16 +83,15 @@
         const uint uw[4] = {u4.x, u4.y, u4.z, u4.w};
 #endif
         for (uint j = 0; j < 4; ++j) {
-          const half2 h = as_type<half2>(gw[j]);
-          float a = float(h.x), b = float(h.y);
+          float a = xe[2 * j], b = xe[2 * j + 1];
 #if LATHE_PROLOGUE == 1
           const half2 gm = as_type<half2>(sw[j]);
           a = a * inv_rms[m] * float(gm.x);
           b = b * inv_rms[m] * float(gm.y);
 #elif LATHE_PROLOGUE == 2
           const half2 uh = as_type<half2>(uw[j]);
-          a = a / (1.0f + exp(-a)) * float(uh.x);
-          b = b / (1.0f + exp(-b)) * float(uh.y);
+          a = gate_act<LATHE_ACT>(a) * float(uh.x);
+          b = gate_act<LATHE_ACT>(b) * float(uh.y);
 #endif
           v[q * 8 + 2 * j] = a;
           v[q * 8 + 2 * j + 1] = b;
@@ -96,3 +121,4 @@
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
+#undef X_EIGHT

@@ -17,12 +17,17 @@ EMBED_TYPES = {**{q: block_format(q) for q in V3_QTYPES}, "f16": (5, 1, 1)}
 
 _RMSNORM = {
     False: KernelSpec("lathe_rmsnorm", "loop/rmsnorm.metal", ("x", "gamma", "dims", "eps"), ("y",),
-                      prelude="#define LATHE_RESIDUAL 0", threadgroup_bytes=lambda c: 4 * c["NSIMD"]),
+                      prelude="#define LATHE_RESIDUAL 0\n#define LATHE_X32 0", threadgroup_bytes=lambda c: 4 * c["NSIMD"]),
     True: KernelSpec("lathe_residual_rmsnorm", "loop/rmsnorm.metal",
                      ("x", "residual", "gamma", "dims", "eps"), ("y", "sum"),
-                     prelude="#define LATHE_RESIDUAL 1", threadgroup_bytes=lambda c: 4 * c["NSIMD"]),
+                     prelude="#define LATHE_RESIDUAL 1\n#define LATHE_X32 0", threadgroup_bytes=lambda c: 4 * c["NSIMD"]),
+    # a float32 x (a residual stream past fp16's range: Gemma's), the normalized rows fp16
+    "x32": KernelSpec("lathe_rmsnorm_x32", "loop/rmsnorm.metal", ("x", "gamma", "dims", "eps"), ("y",),
+                      prelude="#define LATHE_RESIDUAL 0\n#define LATHE_X32 1", threadgroup_bytes=lambda c: 4 * c["NSIMD"]),
 }
-_SWIGLU = KernelSpec("lathe_swiglu", "loop/swiglu.metal", ("gu", "dims"), ("y",))
+ACTIVATIONS = {"silu": 0, "gelu": 1}  # the gated FFN's (lathe.h's gate_act)
+_SWIGLU = {act: KernelSpec("lathe_swiglu" + ("" if act == "silu" else f"_{act}"), "loop/swiglu.metal", ("gu", "dims"),
+                           ("y",), prelude=f"#define LATHE_ACT {code}") for act, code in ACTIVATIONS.items()}
 _ARGMAX = KernelSpec("lathe_argmax", "loop/argmax.metal", ("logits", "dims"), ("token",),
                      threadgroup_bytes=lambda c: 8 * c["NSIMD"])  # a SIMD group's best value and index
 _EMBED = KernelSpec("lathe_embed", "loop/embed.metal", ("table", "tokens", "dims"), ("out",))
@@ -36,9 +41,10 @@ def _eps(eps: float) -> mx.array:
     return constant((eps,), mx.float32)
 
 
-def _fp16_2d(name: str, a: mx.array, multiple: int = 8) -> tuple[int, int]:
-    if not isinstance(a, mx.array) or a.dtype != mx.float16:
-        raise ValueError(f"{name} must be float16, got {getattr(a, 'dtype', type(a))}")
+def _fp16_2d(name: str, a: mx.array, multiple: int = 8, wide: bool = False) -> tuple[int, int]:
+    """[M, K] fp16 (or float32 where `wide`), K a multiple of `multiple`: its shape."""
+    if not isinstance(a, mx.array) or a.dtype not in ((mx.float16, mx.float32) if wide else (mx.float16,)):
+        raise ValueError(f"{name} must be float16{' or float32' if wide else ''}, got {getattr(a, 'dtype', type(a))}")
     if a.ndim != 2 or a.shape[0] < 1 or a.shape[1] < 1 or a.shape[1] % multiple:
         raise ValueError(f"{name} must be [M, K] with K a multiple of {multiple}, got {tuple(a.shape)}")
     return a.shape
@@ -46,8 +52,10 @@ def _fp16_2d(name: str, a: mx.array, multiple: int = 8) -> tuple[int, int]:
 
 def rmsnorm(x: mx.array, gamma: mx.array, eps: float, residual: mx.array | None = None):
     """RMSNorm(x) * gamma over the last axis; with `residual`, of x + residual, returned as
-    (normalized, x + residual) from one launch."""
-    m, k = _fp16_2d("x", x)
+    (normalized, x + residual) from one launch. x may be float32 without a residual (a residual
+    stream past fp16's range: Gemma's); the normalized rows are fp16."""
+    wide = isinstance(x, mx.array) and x.dtype == mx.float32 and residual is None
+    m, k = _fp16_2d("x", x, wide=residual is None)
     if not isinstance(gamma, mx.array) or gamma.dtype != mx.float16 or gamma.shape != (k,):
         raise ValueError(f"gamma must be float16 [K={k}], got {getattr(gamma, 'dtype', None)} "
                          f"{tuple(getattr(gamma, 'shape', ()))}")
@@ -57,17 +65,20 @@ def rmsnorm(x: mx.array, gamma: mx.array, eps: float, residual: mx.array | None 
     if fused and (_fp16_2d("residual", residual) != (m, k)):
         raise ValueError(f"residual must be [{m}, {k}] like x, got {tuple(residual.shape)}")
     inputs = [x] + ([residual] if fused else []) + [gamma, _ints((m, k)), _eps(float(eps))]
-    outs = launch(Launch(_RMSNORM[fused], inputs, [((m, k), mx.float16)] * (2 if fused else 1),
+    outs = launch(Launch(_RMSNORM["x32" if wide else fused], inputs, [((m, k), mx.float16)] * (2 if fused else 1),
                          (m * 32 * NSIMD, 1, 1), (32 * NSIMD, 1, 1), dict(NSIMD=NSIMD)))
     return (outs[0], outs[1]) if fused else outs[0]
 
 
-def swiglu(gate_up: mx.array) -> mx.array:
-    """silu(gate) * up from a fused gate+up output [M, 2F] -> [M, F]."""
+def swiglu(gate_up: mx.array, activation: str = "silu") -> mx.array:
+    """act(gate) * up from a fused gate+up output [M, 2F] -> [M, F]: SiLU (SwiGLU), or GELU in
+    its tanh approximation (GeGLU: Gemma)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
     m, two_f = _fp16_2d("gate_up", gate_up, 16)
     f = two_f // 2
     words = m * f // 8
-    (y,) = launch(Launch(_SWIGLU, [gate_up, _ints((m, f))], [((m, f), mx.float16)],
+    (y,) = launch(Launch(_SWIGLU[activation], [gate_up, _ints((m, f))], [((m, f), mx.float16)],
                          (-(-words // 256) * 256, 1, 1), (256, 1, 1), {}))
     return y
 

@@ -158,6 +158,16 @@ LATHE_FN float threadgroup_sum(float v, TgFloatPtr scratch, uint simd_id, uint l
   return total;
 }
 
+// ---- the FFN's gate activation -------------------------------------------------------------------
+// ACT 0: SiLU, x / (1 + e^-x); 1: GELU in its tanh approximation (ggml_gelu, Gemma's
+// gelu_pytorch_tanh), 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). Kernels that apply it
+// take LATHE_ACT from their prelude (kernels.gemv's and kernels.loop's specs; 0 where unset).
+template <uint ACT>
+LATHE_FN float gate_act(float x) {
+  if (ACT == 1) return 0.5f * x * (1.0f + tanh(0.7978845608028654f * fma(0.044715f * x, x * x, x)));
+  return x / (1.0f + exp(-x));
+}
+
 // ---- K-quant super-blocks --------------------------------------------------------------------------
 // Bytes of a GGUF super-block of 256 weights by the bodies' block type code (2 Q4_K, 3 Q5_K, 4 Q6_K;
 // reference/kquant.py has the layouts), for the kernels that read GGUF's own blocks.
