@@ -162,7 +162,9 @@ def mega_types(c, types: dict[str, str]) -> str | None:
     kind = lambda name: types.get(name, "q8_0").lower()  # noqa: E731
     names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     every = {kind(f"blk.{i}.{n}.weight") for i in range(c.n_layers) for n in names}
-    if not every <= set(QUANTIZED) or len({t == "q8_0" for t in every}) != 1:
+    if not every <= set(MEGA_TYPES):
+        return f"its blocks take {', '.join(t.upper() for t in MEGA_TYPES)}; got {', '.join(sorted(t.upper() for t in every))}"
+    if len({t == "q8_0" for t in every}) != 1:
         return f"a launch's GEMVs share one X' staging: Q8_0 alone, or Q4_0 and the K-quants; got {sorted(every)}"
     for joined in (("attn_q", "attn_k"), ("ffn_gate", "ffn_up")):
         if any(len({kind(f"blk.{i}.{n}.weight") for n in joined}) != 1 for i in range(c.n_layers)):
@@ -195,7 +197,8 @@ def wide_stream(c) -> bool:
     return c.architecture.embed_scale or c.architecture.post_norms
 
 
-QUANTIZED = ("q4_0", "q8_0", *gemv.K_QTYPES, *gemv.LEGACY_QTYPES)  # our GEMVs' (K-quants, legacy: repacked only)
+QUANTIZED = ("q4_0", "q8_0", *gemv.REPACKED_ONLY)  # our GEMVs' block types (all but Q4_0, Q8_0: repacked only)
+MEGA_TYPES = ("q4_0", "q8_0", *gemv.K_QTYPES)  # those kernels.blocks' launches were checked on
 PHASES = ("decode", "short", "prompt")  # 1 token; 2..FUSED_UP_TO (the fused GEMVs' rows); more
 
 

@@ -27,9 +27,12 @@ from reference.formats import GGUF_BLOCK_TYPES as QUANTIZED
 ARCHITECTURES = architectures()
 ARCHS = tuple(ARCHITECTURES)
 K_MIXES = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K"}  # file type -> its matrices' base type
-QTYPES = ("f16", "q8_0", "q4_0", *K_MIXES)
+# every matrix in one type: the unquantized baseline, the GEMVs' own, the legacy and IQ4 blocks
+SINGLE_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "iq4_xs")
+QTYPES = (*SINGLE_TYPES, *K_MIXES)
 _SUPPORTED_TENSOR_TYPES = ("F32", "F16", *QUANTIZED)
-FILE_TYPES = {"f16": 1, "q8_0": 7, "q4_0": 2, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}  # general.file_type
+FILE_TYPES = {"f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "iq4_nl": 25, "iq4_xs": 30,
+              "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}  # general.file_type (llama.cpp's LLAMA_FTYPE)
 
 
 class GGUFError(ValueError):
@@ -145,7 +148,7 @@ _FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # llama.cpp's tens
 
 
 def tensor_types(c: Config, qtype: str) -> dict[str, str]:
-    """Each tensor's GGUF type in a file of type `qtype`: norms and biases F32; f16, q8_0, q4_0
+    """Each tensor's GGUF type in a file of type `qtype`: norms and biases F32; f16, q8_0, q4_0 (and the other SINGLE_TYPES)
     every matrix in that type; the K mixes as llama.cpp's quantizer makes them without an
     importance matrix (llama_tensor_get_type for a dense model): the output matrix (the embedding
     where tied) Q6_K; q4_k_m and q5_k_m give attn_v and ffn_down Q6_K in the layers of
@@ -215,8 +218,7 @@ def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0
             w.add_uint32(f"{a}.rope.scaling.original_context_length", c.rope_orig_ctx)
     if c.final_softcap:
         w.add_float32(f"{a}.final_logit_softcapping", c.final_softcap)
-    if qtype in ("f16", "q8_0", "q4_0", *K_MIXES):
-        w.add_uint32("general.file_type", FILE_TYPES[qtype])
+    w.add_uint32("general.file_type", FILE_TYPES[qtype])
     w.add_tokenizer_model("none")
     shapes = list(tensor_shapes(c).items())
     # Each tensor has its own stream (seed, index), so tensors are made in parallel threads

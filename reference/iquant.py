@@ -177,3 +177,41 @@ def dequantize(data: np.ndarray, qtype: str, k: int) -> np.ndarray:
     ls = ((scales_l[:, sub // 2] >> (4 * (sub % 2))) & 0xF) | (((scales_h >> (2 * sub)) & 3) << 4)
     dl = d * (ls - 32).astype(F32)  # GGML's dl = d * (ls - 32), then dl * level
     return (dl[:, :, None] * levels).reshape(data.shape[0], k)
+
+
+# ---- the v3 GEMV's load-time layout (kernels.gemv.repack): the K-quants' regions ----------------
+# An IQ4_NL or IQ4_XS matrix [n, k] repacked is its chunks of 32 weights (an IQ4_NL block, an
+# IQ4_XS sub-block), row after row, in two regions, as many bytes as the GGUF blocks: every chunk's
+# 16 bytes of nibbles as GGUF has them (byte l: weight l low, l + 16 high; Q4_0's order), then
+# IQ4_NL's fp16 d a block, or IQ4_XS's 8-byte head a super-block (d, scales_h, scales_l).
+def _head_bytes(qtype: str) -> int:
+    return BLOCK_BYTES[qtype] - BLOCK_WEIGHTS[qtype] // 2
+
+
+def pack(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarray:
+    """GGUF blocks [n, k / block weights * block bytes] -> the repacked bytes (the layout above)."""
+    _check(qtype, k)
+    blocks = np.asarray(data, dtype=np.uint8).reshape(n * (k // BLOCK_WEIGHTS[qtype]), BLOCK_BYTES[qtype])
+    head = _head_bytes(qtype)
+    return np.concatenate([blocks[:, head:].reshape(-1), blocks[:, :head].reshape(-1)])
+
+
+def dequantize_packed(data: np.ndarray, qtype: str, n: int, k: int) -> np.ndarray:
+    """The repacked bytes -> [n, k] float32, read from the layout's definition (not by undoing
+    pack): the values dequantize gives for the blocks they came from."""
+    _check(qtype, k)
+    data = np.asarray(data, dtype=np.uint8).reshape(-1)
+    chunks, blocks = n * k // 32, n * k // BLOCK_WEIGHTS[qtype]
+    if data.size != blocks * BLOCK_BYTES[qtype]:
+        raise ValueError(f"packed {qtype} [{n}, {k}] takes {blocks * BLOCK_BYTES[qtype]} bytes, got {data.size}")
+    qs = data[: 16 * chunks].reshape(chunks, 16)
+    levels = _LEVELS[np.concatenate([qs & 0xF, qs >> 4], axis=-1)]  # [chunks, 32]
+    heads = data[16 * chunks:].reshape(blocks, _head_bytes(qtype))
+    d = np.ascontiguousarray(heads[:, :2]).view(np.float16).astype(F32)  # [blocks, 1]
+    if qtype == "iq4_nl":
+        return (d * levels).reshape(n, k)
+    scales_h = np.ascontiguousarray(heads[:, 2:4]).view("<u2").astype(np.int32)
+    sub = np.arange(8)
+    ls = ((heads[:, 4:8].astype(np.int32)[:, sub // 2] >> (4 * (sub % 2))) & 0xF) | (((scales_h >> (2 * sub)) & 3) << 4)
+    dl = (d * (ls - 32).astype(F32)).reshape(chunks, 1)  # GGML's dl, then dl * level
+    return (dl * levels).reshape(n, k)

@@ -312,9 +312,9 @@ def test_kernel_variants_wrap_like_the_window(files, name):
 
 
 def test_kernel_variants_name_block_types_they_do_not_read(tmp_path):
-    """A head size attention does not take, and a block type no GEMV reads (the importance-matrix
-    IQ4s), each named before any launch; the K mixes' fallbacks (Q5_0, Q8_0 beside Q4_K and Q6_K,
-    as in Gemma-3-270M's Q4_K_M) are read."""
+    """A head size attention does not take, and a block type no GEMV reads (the 2- and 3-bit
+    types), each named before any launch; the K mixes' fallbacks (Q5_0, Q8_0 beside Q4_K and Q6_K,
+    as in Gemma-3-270M's Q4_K_M) and the IQ4s are read."""
     from harness.kernel_decode import KernelDecoder, kernel_gaps
 
     narrow = replace(PRESETS["tiny-llama"], d_model=160, n_heads=4, head_dim=40)
@@ -323,7 +323,9 @@ def test_kernel_variants_name_block_types_they_do_not_read(tmp_path):
     with pytest.raises(ValueError, match=r"heads of 40 \(attention takes [^;]*: the reference variant does"):
         KernelDecoder(m, 64, "unfused")
     types = {**m.types, "blk.0.attn_q.weight": "IQ4_NL", "blk.1.ffn_up.weight": "IQ4_XS"}
-    assert "IQ4_NL, IQ4_XS matrices (the GEMVs take Q4_0, Q8_0" in "; ".join(kernel_gaps(narrow, types, "fused"))
+    assert not any("matrices" in gap for gap in kernel_gaps(narrow, types, "fused"))
+    types.update({"blk.0.attn_k.weight": "Q2_K", "blk.1.ffn_down.weight": "IQ3_S"})
+    assert "IQ3_S, Q2_K matrices (the GEMVs take Q4_0, Q8_0" in "; ".join(kernel_gaps(narrow, types, "fused"))
 
 
 # Gemma-3-270M's Q4_K_M as llama.cpp's quantizer makes it, at a tiny size: 320-wide rows are not
@@ -361,3 +363,37 @@ def test_gemma_k_mix_plans_read_every_type(tmp_path):
     assert not any("mx.matmul" in k for k in kernels)
     assert any("Q5_0" in k for k in kernels) and any("Q8_0" in k for k in kernels)
     assert any(step.op == "concat" for step in decoder.plan)  # q|k Q5_0, v Q8_0
+
+
+BLOCK_TYPES = ["q4_1", "q5_0", "q5_1", "iq4_nl", "iq4_xs"]  # every matrix of the file in that type
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["unfused", "fused"])
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_block_types_on_the_kernel_variants(tmp_path, qtype, variant):
+    """A llama file whose every matrix (the embedding included) is a legacy or IQ4 block type: a
+    prompt, then decode tokens, against the float64 oracle."""
+    from harness.kernel_decode import KernelDecoder
+
+    m = load_gguf(write_random_gguf(tmp_path / f"{qtype}.gguf", "tiny-llama", qtype, seed=5))
+    assert set(m.types.values()) == {"F32", qtype.upper()}
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    decodes_as_float64(KernelDecoder(m, PROMPT + STEPS, variant), m, prompt, STEPS)
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_block_type_files_plan_our_gemvs(tmp_path, qtype):
+    """On any machine (launches recorded): fused runs such a file on lathe's GEMVs and embedding;
+    megafused, whose blocks were not checked on these types, says so before any launch."""
+    from harness.kernel_decode import KernelDecoder
+    from kernels.runtime import recording
+
+    m = load_gguf(write_random_gguf(tmp_path / f"{qtype}.gguf", "tiny-llama", qtype, seed=5))
+    with recording():
+        decoder = KernelDecoder(m, 64, "fused")
+        decoder.forward([1, 2, 3])
+    assert not any("mx.matmul" in step.kernel for step in decoder.plan)
+    assert any(qtype.upper() in step.kernel for step in decoder.plan if step.op == "embed")
+    with pytest.raises(ValueError, match=f"its blocks take Q4_0, Q8_0.*got {qtype.upper()}"):
+        KernelDecoder(m, 64, "megafused")

@@ -141,6 +141,20 @@ def test_legacy_repack_is_the_reference_layout(qtype):
         gemv.gemv_v2(mx.zeros((1, 96), mx.float16), mx.array(blocks), qtype, 5, 96)
 
 
+@pytest.mark.parametrize("qtype", list(gemv.IQ4_QTYPES))
+def test_iq4_repack_is_the_reference_layout(qtype):
+    """The device repack of IQ4_NL and IQ4_XS (MLX ops; here on the CPU) makes reference.iquant.pack's
+    bytes; their GGUF blocks go to no v1/v2 GEMV."""
+    from reference import iquant
+
+    _, per_block, bb = gemv.IQ4_QTYPES[qtype]
+    blocks = np.random.default_rng(9).integers(0, 256, (5, 512 // per_block * bb), dtype=np.uint8)
+    packed = gemv.repack(mx.array(blocks), qtype, 5, 512)
+    assert np.array_equal(np.array(packed.data), iquant.pack(blocks, qtype, 5, 512))
+    with pytest.raises(ValueError, match="repacked weights only"):
+        gemv.gemv_v2(mx.zeros((1, 512), mx.float16), mx.array(blocks), qtype, 5, 512)
+
+
 def test_k_quants_take_the_v3_path_only():
     """A K-quant matrix in GGUF blocks (v1/v2) or with rows not of whole super-blocks: a clear
     error before any launch."""

@@ -172,3 +172,19 @@ def test_the_repacked_legacy_layout_holds_the_same_weights(qtype):
         assert packed.size == data.size
         np.testing.assert_array_equal(quant.dequantize_packed_legacy(packed, qtype, n, k),
                                       quant.dequantize(data, qtype, k))
+
+
+@pytest.mark.parametrize("qtype", iquant.QTYPES)
+def test_the_repacked_iq4_layout_holds_the_same_weights(qtype):
+    """kernels.gemv.repack's layout for the IQ4s (reference.iquant.pack), read back from its own
+    definition, gives dequantize's values exactly, on quantized weights and on random bytes (every
+    scale and level), with the same number of bytes."""
+    rng = np.random.default_rng(6)
+    n, k = 3, 512
+    quantized = iquant.quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+    noise = rng.integers(0, 256, quantized.shape, dtype=np.uint8).reshape(n, k // BLOCK[qtype], -1)
+    noise[..., :2] = rng.uniform(-0.01, 0.01, (n, k // BLOCK[qtype], 1)).astype(np.float16).view(np.uint8)
+    for data in (quantized, noise.reshape(n, -1)):
+        packed = iquant.pack(data, qtype, n, k)
+        assert packed.size == data.size
+        np.testing.assert_array_equal(iquant.dequantize_packed(packed, qtype, n, k), iquant.dequantize(data, qtype, k))

@@ -32,6 +32,8 @@ TOL = 2e-3
 QTYPES = ("q4_0", "q8_0")
 K_QTYPES = ("q4_k", "q5_k", "q6_k")  # the v3 GEMVs and dequantize (repacked weights only)
 LEGACY_QTYPES = ("q4_1", "q5_0", "q5_1")  # the same (blocks of 32: the K-quants' code path)
+IQ4_QTYPES = ("iq4_nl", "iq4_xs")  # the same (levels from a table; IQ4_XS rows of whole super-blocks)
+WHOLE_SUPERS = (*K_QTYPES, "iq4_xs")  # rows of 256-weight super-blocks
 # Legacy check shapes beyond the odd ones: Gemma-3-270M's (its Q5_0 q, k|v, gate|up: K = 640)
 # and the 8B's, which the small list lacks
 LEGACY_REAL = ((1024, 640), (512, 640), (4096, 640), (4096, 4096), (14336, 4096))
@@ -70,7 +72,7 @@ def _blocks(rng: np.random.Generator, qtype: str, n: int, k: int, centered: bool
     if qtype in K_QTYPES:
         host = _k_blocks(rng, qtype, n, k, centered)
         return host, mx.array(host)
-    if qtype in LEGACY_QTYPES:
+    if qtype in LEGACY_QTYPES or qtype in IQ4_QTYPES:
         host = _legacy_blocks(rng, qtype, n, k)
         return host, mx.array(host)
     if n * k <= HOST_QUANTIZE_UP_TO:
@@ -122,8 +124,13 @@ def _legacy_blocks(rng: np.random.Generator, qtype: str, n: int, k: int) -> np.n
     """[n, k] in random Q4_1, Q5_0 or Q5_1 blocks: every byte random (levels, fifth bits) but the
     fp16 d, of a real layer's weights (0.01-0.1 at the largest level), and m, centring the
     levels (Q4_1, Q5_1: a weight's mean about zero, as _k_blocks' centered form says why)."""
-    size = formats.row_bytes(qtype.upper(), 32)
-    blocks = rng.integers(0, 256, (n * k // 32, size), dtype=np.uint8)
+    per_block = 256 if qtype == "iq4_xs" else 32
+    size = formats.row_bytes(qtype.upper(), per_block)
+    blocks = rng.integers(0, 256, (n * k // per_block, size), dtype=np.uint8)
+    if qtype in IQ4_QTYPES:  # d of a level 127 (IQ4_XS: times a scale up to 32): random scales and levels
+        d = rng.uniform(0.01, 0.1, blocks.shape[0]) / (127 * (32 if qtype == "iq4_xs" else 1))
+        blocks[:, :2] = d.astype(np.float16)[:, None].view(np.uint8)
+        return blocks.reshape(n, -1)
     top = 15 if qtype == "q4_1" else 31
     d = rng.uniform(0.01, 0.1, blocks.shape[0]).astype(np.float32) / top
     heads = [d] if qtype == "q5_0" else [d, -d * top / 2]
@@ -204,8 +211,11 @@ def _dequantize_k_case(qtype: str, n: int, k: int) -> CheckCase:
     from kernels.runtime import poisoned_outputs
     from reference import kquant, quant
 
-    legacy = qtype in LEGACY_QTYPES  # Q4_1, Q5_0, Q5_1: the same checks on reference.quant's blocks
-    module, pack = (quant, quant.pack_legacy) if legacy else (kquant, kquant.pack)
+    # Q4_1, Q5_0, Q5_1 and the IQ4s: the same checks on reference.quant's and reference.iquant's blocks
+    from reference import iquant
+
+    module, pack = ((quant, quant.pack_legacy) if qtype in LEGACY_QTYPES else (iquant, iquant.pack)
+                    if qtype in IQ4_QTYPES else (kquant, kquant.pack))
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         kinds = [rng.standard_normal(k) / 32, rng.standard_t(2, k), np.zeros(k), np.full(k, 0.37),
@@ -541,6 +551,13 @@ def check_cases(small: bool = False) -> list[CheckCase]:
                   + ([] if small else [(1024, 640)])]
         cases += _v3_cases(qtype, True)
         cases += [_gemv_case("v3", qtype, 1 + c % 2, n, k) for c, (n, k) in enumerate(() if small else LEGACY_REAL)]
+    for qtype in IQ4_QTYPES:  # the IQ4s: the same, IQ4_XS in whole super-blocks
+        xs = qtype == "iq4_xs"
+        shapes = [(1, 256), (7, 768), (33, 4352)] if xs else [(1, 32), (7, 96), (33, 4128)]
+        cases += [_dequantize_k_case(qtype, n, k) for n, k in shapes + ([] if small else [(1024, 4096)])]
+        cases += _v3_cases(qtype, True)
+        cases += [_gemv_case("v3", qtype, 1 + c % 2, n, k) for c, (n, k) in
+                  enumerate(() if small else [s for s in LEGACY_REAL if not xs or s[1] % 256 == 0])]
     for qtype in QTYPES:
         cases += [_quantize_case(qtype, 33, 4128), _quantize_case(qtype, 1, 32),
                   _quantize_case(qtype, 0, 256, adversarial=True)]
@@ -593,8 +610,8 @@ def _k_shape(k: int) -> int:
 def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
     """v3 on repacked weights: what v2 is checked on; for the K-quants the same shapes, knobs,
     forms and seams with K (and a seam's N_a, GEMV B's K) in whole super-blocks."""
-    fit = _k_shape if qtype in K_QTYPES else (lambda k: k)
-    odd = [(n, k) for n in SMALL_N for k in (K_SMALL_K if qtype in K_QTYPES else SMALL_K)]
+    fit = _k_shape if qtype in WHOLE_SUPERS else (lambda k: k)
+    odd = [(n, k) for n in SMALL_N for k in (K_SMALL_K if qtype in WHOLE_SUPERS else SMALL_K)]
     cases = [_gemv_case("v3", qtype, 1 + c % 4, n, k)
              for c, (n, k) in enumerate(odd + ([] if small else [*REAL, *VOCAB]))]
     if not small:
@@ -690,8 +707,8 @@ def _weights_once(qtype: str, *shapes: tuple[int, int]):
 
     def fresh() -> list[mx.array]:
         if not made:
-            make = (_device_k_blocks if qtype in K_QTYPES else _device_legacy_blocks if qtype in LEGACY_QTYPES
-                    else _device_blocks)
+            make = (_device_k_blocks if qtype in K_QTYPES else _device_legacy_blocks
+                    if qtype in LEGACY_QTYPES or qtype in IQ4_QTYPES else _device_blocks)
             made.extend(make(qtype, n, k) for n, k in shapes)
         return [b + mx.array(0, mx.uint8) for b in made]
 
@@ -891,7 +908,7 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
         for qtype in QTYPES:
             cases += [_bench_ours(v, qtype, n, k) for v in ("v1", "v2", "v3")]
         cases += [_bench_mlx(kind, n, k) for kind in ("fp16", "4bit-gs32", "8bit-gs32")]
-        cases += [_bench_ours("v3", qtype, n, k) for qtype in (*K_QTYPES, *LEGACY_QTYPES)]
+        cases += [_bench_ours("v3", qtype, n, k) for qtype in (*K_QTYPES, *LEGACY_QTYPES, *IQ4_QTYPES)]
         cases += [_bench_mlx(kind, n, k) for kind in K_MLX_PEERS]
     fused = ("fused", "fused-v3", "unfused")
     for qtype in QTYPES:

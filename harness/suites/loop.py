@@ -1,6 +1,6 @@
 """The decode loop's small kernels (kernels.loop) against reference/loop.py and reference/quant.py:
 RMSNorm (of fp16 or float32 rows) and residual + RMSNorm, SwiGLU and GeGLU, argmax (ties
-planted), embedding rows from F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and K-quant (reference/kquant.py) tables; odd sizes included, outputs poisoned. Benchmarks against the MLX built-in doing the
+planted), embedding rows from F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS and K-quant (reference/kquant.py) tables; odd sizes included, outputs poisoned. Benchmarks against the MLX built-in doing the
 same at decode sizes."""
 
 from __future__ import annotations
@@ -89,9 +89,10 @@ def _embed_case(qtype: str, t: int, k: int, vocab: int) -> CheckCase:
             out = embed(mx.array(table), ids.tolist(), qtype, k)
             dev = embed(mx.array(table), mx.array(ids.astype(np.int32)), qtype, k)
             mx.eval(out, dev)
-        if qtype in ("q4_k", "q5_k", "q4_1", "q5_1", "q5_0"):
+        if qtype in ("q4_k", "q5_k", "q4_1", "q5_1", "q5_0", "iq4_xs"):
             # d * sc * q - dmin * m (legacy: d * q + m, d * (q - 16)): the GPU may fuse the product
-            # into the sum (one rounding, not two), as in kernels.gemv.dequantize: within one fp16 step
+            # into the sum (one rounding, not two), as in kernels.gemv.dequantize: within one fp16
+            # step (IQ4_XS: d * (ls - 32) * level, the two products in either order)
             return [within_fp16_steps(f"rows ({how} ids, fp16 steps from the reference)", np.array(got), want)
                     for how, got in (("host", out), ("device", dev))]
         want = want.astype(np.float16)
@@ -117,6 +118,9 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             cases.append(_embed_case(qtype, t, k, vocab))
     for qtype in ("q4_1", "q5_0", "q5_1"):  # the legacy affine blocks
         for t, k, vocab in ((1, 32, 7), (5, 96, 300), (16, 640, 1000)) if not small else ((1, 32, 7),):
+            cases.append(_embed_case(qtype, t, k, vocab))
+    for qtype in ("iq4_nl", "iq4_xs"):  # the importance-matrix 4-bit blocks (IQ4_XS: whole super-blocks)
+        for t, k, vocab in ((1, 256, 7), (5, 768, 300), (16, 1024, 1000)) if not small else ((1, 256, 7),):
             cases.append(_embed_case(qtype, t, k, vocab))
     for qtype in ("q4_k", "q5_k", "q6_k"):  # rows of whole super-blocks
         for t, k, vocab in ((1, 256, 7), (5, 768, 300), (16, 4096, 1000)) if not small else ((1, 256, 7),):

@@ -53,7 +53,13 @@ K_QTYPES = {"q4_k": (2, 144), "q5_k": (3, 176), "q6_k": (4, 210)}
 # d, or d and m), they run in v3 only, on the K-quants' code path: value d * q - offset, the
 # offset 16 d (Q5_0) or -m (Q4_1, Q5_1). Code 5 is the embedding's F16 (kernels.loop).
 LEGACY_QTYPES = {"q4_1": (6, 20), "q5_0": (7, 22), "q5_1": (8, 24)}
-V3_QTYPES = (*QTYPES, *K_QTYPES, *LEGACY_QTYPES)
+# The importance-matrix 4-bit blocks (reference/iquant.py): (QTYPE code, weights a block, bytes a
+# block). Their nibbles index a table of 16 int8 levels; repacked as the K-quants (a chunk of 32
+# weights' nibbles, then IQ4_NL's d a chunk, or IQ4_XS's 8-byte super-block head as GGUF has it),
+# v3 only, each nibble looked up into an int8 byte for the same integer dot products.
+IQ4_QTYPES = {"iq4_nl": (9, 32, 18), "iq4_xs": (10, 256, 136)}
+V3_QTYPES = (*QTYPES, *K_QTYPES, *LEGACY_QTYPES, *IQ4_QTYPES)
+REPACKED_ONLY = (*K_QTYPES, *LEGACY_QTYPES, *IQ4_QTYPES)  # no v1/v2 form: the v3 GEMVs on Packed weights
 MAX_M = 4  # rows of X a GEMV launch takes; linear() goes past it
 ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 
@@ -174,6 +180,8 @@ def block_format(qtype: str) -> tuple[int, int, int]:
         return QTYPES[qtype][0], 32, QTYPES[qtype][1]
     if qtype in LEGACY_QTYPES:
         return LEGACY_QTYPES[qtype][0], 32, LEGACY_QTYPES[qtype][1]
+    if qtype in IQ4_QTYPES:
+        return IQ4_QTYPES[qtype]
     return K_QTYPES[qtype][0], 256, K_QTYPES[qtype][1]
 
 
@@ -228,7 +236,7 @@ def check_gemv_args(x: mx.array, w: mx.array, qtype: str, n: int, k: int,
     where it is not K (2K for the gate+up input of silu_down_gemv); `max_m=None` takes any M.
     The K-quants and the legacy affine blocks only as repacked weights (Packed: the v3 GEMVs).
     X is fp16; float32 where `wide_x` (the RMSNorm prologue of a float32 residual stream)."""
-    if (qtype in K_QTYPES or qtype in LEGACY_QTYPES) and not isinstance(w, Packed):
+    if qtype in REPACKED_ONLY and not isinstance(w, Packed):
         raise ValueError(f"{qtype} runs on repacked weights only (kernels.gemv.repack, the v3 GEMVs); "
                          f"GGUF blocks go to v1/v2, which take {tuple(QTYPES)}")
     _check_qtype_shape(qtype, n, k, V3_QTYPES if isinstance(w, Packed) else tuple(QTYPES))
@@ -450,6 +458,8 @@ def repack(w: mx.array, qtype: str, n: int, k: int) -> Packed:
         return _repack_k(w, qtype, n, k)
     if qtype in LEGACY_QTYPES:
         return _repack_legacy(w, qtype, n, k)
+    if qtype in IQ4_QTYPES:
+        return _repack_iq4(w, qtype, n, k)
     blocks = w.reshape(n, k // 32, QTYPES[qtype][1])
     data = mx.concatenate([blocks[:, :, 2:].reshape(-1), blocks[:, :, :2].reshape(-1)])
     mx.eval(data)
@@ -531,6 +541,18 @@ def _repack_legacy(w: mx.array, qtype: str, n: int, k: int) -> Packed:
         parts.append(_high_words((fifth << 4).reshape(1, -1, 32), "q5_k"))
     parts.append(blocks[:, :heads].reshape(-1))
     data = mx.concatenate(parts)
+    mx.eval(data)
+    return Packed(data, qtype, n, k)
+
+
+def _repack_iq4(w: mx.array, qtype: str, n: int, k: int) -> Packed:
+    """IQ4_NL, IQ4_XS in the K-quants' regions (reference.iquant.pack): every chunk of 32 weights'
+    16 bytes of nibbles as GGUF has them, then IQ4_NL's d a block, or IQ4_XS's 8-byte head of each
+    super-block (d, scales_h, scales_l) as GGUF has it."""
+    _, per_block, bb = IQ4_QTYPES[qtype]
+    blocks = w.reshape(n * (k // per_block), bb)
+    head = bb - per_block // 2  # the bytes before the nibbles: 2 (d), or 8
+    data = mx.concatenate([blocks[:, head:].reshape(-1), blocks[:, :head].reshape(-1)])
     mx.eval(data)
     return Packed(data, qtype, n, k)
 

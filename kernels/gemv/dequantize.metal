@@ -3,7 +3,8 @@
 // a sub-block's worth of a 256-weight super-block each: Q4_K (QTYPE 2) and Q5_K (3) d * sc * q -
 // dmin * m (the product and the difference may fuse into one rounding on the GPU: a checked
 // fp16 step at most), Q6_K (4) d * scale * (q - 32).
-// Q4_1 (6), Q5_0 (7), Q5_1 (8): d q + m, d (q - 16) and d q + m, a block each (legacy_block.metal).
+// Q4_1 (6), Q5_0 (7), Q5_1 (8): d q + m, d (q - 16) and d q + m, a block each (legacy_block.metal);
+// IQ4_NL (9) a block, IQ4_XS (10) a sub-block: d (d (ls - 32)) times each nibble's level (iq4_block.metal).
 // PACKED 1: q is repacked (kernels.gemv.repack: Q4_0/Q8_0 every block's quants, then every scale;
 // the K-quants reference/kquant.py's layout, the legacy blocks reference/quant.py's pack_legacy),
 // so the prompt path reads the decode loop's one copy of the weights without unpacking it.
@@ -59,6 +60,13 @@ if (QTYPE >= 2 && PACKED) {
     const float d = float(as_type<half>(load_wide<ushort>(q, (scales_at + chunks * 2) / 2 + blk / 8)));
     lo_scale = d * float(int(pair << 24) >> 24);
     hi_scale = d * float(int(pair << 16) >> 24);
+  } else if (QTYPE == 9) {  // IQ4_NL: d a block
+    lo_scale = hi_scale = float(as_type<half>(load_wide<ushort>(q, scales_at / 2 + blk)));
+  } else if (QTYPE == 10) {  // IQ4_XS: d (ls - 32) of sub-block blk % 8, from its super-block's head
+    const uint2 head = load_wide<uint2>(q, scales_at / 8 + blk / 8);
+    const uint j = blk % 8;
+    const uint ls = ((head.y >> (4 * j)) & 15u) | (((head.x >> (16 + 2 * j)) & 3u) << 4);
+    lo_scale = hi_scale = float(as_type<half>(ushort(head.x & 0xffffu))) * float(int(ls) - 32);
   } else if (QTYPE == 7) {  // Q5_0: d (q - 16)
     lo_scale = hi_scale = float(as_type<half>(load_wide<ushort>(q, scales_at / 2 + blk)));
     offset = 16.0f * lo_scale;
@@ -83,10 +91,17 @@ if (QTYPE >= 2 && PACKED) {
     if (QTYPE == 4) level |= (((hi_half ? h1 : h0) >> (8 * b + 2 * t)) & 3u) << 4;
     if (QTYPE == 4) {
       v[l] = (hi_half ? hi_scale : lo_scale) * float(int(level) - 32);
+    } else if (QTYPE >= 9) {
+      v[l] = lo_scale * float(int(char(iq4_levels(level) & 255u)));
     } else {
       v[l] = lo_scale * float(level) - offset;
     }
   }
+} else if (QTYPE >= 9) {
+  const uint c = QTYPE == 10 ? blk % 8 : 0u, base = QTYPE == 10 ? blk / 8 * 136u : blk * 18u;
+#define IB_BYTES q
+#include "gemv/iq4_block.metal"
+#undef IB_BYTES
 } else if (QTYPE >= 6) {
   const uint base = blk * (QTYPE == 6 ? 20u : QTYPE == 7 ? 22u : 24u);
 #define LB_BYTES q

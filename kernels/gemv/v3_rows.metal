@@ -9,16 +9,19 @@
 // weights' low 4 bits in Q4_0's nibble order, their higher bits (HB bytes a chunk) and scales in
 // regions of their own (reference/kquant.py has the layout); the legacy affine blocks 6 Q4_1,
 // 7 Q5_0, 8 Q5_1 repacked the same way, a chunk a block, its d (and m) in the scales region
-// (reference/quant.py's pack_legacy): Q4_K's arithmetic, d * level - offset.
+// (reference/quant.py's pack_legacy): Q4_K's arithmetic, d * level - offset; and the IQ4s, 9
+// IQ4_NL (d a chunk) and 10 IQ4_XS (each super-block's 8-byte head), whose nibbles index
+// lathe.h's iq4_levels (reference/iquant.py's pack).
 // gemv_v3.metal runs it once as its own threadgroup; seam.metal runs two GEMVs, each over groups
 // it claims. The design is gemv_v3.metal's.
 static_assert(VALS == (QR == 1 ? 16u : 32u), "X' is staged for the launch's QTYPE: Q8_0 apart from the others");
 constexpr bool KQUANT = QR >= 2;             // the repacked regions (K-quants and legacy blocks)
-constexpr bool LEGACY = QR >= 6;             // Q4_1, Q5_0, Q5_1: a scale (and min) a chunk
+constexpr bool LEGACY = QR >= 6 && QR <= 8;  // Q4_1, Q5_0, Q5_1: a scale (and min) a chunk
+constexpr bool IQ4 = QR == 9 || QR == 10;     // nibbles through a table of int8 levels
 constexpr bool FIFTH = QR == 3 || QR == 7 || QR == 8;  // a fifth bit a weight (Q5_K, Q5_0, Q5_1)
 constexpr uint QB = QR == 1 ? 32 : 16;       // bytes of a block's quants (K-quants: a chunk's low bits)
 constexpr uint HB = FIFTH ? 4 : QR == 4 ? 8 : 0;  // K-quants: bytes of high bits a chunk
-constexpr uint SB = QR == 6 || QR == 8 ? 4 : 2;  // bytes of scales a chunk (K-quants: 16 a super-block)
+constexpr uint SB = QR == 6 || QR == 8 ? 4 : QR == 10 ? 1 : 2;  // bytes of scales a chunk (K-quants: 16 a super-block)
 constexpr uint NB = KR / 32;                 // blocks a row
 constexpr uint NC = KR / VALS;               // chunks a row
 constexpr uint CHUNKS = (NC + XC - 1) / XC;  // X' chunks
@@ -88,6 +91,19 @@ for (uint it = 0; it < items; ++it) {
         if (!KQUANT) {
           dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, scales + row * NB + (xc0 + c) * VALS / 32)))
                           : 0.0f;
+        } else if (IQ4) {
+          // IQ4_NL: the block's d; IQ4_XS: the super-block's d times its 6-bit scale of sub-block
+          // j = chunk % 8, less 32 (GGML's dl), from the head's scales_h and scales_l
+          if (QR == 9) {
+            dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, k_scales / 2 + chunk))) : 0.0f;
+          } else {
+            const uint2 head = live ? load_wide<uint2>(w, k_scales / 8 + chunk / 8) : uint2{0u, 0u};
+            const uint j = chunk % 8;
+            const uint ls = ((head.y >> (4 * j)) & 15u) | (((head.x >> (16 + 2 * j)) & 3u) << 4);
+            dw[r][p] = float(as_type<half>(ushort(head.x & 0xffffu))) * float(int(ls) - 32);
+          }
+          dk[r][p] = 0.0f;
+          hb[r][p][0] = 0u;
         } else if (LEGACY) {
           // the block's fp16 d (Q5_0: offset 16 d) or d and m (Q4_1, Q5_1: offset -m)
           if (QR == 7) {
@@ -183,7 +199,7 @@ for (uint it = 0; it < items; ++it) {
         dx[m] = x_scale[m * (XCHUNK / 32) + blk];
         // Q4_0 takes 8 off each level, Q4_K/Q5_K a min per chunk: both by the block's sum of X'
         offset[m] = QR == 0 ? 8 * x_sum[m * (XCHUNK / 32) + blk]
-                            : KQUANT && QR != 4 ? x_sum[m * (XCHUNK / 32) + blk] : 0;
+                            : KQUANT && QR != 4 && !IQ4 ? x_sum[m * (XCHUNK / 32) + blk] : 0;
       }
       LATHE_UNROLL
       for (uint r = 0; r < uint(RR); ++r) {
@@ -195,7 +211,10 @@ for (uint it = 0; it < items; ++it) {
           for (uint t = 0; t < 4; ++t) {
             if (QR != 1) {  // word t: values 4t.. (low nibbles) and 16 + 4t.. (high nibbles)
               uint lo = qw[t] & 0x0f0f0f0fu, hi = (qw[t] >> 4) & 0x0f0f0f0fu;
-              if (FIFTH) {  // the fifth bits, one a byte
+              if (IQ4) {  // each nibble's int8 level
+                lo = iq4_levels(lo);
+                hi = iq4_levels(hi);
+              } else if (FIFTH) {  // the fifth bits, one a byte
                 lo |= ((hb[r][p][0] >> t) & 0x01010101u) << 4;
                 hi |= ((hb[r][p][0] >> (4 + t)) & 0x01010101u) << 4;
               } else if (QR == 4) {  // bits 4-5, then level - 32 as int8 in each byte (no borrows:

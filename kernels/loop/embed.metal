@@ -1,7 +1,7 @@
 // Embedding lookup: rows tokens[t] of the table, as fp16 out[T, K]. The table is F16 [V, K]
 // (QTYPE 5) or GGUF blocks [V, K/32 * BB] (Q4_0: QTYPE 0, Q8_0: QTYPE 1; value (q - 8) d or q d,
 // rounded to fp16 once), or K-quant super-blocks [V, K/256 * SB] (Q4_K 2, Q5_K 3, Q6_K 4: the
-// values of gemv/kquant_block.metal), or Q4_1 6, Q5_0 7, Q5_1 8 blocks (gemv/legacy_block.metal). Thread: 32 values of one token (a block, or a sub-block's
+// values of gemv/kquant_block.metal), or Q4_1 6, Q5_0 7, Q5_1 8 blocks (gemv/legacy_block.metal), or IQ4_NL 9, IQ4_XS 10 (gemv/iq4_block.metal). Thread: 32 values of one token (a block, or a sub-block's
 // worth of a super-block).
 // A token id outside 0..V-1 (possible when ids come from the device) gives a zero row instead
 // of a read out of bounds; ids from the host are checked before the launch.
@@ -21,6 +21,12 @@ if (id < 0 || id >= dims[2]) {
     store_wide<uint4>(out, (t * k + b * 32) / 8 + i, w);
   }
   return;
+} else if (QTYPE >= 9) {  // IQ4_NL, IQ4_XS (gemv/iq4_block.metal)
+  const uint c = QTYPE == 10 ? b % 8 : 0u;
+  const uint base = QTYPE == 10 ? (uint(id) * (nb / 8) + b / 8) * 136u : (uint(id) * nb + b) * 18u;
+#define IB_BYTES table
+#include "gemv/iq4_block.metal"
+#undef IB_BYTES
 } else if (QTYPE >= 6) {  // Q4_1, Q5_0, Q5_1 (gemv/legacy_block.metal)
   const uint base = (uint(id) * nb + b) * (QTYPE == 6 ? 20u : QTYPE == 7 ? 22u : 24u);
 #define LB_BYTES table

@@ -168,6 +168,20 @@ LATHE_FN float gate_act(float x) {
   return x / (1.0f + exp(-x));
 }
 
+// ---- the IQ4 blocks' levels ----------------------------------------------------------------------
+// Four nibbles (one in the low bits of each byte) -> their levels of GGML's kvalues_iq4nl as four
+// int8 bytes (the dot products' weights): the 16 levels as four words, a word picked by the
+// nibble's top two bits and a byte by its low two. reference/iquant.py's KVALUES.
+LATHE_FN uint iq4_levels(uint nibbles) {
+  uint out = 0u;
+  for (uint b = 0; b < 4; ++b) {
+    const uint v = (nibbles >> (8 * b)) & 15u;
+    const uint word = v < 4u ? 0xBFAD9881u : v < 8u ? 0xF6EADDCFu : v < 12u ? 0x26190D01u : 0x71594535u;
+    out |= ((word >> (8 * (v & 3u))) & 255u) << (8 * b);
+  }
+  return out;
+}
+
 // ---- K-quant super-blocks --------------------------------------------------------------------------
 // Bytes of a GGUF super-block of 256 weights by the bodies' block type code (2 Q4_K, 3 Q5_K, 4 Q6_K;
 // reference/kquant.py has the layouts), for the kernels that read GGUF's own blocks.
