@@ -22,6 +22,12 @@
   GEMV launch on repacked weights (kernels.gemv's pair, w_b), or one GEMV a type joined by
   mx.concatenate (the `mixed_projection` option, and GGUF blocks).
 
+Gemma-style layers (harness.arch: embedding scale, post-block norms) keep the residual stream in
+float32 (wide_stream; the RMSNorm kernels and the v3 GEMVs' RMSNorm prologue read it), each
+post-norm an RMSNorm of the block's output added to it (post_norm_add); GELU rides where SiLU
+does; sliding-window layers pass their window to the attention kernels; RoPE takes a table a
+layer where the layers' bases differ.
+
 KV cache (`kv=`): `contiguous` (head-major [Hkv, max_seq, D] per layer, the default) or `paged`
 (vLLM's block pool, blocks of BLOCK_SIZE tokens handed out in a fixed shuffled order through a
 block table, unused slots NaN so that a read past the context shows): RoPE, then

@@ -188,7 +188,7 @@ USER_ERRORS = [
     (("decode", "tiny-llama", "--mode", "bogus"), "mode must be among"),
     (("decode", "tiny-llama", "--gen", "0"), "prompt and gen at least 1"),
     (("decode", "tiny-llama", "--ctx", "4"), "ctx must hold depth + prompt = 16 tokens"),
-    (("decode", "tiny-llama", "--qtype", "q5_1"), "qtype must be one of"),
+    (("decode", "tiny-llama", "--qtype", "q2_k"), "qtype must be one of"),
     (("decode", "tiny-llama", "--depth", "x"), "depth must be a number"),
     (("decode", "tiny-llama", "--set", "seams=maybe"), "option seams: expected on/off"),
     (("decode", "tiny-llama", "--set", "nosuch=1"), "unknown option 'nosuch'"),
