@@ -191,7 +191,8 @@ def reference_plan(c) -> list[Step]:
                   for n in "qk"]
         sees = f" (window {layer.window})" if layer.window else ""
         steps += [Step("kv_write", "slice update", ("k", "v"), (f"cache.{i}",), (), ("pos",), layer=i),
-                  Step("attention", "mx.fast.scaled_dot_product_attention" + sees, ("q", f"cache.{i}"), ("o",),
+                  Step("attention", ("mx ops: softmax(softcap(q k^T)) v" if c.attn_softcap else
+                                     "mx.fast.scaled_dot_product_attention") + sees, ("q", f"cache.{i}"), ("o",),
                        (), ("kv_len",), layer=i)]
         linear("o", "attn", "attn_output", i)
         if a.post_norms:
@@ -273,7 +274,17 @@ def _op_kv_write(d, s, env, t, offset, store):
 
 def _op_attention(d, s, env, t, offset, store):
     keys, values, mask = env[s.reads[1]]
-    o = mx.fast.scaled_dot_product_attention(env["q"], keys, values, scale=d.config.scale, mask=mask)
+    cap, q = d.config.attn_softcap, env["q"]
+    if not cap:
+        o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=d.config.scale, mask=mask)
+    else:  # Gemma 2: the scores softcapped before the mask, which the fused op does not take
+        group = q.shape[1] // keys.shape[1]
+        keys, values = mx.repeat(keys, group, axis=1), mx.repeat(values, group, axis=1)
+        scores = (q @ keys.transpose(0, 1, 3, 2)) * d.config.scale
+        scores = cap * mx.tanh(scores / cap)
+        if mask is not None:
+            scores = mx.where(mask, scores, mx.array(-mx.inf, scores.dtype))
+        o = mx.softmax(scores, axis=-1, precise=True) @ values
     env["o"] = o[0].transpose(1, 0, 2).reshape(t, -1)
 
 

@@ -146,7 +146,8 @@ def kernel_gaps(c, types: dict[str, str], variant: str = "fused") -> list[str]:
                 f"sliding-window layers ({c.sliding_window} tokens)": mega and any(c.layer(i).window for i in range(c.n_layers)),
                 "layers of different RoPE bases": mega and len({c.layer(i).theta for i in range(c.n_layers)}) > 1,
                 f"an attention scale of {c.scale:g}": mega and abs(c.scale - c.head_dim ** -0.5) > 1e-12,
-                "a final logit softcap": bool(c.final_softcap)}
+                "a final logit softcap": bool(c.final_softcap),
+                f"an attention softcap of {c.attn_softcap:g}": bool(c.attn_softcap)}
     gaps = [what for what, present in features.items() if present]
     odd = sorted({t for t in types.values() if t not in ("F32", "F16") and t.lower() not in QUANTIZED})
     if odd:

@@ -65,6 +65,7 @@ class Config:
     rope_freqs: bool = False  # rope_freqs.weight divides each pair's rotation (Llama 3.1's scaling)
     attn_scale: float = 0.0  # the scale of Q K^T; 0: 1 / sqrt(head_dim)
     final_softcap: float = 0.0  # logits = c * tanh(logits / c); 0: none
+    attn_softcap: float = 0.0  # attention scores c * tanh(s / c) before the mask; 0: none
     biases: tuple[str, ...] = ()  # the matrices (attn_q, ...) whose file carries a .bias
 
     @property
@@ -218,6 +219,8 @@ def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0
             w.add_uint32(f"{a}.rope.scaling.original_context_length", c.rope_orig_ctx)
     if c.final_softcap:
         w.add_float32(f"{a}.final_logit_softcapping", c.final_softcap)
+    if c.attn_softcap:
+        w.add_float32(f"{a}.attn_logit_softcapping", c.attn_softcap)
     w.add_uint32("general.file_type", FILE_TYPES[qtype])
     w.add_tokenizer_model("none")
     shapes = list(tensor_shapes(c).items())
@@ -388,7 +391,7 @@ _KEYS = {
     "rope.scaling.type": ("rope_scaling", str), "rope.scaling.factor": ("rope_factor", float),
     "rope.scaling.original_context_length": ("rope_orig_ctx", int),
     "rope.scaling.attn_factor": ("rope_attn_factor", float), "rope.scale_linear": ("rope_factor", float),
-    "final_logit_softcapping": ("final_softcap", float),
+    "final_logit_softcapping": ("final_softcap", float), "attn_logit_softcapping": ("attn_softcap", float),
 }
 # Keys read only to check that they agree with the rest (a value that differs is refused)
 _MUST_MATCH = {"attention.value_length": "head_dim", "rope.dimension_count": "head_dim"}
@@ -505,6 +508,8 @@ def read_config(reader, path) -> tuple[Config, int | None]:
             raise _refuse(path, f"{arch}'s {name} (sliding-window layers) without a pattern of them")
     if fields.get("final_softcap") and not a.final_softcap:
         raise _refuse(path, f"{arch}.final_logit_softcapping (a softcap of the logits)")
+    if fields.get("attn_softcap") and not a.attn_softcap:
+        raise _refuse(path, f"{arch}.attn_logit_softcapping = {fields['attn_softcap']} (a softcap of the attention scores)")
     fields.setdefault("vocab", 0)  # where the file does not say: the embedding's rows (load_gguf)
     return Config(arch=arch, tied=False, **(a.hparams(fields) if a.hparams else fields)), file_type
 

@@ -54,14 +54,17 @@ class KVCache:
 
 
 def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, window: int | None = None,
-               scale: float | None = None) -> np.ndarray:
+               scale: float | None = None, softcap: float = 0.0) -> np.ndarray:
     """Causal GQA: q [T, H, D] at positions start.., k and v [S, Hkv, D] -> [T, H * D], scores
-    scaled by `scale` (default 1/sqrt(D)); with a window, position p sees only the last `window`
+    scaled by `scale` (default 1/sqrt(D)), then softcapped (c * tanh(s / c), Gemma 2's, before the
+    mask as llama.cpp's build_attn); with a window, position p sees only the last `window`
     positions up to p (a sliding layer, or a KV cache of `window` rows overwritten in a circle)."""
     t, h, d = q.shape
     group = h // k.shape[1]
     kk, vv = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [S, H, D]
     scores = np.einsum("thd,shd->hts", q, kk) * (d ** -0.5 if scale is None else scale)
+    if softcap:
+        scores = softcap * np.tanh(scores / softcap)
     key_pos, query_pos = np.arange(k.shape[0])[None, :], (start + np.arange(t))[:, None]
     allowed = key_pos <= query_pos
     if window is not None:
@@ -139,7 +142,8 @@ def forward(model, tokens, cache: KVCache | None = None, window: int | None = No
             cache.k[i] = np.concatenate([cache.k[i], k])
             cache.v[i] = np.concatenate([cache.v[i], v])
         sees = [w for w in (window, c.layer(i).window) if w]
-        o = _attention(q, cache.k[i], cache.v[i], start, min(sees) if sees else None, c.scale)
+        o = _attention(q, cache.k[i], cache.v[i], start, min(sees) if sees else None, c.scale,
+                       getattr(c, "attn_softcap", 0.0))
         o = _linear(model, o, b + "attn_output")
         if a.post_norms:
             o = rms_norm(o, weight(model, b + "post_attention_norm.weight"), c.eps)

@@ -26,6 +26,8 @@ PROMPT, STEPS = 12, 40
 CONFIGS = {
     "qwen2": PRESETS["tiny-qwen2"],
     "gemma3": PRESETS["tiny-gemma3"],
+    # a softcap that random weights' small scores feel (Gemma 2's real 50 barely moves them)
+    "gemma2": replace(PRESETS["tiny-gemma2"], attn_softcap=1.0),
     "phi3": PRESETS["tiny-phi3"],
     "llama-linear": replace(PRESETS["tiny-llama"], rope_scaling="linear", rope_factor=4.0),
     "llama-yarn": replace(PRESETS["tiny-llama"], rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=256),
@@ -87,7 +89,8 @@ def test_each_feature_changes_the_logits(files):
                       ("llama-yarn", dict(rope_scaling="none", rope_factor=1.0)),
                       ("llama-rope-freqs", dict(rope_freqs=False)),
                       ("gemma3", dict(sliding_window=0)),
-                      ("gemma3-softcap", dict(final_softcap=0.0))):
+                      ("gemma3-softcap", dict(final_softcap=0.0)),
+                      ("gemma2", dict(attn_softcap=0.0)), ("gemma2", dict(sliding_window=0))):
         m = load_gguf(files[name])
         base = forward(m, tokens)[0]
         m.config = replace(m.config, **off)
@@ -169,7 +172,8 @@ def _refusals():
         "window in llama": ("llama-linear", [("llama.attention.sliding_window", 4096, V.UINT32)], [],
                             r"llama.attention.sliding_window = 4096 \(a sliding window; llama has none\)"),
         "attention softcap": ("gemma3", [("gemma3.attn_logit_softcapping", 50.0, V.FLOAT32)], [],
-                              r"gemma3.attn_logit_softcapping = 50.0"),
+                              r"gemma3.attn_logit_softcapping = 50.0 \(a softcap of the attention scores\)"),
+        "head norms in gemma2": ("gemma2", [], [("blk.0.attn_q_norm.weight", f32(64))], r"attn_q_norm.weight \(Q head norms\)"),
         "final softcap in qwen2": ("qwen2", [("qwen2.final_logit_softcapping", 30.0, V.FLOAT32)], [],
                                    r"qwen2.final_logit_softcapping \(a softcap"),
         "yarn beta": ("llama-yarn", [("llama.rope.scaling.yarn_beta_fast", 16.0, V.FLOAT32)], [],
@@ -231,7 +235,7 @@ def test_rows_name_the_files_types(files, tmp_path):
 
 @pytest.mark.parametrize("name, variant, expected", [
     ("gemma3", "megafused", "post-attention and post-FFN norms"), ("phi3", "megafused", "a fused attn_qkv matrix"),
-    ("gemma3-softcap", "fused", "a final logit softcap"),
+    ("gemma3-softcap", "fused", "a final logit softcap"), ("gemma2", "fused", "an attention softcap of 1"),
     ("llama-biases", "fused", "biases on attn_output"), ("llama-yarn", "megafused", "yarn RoPE scaling"),
     ("llama-rope-freqs", "megafused", "rope_freqs.weight factors"), ("qwen2", "megafused", "biases on attn_q")])
 def test_kernel_variants_name_what_they_do_not_run(files, name, variant, expected):
@@ -397,3 +401,18 @@ def test_block_type_files_plan_our_gemvs(tmp_path, qtype):
     assert any(qtype.upper() in step.kernel for step in decoder.plan if step.op == "embed")
     with pytest.raises(ValueError, match=f"its blocks take Q4_0, Q8_0.*got {qtype.upper()}"):
         KernelDecoder(m, 64, "megafused")
+
+
+def test_gemma2_takes_llama_cpps_defaults(files, tmp_path):
+    """A Gemma 2 file silent on its window and softcaps gets llama.cpp's: 4096 tokens, 50 on the
+    attention scores, 30 on the logits (llama-hparams.h, the gemma2 loader); the 27B's scale is
+    1/sqrt(d_model / heads)."""
+    path = _rewrite(files["gemma2"], tmp_path / "silent.gguf", drop_keys=(
+        "gemma2.attention.sliding_window", "gemma2.attn_logit_softcapping", "gemma2.final_logit_softcapping"))
+    c = load_gguf(path).config
+    assert (c.sliding_window, c.attn_softcap, c.final_softcap) == (4096, 50.0, 30.0)
+    assert [c.layer(i).window for i in range(c.n_layers)] == [4096, None]
+    from harness.arch import architectures
+
+    fields = dict(n_layers=46, d_model=4608, n_heads=32)
+    assert architectures()["gemma2"].hparams(fields)["attn_scale"] == pytest.approx(144 ** -0.5)

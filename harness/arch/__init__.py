@@ -1,5 +1,5 @@
 """Model architectures as data, one small module each (llama.py, mistral.py, qwen2.py, qwen3.py,
-gemma3.py, phi3.py): what a family's layer computes, read by every consumer instead of being
+gemma2.py, gemma3.py, phi3.py): what a family's layer computes, read by every consumer instead of being
 spelled out in each of them. The float64 oracle (reference.model.forward), the MLX reference
 variant (harness.decode.reference_plan) and the loader (harness.models.load_gguf) read it; the
 kernel variants (harness.kernel_decode) map what they can to kernels and name, in one error, what
@@ -31,7 +31,7 @@ import importlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-MODULES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
+MODULES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 ACTIVATIONS = ("silu", "gelu")  # gelu: the tanh approximation, as ggml_gelu and Gemma's gelu_pytorch_tanh
 ROPE_SCALINGS = ("none", "linear", "yarn")  # `<arch>.rope.scaling.type`
 BIAS_PARTS = ("attn_q", "attn_k", "attn_v", "attn_output")
@@ -54,7 +54,8 @@ class Architecture:
     swa_pattern: int = 0  # sliding-window layers: all but every swa_pattern-th (Gemma 3: 6); 0 none
     swa_theta: float = 0.0  # the sliding layers' RoPE base where the file does not say (Gemma 3's
     # 10000); 0: the file's rope.freq_base, and the global RoPE scaling, in every layer
-    final_softcap: bool = False  # takes `final_logit_softcapping` (Gemma 3, where the file gives one)
+    final_softcap: bool = False  # takes `final_logit_softcapping` (Gemma 2; Gemma 3 where the file gives one)
+    attn_softcap: bool = False  # takes `attn_logit_softcapping`: scores c * tanh(s / c) (Gemma 2)
     hparams: Any = None  # f(fields) -> fields: hyperparameters llama.cpp fixes in code, not the file
     not_applied: tuple[str, ...] = ()  # keys llama.cpp's graph reads and then turns off (Phi-3's window)
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)  # Config fields, arch aside
