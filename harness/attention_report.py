@@ -1,4 +1,4 @@
-"""Issue 24's kernel targets read from a `lathe bench attention` run: `python -m
+"""The attention family's kernel targets read from a `lathe bench attention` run: `python -m
 harness.attention_report results/<device>/attention.csv [--sha SHA]` prints markdown tables (what
 kernels/attention/NOTES.md quotes). Percentages are by GPU time (`gpu_us`, CUPTI) against the copy
 peak measured in the same process; only rows run with the default options count (an A/B run's

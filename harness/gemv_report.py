@@ -1,4 +1,4 @@
-"""Issue 23's kernel targets read from a `lathe bench gemv` run: `python -m harness.gemv_report
+"""The GEMV family's kernel targets read from a `lathe bench gemv` run: `python -m harness.gemv_report
 results/<device>/gemv.csv [--sha SHA]` prints markdown tables (what kernels/gemv/NOTES.md quotes).
 
 - M = 1, by GPU time (`gpu_us`, CUPTI) as % of the copy peak measured in the same process:
@@ -20,7 +20,7 @@ QWEN3 = {(1024, 3072), (3072, 1024), (4096, 1024), (151936, 1024), (1024, 4096)}
 
 
 def target(n: int, k: int) -> float | None:
-    """The issue's floor (% of peak by GPU time) for an N x K matrix; None where it names none."""
+    """The target floor (% of peak by GPU time) for an N x K matrix; None where it names none."""
     return 85.0 if (n, k) in LARGE else 75.0 if (n, k) in MID else 50.0 if (n, k) in QWEN3 else None
 
 

@@ -2,7 +2,7 @@
 
 - `unfused`: one of lathe's kernels per op: embedding, RMSNorm, the Q4_0/Q8_0 GEMV (`linear`),
   RoPE + KV write (in place), flash decode, SwiGLU; residual adds are MLX adds.
-- `megafused` (issue 25): a decode token's layers in one launch, kernels.blocks' token_block over
+- `megafused`: a decode token's layers in one launch, kernels.blocks' token_block over
   each layer's attention block (RMSNorm + QKV, Qwen3's head norms, RoPE + KV write, attention, O +
   residual) and FFN block (RMSNorm + gate|up + SiLU, down + residual), the weights stacked at load;
   with mega_span=layer, a launch a layer (layer_block: a layer's FFN block and the next layer's

@@ -1,4 +1,4 @@
-"""The MSL bodies as Metal sees them, without Apple hardware (issue 27).
+"""The MSL bodies as Metal sees them, without Apple hardware.
 
 `metal_source(job)` writes the Metal source that `mx.fast.metal_kernel` builds for a launch. It
 follows the layout of MLX's generator (mlx/backend/common/metal_kernel.cpp, read at 0.30.4;

@@ -1,6 +1,6 @@
 """Nsight Compute's view of benchmark cases, one row per case and kernel: GPU time, DRAM
 throughput (% of its peak, and GB/s read), achieved occupancy, issue-slot use and the top stall
-reasons (issue 23 profiles every GEMV shape before changing it).
+reasons (each GEMV shape is profiled before it is changed).
 
     ncu --clock-control none --page raw --csv --log-file ncu.csv \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\

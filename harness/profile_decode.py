@@ -29,7 +29,7 @@ tracer slows the host's encoding, so read the wall time from a run without it.
 
 `--prompt N` times a prompt of N tokens instead (llama-bench's pp, at `--depth`), `--tokens`
 times at one position: its host split (`build`, forward() replaying the prompt's plan; `encode`;
-`wait`) and, with `--timeline`, its kernels: what a prompt's tok/s is made of (issue 24).
+`wait`) and, with `--timeline`, its kernels: what a prompt's tok/s is made of.
 
 `--seams-ab ROUNDS` builds the fused decoder twice in one process, without seams and with them
 (kernels.gemv.seam), and alternates the decode matrix's own tg128 (harness.decode.generate,

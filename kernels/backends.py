@@ -1,5 +1,5 @@
 """The choices that differ between the two GPUs lathe's MSL bodies run on, made in one place
-(issue 27; kernels/msl/NOTES.md has the hazards behind them). Each reads the backend that
+(kernels/msl/NOTES.md has the hazards behind them). Each reads the backend that
 launches are made for (kernels.runtime.target_backend: the device's, or CUDA's while launches are
 recorded on a machine without a GPU)."""
 

@@ -426,7 +426,7 @@ def resident_groups(job: Launch) -> int | None:
 # Each target's limits on a launch (kernels.backends makes its choices from them): threads a
 # threadgroup, where lathe keeps its Metal launches within 256 (a pipeline may cap them below
 # 1024) until a Metal run measures otherwise; and the static threadgroup memory a threadgroup may
-# declare, 48 KiB on CUDA, 32 KiB on Apple GPUs (issue 27)
+# declare, 48 KiB on CUDA, 32 KiB on Apple GPUs
 THREADS_PER_THREADGROUP = {"cuda": 1024, "metal": 256}
 THREADGROUP_MEMORY = {"cuda": 48 * 1024, "metal": 32 * 1024}
 

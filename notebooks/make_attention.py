@@ -12,7 +12,7 @@ CUPTI), and `gpu_kernels` splits the GPU time by kernel (the split attention and
 MLX's sdpa and its reduction). The design, the profiles and the causes of what is not reached
 are in `kernels/attention/NOTES.md`."""),
     load_cell("attention"),
-    ("md", """## Issue 24's targets
+    ("md", """## The attention targets
 
 `harness.attention_report` reads the newest run, from the rows run with the default options (an
 A/B pass's `--set` rows are left out): batch 1 (and the chained rows, where each call waits for

@@ -4,8 +4,8 @@
 instead of executed (kernels.runtime.recording: outputs are zeros, so outcomes mean nothing)
 and writes the distinct CUDA modules to F, the format of `lathe compile --record`: on the
 device, `lathe compile --recorded F` then compiles them in parallel, where the suite would
-otherwise compile each one in its own test, one at a time (issue 23: the decode tests' token
-blocks kept `tests-rest` past its call).
+otherwise compile each one in its own test, one at a time (the decode tests' token blocks once kept
+`tests-rest` past its call).
 
 `--shard I/N` keeps every N-th test from the I-th: N processes share the suite (its reference
 cases run float64 NumPy on the host, one core a process; `.ci/device tests-shards`).

@@ -398,7 +398,7 @@ def test_chained_bench_orders_each_call_after_the_one_before():
 
 
 def test_mixed_batch_bench_reads_each_sequence_to_its_own_length():
-    """The mixed decode benchmark (issue 24's batches of 8 and 32): lengths from ctx down to
+    """The mixed decode benchmark (batches of 8 and 32): lengths from ctx down to
     about ctx/2, the bytes those rows hold, MLX's sdpa masked to each sequence's own rows (as
     sdpa over that sequence alone), and a paged table that gives every sequence blocks of its
     own, scattered over a pool just large enough."""

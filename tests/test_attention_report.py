@@ -1,4 +1,4 @@
-"""harness.attention_report: issue 24's targets read from a committed benchmark run (the H100's,
+"""harness.attention_report: the attention targets read from a committed benchmark run (the H100's,
 4dff975, whose rows include an A/B pass under other options that the report must leave out)."""
 
 from __future__ import annotations

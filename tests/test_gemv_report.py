@@ -1,4 +1,4 @@
-"""harness.gemv_report: issue 23's targets read from a committed benchmark run (the H200's, 24caf7e)."""
+"""harness.gemv_report: the GEMV targets read from a committed benchmark run (the H200's, 24caf7e)."""
 
 from __future__ import annotations
 

@@ -458,7 +458,7 @@ def reference_cases() -> list[CheckCase]:
 
 # ---- benchmarks --------------------------------------------------------------------------------------
 BENCH_CONTEXTS = (512, 2048, 8192, 32768)
-# (query heads, kv heads, head_dim): the two decode presets' heads, and issue 24's other head dims
+# (query heads, kv heads, head_dim): the two decode presets' heads, and the other head dims of real models
 # (Llama-3.2-1B's 64, Gemma-2's 256)
 BENCH_MODELS = {"llama3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}
 HEAD_DIM_MODELS = {"llama3.2-1b": (32, 8, 64), "gemma2-2b": (8, 4, 256)}
@@ -621,7 +621,7 @@ def bench_cases(quick: bool = False) -> list:
                 for kernel in ("flash_decode", "paged_v1", "paged_v2", "mlx.sdpa"):
                     cases.append(_bench(kernel, model, batch, ctx))
     if not quick:
-        # issue 24's other head dims at batch 1, and mixed batches of 8 and 32 at long contexts
+        # the other head dims at batch 1, and mixed batches of 8 and 32 at long contexts
         for model in HEAD_DIM_MODELS:
             for ctx in BENCH_CONTEXTS:
                 cases += [_bench(kernel, model, 1, ctx) for kernel in ("flash_decode", "paged_v1", "paged_v2", "mlx.sdpa")]

@@ -533,7 +533,7 @@ GATE_UP_SWIGLU_CASES = [
 
 
 def check_cases(small: bool = False) -> list[CheckCase]:
-    """Everything issue 3 names, both formats (`small`: the odd shapes only, one of each kind,
+    """Every GEMV form and format the family holds (`small`: the odd shapes only, one of each kind,
     for `lathe compile`)."""
     cases = []
     odd = [(n, k) for n in SMALL_N for k in SMALL_K]
@@ -944,7 +944,7 @@ SWEEP_SHAPES = (("q4_0", 6144, 4096), ("q4_0", 4096, 4096), ("q4_0", 28672, 4096
                 ("q8_0", 1024, 2048), ("q8_0", 6144, 1024), ("q8_0", 1024, 3072))
 
 
-# The K-quants' v3 (issue 26's targets, 14336 x 4096 and 4096 x 14336, and the 8B's gate+up).
+# The K-quants' v3 (their targets' shapes, 14336 x 4096 and 4096 x 14336, and the 8B's gate+up).
 K_SWEEP_SHAPES = tuple((q, n, k) for q in K_QTYPES for n, k in ((14336, 4096), (4096, 14336), (28672, 4096)))
 
 

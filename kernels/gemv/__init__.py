@@ -87,7 +87,7 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # SEAM_V3_WARPS: a v3 seam's GEMV B takes at most this many SIMD groups (threadgroups of the seam's
 # NSIMD), each streaming row groups; 2112 = 16 on each of the 132 SMs, gate+up's best alone (528
 # threadgroups of 4). The seam runs B with A's NSIMD: B's own cap (528 of them) at A's 8 SIMD
-# groups was two waves, and its seams ran 2-6 us longer than its GEMVs apart (issue 23). 0: B's
+# groups was two waves, and its seams ran 2-6 us longer than its GEMVs apart. 0: B's
 # cap by shape.
 # V3_K_SHAPES: 1 gives the K-quants v3 knobs of their own on some shapes (v3_by_shape), 0 Q4_0's
 # there too.
