@@ -476,9 +476,9 @@ def _parser() -> argparse.ArgumentParser:
 # as argparse does; anything else is a bug and keeps its traceback.
 def cmd_text(model: str, qtype: str, text: str, gen: int, variant: str, seed: int = 0) -> int:
     """Greedy continuation of `text` with the file's own tokenizer, printed as text."""
-    from harness.decode import make_decoder, model_file
-    from harness.models import file_type_name, load_gguf
-    from harness.tokenizer import load_tokenizer
+    from harness.program.decode import make_decoder, model_file
+    from harness.program.models import file_type_name, load_gguf
+    from harness.program.tokenizer import load_tokenizer
 
     print(_backend_line())
     path = model_file(model, qtype, seed)
@@ -508,11 +508,11 @@ def cmd_quality(model: str, qtype: str, text: str, n_ctx: int, n_chunks: int | N
     reference on the same tokens, and llama.cpp's perplexity of the same file and text
     (harness/quality.py); rows into results/<device>/quality.csv on a GPU (or with write)."""
     from harness import quality
-    from harness.decode import VARIANTS, make_decoder, model_file
-    from harness.models import file_type_name, load_gguf
+    from harness.program.decode import VARIANTS, make_decoder, model_file
+    from harness.program.models import file_type_name, load_gguf
     from harness.plots import quality_plot
     from harness.results import append_rows, read_results, results_dir, run_metadata
-    from harness.tokenizer import load_tokenizer
+    from harness.program.tokenizer import load_tokenizer
     from kernels.runtime import backend, device_name, has_gpu
 
     print(_backend_line())
@@ -613,7 +613,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "bench":
         return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep, args.match)
     if args.command == "decode" and args.show_plan:
-        from harness.decode import show_plan
+        from harness.program.decode import show_plan
 
         print(show_plan(args.model, args.qtype, args.seed, args.variant, args.kv))
         return 0

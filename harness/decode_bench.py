@@ -1,7 +1,7 @@
 """Decode as llama-bench measures it: run_decode() times generate() over variants, modes, depths
 and repeats (a prompt, then n tokens), with the weights + KV roofline of each row and the split of
 a token's time between building its graph and waiting for it (breakdown). The loop itself, its
-variants and modes are harness/decode.py and harness/kernel_decode.py."""
+variants and modes are harness/program/decode.py and harness/program/kernel_decode.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from harness.decode import (KV_LAYOUTS, MODES, VARIANTS, _backend, generate, make_decoder, model_file,
+from harness.program.decode import (KV_LAYOUTS, MODES, VARIANTS, _backend, generate, make_decoder, model_file,
                             prompt_forward)
-from harness.models import Model, file_type_name, load_gguf, tensor_shapes
+from harness.program.models import Model, file_type_name, load_gguf, tensor_shapes
 
 
 def traffic(model: Model, position: float) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""What the target reports share (harness.gemv_report, harness.attention_report): a markdown table,
+"""What the target reports share (harness.tools.gemv_report, harness.tools.attention_report): a markdown table,
 and the command that picks one benchmark run out of a results CSV and prints its tables."""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from harness import gpu_trace
+from harness.tools import gpu_trace
 
 State = dict[str, Any]
 

@@ -207,7 +207,7 @@ class KernelSpec:
 # (0.32.4) names the kernel's compiled module by std::hash of the generated source, header
 # included, each time it encodes the kernel. Our header and a seam's body came to ~50 KB a launch,
 # 4 MB a Llama token, and the hashing to ~30% of the host's time per token (py-spy of the
-# compiled-pipelined loop, harness.host_profile). So on CUDA the header and the body MLX holds are
+# compiled-pipelined loop, harness.tools.host_profile). So on CUDA the header and the body MLX holds are
 # one `#include` line each, of a file named by its content's digest that NVRTC reads when MLX
 # compiles the kernel (the body's file is pasted inside the kernel function, as the text would be).
 # The inline_source option hands MLX the text itself, for the comparison.

@@ -14,7 +14,7 @@ are in `kernels/attention/NOTES.md`."""),
     load_cell("attention"),
     ("md", """## The attention targets
 
-`harness.attention_report` reads the newest run, from the rows run with the default options (an
+`harness.tools.attention_report` reads the newest run, from the rows run with the default options (an
 A/B pass's `--set` rows are left out): batch 1 (and the chained rows, where each call waits for
 the one before), the best of flash decode and paged v2 >= 90% of peak by GPU time at 8192 and
 32768 tokens for every head shape and by wall time ahead of MLX's sdpa at every context; mixed
@@ -22,7 +22,7 @@ batches of 8 and 32 >= 90% at 32768; the tiled prefill >= 0.8x MLX's causal sdpa
 tokens."""),
     ("code", """import sys
 sys.path.insert(0, str(root))
-from harness.attention_report import decode_table, mixed_table, prefill_table
+from harness.tools.attention_report import decode_table, mixed_table, prefill_table
 
 print("benchmark run:", latest.git_sha.iloc[0], "on", latest.device.iloc[0])
 decode_table(latest)"""),

@@ -15,7 +15,7 @@ bench = df[df.benchmark != "gemv-sweep"]
 latest = bench[bench.git_sha == bench.sort_values("date").git_sha.iloc[-1]]"""),
     ("md", """## The GEMV targets: % of peak by GPU time, wall over GPU time, M rows
 
-`harness.gemv_report` reads the run: the GEMVs the decode loop runs (v3 on weights repacked at
+`harness.tools.gemv_report` reads the run: the GEMVs the decode loop runs (v3 on weights repacked at
 load, the fused v3 forms) and MLX's peers at M = 1, by GPU time (`gpu_us`, CUPTI) as % of the
 copy peak of the same process, against the target floor for the shape (>= 85% large, >= 75%
 4096x4096 and QKV, >= 50% Qwen3-0.6B); wall over GPU time (<= 1.15 from 14336x4096 up); and
@@ -23,7 +23,7 @@ M = 2..4 over M = 1 (<= 1.3 at the large shapes). GPU time can read above 100% w
 calls overlap (kernels/gemv/NOTES.md, "Measurement notes")."""),
     ("code", """import sys
 sys.path.insert(0, str(root))
-from harness.gemv_report import m1_table, m_table
+from harness.tools.gemv_report import m1_table, m_table
 
 print("benchmark run:", latest.git_sha.iloc[0], "on", latest.device.iloc[0])
 m1_table(latest)"""),

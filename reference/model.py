@@ -1,6 +1,6 @@
 """A float64 forward pass of a GGUF model: the oracle of the decode loop.
 
-`model` is anything with `.config` and `.tensors` / `.types` as harness.models loads them
+`model` is anything with `.config` and `.tensors` / `.types` as harness.program.models loads them
 (quantized tensors as GGUF block bytes, dequantized here). The config says what the layer
 computes (harness/arch: `config.architecture`'s norm placement, head norms, activation, fused
 tensors, embedding scale; `config.layer(i)`'s window, RoPE base and scale; biases, RoPE
@@ -77,7 +77,7 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, window: 
 
 # llama.cpp's yarn for every architecture here: ext_factor 1, betas 32 and 1, fixed in code
 # (llama-context.cpp, llama-hparams.h); the files' rope.scaling.yarn_* keys are not read by it,
-# and harness.models refuses a file whose keys say otherwise.
+# and harness.program.models refuses a file whose keys say otherwise.
 YARN = dict(ext_factor=1.0, beta_fast=32.0, beta_slow=1.0)
 
 

@@ -12,9 +12,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from harness.arch import BIAS_PARTS
-from harness.decode import ReferenceDecoder, generate
-from harness.models import PRESETS, GGUFError, file_type_name, load_gguf, write_random_gguf
+from harness.program.arch import BIAS_PARTS
+from harness.program.decode import ReferenceDecoder, generate
+from harness.program.models import PRESETS, GGUFError, file_type_name, load_gguf, write_random_gguf
 from reference import rel_err
 from reference.model import forward
 from reference.rope import gelu, rope, rope_frequencies
@@ -73,7 +73,7 @@ def test_sliding_layers_wrap_like_the_window(files, mode):
 
 
 def test_modes_agree_on_a_sliding_window_model(files):
-    from harness.decode import MODES
+    from harness.program.decode import MODES
 
     m = load_gguf(files["gemma3"])
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
@@ -199,7 +199,7 @@ def test_what_a_file_says_is_used_or_refused_by_name(files, tmp_path, case):
 
 def test_required_biases_and_read_but_not_applied_keys(files, tmp_path):
     """Qwen2's Q/K/V biases are required; Phi-3's sliding window is read and, as llama.cpp's phi3
-    graph does, not applied (harness/arch/phi3.py); a yarn key equal to llama.cpp's is taken."""
+    graph does, not applied (harness/program/arch/phi3.py); a yarn key equal to llama.cpp's is taken."""
     from gguf import GGUFValueType as V
 
     import gguf
@@ -241,7 +241,7 @@ def test_rows_name_the_files_types(files, tmp_path):
 def test_kernel_variants_name_what_they_do_not_run(files, name, variant, expected):
     """Before any launch (no GPU needed): a kernel variant lists the layer's features that no
     kernel of it maps yet, and sends the user to a variant that runs it."""
-    from harness.kernel_decode import KernelDecoder
+    from harness.program.kernel_decode import KernelDecoder
 
     m = load_gguf(files[name])
     with pytest.raises(ValueError, match=r"variant does not run this .* model's .*the (reference|fused) variant does") as err:
@@ -260,7 +260,7 @@ def test_kernel_plans_map_scalings_and_biases(files, name, variant):
     for these files; the biases are one add after the projection, a scaled RoPE's table is the
     float64 oracle's layer 0 angles (yarn's factor squared into the attention scale), and
     Phi-3's fused tensors are read as the matrices the fused variant would make."""
-    from harness.kernel_decode import KernelDecoder
+    from harness.program.kernel_decode import KernelDecoder
     from kernels.runtime import recording
     from reference.model import layer_rope
 
@@ -296,7 +296,7 @@ def test_kernel_plans_map_scalings_and_biases(files, name, variant):
 def test_kernel_variants_against_float64(files, name, variant, kv):
     """lathe's kernels on RoPE scalings and Q/K/V biases: a prompt, then decode tokens, against
     the float64 oracle (tests/decode_checks.py)."""
-    from harness.kernel_decode import KernelDecoder
+    from harness.program.kernel_decode import KernelDecoder
 
     m = load_gguf(files[name])
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
@@ -308,7 +308,7 @@ def test_kernel_variants_against_float64(files, name, variant, kv):
 def test_kernel_variants_wrap_like_the_window(files, name):
     """The wrapping path (RoPE in launches of its own, then the cache writes) on a scaled RoPE and
     on biases: twice around a cache of 20 rows."""
-    from harness.kernel_decode import KernelDecoder
+    from harness.program.kernel_decode import KernelDecoder
 
     m = load_gguf(files[name])
     prompt = np.random.default_rng(7).integers(0, m.config.vocab, PROMPT)
@@ -319,7 +319,7 @@ def test_kernel_variants_name_block_types_they_do_not_read(tmp_path):
     """A head size attention does not take, and a block type no GEMV reads (the 2- and 3-bit
     types), each named before any launch; the K mixes' fallbacks (Q5_0, Q8_0 beside Q4_K and Q6_K,
     as in Gemma-3-270M's Q4_K_M) and the IQ4s are read."""
-    from harness.kernel_decode import KernelDecoder, kernel_gaps
+    from harness.program.kernel_decode import KernelDecoder, kernel_gaps
 
     narrow = replace(PRESETS["tiny-llama"], d_model=160, n_heads=4, head_dim=40)
     m = load_gguf(write_random_gguf(tmp_path / "narrow.gguf", narrow, "q4_k_m"))
@@ -344,7 +344,7 @@ GEMMA_K_MIX = replace(PRESETS["tiny-gemma3"], d_model=320, ff=512)
 def test_gemma_k_mix_against_float64(tmp_path, variant, kv):
     """The real Gemma-3-270M file's block types, layer and sliding windows (layer 0 sees 8
     positions) on lathe's kernels: a prompt, then decode tokens, against the float64 oracle."""
-    from harness.kernel_decode import KernelDecoder
+    from harness.program.kernel_decode import KernelDecoder
 
     m = load_gguf(write_random_gguf(tmp_path / "gemma-k-mix.gguf", GEMMA_K_MIX, "q4_k_m", seed=4))
     assert {"Q5_0", "Q8_0", "Q4_K", "Q6_K"} <= set(m.types.values())
@@ -355,7 +355,7 @@ def test_gemma_k_mix_against_float64(tmp_path, variant, kv):
 def test_gemma_k_mix_plans_read_every_type(tmp_path):
     """On any machine (launches recorded): the fused plan of that mix runs each block type in our
     GEMVs (no MLX matmul at decode), Q|K in Q5_0 apart from a Q8_0 V where the layer's types differ."""
-    from harness.kernel_decode import KernelDecoder
+    from harness.program.kernel_decode import KernelDecoder
     from kernels.runtime import recording
 
     m = load_gguf(write_random_gguf(tmp_path / "gemma-k-mix.gguf", GEMMA_K_MIX, "q4_k_m", seed=4))
@@ -378,7 +378,7 @@ BLOCK_TYPES = ["q4_1", "q5_0", "q5_1", "iq4_nl", "iq4_xs"]  # every matrix of th
 def test_block_types_on_the_kernel_variants(tmp_path, qtype, variant):
     """A llama file whose every matrix (the embedding included) is a legacy or IQ4 block type: a
     prompt, then decode tokens, against the float64 oracle."""
-    from harness.kernel_decode import KernelDecoder
+    from harness.program.kernel_decode import KernelDecoder
 
     m = load_gguf(write_random_gguf(tmp_path / f"{qtype}.gguf", "tiny-llama", qtype, seed=5))
     assert set(m.types.values()) == {"F32", qtype.upper()}
@@ -390,7 +390,7 @@ def test_block_types_on_the_kernel_variants(tmp_path, qtype, variant):
 def test_block_type_files_plan_our_gemvs(tmp_path, qtype):
     """On any machine (launches recorded): fused runs such a file on lathe's GEMVs and embedding;
     megafused, whose blocks were not checked on these types, says so before any launch."""
-    from harness.kernel_decode import KernelDecoder
+    from harness.program.kernel_decode import KernelDecoder
     from kernels.runtime import recording
 
     m = load_gguf(write_random_gguf(tmp_path / f"{qtype}.gguf", "tiny-llama", qtype, seed=5))
@@ -412,7 +412,7 @@ def test_gemma2_takes_llama_cpps_defaults(files, tmp_path):
     c = load_gguf(path).config
     assert (c.sliding_window, c.attn_softcap, c.final_softcap) == (4096, 50.0, 30.0)
     assert [c.layer(i).window for i in range(c.n_layers)] == [4096, None]
-    from harness.arch import architectures
+    from harness.program.arch import architectures
 
     fields = dict(n_layers=46, d_model=4608, n_heads=32)
     assert architectures()["gemma2"].hparams(fields)["attn_scale"] == pytest.approx(144 ** -0.5)

@@ -1,4 +1,4 @@
-"""harness.attention_report: the attention targets read from a committed benchmark run (the H100's,
+"""harness.tools.attention_report: the attention targets read from a committed benchmark run (the H100's,
 4dff975, whose rows include an A/B pass under other options that the report must leave out)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.attention_report import decode_table, default_rows, main, mixed_table, prefill_table
+from harness.tools.attention_report import decode_table, default_rows, main, mixed_table, prefill_table
 
 CSV = Path(__file__).resolve().parent.parent / "results" / "nvidia-h100-80gb-hbm3" / "attention.csv"
 

@@ -125,9 +125,9 @@ def test_decode_over_several_depths():
 def test_traffic_counts_the_stored_weights(tmp_path, monkeypatch):
     """Weight bytes per token: every stored matrix once (one embedding row unless tied), so
     close to the file size; KV bytes grow with the position."""
-    from harness.decode import model_file
+    from harness.program.decode import model_file
     from harness.decode_bench import traffic
-    from harness.models import load_gguf
+    from harness.program.models import load_gguf
 
     monkeypatch.setenv("LATHE_CACHE", str(tmp_path))
     path = model_file("tiny-llama", "q8_0")
@@ -165,7 +165,7 @@ def _cut(path: Path, keep: int) -> Path:
 
 @pytest.fixture(scope="module")
 def bad_files(tmp_path_factory) -> dict[str, Path]:
-    from harness.models import write_random_gguf
+    from harness.program.models import write_random_gguf
 
     root = tmp_path_factory.mktemp("bad")
     good = write_random_gguf(root / "tiny.gguf", "tiny-llama", "q8_0")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.decode import ReferenceDecoder, model_file
-from harness.models import load_gguf, write_random_gguf
+from harness.program.decode import ReferenceDecoder, model_file
+from harness.program.models import load_gguf, write_random_gguf
 from reference import rel_err
 from reference.model import forward, weight32
 from tests.decode_checks import wraps_like_the_window
@@ -87,7 +87,7 @@ def test_circular_overflow_against_float64(models, preset, mode):
 def test_a_resized_decoder_is_a_fresh_one(models, mode):
     """resize() (one decoder over several depths): a cache grown, then shrunk, gives the tokens
     of a decoder made at that size; the compiled step is traced again for the new size."""
-    from harness.decode import generate
+    from harness.program.decode import generate
 
     m = models["tiny-qwen3", "q8_0"]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
@@ -112,7 +112,7 @@ def test_model_file_names_the_presets(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_modes_give_identical_tokens(models, preset):
-    from harness.decode import MODES, generate
+    from harness.program.decode import MODES, generate
 
     m = models[preset, "q8_0"]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
@@ -127,8 +127,8 @@ def test_modes_give_identical_tokens(models, preset):
 
 
 def test_sampled_generation_is_seeded_and_mode_independent(models):
-    from harness.decode import MODES, generate
-    from harness.sampling import Sampler
+    from harness.program.decode import MODES, generate
+    from harness.program.sampling import Sampler
 
     m = models["tiny-llama", "q4_0"]
     prompt = np.random.default_rng(1).integers(0, m.config.vocab, PROMPT)
@@ -148,7 +148,7 @@ def test_session_paths_match_a_full_prefill(models):
     TF32 products), so there the bound is relative, 2e-3; 1e-4 on the CPU."""
     import mlx.core as mx
 
-    from harness.decode import Session
+    from harness.program.decode import Session
 
     m = models["tiny-qwen3", "q8_0"]
     seq = [int(t) for t in np.random.default_rng(3).integers(0, m.config.vocab, 30)]
@@ -172,7 +172,7 @@ def test_session_paths_match_a_full_prefill(models):
 def test_the_plan_binds_every_weight(models, preset):
     """The plan replayed per token reads every tensor of the model (the embedding as the output
     too when tied), each norm and matrix bound to exactly one step."""
-    from harness.decode import plan_table, reference_plan
+    from harness.program.decode import plan_table, reference_plan
 
     m = models[preset, "q8_0"]
     plan = reference_plan(m.config)

@@ -1,4 +1,4 @@
-"""harness.gemv_report: the GEMV targets read from a committed benchmark run (the H200's, 24caf7e)."""
+"""harness.tools.gemv_report: the GEMV targets read from a committed benchmark run (the H200's, 24caf7e)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.gemv_report import m1_table, m_table, main, markdown, target
+from harness.tools.gemv_report import m1_table, m_table, main, markdown, target
 
 CSV = Path(__file__).resolve().parent.parent / "results" / "nvidia-h200" / "gemv.csv"
 
@@ -38,6 +38,13 @@ def test_m_table_compares_rows_with_one_row():
     assert set(table.index.get_level_values("M")) == {2, 3, 4}
     row = table.loc[("linear_q4_0", 128256, 4096, 2)]
     assert abs(row["over M = 1"] - 76.142 / 72.828) < 0.01 and row["met (<= 1.3)"] == "yes"
+
+
+def test_a_run_without_batched_rows_gives_an_empty_m_table():
+    """A --quick bench (M = 1 rows alone) reads as an empty M table, not an error."""
+    run = run_rows()
+    table = m_table(run[run.benchmark != "gemv-batched"])
+    assert table.empty and "over M = 1" in table.columns
 
 
 def test_report_prints_markdown_and_refuses_a_run_without_gpu_time(capsys, tmp_path):

@@ -1,5 +1,5 @@
-"""The project's modules import one another without a cycle (harness.decode and
-harness.kernel_decode once did), counting imports inside functions too: a cycle there works only
+"""The project's modules import one another without a cycle (harness.program.decode and
+harness.program.kernel_decode once did), counting imports inside functions too: a cycle there works only
 by the order in which things happen to load, and hides which module depends on which."""
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_graph_sees_function_level_imports():
     graph = import_graph()
-    assert "harness.models" in graph["harness.decode"]  # top level
-    assert "kernels.gemv" in graph["harness.kernel_decode"]  # inside functions only
+    assert "harness.program.models" in graph["harness.program.decode"]  # top level
+    assert "kernels.gemv" in graph["harness.program.kernel_decode"]  # inside functions only
 
 
 def test_no_import_cycle_among_the_projects_modules():

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.decode import MODES, generate
-from harness.kernel_decode import BLOCK_SIZE, KernelDecoder, kernel_plan
-from harness.models import load_gguf, write_random_gguf
+from harness.program.decode import MODES, generate
+from harness.program.kernel_decode import BLOCK_SIZE, KernelDecoder, kernel_plan
+from harness.program.models import load_gguf, write_random_gguf
 from kernels import options
 from reference import rel_err
 from reference.model import forward
@@ -55,7 +55,7 @@ def test_seams_take_two_launches_a_layer(models, monkeypatch, preset):
     """With seams, a layer's output projection shares a launch with the gate+up RMSNorm+GEMV and
     its down GEMV with the next QKV (the last one's with the head): two launches a layer fewer;
     only where every paired matrix is in one block type, and not with the option seams=off."""
-    from harness import kernel_decode
+    from harness.program import kernel_decode
 
     m = models[preset, "q4_0"]
     c = m.config
@@ -197,7 +197,7 @@ def test_megafused_takes_the_k_mixes(models):
     in some layers), staged alike. megafused keeps V's rows apart from [q; k] in every layer (one
     shape a layer for the stacks), and --show-plan says which matrices are of the other type. A
     mix that a launch cannot hold is refused by name (CPU)."""
-    from harness.kernel_decode import mega_types, split_v_apart
+    from harness.program.kernel_decode import mega_types, split_v_apart
 
     m = models["tiny-llama", "q4_k_m"]
     c, types = m.config, {n: t.lower() for n, t in m.types.items()}
@@ -221,7 +221,7 @@ def test_fused_runs_a_mixed_projection_as_one_pair_launch(models):
     """Q4_K_M's layers whose attn_v is Q6_K: the fused decode token runs [q; k] and v as one
     launch (kernels.gemv's pair, mixed_projection=pair), as many steps as a file of one type;
     mixed_projection=concat, or GGUF blocks (no repack): a GEMV a type, then mx.concatenate (CPU)."""
-    from harness.models import PRESETS, tensor_types
+    from harness.program.models import PRESETS, tensor_types
 
     c = PRESETS["llama3-8b"]
     types = {n: t.lower() for n, t in tensor_types(c, "q4_k_m").items()}
@@ -464,9 +464,9 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, qtype,
     on any machine: the kernels themselves do not run."""
     from dataclasses import replace
 
-    from harness.decode import show_plan
-    from harness.kernel_decode import phase_of
-    from harness.plan import distinct_layers, plan_table
+    from harness.program.decode import show_plan
+    from harness.program.kernel_decode import phase_of
+    from harness.program.plan import distinct_layers, plan_table
     from kernels.runtime import recording
 
     monkeypatch.setitem(options._values, "seams", variant in ("fused", "fused repacked"))

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from harness.models import PRESETS, QTYPES, GGUFError, load_gguf, tensor_shapes, tensor_types, write_random_gguf
+from harness.program.models import PRESETS, QTYPES, GGUFError, load_gguf, tensor_shapes, tensor_types, write_random_gguf
 from reference.model import forward
 from reference import formats
 
@@ -74,7 +74,7 @@ def test_kernels_take_k_quants_repacked_only(tiny):
     """The K-quants run on the v3 GEMVs, over weights repacked at load: without the repack
     option the kernel decoder says so, naming the types and the option, before it touches the
     device."""
-    from harness.kernel_decode import KernelDecoder
+    from harness.program.kernel_decode import KernelDecoder
     from kernels import options
 
     with options.use(repack=False), pytest.raises(ValueError, match="Q4_K, Q6_K matrices.*repack option"):

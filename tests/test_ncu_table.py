@@ -1,4 +1,4 @@
-"""harness.ncu_table on ncu CSVs of both shapes (written here as ncu writes them): each case gets
+"""harness.tools.ncu_table on ncu CSVs of both shapes (written here as ncu writes them): each case gets
 the launches between its two markers, medians over its calls, the top stall reasons."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import csv
 
 import pytest
 
-from harness.ncu_table import read_launches, table
+from harness.tools.ncu_table import read_launches, table
 
 STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 # (kernel, time in ns, dram %, bytes read in MB, long-scoreboard stall, barrier stall)

@@ -1,10 +1,10 @@
-"""harness.profile_decode: the ncu CSV is cut into steps at the marker launches (CPU)."""
+"""harness.tools.profile_decode: the ncu CSV is cut into steps at the marker launches (CPU)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness import profile_decode
+from harness.tools import profile_decode
 
 HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
         '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
@@ -61,7 +61,7 @@ def test_timeline_cuts_tokens_at_the_argmax(capsys):
 
 
 def test_no_trace_without_a_cuda_backend():
-    from harness import gpu_trace
+    from harness.tools import gpu_trace
     from kernels.runtime import backend
 
     if backend() == "cuda":
@@ -73,7 +73,7 @@ def test_no_trace_without_a_cuda_backend():
 
 
 def test_busy_time_counts_overlap_once():
-    from harness.gpu_trace import busy_us
+    from harness.tools.gpu_trace import busy_us
 
     # [0, 10) and [5, 12) overlap; [20, 21) stands apart; [6, 8) lies inside the first
     assert busy_us([(5.0, 7.0, "b"), (0.0, 10.0, "a"), (20.0, 1.0, "c"), (6.0, 2.0, "d")]) == 13.0
@@ -83,7 +83,7 @@ def test_busy_time_counts_overlap_once():
 def test_a_saved_trace_reads_back(tmp_path, capsys):
     import json
 
-    from harness import gpu_trace
+    from harness.tools import gpu_trace
 
     events = [{"cat": "kernel", "ts": 5.0, "dur": 1.0, "name": "b"},
               {"cat": "cpu_op", "ts": 0.0, "dur": 9.0, "name": "host"},
@@ -111,19 +111,19 @@ def test_timeline_by_position_in_the_layer(capsys):
 
 
 def test_host_profile_keeps_the_tokens_and_names_the_frames(tmp_path, capsys):
-    """harness.host_profile on py-spy's raw format: the warm-up's compiling and other threads
+    """harness.tools.host_profile on py-spy's raw format: the warm-up's compiling and other threads
     are left out, C++ names lose their template and argument lists, shares add up."""
-    from harness import host_profile
+    from harness.tools import host_profile
 
-    loop = "main (harness/profile_decode.py:300);run_pipelined (harness/profile_decode.py:240)"
-    queue = loop + ";run_pipelined.<locals>.queue (harness/profile_decode.py:215)"
+    loop = "main (harness/tools/profile_decode.py:300);run_pipelined (harness/tools/profile_decode.py:240)"
+    queue = loop + ";run_pipelined.<locals>.queue (harness/tools/profile_decode.py:215)"
     raw = tmp_path / "raw.txt"
     raw.write_text("\n".join([
         queue + ";mlx::core::async_eval (libmlx.so);mlx::core::eval_impl (libmlx.so);"
         "std::_Hash_bytes(void const*, unsigned long, unsigned long) (libstdc++.so) 3",
         queue + ";mlx::core::async_eval (libmlx.so);mlx::core::eval_impl (libmlx.so);"
         "mlx::core::cu::CommandEncoder::commit<int>(int) (libmlx.so) 1",
-        loop + ";run_pipelined.<locals>.read (harness/profile_decode.py:224);0x7f00 (libcuda.so) 4",
+        loop + ";run_pipelined.<locals>.read (harness/tools/profile_decode.py:224);0x7f00 (libcuda.so) 4",
         queue + ";mlx::core::detail::compile_trace (libmlx.so) 50",   # the first token's tracing
         "worker (threading.py:10);pthread_cond_wait (libc.so.6) 70",  # another thread
     ]) + "\n")
@@ -156,8 +156,8 @@ def test_prompt_profile_repeats_one_prompt_at_its_depth(capsys):
     import mlx.core as mx
     import numpy as np
 
-    from harness.decode import make_decoder, model_file
-    from harness.models import load_gguf
+    from harness.program.decode import make_decoder, model_file
+    from harness.program.models import load_gguf
 
     tokens = profile_decode.run_prompt("tiny-llama", "q8_0", "reference", 24, repeats=3, depth=8)
     out = capsys.readouterr().out

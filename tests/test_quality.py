@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from harness import quality
-from harness.decode import ReferenceDecoder
-from harness.models import load_gguf, write_random_gguf
+from harness.program.decode import ReferenceDecoder
+from harness.program.models import load_gguf, write_random_gguf
 from reference.model import forward
 
 

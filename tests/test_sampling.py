@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from harness.sampling import Sampler
+from harness.program.sampling import Sampler
 
 
 def logits(n=50, seed=0):

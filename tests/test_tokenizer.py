@@ -1,4 +1,4 @@
-"""harness.tokenizer: GGUF tokenizer metadata -> encode/decode.
+"""harness.program.tokenizer: GGUF tokenizer metadata -> encode/decode.
 
 Tiny GGUF files written here hold a SentencePiece-style vocabulary (tokens + scores + types) and
 a byte-level BPE one (tokens + merges + pre), small enough that the expected ids follow by hand
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("tokenizers", reason="harness.tokenizer needs `tokenizers` (pip install 'lathe[text]')")
+pytest.importorskip("tokenizers", reason="harness.program.tokenizer needs `tokenizers` (pip install 'lathe[text]')")
 
-from harness.tokenizer import TokenizerError, load_tokenizer  # noqa: E402
+from harness.program.tokenizer import TokenizerError, load_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SP = "\u2581"
@@ -251,7 +251,7 @@ def test_errors(tmp_path):
 def test_random_weight_file_refused(tmp_path):
     from dataclasses import replace
 
-    from harness.models import PRESETS, write_random_gguf
+    from harness.program.models import PRESETS, write_random_gguf
 
     small = replace(PRESETS["tiny-llama"], n_layers=1)
     path = write_random_gguf(tmp_path / "random.gguf", small, "f16")
@@ -260,8 +260,8 @@ def test_random_weight_file_refused(tmp_path):
 
 
 def test_import_is_lazy():
-    # the rest of the project imports harness.tokenizer without `tokenizers` being loaded
-    code = "import sys, harness.tokenizer; assert 'tokenizers' not in sys.modules, 'imported eagerly'"
+    # the rest of the project imports harness.program.tokenizer without `tokenizers` being loaded
+    code = "import sys, harness.program.tokenizer; assert 'tokenizers' not in sys.modules, 'imported eagerly'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 

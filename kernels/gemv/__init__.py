@@ -124,7 +124,7 @@ _V1 = KernelSpec(name="lathe_gemv_v1", body="gemv/gemv.metal",
 _V2_EXTRA = {"plain": (), "rmsnorm": ("gamma", "eps"), "swiglu": ()}
 
 
-ACTIVATIONS = {"silu": 0, "gelu": 1}  # the gate's activation (lathe.h's gate_act; harness.arch.ACTIVATIONS)
+ACTIVATIONS = {"silu": 0, "gelu": 1}  # the gate's activation (lathe.h's gate_act; harness.program.arch.ACTIVATIONS)
 
 
 @functools.cache
@@ -580,7 +580,7 @@ def v3_smem_bytes(m: int, xchunk: int, simds: int) -> int:
 
 def v3_by_shape(n: int, k: int, qtype: str = "q4_0") -> dict[str, int]:
     """v3's knobs for an [N, K] matrix, from the projection chain on the H200, where each GEMV
-    waits for the one before as in the decode loop (harness.gemv_chain; logs/gemv-chain-v3-54a13a3.log,
+    waits for the one before as in the decode loop (harness.tools.gemv_chain; logs/gemv-chain-v3-54a13a3.log,
     both formats): long rows (down, K = 14336) take 8 SIMD groups a threadgroup, which share one
     staged X'; many rows (gate+up, heads) a grid of one wave, 4 threadgroups on each of the 132
     SMs, each SIMD group streaming its row groups; QKV (6144 rows) 4 rows a SIMD group; the rest

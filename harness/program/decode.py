@@ -2,7 +2,7 @@
 measurement is harness/decode_bench.py), and the `reference` variant: MLX built-ins only (mx.fast.rms_norm,
 mx.fast.rope, mx.fast.scaled_dot_product_attention, dequantized weights and matmul). It runs
 anywhere MLX runs, the CPU included, and is the baseline; lathe's kernel variants (unfused,
-fused; contiguous or paged cache) live in harness/kernel_decode.py behind the same interface.
+fused; contiguous or paged cache) live in harness/program/kernel_decode.py behind the same interface.
 
 A model's weights are dequantized once (float32 on the CPU, float16 on a GPU); the KV cache is
 head-major [1, n_kv, max_seq, head_dim] per layer, updated by slice assignment (mlx-lm's pattern).
@@ -20,9 +20,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from harness.models import PRESETS, Model, load_gguf, write_random_gguf
-from harness.plan import Step, distinct_layers, plan_table
-from harness.sampling import Sampler
+from harness.program.models import PRESETS, Model, load_gguf, write_random_gguf
+from harness.program.plan import Step, distinct_layers, plan_table
+from harness.program.sampling import Sampler
 from kernels import options
 from kernels.runtime import index, resident
 from reference.model import layer_rope, weight32
@@ -537,7 +537,7 @@ def make_decoder(model: Model, max_seq: int, variant: str = "reference", kv: str
         if kv != "contiguous":
             raise ValueError("the reference variant (MLX built-ins) has a contiguous KV cache only")
         return ReferenceDecoder(model, max_seq)
-    from harness.kernel_decode import KernelDecoder
+    from harness.program.kernel_decode import KernelDecoder
 
     return KernelDecoder(model, max_seq, variant, kv, overflow)
 
@@ -554,7 +554,7 @@ def show_plan(name: str, qtype: str, seed: int = 0, variant: str = "reference", 
                          f"contiguous only), got {variant!r}, {kv!r}")
     if variant == "reference":
         return said + plan_table(reference_plan(model.config))
-    from harness.kernel_decode import kernel_gaps, kernel_plan, repacked, seams_apply
+    from harness.program.kernel_decode import kernel_gaps, kernel_plan, repacked, seams_apply
 
     gaps = kernel_gaps(model.config, model.types, variant)
     if gaps:

@@ -3,7 +3,7 @@ GGUF file, building the decoder (weights to the device, fused matrices), and the
 step and compiled-pipelined mode (where kernels compile: NVRTC on CUDA, unless MLX finds them in
 its PTX cache, $MLX_PTX_CACHE_DIR, by default under the system's temp directory).
 
-    python -m harness.startup llama3-8b:q4_0 tiny-llama:q8_0 [--variant fused] [--profile N]
+    python -m harness.tools.startup llama3-8b:q4_0 tiny-llama:q8_0 [--variant fused] [--profile N]
 
 Each model is timed in this one process, in order, so the first pays the process's one-time
 costs; run it twice to see what a warm on-disk cache leaves.
@@ -24,8 +24,8 @@ def time_start(name: str, qtype: str, variant: str = "fused", max_seq: int = 256
     """Seconds for each stage of a cold start of one model (see the module doc)."""
     import numpy as np
 
-    from harness.decode import generate, make_decoder, model_file
-    from harness.models import load_gguf
+    from harness.program.decode import generate, make_decoder, model_file
+    from harness.program.models import load_gguf
 
     stages = {}
     t = time.perf_counter()
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import pandas as pd
 
-    parser = argparse.ArgumentParser(prog="python -m harness.startup", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m harness.tools.startup", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="+", help="PRESET:QTYPE or FILE.gguf:QTYPE")
     parser.add_argument("--variant", default="fused")

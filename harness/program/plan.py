@@ -1,7 +1,7 @@
 """A decode plan: the ordered steps a token replays (the seeds' dispatch table), each naming its
 op, what carries it out, the buffers it reads and writes, the weights bound to it and the fields
-that change from token to token. Every variant builds one (harness.decode.reference_plan,
-harness.kernel_decode.kernel_plan) and `lathe decode --show-plan` prints it."""
+that change from token to token. Every variant builds one (harness.program.decode.reference_plan,
+harness.program.kernel_decode.kernel_plan) and `lathe decode --show-plan` prints it."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ nor llama.cpp's llama graph; v0.3 has none."""
 
 from dataclasses import replace
 
-from harness.arch import llama
+from harness.program.arch import llama
 
 ARCHITECTURE = replace(llama.ARCHITECTURE, presets={
     # Mistral-7B-v0.3 (HF config.json: 32 layers, 4096 wide, 14336 FFN, 32/8 heads, vocab 32768)

@@ -1,7 +1,7 @@
 """Qwen2 / Qwen2.5: NeoX RoPE pairs, biases on Q, K and V (always present), no head norms,
 SiLU-gated FFN; the small models tie the head to the embedding."""
 
-from harness.arch import Architecture
+from harness.program.arch import Architecture
 
 ARCHITECTURE = Architecture(
     name="qwen2", neox=True, biases=("attn_q", "attn_k", "attn_v"), required_biases=True,

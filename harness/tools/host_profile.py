@@ -1,10 +1,10 @@
 """Where the host's time of a decode token goes: a sampling profile of the running loop, native
 frames included, summarized by function.
 
-    python -m harness.host_profile llama3-8b --qtype q4_0 --variant fused --tokens 1500 --out DIR
-    python -m harness.host_profile --summarize DIR/host-llama3-8b-fused.txt
+    python -m harness.tools.host_profile llama3-8b --qtype q4_0 --variant fused --tokens 1500 --out DIR
+    python -m harness.tools.host_profile --summarize DIR/host-llama3-8b-fused.txt
 
-The first form runs `harness.profile_decode`'s compiled-pipelined loop (module doc there: the
+The first form runs `harness.tools.profile_decode`'s compiled-pipelined loop (module doc there: the
 token's host time split into call, encode and wait) and, once its warm-up is over, samples it
 for `--seconds` with py-spy (`--native`: MLX's C++ frames,
 which libmlx.so names, and the CUDA driver's, which it does not) and writes py-spy's raw
@@ -28,7 +28,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-ROOT = "run_pipelined"  # the timed loop's function in harness.profile_decode
+ROOT = "run_pipelined"  # the timed loop's function in harness.tools.profile_decode
 TOKEN = ("run_pipelined.<locals>.queue", "run_pipelined.<locals>.read")  # a token: queued, read
 WARM_UP = ("compile_trace", "compile_simplify", "nvrtc", "JitModule", "JitCompiler", "trace_impl")  # first tokens
 SPLIT_UNDER = ("run_pipelined.<locals>.queue", "mlx::core::async_eval", "mlx::core::eval_impl", "mlx::core::gpu::eval",
@@ -118,7 +118,7 @@ def record(preset: str, qtype: str, variant: str, tokens: int, out: Path, rate: 
     out.mkdir(parents=True, exist_ok=True)
     raw = out / f"host-{preset}-{variant}.txt"
     child = subprocess.Popen(
-        [sys.executable, "-m", "harness.profile_decode", preset, "--qtype", qtype, "--variant", variant,
+        [sys.executable, "-m", "harness.tools.profile_decode", preset, "--qtype", qtype, "--variant", variant,
          "--mode", "compiled-pipelined", "--tokens", str(tokens)], stdout=subprocess.PIPE, text=True)
     for line in child.stdout:
         print(line, end="", flush=True)

@@ -22,7 +22,7 @@
   GEMV launch on repacked weights (kernels.gemv's pair, w_b), or one GEMV a type joined by
   mx.concatenate (the `mixed_projection` option, and GGUF blocks).
 
-Gemma-style layers (harness.arch: embedding scale, post-block norms) keep the residual stream in
+Gemma-style layers (harness.program.arch: embedding scale, post-block norms) keep the residual stream in
 float32 (wide_stream; the RMSNorm kernels and the v3 GEMVs' RMSNorm prologue read it), each
 post-norm an RMSNorm of the block's output added to it (post_norm_add); GELU rides where SiLU
 does; sliding-window layers pass their window to the attention kernels; RoPE takes a table a
@@ -34,14 +34,14 @@ block table, unused slots NaN so that a read past the context shows): RoPE, then
 reshape_and_cache, then paged_attention (a prompt: prefill_attention over the pool). The paged form costs the RoPE + KV-write fusion (two RoPE launches and the
 cache write instead of one launch).
 
-Same interface as harness.decode.ReferenceDecoder (forward, reset, pos), so generate() and Session
+Same interface as harness.program.decode.ReferenceDecoder (forward, reset, pos), so generate() and Session
 run them, in every mode (compiled: KernelDecoder.compiled_step). Matrices stay in their GGUF
 blocks; F16 matrices (the f16 presets) go through MLX's matmul.
 
 The plan is the program: `kernel_plan` builds, once per decoder and phase (a decode token; 2-4
 tokens, which the fused GEMVs still take; a longer prompt, which takes the batched GEMV path and
 kernels.attention.prefill_attention), the ordered steps with what executes each, and forward()
-replays them (harness.plan.replay). `--show-plan` prints the decode token's plan, and a CPU test
+replays them (harness.program.plan.replay). `--show-plan` prints the decode token's plan, and a CPU test
 holds the launches forward() makes against it.
 """
 
@@ -53,8 +53,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from harness.plan import Step, replay
-from harness.models import Model
+from harness.program.plan import Step, replay
+from harness.program.models import Model
 from reference import formats
 from reference.model import layer_rope
 from kernels import attention, backends, blocks, gemv, loop, options, rope

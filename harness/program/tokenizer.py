@@ -361,7 +361,7 @@ def _import_tokenizers():
     try:
         import tokenizers
     except ImportError as exc:
-        raise TokenizerError("harness.tokenizer needs the `tokenizers` package: "
+        raise TokenizerError("harness.program.tokenizer needs the `tokenizers` package: "
                              "pip install 'lathe[text]' (or pip install tokenizers)") from exc
     return tokenizers
 

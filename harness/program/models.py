@@ -1,6 +1,6 @@
 """GGUF models: presets of real shapes, a random-weight GGUF writer, and a checked loader.
 
-The architectures and their presets are described in harness/arch/ (llama, qwen3), one module
+The architectures and their presets are described in harness/program/arch/ (llama, qwen3), one module
 each. Tensor types F32, F16, Q8_0, Q4_0 and the K-quants Q4_K, Q5_K, Q6_K; quantized tensors stay
 in their GGUF block bytes ([N, K / 32 * block bytes] uint8, reference.quant's layout; [N, K / 256
 * super-block bytes] for the K-quants, reference.kquant's).
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.arch import Layer, architectures
+from harness.program.arch import Layer, architectures
 from reference import kquant
 from reference import formats
 from reference.model import YARN
@@ -457,7 +457,7 @@ def read_config(reader, path) -> tuple[Config, int | None]:
     file_type = None
     for key, f in reader.fields.items():
         if key.startswith("GGUF.") or key.startswith("tokenizer."):
-            continue  # the header's own counts; the tokenizer's (harness.tokenizer reads or refuses them)
+            continue  # the header's own counts; the tokenizer's (harness.program.tokenizer reads or refuses them)
         if key.startswith("general."):
             if key == "general.file_type":
                 file_type = int(_value(f))

@@ -5,7 +5,7 @@ llama.cpp's phi3 loader turns it off ("Phi SWA is currently disabled", llama.cpp
 is judged against llama.cpp on the same file, and the two differ only past 2047 tokens. The 128k
 models' LongRoPE factors (rope_factors_long/short) are refused by the loader."""
 
-from harness.arch import Architecture
+from harness.program.arch import Architecture
 
 ARCHITECTURE = Architecture(
     name="phi3", neox=True, fused_qkv=True, fused_gate_up=True,

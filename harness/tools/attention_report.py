@@ -1,5 +1,5 @@
 """The attention family's kernel targets read from a `lathe bench attention` run: `python -m
-harness.attention_report results/<device>/attention.csv [--sha SHA]` prints markdown tables (what
+harness.tools.attention_report results/<device>/attention.csv [--sha SHA]` prints markdown tables (what
 kernels/attention/NOTES.md quotes). Percentages are by GPU time (`gpu_us`, CUPTI) against the copy
 peak measured in the same process; only rows run with the default options count (an A/B run's
 `--set` rows are left out), the first of each case where a run timed it twice.
@@ -93,7 +93,7 @@ def prefill_table(run: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_main(argv, "python -m harness.attention_report", __doc__.split("\n")[0],
+    return run_main(argv, "python -m harness.tools.attention_report", __doc__.split("\n")[0],
                     lambda run: [decode_table(run), mixed_table(run), prefill_table(run)])
 
 

@@ -1,6 +1,6 @@
 """The decode loop's projections alone, one after another as in the loop, timed on the GPU.
 
-    python -m harness.gemv_chain llama3-8b --qtype q4_0 [--layers 32] [--settings "SLOTS=0;SLOTS=2,MAX_GROUPS=396"]
+    python -m harness.tools.gemv_chain llama3-8b --qtype q4_0 [--layers 32] [--settings "SLOTS=0;SLOTS=2,MAX_GROUPS=396"]
         (the K-quants, q4_k, q5_k, q6_k: --layout packed only)
         [--layout gguf,packed] [--down swiglu,epilogue,plain]
 
@@ -9,7 +9,7 @@ RMSNorm+gate+up and SiLU+down (+ residual), each taking the one before's output,
 head; weights of a preset's shapes, random, in `--sets` copies cycled through the layers so that
 they stream from memory as a model's do. Each kernel waits for the one before, as in the loop,
 which a benchmark round of independent calls does not show (kernels/gemv/NOTES.md). The GPU's
-time per projection comes from its kernel trace (harness.gpu_trace), for each GEMV setting given
+time per projection comes from its kernel trace (harness.tools.gpu_trace), for each GEMV setting given
 (`--settings`: values of kernels.gemv.TUNING's keys, the formats' R, NSIMD, SLOTS, V3_R, V3_NSIMD,
 V3_P and the shared ones; settings apart by ';'), on the GGUF blocks (v2) or repacked ones (v3),
 or both (`--layout`). Where SiLU runs (`--down`): `swiglu` computes silu(gate) * up while down
@@ -27,7 +27,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from harness import gpu_trace
+from harness.tools import gpu_trace
 from reference import formats
 
 
@@ -65,7 +65,7 @@ def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: 
     import mlx.core as mx
 
     import kernels.gemv as gemv
-    from harness.models import PRESETS
+    from harness.program.models import PRESETS
 
     c = PRESETS[preset]
     d, ff = c.d_model, c.ff
@@ -137,7 +137,7 @@ def run(preset: str, qtype: str, layers: int, sets: int, tokens: int, settings: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.gemv_chain")
+    parser = argparse.ArgumentParser(prog="python -m harness.tools.gemv_chain")
     parser.add_argument("model", nargs="?", default="llama3-8b")
     parser.add_argument("--qtype", default="q4_0")
     parser.add_argument("--layers", type=int, default=32)

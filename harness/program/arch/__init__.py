@@ -1,8 +1,8 @@
 """Model architectures as data, one small module each (llama.py, mistral.py, qwen2.py, qwen3.py,
 gemma2.py, gemma3.py, phi3.py): what a family's layer computes, read by every consumer instead of being
 spelled out in each of them. The float64 oracle (reference.model.forward), the MLX reference
-variant (harness.decode.reference_plan) and the loader (harness.models.load_gguf) read it; the
-kernel variants (harness.kernel_decode) map what they can to kernels and name, in one error, what
+variant (harness.program.decode.reference_plan) and the loader (harness.program.models.load_gguf) read it; the
+kernel variants (harness.program.kernel_decode) map what they can to kernels and name, in one error, what
 they cannot (kernel_gaps).
 
 A layer, in the order llama.cpp's graphs (src/models/<arch>.cpp) compute it:

@@ -7,7 +7,7 @@ attention (`attention.sliding_window`, 4096 where absent) in every other layer, 
 Attention scale 1/sqrt(head_dim), and for the 27B (46 layers) 1/sqrt(d_model / heads), as
 llama.cpp's loader sets f_attention_scale. The GGUF converter has added Gemma's 1 to every norm."""
 
-from harness.arch import Architecture
+from harness.program.arch import Architecture
 
 
 def _hparams(fields: dict) -> dict:

@@ -1,15 +1,15 @@
 """Where a decode token's time goes: the GPU's kernel time against the wall-clock time per token.
 
-    python -m harness.profile_decode llama3-8b --qtype q4_0 --variant fused --mode compiled
+    python -m harness.tools.profile_decode llama3-8b --qtype q4_0 --variant fused --mode compiled
     ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file ncu.csv \\
-        python -m harness.profile_decode llama3-8b --qtype q4_0 --variant fused --mode compiled --marked
-    python -m harness.profile_decode --summarize ncu.csv
+        python -m harness.tools.profile_decode llama3-8b --qtype q4_0 --variant fused --mode compiled --marked
+    python -m harness.tools.profile_decode --summarize ncu.csv
 
-    python -m harness.profile_decode llama3-8b --qtype q4_0 --variant fused --mode compiled-pipelined
-    python -m harness.profile_decode llama3-8b --mode compiled-pipelined --timeline trace.json
-    python -m harness.profile_decode --read-timeline trace.json
-    python -m harness.profile_decode llama2-7b --seams-ab 5
-    python -m harness.profile_decode qwen3-0.6b --qtype q8_0 --prompt 512 --depth 4096 --timeline trace.json
+    python -m harness.tools.profile_decode llama3-8b --qtype q4_0 --variant fused --mode compiled-pipelined
+    python -m harness.tools.profile_decode llama3-8b --mode compiled-pipelined --timeline trace.json
+    python -m harness.tools.profile_decode --read-timeline trace.json
+    python -m harness.tools.profile_decode llama2-7b --seams-ab 5
+    python -m harness.tools.profile_decode qwen3-0.6b --qtype q8_0 --prompt 512 --depth 4096 --timeline trace.json
 
 The first form times `--tokens` decode steps after a 16-token prompt (wall ms per token). The
 second runs `--steps` steps for Nsight Compute, each between two marker launches (a tiny
@@ -22,7 +22,7 @@ read) splits each token's wall time on the host: `call`, the compiled step build
 calling thread); `wait`, reading the token. With the GPU's busy share sampled by NVML meanwhile:
 encode close to the wall time and a GPU busy well under 100% mean the host's encoding bounds the
 token, not the kernels. `--timeline` adds the GPU's own record of the same tokens (CUPTI, through
-PyTorch's profiler: harness.gpu_trace): each token's span on the GPU, its kernels' time and the
+PyTorch's profiler: harness.tools.gpu_trace): each token's span on the GPU, its kernels' time and the
 gaps between them, and the time of each kernel in the loop as it runs there (Nsight Compute's
 times are of kernels run one at a time, between which the GPU idles and its clock drops). The
 tracer slows the host's encoding, so read the wall time from a run without it.
@@ -32,7 +32,7 @@ times at one position: its host split (`build`, forward() replaying the prompt's
 `wait`) and, with `--timeline`, its kernels: what a prompt's tok/s is made of.
 
 `--seams-ab ROUNDS` builds the fused decoder twice in one process, without seams and with them
-(kernels.gemv.seam), and alternates the decode matrix's own tg128 (harness.decode.generate,
+(kernels.gemv.seam), and alternates the decode matrix's own tg128 (harness.program.decode.generate,
 compiled-pipelined) between the two for ROUNDS rounds: the host's speed, which differs from one
 process to the next by more than the seams change, is then the same for both.
 """
@@ -48,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import gpu_trace
-from harness.gpu_trace import Kernel
+from harness.tools import gpu_trace
+from harness.tools.gpu_trace import Kernel
 
 MARKER = "scan"  # the marker launch's kernel name contains it; nothing in a decode step does
 # ncu writes either spelling, depending on its version
@@ -66,8 +66,8 @@ def _marker() -> None:
 def run(preset: str, qtype: str, variant: str, mode: str, tokens: int, marked: bool, steps: int) -> None:
     import mlx.core as mx
 
-    from harness.decode import make_decoder, model_file
-    from harness.models import load_gguf
+    from harness.program.decode import make_decoder, model_file
+    from harness.program.models import load_gguf
     from kernels.runtime import index
 
     model = load_gguf(model_file(preset, qtype))
@@ -189,9 +189,9 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
     random tokens in the cache before the 16-token prompt (llama-bench's -d)."""
     import mlx.core as mx
 
-    from harness.decode import make_decoder, model_file
+    from harness.program.decode import make_decoder, model_file
     from harness.decode_bench import dispatches_per_token
-    from harness.models import load_gguf
+    from harness.program.models import load_gguf
     from kernels.runtime import index
 
     model = load_gguf(model_file(preset, qtype))
@@ -226,7 +226,7 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
     parts.clear()
     if timeline and not gpu_trace.available():
         raise SystemExit("--timeline needs the CUDA backend and PyTorch (its profiler reads CUPTI)")
-    print(f"timing {tokens} tokens", flush=True)  # the warm-up is over (harness.host_profile waits for it)
+    print(f"timing {tokens} tokens", flush=True)  # the warm-up is over (harness.tools.host_profile waits for it)
     start_busy, stop_busy = _busy_sampler()
     trace = gpu_trace.kernel_trace(timeline) if timeline else contextlib.nullcontext([])
     with trace as kernels:
@@ -292,8 +292,8 @@ def run_prompt(preset: str, qtype: str, variant: str, prompt: int, repeats: int 
     setting."""
     import mlx.core as mx
 
-    from harness.decode import make_decoder, model_file
-    from harness.models import load_gguf
+    from harness.program.decode import make_decoder, model_file
+    from harness.program.models import load_gguf
     from kernels import options
 
     if timeline and not gpu_trace.available():
@@ -358,8 +358,8 @@ def _time_prompts(decoder, label: str, prompt: int, repeats: int, depth: int, ti
 def seams_ab(preset: str, qtype: str, rounds: int, prompt: int = 16, gen: int = 128) -> None:
     """The fused decoder without seams and with them, side by side in one process: tg128 after a
     `prompt`-token prompt, compiled-pipelined, alternated (which goes first swaps each round)."""
-    from harness.decode import generate, make_decoder, model_file
-    from harness.models import load_gguf
+    from harness.program.decode import generate, make_decoder, model_file
+    from harness.program.models import load_gguf
     from kernels import options
 
     model = load_gguf(model_file(preset, qtype))
@@ -414,7 +414,7 @@ def summarize(path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.profile_decode")
+    parser = argparse.ArgumentParser(prog="python -m harness.tools.profile_decode")
     parser.add_argument("model", nargs="?", default="tiny-llama")
     parser.add_argument("--qtype", default="q4_0")
     parser.add_argument("--variant", default="fused")

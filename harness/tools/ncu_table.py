@@ -4,10 +4,10 @@ reasons (each GEMV shape is profiled before it is changed).
 
     ncu --clock-control none --page raw --csv --log-file ncu.csv \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \\
-        python -m harness.profile gemv --marked "gemv_q4_0 [v2] M=1" > labels.txt
-    python -m harness.ncu_table ncu.csv labels.txt [--csv out.csv]
+        python -m harness.tools.profile gemv --marked "gemv_q4_0 [v2] M=1" > labels.txt
+    python -m harness.tools.ncu_table ncu.csv labels.txt [--csv out.csv]
 
-The launches of case i are those between the (2i)th and (2i+1)th marker launch (harness.profile
+The launches of case i are those between the (2i)th and (2i+1)th marker launch (harness.tools.profile
 --marked); labels.txt holds the cases' labels in the same order. ncu's CSV comes in two shapes,
 both read here: `--page raw`, a wide table (a header of metric names, a row of units, a row per
 launch), and the details page, a long one (a row per launch and metric).
@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import median
 
-from harness.profile_decode import MARKER, UNITS
+from harness.tools.profile_decode import MARKER, UNITS
 
 TIME = "gpu__time_duration.sum"
 # What the table shows -> the raw metrics that give it, the first present wins (the sections'
@@ -91,7 +91,7 @@ def table(launches: list[tuple[str, dict[str, float]]], labels: list[str]) -> li
     marks = [i for i, (name, _) in enumerate(launches) if MARKER in name]
     if len(marks) != 2 * len(labels):
         raise ValueError(f"{len(marks)} marker launches for {len(labels)} cases: expected two a case "
-                         f"(run harness.profile with --marked)")
+                         f"(run harness.tools.profile with --marked)")
     out = []
     for case, label in enumerate(labels):
         by_kernel: dict[str, list[dict]] = defaultdict(list)
@@ -116,10 +116,10 @@ def table(launches: list[tuple[str, dict[str, float]]], labels: list[str]) -> li
 def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
-    parser = argparse.ArgumentParser(prog="python -m harness.ncu_table", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m harness.tools.ncu_table", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ncu_csv", type=Path)
-    parser.add_argument("labels", type=Path, help="harness.profile --marked's output: a label a line")
+    parser.add_argument("labels", type=Path, help="harness.tools.profile --marked's output: a label a line")
     parser.add_argument("--csv", type=Path, help="also write the table here")
     args = parser.parse_args(argv)
     labels = [line.strip() for line in args.labels.read_text().splitlines() if line.strip()]

@@ -1,4 +1,4 @@
-"""The GEMV family's kernel targets read from a `lathe bench gemv` run: `python -m harness.gemv_report
+"""The GEMV family's kernel targets read from a `lathe bench gemv` run: `python -m harness.tools.gemv_report
 results/<device>/gemv.csv [--sha SHA]` prints markdown tables (what kernels/gemv/NOTES.md quotes).
 
 - M = 1, by GPU time (`gpu_us`, CUPTI) as % of the copy peak measured in the same process:
@@ -58,13 +58,15 @@ def m_table(run: pd.DataFrame) -> pd.DataFrame:
     rows = rows[rows.M.between(2, 4)]
     rows["M1 gpu_us"] = [one.get((r.kernel, r.N, r.K)) for r in rows.itertuples()]
     rows["over M = 1"] = (rows.gpu_us / rows["M1 gpu_us"]).round(2)
-    rows = rows[[(n, k) in LARGE for n, k in zip(rows.N, rows.K)]]
+    # a boolean Series: a plain list that comes out empty (a run with no M = 2..4 rows, as a
+    # --quick bench) would select no columns instead of no rows
+    rows = rows[pd.Series([(n, k) in LARGE for n, k in zip(rows.N, rows.K)], index=rows.index, dtype=bool)]
     rows["met (<= 1.3)"] = (rows["over M = 1"] <= 1.3).map({True: "yes", False: "no"})
     return rows[["kernel", "N", "K", "M", "gpu_us", "M1 gpu_us", "over M = 1", "met (<= 1.3)"]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_main(argv, "python -m harness.gemv_report", __doc__.split("\n")[0],
+    return run_main(argv, "python -m harness.tools.gemv_report", __doc__.split("\n")[0],
                     lambda run: [m1_table(run), m_table(run)],
                     keep=lambda df: df[df.benchmark != "gemv-sweep"])
 

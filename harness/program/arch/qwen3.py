@@ -1,7 +1,7 @@
 """Qwen3: NeoX RoPE pairs, an RMSNorm of every Q and K head before RoPE, tied embeddings (the
 small models), no biases."""
 
-from harness.arch import Architecture
+from harness.program.arch import Architecture
 
 ARCHITECTURE = Architecture(
     name="qwen3", neox=True, head_norm=True,

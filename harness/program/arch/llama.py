@@ -4,7 +4,7 @@ converter permutes Q and K to match), no head norms, SiLU-gated FFN, a separate 
 `llama.rope.scaling.*`, and Llama 3.1's factors from the file's rope_freqs.weight. Biases on the
 attention matrices are optional (llama.cpp's llama graph adds them where present)."""
 
-from harness.arch import BIAS_PARTS, Architecture
+from harness.program.arch import BIAS_PARTS, Architecture
 
 ARCHITECTURE = Architecture(
     name="llama", neox=False, biases=BIAS_PARTS, rope_scalings=("none", "linear", "yarn"), rope_freqs=True,

@@ -7,7 +7,7 @@ Sliding-window attention (`gemma3.attention.sliding_window`, 512) in every layer
 Attention scale 1/sqrt(head_dim) (llama.cpp: 1/sqrt(d_model / heads) for the 27B, which has 62
 layers). The GGUF converter has already added Gemma's 1 to every norm weight."""
 
-from harness.arch import Architecture
+from harness.program.arch import Architecture
 
 
 def _hparams(fields: dict) -> dict:
