@@ -296,7 +296,10 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
         # Only a labelled fallback: llama.cpp measured on another day on a machine of this kind.
         anchors = [llama_cpp_tok_s(device, rows[0]["model"], qtype, r["depth"]) for r in rows]
         if any(anchors):
-            shown["x_anchors_md"] = [round(r["decode_tok_s"] / a, 3) if a else None for r, a in zip(rows, anchors)]
+            shown["x_anchors_md"] = [round(r["decode_tok_s"] / a, 3) if a and r.get("decode_tok_s") is not None else None
+                                     for r, a in zip(rows, anchors)]
+    if "error" in shown:  # a failed variant's row: its error, cut to fit, last (the full text is above)
+        shown = shown.assign(error=shown.pop("error").fillna("").str.slice(0, 60))
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(shown.to_string(index=False))
     if peer_rows:
@@ -313,6 +316,10 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
         png = decode_plot(read_results(csv), csv.with_suffix(".png"),
                           f"lathe decode on {device}: tok/s per variant and mode")
         print(f"wrote {png.relative_to(ROOT)}")
+    failed = sorted({r["variant"] for r in rows if r.get("error")})
+    if failed:
+        print(f"lathe decode: {', '.join(failed)} did not run (the error column says why)", file=sys.stderr)
+        return 1
     if bench is not None and len({r["round"] for r in peer_rows}) < rounds:
         print(f"lathe decode: llama.cpp ran in {len({r['round'] for r in peer_rows})} of {rounds} rounds",
               file=sys.stderr)

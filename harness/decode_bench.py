@@ -97,35 +97,26 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     # the reference and megafused variants take the contiguous cache only
     pairs = [(v, k) for v in variants for k in layouts if v not in ("reference", "megafused") or k == "contiguous"]
     kept = {}  # the one decoder of a single-variant matrix (and its breakdown), across rounds
+    failed: dict[tuple[str, str], str] = {}  # (variant, layout) -> why it did not run
     for rnd in range(1, rounds + 1):
         tag = dict(round=rnd) if rounds > 1 or peer else {}
         for variant, layout in pairs:
-            built = time.perf_counter()
-            if (variant, layout) in kept:
-                decoder, split = kept[(variant, layout)]
-            else:
-                decoder = make_decoder(model, ctx or depths[0] + prompt + gen, variant, layout, overflow=wrap)
-                split = breakdown(decoder, tokens[deepest:], min(gen, 32))
-                if len(pairs) == 1:
-                    kept[(variant, layout)] = decoder, split
-            built = time.perf_counter() - built
-            for d in depths:
-                if ctx is None:
-                    decoder.resize(d + prompt + gen)
-                weights, kv_bytes = traffic(model, d + prompt + (gen - 1) / 2)  # at the mean decode position
-                for mode in modes:
-                    timed = _time_mode(decoder, tokens, d, prompt, gen, mode, repeat)
-                    at = min(d + prompt + gen // 2, decoder.max_seq - 1)  # the mean decode position
-                    rows.append(dict(common, backend=_backend(), variant=getattr(decoder, "label", decoder.variant),
-                                     mode=mode, **timed, **split, **tag,
-                                     dispatches_per_token=dispatches_per_token(decoder, at, mode),
-                                     **roofline(weights, kv_bytes, timed["decode_tok_s"], peak_gbs)))
-                    print(f"decode {name} {qtype} d{d} {rows[-1]['variant']} {mode}{_round(tag)}: "
-                          f"{rows[-1]['decode_tok_s']} tok/s; {rows[-1].pop('_elapsed'):.1f} s (warm-up "
-                          f"{rows[-1]['compile_s']:.1f}), decoder built in {built:.1f} s", file=sys.stderr, flush=True)
-                    built = 0.0
-            if len(pairs) > 1:
-                del decoder  # one variant's weights on the device at a time
+            done = len(rows)
+            try:
+                if (variant, layout) in failed:
+                    raise _Failed(failed[(variant, layout)])
+                _time_variant(rows, kept, model, name, qtype, variant, layout, tokens, depths, modes, prompt, gen,
+                              repeat, ctx, wrap, peak_gbs, common, tag, len(pairs))
+            except Exception as exc:  # noqa: BLE001 - a variant that fails is a row; the matrix goes on
+                why = str(exc) if isinstance(exc, _Failed) or str(exc).startswith(type(exc).__name__) \
+                    else f"{type(exc).__name__}: {exc}"
+                if len(pairs) == 1 and peer is None:  # nothing else to run: the error itself, as before
+                    raise
+                if (variant, layout) not in failed:
+                    print(f"lathe decode: {variant}{'/paged' if layout == 'paged' else ''} failed, the matrix goes "
+                          f"on: {why}", file=sys.stderr, flush=True)
+                failed[(variant, layout)] = why
+                rows.extend(_error_rows(rows[done:], common, variant, layout, depths, modes, prompt, gen, tag, why))
                 gc.collect()
         if peer is not None:
             began = time.perf_counter()
@@ -143,6 +134,56 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                       file=sys.stderr, flush=True)
             rows += found
     return rows
+
+
+class _Failed(Exception):
+    """A variant that failed in an earlier round: its error again, without running it again."""
+
+
+def _time_variant(rows: list, kept: dict, model, name: str, qtype: str, variant: str, layout: str, tokens,
+                  depths: list[int], modes: list[str], prompt: int, gen: int, repeat: int, ctx, wrap: bool,
+                  peak_gbs, common: dict, tag: dict, n_pairs: int) -> None:
+    """One (variant, KV layout) of a round of run_decode's matrix: its decoder built (or kept from
+    the round before where it is the only one), then a row a depth and mode, appended to rows as
+    they are measured."""
+    built = time.perf_counter()
+    if (variant, layout) in kept:
+        decoder, split = kept[(variant, layout)]
+    else:
+        decoder = make_decoder(model, ctx or depths[0] + prompt + gen, variant, layout, overflow=wrap)
+        split = breakdown(decoder, tokens[max(depths):], min(gen, 32))
+        if n_pairs == 1:
+            kept[(variant, layout)] = decoder, split
+    built = time.perf_counter() - built
+    for d in depths:
+        if ctx is None:
+            decoder.resize(d + prompt + gen)
+        weights, kv_bytes = traffic(model, d + prompt + (gen - 1) / 2)  # at the mean decode position
+        for mode in modes:
+            timed = _time_mode(decoder, tokens, d, prompt, gen, mode, repeat)
+            at = min(d + prompt + gen // 2, decoder.max_seq - 1)  # the mean decode position
+            rows.append(dict(common, backend=_backend(), variant=getattr(decoder, "label", decoder.variant),
+                             mode=mode, **timed, **split, **tag,
+                             dispatches_per_token=dispatches_per_token(decoder, at, mode),
+                             **roofline(weights, kv_bytes, timed["decode_tok_s"], peak_gbs)))
+            print(f"decode {name} {qtype} d{d} {rows[-1]['variant']} {mode}{_round(tag)}: "
+                  f"{rows[-1]['decode_tok_s']} tok/s; {rows[-1].pop('_elapsed'):.1f} s (warm-up "
+                  f"{rows[-1]['compile_s']:.1f}), decoder built in {built:.1f} s", file=sys.stderr, flush=True)
+            built = 0.0
+    if n_pairs > 1:
+        del decoder  # one variant's weights on the device at a time
+        gc.collect()
+
+
+def _error_rows(made: list[dict], common: dict, variant: str, layout: str, depths: list[int], modes: list[str],
+                prompt: int, gen: int, tag: dict, why: str) -> list[dict]:
+    """The rows a failed variant did not make this round (a depth and mode each, past those it made
+    before it failed), each with the error and no timings."""
+    label = f"{variant}/paged" if layout == "paged" else variant
+    have = {(r["depth"], r["mode"]) for r in made}
+    return [dict(common, backend=_backend(), variant=label, mode=mode, depth=d, prompt=prompt, gen=gen,
+                 test=f"pp{prompt}+tg{gen}" + (f" @ d{d}" if d else ""), error=why, **tag)
+            for d in depths for mode in modes if (d, mode) not in have]
 
 
 def roofline(weights: int, kv: int, tok_s: float, peak_gbs: float | None) -> dict:
@@ -247,10 +288,18 @@ def _names(value, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
 def decode_row(run: dict, peak_gbs: float | None, device: str, meta: dict) -> dict:
     """A results/<device>/decode.csv row from run_decode's fields (us = time per decoded token at
     the mean tok/s, us_min / us_max at the fastest / slowest repeat's; bytes = weight + KV bytes
-    it reads)."""
+    it reads). A variant that failed keeps its error and no timings."""
+    from harness.peers import VARIANT
+
+    if run.get("error"):
+        return dict(benchmark="decode", kernel=run["model"], variant=run["variant"], backend=run["backend"],
+                    device=device, us=None, gbs=None, pct_peak=None, peak_gbs=peak_gbs, bytes=None,
+                    repeats=run["repeat"], **meta, model=run["model"], qtype=run["qtype"], mode=run["mode"],
+                    depth=run["depth"], prompt=run["prompt"], gen=run["gen"], prefill_tok_s=None,
+                    decode_tok_s=None, ms_per_token=None, pct_roofline=None, round=run.get("round"),
+                    error=run["error"])
     us = run["ms_per_token"] * 1e3
     nbytes = int((run["weight_mb"] + run["kv_mb"]) * 2**20)
-    from harness.peers import VARIANT
 
     if run["variant"] == VARIANT:  # llama.cpp takes none of lathe's options
         meta = dict(meta, options="")

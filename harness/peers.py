@@ -121,5 +121,5 @@ def pair_with_peer(rows: list[dict]) -> list[dict]:
     for r in rows:
         peer = peers.get((r["depth"], r.get("round")))
         r["x_llama_cpp"] = (round(r["decode_tok_s"] / peer, 3)
-                            if peer and r["variant"] != VARIANT else None)
+                            if peer and r["variant"] != VARIANT and r.get("decode_tok_s") is not None else None)
     return rows

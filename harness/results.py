@@ -40,9 +40,10 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
     # round: the alternation round of a run with a peer (lathe and llama.cpp take turns);
     # x_llama_cpp: a lathe row's tok/s over llama.cpp's row of the same run and round;
     # peer_build: the peer's own build (llama-bench's build_commit and build_number).
+    # error: why a variant of the matrix did not run (its row has no timings); the matrix goes on
     "decode": ["model", "qtype", "variant", "mode", "depth", "prompt", "gen",
                "prefill_tok_s", "decode_tok_s", "ms_per_token",
-               "dispatches_per_token", "pct_roofline", "round", "x_llama_cpp", "peer_build"],
+               "dispatches_per_token", "pct_roofline", "round", "x_llama_cpp", "peer_build", "error"],
     "peak": ["nbytes"],
     # lathe quality: a text's perplexity per variant (and llama.cpp's, variant "llama.cpp"), each
     # GPU variant's KL divergence from the reference and top-token agreement on the same tokens;
@@ -54,12 +55,12 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
 # Columns a row may leave out; they are written as empty cells.
 OPTIONAL_COLUMNS: frozenset[str] = frozenset(
     {"rel_err", "compile_s", "host_us", "gpu_us", "gpu_kernels", "flops", "launches", "repeats", "us_min", "us_max",
-     "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options", "tokens", "pos"}
+     "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options", "tokens", "pos", "error"}
 )
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.
 _TEXT_COLUMNS = ["benchmark", "kernel", "variant", "backend", "device", "gpu_kernels",
-                 "mlx_version", "git_sha", "date", "options", "model", "qtype", "mode", "peer_build", "text"]
+                 "mlx_version", "git_sha", "date", "options", "model", "qtype", "mode", "peer_build", "text", "error"]
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 

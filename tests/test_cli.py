@@ -252,3 +252,37 @@ def test_compile_takes_one_of_metal_record_recorded():
 def test_check_shard_spec_errors(spec):
     run = lathe("check", "rope", "--shard", spec)
     assert run.returncode == 2 and "--shard" in run.stderr
+
+
+def test_a_failing_variant_is_a_row_and_the_matrix_goes_on(tmp_path, monkeypatch, capsys):
+    """A variant that fails (here: a kernel variant without a GPU, or any exception) records its
+    error in its rows, every round, and the other variants still run; `lathe decode` then says so
+    and exits 1, having written what ran."""
+    from harness import cli
+    from harness.decode_bench import decode_row, run_decode
+    from harness.results import append_rows, read_results
+
+    monkeypatch.setenv("LATHE_CACHE", str(tmp_path))
+    import harness.decode_bench as bench
+
+    real = bench.make_decoder
+
+    def broken(model, max_seq, variant="reference", *args, **kw):
+        if variant == "unfused":
+            raise RuntimeError("planted failure")
+        return real(model, max_seq, variant, *args, **kw)
+
+    monkeypatch.setattr(bench, "make_decoder", broken)
+    rows = run_decode("tiny-llama", "q8_0", 4, 2, variants="unfused,reference", modes="step,compiled", rounds=2)
+    by = {(r["variant"], r["mode"], r["round"]): r for r in rows}
+    assert len(rows) == 8 and set(by) == {(v, m, n) for v in ("unfused", "reference")
+                                          for m in ("step", "compiled") for n in (1, 2)}
+    assert all(by[("unfused", m, n)]["error"] == "RuntimeError: planted failure" for m in ("step", "compiled")
+               for n in (1, 2))
+    assert all(by[("reference", m, n)]["decode_tok_s"] > 0 and not by[("reference", m, n)].get("error")
+               for m in ("step", "compiled") for n in (1, 2))
+    meta = dict(mlx_version="0", git_sha="x", date="d", options="")
+    csv = append_rows(tmp_path / "decode.csv", "decode", [decode_row(r, None, "cpu", meta) for r in rows])
+    assert read_results(csv).error.notna().sum() == 4
+    assert cli.main(["decode", "tiny-llama", "--variant", "unfused,reference", "--no-write"]) == 1
+    assert "unfused did not run" in capsys.readouterr().err

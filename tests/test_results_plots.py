@@ -64,7 +64,7 @@ def test_a_file_without_the_options_column_is_upgraded_and_rows_name_their_optio
     ("attention", ["batch", "ctx", "n_heads", "n_kv_heads", "head_dim", "block_size", "tokens", "pos"]),
     ("decode", ["model", "qtype", "mode", "depth", "prompt", "gen", "prefill_tok_s",
                 "decode_tok_s", "ms_per_token", "dispatches_per_token", "pct_roofline",
-                "round", "x_llama_cpp", "peer_build"]),
+                "round", "x_llama_cpp", "peer_build", "error"]),
     ("peak", ["nbytes"]),
 ])
 def test_columns_per_family(family, shape):
@@ -140,7 +140,7 @@ def test_append_rows_upgrades_a_file_of_an_older_schema(tmp_path):
     """Columns added to a schema since a file was written (optional ones only) are added to it,
     empty in its old rows; the old rows keep every value."""
     path = tmp_path / "decode.csv"
-    new = ["gpu_kernels", "options", "round", "x_llama_cpp", "peer_build"]
+    new = ["gpu_kernels", "options", "round", "x_llama_cpp", "peer_build", "error"]
     old_cols = [c for c in results.columns("decode") if c not in new]
     old_row = dict(zip(old_cols, ["decode", "llama3-8b", "fused", "cuda", "NVIDIA H200", "2600.0", "", "", "1500.5",
                                   "36.1", "4150.0", "4000000000", "", "", "3", "", "0.5", "", "", "0.32.4",
