@@ -416,3 +416,16 @@ def test_gemma2_takes_llama_cpps_defaults(files, tmp_path):
 
     fields = dict(n_layers=46, d_model=4608, n_heads=32)
     assert architectures()["gemma2"].hparams(fields)["attn_scale"] == pytest.approx(144 ** -0.5)
+
+
+def test_a_sliding_base_in_the_file_turns_the_sliding_layers(tmp_path):
+    """`rope.freq_base_swa` is read for every family with sliding layers, as llama.cpp's loader
+    reads it: Gemma 2's sliding layer 0 turns at the file's base, its global layer 1 at the
+    global one, and the logits move with it."""
+    c = replace(PRESETS["tiny-gemma2"], rope_theta_swa=1000.0)
+    m = load_gguf(write_random_gguf(tmp_path / "swa-base.gguf", c, "q8_0", seed=3))
+    assert (m.config.layer(0).theta, m.config.layer(1).theta) == (1000.0, 10000.0)
+    tokens = np.arange(1, 30)
+    base = forward(m, tokens)[0]
+    m.config = replace(m.config, rope_theta_swa=0.0)
+    assert rel_err(forward(m, tokens)[0], base) > 1e-3

@@ -92,8 +92,11 @@ class Config:
         pattern = self.swa_pattern or a.swa_pattern
         sliding = bool(self.sliding_window) and pattern > 0 and i % pattern < pattern - 1
         scale = 1.0 / self.rope_factor if self.rope_scaling in ("linear", "yarn") else 1.0
-        if sliding and a.swa_theta:  # Gemma 3: sliding layers turn at their own base, unscaled
-            return Layer(self.sliding_window, self.rope_theta_swa or a.swa_theta, 1.0)
+        # the sliding layers' own base where the file or the family gives one (llama.cpp reads
+        # rope.freq_base_swa for every family); unscaled where the family fixes it (Gemma 3)
+        theta_swa = self.rope_theta_swa or a.swa_theta
+        if sliding and theta_swa:
+            return Layer(self.sliding_window, theta_swa, 1.0 if a.swa_theta else scale)
         return Layer(self.sliding_window if sliding else None, self.rope_theta, scale)
 
 
