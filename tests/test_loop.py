@@ -34,3 +34,14 @@ BAD = [
 def test_bad_input_is_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: loop.post_norm_add(h(1, 8), h(8), 1e-6, mx.zeros((1, 8), mx.float16)), "stream must be float32"),
+    (lambda: loop.post_norm_add(h(1, 8), h(8), 1e-6, mx.zeros((2, 8))), r"stream must be float32 \[1, 8\]"),
+    (lambda: loop.post_norm_add(mx.zeros((1, 8)), h(8), 1e-6, mx.zeros((1, 8))), "x must be float16"),
+    (lambda: loop.post_norm_add(h(1, 8), h(16), 1e-6, mx.zeros((1, 8))), "gamma must be float16"),
+])
+def test_post_norm_add_refuses_bad_input(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -316,8 +316,8 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         post_norm(dst, norm, i)
 
     def post_norm(src, norm, i):
-        add("post_norm_add", "lathe rmsnorm + mx.add (float32 stream)", (src, "x"), ("x",), _run_post_norm_add, src,
-            norm, weights=(norm,), layer=i, launches=("lathe_rmsnorm",))
+        add("post_norm_add", "lathe post_norm_add (float32 stream)", (src, "x"), ("x",), _run_post_norm_add, src,
+            norm, weights=(norm,), layer=i, launches=("lathe_post_norm_add",))
 
     def rms_norm(norm, layer=None):
         """RMSNorm of the residual stream into h."""
@@ -529,9 +529,9 @@ def _run_embed(d, env, t, pos):
 
 
 def _run_post_norm_add(src, norm, d, env, t, pos):
-    """A block's output RMS-normed (post_attention_norm, post_ffw_norm), then added to the float32
-    residual stream."""
-    env["x"] = env["x"] + loop.rmsnorm(env.pop(src), d.g16[norm], d.config.eps)
+    """A block's output RMS-normed (post_attention_norm, post_ffw_norm) and added to the float32
+    residual stream, one launch."""
+    env["x"] = loop.post_norm_add(env.pop(src), d.g16[norm], d.config.eps, env["x"])
 
 
 def _run_rmsnorm(norm, d, env, t, pos):

@@ -38,6 +38,27 @@ def _rmsnorm_case(m: int, k: int, residual: bool, wide: bool = False) -> CheckCa
     return CheckCase("loop", name, "kernel", dict(M=m, K=k), run)
 
 
+def _post_norm_add_case(m: int, k: int) -> CheckCase:
+    """stream + RMSNorm(x) * gamma (Gemma's post-block norms): x fp16, the stream float32 at
+    magnitudes past fp16's."""
+    from kernels.loop import post_norm_add
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        x = (rng.standard_normal((m, k)) * 40).astype(np.float16)
+        stream = (rng.standard_normal((m, k)) * 1e5).astype(np.float32)
+        gamma = rng.uniform(0.5, 700, k).astype(np.float16)
+        with poisoned_outputs():
+            out = post_norm_add(mx.array(x), mx.array(gamma), 1e-6, mx.array(stream))
+            mx.eval(out)
+        normed = ref.rmsnorm(x, gamma, 1e-6)
+        got = np.array(out).astype(np.float64)
+        return [compare("stream + RMSNorm(x) * gamma", got, stream.astype(np.float64) + normed, 1e-6),
+                compare("what was added (float32 steps of the stream aside)", got - stream, normed, TOL)]
+
+    return CheckCase("loop", "post_norm_add", "kernel", dict(M=m, K=k), run)
+
+
 def _swiglu_case(m: int, f: int, activation: str = "silu") -> CheckCase:
     from kernels.loop import swiglu
     from kernels.runtime import poisoned_outputs
@@ -105,7 +126,8 @@ def _embed_case(qtype: str, t: int, k: int, vocab: int) -> CheckCase:
 def check_cases(small: bool = False) -> list[CheckCase]:
     cases = []
     for m, k in ((1, 8), (3, 72), (1, 4096), (17, 4104)) if not small else ((1, 8), (3, 72)):
-        cases += [_rmsnorm_case(m, k, False), _rmsnorm_case(m, k, True), _rmsnorm_case(m, k, False, wide=True)]
+        cases += [_rmsnorm_case(m, k, False), _rmsnorm_case(m, k, True), _rmsnorm_case(m, k, False, wide=True),
+                  _post_norm_add_case(m, k)]
     for m, f in ((1, 8), (5, 3080), (1, 14336)) if not small else ((1, 8),):
         cases += [_swiglu_case(m, f), _swiglu_case(m, f, "gelu")]
     # V: tiny, odd (scalar loads only), 16-byte rows of float but not of half (4 | V, not 8),

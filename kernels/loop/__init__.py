@@ -24,6 +24,10 @@ _RMSNORM = {
     # a float32 x (a residual stream past fp16's range: Gemma's), the normalized rows fp16
     "x32": KernelSpec("lathe_rmsnorm_x32", "loop/rmsnorm.metal", ("x", "gamma", "dims", "eps"), ("y",),
                       prelude="#define LATHE_RESIDUAL 0\n#define LATHE_X32 1", threadgroup_bytes=lambda c: 4 * c["NSIMD"]),
+    # a block's fp16 output normalized and added to the float32 stream (post_norm_add)
+    "post_add": KernelSpec("lathe_post_norm_add", "loop/rmsnorm.metal", ("x", "stream", "gamma", "dims", "eps"),
+                           ("y",), prelude="#define LATHE_RESIDUAL 0\n#define LATHE_X32 0\n#define LATHE_POST_ADD 1",
+                           threadgroup_bytes=lambda c: 4 * c["NSIMD"]),
 }
 ACTIVATIONS = {"silu": 0, "gelu": 1}  # the gated FFN's (lathe.h's gate_act)
 _SWIGLU = {act: KernelSpec("lathe_swiglu" + ("" if act == "silu" else f"_{act}"), "loop/swiglu.metal", ("gu", "dims"),
@@ -50,15 +54,19 @@ def _fp16_2d(name: str, a: mx.array, multiple: int = 8, wide: bool = False) -> t
     return a.shape
 
 
+def _check_gamma(gamma: mx.array, k: int) -> None:
+    if not isinstance(gamma, mx.array) or gamma.dtype != mx.float16 or gamma.shape != (k,):
+        raise ValueError(f"gamma must be float16 [K={k}], got {getattr(gamma, 'dtype', None)} "
+                         f"{tuple(getattr(gamma, 'shape', ()))}")
+
+
 def rmsnorm(x: mx.array, gamma: mx.array, eps: float, residual: mx.array | None = None):
     """RMSNorm(x) * gamma over the last axis; with `residual`, of x + residual, returned as
     (normalized, x + residual) from one launch. x may be float32 without a residual (a residual
     stream past fp16's range: Gemma's); the normalized rows are fp16."""
     wide = isinstance(x, mx.array) and x.dtype == mx.float32 and residual is None
     m, k = _fp16_2d("x", x, wide=residual is None)
-    if not isinstance(gamma, mx.array) or gamma.dtype != mx.float16 or gamma.shape != (k,):
-        raise ValueError(f"gamma must be float16 [K={k}], got {getattr(gamma, 'dtype', None)} "
-                         f"{tuple(getattr(gamma, 'shape', ()))}")
+    _check_gamma(gamma, k)
     if not eps > 0:
         raise ValueError(f"eps must be positive, got {eps}")
     fused = residual is not None
@@ -68,6 +76,21 @@ def rmsnorm(x: mx.array, gamma: mx.array, eps: float, residual: mx.array | None 
     outs = launch(Launch(_RMSNORM["x32" if wide else fused], inputs, [((m, k), mx.float16)] * (2 if fused else 1),
                          (m * 32 * NSIMD, 1, 1), (32 * NSIMD, 1, 1), dict(NSIMD=NSIMD)))
     return (outs[0], outs[1]) if fused else outs[0]
+
+
+def post_norm_add(x: mx.array, gamma: mx.array, eps: float, stream: mx.array) -> mx.array:
+    """stream + RMSNorm(x) * gamma in one launch: a block's fp16 output x [M, K] normalized (Gemma's
+    post-attention and post-FFN norms) and added to the float32 residual stream [M, K]; float32."""
+    m, k = _fp16_2d("x", x)
+    _check_gamma(gamma, k)
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    if not isinstance(stream, mx.array) or stream.dtype != mx.float32 or tuple(stream.shape) != (m, k):
+        raise ValueError(f"stream must be float32 [{m}, {k}], got {getattr(stream, 'dtype', None)} "
+                         f"{tuple(getattr(stream, 'shape', ()))}")
+    (y,) = launch(Launch(_RMSNORM["post_add"], [x, stream, gamma, _ints((m, k)), _eps(float(eps))],
+                         [((m, k), mx.float32)], (m * 32 * NSIMD, 1, 1), (32 * NSIMD, 1, 1), dict(NSIMD=NSIMD)))
+    return y
 
 
 def swiglu(gate_up: mx.array, activation: str = "silu") -> mx.array:

@@ -5,6 +5,12 @@
 // Constants: NSIMD. Inputs: x, (residual,) gamma, dims (int32: M, K), eps (float[1]).
 // Outputs: y, (sum).
 // LATHE_X32 1 (no residual): x is float32, a residual stream past fp16's range (Gemma's); y fp16.
+// LATHE_POST_ADD 1 (no residual, fp16 x): a block's output normalized and added to the float32
+// stream in one launch (Gemma's post-attention and post-FFN norms): y = stream + RMSNorm(x) *
+// gamma, float32; input `stream` in place of `residual`.
+#ifndef LATHE_POST_ADD
+#define LATHE_POST_ADD 0
+#endif
 threadgroup float scratch[NSIMD];
 const uint row = threadgroup_position_in_grid.x;
 const uint tid = thread_index_in_threadgroup;
@@ -65,10 +71,26 @@ for (uint i = tid; i < words; i += NSIMD * 32) {
 #endif
   const uint4 g = load_wide<uint4>(gamma, i);
   const uint gu[4] = {g.x, g.y, g.z, g.w};
+#if LATHE_POST_ADD
+  uint sums[8];
+  for (uint q = 0; q < 2; ++q) {
+    const uint4 st = load_wide<uint4>(stream, 2 * (row * words + i) + q);
+    const uint su[4] = {st.x, st.y, st.z, st.w};
+    for (uint j = 0; j < 4; ++j) {
+      const uint e = 4 * q + j;
+      const half2 gh = as_type<half2>(gu[e / 2]);
+      const float g = e % 2 ? float(gh.y) : float(gh.x);
+      sums[e] = as_type<uint>(as_type<float>(su[j]) + xv[e] * inv * g);
+    }
+  }
+  store_wide<uint4>(y, 2 * (row * words + i), uint4{sums[0], sums[1], sums[2], sums[3]});
+  store_wide<uint4>(y, 2 * (row * words + i) + 1, uint4{sums[4], sums[5], sums[6], sums[7]});
+#else
   uint out[4];
   for (uint j = 0; j < 4; ++j) {
     const half2 gh = as_type<half2>(gu[j]);
     out[j] = as_type<uint>(half2(half(xv[2 * j] * inv * float(gh.x)), half(xv[2 * j + 1] * inv * float(gh.y))));
   }
   store_wide<uint4>(y, row * words + i, uint4{out[0], out[1], out[2], out[3]});
+#endif
 }
