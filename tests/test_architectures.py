@@ -374,10 +374,11 @@ BLOCK_TYPES = ["q4_1", "q5_0", "q5_1", "iq4_nl", "iq4_xs"]  # every matrix of th
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["unfused", "fused"])
-@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+@pytest.mark.parametrize("qtype", [*BLOCK_TYPES, "f16"])
 def test_block_types_on_the_kernel_variants(tmp_path, qtype, variant):
-    """A llama file whose every matrix (the embedding included) is a legacy or IQ4 block type: a
-    prompt, then decode tokens, against the float64 oracle."""
+    """A llama file whose every matrix (the embedding included) is a legacy or IQ4 block type, or
+    F16 (the unquantized baseline: MLX's matmul in both variants): a prompt, then decode tokens,
+    against the float64 oracle."""
     from harness.program.kernel_decode import KernelDecoder
 
     m = load_gguf(write_random_gguf(tmp_path / f"{qtype}.gguf", "tiny-llama", qtype, seed=5))
@@ -429,3 +430,23 @@ def test_a_sliding_base_in_the_file_turns_the_sliding_layers(tmp_path):
     base = forward(m, tokens)[0]
     m.config = replace(m.config, rope_theta_swa=0.0)
     assert rel_err(forward(m, tokens)[0], base) > 1e-3
+
+
+def test_f16_files_run_fused(tmp_path):
+    """On any machine (launches recorded): fused takes an F16 file, its QKV and gate+up joined as
+    fp16 values for MLX's matmul, the norms, RoPE, attention and SwiGLU on lathe's kernels;
+    megafused names F16 as a type its blocks do not take."""
+    from harness.kernel_decode import KernelDecoder
+    from kernels.runtime import recording
+
+    m = load_gguf(write_random_gguf(tmp_path / "f16.gguf", "tiny-llama", "f16", seed=5))
+    with recording():
+        decoder = KernelDecoder(m, 64, "fused")
+        decoder.forward([1, 2, 3])
+        decoder.forward([4])
+    assert decoder.nk["blk.0.attn_qkv.weight"] == ((4 + 2 * 2) * 64, 256)
+    linears = [step for step in decoder.plan if step.op == "linear"]
+    assert linears and all(step.kernel == "mx.matmul (F16)" for step in linears)
+    assert any(step.op == "rope_attention" for step in decoder.plan)
+    with pytest.raises(ValueError, match="its blocks take .*got F16"):
+        KernelDecoder(m, 64, "megafused")

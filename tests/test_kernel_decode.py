@@ -240,9 +240,17 @@ def test_fused_runs_a_mixed_projection_as_one_pair_launch(models):
         assert not any("pair" in s.kernel for s in plan)
 
 
-def test_fused_needs_block_matrices(models):
-    with pytest.raises(ValueError, match="one block type"):
-        KernelDecoder(models["tiny-llama", "f16"], 32, "fused")
+def test_fused_needs_one_type_a_projection(models, tmp_path):
+    """A fused projection's parts share a block type, or are all F16 (tests/test_architectures.py
+    runs those); an F16 part beside quantized ones is refused; an unknown variant too."""
+    m = load_gguf(write_random_gguf(tmp_path / "mixed.gguf", "tiny-llama", "q8_0"))
+    from reference import formats
+
+    up = "blk.0.ffn_up.weight"  # made F16 in this layer: its values, gate's Q8_0 blocks beside it
+    m.tensors[up] = formats.dequantize(m.tensors[up], "Q8_0", m.config.d_model).astype(np.float16)
+    m.types[up] = "F16"
+    with pytest.raises(ValueError, match=r"one block type .*or F16\), got \['f16', 'q8_0'\]"):
+        KernelDecoder(m, 32, "fused")
     with pytest.raises(ValueError, match="variant"):
         KernelDecoder(models["tiny-llama", "q8_0"], 32, "mlx")
 

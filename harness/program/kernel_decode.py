@@ -987,13 +987,15 @@ class KernelDecoder:
     def _concat(self, fused_name: str, parts: tuple[str, ...]) -> None:
         """Each layer's parts as the fused matrices of fused_runs (the plan asks it too): one
         where they share a block type; QKV in runs of one type where they do not (gate+up's SiLU
-        epilogue needs both in one matrix)."""
+        epilogue needs both in one matrix). F16 parts (the unquantized baseline) join as fp16
+        values, which MLX's matmul runs; a float part beside a quantized one is refused."""
         for i in range(self.config.n_layers):
             names = [f"blk.{i}.{p}.weight" for p in parts]
             kinds = {self.types[n] for n in names}
-            if kinds & {"f16", "f32"} or (len(kinds) != 1 and fused_name != "attn_qkv"):
-                raise ValueError(f"the fused variant needs {parts} in one block type ({', '.join(QUANTIZED)}), "
-                                 f"got {sorted(kinds)}")
+            floats = kinds & {"f16", "f32"}
+            if (floats and len(kinds) != 1) or (len(kinds) != 1 and fused_name != "attn_qkv"):
+                raise ValueError(f"the fused variant needs {parts} in one block type ({', '.join(QUANTIZED)}, "
+                                 f"or F16), got {sorted(kinds)}")
             for name, run in fused_runs(self.types, i, fused_name, self.split_v):
                 if len(run) == 1:
                     continue  # a part of a type of its own: its GGUF matrix
