@@ -22,15 +22,18 @@ import numpy as np
 X = 8  # fp16 values in one 16-byte K vector of the paged layout
 
 
-def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, softcap: float = 0.0) -> np.ndarray:
     """q [n_heads, D], k and v [tokens, n_kv_heads, D] -> [n_heads, D] (float64). Query head h
-    reads KV head h // G: the heads are grouped [n_kv_heads, G] and each group is one product."""
+    reads KV head h // G: the heads are grouped [n_kv_heads, G] and each group is one product.
+    `softcap` (> 0, Gemma 2): each scaled score s becomes c * tanh(s / c) before the softmax."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     n_heads, n_kv = q.shape[0], k.shape[1]
     if n_heads % n_kv:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv}")
     qg = q.reshape(n_kv, n_heads // n_kv, -1)  # [Hkv, G, D]
     s = scale * (qg @ k.transpose(1, 2, 0))  # [Hkv, G, tokens]
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     out = (p / p.sum(axis=-1, keepdims=True)) @ v.transpose(1, 0, 2)  # [Hkv, G, D]
     return out.reshape(n_heads, -1)

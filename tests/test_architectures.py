@@ -235,7 +235,7 @@ def test_rows_name_the_files_types(files, tmp_path):
 
 @pytest.mark.parametrize("name, variant, expected", [
     ("gemma3", "megafused", "post-attention and post-FFN norms"), ("phi3", "megafused", "a fused attn_qkv matrix"),
-    ("gemma3-softcap", "fused", "a final logit softcap"), ("gemma2", "fused", "an attention softcap of 1"),
+    ("gemma3-softcap", "megafused", "a final logit softcap"), ("gemma2", "megafused", "an attention softcap of 1"),
     ("llama-biases", "fused", "biases on attn_output"), ("llama-yarn", "megafused", "yarn RoPE scaling"),
     ("llama-rope-freqs", "megafused", "rope_freqs.weight factors"), ("qwen2", "megafused", "biases on attn_q")])
 def test_kernel_variants_name_what_they_do_not_run(files, name, variant, expected):
@@ -250,7 +250,8 @@ def test_kernel_variants_name_what_they_do_not_run(files, name, variant, expecte
     assert ("the fused variant does (" in str(err.value)) == (variant == "megafused")
 
 
-KERNEL_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2", "phi3", "gemma3"]
+KERNEL_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2", "phi3", "gemma3",
+                 "gemma2", "gemma3-softcap"]
 
 
 @pytest.mark.parametrize("name", KERNEL_MAPPED)
@@ -274,13 +275,14 @@ def test_kernel_plans_map_scalings_and_biases(files, name, variant):
     angles, mscale = layer_rope(m, 0)
     if name.startswith("llama-") and "biases" not in name:
         np.testing.assert_allclose(np.array(decoder.inv_freq), angles, rtol=1e-6)
-    elif name == "gemma3":  # a table a layer: the sliding layers' base is not the global ones'
+    elif name.startswith("gemma3"):  # a table a layer: the sliding layers' base is not the global ones'
         for i in range(m.config.n_layers):
             np.testing.assert_allclose(np.array(decoder.inv_freqs[i]), layer_rope(m, i)[0], rtol=1e-6)
         assert decoder.windows == [m.config.layer(i).window or 0 for i in range(m.config.n_layers)] and any(decoder.windows)
         steps = " ".join(step.kernel for step in decoder.plan)
         assert "x sqrt(d_model), float32 stream" in steps and "GELU" in steps and "window 8" in steps
         assert sum(step.op == "post_norm_add" for step in decoder.plan) == 2 * m.config.n_layers
+        assert [step.op for step in decoder.plan].count("softcap") == (name == "gemma3-softcap")
     else:
         assert decoder.inv_freq is None
     assert decoder.scale == pytest.approx(m.config.scale * mscale ** 2)

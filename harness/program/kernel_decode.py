@@ -146,8 +146,8 @@ def kernel_gaps(c, types: dict[str, str], variant: str = "fused") -> list[str]:
                 f"sliding-window layers ({c.sliding_window} tokens)": mega and any(c.layer(i).window for i in range(c.n_layers)),
                 "layers of different RoPE bases": mega and len({c.layer(i).theta for i in range(c.n_layers)}) > 1,
                 f"an attention scale of {c.scale:g}": mega and abs(c.scale - c.head_dim ** -0.5) > 1e-12,
-                "a final logit softcap": bool(c.final_softcap),
-                f"an attention softcap of {c.attn_softcap:g}": bool(c.attn_softcap)}
+                "a final logit softcap": mega and bool(c.final_softcap),
+                f"an attention softcap of {c.attn_softcap:g}": mega and bool(c.attn_softcap)}
     gaps = [what for what, present in features.items() if present]
     odd = sorted({t for t in types.values() if t not in ("F32", "F16") and t.lower() not in QUANTIZED})
     if odd:
@@ -515,6 +515,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         if last_only:  # the head over one row: a GEMV
             add("last_row", "x[-1:] (the last token's logits only)", ("x",), ("x",), _run_last_row)
         norm_linear("output_norm.weight", head, "logits")
+    if c.final_softcap:  # Gemma 2: the logits softcapped, in float32
+        cap = c.final_softcap
+        add("softcap", f"mx ops: {cap:g} * tanh(logits / {cap:g}) (float32)", ("logits",), ("logits",), _run_softcap)
     return steps
 
 
@@ -526,6 +529,11 @@ def _run_embed(d, env, t, pos):
     if d.wide:  # a float32 residual stream (Gemma's passes fp16's range), scaled where the family says
         scale = d.config.d_model ** 0.5 if d.config.architecture.embed_scale else 1.0
         env["x"] = env["x"].astype(mx.float32) * scale
+
+
+def _run_softcap(d, env, t, pos):
+    cap = d.config.final_softcap
+    env["logits"] = cap * mx.tanh(env["logits"].astype(mx.float32) / cap)
 
 
 def _run_post_norm_add(src, norm, d, env, t, pos):
@@ -666,10 +674,11 @@ def _run_attention(i, d, env, t, pos):
     c, hd, scale = d.config, d.config.head_dim, d.scale
     if t == 1:
         o = attention.flash_decode(env["q"].reshape(1, c.n_heads, hd), d.k[i][None], d.v[i][None], _lens(pos),
-                                   scale, after=env["written"], counters=d.attn_counters[i], window=d.windows[i])
+                                   scale, after=env["written"], counters=d.attn_counters[i], window=d.windows[i],
+                                   softcap=d.config.attn_softcap)
     else:
         o = attention.prefill_attention(env["q"].reshape(t, c.n_heads, hd), d.k[i], d.v[i], pos, scale,
-                                        after=env["written"], window=d.windows[i])
+                                        after=env["written"], window=d.windows[i], softcap=c.attn_softcap)
     _end_layer_attention(env, o.reshape(t, -1))
 
 
@@ -678,7 +687,7 @@ def _run_rope_attention(i, d, env, t, pos):
     o, d.k[i], d.v[i] = attention.rope_flash_decode(env["qkv"], d.k[i], d.v[i], pos, d.scale,
                                                      n_heads=c.n_heads, theta=d.thetas[i], neox=c.neox,
                                                      inv_freq=d.inv_freqs[i], counters=d.attn_counters[i],
-                                                     window=d.windows[i])
+                                                     window=d.windows[i], softcap=c.attn_softcap)
     _end_layer_attention(env, o.reshape(1, -1))
 
 
@@ -752,7 +761,8 @@ def _run_wrapping_attention(i, d, env, t, pos):
     c = d.config
     o = attention.flash_decode(env["q"].reshape(1, c.n_heads, c.head_dim), d.k[i][None], d.v[i][None],
                                _lens(pos, d.max_seq), d.scale,
-                               after=mx.concatenate([env["written.k"], env["written.v"]]), counters=d.attn_counters[i])
+                               after=mx.concatenate([env["written.k"], env["written.v"]]), counters=d.attn_counters[i],
+                               softcap=c.attn_softcap)
     _end_layer_attention(env, o.reshape(1, -1))
 
 
@@ -767,10 +777,10 @@ def _run_paged_attention(i, d, env, t, pos):
     if t == 1:
         table = d.table if isinstance(pos, int) else d.table_dev
         o = attention.paged_attention(env["q"], d.k[i], d.v[i], table, _lens(pos), scale, after=env["written"],
-                                      counters=d.attn_counters[i], window=d.windows[i])
+                                      counters=d.attn_counters[i], window=d.windows[i], softcap=d.config.attn_softcap)
     else:
         o = attention.prefill_attention(env["q"], d.k[i], d.v[i], pos, scale, block_table=d.table[0],
-                                        after=env["written"], window=d.windows[i])
+                                        after=env["written"], window=d.windows[i], softcap=d.config.attn_softcap)
     _end_layer_attention(env, o.reshape(t, -1))
 
 

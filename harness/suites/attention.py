@@ -71,7 +71,7 @@ def _named(opts: dict | None) -> str:
 
 def _contiguous_case(split: bool, lens: list[int], heads: tuple[int, int], head_dim: int,
                      max_seq: int, written: list[int] | None = None, opts: dict | None = None,
-                     window: int = 0) -> CheckCase:
+                     window: int = 0, softcap: float = 0.0) -> CheckCase:
     """flash_decode over [B, Hkv, max_seq, D]; `written` past max_seq tests circular overflow
     (the cache then holds the last max_seq tokens, slot = position % max_seq). `opts`:
     kernels.options set around the launch. `window`: a sliding-window layer's, each sequence
@@ -96,7 +96,7 @@ def _contiguous_case(split: bool, lens: list[int], heads: tuple[int, int], head_
         seen = [visible_tokens(n, max_seq) for n in written]
         with poisoned_outputs(), options.use(**(opts or {})):
             out = flash_decode(mx.array(q), mx.array(kc), mx.array(vc), seen, scale, split=split,
-                              split_from=0, window=window)
+                              split_from=0, window=window, softcap=softcap)
             mx.eval(out)
         out = np.array(out)
         checks = []
@@ -104,12 +104,14 @@ def _contiguous_case(split: bool, lens: list[int], heads: tuple[int, int], head_
             k, v = ref.contiguous_tokens(kc, vc, b, n)
             if window:
                 k, v = k[-window:], v[-window:]
-            checks.append(compare(f"sequence {b} ({n} written)", out[b], ref.attend(q[b], k, v, scale), TOL))
+            checks.append(compare(f"sequence {b} ({n} written)", out[b], ref.attend(q[b], k, v, scale, softcap), TOL))
         return checks
 
     shape = dict(ctx="/".join(map(str, written)), heads=f"{n_heads}/{n_kv}", D=head_dim, max_seq=max_seq)
     if window:
         shape["window"] = window
+    if softcap:
+        shape["softcap"] = softcap
     return CheckCase("attention", "flash_decode", ("split" if split else "whole") + _named(opts), shape, run)
 
 
@@ -149,7 +151,7 @@ def _reshape_case(tokens: int, n_kv: int, head_dim: int, block_size: int) -> Che
 
 
 def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, kernel: str,
-                  block_size: int = 0, window: int = 0) -> CheckCase:
+                  block_size: int = 0, window: int = 0, softcap: float = 0.0) -> CheckCase:
     """A prompt of `tokens` at positions pos.. over a cache already holding pos earlier tokens:
     query i against rows 0 .. pos+i only (rows past pos+tokens are NaN). With a block size, the
     same tokens in a paged pool, blocks scattered by the table (spare blocks NaN). kernel:
@@ -183,11 +185,11 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
         with poisoned_outputs():
             out = prefill_attention(mx.array(q), *caches, pos, scale, block_table=table,
                                     kernel=kernel if kernel in ("tiled", "wgmma") else "decode",
-                                    split=kernel == "split", split_from=0, window=window)
+                                    split=kernel == "split", split_from=0, window=window, softcap=softcap)
             mx.eval(out)
         out = np.array(out)
         first = lambda i: max(0, pos + i + 1 - window) if window else 0  # noqa: E731
-        want = np.stack([ref.attend(q[i], k64[first(i): pos + i + 1], v64[first(i): pos + i + 1], scale)
+        want = np.stack([ref.attend(q[i], k64[first(i): pos + i + 1], v64[first(i): pos + i + 1], scale, softcap)
                          for i in range(tokens)])
         return [compare("causal outputs" + (f" (window {window})" if window else ""), out, want, TOL)]
 
@@ -196,6 +198,8 @@ def _prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, 
         shape["bs"] = block_size
     if window:
         shape["window"] = window
+    if softcap:
+        shape["softcap"] = softcap
     variant = kernel + (" paged" if block_size else "")
     return CheckCase("attention", "prefill_attention", variant, shape, run)
 
@@ -336,6 +340,15 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             continue
         for kernel in ("tiled", "split"):
             cases.append(_prefill_case(tokens, pos, heads, d, kernel, window=window))
+    # Gemma 2's softcap of the scores (random scores of a few units: a cap of 2 bites), with and
+    # without a window, on the decode kernel (MMA-sized heads and not) and the tiled prefill
+    for ctx, window, heads, d, split in ((700, 0, (8, 4), 256, True), (37, 8, (16, 8), 64, False),
+                                         (3000, 100, (32, 8), 128, True)):
+        if not (small and ctx > 700):
+            cases.append(_contiguous_case(split, [ctx], heads, d, ctx + 3, window=window, softcap=2.0))
+    for tokens, pos, heads, d, window in ((97, 30, (8, 4), 256, 0), (130, 5, (16, 8), 64, 40)):
+        if not (small and tokens > 17):
+            cases += [_prefill_case(tokens, pos, heads, d, kernel, window=window, softcap=2.0) for kernel in ("tiled", "split")]
     # a prompt over the paged pool (the decode loop's paged option)
     for tokens, pos, heads, d, bs in ((17, 0, (32, 8), 128, 16), (64, 100, (16, 8), 64, 32),
                                       (200, 1000, (64, 8), 256, 16), (130, 5, (32, 8), 128, 32)):

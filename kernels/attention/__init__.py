@@ -85,13 +85,24 @@ _RESHAPE = KernelSpec("lathe_reshape_and_cache", "attention/reshape_and_cache.me
                       in_place=("k_cache", "v_cache"))
 
 
+def _softcap_prelude(softcap: float) -> tuple[str, str]:
+    """(name suffix, prelude line) of a softcap of the scores (Gemma 2's; 0: none): the value a
+    float literal of the body, the name an identifier."""
+    if softcap < 0:
+        raise ValueError(f"softcap must be >= 0 (0: none), got {softcap}")
+    if not softcap:
+        return "", "#define LATHE_SOFTCAP 0"
+    return "_softcap" + repr(float(softcap)).replace(".", "p").replace("-", "m"), f"#define LATHE_SOFTCAP {float(softcap)!r}f"
+
+
 @functools.cache
 def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, head_norm: bool = False,
-          window: int = 0) -> KernelSpec:
+          window: int = 0, softcap: float = 0.0) -> KernelSpec:
     """One decode_attention.metal family; `merge` (split only): the last threadgroup of a head
     group merges the partitions in the same launch (counters in, out out); `head_norm` (rope
     only): Qwen3's per-head RMSNorm of Q and K before they turn; `window` (> 0): a sliding-window
-    layer's, each query over its last `window` positions only."""
+    layer's, each query over its last `window` positions only; `softcap` (> 0): scores c * tanh(s / c)."""
+    capped, cap_line = _softcap_prelude(softcap)
     if rope:  # the QKV row and its position in place of q, lens and the ordering token
         inputs = ("qkv", "k_cache", "v_cache", "pos", "inv_freq", "rope_scalars", "dims", "scale") + (
             ("q_norm", "k_norm") if head_norm else ())
@@ -104,11 +115,12 @@ def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, hea
         inputs, outputs = (*inputs, "counters"), (*outputs, "out")
     head_norm = head_norm and rope
     name = (f"lathe_{'paged' if paged else 'contiguous'}_{'norm_' if head_norm else ''}{'rope_' if rope else ''}"
-            f"attention_{'split' if split else 'whole'}{'_merge' if merge else ''}{f'_window{window}' if window else ''}")
+            f"attention_{'split' if split else 'whole'}{'_merge' if merge else ''}{f'_window{window}' if window else ''}"
+            f"{capped}")
     return KernelSpec(name, "attention/decode_attention.metal", inputs, outputs,
                       prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_SPLIT {int(split)}\n"
                               f"#define LATHE_ROPE {int(rope)}\n#define LATHE_MERGE {int(merge)}\n"
-                              f"#define LATHE_HEAD_NORM {int(head_norm)}\n#define LATHE_WINDOW {int(window)}",
+                              f"#define LATHE_HEAD_NORM {int(head_norm)}\n#define LATHE_WINDOW {int(window)}\n{cap_line}",
                       threadgroup_bytes=functools.partial(_decode_threadgroup_bytes, head_norm=head_norm,
                                                           merge=merge),
                       in_place=("k_cache", "v_cache") if rope else ())  # rope: the new K and V rows
@@ -323,7 +335,8 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
          lens: mx.array, longest: int, table: mx.array | None, rows: int, n_kv: int, group: int,
          scale: float, partition: int | None, block_size: int, after: mx.array | None,
          shared_cache: bool = False, split_from: int = SPLIT_FROM, rope: tuple | None = None,
-         counters: mx.array | None = None, window: int = 0) -> mx.array:
+         counters: mx.array | None = None, window: int = 0,
+                 softcap: float = 0.0) -> mx.array:
     """lens: int32[B] on the device; longest: the most any of them can be (it sizes the grid).
     rope: (inv_freq, rope_scalars, constants, head norms: (q_norm, k_norm) or ()) of
     rope_flash_decode, whose q is the QKV row.
@@ -380,7 +393,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
         _check_counters(counters, batch * n_kv * qs)
         inputs.append(counters)
         outputs.append(((batch, n_heads, head_dim), mx.float16))
-    res = launch(Launch(_spec(paged, split, rope is not None, merge, head_norm, window), inputs, outputs,
+    res = launch(Launch(_spec(paged, split, rope is not None, merge, head_norm, window, softcap), inputs, outputs,
                         (parts * 32 * NSIMD, n_kv * qs, batch), (32 * NSIMD, 1, 1), constants))
     if not split or merge:
         return res[-1]
@@ -393,7 +406,8 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
 def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_table,
                     context_lens: Sequence[int] | mx.array, scale: float, *, version: str = "v2",
                     partition: int | None = None, after: mx.array | None = None,
-                    split_from: int = SPLIT_FROM, counters: mx.array | None = None, window: int = 0) -> mx.array:
+                    split_from: int = SPLIT_FROM, counters: mx.array | None = None, window: int = 0,
+                 softcap: float = 0.0) -> mx.array:
     """out[B, Hq, D] for one query token per sequence over vLLM's paged caches (k_cache
     [blocks, Hkv, D/8, BS, 8], v_cache [blocks, Hkv, D, BS]); block_table [B, max_blocks] and
     context_lens [B] are checked on the host before the launch. v2 splits contexts longer than
@@ -419,7 +433,7 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
         rows = block_table.shape[1]
         return _run(True, version == "v2", q, k_cache, v_cache, context_lens, rows * block_size,
                     block_table, rows, n_kv, group, scale, partition, block_size, after,
-                    split_from=split_from, counters=counters, window=window)
+                    split_from=split_from, counters=counters, window=window, softcap=softcap)
     table = _host_ints("block_table", block_table, 2)
     lens = _host_ints("context_lens", context_lens, 1)
     if table.shape[0] != batch or lens.shape[0] != batch:
@@ -436,7 +450,7 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
         table_dev = table_dev.astype(mx.int32)
     return _run(True, version == "v2", q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
                 table_dev, table.shape[1], n_kv, group, scale, partition, block_size, after,
-                split_from=split_from, counters=counters, window=window)
+                split_from=split_from, counters=counters, window=window, softcap=softcap)
 
 
 def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
@@ -452,14 +466,16 @@ def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
 def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Sequence[int],
                  scale: float, *, split: bool = True, partition: int | None = None,
                  after: mx.array | None = None, split_from: int = SPLIT_FROM,
-                 counters: mx.array | None = None, window: int = 0) -> mx.array:
+                 counters: mx.array | None = None, window: int = 0,
+                 softcap: float = 0.0) -> mx.array:
     """out[B, Hq, D] over the contiguous head-major caches [B, Hkv, max_seq, D]; lengths[b] is
     the number of slots sequence b attends to (see visible_tokens). Host lengths are checked;
     `lengths` may also be int32[B] on the device (a compiled decode step, whose position is an
     array): then nothing can be checked before the launch, the caller keeps them in 1..max_seq,
     and the grid is sized for max_seq (partitions past a sequence's end exit at once).
     `window` (> 0, a sliding-window layer): sequence b attends to its last `window` slots only,
-    lengths[b] - window .. lengths[b] - 1 (the cache holds every position; Gemma's local layers)."""
+    lengths[b] - window .. lengths[b] - 1 (the cache holds every position; Gemma's local layers).
+    `softcap` (> 0, Gemma 2): each score s becomes c * tanh(s / c) before the softmax."""
     _fp16("k_cache", k_cache)
     _fp16("v_cache", v_cache)
     if k_cache.ndim != 4 or tuple(v_cache.shape) != tuple(k_cache.shape):
@@ -479,7 +495,8 @@ def flash_decode(q: mx.array, k_cache: mx.array, v_cache: mx.array, lengths: Seq
             raise ValueError(f"lengths must be {batch} values in 1..{max_seq}, got {lens.tolist()}")
         lens_dev, longest = _device_ints(lens), int(lens.max())
     return _run(False, split, q, k_cache, v_cache, lens_dev, longest, None, max_seq, n_kv, group,
-                scale, partition, 0, after, split_from=split_from, counters=counters, window=window)
+                scale, partition, 0, after, split_from=split_from, counters=counters, window=window,
+                softcap=softcap)
 
 
 def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int | mx.array,
@@ -488,7 +505,7 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
                       partition: int | None = None, split_from: int = SPLIT_FROM,
                       counters: mx.array | None = None, q_norm: mx.array | None = None,
                       k_norm: mx.array | None = None, eps: float | None = None, window: int = 0,
-                      ) -> tuple[mx.array, mx.array, mx.array]:
+                      softcap: float = 0.0) -> tuple[mx.array, mx.array, mx.array]:
     """One decode token's RoPE, KV-cache write and attention in one launch (a launch a layer
     fewer than kernels.rope.rope_qkv_write then flash_decode: the same cache rows; the rotated
     query stays in fp32 instead of being rounded to fp16 in between): qkv[(n_heads + 2
@@ -526,7 +543,8 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     v_one = reshaped(v_cache, (1, *v_cache.shape), "rope_flash_decode: v_cache")
     out = _run(False, split, qkv.reshape(-1), k_one, v_one, pos_arr, longest, None,
                max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from,
-               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True), norms), counters=counters, window=window)
+               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True), norms), counters=counters, window=window,
+               softcap=softcap)
     k_cache, v_cache = depends([k_cache, v_cache], [out])
     return out, k_cache, v_cache
 
@@ -552,7 +570,7 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
                       *, block_table=None, split: bool = True, partition: int | None = None,
                       after: mx.array | None = None, split_from: int = SPLIT_FROM,
                       counters: mx.array | None = None, kernel: str | None = None,
-                      window: int = 0) -> mx.array:
+                      window: int = 0, softcap: float = 0.0) -> mx.array:
     """Causal attention of a prompt's T query tokens q[T, Hq, D], at positions pos .. pos+T-1,
     over a cache that already holds their K and V: token i sees tokens 0 .. pos+i. The cache is
     the contiguous head-major [Hkv, max_seq, D] (or [1, Hkv, max_seq, D]), or with `block_table`
@@ -565,7 +583,8 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
     the decode kernel with one query per token, every query on the same cache (K and V come
     through the L2 cache for the other queries; split, partition, split_from and counters apply
     to it only). `window` (> 0, a sliding-window layer): token i sees tokens pos+i-window+1 ..
-    pos+i only (tiled and decode; wgmma does not take it, so auto runs tiled)."""
+    pos+i only (tiled and decode; wgmma does not take it, so auto runs tiled). `softcap` (> 0):
+    scores c * tanh(s / c) before the mask (Gemma 2's; tiled and decode, as the window)."""
     if window < 0:
         raise ValueError(f"window must be >= 0 (0: none), got {window}")
     _fp16("k_cache", k_cache)
@@ -594,20 +613,22 @@ def prefill_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, pos: in
         table_dev = table_constant(table.reshape(1, -1))
     kernel = options.get("attn_prefill") if kernel is None else kernel
     if kernel in ("auto", "wgmma"):
-        reason = "a sliding window" if window else wgmma_prefill_unavailable(head_dim, block_size)
+        reason = ("a sliding window" if window else "a softcap of the scores" if softcap
+                  else wgmma_prefill_unavailable(head_dim, block_size))
         if not reason:
             return _prefill_wgmma(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after)
         if kernel == "wgmma":
             raise ValueError(f"prefill kernel 'wgmma': {reason}")
         kernel = "tiled"  # auto, where wgmma cannot run
     if kernel == "tiled":
-        return _prefill_tiled(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after, window)
+        return _prefill_tiled(q, k_cache, v_cache, table_dev, rows, n_kv, pos, scale, block_size, after, window,
+                              softcap)
     if kernel != "decode":
         raise ValueError(f"kernel must be 'auto', 'wgmma', 'tiled' or 'decode', got {kernel!r}")
     lens = np.arange(pos + 1, pos + tokens + 1)
     return _run(block_table is not None, split, q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
                 table_dev, rows, n_kv, group, scale, partition, block_size, after, shared_cache=True,
-                split_from=split_from, counters=counters, window=window)
+                split_from=split_from, counters=counters, window=window, softcap=softcap)
 
 
 PREFILL_NSIMD = 4  # SIMD groups of a tiled prefill threadgroup
@@ -635,24 +656,25 @@ def prefill_threadgroup_bytes(head_dim: int, rb: int, bk: int, paged: bool) -> i
 
 
 @functools.cache
-def _prefill_spec(paged: bool, window: int = 0) -> KernelSpec:
+def _prefill_spec(paged: bool, window: int = 0, softcap: float = 0.0) -> KernelSpec:
     inputs = ("q", "k_cache", "v_cache") + (("table",) if paged else ()) + ("dims", "scale", "after")
-    return KernelSpec(f"lathe_{'paged' if paged else 'contiguous'}_prefill_tiled{f'_window{window}' if window else ''}",
-                      "attention/prefill_attention.metal", inputs, ("out",),
-                      prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_WINDOW {int(window)}",
+    capped, cap_line = _softcap_prelude(softcap)
+    return KernelSpec(f"lathe_{'paged' if paged else 'contiguous'}_prefill_tiled{f'_window{window}' if window else ''}"
+                      f"{capped}", "attention/prefill_attention.metal", inputs, ("out",),
+                      prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_WINDOW {int(window)}\n{cap_line}",
                       threadgroup_bytes=lambda c: prefill_threadgroup_bytes(c["D"], c["RB"], c["BK"], paged))
 
 
 def _prefill_tiled(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.array | None,
                    rows: int, n_kv: int, pos: int, scale: float, block_size: int,
-                   after: mx.array | None, window: int = 0) -> mx.array:
+                   after: mx.array | None, window: int = 0, softcap: float = 0.0) -> mx.array:
     tokens, n_heads, head_dim = q.shape
     rb, bk = prefill_tiles(head_dim, table is not None)
     tiles = -(-tokens // (PREFILL_NSIMD * rb * 8))
     inputs = [q, k_cache, v_cache] + ([table.reshape(-1)] if table is not None else []) + [
         _ints((n_kv, rows, tokens, pos, n_heads, tiles)), _scale(float(scale)),
         _no_order() if after is None else after]
-    (out,) = launch(Launch(_prefill_spec(table is not None, window), inputs, [((tokens, n_heads, head_dim), mx.float16)],
+    (out,) = launch(Launch(_prefill_spec(table is not None, window, softcap), inputs, [((tokens, n_heads, head_dim), mx.float16)],
                            (tiles * 32 * PREFILL_NSIMD, n_heads, 1), (32 * PREFILL_NSIMD, 1, 1),
                            dict(D=head_dim, RB=rb, BK=bk, NSIMD=PREFILL_NSIMD, BS=block_size)))
     return out

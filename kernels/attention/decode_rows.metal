@@ -23,6 +23,12 @@ const uint ctx = min(uint(lens[b]), rows * uint(LATHE_PAGED ? BS : 1));
 #ifndef LATHE_WINDOW
 #define LATHE_WINDOW 0
 #endif
+// LATHE_SOFTCAP c > 0 (Gemma 2): each score s (already scaled) becomes c * tanh(s / c) before the
+// mask, as llama.cpp's build_attn softcaps kq. 0: none.
+#ifndef LATHE_SOFTCAP
+#define LATHE_SOFTCAP 0
+#endif
+#define SOFTCAPPED(s) (LATHE_SOFTCAP > 0 ? float(LATHE_SOFTCAP) * tanh((s) / float(LATHE_SOFTCAP)) : (s))
 const uint t_lo = LATHE_WINDOW > 0 && ctx > uint(LATHE_WINDOW) ? ctx - uint(LATHE_WINDOW) : 0u;
 const uint t_from = t_lo & ~7u;
 const uint t_begin = LATHE_SPLIT ? min(ctx, t_from + part * uint(dims[2])) : t_from;
@@ -239,11 +245,11 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
         const float2 e = st[x].thread_elements();
         const uint t = 32 * simd + 8 * x + mma_r;
         const bool seen = t < cn && c0 + t >= t_lo;
-        if (mma_c < G) p_s[mma_c * CH + t] = seen ? e.x : NEG_INF;
-        if (mma_c + 1 < G) p_s[(mma_c + 1) * CH + t] = seen ? e.y : NEG_INF;
+        if (mma_c < G) p_s[mma_c * CH + t] = seen ? SOFTCAPPED(e.x) : NEG_INF;
+        if (mma_c + 1 < G) p_s[(mma_c + 1) * CH + t] = seen ? SOFTCAPPED(e.y) : NEG_INF;
       }
     } else {
-      for (uint g = 0; g < G; ++g) p_s[g * CH + tl] = tl < cn && c0 + tl >= t_lo ? s[g] : NEG_INF;
+      for (uint g = 0; g < G; ++g) p_s[g * CH + tl] = tl < cn && c0 + tl >= t_lo ? SOFTCAPPED(s[g]) : NEG_INF;
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);

@@ -63,6 +63,13 @@ const uint n_tiles = (kv_end + BK - 1) / BK;
 const uint first_seen = LATHE_WINDOW > 0 && pos + q0 + 1 > uint(LATHE_WINDOW) ? pos + q0 + 1 - uint(LATHE_WINDOW) : 0u;
 const uint j_first = first_seen / BK;  // tiles alternate stages from here (stage 0 first)
 #define SEES(key, p) ((key) <= (p) && (LATHE_WINDOW == 0 || (key) + uint(LATHE_WINDOW) > (p)))
+// LATHE_SOFTCAP c > 0 (Gemma 2): a score s (scaled) becomes c * tanh(s / c) before the mask (kept in
+// exp2's units: times log2(e) after the cap). 0: none.
+#ifndef LATHE_SOFTCAP
+#define LATHE_SOFTCAP 0
+#endif
+#define LOG2_SCORE(s) (LATHE_SOFTCAP > 0 ? float(LATHE_SOFTCAP) * tanh((s) * scale[0] / float(LATHE_SOFTCAP)) * LOG2E \
+                                         : (s) * scale_log2)
 const float scale_log2 = scale[0] * LOG2E;
 
 // Tile j's K and V into stage j % 2 (asynchronous where a whole 16-byte word is wanted).
@@ -179,8 +186,8 @@ for (uint j = j_first; j < n_tiles; ++j) {
     for (uint kb = 0; kb < KB; ++kb) {
       x[kb] = s[rb][kb].thread_elements();
       const uint key = j * BK + kb * 8 + c;
-      x[kb].x = SEES(key, qpos[rb]) ? x[kb].x * scale_log2 : NEG_INF;
-      x[kb].y = SEES(key + 1, qpos[rb]) ? x[kb].y * scale_log2 : NEG_INF;
+      x[kb].x = SEES(key, qpos[rb]) ? LOG2_SCORE(x[kb].x) : NEG_INF;
+      x[kb].y = SEES(key + 1, qpos[rb]) ? LOG2_SCORE(x[kb].y) : NEG_INF;
       row_max = max(row_max, max(x[kb].x, x[kb].y));
     }
     // Tile 0 holds key 0, which every row sees: the running max is finite from there on (with a
