@@ -438,7 +438,7 @@ def test_f16_files_run_fused(tmp_path):
     """On any machine (launches recorded): fused takes an F16 file, its QKV and gate+up joined as
     fp16 values for MLX's matmul, the norms, RoPE, attention and SwiGLU on lathe's kernels;
     megafused names F16 as a type its blocks do not take."""
-    from harness.kernel_decode import KernelDecoder
+    from harness.program.kernel_decode import KernelDecoder
     from kernels.runtime import recording
 
     m = load_gguf(write_random_gguf(tmp_path / "f16.gguf", "tiny-llama", "f16", seed=5))
