@@ -15,6 +15,7 @@ import pytest
 from harness.program.arch import BIAS_PARTS
 from harness.program.decode import ReferenceDecoder, generate
 from harness.program.models import PRESETS, GGUFError, file_type_name, load_gguf, write_random_gguf
+from kernels import options
 from reference import rel_err
 from reference.model import forward
 from reference.rope import gelu, rope, rope_frequencies
@@ -233,18 +234,21 @@ def test_rows_name_the_files_types(files, tmp_path):
     assert file_type_name(load_gguf(path)) == "f16"
 
 
-@pytest.mark.parametrize("name, variant, expected", [
-    ("gemma3", "megafused", "post-attention and post-FFN norms"), ("phi3", "megafused", "a fused attn_qkv matrix"),
-    ("gemma3-softcap", "megafused", "a final logit softcap"), ("gemma2", "megafused", "an attention softcap of 1"),
-    ("llama-biases", "fused", "biases on attn_output"), ("llama-yarn", "megafused", "yarn RoPE scaling"),
-    ("llama-rope-freqs", "megafused", "rope_freqs.weight factors"), ("qwen2", "megafused", "biases on attn_q")])
-def test_kernel_variants_name_what_they_do_not_run(files, name, variant, expected):
+@pytest.mark.parametrize("name, variant, span, expected", [
+    ("phi3", "megafused", "token", "a fused attn_qkv matrix"), ("llama-biases", "fused", "token", "biases on attn_output"),
+    ("qwen2", "megafused", "token", "biases on attn_q"),
+    # a launch a layer takes the llama / qwen3 layer alone; token_block takes these
+    ("gemma3", "megafused", "layer", "post-attention and post-FFN norms (in a launch a layer; mega_span=token"),
+    ("gemma2", "megafused", "layer", "an attention softcap of 1"), ("llama-yarn", "megafused", "layer", "yarn RoPE scaling"),
+    ("llama-rope-freqs", "megafused", "layer", "rope_freqs.weight factors")])
+def test_kernel_variants_name_what_they_do_not_run(files, name, variant, span, expected):
     """Before any launch (no GPU needed): a kernel variant lists the layer's features that no
     kernel of it maps yet, and sends the user to a variant that runs it."""
     from harness.program.kernel_decode import KernelDecoder
 
     m = load_gguf(files[name])
-    with pytest.raises(ValueError, match=r"variant does not run this .* model's .*the (reference|fused) variant does") as err:
+    with options.use(mega_span=span), pytest.raises(
+            ValueError, match=r"variant does not run this .* model's .*the (reference|fused) variant does") as err:
         KernelDecoder(m, 64, variant)
     assert expected in str(err.value)
     assert ("the fused variant does (" in str(err.value)) == (variant == "megafused")
@@ -252,15 +256,18 @@ def test_kernel_variants_name_what_they_do_not_run(files, name, variant, expecte
 
 KERNEL_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2", "phi3", "gemma3",
                  "gemma2", "gemma3-softcap"]
+# what megafused's token_block runs too: RoPE tables, Gemma's layers (kernels.blocks.LayerKind)
+MEGA_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "gemma3", "gemma2", "gemma3-softcap"]
+VARIANT_FILES = [(v, n) for v in ("unfused", "fused") for n in KERNEL_MAPPED] + [("megafused", n) for n in MEGA_MAPPED]
 
 
-@pytest.mark.parametrize("name", KERNEL_MAPPED)
-@pytest.mark.parametrize("variant", ["unfused", "fused"])
+@pytest.mark.parametrize("variant, name", VARIANT_FILES)
 def test_kernel_plans_map_scalings_and_biases(files, name, variant):
-    """On any machine (launches recorded, not run): unfused and fused build and replay their plan
-    for these files; the biases are one add after the projection, a scaled RoPE's table is the
-    float64 oracle's layer 0 angles (yarn's factor squared into the attention scale), and
-    Phi-3's fused tensors are read as the matrices the fused variant would make."""
+    """On any machine (launches recorded, not run): the kernel variants build and replay their
+    plan for these files; the biases are one add after the projection, a scaled RoPE's table is
+    the float64 oracle's layer 0 angles (yarn's factor squared into the attention scale), and
+    Phi-3's fused tensors are read as the matrices the fused variant would make. megafused's
+    token_block takes Gemma's layer whole: one launch and the last post-norm's."""
     from harness.program.kernel_decode import KernelDecoder
     from kernels.runtime import recording
     from reference.model import layer_rope
@@ -281,7 +288,12 @@ def test_kernel_plans_map_scalings_and_biases(files, name, variant):
         assert decoder.windows == [m.config.layer(i).window or 0 for i in range(m.config.n_layers)] and any(decoder.windows)
         steps = " ".join(step.kernel for step in decoder.plan)
         assert "x sqrt(d_model), float32 stream" in steps and "GELU" in steps and "window 8" in steps
-        assert sum(step.op == "post_norm_add" for step in decoder.plan) == 2 * m.config.n_layers
+        if variant == "megafused":
+            (block,) = [step for step in decoder.plan if step.op == "token_block"]
+            assert block.launches == ("lathe_token_block", "lathe_post_norm_add")
+            assert np.array(decoder.stacked_inv_freqs).shape == (m.config.n_layers, m.config.head_dim // 2)
+        else:
+            assert sum(step.op == "post_norm_add" for step in decoder.plan) == 2 * m.config.n_layers
         assert [step.op for step in decoder.plan].count("softcap") == (name == "gemma3-softcap")
     else:
         assert decoder.inv_freq is None
@@ -293,11 +305,13 @@ def test_kernel_plans_map_scalings_and_biases(files, name, variant):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant, kv", [("unfused", "contiguous"), ("fused", "contiguous"), ("fused", "paged")])
-@pytest.mark.parametrize("name", KERNEL_MAPPED)
+@pytest.mark.parametrize("variant, kv, name", [(v, kv, n) for v, kv in (("unfused", "contiguous"),
+                                                                     ("fused", "contiguous"), ("fused", "paged"))
+                                              for n in KERNEL_MAPPED] + [("megafused", "contiguous", n)
+                                                                         for n in MEGA_MAPPED])
 def test_kernel_variants_against_float64(files, name, variant, kv):
-    """lathe's kernels on RoPE scalings and Q/K/V biases: a prompt, then decode tokens, against
-    the float64 oracle (tests/decode_checks.py)."""
+    """lathe's kernels on RoPE scalings, Q/K/V biases and Gemma's layers: a prompt, then decode
+    tokens, against the float64 oracle (tests/decode_checks.py)."""
     from harness.program.kernel_decode import KernelDecoder
 
     m = load_gguf(files[name])
@@ -342,7 +356,8 @@ GEMMA_K_MIX = replace(PRESETS["tiny-gemma3"], d_model=320, ff=512)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant, kv", [("unfused", "contiguous"), ("fused", "contiguous"), ("fused", "paged")])
+@pytest.mark.parametrize("variant, kv", [("unfused", "contiguous"), ("fused", "contiguous"), ("fused", "paged"),
+                                        ("megafused", "contiguous")])
 def test_gemma_k_mix_against_float64(tmp_path, variant, kv):
     """The real Gemma-3-270M file's block types, layer and sliding windows (layer 0 sees 8
     positions) on lathe's kernels: a prompt, then decode tokens, against the float64 oracle."""
@@ -356,7 +371,8 @@ def test_gemma_k_mix_against_float64(tmp_path, variant, kv):
 
 def test_gemma_k_mix_plans_read_every_type(tmp_path):
     """On any machine (launches recorded): the fused plan of that mix runs each block type in our
-    GEMVs (no MLX matmul at decode), Q|K in Q5_0 apart from a Q8_0 V where the layer's types differ."""
+    GEMVs (no MLX matmul at decode), Q|K in Q5_0 beside a Q8_0 V in one launch where the layer's
+    types differ (a pair: each GEMV reads X' in its own chunks)."""
     from harness.program.kernel_decode import KernelDecoder
     from kernels.runtime import recording
 
@@ -368,15 +384,15 @@ def test_gemma_k_mix_plans_read_every_type(tmp_path):
     kernels = [step.kernel for step in decoder.plan]
     assert not any("mx.matmul" in k for k in kernels)
     assert any("Q5_0" in k for k in kernels) and any("Q8_0" in k for k in kernels)
-    assert any(step.op == "concat" for step in decoder.plan)  # q|k Q5_0, v Q8_0
+    assert any("pair (Q5_0: q|k; Q8_0: v" in k for k in kernels)
 
 
 BLOCK_TYPES = ["q4_1", "q5_0", "q5_1", "iq4_nl", "iq4_xs"]  # every matrix of the file in that type
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["unfused", "fused"])
-@pytest.mark.parametrize("qtype", [*BLOCK_TYPES, "f16"])
+@pytest.mark.parametrize("variant, qtype", [(v, q) for v in ("unfused", "fused") for q in (*BLOCK_TYPES, "f16")]
+                         + [("megafused", q) for q in BLOCK_TYPES])
 def test_block_types_on_the_kernel_variants(tmp_path, qtype, variant):
     """A llama file whose every matrix (the embedding included) is a legacy or IQ4 block type, or
     F16 (the unquantized baseline: MLX's matmul in both variants): a prompt, then decode tokens,
@@ -391,8 +407,8 @@ def test_block_types_on_the_kernel_variants(tmp_path, qtype, variant):
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES)
 def test_block_type_files_plan_our_gemvs(tmp_path, qtype):
-    """On any machine (launches recorded): fused runs such a file on lathe's GEMVs and embedding;
-    megafused, whose blocks were not checked on these types, says so before any launch."""
+    """On any machine (launches recorded): fused and megafused run such a file on lathe's GEMVs
+    and embedding."""
     from harness.program.kernel_decode import KernelDecoder
     from kernels.runtime import recording
 
@@ -402,8 +418,11 @@ def test_block_type_files_plan_our_gemvs(tmp_path, qtype):
         decoder.forward([1, 2, 3])
     assert not any("mx.matmul" in step.kernel for step in decoder.plan)
     assert any(qtype.upper() in step.kernel for step in decoder.plan if step.op == "embed")
-    with pytest.raises(ValueError, match=f"its blocks take Q4_0, Q8_0.*got {qtype.upper()}"):
-        KernelDecoder(m, 64, "megafused")
+    with recording():
+        decoder = KernelDecoder(m, 64, "megafused")
+        decoder.forward([1, 2, 3])
+        decoder.forward([4])
+    assert any(qtype.upper() in step.kernel for step in decoder.plan if step.op == "token_block")
 
 
 def test_gemma2_takes_llama_cpps_defaults(files, tmp_path):

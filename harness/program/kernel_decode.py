@@ -134,20 +134,26 @@ def kernel_gaps(c, types: dict[str, str], variant: str = "fused") -> list[str]:
     harness/arch run in the reference variant and the float64 oracle until a kernel maps them."""
     a, mega = c.architecture, variant == "megafused"
     extra_bias = [b for b in c.biases if mega or b == "attn_output"]
-    features = {"the embedding times sqrt(d_model)": mega and a.embed_scale,
-                "post-attention and post-FFN norms": mega and a.post_norms,
-                f"a {a.activation}-gated FFN": mega and a.activation != "silu", "a fused attn_qkv matrix": mega and a.fused_qkv,
-                "a fused [gate; up] ffn_up matrix": mega and a.fused_gate_up,
-                f"heads of {c.head_dim} (attention takes {attention.HEAD_DIMS})": c.head_dim not in attention.HEAD_DIMS,
-                f"biases on {', '.join(extra_bias)}": bool(extra_bias),
-                f"{c.rope_scaling} RoPE scaling": mega and c.rope_scaling != "none",
-                "rope_freqs.weight factors": mega and c.rope_freqs,
-                f"a RoPE attn_factor of {c.rope_attn_factor:g}": mega and c.rope_attn_factor != 1.0,
-                f"sliding-window layers ({c.sliding_window} tokens)": mega and any(c.layer(i).window for i in range(c.n_layers)),
-                "layers of different RoPE bases": mega and len({c.layer(i).theta for i in range(c.n_layers)}) > 1,
-                f"an attention scale of {c.scale:g}": mega and abs(c.scale - c.head_dim ** -0.5) > 1e-12,
-                "a final logit softcap": mega and bool(c.final_softcap),
-                f"an attention softcap of {c.attn_softcap:g}": mega and bool(c.attn_softcap)}
+    # token_block (mega_span=token) runs Gemma's layer and every RoPE table (kernels.blocks.LayerKind);
+    # a launch a layer (mega_span=layer) the llama / qwen3 layer alone
+    by_layer = mega and options.get("mega_span") == "layer"
+    layer_only = {"the embedding times sqrt(d_model)": a.embed_scale,
+                  "post-attention and post-FFN norms": a.post_norms,
+                  f"a {a.activation}-gated FFN": a.activation != "silu",
+                  f"{c.rope_scaling} RoPE scaling": c.rope_scaling != "none",
+                  "rope_freqs.weight factors": c.rope_freqs,
+                  f"a RoPE attn_factor of {c.rope_attn_factor:g}": c.rope_attn_factor != 1.0,
+                  f"sliding-window layers ({c.sliding_window} tokens)": any(c.layer(i).window for i in range(c.n_layers)),
+                  "layers of different RoPE bases": len({c.layer(i).theta for i in range(c.n_layers)}) > 1,
+                  f"an attention scale of {c.scale:g}": abs(c.scale - c.head_dim ** -0.5) > 1e-12,
+                  f"an attention softcap of {c.attn_softcap:g}": bool(c.attn_softcap)}
+    features = {f"{what} (in a launch a layer; mega_span=token runs it)": by_layer and present
+                for what, present in layer_only.items()}
+    features.update({"a fused attn_qkv matrix": mega and a.fused_qkv,
+                     "a fused [gate; up] ffn_up matrix": mega and a.fused_gate_up,
+                     f"heads of {c.head_dim} (attention takes {attention.HEAD_DIMS})": c.head_dim not in attention.HEAD_DIMS,
+                     f"biases on {', '.join(extra_bias)}": bool(extra_bias),
+                     "a float32 residual stream without post-block norms": mega and a.embed_scale != a.post_norms})
     gaps = [what for what, present in features.items() if present]
     odd = sorted({t for t in types.values() if t not in ("F32", "F16") and t.lower() not in QUANTIZED})
     if odd:
@@ -162,17 +168,15 @@ def rope_table(c) -> bool:
 
 
 def mega_types(c, types: dict[str, str]) -> str | None:
-    """Why the megafused variant cannot run a file's layers, or None where it can: a block's
-    GEMVs share one X' staging (kernels.blocks.stages_alike), each projection's layers take at
-    most two block types (token_block's stacks), and [q; k] and [gate; up] are one matrix each
-    (one type a layer). `types`: GGUF name -> type, any case."""
+    """Why the megafused variant cannot run a file's layers, or None where it can: its blocks
+    take the v3 GEMVs' block types (any mix in a launch: each GEMV reads X' in its own chunks),
+    each projection's layers take at most two (token_block's stacks), and [q; k] and [gate; up]
+    are one matrix each (one type a layer). `types`: GGUF name -> type, any case."""
     kind = lambda name: types.get(name, "q8_0").lower()  # noqa: E731
     names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     every = {kind(f"blk.{i}.{n}.weight") for i in range(c.n_layers) for n in names}
-    if not every <= set(MEGA_TYPES):
-        return f"its blocks take {', '.join(t.upper() for t in MEGA_TYPES)}; got {', '.join(sorted(t.upper() for t in every))}"
-    if len({t == "q8_0" for t in every}) != 1:
-        return f"a launch's GEMVs share one X' staging: Q8_0 alone, or Q4_0 and the K-quants; got {sorted(every)}"
+    if not every <= set(QUANTIZED):
+        return f"its blocks take {', '.join(t.upper() for t in QUANTIZED)}; got {', '.join(sorted(t.upper() for t in every))}"
     for joined in (("attn_q", "attn_k"), ("ffn_gate", "ffn_up")):
         if any(len({kind(f"blk.{i}.{n}.weight") for n in joined}) != 1 for i in range(c.n_layers)):
             return f"{' and '.join(joined)} of a layer must share a block type (one matrix in the launch)"
@@ -205,7 +209,6 @@ def wide_stream(c) -> bool:
 
 
 QUANTIZED = ("q4_0", "q8_0", *gemv.REPACKED_ONLY)  # our GEMVs' block types (all but Q4_0, Q8_0: repacked only)
-MEGA_TYPES = ("q4_0", "q8_0", *gemv.K_QTYPES)  # those kernels.blocks' launches were checked on
 PHASES = ("decode", "short", "prompt")  # 1 token; 2..FUSED_UP_TO (the fused GEMVs' rows); more
 
 
@@ -342,8 +345,8 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             norm_linear(norm, runs[0][0], dst, i, label=f"blk.{i}.{which} ({parts})")
             return
         names = [name for name, _ in runs]
-        if (small and packed and len(runs) == 2 and all(map(quant, names)) and options.get("mixed_projection") == "pair"
-                and gemv.stages_alike(kind(names[0]), kind(names[1]))):  # both matrices in one launch
+        if (small and packed and len(runs) == 2 and all(map(quant, names))
+                and options.get("mixed_projection") == "pair"):  # both matrices in one launch
             both = "; ".join(f"{kind(name).upper()}: {'|'.join(p.split('.')[2].split('_')[1] for p in run)}"
                              for name, run in runs)
             add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v} pair ({both}, repacked)", ("x",), (dst,),
@@ -369,15 +372,22 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         b = f"blk.{i}."
         if mega and span == "token":
             if i == 0:
-                what = ("every layer: rmsnorm+QKV | " + ("head norms + " if c.head_norm else "") +
-                        "RoPE + KV write + attention | O + residual | rmsnorm+gate|up+SiLU | down + residual")
+                # Gemma's layer: each block's output post-normed into the float32 stream by the
+                # phase after it, the last one's by a launch of its own (loop.post_norm_add)
+                attend = (("head norms + " if c.head_norm else "") + "RoPE + KV write + attention"
+                          + (f" (window {c.sliding_window} in {len(windowed)} of {c.n_layers} layers)" if windowed else ""))
+                what = (f"every layer: post-norm + rmsnorm+QKV | {attend} | O | post-norm + rmsnorm+gate|up+{act_shown}"
+                        " | down; then the last post-norm" if post else
+                        f"every layer: rmsnorm+QKV | {attend} | O + residual | rmsnorm+gate|up+{act_shown} | down + residual")
                 layer_weights = tuple(w for j in range(c.n_layers) for w in _attention_weights(c, j) + (
-                    f"blk.{j}.ffn_norm.weight", f"blk.{j}.ffn_gate_up (gate|up)", f"blk.{j}.ffn_down.weight"))
+                    f"blk.{j}.ffn_norm.weight", f"blk.{j}.ffn_gate_up (gate|up)", f"blk.{j}.ffn_down.weight") + (
+                    (f"blk.{j}.post_attention_norm.weight", f"blk.{j}.post_ffw_norm.weight") if post else ()))
                 shown_all = block_shown(range(c.n_layers), attn_parts + ffn_parts)
                 add("token_block", f"lathe token_block{shown_all} ({what})" if one_launch else
                     f"token_block's phases apart ({what}: {5 * c.n_layers} launches)",
                     ("x", "cache.*"), ("x", "cache.*"), _run_token_block, weights=layer_weights, per_token=("pos",),
-                    launches=("lathe_token_block",) if one_launch else _ATTENTION_APART + _FFN_APART)
+                    launches=(("lathe_token_block",) + (("lathe_post_norm_add",) if post else ()) if one_launch
+                              else _ATTENTION_APART + _FFN_APART))
             continue
         if mega:
             # layer 0's attention block, then each layer's FFN block with the next layer's
@@ -745,7 +755,9 @@ def _run_token_block(d, env, t, pos):
     c = d.config
     env["x"], d.k, d.v = blocks.token_block(env["x"], d.stacks, c.eps, d.stacks.w_qkv.qtypes[0], d.k, d.v, pos,
                                             n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
-                                            queue=d.token_queue, counters=d.attn_counters[0])
+                                            queue=d.token_queue, counters=d.attn_counters[0],
+                                            layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs, scale=d.scale,
+                                            windows=d.windows if d.layer_kind.windows else None)
 
 
 def _run_cache_write(n, i, d, env, t, pos):
@@ -903,6 +915,11 @@ class KernelDecoder:
             raise ValueError("circular overflow over sliding-window layers narrower than the cache is not mapped "
                              "(the ring's rows are not in position order): the reference variant runs it")
         self.wide = wide_stream(c)  # a float32 residual stream (Gemma)
+        # what megafused's token_block computes beyond the llama layer, and its RoPE table(s)
+        a = c.architecture
+        self.layer_kind = blocks.LayerKind(a.post_norms, any(self.windows), a.activation, c.attn_softcap or 0.0)
+        self.stacked_inv_freqs = (None if self.inv_freqs[0] is None else
+                                  mx.stack(self.inv_freqs) if per_layer else self.inv_freqs[0])
         if c.biases:  # [q; k; v] biases a layer, fp16, added to the projection's output
             q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
             self.qkv_splits = [q, q + kv]
@@ -932,10 +949,14 @@ class KernelDecoder:
         norms = {kind: mx.stack([(self.g32 if kind in ("attn_q_norm", "attn_k_norm") else self.g16)
                                  [f"blk.{i}.{kind}.weight"] for i in range(n)])
                  for kind in ("attn_norm", "ffn_norm") + (("attn_q_norm", "attn_k_norm") if c.head_norm else ())}
+        if c.architecture.post_norms:  # Gemma's, fp16 as the other norms
+            norms.update({kind: mx.stack([self.g16[f"blk.{i}.{kind}.weight"] for i in range(n)])
+                          for kind in ("post_attention_norm", "post_ffw_norm")})
         mx.eval(list(norms.values()))
         self.stacks = blocks.LayerStacks(norms["attn_norm"], stacks[qkv[0]], stacks["attn_output"],
                                          norms["ffn_norm"], stacks["ffn_gate_up"], stacks["ffn_down"],
-                                         norms.get("attn_q_norm"), norms.get("attn_k_norm"), stacks.get("attn_v"))
+                                         norms.get("attn_q_norm"), norms.get("attn_k_norm"), stacks.get("attn_v"),
+                                         norms.get("post_attention_norm"), norms.get("post_ffw_norm"))
         self.token_queue = blocks.block_queue(5 * n)
 
     def resize(self, max_seq: int) -> None:

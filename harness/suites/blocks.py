@@ -237,19 +237,29 @@ def _layer_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
 
 def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
                 neox: bool, layers: int, pos: int, device_pos: bool = False, split_from: int | None = None,
-                mix: Mix = ()) -> CheckCase:
+                mix: Mix = (), gemma: tuple[int, float] | None = None) -> CheckCase:
     """token_block: `layers` layers of one decode token in one launch (stacked weights, a cache
     pair a layer) against the references of each layer's attention and FFN blocks in turn, the
     residual stream stored as fp16 between blocks as the kernel stores it; every layer's K and V
     rows and untouched rows as _attention_case; launched twice on one queue. Rounding (fp16
     intermediates, X' staged as int16) compounds through the layers: layer i's rows and the output
     of `layers` layers take i + 1 and `layers` times a block's tolerance (a wrong layer offset or
-    cache is off by the size of the values)."""
+    cache is off by the size of the values).
+    gemma (window, softcap): Gemma's layers (kernels.blocks.LayerKind): a float32 stream with
+    post-block norms, a GELU gate, even layers sliding over `window` positions at RoPE base 10000
+    and the others global at THETA (a table a layer), an attention scale of its own, and scores
+    softcapped where softcap > 0 (Gemma 2)."""
     from kernels.attention import SPLIT_FROM
-    from kernels.blocks import LayerStacks, Stack, block_queue, token_block
+    from kernels.blocks import LLAMA, LayerKind, LayerStacks, Stack, block_queue, token_block
     from kernels.runtime import poisoned_outputs
+    from reference.rope import inv_freq
 
     n_heads, n_kv = heads
+    window, softcap = gemma or (0, 0.0)
+    kind = LayerKind(True, True, "gelu", softcap) if gemma else LLAMA
+    windows = [window if i % 2 == 0 else 0 for i in range(layers)]
+    thetas = [10000.0 if w else THETA for w in windows]
+    scale = (1.5 * head_dim) ** -0.5 if gemma else None
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         w, w64 = [], []
@@ -262,32 +272,44 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
         if head_norm:
             norms.update({name: np.stack([_gamma(rng, head_dim, np.float32) for _ in range(layers)])
                           for name in ("q", "k")})
+        if gemma:
+            norms.update({name: np.stack([_gamma(rng, d_model) for _ in range(layers)])
+                          for name in ("post_attn", "post_ffn")})
+        post = {name: mx.array(norms[f"post_{name}"]) if gemma else None for name in ("attn", "ffn")}
         stack = lambda name: Stack([m[name] for m in w]) if name in w[0] else None  # noqa: E731
         stacks = LayerStacks(mx.array(norms["attn"]), stack("qkv"), stack("o"), mx.array(norms["ffn"]),
                              stack("gate_up"), stack("down"),
                              *((mx.array(norms["q"]), mx.array(norms["k"])) if head_norm else (None, None)),
-                             w_v=stack("v"))
+                             w_v=stack("v"), post_attn_norm=post["attn"], post_ffn_norm=post["ffn"])
+        tables = mx.array(np.stack([inv_freq(head_dim, t) for t in thetas]).astype(np.float32)) if gemma else None
         max_seq = pos + 5
         queue = block_queue(5 * layers)
         checks = []
         for launch_ in range(2):
             caches = [_caches(rng, n_kv, max_seq, head_dim, pos) for _ in range(layers)]
-            x = rng.standard_normal((1, d_model)).astype(np.float16)
+            # Gemma's stream: float32, its scale as its embedding gives it (sqrt(d_model) x)
+            x = (rng.standard_normal((1, d_model)) * (d_model ** 0.5 if gemma else 1)).astype(
+                np.float32 if gemma else np.float16)
             at = mx.array(np.array([pos], np.int32)) if device_pos else pos
             with poisoned_outputs():
                 x_out, k_new, v_new = token_block(
                     mx.array(x), stacks, EPS, qtype, [mx.array(kc) for kc, _ in caches],
                     [mx.array(vc) for _, vc in caches], at, n_heads=n_heads, theta=THETA, neox=neox, queue=queue,
-                    split_from=SPLIT_FROM if split_from is None else split_from)
+                    split_from=SPLIT_FROM if split_from is None else split_from, layer_kind=kind,
+                    inv_freqs=tables, scale=scale, windows=windows if gemma else None)
                 mx.eval(x_out, k_new, v_new, queue)
+            # the stream between blocks as the kernel keeps it: fp16, or float32 (Gemma's, not rounded)
+            kept = (lambda a: a) if gemma else (lambda a: a.astype(np.float16).astype(np.float64))  # noqa: E731
             want, rows = x[0].astype(np.float64), []
             for i in range(layers):
                 mid, k_want, v_want = ref.attention_block(
-                    want, norms["attn"][i], EPS, w64[i]["qkv"], w64[i]["o"], *caches[i], pos, n_heads, THETA, neox,
-                    norms["q"][i] if head_norm else None, norms["k"][i] if head_norm else None, stored=STORED)
-                mid = mid.astype(np.float16).astype(np.float64)
-                want = ref.ffn_block(mid[None], norms["ffn"][i], EPS, w64[i]["gate_up"], w64[i]["down"])[0]
-                want = want.astype(np.float16).astype(np.float64)
+                    want, norms["attn"][i], EPS, w64[i]["qkv"], w64[i]["o"], *caches[i], pos, n_heads, thetas[i], neox,
+                    norms["q"][i] if head_norm else None, norms["k"][i] if head_norm else None, stored=STORED,
+                    window=windows[i], scale=scale, softcap=softcap,
+                    post_norm=norms["post_attn"][i] if gemma else None)
+                want = kept(ref.ffn_block(kept(mid)[None], norms["ffn"][i], EPS, w64[i]["gate_up"], w64[i]["down"],
+                                          kind.activation, norms["post_ffn"][i] if gemma else None,
+                                          STORED if gemma else None)[0])
                 rows.append((k_want, v_want))
             out = np.array(x_out).astype(np.float64)[0]
             checks.append(compare_residual(f"x_out - x (launch {launch_})", out, want, x[0], TOL * layers))
@@ -304,6 +326,8 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
         return checks
 
     variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos, mix)
+    if gemma:
+        variant += f" gemma window={window}" + (f" softcap={softcap:g}" if softcap else "")
     shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, layers=layers, pos=pos)
     return CheckCase("blocks", "token_block", variant, shape, run)
 
@@ -363,6 +387,19 @@ def check_cases(small: bool = False) -> list[CheckCase]:
                                  mix=(("v", 0, "q6_k"), ("down", 1, "q6_k"))))
         cases.append(_token_case("q5_k", 1024, 3072, (16, 8), 128, True, True, 3, 40,
                                  mix=(("v", 2, "q6_k"), ("down", 2, "q6_k"), ("down", 0, "q6_k"))))
+    # Gemma's layers (float32 stream, post-norms, GELU, sliding and global layers): Gemma-3-270M's
+    # shapes and the real file's mix (Q5_0 where rows of 640 are no whole super-block, its attn_v
+    # Q8_0 in some layers: a Q8_0 GEMV reads X' staged in 32-value chunks), past the window
+    gemma_mix = (("v", 1, "q8_0"), *(("o", i, "q4_k") for i in range(3)), ("down", 0, "q6_k"), ("down", 1, "q4_k"),
+                 ("down", 2, "q6_k"))
+    cases.append(_token_case("q5_0", 640, 2048, (4, 1), 256, True, True, 3, 30, device_pos=True, mix=gemma_mix,
+                             gemma=(16, 0.0)))
+    if not small:
+        cases.append(_token_case("q5_0", 640, 2048, (4, 1), 256, True, True, 3, 700, split_from=0, mix=gemma_mix,
+                                 gemma=(512, 0.0)))
+        # Gemma 2's softcap; X' staged in Q8_0's 16-value chunks and read by 32-value GEMVs
+        cases.append(_token_case("q8_0", 256, 512, (8, 4), 128, False, True, 2, 20, device_pos=True,
+                                 mix=(("o", 0, "q4_k"), ("o", 1, "q4_k"), ("down", 1, "q4_0")), gemma=(8, 50.0)))
     return cases
 
 

@@ -488,6 +488,11 @@ PAIR_CASES = [
     ("q4_0", "q6_k", 1, 1001, 33, 4352, False, None),
     ("q8_0", "q8_0", 2, 4096, 1024, 4128, True, None),
     ("q4_k", "q6_k", 1, 1001, 1, 4096, True, dict(max_groups=5, rows=2)),
+    # a Q8_0 GEMV over X' in 32-value chunks and 32-value GEMVs over Q8_0's 16 (Gemma 3's Q4_K_M:
+    # [q; k] Q5_0, attn_v Q8_0), the last with X' in chunks
+    ("q5_0", "q8_0", 1, 1280, 256, 640, True, None),
+    ("q8_0", "q4_k", 2, 512, 100, 1024, True, None),
+    ("q4_0", "q8_0", 2, 1001, 64, 14336, False, None),
 ]
 
 

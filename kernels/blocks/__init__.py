@@ -25,8 +25,7 @@ fused decode variant makes (same results, no waits between threadgroups).
 Weights are repacked (kernels.gemv.Packed, the v3 layout): the decode loop's default. Each GEMV
 runs in its matrix's block type, which may differ between a launch's GEMVs and, in token_block's
 stacks, between layers (llama.cpp's Q4_K_M: some layers' attn_v and ffn_down Q6_K beside Q4_K;
-w_v keeps V's rows apart from [q; k] where their type differs), as long as they stage X' alike
-(stages_alike: Q8_0 with no other type).
+w_v keeps V's rows apart from [q; k] where their type differs; Gemma 3's: Q8_0 beside Q5_0).
 """
 
 from __future__ import annotations
@@ -37,8 +36,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from kernels import attention, backends, gemv, options, rope
-from kernels.gemv import Packed, stages_alike
+from kernels import attention, backends, gemv, loop, options, rope
+from kernels.gemv import Packed
 from kernels.runtime import KernelSpec, Launch, constant, depends, launch, resident, resident_groups
 
 QUEUE_STRIDE = 64  # words between a launch's counters: each on a 256-byte line of its own
@@ -64,16 +63,16 @@ def block_queue(phases: int = 5) -> mx.array:
 
 def _check_types(what: str, qtypes) -> None:
     kinds = sorted(set(qtypes))
-    if len(kinds) > 2 or any(not stages_alike(kinds[0], t) for t in kinds):
-        raise ValueError(f"{what} takes at most two block types that stage X' alike (Q8_0 with no other; Q4_0 and "
-                         f"the K-quants together), got {kinds}")
+    if len(kinds) > 2:
+        raise ValueError(f"{what} takes at most two block types (a branch a GEMV: blocks/typed_rows.metal), "
+                         f"got {kinds}")
 
 
 class Stack:
     """The matrices of one projection of every layer (one shape, repacked) in one buffer [layers,
     stride], layer l's bytes at l * stride (the largest matrix padded to STRIDE_ALIGN): what
     token_block reads, each layer at its offset. `layer(l)` is that layer's Packed, a view of the
-    same bytes (no copy). The layers may have two block types that stage alike (llama.cpp's Q4_K_M:
+    same bytes (no copy). The layers may have two block types (llama.cpp's Q4_K_M:
     some layers' attn_v and ffn_down Q6_K, the others Q4_K); `qtypes` has each layer's."""
 
     def __init__(self, mats: list[Packed]):
@@ -96,11 +95,27 @@ class Stack:
         return self._views[i]
 
 
+@dataclass(frozen=True)
+class LayerKind:
+    """What token_block's layers compute beyond the llama / qwen3 layer (layer_block.metal's
+    POST_NORMS, LAYER_WINDOWS, LATHE_ACT, LATHE_SOFTCAP): Gemma's post-block norms over a float32
+    stream, sliding windows, a GELU-gated FFN, an attention softcap."""
+
+    post_norms: bool = False
+    windows: bool = False
+    activation: str = "silu"
+    softcap: float = 0.0
+
+
+LLAMA = LayerKind()
+
+
 @functools.cache
 def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False,
-          types: tuple[tuple[int, int, int], ...] = ()) -> KernelSpec:
+          types: tuple[tuple[int, int, int], ...] = (), kind: LayerKind = LLAMA) -> KernelSpec:
     """`types`: (kind, type A, type B) of each GEMV (block format codes, layer_block.metal's
-    Q_<kind>_A and _B), V among them where the QKV phase's V rows are a matrix of their own."""
+    Q_<kind>_A and _B), V among them where the QKV phase's V rows are a matrix of their own;
+    `kind`: what the layers compute (token_block's)."""
     kinds = {(first + j) % 5 for j in range(phases)}
     ffn, attn = UP in kinds, QKV in kinds
     qkv_split = any(kind == V for kind, _, _ in types)
@@ -112,13 +127,23 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     if attn:
         inputs += (("attn_norm", "w_qkv", "qkv_dims") + (("w_v", "v_dims") if qkv_split else ())
                    + tuple(f"k_cache_{i}" for i in range(caches))
-                   + tuple(f"v_cache_{i}" for i in range(caches)) + ("pos", "inv_freq", "rope_scalars", "dims", "scale")
+                   + tuple(f"v_cache_{i}" for i in range(caches)) + ("pos", "inv_freqs", "rope_scalars", "dims", "scale")
                    + (("q_norms", "k_norms") if head_norm else ()) + (("counters",) if split else ()) + ("w_o", "o_dims"))
         outputs += ("qkv", "attn_out", "x_out") + (("part_out", "part_ml") if split else ())
     if mixed:
         inputs += ("layer_types",)
+    if kind.post_norms:
+        inputs += ("post_attn_norm", "post_ffn_norm")
+        outputs += ("blk",)
+    if kind.windows:
+        inputs += ("windows",)
     name = {(0, 3): "attention_block", (3, 2): "ffn_block", (3, 5): "layer_block"}.get((first, phases), "token_block")
     prelude = f"#define FFN {int(ffn)}\n#define ATTN {int(attn)}\n#define QKV_SPLIT {int(qkv_split)}\n"
+    capped, cap_line = attention._softcap_prelude(kind.softcap)
+    prelude += (f"#define POST_NORMS {int(kind.post_norms)}\n#define LAYER_WINDOWS {int(kind.windows)}\n"
+                f"#define LATHE_ACT {loop.ACTIVATIONS[kind.activation]}\n{cap_line}\n")
+    gemma = (("_post" if kind.post_norms else "") + ("_win" if kind.windows else "")
+             + ("" if kind.activation == "silu" else f"_{kind.activation}") + capped)
     prelude += "".join(f"#define Q_{_KIND_NAMES[kind]}_A {a}\n#define Q_{_KIND_NAMES[kind]}_B {b}\n"
                        for kind, a, b in types)
     typed = "_" + "_".join(f"{_KIND_NAMES[kind].lower()}{a}{b if b != a else ''}" for kind, a, b in types)
@@ -132,10 +157,10 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
         prelude += (f"#define LATHE_PAGED 0\n#define LATHE_ROPE 1\n#define LATHE_SPLIT {int(split)}\n"
                     f"#define LATHE_MERGE {int(split)}\n#define LATHE_HEAD_NORM {int(head_norm)}")
     layers = "" if name != "token_block" else f"_{phases}"
-    return KernelSpec(f"lathe_{name}{layers}{'_norm' if head_norm else ''}{'_split' if split else ''}{typed}",
+    return KernelSpec(f"lathe_{name}{layers}{'_norm' if head_norm else ''}{'_split' if split else ''}{gemma}{typed}",
                       "blocks/layer_block.metal", inputs, outputs, prelude=prelude,
                       threadgroup_bytes=functools.partial(_threadgroup_bytes, attn=attn, head_norm=head_norm,
-                                                          split=split),
+                                                          split=split, post_norms=kind.post_norms),
                       in_place=tuple(n for n in inputs if n.startswith(("k_cache_", "v_cache_"))))
 
 
@@ -145,11 +170,11 @@ def _gemv_bytes(m: int, xchunk: int, nsimd: int) -> int:
     return gemv.v3_smem_bytes(m, xchunk, nsimd) + 8
 
 
-def _threadgroup_bytes(c: dict, attn: bool, head_norm: bool, split: bool) -> int:
+def _threadgroup_bytes(c: dict, attn: bool, head_norm: bool, split: bool, post_norms: bool = False) -> int:
     """layer_block.metal's threadgroup memory: v3's staged X', the claimed ticket and the
-    last-out flag, and with attention phases decode attention's arrays (merged partitions where
-    the launch splits)."""
-    gemv_bytes = _gemv_bytes(c["M"], c["XCHUNK"], c["NSIMD"])
+    last-out flag, with post-block norms the float32 stream row (x_post), and with attention
+    phases decode attention's arrays (merged partitions where the launch splits)."""
+    gemv_bytes = _gemv_bytes(c["M"], c["XCHUNK"], c["NSIMD"]) + (4 * c["K_QKV"] if post_norms else 0)
     if not attn:
         return gemv_bytes
     return gemv_bytes + attention.decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, split,
@@ -164,13 +189,10 @@ def _check_queue(queue: mx.array, phases: int) -> None:
 
 
 def _packed(name: str, w, qtype: str, n: int, k: int) -> None:
-    """w: repacked [n, k], of a block type that stages X' as `qtype` does (its own type is the
-    GEMV's: a block's GEMVs may differ in type, as llama.cpp's K mixes do)."""
+    """w: repacked [n, k] (its own type is the GEMV's: a block's GEMVs may differ in type, as
+    llama.cpp's K mixes do)."""
     if not isinstance(w, Packed):
         raise ValueError(f"{name} must be repacked weights (kernels.gemv.repack), got {type(w).__name__}")
-    if not stages_alike(w.qtype, qtype):
-        raise ValueError(f"{name} is {w.qtype}, which does not share a launch with {qtype} GEMVs (Q8_0 stages X' "
-                         f"apart from Q4_0 and the K-quants)")
     gemv._check_packed(w, w.qtype, n, k)
 
 
@@ -242,12 +264,12 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
 class _FFN:
     """The FFN half's arguments, checked (one layer's; token_block's stacks replace the arrays)."""
 
-    def __init__(self, x, ffn_norm, eps, w_gate_up, w_down, qtype):
+    def __init__(self, x, ffn_norm, eps, w_gate_up, w_down, qtype, wide=False):
         if not isinstance(w_gate_up, Packed):
             raise ValueError(f"w_gate_up must be repacked weights (kernels.gemv.repack), got {type(w_gate_up).__name__}")
         d_model, n_up = x.shape[-1], w_gate_up.n
         _packed("w_gate_up", w_gate_up, qtype, n_up, d_model)
-        gemv.check_gemv_args(x, w_gate_up, w_gate_up.qtype, n_up, d_model)
+        gemv.check_gemv_args(x, w_gate_up, w_gate_up.qtype, n_up, d_model, wide_x=wide)
         if n_up % 2:
             raise ValueError(f"w_gate_up must be [gate; up], an even number of rows, got {n_up}")
         _packed("w_down", w_down, qtype, d_model, n_up // 2)
@@ -262,7 +284,7 @@ class _Attention:
     arrays and give every layer's caches)."""
 
     def __init__(self, x, attn_norm, eps, w_qkv, w_o, qtype, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
-                 k_norm, counters, split_from, w_v=None):
+                 k_norm, counters, split_from, w_v=None, wide=False):
         attention._fp16("k_cache", k_cache)
         attention._fp16("v_cache", v_cache)
         if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
@@ -277,7 +299,7 @@ class _Attention:
         n_qkv = (n_heads + 2 * n_kv) * head_dim
         n_qk = n_qkv if w_v is None else (n_heads + n_kv) * head_dim  # w_v: V's rows apart
         _packed("w_qkv" if w_v is None else "w_qkv ([q; k], w_v apart)", w_qkv, qtype, n_qk, d_model)
-        gemv.check_gemv_args(x, w_qkv, w_qkv.qtype, n_qk, d_model, max_m=1)
+        gemv.check_gemv_args(x, w_qkv, w_qkv.qtype, n_qk, d_model, max_m=1, wide_x=wide)
         if w_v is not None:
             _packed("w_v", w_v, qtype, n_kv * head_dim, d_model)
         _packed("w_o", w_o, qtype, d_model, n_heads * head_dim)
@@ -290,7 +312,10 @@ class _Attention:
                              d=d_model, n_qkv=n_qkv, q_norm=q_norm, k_norm=k_norm, split_from=split_from,
                              longest=pos + 1 if isinstance(pos, int) else max_seq, max_seq=max_seq, raw_pos=pos,
                              qkv_data=w_qkv.data, o_data=w_o.data, w_v=w_v, n_qk=n_qk,
-                             v_data=None if w_v is None else w_v.data)
+                             v_data=None if w_v is None else w_v.data,
+                             # token_block's, where its layers say (LayerKind): a table a layer, a
+                             # scale from the file, each layer's window
+                             inv_freqs=None, scale=head_dim ** -0.5, windows=None)
         self.types = {QKV: (w_qkv.qtype,), O: (w_o.qtype,), **({V: (w_v.qtype,)} if w_v is not None else {})}
 
 
@@ -307,10 +332,12 @@ _GRID = object()  # where the launch's (threadgroups, attention tickets) input g
 
 
 def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None, attn: _Attention | None,
-            queue: mx.array | None, strides: dict[str, int] | None = None) -> list[mx.array]:
+            queue: mx.array | None, strides: dict[str, int] | None = None, layer_kind: LayerKind = LLAMA,
+            post_norms: tuple[mx.array, mx.array] | None = None) -> list[mx.array]:
     """layer_block.metal over `phases` phases from kind `first` (the halves given hold each
-    kind's arrays; `strides`: bytes between layers of each stacked input, token_block's): its
-    outputs in the spec's order."""
+    kind's arrays; `strides`: bytes between layers of each stacked input, token_block's;
+    `layer_kind` and `post_norms` (post_attention_norm, post_ffw_norm stacked): token_block's
+    layers): its outputs in the spec's order."""
     queue = block_queue(phases) if queue is None else queue
     _check_queue(queue, phases)
     m = x.shape[0]
@@ -335,9 +362,10 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                                        (first + phases - 1) // 5 + 1, first)
     outputs: list = []
     attn_tickets, split = 0, False
+    stream = mx.float32 if layer_kind.post_norms else mx.float16  # the residual stream's type
     if ffn:
         inputs += [ffn.norm, ffn.up_data, _Dims(UP, 2 * ffn.f, ffn.d), ffn.down_data, _Dims(DOWN, ffn.d, ffn.f)]
-        outputs += [((m, ffn.f), mx.float16), ((m, ffn.d), mx.float16)]
+        outputs += [((m, ffn.f), mx.float16), ((m, ffn.d), stream)]
         consts.update(K_UP=ffn.d, K_DOWN=ffn.f)
     if attn:
         a = attn
@@ -358,15 +386,16 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         if a.w_v is not None:
             inputs += [a.v_data, _Dims(V, a.n_kv * a.head_dim, a.d)]
         inputs += [*a.k_caches, *a.v_caches, a.pos,
-                   rope._table(a.head_dim, a.theta, None), constant((float(a.theta), 1.0, float(eps)), mx.float32),
-                   constant((a.n_kv, a.max_seq, partition, parts, 1)),
-                   constant((1.0 / math.sqrt(a.head_dim),), mx.float32), *a.norms]
+                   rope._table(a.head_dim, a.theta, None) if a.inv_freqs is None else a.inv_freqs,
+                   constant((float(a.theta), 1.0, float(eps)), mx.float32),
+                   constant((a.n_kv, a.max_seq, partition, parts, 1)), constant((float(a.scale),), mx.float32),
+                   *a.norms]
         if split:
             counters = attention.merge_counters(a.n_kv * qs) if a.counters is None else a.counters
             attention._check_counters(counters, a.n_kv * qs)
             inputs.append(counters)
         inputs += [a.o_data, _Dims(O, a.d, a.n_heads * a.head_dim)]
-        outputs += [((1, a.n_qkv), mx.float16), ((1, a.n_heads, a.head_dim), mx.float16), ((1, a.d), mx.float16)]
+        outputs += [((1, a.n_qkv), mx.float16), ((1, a.n_heads, a.head_dim), mx.float16), ((1, a.d), stream)]
         if split:
             outputs += [((1, a.n_heads, parts, a.head_dim), mx.float32), ((1, a.n_heads, parts, 2), mx.float32)]
         slots = options.get("block_k_slots")
@@ -378,17 +407,24 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         # at most `slots`: fewer where the launch's threadgroup memory cannot hold them beside the
         # GEMV phases' (a slot is 4 KiB a SIMD group)
         slots = attention.slots_that_fit(slots, group // qs, a.head_dim, s, bool(a.norms), split, mma,
-                                         backends.threadgroup_memory() - _gemv_bytes(m, geo.xchunk, s))
+                                         backends.threadgroup_memory() - _gemv_bytes(m, geo.xchunk, s)
+                                         - (4 * a.d if layer_kind.post_norms else 0))
         mma = int(mma and slots > 0)
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=0,
-                      NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, MMA=mma)
+                      NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, MMA=mma,
+                      ROPE_STRIDE=0 if a.inv_freqs is None or a.inv_freqs.ndim == 1 else a.head_dim // 2)
         if split:
             consts.update(MLOADS=attention.merge_loads(parts))
     inputs = [x, gemv._eps(float(eps)), _GRID, queue] + inputs
     if layer_types is not None:
         inputs.append(constant(layer_types, mx.uint32))
+    if layer_kind.post_norms:
+        inputs += list(post_norms)
+        outputs.append(((1, x.shape[-1]), mx.float16))  # blk: a block's output before its post-norm
+    if layer_kind.windows:
+        inputs.append(constant(attn.windows))
     caches = len(attn.k_caches) if attn else 1
-    spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types)
+    spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind)
 
     def at(geo: BlockGeometry) -> Launch:  # the launch with geo's tickets
         tickets = {kind: g[2] for kind, g in geo.gemvs.items()}
@@ -442,7 +478,7 @@ def attention_block(x: mx.array, attn_norm: mx.array, eps: float, w_qkv: Packed,
     attention's grid is sized for max_seq). queue / counters: the launch site's (block_queue,
     attention.merge_counters); fresh ones when not given. w_v: V's rows as a matrix of their own
     (w_qkv is then [q; k]): where they have another block type (llama.cpp's Q4_K_M). `qtype` is
-    w_qkv's; w_o and w_v may have other types that stage X' alike (stages_alike)."""
+    w_qkv's; w_o and w_v may have other types."""
     attn = _Attention(x, attn_norm, eps, w_qkv, w_o, qtype, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
                       k_norm, counters, split_from, w_v)
     if not backends.cross_group_waits():
@@ -472,7 +508,7 @@ def layer_block(x: mx.array, ffn_norm: mx.array, w_gate_up: Packed, w_down: Pack
     """A layer's FFN block, then the next layer's attention block, in one launch for one decode
     token: ffn_block's arguments (ffn_norm, w_gate_up, w_down), then attention_block's over its
     output (the caches, head norms and w_v are the next layer's). Returns attention_block's.
-    `qtype` is w_gate_up's; the other matrices may have other types that stage X' alike."""
+    `qtype` is w_gate_up's; the other matrices may have other types."""
     ffn = _FFN(x, ffn_norm, eps, w_gate_up, w_down, qtype)
     attn = _Attention(x, attn_norm, eps, w_qkv, w_o, qtype, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
                       k_norm, counters, split_from, w_v)
@@ -490,7 +526,8 @@ class LayerStacks:
     """Every layer's weights of a decoder, stacked for token_block: the four projections as
     Stacks ([q; k; v] and [gate; up] concatenated), the RMSNorm weights as fp16 [layers, d_model]
     and Qwen3's head norms as float32 [layers, head_dim] (None for Llama). w_v: V's matrices
-    apart, where some layer's differs in type from its Q and K (w_qkv then holds [q; k])."""
+    apart, where some layer's differs in type from its Q and K (w_qkv then holds [q; k]).
+    post_attn_norm, post_ffn_norm: Gemma's post-block norms, fp16 [layers, d_model]."""
 
     attn_norm: mx.array
     w_qkv: Stack
@@ -501,6 +538,8 @@ class LayerStacks:
     q_norm: mx.array | None = None
     k_norm: mx.array | None = None
     w_v: Stack | None = None
+    post_attn_norm: mx.array | None = None
+    post_ffn_norm: mx.array | None = None
 
     @property
     def layers(self) -> int:
@@ -510,13 +549,28 @@ class LayerStacks:
 def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_caches: list[mx.array],
                 v_caches: list[mx.array], pos: int | mx.array, *, n_heads: int, theta: float = 10000.0,
                 neox: bool = False, queue: mx.array | None = None, counters: mx.array | None = None,
-                split_from: int = attention.SPLIT_FROM) -> tuple[mx.array, list[mx.array], list[mx.array]]:
+                split_from: int = attention.SPLIT_FROM, layer_kind: LayerKind = LLAMA,
+                inv_freqs: mx.array | None = None, scale: float | None = None,
+                windows: list[int] | None = None) -> tuple[mx.array, list[mx.array], list[mx.array]]:
     """A decode token through every layer in one launch (the seeds' persistent kernel): each
     layer's attention block, then its FFN block, as phases of one queue (block_queue(5 * layers)).
     x [1, d_model] (the embedded token) -> (the residual stream after the last layer, k_caches,
     v_caches), K and V of layer l written at row pos of k_caches[l] / v_caches[l] in place (the
-    returned caches are ordered after the writes). The other arguments are attention_block's."""
-    w, layers = weights, weights.layers
+    returned caches are ordered after the writes). The other arguments are attention_block's.
+    Gemma's layers (layer_kind): post_norms, x and the result float32, weights.post_attn_norm and
+    post_ffn_norm given (the last post-norm is a second launch, loop.post_norm_add); windows
+    (`windows`, one a layer, 0: none); a GELU gate; a softcap of the scores. inv_freqs: a RoPE
+    table float32 [D / 2], or one a layer [layers, D / 2] (else the base `theta`'s); scale: the
+    attention's (default 1 / sqrt(D))."""
+    w, layers, post = weights, weights.layers, layer_kind.post_norms
+    if post and (w.post_attn_norm is None or w.post_ffn_norm is None):
+        raise ValueError("post-block norms need the stacks' post_attn_norm and post_ffn_norm")
+    if post and x.dtype != mx.float32:
+        raise ValueError(f"post-block norms run over a float32 residual stream: x must be float32, got {x.dtype}")
+    if layer_kind.activation not in loop.ACTIVATIONS:
+        raise ValueError(f"activation must be one of {tuple(loop.ACTIVATIONS)}, got {layer_kind.activation!r}")
+    if layer_kind.windows and (windows is None or len(windows) != layers or any(int(v) < 0 for v in windows)):
+        raise ValueError(f"windowed layers need a window >= 0 for each of the {layers} layers, got {windows}")
     if len(k_caches) != layers or len(v_caches) != layers:
         raise ValueError(f"token_block takes a K and a V cache for each of the {layers} layers, got "
                          f"{len(k_caches)} and {len(v_caches)}")
@@ -525,12 +579,10 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     mats = (w.w_qkv, w.w_o, w.w_gate_up, w.w_down) + ((w.w_v,) if w.w_v is not None else ())
     if any(s.layers != layers for s in mats):
         raise ValueError(f"token_block's stacks must have {layers} layers each, got {[s.layers for s in mats]}")
-    apart = sorted({t for s in mats for t in s.qtypes if not stages_alike(t, qtype)})
-    if apart:  # (each Stack holds at most two types; the launch, a pair for each projection)
-        raise ValueError(f"token_block's stacks hold {apart}, which do not share a launch with {qtype} GEMVs (Q8_0 "
-                         f"stages X' apart from Q4_0 and the K-quants)")
-    norms = (w.attn_norm, w.ffn_norm) + ((w.q_norm, w.k_norm) if w.q_norm is not None else ())
-    if any(n.ndim != 2 or n.shape[0] != layers for n in norms):
+    norms = (w.attn_norm, w.ffn_norm) + ((w.q_norm, w.k_norm) if w.q_norm is not None else ()) + (
+        (w.post_attn_norm, w.post_ffn_norm) if post else ())
+    if any(n.ndim != 2 or n.shape[0] != layers for n in norms) or (
+            post and any(tuple(n.shape) != tuple(w.attn_norm.shape) or n.dtype != mx.float16 for n in norms[-2:])):
         raise ValueError(f"token_block's norms must be [{layers}, width], got {[tuple(n.shape) for n in norms]}")
     for c in (*k_caches, *v_caches):
         if tuple(c.shape) != tuple(k_caches[0].shape) or c.dtype != k_caches[0].dtype:
@@ -539,9 +591,20 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     head = (w.q_norm[0], w.k_norm[0]) if w.q_norm is not None else (None, None)
     # each half checked on layer 0 (the others share its shapes), then given every layer's arrays
     v_of = (lambda i: w.w_v.layer(i)) if w.w_v is not None else (lambda i: None)  # noqa: E731
-    ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), qtype)
+    ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), qtype, wide=post)
     attn = _Attention(x, w.attn_norm[0], eps, w.w_qkv.layer(0), w.w_o.layer(0), qtype, k_caches[0], v_caches[0], pos,
-                      n_heads, theta, neox, *head, counters, split_from, v_of(0))
+                      n_heads, theta, neox, *head, counters, split_from, v_of(0), wide=post)
+    d = attn.head_dim // 2
+    if inv_freqs is not None and (inv_freqs.dtype != mx.float32 or tuple(inv_freqs.shape) not in ((d,), (layers, d))):
+        raise ValueError(f"inv_freqs must be float32 [{d}] or [{layers}, {d}], got {inv_freqs.dtype} "
+                         f"{tuple(inv_freqs.shape)}")
+    if scale is not None and not scale > 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+    plain = scale is None or abs(scale - attn.head_dim ** -0.5) < 1e-12 * scale
+    if not backends.cross_group_waits() and (layer_kind != LLAMA or inv_freqs is not None or not plain):
+        # the phases apart take the llama / qwen3 layer (the fused decode variant runs the others)
+        raise ValueError("token_block's phases apart (no waits between threadgroups here) run the llama / qwen3 "
+                         "layer at its base's RoPE and 1 / sqrt(D) only")
     if not backends.cross_group_waits():
         k_caches, v_caches = list(k_caches), list(v_caches)
         for i in range(layers):
@@ -565,7 +628,14 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
                    W_DOWN_STRIDE=w.w_down.stride, NORM_STRIDE=w.attn_norm.shape[1],
                    HEAD_NORM_STRIDE=w.q_norm.shape[1] if head[0] is not None else 0,
                    **({"W_V_STRIDE": w.w_v.stride} if w.w_v is not None else {}))
-    x_out = _launch(x, eps, qtype, QKV, 5 * layers, ffn, attn, queue, strides)[1]
+    attn.inv_freqs, attn.windows = inv_freqs, tuple(int(v) for v in windows) if layer_kind.windows else None
+    attn.scale = attn.scale if scale is None else scale
+    out = _launch(x, eps, qtype, QKV, 5 * layers, ffn, attn, queue, strides, layer_kind,
+                  (w.post_attn_norm, w.post_ffn_norm) if post else None)
+    if post:  # the stream after the last attention block, and the last FFN's output: its post-norm
+        x_out = loop.post_norm_add(out[-1], w.post_ffn_norm[layers - 1], eps, out[4])
+    else:
+        x_out = out[1]
     caches = depends([*k_caches, *v_caches], [x_out])
     return x_out, caches[:layers], caches[layers:]
 

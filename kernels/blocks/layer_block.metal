@@ -23,6 +23,16 @@
 // nothing of it: v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip; L2_AHEAD
 // (with PREFETCH): it also asks the L2 for the rest of its ticket's rows, so the DRAM keeps
 // reading through the wait (v3_rows' GEMV_L2_AHEAD).
+// POST_NORMS (token_block; Gemma's layer): the residual stream is float32 and each block's output
+// is RMS-normed before it is added (post_attention_norm, post_ffw_norm). O and DOWN then write the
+// block's output alone (blk, fp16); the phase after each (UP, the next QKV) forms x + RMSNorm(blk)
+// * post_norm in threadgroup memory (x_post) before it stages X' from it, and its group 0 writes
+// that row for the readers after it (UP: x_out, QKV: x_mid; layer 0's QKV copies x_in). Every
+// threadgroup of the phase forms the same d_model values (a few KB): no sixth phase, no wait. The
+// launch's output is x_out and the last DOWN's blk: the host adds the last post-norm.
+// LAYER_WINDOWS: layer l's attention sees its last windows[l] positions (0: all; Gemma 3's
+// sliding layers); ROPE_STRIDE: layer l turns by inv_freqs + l * ROPE_STRIDE (a table a layer
+// where bases differ; 0: one table); LATHE_ACT (1: GELU), LATHE_SOFTCAP: as their kernels'.
 // Split attention (LATHE_SPLIT, long contexts): the partitions of a head group are merged by the
 // last of them to finish (LATHE_MERGE, decode_attention.metal), before it counts its task done.
 //
@@ -42,22 +52,25 @@
 // (a file whose attn_v differs in type from attn_q and attn_k in some layer): the QKV phase's
 // tickets are those of w_qkv ([q; k], qkv_dims) and then w_v's (v_dims, types Q_V_A / Q_V_B, bit
 // V_BIT, W_V_STRIDE, R_V, P_V), V's rows written after Q and K's in qkv.
-// Constants: FIRST, PHASES, v3's QTYPE, M, NSIMD and XCHUNK (the launch's: one threadgroup size,
+// Constants: FIRST, PHASES, ROPE_STRIDE, v3's QTYPE, M, NSIMD and XCHUNK (the launch's: one threadgroup size,
 // one X' staging, which every GEMV's type shares), PREFETCH, L2_AHEAD, each GEMV's K, R and P (its own rows
 // a SIMD group and loads in flight, kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F),
 // K_QKV (d_model), K_O (n_heads * D), R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O,
 // W_QKV_STRIDE, W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN
 // the attention's D, G, QS, BS (0), NEOX, FREQ_TABLE, KSLOTS, MMA, MLOADS (split). Prelude: FFN,
-// ATTN (the kinds present), LATHE_K_CACHE, LATHE_V_CACHE, the block types above and QKV_SPLIT;
+// ATTN (the kinds present), LATHE_K_CACHE, LATHE_V_CACHE, the block types above, QKV_SPLIT,
+// POST_NORMS, LAYER_WINDOWS, LATHE_ACT, LATHE_SOFTCAP;
 // with ATTN LATHE_PAGED 0, LATHE_ROPE 1, LATHE_SPLIT, LATHE_MERGE (= LATHE_SPLIT), LATHE_HEAD_NORM.
 // Inputs (kernels.blocks names them): x_in, eps, block_dims (int32: threadgroups launched,
 // attention tasks a layer), queue; FFN: ffn_norm, w_gate_up ([gate; up]), up_dims (int32: 2F,
 // d_model, tickets), w_down, down_dims (d_model, F, tickets); ATTN: attn_norm, w_qkv, qkv_dims,
-// k_cache_i, v_cache_i ([Hkv, max_seq, D] each, written in place), pos, inv_freq, rope_scalars,
+// k_cache_i, v_cache_i ([Hkv, max_seq, D] each, written in place), pos, inv_freqs, rope_scalars,
 // dims (decode_attention's), scale, q_norm, k_norm (LATHE_HEAD_NORM), counters (split), w_o,
-// o_dims; QKV_SPLIT: w_v, v_dims; mixed types: layer_types (uint32 [layers of the launch]).
-// Outputs: FFN: act [M, F], x_mid [M, d_model]; ATTN: qkv, attn_out [1, Hq, D], x_out
-// [1, d_model], part_out and part_ml (split).
+// o_dims; QKV_SPLIT: w_v, v_dims; mixed types: layer_types (uint32 [layers of the launch]);
+// POST_NORMS: post_attn_norm, post_ffn_norm (fp16, as the norms); LAYER_WINDOWS: windows (int32
+// [layers]). Outputs: FFN: act [M, F], x_mid [M, d_model]; ATTN: qkv, attn_out [1, Hq, D], x_out
+// [1, d_model], part_out and part_ml (split); POST_NORMS: blk [1, d_model] (x_in, x_mid and x_out
+// float32).
 #include "gemv/v3_tiles.metal"
 #if ATTN
 #define LATHE_K_SLOTS KSLOTS  // K through threadgroup memory (the block_k_slots option; 0: registers)
@@ -94,6 +107,11 @@ const uint cycle = qkv_tickets + attn_tickets + o_tickets + up_tickets + down_ti
 uint claimable = 0;  // the tickets of every phase but the last
 for (uint j = 0; j + 1 < PHASES; ++j) claimable += kind_tickets[(FIRST + j) % 5];
 const auto claimed = queue, groups_out = queue + PHASES * QUEUE_STRIDE;
+#if POST_NORMS
+static_assert(FFN && ATTN, "post-block norms run in a launch of whole layers (token_block)");
+threadgroup uint4 x_post_words[K_QKV / 4];
+const auto x_post = threadgroup_view<float>(x_post_words);  // the stream this phase stages (float)
+#endif
 #define DONE(j) (queue + (1 + (j)) * QUEUE_STRIDE)  // phase j's tickets done
 
 // The residual stream a phase of this kind at phase j reads (QKV, UP) or adds (O, DOWN).
@@ -129,6 +147,7 @@ for (;;) {
   const uint kind = (FIRST + j) % 5;
   const uint layer = (FIRST + j) / 5;
   const bool last = j == PHASES - 1;
+  const bool writer = group == 0;  // POST_NORMS: the threadgroup that writes the phase's stream row
   if (kind == UP || kind == DOWN) {
 #if FFN
     const auto gamma = ffn_norm + layer * NORM_STRIDE;
@@ -136,9 +155,18 @@ for (;;) {
 #define LATHE_PROLOGUE 1
 #define LATHE_RESIDUAL 0
 #define LATHE_EPILOGUE 1
-#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
-      if (!PREFETCH) { PHASE_WAIT(j) }
+#if POST_NORMS
+#define LATHE_X32 1
+#define POST_ADD post_norm_add<NSIMD>(x_post, x_out, writer, x_mid, blk, post_attn_norm + layer * NORM_STRIDE, true, \
+                                      eps[0], K_UP, tid, scratch, simd, lane);
+      auto x = x_post;
+#else
+#define LATHE_X32 0
+#define POST_ADD
       auto x = STREAM_IN(UP, j);
+#endif
+#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) POST_ADD }
+      if (!PREFETCH) { PHASE_WAIT(j) POST_ADD }
       auto w = w_gate_up + size_t(layer) * W_UP_STRIDE;
       auto y = act;
       {
@@ -150,18 +178,26 @@ for (;;) {
 #include "blocks/typed_rows.metal"
       }
 #undef GEMV_BEFORE_X
+#undef POST_ADD
+#undef LATHE_X32
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
 #undef LATHE_EPILOGUE
     } else {
 #define LATHE_PROLOGUE 0
-#define LATHE_RESIDUAL 1
+#define LATHE_X32 0
 #define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
       if (!PREFETCH) { PHASE_WAIT(j) }
+#if POST_NORMS
+#define LATHE_RESIDUAL 0
+      auto y = blk;
+#else
+#define LATHE_RESIDUAL 1
       auto residual = STREAM_IN(DOWN, j);
+      auto y = x_mid;
+#endif
       auto x = act;
       auto w = w_down + size_t(layer) * W_DOWN_STRIDE;
-      auto y = x_mid;
       {
         auto dims = down_dims;
         constexpr uint KR = K_DOWN, RR = R_DOWN, PR = P_DOWN;
@@ -171,6 +207,7 @@ for (;;) {
 #include "blocks/typed_rows.metal"
       }
 #undef GEMV_BEFORE_X
+#undef LATHE_X32
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
     }
@@ -181,9 +218,25 @@ for (;;) {
     if (kind == QKV) {
 #define LATHE_PROLOGUE 1
 #define LATHE_RESIDUAL 0
-#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
-      if (!PREFETCH) { PHASE_WAIT(j) }
+#if POST_NORMS
+#define LATHE_X32 1
+// layer 0: x_in as it is; then the stream after the last FFN with that FFN's post-norm
+#define POST_ADD                                                                                        \
+  if (j == 0) {                                                                                         \
+    post_norm_add<NSIMD>(x_post, x_mid, writer, x_in, blk, post_ffn_norm, false, eps[0], K_QKV, tid,    \
+                         scratch, simd, lane);                                                          \
+  } else {                                                                                              \
+    post_norm_add<NSIMD>(x_post, x_mid, writer, x_out, blk, post_ffn_norm + (layer - 1) * NORM_STRIDE,  \
+                         true, eps[0], K_QKV, tid, scratch, simd, lane);                                \
+  }
+      auto x = x_post;
+#else
+#define LATHE_X32 0
+#define POST_ADD
       auto x = STREAM_IN(QKV, j);
+#endif
+#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) POST_ADD }
+      if (!PREFETCH) { PHASE_WAIT(j) POST_ADD }
 #if QKV_SPLIT
       if (group >= uint(qkv_dims[2])) {  // V's rows: a matrix (and type) of their own, after Q and K's
         auto w = w_v + size_t(layer) * W_V_STRIDE;
@@ -211,17 +264,25 @@ for (;;) {
 #include "blocks/typed_rows.metal"
       }
 #undef GEMV_BEFORE_X
+#undef POST_ADD
+#undef LATHE_X32
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
     } else if (kind == O) {
 #define LATHE_PROLOGUE 0
-#define LATHE_RESIDUAL 1
+#define LATHE_X32 0
 #define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
       if (!PREFETCH) { PHASE_WAIT(j) }
+#if POST_NORMS
+#define LATHE_RESIDUAL 0
+      auto y = blk;
+#else
+#define LATHE_RESIDUAL 1
       auto residual = STREAM_IN(O, j);
+      auto y = x_out;
+#endif
       auto x = attn_out;
       auto w = w_o + size_t(layer) * W_O_STRIDE;
-      auto y = x_out;
       {
         auto dims = o_dims;
         constexpr uint KR = K_O, RR = R_O, PR = P_O;
@@ -231,6 +292,7 @@ for (;;) {
 #include "blocks/typed_rows.metal"
       }
 #undef GEMV_BEFORE_X
+#undef LATHE_X32
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
     } else {
@@ -240,6 +302,10 @@ for (;;) {
       auto out = attn_out;
       auto k_cache = LATHE_K_CACHE(layer);
       auto v_cache = LATHE_V_CACHE(layer);
+      auto inv_freq = inv_freqs + layer * ROPE_STRIDE;
+#if LAYER_WINDOWS
+#define LATHE_WINDOW uint(windows[layer])
+#endif
 #if LATHE_HEAD_NORM
       auto q_norm = q_norms + layer * HEAD_NORM_STRIDE;
       auto k_norm = k_norms + layer * HEAD_NORM_STRIDE;
@@ -247,6 +313,7 @@ for (;;) {
       {
 #include "attention/decode_rows.metal"
       }
+#undef LATHE_WINDOW
     }
 #endif
   }

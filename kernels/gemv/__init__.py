@@ -628,21 +628,13 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
     return r, s, p, xchunk
 
 
-def stages_alike(a: str, b: str) -> bool:
-    """Whether v3 GEMVs of block types a and b can share a launch: one X' staging (v3_tiles.metal:
-    Q8_0 16 values a chunk, every other type 32)."""
-    return (a == "q8_0") == (b == "q8_0")
-
-
 def _check_pair(w: Packed, w_b: Packed, k: int) -> None:
-    """A second matrix for gemv_v3.metal's pair: repacked, of K columns, staging X' as W does."""
+    """A second matrix for gemv_v3.metal's pair: repacked, of K columns, any block type (each
+    GEMV reads the launch's X' in its own chunks: v3_rows.metal)."""
     if not isinstance(w_b, Packed):
         raise ValueError("w_b must be repacked weights (kernels.gemv.repack, Packed), as w")
     if w_b.k != k:
         raise ValueError(f"w_b has K={w_b.k}, W has K={k}: a pair shares X")
-    if not stages_alike(w.qtype, w_b.qtype):
-        raise ValueError(f"w_b is {w_b.qtype} and W {w.qtype}: one launch stages X' one way "
-                         f"(Q8_0 apart from Q4_0 and the K-quants); run them as two GEMVs")
 
 
 def _v3_groups(qtype: str, n: int, k: int, r: int, s: int, xchunk: int, cap: int | None = None) -> int:
@@ -699,8 +691,7 @@ def gemv_v3(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
             w_b: Packed | None = None, **knobs: int | None) -> mx.array:
     """Y[M, N] = X[M, K] @ W^T (+ residual), W repacked (repack), M 1..4. Launch knobs (TUNING's
     V3_ ones when not given, W's only): rows (R), simds (NSIMD), depth (P), max_groups.
-    w_b: a second repacked matrix [N_B, K] of a block type of its own that stages X' as W's does
-    (stages_alike): Y is then [M, N + N_B], X @ W^T then X @ W_B^T, in one launch (no residual)."""
+    w_b: a second repacked matrix [N_B, K] of a block type of its own: Y is then [M, N + N_B], X @ W^T then X @ W_B^T, in one launch (no residual)."""
     check_gemv_args(x, w, qtype, n, k)
     return _v3("plain", [], x, w, qtype, n, k, knobs, residual, w_b=w_b)
 

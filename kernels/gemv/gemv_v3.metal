@@ -27,7 +27,7 @@
 // down projection that follows stages a plain X' (no exp, half the bytes).
 //
 // LATHE_PAIR 1: a second matrix, W_B (w_b, dims_b: N_B, K, its threadgroups), of a block type
-// of its own (QTYPE_B, which stages X' as QTYPE does) with its own R_B and P_B, whose N_B columns
+// of its own (QTYPE_B) with its own R_B and P_B, whose N_B columns
 // follow W's in Y [M, N + N_B]: threadgroups dims[2].. take its rows. A fused projection whose
 // parts differ in type (llama.cpp's Q4_K_M: some layers' attn_v Q6_K beside Q4_K attn_q and
 // attn_k) is then one launch, as it is where the parts share a type, with no join after it.

@@ -14,7 +14,12 @@
 // lathe.h's iq4_levels (reference/iquant.py's pack).
 // gemv_v3.metal runs it once as its own threadgroup; seam.metal runs two GEMVs, each over groups
 // it claims. The design is gemv_v3.metal's.
-static_assert(VALS == (QR == 1 ? 16u : 32u), "X' is staged for the launch's QTYPE: Q8_0 apart from the others");
+// This GEMV's chunk (16 bytes of its quants: RV values of K) need not be the staging's (VALS, the
+// launch's QTYPE): a Q8_0 GEMV reads half of a staged 32-value chunk, a 32-value GEMV two staged
+// 16-value chunks, so any block types share a launch (llama.cpp's Q4_K_M mixes Q8_0 in).
+constexpr uint RV = QR == 1 ? 16 : 32;       // values of K in this GEMV's chunk
+constexpr uint RUNITS = RV / 8;              // 16-byte words of staged X' this GEMV's chunk reads
+constexpr uint RXC = XCHUNK / RV;            // this GEMV's chunks of one X' chunk
 constexpr bool KQUANT = QR >= 2;             // the repacked regions (K-quants and legacy blocks)
 constexpr bool LEGACY = QR >= 6 && QR <= 8;  // Q4_1, Q5_0, Q5_1: a scale (and min) a chunk
 constexpr bool IQ4 = QR == 9 || QR == 10;     // nibbles through a table of int8 levels
@@ -23,9 +28,9 @@ constexpr uint QB = QR == 1 ? 32 : 16;       // bytes of a block's quants (K-qua
 constexpr uint HB = FIFTH ? 4 : QR == 4 ? 8 : 0;  // K-quants: bytes of high bits a chunk
 constexpr uint SB = QR == 6 || QR == 8 ? 4 : QR == 10 ? 1 : 2;  // bytes of scales a chunk (K-quants: 16 a super-block)
 constexpr uint NB = KR / 32;                 // blocks a row
-constexpr uint NC = KR / VALS;               // chunks a row
-constexpr uint CHUNKS = (NC + XC - 1) / XC;  // X' chunks
-constexpr uint CPL = (XC + 31) / 32;         // a lane's chunks of a row in one X' chunk
+constexpr uint NC = KR / RV;                 // chunks a row
+constexpr uint CHUNKS = (NC + RXC - 1) / RXC;  // X' chunks
+constexpr uint CPL = (RXC + 31) / 32;        // a lane's chunks of a row in one X' chunk
 const uint n = uint(dims[0]);
 const uint k = KR;
 const uint nb = NB;
@@ -70,8 +75,8 @@ for (uint r = 0; r < uint(RR); ++r) {
 for (uint it = 0; it < items; ++it) {
   const uint col0 = (first + (CHUNKS == 1 ? it : 0) * stride) * RO;  // the row group's first column of Y
   const uint ck = CHUNKS == 1 ? 0 : it;
-  const uint xc0 = ck * XC;               // the X' chunk's first chunk of the row
-  const uint cn = min(XC, NC - xc0);      // ... and how many it has
+  const uint xc0 = ck * RXC;              // the X' chunk's first chunk of the row
+  const uint cn = min(RXC, NC - xc0);      // ... and how many it has
   for (uint pass = 0; pass < CPL; pass += PR) {
     // 1. The weights of PR chunks of each of the RR rows (zero past N or past the row's end).
     uint4 q[RR][PR];
@@ -89,7 +94,7 @@ for (uint it = 0; it < items; ++it) {
         const uint chunk = row * NC + xc0 + c;  // of the whole matrix
         q[r][p] = live ? load_wide<uint4>(w, chunk) : uint4{0u, 0u, 0u, 0u};
         if (!KQUANT) {
-          dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, scales + row * NB + (xc0 + c) * VALS / 32)))
+          dw[r][p] = live ? float(as_type<half>(load_wide<ushort>(w, scales + row * NB + (xc0 + c) * RV / 32)))
                           : 0.0f;
         } else if (IQ4) {
           // IQ4_NL: the block's d; IQ4_XS: the super-block's d times its 6-bit scale of sub-block
@@ -186,14 +191,16 @@ for (uint it = 0; it < items; ++it) {
     for (uint p = 0; p < uint(PR); ++p) {
       const uint c = lane + 32 * (pass + p);
       if (pass + p >= CPL || c >= cn) continue;
-      const uint blk = c * VALS / 32;  // the block within the X' chunk
-      uint xw[M][UNITS * 4];
+      const uint blk = c * RV / 32;  // the block within the X' chunk
+      uint xw[M][RUNITS * 4];
       float dx[M];
       int offset[M];
       for (uint m = 0; m < uint(M); ++m) {
         LATHE_UNROLL
-        for (uint u = 0; u < UNITS; ++u) {
-          const uint4 v = x_tile[(m * UNITS + u) * XC + c];
+        for (uint u = 0; u < RUNITS; ++u) {
+          // values v0 .. v0 + 7 of the X' chunk: staged chunk v0 / VALS, its word (v0 % VALS) / 8
+          const uint v0 = c * RV + 8 * u;
+          const uint4 v = x_tile[(m * UNITS + (v0 % VALS) / 8) * XC + v0 / VALS];
           xw[m][4 * u] = v.x, xw[m][4 * u + 1] = v.y, xw[m][4 * u + 2] = v.z, xw[m][4 * u + 3] = v.w;
         }
         dx[m] = x_scale[m * (XCHUNK / 32) + blk];

@@ -1,9 +1,9 @@
 // The declarations of a v3 GEMV (gemv_v3.metal has the design): constants that do not depend on
 // K, threadgroup memory sized for XCHUNK, thread ids. Included once at the top of a kernel body
 // (gemv_v3.metal, seam.metal); v3_rows.metal then runs one GEMV on them.
-// QTYPE (0 Q4_0, 1 Q8_0, the K-quants 2 Q4_K, 3 Q5_K, 4 Q6_K) sets how X' is staged: Q8_0 16
-// values a chunk, every other type 32. Each GEMV of the launch has a block type of its own (QR,
-// v3_rows.metal) that stages alike: a launch may mix Q4_0 and the K-quants, not Q8_0 with them.
+// QTYPE (0 Q4_0, 1 Q8_0, the K-quants 2 Q4_K, 3 Q5_K, 4 Q6_K, ...) sets how X' is laid out: Q8_0 16
+// values a chunk, every other type 32 (its GEMVs then read conflict-free). Each GEMV of the launch
+// has a block type of its own (QR, v3_rows.metal), which reads either layout.
 constexpr uint VALS = QTYPE == 1 ? 16 : 32;  // values of K in a chunk (16 bytes of quants)
 constexpr uint UNITS = VALS / 8;             // 16-byte words of staged X' a chunk reads
 constexpr uint XC = XCHUNK / VALS;           // chunks of one X' chunk

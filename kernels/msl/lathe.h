@@ -158,6 +158,27 @@ LATHE_FN float threadgroup_sum(float v, TgFloatPtr scratch, uint simd_id, uint l
   return total;
 }
 
+// ---- a post-block norm (Gemma's) -----------------------------------------------------------------
+// y[i] = stream[i] + RMSNorm(blk)[i] * gamma[i] for i < d, in float32 (blk, gamma fp16), or
+// stream[i] where !add: into the threadgroup row y, and into out as well where `write`. All threads
+// of the threadgroup call it; y is whole once it returns (its trailing barrier).
+template <uint NSIMD, typename Tg, typename Out, typename Stream, typename Blk, typename Gamma, typename TgFloatPtr>
+LATHE_FN void post_norm_add(Tg y, Out out, bool write, Stream stream, Blk blk, Gamma gamma, bool add, float eps,
+                            uint d, uint tid, TgFloatPtr scratch, uint simd_id, uint lane) {
+  float ss = 0.0f;
+  for (uint i = tid; add && i < d; i += NSIMD * 32) {
+    const float b = float(blk[i]);
+    ss += b * b;
+  }
+  const float inv = rsqrt(threadgroup_sum<NSIMD>(ss, scratch, simd_id, lane) / float(d) + eps);
+  for (uint i = tid; i < d; i += NSIMD * 32) {
+    const float v = add ? float(stream[i]) + float(blk[i]) * inv * float(gamma[i]) : float(stream[i]);
+    y[i] = v;
+    if (write) out[i] = v;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+
 // ---- the FFN's gate activation -------------------------------------------------------------------
 // ACT 0: SiLU, x / (1 + e^-x); 1: GELU in its tanh approximation (ggml_gelu, Gemma's
 // gelu_pytorch_tanh), 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). Kernels that apply it
