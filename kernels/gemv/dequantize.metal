@@ -92,7 +92,7 @@ if (QTYPE >= 2 && PACKED) {
     if (QTYPE == 4) {
       v[l] = (hi_half ? hi_scale : lo_scale) * float(int(level) - 32);
     } else if (QTYPE >= 9) {
-      v[l] = lo_scale * float(int(char(iq4_levels(level) & 255u)));
+      v[l] = lo_scale * float(int(char(iq4_levels(level).x & 255u)));
     } else {
       v[l] = lo_scale * float(level) - offset;
     }

@@ -17,7 +17,7 @@
   }
   for (uint l = 0; l < 16; ++l) {
     const uint byte = uint(IB_BYTES[quants + l]);
-    const uint both = iq4_levels((byte & 15u) | ((byte >> 4) << 8));  // bytes 0, 1: the two levels
+    const uint both = iq4_levels((byte & 15u) | ((byte >> 4) << 8)).x;  // bytes 0, 1: the two levels
     v[l] = dl * float(int(char(both & 255u)));
     v[l + 16] = dl * float(int(char((both >> 8) & 255u)));
   }

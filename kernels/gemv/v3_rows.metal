@@ -219,8 +219,9 @@ for (uint it = 0; it < items; ++it) {
             if (QR != 1) {  // word t: values 4t.. (low nibbles) and 16 + 4t.. (high nibbles)
               uint lo = qw[t] & 0x0f0f0f0fu, hi = (qw[t] >> 4) & 0x0f0f0f0fu;
               if (IQ4) {  // each nibble's int8 level
-                lo = iq4_levels(lo);
-                hi = iq4_levels(hi);
+                const uint2 levels = iq4_levels(qw[t]);
+                lo = levels.x;
+                hi = levels.y;
               } else if (FIFTH) {  // the fifth bits, one a byte
                 lo |= ((hb[r][p][0] >> t) & 0x01010101u) << 4;
                 hi |= ((hb[r][p][0] >> (4 + t)) & 0x01010101u) << 4;

@@ -115,6 +115,8 @@ __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, 
 // b, exactly (one dp2a instruction on NVIDIA; lathe.h spells it out for Metal).
 __device__ __forceinline__ int dot2_lo(uint a, uint b, int c) { return __dp2a_lo(int(a), int(b), c); }
 __device__ __forceinline__ int dot2_hi(uint a, uint b, int c) { return __dp2a_hi(int(a), int(b), c); }
+// byte_perm(x, y, s): byte n of the result is byte (s >> 4n) & 7 of the eight bytes y:x (one prmt).
+__device__ __forceinline__ uint byte_perm(uint x, uint y, uint s) { return __byte_perm(x, y, s); }
 
 // async_copy_wide(dst, src, i): element i of src viewed as uint4 (16 bytes) into *dst in
 // threadgroup memory, without passing through registers (cp.async: the thread goes on while the

@@ -55,6 +55,16 @@ LATHE_FN int dot2_lo(uint a, uint b, int c) {
          int(short(a >> 16)) * int(char((b >> 8) & 0xffu));
 }
 LATHE_FN int dot2_hi(uint a, uint b, int c) { return dot2_lo(a, b >> 16, c); }
+// byte_perm(x, y, s): byte n of the result is byte (s >> 4n) & 7 of the eight bytes y:x (CUDA's
+// __byte_perm, one prmt instruction there).
+LATHE_FN uint byte_perm(uint x, uint y, uint s) {
+  uint r = 0u;
+  for (uint n = 0; n < 4; ++n) {
+    const uint i = (s >> (4 * n)) & 7u;
+    r |= (((i < 4u ? x : y) >> (8 * (i & 3u))) & 255u) << (8 * n);
+  }
+  return r;
+}
 // async_copy_wide / async_copy_wide_l1 / async_commit / async_wait<N>: cuda_compat.h's copies into
 // threadgroup memory that bypass registers; here a plain 16-byte copy, complete when the call returns.
 template <typename T>
@@ -190,17 +200,20 @@ LATHE_FN float gate_act(float x) {
 }
 
 // ---- the IQ4 blocks' levels ----------------------------------------------------------------------
-// Four nibbles (one in the low bits of each byte) -> their levels of GGML's kvalues_iq4nl as four
-// int8 bytes (the dot products' weights): the 16 levels as four words, a word picked by the
-// nibble's top two bits and a byte by its low two. reference/iquant.py's KVALUES.
-LATHE_FN uint iq4_levels(uint nibbles) {
-  uint out = 0u;
-  for (uint b = 0; b < 4; ++b) {
-    const uint v = (nibbles >> (8 * b)) & 15u;
-    const uint word = v < 4u ? 0xBFAD9881u : v < 8u ? 0xF6EADDCFu : v < 12u ? 0x26190D01u : 0x71594535u;
-    out |= ((word >> (8 * (v & 3u))) & 255u) << (8 * b);
+// The eight nibbles of q -> their levels of GGML's kvalues_iq4nl as int8 bytes (the dot products'
+// weights): .x those of the low nibbles of bytes 0..3, .y those of the high ones (reference/
+// iquant.py's KVALUES). The 16 levels are four words; byte_perm looks four nibbles up at once in
+// levels 0-7 and in 8-15 (a selector uses a nibble's low 3 bits), keeps each byte from the half its
+// top bit names, then gathers the low and the high nibbles' bytes: 8 byte_perms for 8 levels.
+LATHE_FN uint2 iq4_levels(uint q) {
+  const uint half_of = 0x32103210u | ((q & 0x88888888u) >> 1);  // nibble k: k % 4, + 4 from levels 8-15
+  uint by_nibble[2];  // levels of nibbles 0-3, then 4-7
+  for (uint i = 0; i < 2; ++i) {
+    const uint low8 = byte_perm(0xBFAD9881u, 0xF6EADDCFu, q >> (16 * i));
+    const uint high8 = byte_perm(0x26190D01u, 0x71594535u, q >> (16 * i));
+    by_nibble[i] = byte_perm(low8, high8, half_of >> (16 * i));
   }
-  return out;
+  return uint2{byte_perm(by_nibble[0], by_nibble[1], 0x6420u), byte_perm(by_nibble[0], by_nibble[1], 0x7531u)};
 }
 
 // ---- K-quant super-blocks --------------------------------------------------------------------------
