@@ -30,6 +30,7 @@ CONFIGS = {
     # a softcap that random weights' small scores feel (Gemma 2's real 50 barely moves them)
     "gemma2": replace(PRESETS["tiny-gemma2"], attn_softcap=1.0),
     "phi3": PRESETS["tiny-phi3"],
+    "phi3-heads-96": replace(PRESETS["tiny-phi3"], n_heads=2, n_kv_heads=2, head_dim=96),  # Phi-3-mini's heads
     "llama-linear": replace(PRESETS["tiny-llama"], rope_scaling="linear", rope_factor=4.0),
     "llama-yarn": replace(PRESETS["tiny-llama"], rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=256),
     "llama-rope-freqs": replace(PRESETS["tiny-llama"], rope_freqs=True),
@@ -235,7 +236,8 @@ def test_rows_name_the_files_types(files, tmp_path):
 
 
 @pytest.mark.parametrize("name, variant, span, expected", [
-    ("phi3", "megafused", "token", "a fused attn_qkv matrix"), ("llama-biases", "fused", "token", "biases on attn_output"),
+    ("phi3", "megafused", "layer", "a fused attn_qkv matrix (in a launch a layer"),
+    ("llama-biases", "fused", "token", "biases on attn_output"),
     ("qwen2", "megafused", "token", "biases on attn_q"),
     # a launch a layer takes the llama / qwen3 layer alone; token_block takes these
     ("gemma3", "megafused", "layer", "post-attention and post-FFN norms (in a launch a layer; mega_span=token"),
@@ -254,10 +256,12 @@ def test_kernel_variants_name_what_they_do_not_run(files, name, variant, span, e
     assert ("the fused variant does (" in str(err.value)) == (variant == "megafused")
 
 
-KERNEL_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2", "phi3", "gemma3",
-                 "gemma2", "gemma3-softcap"]
-# what megafused's token_block runs too: RoPE tables, Gemma's layers (kernels.blocks.LayerKind)
-MEGA_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "gemma3", "gemma2", "gemma3-softcap"]
+KERNEL_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2", "phi3", "phi3-heads-96",
+                 "gemma3", "gemma2", "gemma3-softcap"]
+# what megafused's token_block runs too: RoPE tables, Gemma's layers (kernels.blocks.LayerKind),
+# Phi-3's fused tensors (the stacks' own concatenations)
+MEGA_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "phi3", "phi3-heads-96", "gemma3", "gemma2",
+               "gemma3-softcap"]
 VARIANT_FILES = [(v, n) for v in ("unfused", "fused") for n in KERNEL_MAPPED] + [("megafused", n) for n in MEGA_MAPPED]
 
 

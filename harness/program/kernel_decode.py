@@ -146,12 +146,11 @@ def kernel_gaps(c, types: dict[str, str], variant: str = "fused") -> list[str]:
                   f"sliding-window layers ({c.sliding_window} tokens)": any(c.layer(i).window for i in range(c.n_layers)),
                   "layers of different RoPE bases": len({c.layer(i).theta for i in range(c.n_layers)}) > 1,
                   f"an attention scale of {c.scale:g}": abs(c.scale - c.head_dim ** -0.5) > 1e-12,
-                  f"an attention softcap of {c.attn_softcap:g}": bool(c.attn_softcap)}
+                  f"an attention softcap of {c.attn_softcap:g}": bool(c.attn_softcap),
+                  "a fused attn_qkv matrix": a.fused_qkv, "a fused [gate; up] ffn_up matrix": a.fused_gate_up}
     features = {f"{what} (in a launch a layer; mega_span=token runs it)": by_layer and present
                 for what, present in layer_only.items()}
-    features.update({"a fused attn_qkv matrix": mega and a.fused_qkv,
-                     "a fused [gate; up] ffn_up matrix": mega and a.fused_gate_up,
-                     f"heads of {c.head_dim} (attention takes {attention.HEAD_DIMS})": c.head_dim not in attention.HEAD_DIMS,
+    features.update({f"heads of {c.head_dim} (attention takes {attention.HEAD_DIMS})": c.head_dim not in attention.HEAD_DIMS,
                      f"biases on {', '.join(extra_bias)}": bool(extra_bias),
                      "a float32 residual stream without post-block norms": mega and a.embed_scale != a.post_norms})
     gaps = [what for what, present in features.items() if present]
@@ -171,8 +170,14 @@ def mega_types(c, types: dict[str, str]) -> str | None:
     """Why the megafused variant cannot run a file's layers, or None where it can: its blocks
     take the v3 GEMVs' block types (any mix in a launch: each GEMV reads X' in its own chunks),
     each projection's layers take at most two (token_block's stacks), and [q; k] and [gate; up]
-    are one matrix each (one type a layer). `types`: GGUF name -> type, any case."""
-    kind = lambda name: types.get(name, "q8_0").lower()  # noqa: E731
+    are one matrix each (one type a layer). `types`: GGUF name -> type, any case; a part that a
+    file holds fused (Phi-3's attn_qkv, its [gate; up] ffn_up) takes the fused matrix's type."""
+    fused_in = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv", "ffn_gate": "ffn_up"}
+
+    def kind(name: str) -> str:
+        i, part = name.split(".")[1], name.split(".")[2]
+        return types.get(name, types.get(f"blk.{i}.{fused_in.get(part, part)}.weight", "q8_0")).lower()
+
     names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     every = {kind(f"blk.{i}.{n}.weight") for i in range(c.n_layers) for n in names}
     if not every <= set(QUANTIZED):
@@ -268,7 +273,11 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         extra = "".join(f"; {t.upper()}: " + ", ".join(p if len(layers) == 1 else f"{p} in {n} of {len(layers)} layers"
                                                          for p, n in part.items()) for t, part in others.items())
         return f" ({kind(names[0]).upper()}{extra}{', repacked' if packed else ''})"
-    attn_parts, ffn_parts = ("attn_q", "attn_k", "attn_v", "attn_output"), ("ffn_gate", "ffn_up", "ffn_down")
+    # the matrices a layer's blocks read, as the file holds them (Phi-3: fused [q; k; v], [gate; up])
+    attn_parts = ("attn_qkv",) if c.architecture.fused_qkv else ("attn_q", "attn_k", "attn_v")
+    attn_parts += ("attn_output",)
+    ffn_parts = ("ffn_gate_up",) if c.architecture.fused_gate_up else ("ffn_gate", "ffn_up")
+    ffn_parts += ("ffn_down",)
     decode, small = phase == "decode", phase != "prompt"
     wrap = overflow and decode and not paged
     mega = mega and fused and decode and packed and not paged and not wrap

@@ -349,6 +349,14 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     for tokens, pos, heads, d, window in ((97, 30, (8, 4), 256, 0), (130, 5, (16, 8), 64, 40)):
         if not (small and tokens > 17):
             cases += [_prefill_case(tokens, pos, heads, d, kernel, window=window, softcap=2.0) for kernel in ("tiled", "split")]
+    # Phi-3-mini's heads of 96 (32 of them, no GQA): K in rounds of 6 vectors, the contiguous V a
+    # half a load (decode_tiles.metal's V_PAIRS); the paged layouts, the tiled prompt, RoPE inside
+    for ctx, split in ((17, False), (700, True)):
+        cases.append(_contiguous_case(split, [ctx], (32, 32), 96, ctx + 3))
+    cases += [_paged_case(version, [513, 17], (32, 32), 96, 16) for version in ("v1", "v2")]
+    cases += [_prefill_case(130, 5, (32, 32), 96, kernel) for kernel in ("tiled", "split")]
+    cases.append(_prefill_case(17, 0, (32, 32), 96, "tiled", 16))
+    cases.append(_rope_decode_case(40, (32, 32), 96, True, True, True))
     # a prompt over the paged pool (the decode loop's paged option)
     for tokens, pos, heads, d, bs in ((17, 0, (32, 8), 128, 16), (64, 100, (16, 8), 64, 32),
                                       (200, 1000, (64, 8), 256, 16), (130, 5, (32, 8), 128, 32)):

@@ -33,7 +33,7 @@ import numpy as np
 from kernels import backends, native, options
 from kernels.runtime import KernelSpec, Launch, constant, depends, index, launch, reshaped, resident, table_constant
 
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 96, 128, 256)  # 96: Phi-3-mini's
 BLOCK_SIZES = (16, 32)
 X = 8  # fp16 values in one 16-byte K vector of the paged layout
 # Tokens a threadgroup takes in the split kernels: by default as few as give the launch about
@@ -131,13 +131,15 @@ def decode_threadgroup_bytes(group: int, head_dim: int, nsimd: int, head_norm: b
     """Threadgroup memory of a decode attention launch (decode_tiles.metal) for `group` query
     heads a threadgroup: Q and the output sums of each head, a chunk's scores (a thread a token),
     the softmax's running max, sum and rescale; the heads' norms (Qwen3's), each partition's
-    weight where the launch merges its partitions, K's `slots` (a round of 8 16-byte vectors
+    weight where the launch merges its partitions, K's `slots` (a round of KG 16-byte vectors
     for each thread, and 16 bytes), and with `mma` Q in fp16 (8 rows of D + 8 halves)."""
     chunk = nsimd * 32
     words = 2 * group * head_dim + group * chunk + 3 * group
     words += (group + 1) if head_norm else 0
     words += (1 + group * MERGE_PARTS) if merge else 0
-    return 4 * words + 16 * (slots * 8 * chunk + 1) + 2 * (8 * (head_dim + 8) if mma else 1)
+    dv = head_dim // 8  # decode_tiles.metal's KG: K's 16-byte vectors a round
+    kg = 8 if dv % 8 == 0 else 6 if dv % 6 == 0 else dv
+    return 4 * words + 16 * (slots * kg * chunk + 1) + 2 * (8 * (head_dim + 8) if mma else 1)
 
 
 def _decode_threadgroup_bytes(c: dict, head_norm: bool, merge: bool) -> int:
@@ -302,8 +304,9 @@ def slots_that_fit(most: int, group: int, head_dim: int, nsimd: int, head_norm: 
 
 def mma_form(group: int, head_dim: int, nsimd: int = NSIMD) -> bool:
     """Whether the MMA form takes these heads: at most 8 a threadgroup (a fragment's rows), D a
-    multiple of 32 and at most 32 a SIMD group (its V words in registers)."""
-    return group <= 8 and head_dim % 32 == 0 and head_dim <= 32 * nsimd
+    power of two from 32 (SIMD groups split D and the tokens evenly) and at most 32 a SIMD group
+    (its V words in registers)."""
+    return group <= 8 and head_dim >= 32 and head_dim & (head_dim - 1) == 0 and head_dim <= 32 * nsimd
 
 
 def use_mma(group: int, head_dim: int, slots: int, head_norm: bool, merge: bool) -> int:

@@ -142,7 +142,7 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
 #if LATHE_PAGED
   uint4 vw[VPF][ROWS];  // vector k, row lane_dim(lane, i): its 8 tokens
 #else
-  uint vw[VPF][8][ROWS / 2];  // vector k, token j: this lane's ROWS values as half2 words
+  uint vw[VPF][8][V_WORDS];  // vector k, token j: this lane's ROWS values as half2 words (or halves)
 #endif
   uint4 vm[VM];  // USE_MMA: this SIMD group's V (decode_tiles.metal's LOAD_V_MMA)
   const uint mma_t0 = c0 + MMA_TOKENS * (simd / MMA_DG);  // its first token of P.V
@@ -358,10 +358,14 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
       LATHE_UNROLL
       for (uint j = 0; j < 8; ++j) {
         LATHE_UNROLL
-        for (uint w = 0; w < ROWS / 2; ++w) {
-          const half2 v2 = as_type<half2>(vw[k][j][w]);
-          v8[2 * w][j] = float(v2.x);
-          v8[2 * w + 1][j] = float(v2.y);
+        for (uint w = 0; w < V_WORDS; ++w) {
+          if (V_PAIRS) {
+            const half2 v2 = as_type<half2>(vw[k][j][w]);
+            v8[2 * w][j] = float(v2.x);
+            v8[2 * w + 1][j] = float(v2.y);
+          } else {
+            v8[w][j] = float(as_type<half>(ushort(vw[k][j][w])));
+          }
         }
       }
 #endif

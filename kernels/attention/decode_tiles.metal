@@ -5,13 +5,18 @@
 #define LATHE_HEAD_NORM 0
 #endif
 constexpr uint CH = NT;        // tokens a chunk: a thread a token
-constexpr uint KG = D / 8 < 8 ? D / 8 : 8;  // 16-byte K loads in flight a thread
 constexpr uint DV = D / 8;     // 16-byte vectors of a K row
+constexpr uint KG = DV % 8 == 0 ? 8 : DV % 6 == 0 ? 6 : DV;  // 16-byte K loads in flight a thread (a
+                                                              // factor of DV: 6 for Phi-3's D = 96)
 constexpr uint ROWS = D / 32;  // V rows (output dimensions) a lane owns:
 // The paged V block is [D, BS] (a dimension's tokens contiguous): lane l owns d = l + 32 i and
 // reads 8 tokens of one dimension in a 16-byte load. The contiguous V is [S, D] (a token's row
-// contiguous): lane l owns the ROWS neighbours d = ROWS l + i, so a SIMD group reads a row whole.
-#define lane_dim(l, i) (LATHE_PAGED ? (l) + 32 * (i) : (l) * ROWS + (i))
+// contiguous): lane l owns the ROWS neighbours d = ROWS l + i, read as ROWS / 2 half2 words, so a
+// SIMD group reads a row whole; where ROWS is odd (D = 96) they would not be 4-byte aligned, and
+// lane l owns d = l + 32 i as in the paged layout, a half a load (V_PAIRS false).
+constexpr bool V_PAIRS = LATHE_PAGED || ROWS % 2 == 0;
+constexpr uint V_WORDS = V_PAIRS ? ROWS / 2 : ROWS;  // contiguous V: a lane's words of a token
+#define lane_dim(l, i) (LATHE_PAGED || !V_PAIRS ? (l) + 32 * (i) : (l) * ROWS + (i))
 // P.V's 8-token vectors: VPS a SIMD group takes of a chunk, VPF of them loaded at a time (their V
 // words in registers: by default all VPS where D <= 128, one at a time for D = 256). An includer
 // may set VPF by defining LATHE_V_PREFETCH (decode_attention.metal: the attn_v_prefetch option):
@@ -114,8 +119,10 @@ constexpr uint VM_FIRST = VM * VPF / VPS;      // ... loaded at the chunk's star
     LATHE_UNROLL                                                                                \
     for (uint j = 0; j < 8; ++j) {                                                              \
       LATHE_UNROLL                                                                              \
-      for (uint w = 0; w < ROWS / 2; ++w) {                                                     \
-        vw[k][j][w] = j < valid_ ? load_wide<uint>(v_cache, (v0_ + j * D + lane_dim(lane, 2 * w)) / 2) : 0u; \
+      for (uint w = 0; w < V_WORDS; ++w) {                                                      \
+        vw[k][j][w] = j >= valid_ ? 0u                                                          \
+                      : V_PAIRS ? load_wide<uint>(v_cache, (v0_ + j * D + lane_dim(lane, 2 * w)) / 2) \
+                                : uint(load_wide<ushort>(v_cache, v0_ + j * D + lane_dim(lane, w))); \
       }                                                                                         \
     }                                                                                           \
   }
