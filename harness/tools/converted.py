@@ -6,13 +6,15 @@ variant's perplexity beside llama-perplexity's on the same file and text, and ea
 variant's KL divergence from the reference. A loader that read a key wrong, or a layer whose math
 differs from llama.cpp's graph, shows as a perplexity apart.
 
-    python -m harness.tools.converted --converter DIR --tokenizer tokenizer.model --text PATH \\
+    python -m harness.tools.converted --converter DIR --text PATH [--tokenizer tokenizer.model]
         [--family llama,gemma3,...] [--out DIR] [--variant unfused,fused,megafused]
 
 DIR holds convert_hf_to_gguf.py with its conversion/ and gguf-py/ packages (llama.cpp's sources).
-The tokenizer is any SentencePiece model (the families here convert one); the embedding has its
-vocabulary. The initializer's spread is raised from transformers' 0.02 so that random logits are
-far from uniform and a perplexity tells layers apart. Needs torch and transformers.
+The tokenizer is a SentencePiece model (the families here convert one; the embedding has its
+vocabulary): by default one of 1024 BPE pieces trained on the text, with <|endoftext|> among them
+(llama.cpp's phi3 vocabulary sets attributes on that token and fails to load without it). The
+initializer's spread is raised from transformers' 0.02 so that random logits are far from uniform
+and a perplexity tells layers apart. Needs torch, transformers and sentencepiece.
 """
 
 from __future__ import annotations
@@ -59,6 +61,19 @@ REAL_CONFIGS = {
 INIT_RANGE = 0.08  # transformers' default 0.02 leaves random logits nearly uniform
 
 
+def train_tokenizer(text: Path, out: Path, pieces: int = 1024) -> Path:
+    """A SentencePiece BPE model of the text (byte fallback: any text encodes), ids 0-3 <pad>,
+    <s>, </s>, <unk>, then <|endoftext|>."""
+    import sentencepiece
+
+    prefix = out / f"spm-{pieces}"
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(prefix), vocab_size=pieces, model_type="bpe", byte_fallback=True,
+        character_coverage=1.0, pad_id=0, bos_id=1, eos_id=2, unk_id=3, user_defined_symbols=["<|endoftext|>"],
+        minloglevel=2)
+    return prefix.with_suffix(".model")
+
+
 def make_checkpoint(family: str, tokenizer: Path, out: Path, seed: int = 0) -> Path:
     """A randomly initialized transformers checkpoint of the family's config, with the tokenizer."""
     import sentencepiece
@@ -97,7 +112,7 @@ def convert(converter: Path, checkpoint: Path, outfile: Path, outtype: str = "q8
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--converter", type=Path, required=True)
-    ap.add_argument("--tokenizer", type=Path, required=True)
+    ap.add_argument("--tokenizer", type=Path, help="a SentencePiece model (default: trained on --text)")
     ap.add_argument("--text", required=True)
     ap.add_argument("--family", default=",".join(REAL_CONFIGS))
     ap.add_argument("--out", type=Path, default=Path("converted"))
@@ -108,12 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", help="convert again where the file exists")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer = args.tokenizer or train_tokenizer(Path(args.text), args.out)
     failed = []
     for family in args.family.split(","):
         gguf_file = args.out / f"{family}-converted-q8_0.gguf"
         try:
             if args.fresh or not gguf_file.exists():
-                convert(args.converter, make_checkpoint(family, args.tokenizer, args.out), gguf_file)
+                convert(args.converter, make_checkpoint(family, tokenizer, args.out), gguf_file)
         except Exception as err:  # a family that does not convert is reported; the others go on
             print(f"{family}: {type(err).__name__}: {err}", flush=True)
             failed.append(family)
