@@ -52,6 +52,15 @@ REAL_CONFIGS = {
                    rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4096, query_pre_attn_scalar=256,
                    attn_logit_softcapping=50.0, final_logit_softcapping=30.0, max_position_embeddings=8192,
                    hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True),
+    # Qwen2.5-7B: Q/K/V biases
+    "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=3584, intermediate_size=18944,
+                  num_hidden_layers=2, num_attention_heads=28, num_key_value_heads=4, rms_norm_eps=1e-6,
+                  rope_theta=1000000.0, max_position_embeddings=32768, use_sliding_window=False,
+                  tie_word_embeddings=False),
+    # Qwen3-0.6B, whole (28 layers): Q/K head norms
+    "qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024, intermediate_size=3072,
+                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                  rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960, tie_word_embeddings=True),
     # Phi-3-mini-4k: fused QKV and gate+up, heads of 96
     "phi3": dict(architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_size=3072, intermediate_size=8192,
                  num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=32, rms_norm_eps=1e-5,
@@ -87,11 +96,12 @@ def make_checkpoint(family: str, tokenizer: Path, out: Path, seed: int = 0) -> P
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
-    if family.startswith("gemma"):  # Gemma's norms scale by 1 + w: random w so that they matter
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.normal_(0.0, 0.1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if family.startswith("gemma") and name.endswith("norm.weight"):
+                p.normal_(0.0, 0.1)  # Gemma's norms scale by 1 + w: random w so that they matter
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.5)  # biases start at zero (Qwen2's Q/K/V): random, so that they count
     where = out / f"hf-{family}"
     shutil.rmtree(where, ignore_errors=True)
     model.save_pretrained(where, safe_serialization=True)
