@@ -14,7 +14,7 @@ import pytest
 
 from harness.program.arch import BIAS_PARTS
 from harness.program.decode import ReferenceDecoder, generate
-from harness.program.models import PRESETS, GGUFError, file_type_name, load_gguf, write_random_gguf
+from harness.program.models import PRESETS, QTYPES, GGUFError, file_type_name, load_gguf, write_random_gguf
 from kernels import options
 from reference import rel_err
 from reference.model import forward
@@ -475,3 +475,67 @@ def test_f16_files_run_fused(tmp_path):
     assert any(step.op == "rope_attention" for step in decoder.plan)
     with pytest.raises(ValueError, match="its blocks take .*got F16"):
         KernelDecoder(m, 64, "megafused")
+
+
+# Every family in every block type the writer makes (a tiny file each; the K mixes fall back as
+# llama.cpp's quantizer does where rows are not whole super-blocks): Mistral is llama's graph.
+FAMILY_FILES = {"llama": PRESETS["tiny-llama"], "qwen2": PRESETS["tiny-qwen2"], "qwen3": PRESETS["tiny-qwen3"],
+                "gemma3": PRESETS["tiny-gemma3"], "gemma2": CONFIGS["gemma2"], "phi3": PRESETS["tiny-phi3"],
+                # heads of 96, eight of them: O's rows of 768 hold whole 256-weight super-blocks
+                "phi3-heads-96": replace(PRESETS["tiny-phi3"], n_heads=8, n_kv_heads=8, head_dim=96)}
+FAMILY_TYPES = [(family, qtype) for family in FAMILY_FILES for qtype in QTYPES]
+
+
+@pytest.fixture(scope="module")
+def family_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("family-types")
+    return {(f, q): write_random_gguf(d / f"{f}-{q}.gguf", FAMILY_FILES[f], q, seed=11) for f, q in FAMILY_TYPES}
+
+
+@pytest.mark.parametrize("family, qtype", FAMILY_TYPES)
+def test_every_family_in_every_block_type_against_float64(family_files, family, qtype):
+    """The reference variant on a tiny file of each family in each block type, against the float64
+    oracle on the same file's weights (CPU)."""
+    m = load_gguf(family_files[family, qtype])
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    decodes_as_float64(ReferenceDecoder(m, PROMPT + STEPS), m, prompt, STEPS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
+@pytest.mark.parametrize("family, qtype", FAMILY_TYPES)
+def test_every_family_in_every_block_type_on_the_kernels(family_files, family, qtype, variant):
+    """Each kernel variant on the same files, against float64; where a variant does not run a
+    file (megafused: biases, F16), it says so before any launch, naming the variant that does."""
+    from harness.program.kernel_decode import KernelDecoder
+
+    m = load_gguf(family_files[family, qtype])
+    prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+    try:
+        decoder = KernelDecoder(m, PROMPT + STEPS, variant)
+    except ValueError as err:
+        assert variant == "megafused" and ("biases" in str(err) or "F16" in str(err)), err
+        return
+    decodes_as_float64(decoder, m, prompt, STEPS)
+
+
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
+@pytest.mark.parametrize("family, qtype", FAMILY_TYPES)
+def test_every_family_in_every_block_type_plans(family_files, family, qtype, variant):
+    """On any machine (launches recorded): each kernel variant builds and replays its plan for
+    each of those files, a prompt and a decode token, or refuses it by name before any launch
+    (megafused: biases, F16)."""
+    from harness.program.kernel_decode import KernelDecoder
+    from kernels.runtime import recording
+
+    m = load_gguf(family_files[family, qtype])
+    with recording() as rec:
+        try:
+            decoder = KernelDecoder(m, 64, variant)
+        except ValueError as err:
+            assert variant == "megafused" and ("biases" in str(err) or "F16" in str(err)), err
+            assert not rec.jobs
+            return
+        decoder.forward(np.arange(5) % m.config.vocab)
+        decoder.forward([1])
+    assert rec.jobs
