@@ -32,6 +32,22 @@ def compare(what: str, out: Any, ref: Any, tol: float) -> Comparison:
     return Comparison(what, rel_err(np.asarray(out), np.asarray(ref)), tol)
 
 
+def compare_products(what: str, out: Any, ref: Any, x: np.ndarray, w: np.ndarray, tol: float) -> Comparison:
+    """out = x @ w.T ([M, N]) against its float64 ref, in norm relative to the larger of ||ref||
+    and the size the products have: ||x_m|| ||w_n|| / sqrt(K), in square summed over (m, n). With
+    few outputs (a GEMV of one row), a dot product that cancels to a small part of its terms
+    leaves the kernel's rounding of X' (made at the terms' scale) large against ||ref||, and a
+    plain relative error fails a right kernel now and then; against the floor, an output wrong by
+    tol of a product's size still fails. NaN anywhere fails."""
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    if not np.all(np.isfinite(out)):
+        return Comparison(what, float("inf"), tol)
+    size = np.linalg.norm(np.outer(np.linalg.norm(x, axis=1), np.linalg.norm(w, axis=1))) / np.sqrt(x.shape[1])
+    denom = max(float(np.linalg.norm(ref)), float(size))
+    return Comparison(what, float(np.linalg.norm(out - ref)) / (denom if denom > 0 else 1.0), tol)
+
+
 def exact(what: str, out: Any, expected: Any) -> Comparison:
     """Bitwise equality (e.g. cache rows a kernel must not touch): rel_err 0 or inf."""
     same = np.array_equal(np.asarray(out), np.asarray(expected), equal_nan=False)

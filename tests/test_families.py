@@ -57,3 +57,26 @@ def test_compare_residual_allows_the_outputs_own_rounding_only():
     off = (want + 0.02 * (want - x)).astype(np.float16)
     assert not compare_residual("off by 2%", off, want, x, 4e-3).passed
     assert not compare_residual("NaN", np.where(np.arange(4096) == 7, np.nan, rounded), want, x, 4e-3).passed
+
+
+def test_compare_products_floors_a_cancelling_sum_at_the_products_size():
+    """compare_products (the GEMV checks): one output whose dot product cancels to a small part
+    of its terms passes with an error of the staging's size (2.6e-5 of the terms, 5e-5 here),
+    which a plain relative error fails; an output off by 1% of the products' size fails, and so
+    does a NaN."""
+    from harness.check import compare, compare_products
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 256))
+    w = rng.standard_normal((1, 256))
+    w[0] -= (x[0] @ w[0] - 0.3) / (x[0] @ x[0]) * x[0]  # x . w = 0.3, against terms of size 16
+    want = x @ w.T
+    size = np.linalg.norm(x) * np.linalg.norm(w) / np.sqrt(256)
+    staged = want + 5e-5 * size
+    assert compare_products("cancelling", staged, want, x, w, 2e-3).passed
+    assert not compare("plain", staged, want, 2e-3).passed
+    assert not compare_products("off by 1%", want + 0.01 * size, want, x, w, 2e-3).passed
+    assert not compare_products("NaN", np.full_like(want, np.nan), want, x, w, 2e-3).passed
+    wide = rng.standard_normal((3, 256)), rng.standard_normal((40, 256))  # many outputs: as before
+    ref = wide[0] @ wide[1].T
+    assert compare_products("3 x 40", ref * 1.001, ref, *wide, 2e-3).rel_err == pytest.approx(1e-3, rel=0.1)
