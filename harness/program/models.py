@@ -209,21 +209,17 @@ def write_random_gguf(path: str | Path, preset: str | Config, qtype: str = "q8_0
     w.add_rope_freq_base(c.rope_theta)
     w.add_layer_norm_rms_eps(c.eps)
     w.add_uint32(f"{a}.vocab_size", c.vocab)
-    if c.sliding_window:
-        w.add_uint32(f"{a}.attention.sliding_window", c.sliding_window)
-    if c.swa_pattern:
-        w.add_uint32(f"{a}.attention.sliding_window_pattern", c.swa_pattern)
-    if c.rope_theta_swa:
-        w.add_float32(f"{a}.rope.freq_base_swa", c.rope_theta_swa)
+    # the keys a family writes only where it has the feature, named and typed as the loader reads them
+    for key in ("attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa",
+                "final_logit_softcapping", "attn_logit_softcapping"):
+        field, kind = _KEYS[key]
+        if getattr(c, field):
+            (w.add_uint32 if kind is int else w.add_float32)(f"{a}.{key}", getattr(c, field))
     if c.rope_scaling != "none":
         w.add_string(f"{a}.rope.scaling.type", c.rope_scaling)
         w.add_float32(f"{a}.rope.scaling.factor", c.rope_factor)
         if c.rope_orig_ctx:
             w.add_uint32(f"{a}.rope.scaling.original_context_length", c.rope_orig_ctx)
-    if c.final_softcap:
-        w.add_float32(f"{a}.final_logit_softcapping", c.final_softcap)
-    if c.attn_softcap:
-        w.add_float32(f"{a}.attn_logit_softcapping", c.attn_softcap)
     w.add_uint32("general.file_type", FILE_TYPES[qtype])
     w.add_tokenizer_model("none")
     shapes = list(tensor_shapes(c).items())

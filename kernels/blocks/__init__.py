@@ -188,7 +188,7 @@ def _check_queue(queue: mx.array, phases: int) -> None:
                          f"{getattr(queue, 'dtype', type(queue))} {getattr(queue, 'shape', '')}")
 
 
-def _packed(name: str, w, qtype: str, n: int, k: int) -> None:
+def _packed(name: str, w, n: int, k: int) -> None:
     """w: repacked [n, k] (its own type is the GEMV's: a block's GEMVs may differ in type, as
     llama.cpp's K mixes do)."""
     if not isinstance(w, Packed):
@@ -264,15 +264,15 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
 class _FFN:
     """The FFN half's arguments, checked (one layer's; token_block's stacks replace the arrays)."""
 
-    def __init__(self, x, ffn_norm, eps, w_gate_up, w_down, qtype, wide=False):
+    def __init__(self, x, ffn_norm, eps, w_gate_up, w_down, wide=False):
         if not isinstance(w_gate_up, Packed):
             raise ValueError(f"w_gate_up must be repacked weights (kernels.gemv.repack), got {type(w_gate_up).__name__}")
         d_model, n_up = x.shape[-1], w_gate_up.n
-        _packed("w_gate_up", w_gate_up, qtype, n_up, d_model)
+        _packed("w_gate_up", w_gate_up, n_up, d_model)
         gemv.check_gemv_args(x, w_gate_up, w_gate_up.qtype, n_up, d_model, wide_x=wide)
         if n_up % 2:
             raise ValueError(f"w_gate_up must be [gate; up], an even number of rows, got {n_up}")
-        _packed("w_down", w_down, qtype, d_model, n_up // 2)
+        _packed("w_down", w_down, d_model, n_up // 2)
         gemv._check_norm(ffn_norm, eps, d_model)
         self.norm, self.w_gate_up, self.w_down, self.d, self.f = ffn_norm, w_gate_up, w_down, d_model, n_up // 2
         self.up_data, self.down_data = w_gate_up.data, w_down.data
@@ -283,7 +283,7 @@ class _Attention:
     """The attention half's arguments, checked (one layer's; token_block's stacks replace the
     arrays and give every layer's caches)."""
 
-    def __init__(self, x, attn_norm, eps, w_qkv, w_o, qtype, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
+    def __init__(self, x, attn_norm, eps, w_qkv, w_o, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
                  k_norm, counters, split_from, w_v=None, wide=False):
         attention._fp16("k_cache", k_cache)
         attention._fp16("v_cache", v_cache)
@@ -298,11 +298,11 @@ class _Attention:
         d_model = x.shape[-1]
         n_qkv = (n_heads + 2 * n_kv) * head_dim
         n_qk = n_qkv if w_v is None else (n_heads + n_kv) * head_dim  # w_v: V's rows apart
-        _packed("w_qkv" if w_v is None else "w_qkv ([q; k], w_v apart)", w_qkv, qtype, n_qk, d_model)
+        _packed("w_qkv" if w_v is None else "w_qkv ([q; k], w_v apart)", w_qkv, n_qk, d_model)
         gemv.check_gemv_args(x, w_qkv, w_qkv.qtype, n_qk, d_model, max_m=1, wide_x=wide)
         if w_v is not None:
-            _packed("w_v", w_v, qtype, n_kv * head_dim, d_model)
-        _packed("w_o", w_o, qtype, d_model, n_heads * head_dim)
+            _packed("w_v", w_v, n_kv * head_dim, d_model)
+        _packed("w_o", w_o, d_model, n_heads * head_dim)
         gemv._check_norm(attn_norm, eps, d_model)
         head_norm = q_norm is not None or k_norm is not None
         self.norms = attention._head_norms(q_norm, k_norm, eps if head_norm else None, head_dim)
@@ -479,7 +479,7 @@ def attention_block(x: mx.array, attn_norm: mx.array, eps: float, w_qkv: Packed,
     attention.merge_counters); fresh ones when not given. w_v: V's rows as a matrix of their own
     (w_qkv is then [q; k]): where they have another block type (llama.cpp's Q4_K_M). `qtype` is
     w_qkv's; w_o and w_v may have other types."""
-    attn = _Attention(x, attn_norm, eps, w_qkv, w_o, qtype, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
+    attn = _Attention(x, attn_norm, eps, w_qkv, w_o, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
                       k_norm, counters, split_from, w_v)
     if not backends.cross_group_waits():
         return _attention_apart(x, eps, qtype, attn)
@@ -493,7 +493,7 @@ def ffn_block(x: mx.array, ffn_norm: mx.array, eps: float, w_gate_up: Packed, w_
     """The FFN half of a layer for M = 1..4 tokens: x [M, d_model] -> x + (silu(X' W_gate^T) *
     (X' W_up^T)) W_down^T, X' = RMSNorm(x) * ffn_norm, W_gate_up = [gate; up] (2F rows) repacked.
     queue: the launch site's (block_queue); a fresh one when not given."""
-    ffn = _FFN(x, ffn_norm, eps, w_gate_up, w_down, qtype)
+    ffn = _FFN(x, ffn_norm, eps, w_gate_up, w_down)
     if not backends.cross_group_waits():
         return _ffn_apart(x, eps, qtype, ffn)
     return _launch(x, eps, qtype, UP, 2, ffn, None, queue)[1]
@@ -509,8 +509,8 @@ def layer_block(x: mx.array, ffn_norm: mx.array, w_gate_up: Packed, w_down: Pack
     token: ffn_block's arguments (ffn_norm, w_gate_up, w_down), then attention_block's over its
     output (the caches, head norms and w_v are the next layer's). Returns attention_block's.
     `qtype` is w_gate_up's; the other matrices may have other types."""
-    ffn = _FFN(x, ffn_norm, eps, w_gate_up, w_down, qtype)
-    attn = _Attention(x, attn_norm, eps, w_qkv, w_o, qtype, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
+    ffn = _FFN(x, ffn_norm, eps, w_gate_up, w_down)
+    attn = _Attention(x, attn_norm, eps, w_qkv, w_o, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
                       k_norm, counters, split_from, w_v)
     if x.shape[0] != 1:
         raise ValueError(f"layer_block takes one token (x [1, d_model]), got {tuple(x.shape)}")
@@ -591,8 +591,8 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     head = (w.q_norm[0], w.k_norm[0]) if w.q_norm is not None else (None, None)
     # each half checked on layer 0 (the others share its shapes), then given every layer's arrays
     v_of = (lambda i: w.w_v.layer(i)) if w.w_v is not None else (lambda i: None)  # noqa: E731
-    ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), qtype, wide=post)
-    attn = _Attention(x, w.attn_norm[0], eps, w.w_qkv.layer(0), w.w_o.layer(0), qtype, k_caches[0], v_caches[0], pos,
+    ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), wide=post)
+    attn = _Attention(x, w.attn_norm[0], eps, w.w_qkv.layer(0), w.w_o.layer(0), k_caches[0], v_caches[0], pos,
                       n_heads, theta, neox, *head, counters, split_from, v_of(0), wide=post)
     d = attn.head_dim // 2
     if inv_freqs is not None and (inv_freqs.dtype != mx.float32 or tuple(inv_freqs.shape) not in ((d,), (layers, d))):
@@ -608,12 +608,12 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     if not backends.cross_group_waits():
         k_caches, v_caches = list(k_caches), list(v_caches)
         for i in range(layers):
-            attn = _Attention(x, w.attn_norm[i], eps, w.w_qkv.layer(i), w.w_o.layer(i), qtype, k_caches[i],
+            attn = _Attention(x, w.attn_norm[i], eps, w.w_qkv.layer(i), w.w_o.layer(i), k_caches[i],
                               v_caches[i], pos, n_heads, theta, neox, *((w.q_norm[i], w.k_norm[i]) if head[0]
                                                                          is not None else (None, None)),
                               counters, split_from, v_of(i))
             x, k_caches[i], v_caches[i] = _attention_apart(x, eps, qtype, attn)
-            x = _ffn_apart(x, eps, qtype, _FFN(x, w.ffn_norm[i], eps, w.w_gate_up.layer(i), w.w_down.layer(i), qtype))
+            x = _ffn_apart(x, eps, qtype, _FFN(x, w.ffn_norm[i], eps, w.w_gate_up.layer(i), w.w_down.layer(i)))
         return x, k_caches, v_caches
     ffn.norm, ffn.up_data, ffn.down_data = w.ffn_norm, w.w_gate_up.data, w.w_down.data
     attn.norm, attn.qkv_data, attn.o_data = w.attn_norm, w.w_qkv.data, w.w_o.data
