@@ -322,3 +322,25 @@ def test_the_blocks_attention_takes_k_slots_past_one_chunk_a_ticket():
     assert _attention_slots(edge // 2, block_k_slots=1)[:2] == (1, mma)
     with pytest.raises(ValueError, match="block_k_slots must be 0, 1 or 2"):
         _attention_slots(64, block_k_slots=3)
+
+
+def test_x_is_staged_in_chunks_where_the_row_does_not_fit_beside_attention():
+    """Qwen2.5-7B's widths (down's K = 18944): all of X' beside attention's arrays would pass the
+    48 KiB a CUDA threadgroup may declare, so token_block stages it in chunks of 2048 values
+    (its spec counts the bytes); Llama-3-8B's layer (K = 14336) keeps the whole row."""
+    from kernels.backends import threadgroup_memory
+    from kernels.runtime import recording
+
+    def launch(d, f, hq, hkv):
+        st = blocks.LayerStacks(mx.ones((1, d), mx.float16), blocks.Stack([_packed((hq + 2 * hkv) * 128, d, 0, "q4_0")]),
+                                blocks.Stack([_packed(d, hq * 128, 1, "q4_0")]), mx.ones((1, d), mx.float16),
+                                blocks.Stack([_packed(2 * f, d, 2, "q4_0")]), blocks.Stack([_packed(d, f, 3, "q4_0")]))
+        kv = [mx.zeros((hkv, 64, 128), mx.float16)]
+        with recording() as rec:
+            blocks.token_block(mx.zeros((1, d), mx.float16), st, 1e-6, "q4_0", kv, list(kv), 3, n_heads=hq)
+        (job,) = rec.jobs
+        return job.constants["XCHUNK"], job.spec.threadgroup_bytes(job.constants)
+
+    xchunk, used = launch(3584, 18944, 28, 4)
+    assert xchunk < 18944 and xchunk % 2048 == 0 and used <= threadgroup_memory()
+    assert launch(4096, 14336, 32, 8)[0] == 14336

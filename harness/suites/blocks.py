@@ -387,6 +387,10 @@ def check_cases(small: bool = False) -> list[CheckCase]:
                                  mix=(("v", 0, "q6_k"), ("down", 1, "q6_k"))))
         cases.append(_token_case("q5_k", 1024, 3072, (16, 8), 128, True, True, 3, 40,
                                  mix=(("v", 2, "q6_k"), ("down", 2, "q6_k"), ("down", 0, "q6_k"))))
+    # Qwen2.5-7B's widths on the llama layer: its down (K = 18944) staged in two chunks of X', the
+    # whole row not fitting beside attention's arrays
+    if not small:
+        cases.append(_token_case("q4_0", 3584, 18944, (28, 4), 128, False, False, 2, 40))
     # Gemma's layers (float32 stream, post-norms, GELU, sliding and global layers): Gemma-3-270M's
     # shapes and the real file's mix (Q5_0 where rows of 640 are no whole super-block, its attn_v
     # Q8_0 in some layers: a Q8_0 GEMV reads X' staged in 32-value chunks), past the window

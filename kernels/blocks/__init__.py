@@ -208,7 +208,7 @@ class BlockGeometry:
 
 
 def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: int,
-                   fit: int | None = None) -> BlockGeometry:
+                   fit: int | None = None, reserved: int = 0) -> BlockGeometry:
     """The geometry of a launch of the GEMVs `gemvs` (kind -> its matrix's N, K; UP's N is 2F,
     [gate; up]; V, where V's rows are a matrix apart from [q; k], a part of the QKV phase) whose
     last phase is of kind `last`. `qtype`: the launch's block type (its first GEMV's), whose
@@ -227,7 +227,11 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
     fit: threadgroups of the launch that the GPU holds at once (kernels.runtime.resident_groups),
     given where block_grid=resident: each claimed GEMV phase then takes at most that many tickets,
     so that it runs in one pass over resident threadgroups instead of a full pass and a partial
-    one (a cap made for a standalone GEMV's lighter registers: kernels/loop/NOTES.md)."""
+    one (a cap made for a standalone GEMV's lighter registers: kernels/loop/NOTES.md).
+
+    reserved: threadgroup bytes the launch's other arrays take (attention's, the stream row):
+    X' is then staged in chunks of 2048 values where all of the longest K would not fit beside
+    them (Qwen2.5-7B's down, K = 18944, beside attention's arrays)."""
     order = [kind for kind in (UP, DOWN, QKV, O, V) if kind in gemvs]
     own = {kind: gemv.v3_geometry(qtype, m, *gemvs[kind]) for kind in order}
     longest = max(k for _, k in gemvs.values())
@@ -241,7 +245,8 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
         for kind in order:
             r, _, p, _ = gemv.v3_geometry(qtype, m, *gemvs[kind], simds=s)
             per_kind[kind] = (r + r % 2 if kind == UP else r, p)
-    _, _, _, xchunk = gemv.v3_geometry(qtype, m, 1, longest, 1, s, 1)
+    _, _, _, xchunk = gemv.v3_geometry(qtype, m, 1, longest, 1, s, 1,
+                                       budget=backends.threadgroup_memory() - reserved - 8)  # 8: ticket, flag
     out = {}
     for kind in order:
         n, k = gemvs[kind]
@@ -349,7 +354,34 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         gemvs.update({QKV: (attn.n_qk, attn.d), O: (attn.d, attn.n_heads * attn.head_dim)})
         if attn.w_v is not None:
             gemvs[V] = (attn.n_kv * attn.head_dim, attn.d)
-    geo = block_geometry(qtype, m, gemvs, last)
+    def attention_layout(s: int) -> tuple[int, bool, int, int]:
+        """(partition, split, parts, query split) of the attention phase at NSIMD s: its
+        partitions as flash_decode would split them (the grid sized for the longest context a
+        call can see), merged in the launch, at most MERGE_PARTS of them."""
+        a, chunk = attn, s * 32  # decode_rows' tokens a chunk at this NSIMD
+        # (the split grid of the register form: the blocks' attention keeps K in registers unless
+        # block_k_slots says otherwise)
+        partition = options.get("attn_partition") or attention.auto_partition(
+            a.longest, a.n_kv, attention.split_grid(0))
+        partition = max(-(-partition // chunk) * chunk, -(-a.longest // (attention.MERGE_PARTS * chunk)) * chunk)
+        split = a.longest > partition and a.longest > a.split_from
+        parts = -(-a.longest // partition) if split else 1
+        return partition, split, parts, attention.query_split(a.n_heads // a.n_kv, a.n_kv * parts)
+
+    def reserved(s: int) -> int:
+        """Threadgroup bytes beside the GEMVs' staging: the stream row (post-norms) and the
+        attention's arrays with no K slots (the slots take what is left: below)."""
+        post = 4 * x.shape[-1] if layer_kind.post_norms else 0
+        if not attn:
+            return post
+        _, split, _, qs = attention_layout(s)
+        return post + attention.decode_threadgroup_bytes((attn.n_heads // attn.n_kv) // qs, attn.head_dim, s,
+                                                         bool(attn.norms), split)
+
+    geo, held = block_geometry(qtype, m, gemvs, last), 0
+    if _gemv_bytes(m, geo.xchunk, geo.simds) + reserved(geo.simds) > backends.threadgroup_memory():
+        held = reserved(geo.simds)  # (NSIMD does not depend on the budget: geo.simds stays)
+        geo = block_geometry(qtype, m, gemvs, last, reserved=held)
     s = geo.simds
     strides = {"W_QKV_STRIDE": 0, "W_O_STRIDE": 0, "W_UP_STRIDE": 0, "W_DOWN_STRIDE": 0, "NORM_STRIDE": 0,
                "HEAD_NORM_STRIDE": 0, **({"W_V_STRIDE": 0} if V in gemvs else {}), **(strides or {})}
@@ -369,18 +401,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         consts.update(K_UP=ffn.d, K_DOWN=ffn.f)
     if attn:
         a = attn
-        # The attention's partitions as flash_decode would split them (the grid sized for the
-        # longest context a call can see), merged in the launch: at most MERGE_PARTS of them.
-        group = a.n_heads // a.n_kv
-        chunk = s * 32  # decode_rows' tokens a chunk at this NSIMD
-        # (the split grid of the register form: the blocks' attention keeps K in registers unless
-        # block_k_slots says otherwise)
-        partition = options.get("attn_partition") or attention.auto_partition(
-            a.longest, a.n_kv, attention.split_grid(0))
-        partition = max(-(-partition // chunk) * chunk, -(-a.longest // (attention.MERGE_PARTS * chunk)) * chunk)
-        split = a.longest > partition and a.longest > a.split_from
-        parts = -(-a.longest // partition) if split else 1
-        qs = attention.query_split(group, a.n_kv * parts)
+        group, chunk = a.n_heads // a.n_kv, s * 32
+        partition, split, parts, qs = attention_layout(s)
         attn_tickets = parts * a.n_kv * qs
         inputs += [a.norm, a.qkv_data, _Dims(QKV, a.n_qk, a.d)]
         if a.w_v is not None:
@@ -438,7 +460,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         # the tickets are inputs, not the module: its occupancy sizes them (cached per module)
         fit = resident_groups(job)
         if fit:
-            job = at(block_geometry(qtype, m, gemvs, last, fit))
+            job = at(block_geometry(qtype, m, gemvs, last, fit, held))
     return launch(job)
 
 

@@ -107,12 +107,14 @@ SMEM_BUDGET = backends.THREADGROUP_MEMORY["cuda"]  # CUDA's; launches size again
 def _per_budget(fn):
     """fn cached, its keyword `budget` the threadgroup memory of the backend that launches are
     made for (kernels.backends.threadgroup_memory: 32 KiB on Metal, 48 KiB on CUDA), so that
-    one process may make launches for both (lathe compile --metal records Metal's)."""
+    one process may make launches for both (lathe compile --metal records Metal's); a caller
+    that shares the launch's memory with other arrays gives a smaller one (kernels.blocks)."""
     cached = functools.lru_cache(maxsize=1024)(fn)
 
     @functools.wraps(fn)
     def call(*args, **kw):
-        return cached(*args, budget=backends.threadgroup_memory(), **kw)
+        kw.setdefault("budget", backends.threadgroup_memory())
+        return cached(*args, **kw)
 
     call.cache_clear = cached.cache_clear
     return call
