@@ -292,6 +292,10 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         steps.append(Step(op, kernel, tuple(reads), tuple(writes), tuple(weights), tuple(per_token), layer,
                           functools.partial(run, *args) if args else run, tuple(launches)))
 
+    # a prompt of up to 64 rows on repacked weights: the quantized GEMM (kernels.gemv.qmm)
+    qmm_launch = ("lathe_qmm",) if packed and options.get("prompt_qmm") else ()
+    qmm_shown = "lathe qmm up to 64 rows, else " if qmm_launch else ""
+
     def linear(src, dst, name, layer=None, residual=False):
         """Y = X @ W^T (+ the residual stream, in the GEMV's epilogue where it can, in MLX's
         matmul (addmm) for a fused prompt)."""
@@ -301,18 +305,18 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             return
         if quant(name) and residual and fused:  # a prompt: x + X @ W^T as one matmul
             what = f"F16 copy of{shown(name)}" if f16_copies else f"lathe dequantize{shown(name)}"
-            add("linear_residual", f"mx.addmm (x + X @ W^T, W the {what})", (src, "x"), ("x",), _run_linear_add,
-                src, name, weights=(name,), layer=layer,
-                launches=() if f16_copies else (f"lathe_gemv_{v}", "lathe_dequantize"))
+            add("linear_residual", f"{qmm_shown}mx.addmm (x + X @ W^T, W the {what})", (src, "x"), ("x",),
+                _run_linear_add, src, name, weights=(name,), layer=layer,
+                launches=() if f16_copies else (f"lathe_gemv_{v}", "lathe_dequantize", *qmm_launch))
             return
         if not quant(name):
             kernel, launches = "mx.matmul (F16)", ()
         elif not small and f16_copies and not (name == head and last_only):
             # MLX's matmul alone, on the copy made at load (a head over the last row stays a GEMV)
             kernel, launches = f"mx.matmul (F16 copy of{shown(name)})", ()
-        else:  # linear()'s two paths
-            kernel = f"lathe gemv_{v}{shown(name)}"
-            launches = (f"lathe_gemv_{v}",) if small else (f"lathe_gemv_{v}", "lathe_dequantize")
+        else:  # linear()'s paths
+            kernel = f"lathe gemv_{v}{shown(name)}" if small else f"{qmm_shown}lathe gemv_{v}{shown(name)}"
+            launches = (f"lathe_gemv_{v}",) if small else (f"lathe_gemv_{v}", "lathe_dequantize", *qmm_launch)
         add("linear", kernel, (src,), (dst,), _run_linear, src, dst, name, weights=(name,), layer=layer,
             launches=launches)
         if residual:

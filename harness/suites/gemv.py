@@ -244,23 +244,25 @@ def _dequantize_k_case(qtype: str, n: int, k: int) -> CheckCase:
 
 
 # ---- GEMV and friends ------------------------------------------------------------------------------
-def _gemv_case(version: str, qtype: str, m: int, n: int, k: int, residual: bool = False) -> CheckCase:
-    """`residual` (linear only): Y + R, R added in the same op (a GEMV's epilogue, or mx.addmm
-    for M >= BATCHED_FROM)."""
+def _gemv_case(version: str, qtype: str, m: int, n: int, k: int, residual: bool = False,
+               knobs: dict | None = None) -> CheckCase:
+    """`residual` (linear and qmm only): Y + R, R added in the same op (a GEMV's or qmm's epilogue,
+    or mx.addmm for M >= BATCHED_FROM). `knobs`: qmm's launch knobs."""
     from kernels import gemv
     from kernels.runtime import poisoned_outputs
 
     fn = {"v1": gemv.gemv_v1, "v2": gemv.gemv_v2, "v3": gemv.gemv_v3, "linear": gemv.linear,
-          "linear v3": gemv.linear}[version]
+          "linear v3": gemv.linear, "qmm": gemv.qmm}[version]
+    extra = dict(knobs or {})
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         host, dev = _blocks(rng, qtype, n, k)
-        if version.endswith("v3"):
+        if version.endswith("v3") or version == "qmm":
             dev = gemv.repack(dev, qtype, n, k)
         x = _x(rng, m, k)
         r = _x(rng, m, n) if residual else None
         with poisoned_outputs():
-            y = fn(mx.array(x), dev, qtype, n, k, **(dict(residual=mx.array(r)) if residual else {}))
+            y = fn(mx.array(x), dev, qtype, n, k, **(dict(residual=mx.array(r)) if residual else {}), **extra)
             mx.eval(y)
         if not residual:
             return _against_float64("y", y, x.astype(np.float64), host, qtype, k, rng)
@@ -268,9 +270,12 @@ def _gemv_case(version: str, qtype: str, m: int, n: int, k: int, residual: bool 
         return [compare("y + residual", np.array(y).astype(np.float64), want, TOL)]
 
     variant = version
-    if version.startswith("linear") and m >= gemv.BATCHED_FROM:
+    if version == "linear v3" and 4 < m <= gemv.QMM_MAX_M:
+        variant = "linear v3 (qmm)"
+    elif version.startswith("linear") and m >= gemv.BATCHED_FROM:
         variant = version.replace("linear", "batched")
-    return CheckCase("gemv", f"gemv_{qtype}", variant + (" + residual" if residual else ""), dict(M=m, N=n, K=k), run)
+    shape = dict(M=m, N=n, K=k, **{key.upper(): v for key, v in (knobs or {}).items()})
+    return CheckCase("gemv", f"gemv_{qtype}", variant + (" + residual" if residual else ""), shape, run)
 
 
 def rmsnorm64(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
@@ -608,6 +613,16 @@ V3_SEAM_CASES = [*[case[:5] + (None,) for case in SEAM_CASES[:8]],
                  (False, 1, 4096, 4096, 22016, dict(prefetch=1, depth=2))]
 
 
+# The quantized GEMM (qmm) for 5..64 rows: tails of N (not whole blocks of 8 rows) and of K (not
+# whole super-chunks of 128), K past one staged piece (4096 x 14336; 4128 at M = 64, pieces of 384
+# values that WK groups share unevenly), and each knob at its edges.
+QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
+             (5, 4097, 4128, False, None), (16, 4097, 4128, True, None), (33, 4097, 4128, False, None),
+             (64, 4097, 4128, True, None), (16, 4096, 14336, False, None), (64, 1024, 4096, False, None),
+             (16, 4096, 4096, False, dict(nb=1, wn=1, wk=1)), (33, 4096, 4096, True, dict(nb=4, wn=2, wk=2)),
+             (64, 2048, 4096, False, dict(nb=1, wn=4, wk=8))]
+
+
 def _k_shape(k: int) -> int:
     """A check shape's K for the K-quants: rounded up to whole super-blocks."""
     return -(-k // 256) * 256
@@ -636,6 +651,8 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_gate_up_swiglu_case(qtype, m, f, fit(k), norm, knobs))
     for m in (5, 16) if small else (5, 16, 512):
         cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128)))))
+    for m, n, k, residual, knobs in QMM_CASES[:2] if small else QMM_CASES:
+        cases.append(_gemv_case("qmm", qtype, m, n, fit(k), residual, knobs))
     for m in (3, 9, 16) if small else (3, 9, 16, 512):  # each path of linear(): GEMV, GEMVs + add, addmm
         cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128))),
                                 residual=True))
@@ -861,15 +878,18 @@ def _bench_ffn(path: str, qtype: str, f: int, d: int) -> BenchCase:
 
 def _bench_batched(path: str, qtype: str, m: int, n: int, k: int) -> BenchCase:
     """M rows of X: the v2 GEMV in launches of up to 4 rows ('gemv'; 'gemv-v3': v3 on repacked
-    weights) against dequantize + MLX matmul ('batched'), to find where one overtakes the other."""
-    from kernels.gemv import MAX_M, dequantize, gemv
+    weights), the quantized GEMM on repacked weights ('qmm', M <= 64), and dequantize + MLX matmul
+    ('batched'), to find where one overtakes the other."""
+    from kernels.gemv import MAX_M, dequantize, gemv, qmm
 
-    weights = (_packed_once if path == "gemv-v3" else _weights_once)(qtype, (n, k))
+    weights = (_packed_once if path in ("gemv-v3", "qmm") else _weights_once)(qtype, (n, k))
 
     def make():
         return {"w": weights()[0], "x": mx.random.normal((m, k)).astype(mx.float16)}
 
-    if path.startswith("gemv"):
+    if path == "qmm":
+        step = lambda s: [qmm(s["x"], s["w"], qtype, n, k)]  # noqa: E731
+    elif path.startswith("gemv"):
         def step(s):
             return [gemv(s["x"][i:i + MAX_M], s["w"], qtype, n, k) for i in range(0, m, MAX_M)]
     else:
@@ -905,6 +925,8 @@ def _bench_pair(path: str, qtype: str, qtype_b: str, n: int, n_b: int, k: int) -
 
 # Pairs as the K mixes' fused QKV has them: Llama-3-8B Q4_K_M ([q; k] Q4_K, v Q6_K), Qwen3-0.6B's.
 PAIR_BENCH_SHAPES = (("q4_k", "q6_k", 5120, 1024, 4096), ("q4_k", "q6_k", 3072, 1024, 1024))
+# Llama-3-8B's projections (QKV, O, gate+up, down) for qmm against dequantize + MLX's matmul
+QMM_BENCH_SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 
 
 def bench_cases(quick: bool = False) -> list[BenchCase]:
@@ -929,6 +951,10 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
                       for p in ("swiglu-at-gate_up", "swiglu-at-down")]
     for m in (1, 2, 4, 8, 16, 32, 64, 512) if not quick else (4, 16):
         cases += [_bench_batched(p, "q4_0", m, 4096, 4096) for p in ("gemv", "gemv-v3", "batched")]
+        cases += [_bench_batched("qmm", "q4_0", m, 4096, 4096)] if 4 < m <= 64 else []
+    for qtype in ("q4_0", "q8_0", "q4_k", "q6_k") if not quick else ("q4_0",):  # a short prompt's projections
+        for m in (16, 64) if not quick else (16,):
+            cases += [_bench_batched(p, qtype, m, n, k) for n, k in QMM_BENCH_SHAPES for p in ("qmm", "batched")]
     for m in (1, 2, 3, 4) if not quick else ():  # the issue's M = 2..4 against M = 1, large shapes
         cases += [_bench_batched("gemv-v3", qtype, m, n, k) for qtype in (*QTYPES, *K_QTYPES)
                   for n, k in ((14336, 4096), (4096, 14336), (128256, 4096))]

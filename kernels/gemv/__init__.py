@@ -25,8 +25,10 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
 - `seam`: a layer's output projection (+ residual) and the next block's RMSNorm+GEMV in one
   launch, the second waiting in the kernel for the first (gemv/seam.metal).
 - `quantize`, `dequantize`: the GGUF blocks made and read on the GPU.
-- `linear`: any M; GEMV launches of up to 4 rows, and from `BATCHED_FROM` rows W dequantized
-  to fp16 once and MLX's matmul.
+- `qmm`: the quantized GEMM for up to 64 rows of X (a short prompt's), on repacked weights of any
+  v3 block type: W read once for all rows, decoded in registers into SIMD-group matrices.
+- `linear`: any M; the GEMV up to 4 rows, qmm up to 64 on repacked weights, GEMV launches of up to
+  4 rows, and from `BATCHED_FROM` rows W dequantized to fp16 once and MLX's matmul.
 - Fused projections (QKV, gate+up): `concat_rows` makes one matrix, `linear` runs it, `split`
   cuts the output.
 """
@@ -903,21 +905,96 @@ def dequantize(q: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
     return w
 
 
+# ---- a few rows of X: the quantized GEMM -------------------------------------------------------------
+QMM_MAX_M = 64  # rows of X the quantized GEMM takes (a short prompt's)
+
+
+def _qmm_spec(residual: bool) -> KernelSpec:
+    return KernelSpec("lathe_qmm" + ("_residual" if residual else ""), "gemv/qmm.metal",
+                      ("x", "w", "dims", *(("residual",) if residual else ())), ("y",),
+                      prelude=f"#define LATHE_RESIDUAL {int(residual)}", threadgroup_bytes=_qmm_threadgroup_bytes)
+
+
+def qmm_smem_bytes(mp: int, kc: int, nb: int, wn: int, wk: int) -> int:
+    """qmm.metal's one array: the staged piece of X (fp16), or the groups' partial sums after it."""
+    return 4 * max(mp * kc // 2, (wk - 1) * wn * nb * (mp // 8) * 64)
+
+
+def _qmm_threadgroup_bytes(c: dict) -> int:
+    return qmm_smem_bytes(c["MP"], c["KC"], c["NB"], c["WN"], c["WK"])
+
+
+_QMM = {residual: _qmm_spec(residual) for residual in (False, True)}
+
+
+def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
+    """qmm's knobs for M rows and an [N, K] matrix: 8 * NB * WN rows of W a threadgroup, WK SIMD
+    groups streaming each row block. Each threadgroup stages all of X once, so rows a threadgroup
+    trade X's reads from L2 against threadgroups to fill the GPU: 32 rows (two blocks of 8 a SIMD
+    group), and 64 where the matrix has rows for 2 threadgroups an SM at that size."""
+    wide = n >= 64 * 264
+    return dict(NB=2, WN=4 if wide else 2, WK=2 if wide else 4)
+
+
+@_per_budget
+def qmm_geometry(m: int, n: int, k: int, nb: int | None = None, wn: int | None = None, wk: int | None = None,
+                 *, budget: int) -> tuple[int, int, int, int, int]:
+    """(MP, NB, WN, WK, KC) of a qmm launch: M rounded up to 16, the knobs (qmm_by_shape where not
+    given), and the most of K (a multiple of 128) whose staged X fits the budget."""
+    shaped = qmm_by_shape(m, n, k)
+    nb, wn, wk = nb or shaped["NB"], wn or shaped["WN"], wk or shaped["WK"]
+    if 32 * wn * wk > 1024:
+        raise ValueError(f"WN * WK = {wn * wk} SIMD groups: a threadgroup takes at most 32")
+    mp = -(-m // 16) * 16
+    kc = -(-k // 128) * 128
+    while kc > 128 and qmm_smem_bytes(mp, kc, nb, wn, wk) > budget:
+        kc = -(-(kc // 2) // 128) * 128
+    if qmm_smem_bytes(mp, kc, nb, wn, wk) > budget:
+        raise ValueError(f"qmm: M={m} with NB={nb}, WN={wn}, WK={wk} does not fit {budget} bytes of threadgroup memory")
+    return mp, nb, wn, wk, kc
+
+
+def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
+        **knobs: int | None) -> mx.array:
+    """Y[M, N] = X[M, K] @ W^T (+ residual, fp16 [M, N]) for M up to QMM_MAX_M, W repacked (any v3
+    block type), on SIMD-group matrices (qmm.metal). Launch knobs: nb, wn, wk (qmm_by_shape's where
+    not given)."""
+    check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
+    if not isinstance(w, Packed):
+        raise ValueError("qmm takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
+    m = x.shape[0]
+    if residual is not None:
+        _check_residual(residual, m, n)
+    unknown = set(knobs) - {"nb", "wn", "wk"}
+    if unknown:
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk")
+    mp, nb, wn, wk, kc = qmm_geometry(m, n, k, knobs.get("nb"), knobs.get("wn"), knobs.get("wk"))
+    groups = -(-n // (8 * nb * wn))
+    inputs = [x, w.data, _dims(n, k), *(() if residual is None else (residual,))]
+    (y,) = launch(Launch(_QMM[residual is not None], inputs, [((m, n), mx.float16)], (groups * 32 * wn * wk, 1, 1),
+                         (32 * wn * wk, 1, 1),
+                         dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, K=k, KC=kc)))
+    return y
+
+
 # ---- any M, fused projections -----------------------------------------------------------------------
 def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
            residual: mx.array | None = None) -> mx.array:
-    """Y = X @ W^T (+ residual, [M, N] fp16) for any M (W GGUF blocks, or Packed): the v2 (v3) GEMV for up to MAX_M rows of X, in launches of MAX_M rows
-    below BATCHED_FROM, and from there W dequantized to fp16 once and MLX's matmul (the prefill
-    path; the crossover was measured: results/<device>/gemv-batched.png), the residual added in
-    the same op (mx.addmm: one rounding, one launch fewer than a matmul and an add)."""
+    """Y = X @ W^T (+ residual, [M, N] fp16) for any M (W GGUF blocks, or Packed): the v2 (v3) GEMV for up to MAX_M rows of X;
+    on repacked W the quantized GEMM (qmm) up to QMM_MAX_M rows (the prompt_qmm option); else GEMV
+    launches of MAX_M rows below BATCHED_FROM, and from there W dequantized to fp16 once and MLX's
+    matmul (the prefill path; the crossover was measured: results/<device>/gemv-batched.png), the
+    residual added in the same op (mx.addmm: one rounding, one launch fewer than a matmul and an add)."""
     check_gemv_args(x, w, qtype, n, k, max_m=None)
     m = x.shape[0]
     if residual is not None and (residual.shape != (m, n) or residual.dtype != mx.float16):
         raise ValueError(f"residual must be float16 [{m}, {n}], got {residual.dtype} {list(residual.shape)}")
-    if m >= BATCHED_FROM:
-        return matmul(x, dequantize(w, qtype, n, k), residual)
     if m <= MAX_M:
         return gemv(x, w, qtype, n, k, residual=residual)
+    if m <= QMM_MAX_M and isinstance(w, Packed) and options.get("prompt_qmm"):
+        return qmm(x, w, qtype, n, k, residual=residual)
+    if m >= BATCHED_FROM:
+        return matmul(x, dequantize(w, qtype, n, k), residual)
     y = mx.concatenate([gemv(x[i:i + MAX_M], w, qtype, n, k) for i in range(0, m, MAX_M)])
     return y if residual is None else y + residual
 

@@ -40,63 +40,11 @@ const uint blk = thread_position_in_grid.x;
 if (blk >= n * nb) return;  // no SIMD functions here: lanes may leave early
 
 float v[32];
-if (QTYPE >= 2 && PACKED) {
-  // the repacked chunk blk (reference/kquant.py's layout): 16 bytes of low nibbles, its high
-  // bits (Q5_K one word, Q6_K two), the super-block's scales
+if (PACKED) {
   const uint chunks = n * nb;
-  const uint4 lowq = load_wide<uint4>(q, blk);
-  const uint lw[4] = {lowq.x, lowq.y, lowq.z, lowq.w};
-  constexpr bool FIFTH = QTYPE == 3 || QTYPE == 7 || QTYPE == 8;
-  const uint high_at = chunks * 16, scales_at = high_at + chunks * (FIFTH ? 4 : QTYPE == 4 ? 8 : 0);
-  uint h0 = 0u, h1 = 0u;
-  if (FIFTH) h0 = load_wide<uint>(q, high_at / 4 + blk);
-  if (QTYPE == 4) {
-    const uint2 h = load_wide<uint2>(q, high_at / 8 + blk);
-    h0 = h.x, h1 = h.y;
-  }
-  float lo_scale, hi_scale, offset = 0.0f;  // values 0..15 and 16..31 of the chunk
-  if (QTYPE == 4) {
-    const uint pair = uint(load_wide<ushort>(q, scales_at / 2 + blk));
-    const float d = float(as_type<half>(load_wide<ushort>(q, (scales_at + chunks * 2) / 2 + blk / 8)));
-    lo_scale = d * float(int(pair << 24) >> 24);
-    hi_scale = d * float(int(pair << 16) >> 24);
-  } else if (QTYPE == 9) {  // IQ4_NL: d a block
-    lo_scale = hi_scale = float(as_type<half>(load_wide<ushort>(q, scales_at / 2 + blk)));
-  } else if (QTYPE == 10) {  // IQ4_XS: d (ls - 32) of sub-block blk % 8, from its super-block's head
-    const uint2 head = load_wide<uint2>(q, scales_at / 8 + blk / 8);
-    const uint j = blk % 8;
-    const uint ls = ((head.y >> (4 * j)) & 15u) | (((head.x >> (16 + 2 * j)) & 3u) << 4);
-    lo_scale = hi_scale = float(as_type<half>(ushort(head.x & 0xffffu))) * float(int(ls) - 32);
-  } else if (QTYPE == 7) {  // Q5_0: d (q - 16)
-    lo_scale = hi_scale = float(as_type<half>(load_wide<ushort>(q, scales_at / 2 + blk)));
-    offset = 16.0f * lo_scale;
-  } else if (QTYPE >= 6) {  // Q4_1, Q5_1: d q + m
-    const half2 dm = as_type<half2>(load_wide<uint>(q, scales_at / 4 + blk));
-    lo_scale = hi_scale = float(dm.x);
-    offset = -float(dm.y);
-  } else {
-    const uint4 head = load_wide<uint4>(q, scales_at / 16 + blk / 8);
-    const uint j = blk % 8, shift = 8 * (j % 4);
-    const uint b0 = (head.y >> shift) & 255u, b1 = (head.z >> shift) & 255u, b2 = (head.w >> shift) & 255u;
-    const uint sc = j < 4 ? b0 & 63u : (b2 & 15u) | ((b0 >> 6) << 4);
-    const uint mn = j < 4 ? b1 & 63u : (b2 >> 4) | ((b1 >> 6) << 4);
-    const half2 dd = as_type<half2>(head.x);
-    lo_scale = hi_scale = float(dd.x) * float(sc);
-    offset = float(dd.y) * float(mn);
-  }
-  for (uint l = 0; l < 32; ++l) {
-    const uint hi_half = l / 16, t = l % 16 / 4, b = l % 4;  // byte b of word t
-    uint level = (lw[t] >> (8 * b + 4 * hi_half)) & 15u;
-    if (FIFTH) level |= ((h0 >> (8 * b + 4 * hi_half + t)) & 1u) << 4;
-    if (QTYPE == 4) level |= (((hi_half ? h1 : h0) >> (8 * b + 2 * t)) & 3u) << 4;
-    if (QTYPE == 4) {
-      v[l] = (hi_half ? hi_scale : lo_scale) * float(int(level) - 32);
-    } else if (QTYPE >= 9) {
-      v[l] = lo_scale * float(int(char(iq4_levels(level).x & 255u)));
-    } else {
-      v[l] = lo_scale * float(level) - offset;
-    }
-  }
+#define PC_BYTES q
+#include "gemv/packed_chunk.metal"
+#undef PC_BYTES
 } else if (QTYPE >= 9) {
   const uint c = QTYPE == 10 ? blk % 8 : 0u, base = QTYPE == 10 ? blk / 8 * 136u : blk * 18u;
 #define IB_BYTES q
@@ -117,8 +65,8 @@ if (QTYPE >= 2 && PACKED) {
   constexpr uint BB = QTYPE == 0 ? 18 : 34;
   constexpr uint QW = (BB - 2) / 2;  // a block's quants in 2-byte words
   // in 2-byte words: a GGUF block is its scale, then its quants
-  const uint quants = PACKED ? blk * QW : blk * (BB / 2) + 1;
-  const uint scale = PACKED ? n * nb * QW + blk : blk * (BB / 2);
+  const uint quants = blk * (BB / 2) + 1;
+  const uint scale = blk * (BB / 2);
   const float d = float(as_type<half>(load_wide<ushort>(q, scale)));
   for (uint j = 0; j < QW; ++j) {
     const uint two = uint(load_wide<ushort>(q, quants + j));  // bytes 2j, 2j+1

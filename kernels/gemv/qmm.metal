@@ -1,0 +1,139 @@
+// Quantized GEMM for a few rows of X: Y[M, N] = X[M, K] @ W^T (+ residual), M up to 64, W repacked
+// (kernels.gemv.repack: the decode loop's one copy of the weights, any v3 block type), on
+// SIMD-group matrices (the tensor cores on CUDA: one m16n8k16 a paired product). A short prompt's
+// projections: the GEMVs read W once a 4 rows of X, dequantize + MLX's matmul writes and reads an
+// fp16 copy of W; here W is read once for all M rows and decoded in registers.
+//
+// The K order inside a product is free, so each lane decodes whole chunks of 32 weights: in a
+// paired product (k16: two 8x8 k blocks), the lane that holds B's k slots c, c + 1 (its column
+// pair, sg8x8_col) takes them from chunk c / 2 of a super-chunk of 4 chunks (128 values of K):
+// step p (0..7) of the super-chunk reads weights 2p, 2p + 1 of that chunk in the first k block and
+// 16 + 2p, 17 + 2p in the second. X' is staged in threadgroup memory in that same order, so A's
+// elements of step p are one 8-byte word a lane (lane rows r 0..3 and 4..7 of a half-warp land on
+// distinct banks). Weights then go from one 16-byte load (Q4_0; the K-quants' chunk words) to the
+// B operand with no threadgroup round trip (packed_chunk.metal decodes, shared with dequantize).
+//
+// A threadgroup takes 8 * NB * WN rows of W: SIMD group s takes NB blocks of 8 rows (s % WN) and
+// every WK-th super-chunk of each staged piece of X (s / WN), so WK groups stream one row block's
+// weights at once; their sums meet in threadgroup memory at the end. X is staged KC values of K at
+// a time, every row (M rounded up to MP, a multiple of 16, zeros past M).
+//
+// Constants: QTYPE, M, MP, NB, WN, WK, K (a multiple of 32), KC (a multiple of 128). Inputs: x
+// (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_RESIDUAL adds residual (half
+// [M, N]) before Y's one rounding. Output: y (half [M, N]).
+constexpr uint MB = MP / 8;             // blocks of 8 rows of X
+constexpr uint SC = KC / 128;           // super-chunks of a staged piece
+constexpr uint XWORDS = MP * KC / 2;    // the staged piece, as half2 words
+constexpr uint REDUCE = (WK - 1) * WN * NB * MB * 64;  // the partial sums of groups s / WN > 0
+constexpr uint CHUNKS_K = K / 32;
+constexpr uint NT = 32 * WN * WK;
+threadgroup uint xs[XWORDS > REDUCE ? XWORDS : REDUCE];
+
+const uint lane = thread_index_in_simdgroup;
+const uint simd = simdgroup_index_in_threadgroup;
+const uint tid = thread_index_in_threadgroup;
+const uint n = uint(dims[0]);
+const uint wn = simd % WN, ks = simd / WN;
+const uint r = sg8x8_row(lane), c = sg8x8_col(lane);
+const uint row0 = (threadgroup_position_in_grid.x * WN + wn) * NB * 8;
+const uint chunks = n * CHUNKS_K;
+
+simdgroup_float8x8 acc[NB][MB];
+for (uint j = 0; j < NB; ++j) {
+  for (uint mb = 0; mb < MB; ++mb) acc[j][mb] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+}
+
+for (uint k0 = 0; k0 < K; k0 += KC) {
+  threadgroup_barrier(mem_flags::mem_threadgroup);  // the last piece's reads are done
+  // Stage X[:, k0 : k0 + KC]: piece e of row m (values k0 + 8e .. + 7) is weights 8q .. 8q + 7 of
+  // chunk (e / 4) % 4 of super-chunk e / 16 (q = e % 4): four half2 words, steps 4 (q % 2) .. + 3,
+  // half q / 2 of the step's word pair.
+  for (uint i = tid; i < MP * KC / 8; i += NT) {
+    const uint m = i / (KC / 8), e = i % (KC / 8), kk = k0 + 8 * e;
+    uint4 words = {0u, 0u, 0u, 0u};
+    if (m < M && kk < K) words = load_wide<uint4>(x, (m * K + kk) / 8);
+    const uint s = e / 16, chunk = (e / 4) % 4, q = e % 4;
+    const uint at = ((s * 8 + 4 * (q % 2)) * MB + m / 8) * 64 + (m % 8) * 8 + chunk * 2 + q / 2;
+    xs[at] = words.x;
+    xs[at + MB * 64] = words.y;
+    xs[at + 2 * MB * 64] = words.z;
+    xs[at + 3 * MB * 64] = words.w;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint s = ks; s < SC; s += WK) {
+    const uint chunk_of_row = k0 / 32 + 4 * s + c / 2;
+    uint lo[NB][8], hi[NB][8];  // this lane's chunk of each row block: weights (2p, 2p + 1), (16 + 2p, 17 + 2p)
+    for (uint j = 0; j < NB; ++j) {
+      const uint row = row0 + 8 * j + r;
+      float v[32];
+      if (row < n && chunk_of_row < CHUNKS_K) {
+        const uint blk = row * CHUNKS_K + chunk_of_row;
+#define PC_BYTES w
+#include "gemv/packed_chunk.metal"
+#undef PC_BYTES
+      } else {
+        for (uint l = 0; l < 32; ++l) v[l] = 0.0f;
+      }
+      for (uint p = 0; p < 8; ++p) {
+        lo[j][p] = as_type<uint>(half2(half(v[2 * p]), half(v[2 * p + 1])));
+        hi[j][p] = as_type<uint>(half2(half(v[16 + 2 * p]), half(v[17 + 2 * p])));
+      }
+    }
+    for (uint p = 0; p < 8; ++p) {
+      simdgroup_half8x8 b0[NB], b1[NB];
+      for (uint j = 0; j < NB; ++j) {
+        b0[j] = sg8x8_from_col_pairs(as_type<half2>(lo[j][p]), lane);
+        b1[j] = sg8x8_from_col_pairs(as_type<half2>(hi[j][p]), lane);
+      }
+      for (uint mb = 0; mb < MB; mb += 2) {
+        const uint at = ((s * 8 + p) * MB + mb) * 64 + r * 8 + c;  // c = 2 * (c / 2): the word pair
+        const uint2 top = load_wide<uint2>(xs, at / 2), bottom = load_wide<uint2>(xs, (at + 64) / 2);
+        simdgroup_half8x8 a00, a01, a10, a11;
+        a00.thread_elements() = as_type<half2>(top.x);
+        a01.thread_elements() = as_type<half2>(top.y);
+        a10.thread_elements() = as_type<half2>(bottom.x);
+        a11.thread_elements() = as_type<half2>(bottom.y);
+        for (uint j = 0; j < NB; ++j) sg8x8_mma_k16x2(acc[j][mb], acc[j][mb + 1], a00, a01, a10, a11, b0[j], b1[j]);
+      }
+    }
+  }
+}
+
+// The WK groups of a row block add up in threadgroup memory; the first writes Y.
+auto partial = threadgroup_view<float>(xs);
+if (WK > 1) {
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (ks > 0) {
+    for (uint j = 0; j < NB; ++j) {
+      for (uint mb = 0; mb < MB; ++mb) {
+        const float2 e = acc[j][mb].thread_elements();
+        const uint at = ((((ks - 1) * WN + wn) * NB + j) * MB + mb) * 64 + 2 * lane;
+        partial[at] = e.x;
+        partial[at + 1] = e.y;
+      }
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+if (ks == 0) {
+  for (uint j = 0; j < NB; ++j) {
+    for (uint mb = 0; mb < MB; ++mb) {
+      float2 e = acc[j][mb].thread_elements();
+      for (uint g = 1; g < WK; ++g) {
+        const uint at = ((((g - 1) * WN + wn) * NB + j) * MB + mb) * 64 + 2 * lane;
+        e.x += partial[at];
+        e.y += partial[at + 1];
+      }
+      const uint m = 8 * mb + r, col = row0 + 8 * j + c;
+      if (m >= M) continue;
+      for (uint h = 0; h < 2; ++h) {
+        if (col + h >= n) continue;
+        float out = h ? e.y : e.x;
+#if LATHE_RESIDUAL
+        out += float(residual[m * n + col + h]);
+#endif
+        y[m * n + col + h] = half(out);
+      }
+    }
+  }
+}
