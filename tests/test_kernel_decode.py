@@ -563,7 +563,7 @@ def test_prompt_weights_f16_copies_what_a_prompt_dequantized(models, monkeypatch
     for weights in ("dequantize", "f16"):
         with options.use(prompt_weights=weights, prompt_logits=logits), recording():
             decoders[weights] = decoder = KernelDecoder(m, 96, variant.split()[0])
-            with recording() as rec:  # past qmm's 64 rows: a prompt that dequantizes
+            with recording() as rec:  # past qmm's rows: a prompt that dequantizes
                 decoder.forward(np.arange(70) % m.config.vocab)
             jobs[weights] = [j.spec.name for j in rec.jobs]
     default, copies = decoders["dequantize"], decoders["f16"]

@@ -270,7 +270,7 @@ def _gemv_case(version: str, qtype: str, m: int, n: int, k: int, residual: bool 
         return [compare("y + residual", np.array(y).astype(np.float64), want, TOL)]
 
     variant = version
-    if version == "linear v3" and 4 < m <= gemv.QMM_MAX_M:
+    if version == "linear v3" and 4 < m <= gemv.QMM_UP_TO:
         variant = "linear v3 (qmm)"
     elif version.startswith("linear") and m >= gemv.BATCHED_FROM:
         variant = version.replace("linear", "batched")
@@ -620,7 +620,7 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              (5, 4097, 4128, False, None), (16, 4097, 4128, True, None), (33, 4097, 4128, False, None),
              (64, 4097, 4128, True, None), (16, 4096, 14336, False, None), (64, 1024, 4096, False, None),
              (16, 4096, 4096, False, dict(nb=1, wn=1, wk=1)), (33, 4096, 4096, True, dict(nb=4, wn=2, wk=2)),
-             (64, 2048, 4096, False, dict(nb=1, wn=4, wk=8))]
+             (64, 2048, 4096, False, dict(nb=1, wn=4, wk=4))]
 
 
 def _k_shape(k: int) -> int:

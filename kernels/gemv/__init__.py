@@ -907,6 +907,9 @@ def dequantize(q: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
 
 # ---- a few rows of X: the quantized GEMM -------------------------------------------------------------
 QMM_MAX_M = 64  # rows of X the quantized GEMM takes (a short prompt's)
+# linear() takes qmm up to this many rows: at 64 it ran 2.1x slower than dequantize + MLX's matmul
+# on the 8B's 4096 x 4096 (99 against 48 us, 534cfcd), 2.2x faster at 32 (kernels/gemv/NOTES.md)
+QMM_UP_TO = 32
 
 
 def _qmm_spec(residual: bool) -> KernelSpec:
@@ -981,7 +984,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
 def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
            residual: mx.array | None = None) -> mx.array:
     """Y = X @ W^T (+ residual, [M, N] fp16) for any M (W GGUF blocks, or Packed): the v2 (v3) GEMV for up to MAX_M rows of X;
-    on repacked W the quantized GEMM (qmm) up to QMM_MAX_M rows (the prompt_qmm option); else GEMV
+    on repacked W the quantized GEMM (qmm) up to QMM_UP_TO rows (the prompt_qmm option); else GEMV
     launches of MAX_M rows below BATCHED_FROM, and from there W dequantized to fp16 once and MLX's
     matmul (the prefill path; the crossover was measured: results/<device>/gemv-batched.png), the
     residual added in the same op (mx.addmm: one rounding, one launch fewer than a matmul and an add)."""
@@ -991,7 +994,7 @@ def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
         raise ValueError(f"residual must be float16 [{m}, {n}], got {residual.dtype} {list(residual.shape)}")
     if m <= MAX_M:
         return gemv(x, w, qtype, n, k, residual=residual)
-    if m <= QMM_MAX_M and isinstance(w, Packed) and options.get("prompt_qmm"):
+    if m <= QMM_UP_TO and isinstance(w, Packed) and options.get("prompt_qmm"):
         return qmm(x, w, qtype, n, k, residual=residual)
     if m >= BATCHED_FROM:
         return matmul(x, dequantize(w, qtype, n, k), residual)
