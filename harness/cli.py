@@ -253,7 +253,8 @@ def _compile_report(compiled: int, failures: dict[str, str], modules: int, how: 
 def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: str = "step",
                repeat: int = 1, depth: int | str = 0, write: bool | None = None,
                variant: str = "reference", kv: str = "contiguous", ctx: int | None = None,
-               peer: str | None = None, rounds: int | None = None, past_context: bool = False) -> int:
+               peer: str | None = None, rounds: int | None = None, past_context: bool = False,
+               out_rows: list | None = None) -> int:
     """Greedy decode of a GGUF model or preset for each variant, mode and depth given
     (comma-separated lists, as llama-bench's): a llama-bench-like table; on a GPU (or with
     write=True) its rows appended to results/<device>/decode.csv, with the roofline at the peak
@@ -291,6 +292,8 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
                                              "peer_build", "depth", *(["round"] if rounds == 1 else [])],
                                     errors="ignore")
     peer_rows = [r for r in rows if r["variant"] == VARIANT]
+    if out_rows is not None:
+        out_rows.extend(rows)
     if not peer_rows:
         shown = shown.drop(columns=["x_llama_cpp"])
         # Only a labelled fallback: llama.cpp measured on another day on a machine of this kind.
@@ -344,7 +347,8 @@ def cmd_peak(write: bool = True):
 
 
 def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool, sweep: bool = False,
-              match: str | None = None) -> int:
+              match: str | None = None, report: dict | None = None) -> int:
+    """`report`: filled with each family's rows and the paths written, {family: (rows, paths)}."""
     from harness.bench import run_cases, summary, write_results
     from harness.results import run_metadata
     from harness.suites import select
@@ -369,10 +373,14 @@ def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool, sweep:
                          progress_label=f"bench {fam.name}")
         with pd.option_context("display.max_rows", None, "display.width", 200):
             print(summary(rows).to_string(index=False))
+        paths = []
         if write:
             csv, pngs = write_results(ROOT, fam.name, rows, device_name(), fam.plots, peak.gbs)
-            for p in (csv, *pngs):
-                print(f"wrote {p.relative_to(ROOT)}")
+            paths = [p.relative_to(ROOT) for p in (csv, *pngs)]
+            for p in paths:
+                print(f"wrote {p}")
+        if report is not None:
+            report[fam.name] = (rows, paths)
     return 0
 
 
@@ -388,6 +396,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lathe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the whole traceback of an error")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="the main job: processes its checks run in (default: the host's cores up to 8 "
+                             "with a GPU, 1 without)")
+    parser.add_argument("--full", action="store_true",
+                        help="the main job: every benchmark, not the --quick ones")
     sub = parser.add_subparsers(dest="command")
     check = sub.add_parser("check", parents=[debug, opts], help="correctness against the float64 references")
     check.add_argument("family", nargs="?")
@@ -640,14 +653,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "peak":
         cmd_peak(args.write)
         return 0
-    # The main job: everything that can run here, then a decode of the embedded default model.
-    status = cmd_check(None, None, None)
-    from kernels.runtime import has_gpu
+    # The main job: the checks in parallel, then (a GPU) the peak and the quick benchmarks, a
+    # decode of the embedded default model, and a summary (harness.main_job)
+    from harness import main_job
 
-    if has_gpu():
-        status |= cmd_bench(None, quick=False, repeats=7, write=True)
-    status |= cmd_decode("tiny-llama", "q8_0", 16, 32, 0)
-    return status
+    return main_job.run(args.jobs, args.full)
 
 
 if __name__ == "__main__":

@@ -955,7 +955,7 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
     for qtype in ("q4_0", "q8_0", "q4_k", "q6_k") if not quick else ("q4_0",):  # a short prompt's projections
         for m in (16, 64) if not quick else (16,):
             cases += [_bench_batched(p, qtype, m, n, k) for n, k in QMM_BENCH_SHAPES for p in ("qmm", "batched")]
-    for m in (1, 2, 3, 4) if not quick else ():  # the issue's M = 2..4 against M = 1, large shapes
+    for m in (1, 2, 3, 4) if not quick else ():  # M = 2..4 against M = 1, large shapes
         cases += [_bench_batched("gemv-v3", qtype, m, n, k) for qtype in (*QTYPES, *K_QTYPES)
                   for n, k in ((14336, 4096), (4096, 14336), (128256, 4096))]
     for qtype in K_QTYPES if not quick else ():  # the K-quants' fused forms, as the loop runs them

@@ -1,0 +1,44 @@
+"""The main job (`lathe` with no command, harness.main_job) on any machine: its checks in worker
+processes give what one process gives, a failing case is named in the summary, and the bench
+summary reads the best % of the peak and the unfused/fused ratio from a family's rows."""
+
+import numpy as np
+
+from harness import main_job
+from harness.check import CheckCase, Comparison
+
+
+def test_the_checks_in_two_processes_count_what_one_process_counts():
+    one = main_job.run_checks(gpu=False, jobs=1, seed=3)
+    two = main_job.run_checks(gpu=False, jobs=2, seed=3)
+    assert {n: (c.passed, c.failures) for n, c in one.items()} == {n: (c.passed, c.failures) for n, c in two.items()}
+    assert sum(c.passed for c in one.values()) > 0 and not any(c.failures for c in one.values())
+
+
+def test_a_failing_case_is_named_in_the_summary(monkeypatch):
+    def wrong(rng):
+        return [Comparison("y", 0.5, 1e-3)]
+
+    def broken(rng):
+        raise ValueError("no such shape")
+
+    cases = [CheckCase("rope", "rope_demo", "fused", dict(N=7), wrong, needs_gpu=False),
+             CheckCase("rope", "rope_demo", "unfused", dict(N=9), broken, needs_gpu=False)]
+    monkeypatch.setitem(main_job._CASES, "rope", cases)
+    report = main_job.Report(checks=main_job.run_checks(gpu=False, jobs=1, families=["rope"]))
+    assert report.checks["rope"].passed == 0 and len(report.checks["rope"].failures) == 2
+    text = main_job.summary(report, gpu=False)
+    assert "0 passed, 2 failed" in text
+    assert "FAIL rope: rope_demo [fused] N=7" in text and "ValueError: no such shape" in text
+    assert "No GPU backend here" in text
+
+
+def test_the_bench_summary_takes_the_best_and_the_median_unfused_over_fused():
+    rows = [dict(benchmark="gemv-fused", kernel="rmsnorm_gemv", variant=v, M=1, N=n, K=4096, us=us, pct_peak=p)
+            for v, n, us, p in (("fused", 4096, 10.0, 70.0), ("unfused", 4096, 15.0, 40.0),
+                                ("fused-v3", 14336, 20.0, 88.5), ("unfused", 14336, 50.0, 30.0),
+                                ("fused", 1024, 3.0, 20.0))]  # no unfused row at 1024: no ratio there
+    best, ratio = main_job.bench_summary(rows)
+    assert best == 88.5
+    assert np.isclose(ratio, np.median([15.0 / 10.0, 50.0 / 20.0]))
+    assert main_job.bench_summary([]) == (None, None)
