@@ -1,9 +1,10 @@
 """The RoPE family's correctness suite: every kernel and form against reference/rope.py.
 
-Shapes cover the grid of head dims, heads and sequence lengths without its full product: each (head_dim, heads) pair meets every
-seq value across the pairs, and theta, freq_scale and the position (0, random, last before 32768)
-rotate through them. Inputs are fresh random fp16 every run, outputs are poisoned with NaN, and
-cache rows a kernel must not touch are compared bit for bit with their initial values.
+Shapes cover the grid of head dims, heads and sequence lengths without its full product: each
+(head_dim, heads) pair meets every seq value across the pairs, and theta, freq_scale and the
+position (0, random, last before 32768) rotate through them. Inputs are fresh random fp16 every
+run, outputs are poisoned with NaN, and cache rows a kernel must not touch are compared bit for
+bit with their initial values.
 """
 
 from __future__ import annotations
