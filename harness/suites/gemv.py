@@ -1010,9 +1010,48 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
     [dict(rows=2, simds=4, depth=4, max_groups=g) for g in (264, 528, 1056)]
 
 
+# qmm's knobs: NB blocks of 8 rows a SIMD group, WN SIMD groups across rows, WK along K; at a short
+# prompt's row counts on the 8B's O, gate+up and down shapes
+QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk) for nb in (1, 2, 4) for wn in (1, 2, 4) for wk in (1, 2, 4) if wn * wk >= 2]
+QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336))
+
+
+def _qmm_sweep() -> list[BenchCase]:
+    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.') where they fit, at M = 16, 32, 64; each
+    row's rel_err against the default launch's output on the same inputs."""
+    from kernels.gemv import qmm, qmm_geometry
+
+    cases = []
+    for qtype, n, k in QMM_SWEEP_SHAPES:
+        weights = _packed_once(qtype, (n, k))
+        for m in (16, 32, 64):
+            def make(m=m, k=k, weights=weights):
+                return {"w": weights()[0], "x": mx.random.normal((m, k)).astype(mx.float16)}
+
+            for knobs in QMM_SWEEP:
+                try:
+                    qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"])
+                except ValueError:  # past the threadgroup memory
+                    continue
+
+                def step(st, qtype=qtype, n=n, k=k, knobs=knobs):
+                    return [qmm(st["x"], st["w"], qtype, n, k, **knobs)]
+
+                def verify(make=make, step=step, qtype=qtype, n=n, k=k):
+                    st = make()
+                    return rel_err(np.array(step(st)[0]), np.array(qmm(st["x"], st["w"], qtype, n, k)))
+
+                nbytes = _io_bytes(qtype, n, k, m)
+                label = "qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs)
+                cases.append(BenchCase("gemv", "gemv-sweep", f"linear_{qtype}", label, dict(M=m, N=n, K=k), make,
+                                       step, nbytes, 2 * m * n * k, nbytes, verify))
+    return cases
+
+
 def sweep_cases() -> list[BenchCase]:
     """v2's launch knobs (R rows per SIMD group, NSIMD SIMD groups per threadgroup) where they
-    fit in threadgroup memory, then v3's (V3_SWEEP, variant 'v3 R.-NSIMD.-P.-G.')."""
+    fit in threadgroup memory, then v3's (V3_SWEEP, variant 'v3 R.-NSIMD.-P.-G.'), then qmm's
+    (QMM_SWEEP, at 16, 32 and 64 rows)."""
     from kernels.gemv import SMEM_BUDGET, gemv_v2, gemv_v3, v2_smem_bytes
 
     def v2_settings(qtype):
@@ -1023,7 +1062,7 @@ def sweep_cases() -> list[BenchCase]:
         return [("v3 R{rows}-NSIMD{simds}-P{depth}-G{max_groups}".format(**knobs), knobs) for knobs in V3_SWEEP]
 
     return (_sweep(gemv_v2, _weights_once, v2_settings) + _sweep(gemv_v3, _packed_once, v3_settings)
-            + _sweep(gemv_v3, _packed_once, v3_settings, K_SWEEP_SHAPES))
+            + _sweep(gemv_v3, _packed_once, v3_settings, K_SWEEP_SHAPES) + _qmm_sweep())
 
 
 def plots(df: pd.DataFrame, out_dir: Path, peak_gbs: float) -> list[Path]:
