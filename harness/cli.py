@@ -47,58 +47,34 @@ def _no_gpu_notice() -> None:
     print(f"{NoGpuBackend()}\nRunning the reference checks only.", flush=True)
 
 
-def _print_check_rows(results) -> None:
-    if not results:
+def _print_check_rows(rows: list[dict]) -> None:
+    if not rows:
         print("(no case of this family runs without a GPU)")
         return
-    rows = [
-        dict(kernel=r.case.kernel, variant=r.case.variant,
-             shape=" ".join(f"{k}={v}" for k, v in r.case.shape.items()),
-             rel_err=f"{r.worst:.2e}" if r.comparisons else "-",
-             result="pass" if r.passed else f"FAIL {r.failures()}")
-        for r in results
-    ]
     with pd.option_context("display.max_rows", None, "display.max_colwidth", 200, "display.width", 250):
-        print(pd.DataFrame(rows).to_string(index=False))
-
-
-def _one_of_each(cases: list) -> list:
-    """The first case of each (kernel, variant): `lathe check --quick`, a smoke run of every
-    kernel path on short inputs."""
-    seen, kept = set(), []
-    for case in cases:
-        if (case.kernel, case.variant) not in seen:
-            seen.add((case.kernel, case.variant))
-            kept.append(case)
-    return kept
+        print(pd.DataFrame(rows).drop(columns=["passed"]).to_string(index=False))
 
 
 def cmd_check(family: str | None, seed: int | None, match: str | None, quick: bool = False,
-              shard: tuple[int, int] | None = None) -> int:
-    from harness.check import run_case
-    from harness.progress import progress
+              shard: tuple[int, int] | None = None, jobs: int | None = None) -> int:
+    """Each family's cases against their float64 references, a row each, in `jobs` processes
+    (harness.main_job.run_checks: the references run on the host, a core a process; default: the
+    host's cores up to 8 with a GPU, one without or for a --shard, whose processes are the caller's)."""
+    from harness import main_job
     from harness.suites import select
     from kernels.runtime import has_gpu
 
     print(_backend_line())
     if not has_gpu():
         _no_gpu_notice()
-    failed = 0
-    for fam in select(family):
-        cases = list(fam.reference_cases())
-        if has_gpu():
-            cases += _one_of_each(fam.check_cases(small=True)) if quick else fam.check_cases()
-        if match:
-            cases = [c for c in cases if matches(c.id, match)]
-        if shard:
-            cases = cases[shard[0]::shard[1]]
-        began = time.perf_counter()
-        results = [run_case(c, seed) for c in progress(cases, len(cases), f"check {fam.name}")]
-        _print_check_rows(results)
-        bad = sum(not r.passed for r in results)
-        print(f"{fam.name}: {len(results) - bad} passed, {bad} failed ({time.perf_counter() - began:.1f} s)")
-        failed += bad
-    return 1 if failed else 0
+    jobs = jobs or (1 if shard else main_job.default_jobs(has_gpu()))
+    began = time.perf_counter()
+    checks = main_job.run_checks(has_gpu(), jobs, seed, [f.name for f in select(family)], quick, match, shard)
+    for name, chk in checks.items():
+        _print_check_rows(chk.rows)
+        print(f"{name}: {chk.passed} passed, {len(chk.failures)} failed")
+    print(f"check: {time.perf_counter() - began:.1f} s in {jobs} process{'es' * (jobs > 1)}")
+    return 1 if any(chk.failures for chk in checks.values()) else 0
 
 
 def _peak():
@@ -411,6 +387,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="a smoke run: one case of each kernel and variant, on short inputs")
     check.add_argument("--shard", type=shard_spec, metavar="I/N", default=None,
                        help="every N-th case from the I-th of the selection (N processes run one check)")
+    check.add_argument("-j", "--jobs", dest="check_jobs", type=int, default=None, metavar="N",
+                       help="run the cases in N worker processes, a case at a time (the float64 references "
+                            "run on the host, a core a process); default: the host's cores up to 8 with a GPU, "
+                            "1 without or with --shard")
     bench = sub.add_parser("bench", parents=[debug, opts], help="benchmarks, CSV and plots under results/<device>/")
     bench.add_argument("family", nargs="?")
     bench.add_argument("--quick", action="store_true", help="fewer sizes")
@@ -629,7 +609,7 @@ def _run(args: argparse.Namespace) -> int:
         print("set with --set NAME=VALUE[,...] (decode, bench, check) or LATHE_SET / LATHE_<NAME> in the environment")
         return 0
     if args.command == "check":
-        return cmd_check(args.family, args.seed, args.match, args.quick, args.shard)
+        return cmd_check(args.family, args.seed, args.match, args.quick, args.shard, args.check_jobs)
     if args.command == "bench":
         return cmd_bench(args.family, args.quick, args.repeats, args.write, args.sweep, args.match)
     if args.command == "decode" and args.show_plan:

@@ -37,6 +37,7 @@ DEFAULT_MODEL = ("tiny-llama", "q8_0")
 class FamilyCheck:
     passed: int = 0
     failures: list[str] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # `lathe check`'s rows, in the cases' order
 
 
 @dataclass
@@ -49,58 +50,95 @@ class Report:
 
 
 # ---- stage 1: the checks in worker processes ------------------------------------------------------
-_CASES: dict[str, list] = {}  # a worker's case lists, by family, built once
+_CASES: dict[tuple, list] = {}  # a process's case lists, by (family, gpu, quick), built once
 
 
-def _family_cases(family: str, gpu: bool) -> list:
-    """A family's cases as `lathe check` takes them: the references' own, then (a GPU) the kernels'."""
-    if family not in _CASES:
+def family_cases(family: str, gpu: bool, quick: bool = False) -> list:
+    """A family's cases as `lathe check` takes them: the references' own, then (a GPU) the
+    kernels' (quick: the first of each kernel and variant on short inputs)."""
+    key = (family, gpu, quick)
+    if key not in _CASES:
         from harness.suites import select
 
         fam = select(family)[0]
-        _CASES[family] = list(fam.reference_cases()) + (fam.check_cases() if gpu else [])
-    return _CASES[family]
+        cases = list(fam.reference_cases())
+        if gpu:
+            cases += one_of_each(fam.check_cases(small=True)) if quick else fam.check_cases()
+        _CASES[key] = cases
+    return _CASES[key]
 
 
-def _run_one(family: str, index: int, gpu: bool, seed: int | None) -> tuple[str, bool, str]:
-    """One case (in a worker): (its label, passed, what failed)."""
+def one_of_each(cases: list) -> list:
+    """The first case of each (kernel, variant): `lathe check --quick`, a smoke run of every
+    kernel path on short inputs."""
+    seen, kept = set(), []
+    for case in cases:
+        if (case.kernel, case.variant) not in seen:
+            seen.add((case.kernel, case.variant))
+            kept.append(case)
+    return kept
+
+
+def _run_one(family: str, index: int, gpu: bool, quick: bool, seed: int | None) -> dict:
+    """One case (in a worker): its row as `lathe check` prints it, and whether it passed."""
     from harness.check import run_case
 
-    case = _family_cases(family, gpu)[index]
-    result = run_case(case, seed)
-    label = f"{case.kernel} [{case.variant}] " + " ".join(f"{k}={v}" for k, v in case.shape.items())
-    return label, result.passed, "" if result.passed else result.failures()
+    case = family_cases(family, gpu, quick)[index]
+    r = run_case(case, seed)
+    return dict(kernel=case.kernel, variant=case.variant, shape=" ".join(f"{k}={v}" for k, v in case.shape.items()),
+                rel_err=f"{r.worst:.2e}" if r.comparisons else "-",
+                result="pass" if r.passed else f"FAIL {r.failures()}", passed=r.passed)
+
+
+def _worker_options(values: dict) -> None:
+    """A worker's experiment options: the parent's (`--set`), before its first launch."""
+    from kernels import options
+
+    options.set_options(values)
 
 
 def default_jobs(gpu: bool) -> int:
     return max(1, min(os.cpu_count() or 1, MAX_JOBS)) if gpu else 1
 
 
-def run_checks(gpu: bool, jobs: int, seed: int | None = None, families: list[str] | None = None) -> dict[str, FamilyCheck]:
-    """Every case of every family (or `families`), in `jobs` processes (1: this one)."""
+def run_checks(gpu: bool, jobs: int, seed: int | None = None, families: list[str] | None = None,
+               quick: bool = False, match: str | None = None,
+               shard: tuple[int, int] | None = None) -> dict[str, FamilyCheck]:
+    """Every selected case of every family (or `families`) in `jobs` processes (1: this one),
+    taken one at a time; each family's rows in its cases' order. match, shard: `lathe check`'s."""
+    from harness.cli import matches
     from harness.suites import select
+    from kernels import options
 
     names = families or [f.name for f in select(None)]
-    work = [(name, i) for name in names for i in range(len(_family_cases(name, gpu)))]
+    work = []
+    for name in names:
+        picked = [i for i, c in enumerate(family_cases(name, gpu, quick)) if match is None or matches(c.id, match)]
+        work += [(name, i) for i in (picked[shard[0]::shard[1]] if shard else picked)]
     out = {name: FamilyCheck() for name in names}
+    rows: dict[tuple[str, int], dict] = {}
     if jobs == 1:
-        results = (_run_one(name, i, gpu, seed) for name, i in work)
-        done = zip(work, results)
+        done = ((item, _run_one(*item, gpu, quick, seed)) for item in work)
     else:
         # spawn, not fork: a forked child of a process that has touched the GPU inherits a context it cannot use
-        pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
-        futures = {pool.submit(_run_one, name, i, gpu, seed): (name, i) for name, i in work}
+        pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                      initializer=_worker_options, initargs=(options.changed(),))
+        futures = {pool.submit(_run_one, *item, gpu, quick, seed): item for item in work}
         done = ((futures[f], f.result()) for f in concurrent.futures.as_completed(futures))
     try:
-        for (name, _), (label, passed, why) in progress(done, len(work), f"check ({jobs} process{'es' * (jobs > 1)})",
-                                                         every=15.0):
-            if passed:
-                out[name].passed += 1
-            else:
-                out[name].failures.append(f"{label}: {why}")
+        label = f"check ({jobs} process{'es' * (jobs > 1)})"
+        for item, row in progress(done, len(work), label, every=15.0):
+            rows[item] = row
     finally:
         if jobs > 1:
             pool.shutdown(cancel_futures=True)
+    for name, i in work:
+        row = rows[name, i]
+        out[name].rows.append(row)
+        if row["passed"]:
+            out[name].passed += 1
+        else:
+            out[name].failures.append(f"{row['kernel']} [{row['variant']}] {row['shape']}: {row['result'][5:]}")
     return out
 
 

@@ -13,6 +13,16 @@ def test_the_checks_in_two_processes_count_what_one_process_counts():
     two = main_job.run_checks(gpu=False, jobs=2, seed=3)
     assert {n: (c.passed, c.failures) for n, c in one.items()} == {n: (c.passed, c.failures) for n, c in two.items()}
     assert sum(c.passed for c in one.values()) > 0 and not any(c.failures for c in one.values())
+    # the rows of each family in its cases' order, whichever process ran them
+    assert [[r["shape"] for r in c.rows] for c in one.values()] == [[r["shape"] for r in c.rows] for c in two.values()]
+
+
+def test_a_selection_and_a_shard_take_the_cases_check_takes():
+    every = main_job.run_checks(gpu=False, jobs=1, families=["rope"])["rope"].rows
+    picked = main_job.run_checks(gpu=False, jobs=1, families=["rope"], match="head_dim=64")["rope"].rows
+    assert picked and all("head_dim=64" in r["shape"] for r in picked) and len(picked) < len(every)
+    halves = [main_job.run_checks(gpu=False, jobs=1, families=["rope"], shard=(i, 2))["rope"].rows for i in (0, 1)]
+    assert sorted(r["kernel"] + r["shape"] for h in halves for r in h) == sorted(r["kernel"] + r["shape"] for r in every)
 
 
 def test_a_failing_case_is_named_in_the_summary(monkeypatch):
@@ -24,9 +34,10 @@ def test_a_failing_case_is_named_in_the_summary(monkeypatch):
 
     cases = [CheckCase("rope", "rope_demo", "fused", dict(N=7), wrong, needs_gpu=False),
              CheckCase("rope", "rope_demo", "unfused", dict(N=9), broken, needs_gpu=False)]
-    monkeypatch.setitem(main_job._CASES, "rope", cases)
+    monkeypatch.setitem(main_job._CASES, ("rope", False, False), cases)
     report = main_job.Report(checks=main_job.run_checks(gpu=False, jobs=1, families=["rope"]))
     assert report.checks["rope"].passed == 0 and len(report.checks["rope"].failures) == 2
+    assert [r["result"].startswith("FAIL") for r in report.checks["rope"].rows] == [True, True]
     text = main_job.summary(report, gpu=False)
     assert "0 passed, 2 failed" in text
     assert "FAIL rope: rope_demo [fused] N=7" in text and "ValueError: no such shape" in text
