@@ -133,3 +133,8 @@ def _release_cached_buffers() -> None:
     import mlx.core as mx
 
     mx.clear_cache()
+
+
+def matches(text: str, match: str) -> bool:
+    """-k's selection: `match` is in `text`, or one of its '|'-separated alternatives is."""
+    return any(part in text for part in match.split("|"))

@@ -26,25 +26,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.check import matches
+from harness.results import backend_line, no_gpu_notice
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _backend_line() -> str:
-    import mlx.core as mx
-
-    from kernels.runtime import backend, device_name
-
-    from kernels import options
-
-    changed = options.describe()
-    return (f"lathe: mlx {mx.__version__}, backend {backend()}, device {device_name()}"
-            + (f", options {changed}" if changed else ""))
-
-
-def _no_gpu_notice() -> None:
-    from kernels.runtime import NoGpuBackend
-
-    print(f"{NoGpuBackend()}\nRunning the reference checks only.", flush=True)
 
 
 def _print_check_rows(rows: list[dict]) -> None:
@@ -64,9 +49,9 @@ def cmd_check(family: str | None, seed: int | None, match: str | None, quick: bo
     from harness.suites import select
     from kernels.runtime import has_gpu
 
-    print(_backend_line())
+    print(backend_line())
     if not has_gpu():
-        _no_gpu_notice()
+        no_gpu_notice()
     jobs = jobs or (1 if shard else main_job.default_jobs(has_gpu()))
     began = time.perf_counter()
     checks = main_job.run_checks(has_gpu(), jobs, seed, [f.name for f in select(family)], quick, match, shard)
@@ -107,11 +92,6 @@ def shard_spec(text: str) -> tuple[int, int]:
     if not 0 <= index < count:
         raise argparse.ArgumentTypeError(f"--shard {text!r}: I must be at least 0 and below N")
     return index, count
-
-
-def matches(text: str, match: str) -> bool:
-    """-k's selection: `match` is in `text`, or one of its '|'-separated alternatives is."""
-    return any(part in text for part in match.split("|"))
 
 
 def cmd_compile_metal(family: str | None, match: str | None = None) -> int:
@@ -243,7 +223,7 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     from harness.results import append_rows, read_results, results_dir, run_metadata
     from kernels.runtime import device_name, has_gpu
 
-    print(_backend_line())
+    print(backend_line())
     bench = None
     if peer is not None:
         if peer not in PEERS:
@@ -310,9 +290,9 @@ def cmd_peak(write: bool = True):
     from harness.results import append_rows, results_dir, run_metadata
     from kernels.runtime import backend, device_name, has_gpu
 
-    print(_backend_line())
+    print(backend_line())
     if not has_gpu():
-        _no_gpu_notice()
+        no_gpu_notice()
         return None
     peak = _peak()
     if write:
@@ -331,8 +311,8 @@ def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool, sweep:
     from kernels.runtime import backend, device_name, has_gpu
 
     if not has_gpu():
-        print(_backend_line())
-        _no_gpu_notice()
+        print(backend_line())
+        no_gpu_notice()
         return cmd_check(family, None, None)
     peak = cmd_peak(write)
     meta = run_metadata()
@@ -480,7 +460,7 @@ def cmd_text(model: str, qtype: str, text: str, gen: int, variant: str, seed: in
     from harness.program.models import file_type_name, load_gguf
     from harness.program.tokenizer import load_tokenizer
 
-    print(_backend_line())
+    print(backend_line())
     path = model_file(model, qtype, seed)
     tok = load_tokenizer(path)
     m = load_gguf(path)
@@ -515,7 +495,7 @@ def cmd_quality(model: str, qtype: str, text: str, n_ctx: int, n_chunks: int | N
     from harness.program.tokenizer import load_tokenizer
     from kernels.runtime import backend, device_name, has_gpu
 
-    print(_backend_line())
+    print(backend_line())
     path, source = model_file(model, qtype, seed), quality.text_path(text)
     tok, m = load_tokenizer(path), load_gguf(path)
     tokens = tok.encode(source.read_text(encoding="utf-8", errors="replace"))
@@ -637,7 +617,7 @@ def _run(args: argparse.Namespace) -> int:
     # decode of the embedded default model, and a summary (harness.main_job)
     from harness import main_job
 
-    return main_job.run(args.jobs, args.full)
+    return main_job.run(args.jobs, args.full, bench=cmd_bench, decode=cmd_decode)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -106,7 +105,7 @@ def run_checks(gpu: bool, jobs: int, seed: int | None = None, families: list[str
                shard: tuple[int, int] | None = None) -> dict[str, FamilyCheck]:
     """Every selected case of every family (or `families`) in `jobs` processes (1: this one),
     taken one at a time; each family's rows in its cases' order. match, shard: `lathe check`'s."""
-    from harness.cli import matches
+    from harness.check import matches
     from harness.suites import select
     from kernels import options
 
@@ -143,11 +142,10 @@ def run_checks(gpu: bool, jobs: int, seed: int | None = None, families: list[str
 
 
 # ---- stage 2: peak and benchmarks ---------------------------------------------------------------------
-def run_bench(full: bool, report: Report) -> None:
-    from harness.cli import cmd_bench
-
+def run_bench(full: bool, report: Report, bench) -> None:
+    """`bench`: cli.cmd_bench (given by the CLI, which this module does not import)."""
     collected: dict = {}
-    cmd_bench(None, quick=not full, repeats=7, write=True, report=collected)
+    bench(None, quick=not full, repeats=7, write=True, report=collected)
     for family, (rows, paths) in collected.items():
         report.bench[family] = rows
         report.written += [str(p) for p in paths]
@@ -169,14 +167,14 @@ def bench_summary(rows: list[dict]) -> tuple[float | None, float | None]:
 
 
 # ---- stage 3 and the summary -----------------------------------------------------------------------------
-def run_decode(gpu: bool, report: Report) -> int:
-    from harness.cli import cmd_decode
+def run_decode(gpu: bool, report: Report, decode) -> int:
+    """`decode`: cli.cmd_decode."""
     from harness.peers import find_llama_bench
 
     model, qtype = DEFAULT_MODEL
     variants = "reference,unfused,fused,megafused" if gpu else "reference"
     peer = "llama.cpp" if gpu and find_llama_bench() else None
-    return cmd_decode(model, qtype, 16, 32, 0, mode="compiled-pipelined" if gpu else "step", variant=variants,
+    return decode(model, qtype, 16, 32, 0, mode="compiled-pipelined" if gpu else "step", variant=variants,
                       peer=peer, out_rows=report.decode)
 
 
@@ -208,14 +206,15 @@ def summary(report: Report, gpu: bool) -> str:
     return "\n".join(lines)
 
 
-def run(jobs: int | None = None, full: bool = False, seed: int | None = None) -> int:
-    from harness.cli import _backend_line, _no_gpu_notice
+def run(jobs: int | None = None, full: bool = False, seed: int | None = None, *, bench, decode) -> int:
+    """The main job; `bench` and `decode` are the CLI's commands (cli.cmd_bench, cli.cmd_decode)."""
+    from harness.results import backend_line, no_gpu_notice
     from kernels.runtime import has_gpu
 
     gpu = has_gpu()
-    print(_backend_line(), flush=True)
+    print(backend_line(), flush=True)
     if not gpu:
-        _no_gpu_notice()
+        no_gpu_notice()
     report = Report()
     jobs = jobs or default_jobs(gpu)
     began = time.perf_counter()
@@ -224,14 +223,11 @@ def run(jobs: int | None = None, full: bool = False, seed: int | None = None) ->
     status = 1 if any(c.failures for c in report.checks.values()) else 0
     if gpu:
         began = time.perf_counter()
-        run_bench(full, report)
+        run_bench(full, report, bench)
         report.seconds["bench"] = time.perf_counter() - began
     began = time.perf_counter()
-    status |= run_decode(gpu, report)
+    status |= run_decode(gpu, report, decode)
     report.seconds["decode"] = time.perf_counter() - began
     print(summary(report, gpu), flush=True)
     return status
 
-
-if __name__ == "__main__":
-    sys.exit(run())

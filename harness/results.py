@@ -206,3 +206,21 @@ def read_results(path: str | Path) -> pd.DataFrame:
         header = next(csv.reader(f), [])
     dtypes = {c: str for c in _TEXT_COLUMNS if c in header}
     return pd.read_csv(path, dtype=dtypes)
+
+
+def backend_line() -> str:
+    """The first line every command prints: MLX, its backend and device, the options set."""
+    import mlx.core as mx
+
+    from kernels import options
+    from kernels.runtime import backend, device_name
+
+    changed = options.describe()
+    return (f"lathe: mlx {mx.__version__}, backend {backend()}, device {device_name()}"
+            + (f", options {changed}" if changed else ""))
+
+
+def no_gpu_notice() -> None:
+    from kernels.runtime import NoGpuBackend
+
+    print(f"{NoGpuBackend()}\nRunning the reference checks only.", flush=True)
