@@ -1010,9 +1010,10 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
     [dict(rows=2, simds=4, depth=4, max_groups=g) for g in (264, 528, 1056)]
 
 
-# qmm's knobs: NB blocks of 8 rows a SIMD group, WN SIMD groups across rows, WK along K; at a short
-# prompt's row counts on the 8B's O, gate+up and down shapes
-QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk) for nb in (1, 2, 4) for wn in (1, 2, 4) for wk in (1, 2, 4) if wn * wk >= 2]
+# qmm's knobs: NB blocks of 8 rows a SIMD group, WN SIMD groups across rows, WK along K (3: M = 64's
+# pieces of 3 super-chunks shared evenly); at a short prompt's row counts on the 8B's O, gate+up
+# and down shapes
+QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk) for nb in (1, 2, 4) for wn in (1, 2, 4) for wk in (1, 2, 3, 4) if wn * wk >= 2]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336))
 
 
