@@ -324,3 +324,64 @@ def test_a_pair_refuses_what_one_launch_cannot_hold(qtype, qtype_b, k_b, extra, 
     assert rec.jobs == []
     with pytest.raises(ValueError, match="repacked weights only"):
         gemv.rmsnorm_gemv(x16(), mx.ones((K,), mx.float16), 1e-5, w8(N * 36), "q4_0", N, K, w_b=_zero_packed("q4_0", N, K))
+
+
+def test_the_qmm_sweep_times_each_knob_that_fits():
+    """`lathe bench gemv --sweep`'s qmm rows (no GPU needed to list them): every NB, WN, WK of
+    QMM_SWEEP at each shape and row count, but those past the threadgroup memory, which the
+    geometry refuses by name."""
+    from harness.suites.gemv import QMM_SWEEP, QMM_SWEEP_SHAPES, _qmm_sweep
+    from kernels.gemv import qmm_geometry
+
+    cases = _qmm_sweep()
+    assert len({c.label for c in cases}) == len(cases)
+    for _, n, k in QMM_SWEEP_SHAPES:
+        for m in (16, 32, 64):
+            fit = []
+            for knobs in QMM_SWEEP:
+                try:
+                    qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"])
+                    fit.append("qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs))
+                except ValueError as err:
+                    assert "threadgroup memory" in str(err)
+            listed = [c.variant for c in cases if (c.shape["M"], c.shape["N"], c.shape["K"]) == (m, n, k)]
+            assert listed == fit and len(fit) > len(QMM_SWEEP) // 2
+
+
+@pytest.mark.parametrize("m, qmm_on, launched", [
+    (3, True, ("lathe_gemv_v3",)),  # a decode's rows: the GEMV
+    (5, True, ("lathe_qmm",)), (32, True, ("lathe_qmm",)),  # a short prompt's: the quantized GEMM
+    (33, True, ("lathe_dequantize",)),  # past QMM_UP_TO: dequantize + MLX's matmul
+    (20, False, ("lathe_dequantize",)), (9, False, ("lathe_gemv_v3",) * 3)])  # the option off: as before
+def test_linear_takes_qmm_for_a_short_prompts_rows(m, qmm_on, launched):
+    """linear() on repacked weights: the GEMV up to 4 rows, qmm from 5 to QMM_UP_TO (prompt_qmm),
+    the earlier paths past it or with the option off. Recorded, not run."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    w = _zero_packed("q4_k", 4104, 4096)  # rows not a whole threadgroup's
+    x = mx.zeros((m, 4096), mx.float16)
+    with options.use(prompt_qmm=qmm_on), recording() as rec:
+        y = gemv.linear(x, w, "q4_k", 4104, 4096, residual=mx.zeros((m, 4104), mx.float16))
+    assert tuple(y.shape) == (m, 4104)
+    assert tuple(j.spec.name.removesuffix("_residual") for j in rec.jobs) == launched
+    if launched == ("lathe_qmm",):
+        (job,) = rec.jobs
+        mp, nb, wn, wk, kc = gemv.qmm_geometry(m, 4104, 4096)
+        assert job.spec.name == "lathe_qmm_residual" and (job.constants["MP"], job.constants["KC"]) == (mp, kc)
+        assert job.grid[0] == -(-4104 // (8 * nb * wn)) * 32 * wn * wk
+
+
+def test_qmm_refuses_what_it_does_not_take():
+    """Before any launch: more than QMM_MAX_M rows, GGUF blocks, an unknown knob, a residual of
+    another shape."""
+    w = _zero_packed("q8_0", 64, 256)
+    x = mx.zeros((8, 256), mx.float16)
+    with pytest.raises(ValueError, match="M in 1..64"):
+        gemv.qmm(mx.zeros((65, 256), mx.float16), w, "q8_0", 64, 256)
+    with pytest.raises(ValueError, match="repacked"):
+        gemv.qmm(x, mx.zeros((64, 8 * 34), mx.uint8), "q8_0", 64, 256)
+    with pytest.raises(ValueError, match="unknown launch knobs"):
+        gemv.qmm(x, w, "q8_0", 64, 256, rows=2)
+    with pytest.raises(ValueError, match="residual"):
+        gemv.qmm(x, w, "q8_0", 64, 256, residual=mx.zeros((8, 63), mx.float16))
