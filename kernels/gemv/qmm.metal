@@ -1,8 +1,8 @@
 // Quantized GEMM for a few rows of X: Y[M, N] = X[M, K] @ W^T (+ residual), M up to 64, W repacked
 // (kernels.gemv.repack: the decode loop's one copy of the weights, any v3 block type), on
 // SIMD-group matrices (the tensor cores on CUDA: one m16n8k16 a paired product). A short prompt's
-// projections: the GEMVs read W once a 4 rows of X, dequantize + MLX's matmul writes and reads an
-// fp16 copy of W; here W is read once for all M rows and decoded in registers.
+// projections: GEMV launches read W once for every 4 rows of X, dequantize + MLX's matmul writes and
+// reads an fp16 copy of W; here W is read once for all M rows and decoded in registers.
 //
 // The K order inside a product is free, so each lane decodes whole chunks of 32 weights: in a
 // paired product (k16: two 8x8 k blocks), the lane that holds B's k slots c, c + 1 (its column
