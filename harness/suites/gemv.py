@@ -1011,9 +1011,11 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
 
 
 # qmm's knobs: NB blocks of 8 rows a SIMD group, WN SIMD groups across rows, WK along K (3: M = 64's
-# pieces of 3 super-chunks shared evenly); at a short prompt's row counts on the 8B's O, gate+up
-# and down shapes
-QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk) for nb in (1, 2, 4) for wn in (1, 2, 4) for wk in (1, 2, 3, 4) if wn * wk >= 2]
+# pieces of 3 super-chunks shared evenly; 6 and 8: more of a threadgroup's weights in flight at
+# once, where a 4096-row matrix gives each SM about one threadgroup of 32 rows); at a short
+# prompt's row counts on the 8B's O, gate+up and down shapes
+QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk) for nb in (1, 2, 4) for wn in (1, 2, 4) for wk in (1, 2, 3, 4, 6, 8)
+             if 2 <= wn * wk <= 16]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336))
 
 
