@@ -89,6 +89,18 @@ def _run_one(family: str, index: int, gpu: bool, quick: bool, seed: int | None) 
                 result="pass" if r.passed else f"FAIL {r.failures()}", passed=r.passed)
 
 
+def _result(future, family: str, index: int, gpu: bool, quick: bool) -> dict:
+    """A worker's row, or a failed row where the worker died (a GPU fault ends its process, and
+    the pool's: every case not yet done fails with the reason, the others' rows stand)."""
+    try:
+        return future.result()
+    except Exception as exc:  # noqa: BLE001 - reported as the case's failure, the run goes on
+        case = family_cases(family, gpu, quick)[index]
+        return dict(kernel=case.kernel, variant=case.variant,
+                    shape=" ".join(f"{k}={v}" for k, v in case.shape.items()), rel_err="-",
+                    result=f"FAIL {type(exc).__name__}: {exc}", passed=False)
+
+
 def _worker_options(values: dict) -> None:
     """A worker's experiment options: the parent's (`--set`), before its first launch."""
     from kernels import options
@@ -123,7 +135,7 @@ def run_checks(gpu: bool, jobs: int, seed: int | None = None, families: list[str
         pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                                       initializer=_worker_options, initargs=(options.changed(),))
         futures = {pool.submit(_run_one, *item, gpu, quick, seed): item for item in work}
-        done = ((futures[f], f.result()) for f in concurrent.futures.as_completed(futures))
+        done = ((futures[f], _result(f, *futures[f], gpu, quick)) for f in concurrent.futures.as_completed(futures))
     try:
         label = f"check ({jobs} process{'es' * (jobs > 1)})"
         for item, row in progress(done, len(work), label, every=15.0):

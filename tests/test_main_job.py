@@ -53,3 +53,17 @@ def test_the_bench_summary_takes_the_best_and_the_median_unfused_over_fused():
     assert best == 88.5
     assert np.isclose(ratio, np.median([15.0 / 10.0, 50.0 / 20.0]))
     assert main_job.bench_summary([]) == (None, None)
+
+
+def test_a_dead_worker_fails_its_cases_by_name():
+    """A GPU fault ends a worker (and the pool): each case it leaves undone is a failed row with
+    the reason, not a traceback that loses the rows already done."""
+    import concurrent.futures
+    from concurrent.futures.process import BrokenProcessPool
+
+    done = concurrent.futures.Future()
+    done.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+    row = main_job._result(done, "rope", 0, gpu=False, quick=False)
+    case = main_job.family_cases("rope", False)[0]
+    assert not row["passed"] and row["kernel"] == case.kernel
+    assert row["result"] == "FAIL BrokenProcessPool: a child process terminated abruptly"
