@@ -32,6 +32,8 @@ def test_prompts_share_whole_blocks_of_a_common_prefix():
     pool = KVPool(16, 4)
     system = [7, 7, 1, 2, 3, 4, 5, 6]  # two whole blocks
     a = pool.add("a", system + [10, 11])
+    assert pool.add("early", system + [30]).prefilled == 0  # a's rows are not written yet
+    pool.computed("a", 10)  # a step ran a's prompt
     b = pool.add("b", system + [20])
     assert b.table[:2] == a.table[:2] and b.prefilled == 8 and a.prefilled == 0
     assert pool.refs[a.table[0]] == 2 and b.table[2] != a.table[2]
@@ -40,7 +42,7 @@ def test_prompts_share_whole_blocks_of_a_common_prefix():
     d = pool.add("d", system)  # a prompt that ends on a block edge: its last block is not shared
     assert d.table[0] == a.table[0] and d.table[1] != a.table[1] and d.prefilled == 4
     pool.check()
-    for s in "abcd":
+    for s in ("a", "b", "c", "d", "early"):
         pool.finish(s)
     pool.check()
     assert pool.free_blocks == 16
@@ -50,6 +52,7 @@ def test_a_fork_copies_the_shared_last_block_before_writing():
     pool = KVPool(8, 4)
     rows = Rows(pool)
     rows.write("p", 0, [1, 2, 3, 4, 5], pool.add("p", [1, 2, 3, 4, 5]))
+    pool.computed("p", 5)
     pool.fork("p", "c")
     placed = pool.append("c", 6)
     assert placed.copies == [(pool.table("p")[1], placed.table[1])] and placed.table[0] == pool.table("p")[0]
@@ -98,6 +101,7 @@ def test_ten_thousand_random_arrivals_forks_tokens_and_finishes():
                     list(rng.integers(0, 50, rng.integers(1, 10)))
                 placed = pool.add(next_id, prompt)
                 rows.write(next_id, placed.prefilled, prompt[placed.prefilled:], placed)
+                pool.computed(next_id, len(prompt))
                 shared_rows += placed.prefilled
                 want[next_id] = prompt
                 next_id += 1
@@ -112,6 +116,7 @@ def test_ten_thousand_random_arrivals_forks_tokens_and_finishes():
                 placed = pool.append(s, tok)
                 copies += len(placed.copies)
                 rows.write(s, len(want[s]), [tok], placed)
+                pool.computed(s, len(want[s]) + 1)
                 want[s].append(tok)
             else:  # a finish
                 s = live[rng.integers(len(live))]

@@ -4,7 +4,8 @@
 - A sequence's prompt takes the blocks of any earlier sequence whose prompt began with the same
   whole blocks of tokens (a block's identity is its tokens and everything before them: a hash
   chain, as vLLM's prefix caching keys blocks), so a shared system prompt is stored once; only the
-  rest is written, and `prefilled` says from which token.
+  rest is written, and `prefilled` says from which token. A block is findable once the caller
+  says its rows are written (`computed`), not when they are reserved.
 - `fork` gives a child every block of its parent (parallel sampling, a branch of a conversation).
 - A block is written only while one table holds it: appending into a shared, partly filled block
   first copies it (copy on write), and the caller copies those rows on the device.
@@ -43,6 +44,7 @@ class _Seq:
     length: int  # tokens written
     chain: list[int]  # the hash of each whole block, in order (a block's tokens and all before them)
     tail: list[int]  # the tokens of the last block while it is not whole
+    published: int = 0  # whole blocks findable by their tokens: those whose rows are written
 
 
 class KVPool:
@@ -105,9 +107,7 @@ class KVPool:
             self.refs[blk] += 1
         for _ in range(fresh):
             table.append(self._take())
-        for b in range(len(shared), whole):  # the new whole blocks become findable
-            self._publish(table[b], chain[b])
-        self.seqs[seq] = _Seq(table, len(prompt), chain, list(prompt[whole * self.block_size:]))
+        self.seqs[seq] = _Seq(table, len(prompt), chain, list(prompt[whole * self.block_size:]), len(shared))
         return Placement(list(table), prefilled=len(shared) * self.block_size)
 
     def append(self, seq, token: int) -> Placement:
@@ -129,11 +129,20 @@ class KVPool:
             copies.append((old, new))
         s.length += 1
         s.tail.append(token)
-        if len(s.tail) == self.block_size:  # the last block is whole: findable by its tokens
+        if len(s.tail) == self.block_size:  # whole: findable once its rows are written (computed)
             s.chain.append(hash((s.chain[-1] if s.chain else 0, tuple(s.tail))))
-            self._publish(s.table[-1], s.chain[-1])
             s.tail = []
         return Placement(list(s.table), copies=copies)
+
+    def computed(self, seq, rows: int) -> None:
+        """The sequence's first `rows` rows are written (a step ran them): its whole blocks among
+        them become findable by later prompts. A block is not shared before its rows exist: a
+        prompt admitted beside the one that writes them would read rows not yet written."""
+        s = self._seq(seq)
+        whole = min(rows, s.length) // self.block_size
+        for b in range(s.published, whole):
+            self._publish(s.table[b], s.chain[b])
+        s.published = max(s.published, whole)
 
     def fork(self, parent, child) -> Placement:
         """The child holds every block of the parent (none copied until one of them writes into a
@@ -143,7 +152,7 @@ class KVPool:
             raise PoolError(f"sequence {child!r} is already in the pool")
         for blk in p.table:
             self.refs[blk] += 1
-        self.seqs[child] = _Seq(list(p.table), p.length, list(p.chain), list(p.tail))
+        self.seqs[child] = _Seq(list(p.table), p.length, list(p.chain), list(p.tail), p.published)
         return Placement(list(p.table))
 
     def finish(self, seq) -> None:
