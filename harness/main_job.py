@@ -34,9 +34,16 @@ DEFAULT_MODEL = ("tiny-llama", "q8_0")
 
 @dataclass
 class FamilyCheck:
-    passed: int = 0
-    failures: list[str] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)  # `lathe check`'s rows, in the cases' order
+
+    @property
+    def passed(self) -> int:
+        return sum(row["passed"] for row in self.rows)
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{row['kernel']} [{row['variant']}] {row['shape']}: {row['result'].removeprefix('FAIL ')}"
+                for row in self.rows if not row["passed"]]
 
 
 @dataclass
@@ -78,15 +85,19 @@ def one_of_each(cases: list) -> list:
     return kept
 
 
+def _row(case, passed: bool, rel_err: str, why: str = "") -> dict:
+    """A case's row as `lathe check` prints it, and whether it passed."""
+    return dict(kernel=case.kernel, variant=case.variant, shape=" ".join(f"{k}={v}" for k, v in case.shape.items()),
+                rel_err=rel_err, result="pass" if passed else f"FAIL {why}", passed=passed)
+
+
 def _run_one(family: str, index: int, gpu: bool, quick: bool, seed: int | None) -> dict:
-    """One case (in a worker): its row as `lathe check` prints it, and whether it passed."""
+    """One case (in a worker): its row."""
     from harness.check import run_case
 
     case = family_cases(family, gpu, quick)[index]
     r = run_case(case, seed)
-    return dict(kernel=case.kernel, variant=case.variant, shape=" ".join(f"{k}={v}" for k, v in case.shape.items()),
-                rel_err=f"{r.worst:.2e}" if r.comparisons else "-",
-                result="pass" if r.passed else f"FAIL {r.failures()}", passed=r.passed)
+    return _row(case, r.passed, f"{r.worst:.2e}" if r.comparisons else "-", "" if r.passed else r.failures())
 
 
 def _result(future, family: str, index: int, gpu: bool, quick: bool) -> dict:
@@ -95,10 +106,7 @@ def _result(future, family: str, index: int, gpu: bool, quick: bool) -> dict:
     try:
         return future.result()
     except Exception as exc:  # noqa: BLE001 - reported as the case's failure, the run goes on
-        case = family_cases(family, gpu, quick)[index]
-        return dict(kernel=case.kernel, variant=case.variant,
-                    shape=" ".join(f"{k}={v}" for k, v in case.shape.items()), rel_err="-",
-                    result=f"FAIL {type(exc).__name__}: {exc}", passed=False)
+        return _row(family_cases(family, gpu, quick)[index], False, "-", f"{type(exc).__name__}: {exc}")
 
 
 def _worker_options(values: dict) -> None:
@@ -144,12 +152,7 @@ def run_checks(gpu: bool, jobs: int, seed: int | None = None, families: list[str
         if jobs > 1:
             pool.shutdown(cancel_futures=True)
     for name, i in work:
-        row = rows[name, i]
-        out[name].rows.append(row)
-        if row["passed"]:
-            out[name].passed += 1
-        else:
-            out[name].failures.append(f"{row['kernel']} [{row['variant']}] {row['shape']}: {row['result'][5:]}")
+        out[name].rows.append(rows[name, i])
     return out
 
 
@@ -187,7 +190,7 @@ def run_decode(gpu: bool, report: Report, decode) -> int:
     variants = "reference,unfused,fused,megafused" if gpu else "reference"
     peer = "llama.cpp" if gpu and find_llama_bench() else None
     return decode(model, qtype, 16, 32, 0, mode="compiled-pipelined" if gpu else "step", variant=variants,
-                      peer=peer, out_rows=report.decode)
+                  peer=peer, out_rows=report.decode)
 
 
 def summary(report: Report, gpu: bool) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from harness.program.kv_pool import KVPool, PoolError
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: `in` and `remove` compare identities, not fields
 class Request:
     id: object
     prompt: list[int]

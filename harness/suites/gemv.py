@@ -980,27 +980,28 @@ SWEEP_SHAPES = (("q4_0", 6144, 4096), ("q4_0", 4096, 4096), ("q4_0", 28672, 4096
 K_SWEEP_SHAPES = tuple((q, n, k) for q in K_QTYPES for n, k in ((14336, 4096), (4096, 14336), (28672, 4096)))
 
 
-def _sweep(fn, weights_once, settings, shapes=SWEEP_SHAPES) -> list[BenchCase]:
-    """Sweep rows of one GEMV over the loop's shapes: `settings` is (variant label, knobs) pairs;
-    each row's rel_err is against the default launch's output on the same inputs."""
+def _sweep(fn, weights_once, settings, shapes=SWEEP_SHAPES, rows=(1,)) -> list[BenchCase]:
+    """Sweep one kernel's launch knobs over shapes, at each of `rows` rows of X: `settings(qtype,
+    m, n, k)` is (variant label, knobs) pairs; each row's rel_err is against the default launch's
+    output on the same inputs."""
     cases = []
     for qtype, n, k in shapes:
         weights = weights_once(qtype, (n, k))
+        for m in rows:
+            def make(m=m, k=k, weights=weights):
+                return {"w": weights()[0], "x": mx.random.normal((m, k)).astype(mx.float16)}
 
-        def make(k=k, weights=weights):
-            return {"w": weights()[0], "x": mx.random.normal((1, k)).astype(mx.float16)}
+            for label, knobs in settings(qtype, m, n, k):
+                def step(st, qtype=qtype, n=n, k=k, knobs=knobs):
+                    return [fn(st["x"], st["w"], qtype, n, k, **knobs)]
 
-        for label, knobs in settings(qtype):
-            def step(st, qtype=qtype, n=n, k=k, knobs=knobs):
-                return [fn(st["x"], st["w"], qtype, n, k, **knobs)]
+                def verify(make=make, step=step, qtype=qtype, n=n, k=k):
+                    st = make()
+                    return rel_err(np.array(step(st)[0]), np.array(fn(st["x"], st["w"], qtype, n, k)))
 
-            def verify(make=make, step=step, qtype=qtype, n=n, k=k):
-                st = make()
-                return rel_err(np.array(step(st)[0]), np.array(fn(st["x"], st["w"], qtype, n, k)))
-
-            nbytes = _io_bytes(qtype, n, k)
-            cases.append(BenchCase("gemv", "gemv-sweep", f"gemv_{qtype}", label, dict(M=1, N=n, K=k), make,
-                                   step, nbytes, 2 * n * k, nbytes, verify))
+                nbytes = _io_bytes(qtype, n, k, m)
+                cases.append(BenchCase("gemv", "gemv-sweep", f"gemv_{qtype}", label, dict(M=m, N=n, K=k), make,
+                                       step, nbytes, 2 * m * n * k, nbytes, verify))
     return cases
 
 
@@ -1020,35 +1021,21 @@ QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 
 
 
 def _qmm_sweep() -> list[BenchCase]:
-    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.') where they fit, at M = 16, 32, 64; each
-    row's rel_err against the default launch's output on the same inputs."""
+    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.') where they fit the threadgroup memory,
+    at M = 16, 32, 64."""
     from kernels.gemv import qmm, qmm_geometry
 
-    cases = []
-    for qtype, n, k in QMM_SWEEP_SHAPES:
-        weights = _packed_once(qtype, (n, k))
-        for m in (16, 32, 64):
-            def make(m=m, k=k, weights=weights):
-                return {"w": weights()[0], "x": mx.random.normal((m, k)).astype(mx.float16)}
+    def fits(m, n, k, knobs) -> bool:
+        try:
+            qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"])
+            return True
+        except ValueError:
+            return False
 
-            for knobs in QMM_SWEEP:
-                try:
-                    qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"])
-                except ValueError:  # past the threadgroup memory
-                    continue
+    def settings(qtype, m, n, k):
+        return [("qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs), knobs) for knobs in QMM_SWEEP if fits(m, n, k, knobs)]
 
-                def step(st, qtype=qtype, n=n, k=k, knobs=knobs):
-                    return [qmm(st["x"], st["w"], qtype, n, k, **knobs)]
-
-                def verify(make=make, step=step, qtype=qtype, n=n, k=k):
-                    st = make()
-                    return rel_err(np.array(step(st)[0]), np.array(qmm(st["x"], st["w"], qtype, n, k)))
-
-                nbytes = _io_bytes(qtype, n, k, m)
-                label = "qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs)
-                cases.append(BenchCase("gemv", "gemv-sweep", f"linear_{qtype}", label, dict(M=m, N=n, K=k), make,
-                                       step, nbytes, 2 * m * n * k, nbytes, verify))
-    return cases
+    return _sweep(qmm, _packed_once, settings, QMM_SWEEP_SHAPES, rows=(16, 32, 64))
 
 
 def sweep_cases() -> list[BenchCase]:
@@ -1057,11 +1044,11 @@ def sweep_cases() -> list[BenchCase]:
     (QMM_SWEEP, at 16, 32 and 64 rows)."""
     from kernels.gemv import SMEM_BUDGET, gemv_v2, gemv_v3, v2_smem_bytes
 
-    def v2_settings(qtype):
+    def v2_settings(qtype, m, n, k):
         return [(f"R{r}-NSIMD{s}", dict(rows=r, simds=s)) for r in SWEEP_ROWS for s in SWEEP_SIMDS
                 if v2_smem_bytes(qtype, 1, r, s, 2048) <= SMEM_BUDGET]
 
-    def v3_settings(qtype):
+    def v3_settings(qtype, m, n, k):
         return [("v3 R{rows}-NSIMD{simds}-P{depth}-G{max_groups}".format(**knobs), knobs) for knobs in V3_SWEEP]
 
     return (_sweep(gemv_v2, _weights_once, v2_settings) + _sweep(gemv_v3, _packed_once, v3_settings)

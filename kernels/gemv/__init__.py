@@ -27,8 +27,8 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
 - `quantize`, `dequantize`: the GGUF blocks made and read on the GPU.
 - `qmm`: the quantized GEMM for up to 64 rows of X (a short prompt's), on repacked weights of any
   v3 block type: W read once for all rows, decoded in registers into SIMD-group matrices.
-- `linear`: any M; the GEMV up to 4 rows, qmm up to 64 on repacked weights, GEMV launches of up to
-  4 rows, and from `BATCHED_FROM` rows W dequantized to fp16 once and MLX's matmul.
+- `linear`: any M; the GEMV up to 4 rows, qmm up to `QMM_UP_TO` (32) on repacked weights, GEMV
+  launches of up to 4 rows, and from `BATCHED_FROM` rows W dequantized to fp16 once and MLX's matmul.
 - Fused projections (QKV, gate+up): `concat_rows` makes one matrix, `linear` runs it, `split`
   cuts the output.
 """
