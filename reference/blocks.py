@@ -12,7 +12,7 @@ def attention_block(x: np.ndarray, attn_norm: np.ndarray, eps: float, w_qkv: np.
                     k_cache: np.ndarray, v_cache: np.ndarray, pos: int, n_heads: int, theta: float,
                     neox: bool, q_norm: np.ndarray | None = None, k_norm: np.ndarray | None = None,
                     stored: type | None = None, window: int = 0, scale: float | None = None,
-                    softcap: float = 0.0, post_norm: np.ndarray | None = None
+                    softcap: float = 0.0, post_norm: np.ndarray | None = None, bias: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x [d_model] (one token at position pos); w_qkv [(Hq + 2 Hkv) D, d_model] and w_o [d_model,
     Hq D] as float values; caches [Hkv, max_seq, D] holding rows 0..pos-1. Returns (x + attention
@@ -25,10 +25,12 @@ def attention_block(x: np.ndarray, attn_norm: np.ndarray, eps: float, w_qkv: np.
     ~3e-3 (relative) against float64 throughout; None keeps every step in float64.
     Gemma's layer: `window` (> 0) attends to the last `window` rows only, `scale` replaces
     1/sqrt(D), `softcap` (> 0) caps the scores, and `post_norm` RMS-norms the block's output
-    (kept in `stored`, as the kernels keep it) before the residual add."""
+    (kept in `stored`, as the kernels keep it) before the residual add. Qwen2's layer: `bias`
+    [(Hq + 2 Hkv) D] is added to the projection before it is kept."""
     n_kv, _, d = k_cache.shape
     keep = (lambda a: a.astype(stored).astype(np.float64)) if stored else (lambda a: a)  # noqa: E731
-    qkv = keep(loop.rmsnorm(x, attn_norm, eps) @ np.asarray(w_qkv, np.float64).T)
+    qkv = loop.rmsnorm(x, attn_norm, eps) @ np.asarray(w_qkv, np.float64).T
+    qkv = keep(qkv if bias is None else qkv + np.asarray(bias, np.float64))
     q, k, v = np.split(qkv, [n_heads * d, (n_heads + n_kv) * d])
     q, k, v = q.reshape(1, n_heads, d), k.reshape(1, n_kv, d), v.reshape(1, n_kv, d)
     q_rot, k_cache, v_cache = rope.rope_kv_write(q, k, v, k_cache, v_cache, pos, theta=theta, neox=neox,

@@ -238,7 +238,7 @@ def test_rows_name_the_files_types(files, tmp_path):
 @pytest.mark.parametrize("name, variant, span, expected", [
     ("phi3", "megafused", "layer", "a fused attn_qkv matrix (in a launch a layer"),
     ("llama-biases", "fused", "token", "biases on attn_output"),
-    ("qwen2", "megafused", "token", "biases on attn_q"),
+    ("qwen2", "megafused", "layer", "Q/K/V biases (in a launch a layer; mega_span=token"),
     # a launch a layer takes the llama / qwen3 layer alone; token_block takes these
     ("gemma3", "megafused", "layer", "post-attention and post-FFN norms (in a launch a layer; mega_span=token"),
     ("gemma2", "megafused", "layer", "an attention softcap of 1"), ("llama-yarn", "megafused", "layer", "yarn RoPE scaling"),
@@ -258,17 +258,18 @@ def test_kernel_variants_name_what_they_do_not_run(files, name, variant, span, e
 
 KERNEL_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2", "phi3", "phi3-heads-96",
                  "gemma3", "gemma2", "gemma3-softcap"]
-# what megafused's token_block runs too: RoPE tables, Gemma's layers (kernels.blocks.LayerKind),
-# Phi-3's fused tensors (the stacks' own concatenations)
-MEGA_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "phi3", "phi3-heads-96", "gemma3", "gemma2",
-               "gemma3-softcap"]
+# what megafused's token_block runs too: RoPE tables, Gemma's layers and Qwen2's biases
+# (kernels.blocks.LayerKind), Phi-3's fused tensors (the stacks' own concatenations)
+MEGA_MAPPED = ["llama-linear", "llama-yarn", "llama-rope-freqs", "llama-qkv-biases", "qwen2", "phi3", "phi3-heads-96",
+               "gemma3", "gemma2", "gemma3-softcap"]
 VARIANT_FILES = [(v, n) for v in ("unfused", "fused") for n in KERNEL_MAPPED] + [("megafused", n) for n in MEGA_MAPPED]
 
 
 @pytest.mark.parametrize("variant, name", VARIANT_FILES)
 def test_kernel_plans_map_scalings_and_biases(files, name, variant):
     """On any machine (launches recorded, not run): the kernel variants build and replay their
-    plan for these files; the biases are one add after the projection, a scaled RoPE's table is
+    plan for these files; the biases are one add after the projection (megafused: in token_block's
+    QKV phase), a scaled RoPE's table is
     the float64 oracle's layer 0 angles (yarn's factor squared into the attention scale), and
     Phi-3's fused tensors are read as the matrices the fused variant would make. megafused's
     token_block takes Gemma's layer whole: one launch and the last post-norm's."""
@@ -282,7 +283,14 @@ def test_kernel_plans_map_scalings_and_biases(files, name, variant):
         decoder.forward(np.arange(5) % m.config.vocab)
         decoder.forward([1])
     biases = [s for s in decoder.plan if s.op == "bias"]
-    assert len(biases) == (m.config.n_layers if m.config.biases else 0)
+    if variant == "megafused":  # token_block's QKV phase adds them: no step of their own
+        (block,) = [step for step in decoder.plan if step.op == "token_block"]
+        assert not biases and ("+biases" in block.kernel) == bool(m.config.biases)
+        assert (decoder.stacks.qkv_bias is not None) == bool(m.config.biases) == decoder.layer_kind.qkv_bias
+        if m.config.biases:
+            assert tuple(decoder.stacks.qkv_bias.shape) == (m.config.n_layers, decoder.nk["blk.0.attn_qkv.weight"][0])
+    else:
+        assert len(biases) == (m.config.n_layers if m.config.biases else 0)
     angles, mscale = layer_rope(m, 0)
     if name.startswith("llama-") and "biases" not in name:
         np.testing.assert_allclose(np.array(decoder.inv_freq), angles, rtol=1e-6)
@@ -506,7 +514,7 @@ def test_every_family_in_every_block_type_against_float64(family_files, family, 
 @pytest.mark.parametrize("family, qtype", FAMILY_TYPES)
 def test_every_family_in_every_block_type_on_the_kernels(family_files, family, qtype, variant):
     """Each kernel variant on the same files, against float64; where a variant does not run a
-    file (megafused: biases, F16), it says so before any launch, naming the variant that does."""
+    file (megafused: F16), it says so before any launch, naming the variant that does."""
     from harness.program.kernel_decode import KernelDecoder
 
     m = load_gguf(family_files[family, qtype])
@@ -514,7 +522,7 @@ def test_every_family_in_every_block_type_on_the_kernels(family_files, family, q
     try:
         decoder = KernelDecoder(m, PROMPT + STEPS, variant)
     except ValueError as err:
-        assert variant == "megafused" and ("biases" in str(err) or "F16" in str(err)), err
+        assert variant == "megafused" and "F16" in str(err), err
         return
     decodes_as_float64(decoder, m, prompt, STEPS)
 
@@ -524,7 +532,7 @@ def test_every_family_in_every_block_type_on_the_kernels(family_files, family, q
 def test_every_family_in_every_block_type_plans(family_files, family, qtype, variant):
     """On any machine (launches recorded): each kernel variant builds and replays its plan for
     each of those files, a prompt and a decode token, or refuses it by name before any launch
-    (megafused: biases, F16)."""
+    (megafused: F16)."""
     from harness.program.kernel_decode import KernelDecoder
     from kernels.runtime import recording
 
@@ -533,7 +541,7 @@ def test_every_family_in_every_block_type_plans(family_files, family, qtype, var
         try:
             decoder = KernelDecoder(m, 64, variant)
         except ValueError as err:
-            assert variant == "megafused" and ("biases" in str(err) or "F16" in str(err)), err
+            assert variant == "megafused" and "F16" in str(err), err
             assert not rec.jobs
             return
         decoder.forward(np.arange(5) % m.config.vocab)

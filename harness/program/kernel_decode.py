@@ -130,10 +130,11 @@ def kernel_gaps(c, types: dict[str, str], variant: str = "fused") -> list[str]:
     biases (an add after the projection), Phi-3's fused QKV and [gate; up] tensors (the fused
     variant's own concatenations, read from the file) and Gemma 3's layer (a float32 residual
     stream: the scaled embedding, post-block norms; GELU; sliding windows in the attention kernels;
-    a RoPE base a layer); megafused the llama / qwen3 layer alone. The other features of
+    a RoPE base a layer); megafused all of these in token_block (mega_span=token), the llama / qwen3
+    layer alone in a launch a layer (mega_span=layer). The other features of
     harness/arch run in the reference variant and the float64 oracle until a kernel maps them."""
     a, mega = c.architecture, variant == "megafused"
-    extra_bias = [b for b in c.biases if mega or b == "attn_output"]
+    extra_bias = [b for b in c.biases if b == "attn_output"]
     # token_block (mega_span=token) runs Gemma's layer and every RoPE table (kernels.blocks.LayerKind);
     # a launch a layer (mega_span=layer) the llama / qwen3 layer alone
     by_layer = mega and options.get("mega_span") == "layer"
@@ -147,7 +148,8 @@ def kernel_gaps(c, types: dict[str, str], variant: str = "fused") -> list[str]:
                   "layers of different RoPE bases": len({c.layer(i).theta for i in range(c.n_layers)}) > 1,
                   f"an attention scale of {c.scale:g}": abs(c.scale - c.head_dim ** -0.5) > 1e-12,
                   f"an attention softcap of {c.attn_softcap:g}": bool(c.attn_softcap),
-                  "a fused attn_qkv matrix": a.fused_qkv, "a fused [gate; up] ffn_up matrix": a.fused_gate_up}
+                  "a fused attn_qkv matrix": a.fused_qkv, "a fused [gate; up] ffn_up matrix": a.fused_gate_up,
+                  "Q/K/V biases": bool(c.biases)}
     features = {f"{what} (in a launch a layer; mega_span=token runs it)": by_layer and present
                 for what, present in layer_only.items()}
     features.update({f"heads of {c.head_dim} (attention takes {attention.HEAD_DIMS})": c.head_dim not in attention.HEAD_DIMS,
@@ -389,9 +391,10 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 # phase after it, the last one's by a launch of its own (loop.post_norm_add)
                 attend = (("head norms + " if c.head_norm else "") + "RoPE + KV write + attention"
                           + (f" (window {c.sliding_window} in {len(windowed)} of {c.n_layers} layers)" if windowed else ""))
-                what = (f"every layer: post-norm + rmsnorm+QKV | {attend} | O | post-norm + rmsnorm+gate|up+{act_shown}"
+                qkv_what = "rmsnorm+QKV" + ("+biases" if c.biases else "")
+                what = (f"every layer: post-norm + {qkv_what} | {attend} | O | post-norm + rmsnorm+gate|up+{act_shown}"
                         " | down; then the last post-norm" if post else
-                        f"every layer: rmsnorm+QKV | {attend} | O + residual | rmsnorm+gate|up+{act_shown} | down + residual")
+                        f"every layer: {qkv_what} | {attend} | O + residual | rmsnorm+gate|up+{act_shown} | down + residual")
                 layer_weights = tuple(w for j in range(c.n_layers) for w in _attention_weights(c, j) + (
                     f"blk.{j}.ffn_norm.weight", f"blk.{j}.ffn_gate_up (gate|up)", f"blk.{j}.ffn_down.weight") + (
                     (f"blk.{j}.post_attention_norm.weight", f"blk.{j}.post_ffw_norm.weight") if post else ()))
@@ -722,7 +725,8 @@ _FFN_APART = ("lathe_rmsnorm_gemv_swiglu_out_v3", "lathe_gemv_v3_residual")
 def _attention_weights(c, i: int) -> tuple[str, ...]:
     b = f"blk.{i}."
     norms = (b + "attn_q_norm.weight", b + "attn_k_norm.weight") if c.head_norm else ()
-    return (b + "attn_norm.weight", b + "attn_qkv (q|k|v)", *norms, b + "attn_output.weight")
+    biases = tuple(b + f"attn_{n}.bias" for n in "qkv") if c.biases else ()
+    return (b + "attn_norm.weight", b + "attn_qkv (q|k|v)", *biases, *norms, b + "attn_output.weight")
 
 
 def _attention_args(d, i: int) -> tuple[tuple, dict]:
@@ -930,7 +934,8 @@ class KernelDecoder:
         self.wide = wide_stream(c)  # a float32 residual stream (Gemma)
         # what megafused's token_block computes beyond the llama layer, and its RoPE table(s)
         a = c.architecture
-        self.layer_kind = blocks.LayerKind(a.post_norms, any(self.windows), a.activation, c.attn_softcap or 0.0)
+        self.layer_kind = blocks.LayerKind(a.post_norms, any(self.windows), a.activation, c.attn_softcap or 0.0,
+                                           qkv_bias=bool(c.biases))
         self.stacked_inv_freqs = (None if self.inv_freqs[0] is None else
                                   mx.stack(self.inv_freqs) if per_layer else self.inv_freqs[0])
         if c.biases:  # [q; k; v] biases a layer, fp16, added to the projection's output
@@ -938,6 +943,9 @@ class KernelDecoder:
             self.qkv_splits = [q, q + kv]
             self.bias = [resident(mx.array(np.concatenate([model.tensors[f"blk.{i}.attn_{n}.bias"] for n in "qkv"])
                                            .astype(np.float16))) for i in range(c.n_layers)]
+            if self.mega and self.span == "token":  # token_block adds them in its QKV phase
+                self.stacks.qkv_bias = mx.stack(self.bias)
+                mx.eval(self.stacks.qkv_bias)
         self.seams = self.fused and seams_apply(c, self.types)
         self.rope_attention = self.fused and rope_in_attention(c)
         if self.seams:

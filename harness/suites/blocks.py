@@ -237,7 +237,7 @@ def _layer_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
 
 def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
                 neox: bool, layers: int, pos: int, device_pos: bool = False, split_from: int | None = None,
-                mix: Mix = (), gemma: tuple[int, float] | None = None) -> CheckCase:
+                mix: Mix = (), gemma: tuple[int, float] | None = None, bias: bool = False) -> CheckCase:
     """token_block: `layers` layers of one decode token in one launch (stacked weights, a cache
     pair a layer) against the references of each layer's attention and FFN blocks in turn, the
     residual stream stored as fp16 between blocks as the kernel stores it; every layer's K and V
@@ -248,7 +248,8 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
     gemma (window, softcap): Gemma's layers (kernels.blocks.LayerKind): a float32 stream with
     post-block norms, a GELU gate, even layers sliding over `window` positions at RoPE base 10000
     and the others global at THETA (a table a layer), an attention scale of its own, and scores
-    softcapped where softcap > 0 (Gemma 2)."""
+    softcapped where softcap > 0 (Gemma 2). bias: Qwen2's Q, K and V biases a layer (fp16, the
+    size of the projection's outputs), added in the QKV phase."""
     from kernels.attention import SPLIT_FROM
     from kernels.blocks import LLAMA, LayerKind, LayerStacks, Stack, block_queue, token_block
     from kernels.runtime import poisoned_outputs
@@ -256,7 +257,7 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
 
     n_heads, n_kv = heads
     window, softcap = gemma or (0, 0.0)
-    kind = LayerKind(True, True, "gelu", softcap) if gemma else LLAMA
+    kind = LayerKind(True, True, "gelu", softcap) if gemma else LayerKind(qkv_bias=True) if bias else LLAMA
     windows = [window if i % 2 == 0 else 0 for i in range(layers)]
     thetas = [10000.0 if w else THETA for w in windows]
     scale = (1.5 * head_dim) ** -0.5 if gemma else None
@@ -277,10 +278,13 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
                           for name in ("post_attn", "post_ffn")})
         post = {name: mx.array(norms[f"post_{name}"]) if gemma else None for name in ("attn", "ffn")}
         stack = lambda name: Stack([m[name] for m in w]) if name in w[0] else None  # noqa: E731
+        n_qkv = (n_heads + 2 * n_kv) * head_dim
+        biases = (rng.standard_normal((layers, n_qkv)) * 0.5).astype(np.float16) if bias else None
         stacks = LayerStacks(mx.array(norms["attn"]), stack("qkv"), stack("o"), mx.array(norms["ffn"]),
                              stack("gate_up"), stack("down"),
                              *((mx.array(norms["q"]), mx.array(norms["k"])) if head_norm else (None, None)),
-                             w_v=stack("v"), post_attn_norm=post["attn"], post_ffn_norm=post["ffn"])
+                             w_v=stack("v"), post_attn_norm=post["attn"], post_ffn_norm=post["ffn"],
+                             qkv_bias=None if biases is None else mx.array(biases))
         tables = mx.array(np.stack([inv_freq(head_dim, t) for t in thetas]).astype(np.float32)) if gemma else None
         max_seq = pos + 5
         queue = block_queue(5 * layers)
@@ -306,7 +310,7 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
                     want, norms["attn"][i], EPS, w64[i]["qkv"], w64[i]["o"], *caches[i], pos, n_heads, thetas[i], neox,
                     norms["q"][i] if head_norm else None, norms["k"][i] if head_norm else None, stored=STORED,
                     window=windows[i], scale=scale, softcap=softcap,
-                    post_norm=norms["post_attn"][i] if gemma else None)
+                    post_norm=norms["post_attn"][i] if gemma else None, bias=None if biases is None else biases[i])
                 want = kept(ref.ffn_block(kept(mid)[None], norms["ffn"][i], EPS, w64[i]["gate_up"], w64[i]["down"],
                                           kind.activation, norms["post_ffn"][i] if gemma else None,
                                           STORED if gemma else None)[0])
@@ -328,6 +332,8 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
     variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos, mix)
     if gemma:
         variant += f" gemma window={window}" + (f" softcap={softcap:g}" if softcap else "")
+    if bias:
+        variant += " qkv-bias"
     shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, layers=layers, pos=pos)
     return CheckCase("blocks", "token_block", variant, shape, run)
 
@@ -391,6 +397,10 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     # whole row not fitting beside attention's arrays
     if not small:
         cases.append(_token_case("q4_0", 3584, 18944, (28, 4), 128, False, False, 2, 40))
+    # Qwen2's layers: Q, K and V biases in the QKV phase (Qwen2.5-0.5B's widths, NeoX pairs), and
+    # with V's rows a matrix of their own (its biases after Q and K's)
+    cases.append(_token_case("q8_0", 896, 4864, (14, 2), 64, False, True, 2, 30, device_pos=True, bias=True))
+    cases.append(_token_case("q4_k", 256, 512, (4, 2), 64, False, True, 2, 9, mix=(("v", 1, "q6_k"),), bias=True))
     # Gemma's layers (float32 stream, post-norms, GELU, sliding and global layers): Gemma-3-270M's
     # shapes and the real file's mix (Q5_0 where rows of 640 are no whole super-block, its attn_v
     # Q8_0 in some layers: a Q8_0 GEMV reads X' staged in 32-value chunks), past the window

@@ -98,13 +98,14 @@ class Stack:
 @dataclass(frozen=True)
 class LayerKind:
     """What token_block's layers compute beyond the llama / qwen3 layer (layer_block.metal's
-    POST_NORMS, LAYER_WINDOWS, LATHE_ACT, LATHE_SOFTCAP): Gemma's post-block norms over a float32
-    stream, sliding windows, a GELU-gated FFN, an attention softcap."""
+    POST_NORMS, LAYER_WINDOWS, LATHE_ACT, LATHE_SOFTCAP, QKV_BIAS): Gemma's post-block norms over a
+    float32 stream, sliding windows, a GELU-gated FFN, an attention softcap; Qwen2's Q/K/V biases."""
 
     post_norms: bool = False
     windows: bool = False
     activation: str = "silu"
     softcap: float = 0.0
+    qkv_bias: bool = False  # Qwen2's Q, K and V biases, added in the QKV phase (LayerStacks.qkv_bias)
 
 
 LLAMA = LayerKind()
@@ -137,13 +138,17 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
         outputs += ("blk",)
     if kind.windows:
         inputs += ("windows",)
+    if kind.qkv_bias:
+        inputs += ("qkv_bias",)
     name = {(0, 3): "attention_block", (3, 2): "ffn_block", (3, 5): "layer_block"}.get((first, phases), "token_block")
     prelude = f"#define FFN {int(ffn)}\n#define ATTN {int(attn)}\n#define QKV_SPLIT {int(qkv_split)}\n"
     capped, cap_line = attention._softcap_prelude(kind.softcap)
     prelude += (f"#define POST_NORMS {int(kind.post_norms)}\n#define LAYER_WINDOWS {int(kind.windows)}\n"
-                f"#define LATHE_ACT {loop.ACTIVATIONS[kind.activation]}\n{cap_line}\n")
+                f"#define LATHE_ACT {loop.ACTIVATIONS[kind.activation]}\n{cap_line}\n"
+                f"#define QKV_BIAS {int(kind.qkv_bias)}\n")
     gemma = (("_post" if kind.post_norms else "") + ("_win" if kind.windows else "")
-             + ("" if kind.activation == "silu" else f"_{kind.activation}") + capped)
+             + ("" if kind.activation == "silu" else f"_{kind.activation}") + capped
+             + ("_bias" if kind.qkv_bias else ""))
     prelude += "".join(f"#define Q_{_KIND_NAMES[kind]}_A {a}\n#define Q_{_KIND_NAMES[kind]}_B {b}\n"
                        for kind, a, b in types)
     typed = "_" + "_".join(f"{_KIND_NAMES[kind].lower()}{a}{b if b != a else ''}" for kind, a, b in types)
@@ -338,7 +343,7 @@ _GRID = object()  # where the launch's (threadgroups, attention tickets) input g
 
 def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None, attn: _Attention | None,
             queue: mx.array | None, strides: dict[str, int] | None = None, layer_kind: LayerKind = LLAMA,
-            post_norms: tuple[mx.array, mx.array] | None = None) -> list[mx.array]:
+            post_norms: tuple[mx.array, mx.array] | None = None, qkv_bias: mx.array | None = None) -> list[mx.array]:
     """layer_block.metal over `phases` phases from kind `first` (the halves given hold each
     kind's arrays; `strides`: bytes between layers of each stacked input, token_block's;
     `layer_kind` and `post_norms` (post_attention_norm, post_ffw_norm stacked): token_block's
@@ -445,6 +450,9 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         outputs.append(((1, x.shape[-1]), mx.float16))  # blk: a block's output before its post-norm
     if layer_kind.windows:
         inputs.append(constant(attn.windows))
+    if layer_kind.qkv_bias:
+        inputs.append(qkv_bias)
+        consts["QKV_BIAS_STRIDE"] = qkv_bias.shape[1]
     caches = len(attn.k_caches) if attn else 1
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind)
 
@@ -549,7 +557,8 @@ class LayerStacks:
     Stacks ([q; k; v] and [gate; up] concatenated), the RMSNorm weights as fp16 [layers, d_model]
     and Qwen3's head norms as float32 [layers, head_dim] (None for Llama). w_v: V's matrices
     apart, where some layer's differs in type from its Q and K (w_qkv then holds [q; k]).
-    post_attn_norm, post_ffn_norm: Gemma's post-block norms, fp16 [layers, d_model]."""
+    post_attn_norm, post_ffn_norm: Gemma's post-block norms, fp16 [layers, d_model]. qkv_bias:
+    Qwen2's Q, K and V biases, fp16 [layers, n_q + n_k + n_v] (LayerKind.qkv_bias)."""
 
     attn_norm: mx.array
     w_qkv: Stack
@@ -562,6 +571,7 @@ class LayerStacks:
     w_v: Stack | None = None
     post_attn_norm: mx.array | None = None
     post_ffn_norm: mx.array | None = None
+    qkv_bias: mx.array | None = None
 
     @property
     def layers(self) -> int:
@@ -581,7 +591,8 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     returned caches are ordered after the writes). The other arguments are attention_block's.
     Gemma's layers (layer_kind): post_norms, x and the result float32, weights.post_attn_norm and
     post_ffn_norm given (the last post-norm is a second launch, loop.post_norm_add); windows
-    (`windows`, one a layer, 0: none); a GELU gate; a softcap of the scores. inv_freqs: a RoPE
+    (`windows`, one a layer, 0: none); a GELU gate; a softcap of the scores. Qwen2's layers:
+    layer_kind.qkv_bias and weights.qkv_bias, added in the QKV phase. inv_freqs: a RoPE
     table float32 [D / 2], or one a layer [layers, D / 2] (else the base `theta`'s); scale: the
     attention's (default 1 / sqrt(D))."""
     w, layers, post = weights, weights.layers, layer_kind.post_norms
@@ -593,6 +604,8 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
         raise ValueError(f"activation must be one of {tuple(loop.ACTIVATIONS)}, got {layer_kind.activation!r}")
     if layer_kind.windows and (windows is None or len(windows) != layers or any(int(v) < 0 for v in windows)):
         raise ValueError(f"windowed layers need a window >= 0 for each of the {layers} layers, got {windows}")
+    if layer_kind.qkv_bias != (w.qkv_bias is not None):
+        raise ValueError("Q/K/V biases need both the layer kind's qkv_bias and the stacks' qkv_bias")
     if len(k_caches) != layers or len(v_caches) != layers:
         raise ValueError(f"token_block takes a K and a V cache for each of the {layers} layers, got "
                          f"{len(k_caches)} and {len(v_caches)}")
@@ -652,8 +665,11 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
                    **({"W_V_STRIDE": w.w_v.stride} if w.w_v is not None else {}))
     attn.inv_freqs, attn.windows = inv_freqs, tuple(int(v) for v in windows) if layer_kind.windows else None
     attn.scale = attn.scale if scale is None else scale
+    if w.qkv_bias is not None and (w.qkv_bias.dtype != mx.float16 or tuple(w.qkv_bias.shape) != (layers, attn.n_qkv)):
+        raise ValueError(f"qkv_bias must be float16 [{layers}, {attn.n_qkv}], got {w.qkv_bias.dtype} "
+                         f"{tuple(w.qkv_bias.shape)}")
     out = _launch(x, eps, qtype, QKV, 5 * layers, ffn, attn, queue, strides, layer_kind,
-                  (w.post_attn_norm, w.post_ffn_norm) if post else None)
+                  (w.post_attn_norm, w.post_ffn_norm) if post else None, w.qkv_bias)
     if post:  # the stream after the last attention block, and the last FFN's output: its post-norm
         x_out = loop.post_norm_add(out[-1], w.post_ffn_norm[layers - 1], eps, out[4])
     else:

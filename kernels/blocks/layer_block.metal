@@ -30,6 +30,8 @@
 // that row for the readers after it (UP: x_out, QKV: x_mid; layer 0's QKV copies x_in). Every
 // threadgroup of the phase forms the same d_model values (a few KB): no sixth phase, no wait. The
 // launch's output is x_out and the last DOWN's blk: the host adds the last post-norm.
+// QKV_BIAS (Qwen2's layer): the QKV phase adds layer l's [q; k; v] biases (qkv_bias + l *
+// QKV_BIAS_STRIDE, fp16) to its outputs before their one rounding (v3_rows' GEMV_BIAS).
 // LAYER_WINDOWS: layer l's attention sees its last windows[l] positions (0: all; Gemma 3's
 // sliding layers); ROPE_STRIDE: layer l turns by inv_freqs + l * ROPE_STRIDE (a table a layer
 // where bases differ; 0: one table); LATHE_ACT (1: GELU), LATHE_SOFTCAP: as their kernels'.
@@ -68,9 +70,9 @@
 // dims (decode_attention's), scale, q_norm, k_norm (LATHE_HEAD_NORM), counters (split), w_o,
 // o_dims; QKV_SPLIT: w_v, v_dims; mixed types: layer_types (uint32 [layers of the launch]);
 // POST_NORMS: post_attn_norm, post_ffn_norm (fp16, as the norms); LAYER_WINDOWS: windows (int32
-// [layers]). Outputs: FFN: act [M, F], x_mid [M, d_model]; ATTN: qkv, attn_out [1, Hq, D], x_out
-// [1, d_model], part_out and part_ml (split); POST_NORMS: blk [1, d_model] (x_in, x_mid and x_out
-// float32).
+// [layers]); QKV_BIAS: qkv_bias (fp16 [layers, QKV_BIAS_STRIDE]). Outputs: FFN: act [M, F],
+// x_mid [M, d_model]; ATTN: qkv, attn_out [1, Hq, D], x_out [1, d_model], part_out and part_ml
+// (split); POST_NORMS: blk [1, d_model] (x_in, x_mid and x_out float32).
 #include "gemv/v3_tiles.metal"
 #if ATTN
 #define LATHE_K_SLOTS KSLOTS  // K through threadgroup memory (the block_k_slots option; 0: registers)
@@ -237,10 +239,17 @@ for (;;) {
 #endif
 #define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) POST_ADD }
       if (!PREFETCH) { PHASE_WAIT(j) POST_ADD }
+#if QKV_BIAS
+      auto bias = qkv_bias + layer * QKV_BIAS_STRIDE;  // this layer's [q; k; v] biases
+#define GEMV_BIAS bias
+#endif
 #if QKV_SPLIT
       if (group >= uint(qkv_dims[2])) {  // V's rows: a matrix (and type) of their own, after Q and K's
         auto w = w_v + size_t(layer) * W_V_STRIDE;
         auto y = qkv + uint(qkv_dims[0]);
+#if QKV_BIAS
+        auto bias = qkv_bias + layer * QKV_BIAS_STRIDE + uint(qkv_dims[0]);  // V's, after Q and K's
+#endif
         const uint v_group = group - uint(qkv_dims[2]);
         {
           const uint group = v_group;
@@ -263,6 +272,9 @@ for (;;) {
 #define ROWS_BIT QKV
 #include "blocks/typed_rows.metal"
       }
+#ifdef GEMV_BIAS
+#undef GEMV_BIAS
+#endif
 #undef GEMV_BEFORE_X
 #undef POST_ADD
 #undef LATHE_X32

@@ -4,7 +4,8 @@
 // launch of several GEMVs gives each its own rows, depth and type: blocks/layer_block.metal), and
 // the declarations of v3_tiles.metal (NSIMD and the staged X' are the launch's). GEMV_Y_STRIDE,
 // where the includer defines it: the values of a row of Y (else this GEMV's columns; gemv_v3.metal's
-// pair writes two matrices' columns side by side).
+// pair writes two matrices' columns side by side). GEMV_BIAS, where defined: a pointer to this
+// GEMV's N biases (half), added to each output before its one rounding.
 // QR: 0 Q4_0, 1 Q8_0, and the K-quants 2 Q4_K, 3 Q5_K, 4 Q6_K, whose repacked chunk is 32
 // weights' low 4 bits in Q4_0's nibble order, their higher bits (HB bytes a chunk) and scales in
 // regions of their own (reference/kquant.py has the layout); the legacy affine blocks 6 Q4_1,
@@ -271,6 +272,9 @@ for (uint it = 0; it < items; ++it) {
         if (SWIGLU_OUT) {
           v = gate_act<LATHE_ACT>(v) * total[SWIGLU_OUT ? r + RO : r][m];
         }
+#ifdef GEMV_BIAS
+        v += float(GEMV_BIAS[col]);  // the includer's bias row (layer_block's Q/K/V biases)
+#endif
 #if LATHE_RESIDUAL
         v += float(residual[m * n_out + col]);
 #endif
