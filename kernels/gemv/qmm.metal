@@ -65,15 +65,15 @@ for (uint k0 = 0; k0 < K; k0 += KC) {
     uint lo[NB][8], hi[NB][8];  // this lane's chunk of each row block: weights (2p, 2p + 1), (16 + 2p, 17 + 2p)
     for (uint j = 0; j < NB; ++j) {
       const uint row = row0 + 8 * j + r;
+      // Branch-free: a row or chunk past the matrix decodes chunk 0 and is then zeroed, so the
+      // NB blocks' loads form one straight run that the compiler can issue before any is used.
+      const bool inside = row < n && chunk_of_row < CHUNKS_K;
+      const uint blk = inside ? row * CHUNKS_K + chunk_of_row : 0u;
       float v[32];
-      if (row < n && chunk_of_row < CHUNKS_K) {
-        const uint blk = row * CHUNKS_K + chunk_of_row;
 #define PC_BYTES w
 #include "gemv/packed_chunk.metal"
 #undef PC_BYTES
-      } else {
-        for (uint l = 0; l < 32; ++l) v[l] = 0.0f;
-      }
+      for (uint l = 0; l < 32; ++l) v[l] = inside ? v[l] : 0.0f;
       for (uint p = 0; p < 8; ++p) {
         lo[j][p] = as_type<uint>(half2(half(v[2 * p]), half(v[2 * p + 1])));
         hi[j][p] = as_type<uint>(half2(half(v[16 + 2 * p]), half(v[17 + 2 * p])));
