@@ -1011,11 +1011,12 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
     [dict(rows=2, simds=4, depth=4, max_groups=g) for g in (264, 528, 1056)]
 
 
-# qmm's knobs: NB blocks of 8 rows a SIMD group, WN SIMD groups across rows, WK along K (3: M = 64's
-# pieces of 3 super-chunks shared evenly; 6 and 8: more of a threadgroup's weights in flight at
-# once, where a 4096-row matrix gives each SM about one threadgroup of 32 rows); at a short
-# prompt's row counts on the 8B's O, gate+up and down shapes
-QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk) for nb in (1, 2, 4) for wn in (1, 2, 4) for wk in (1, 2, 3, 4, 6, 8)
+# qmm's knobs: NB blocks of 8 rows a SIMD group (NB 16-byte loads in flight a lane), WN SIMD groups
+# across rows, WK along K (8: more of a threadgroup's weights in flight at once, where a 4096-row
+# matrix gives each SM about one threadgroup of 32 rows; qmm_geometry makes a piece of X a
+# multiple of WK super-chunks where it fits); at a short prompt's row counts on the 8B's O, gate+up
+# and down shapes
+QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk) for nb in (1, 2, 4) for wn in (1, 2, 4) for wk in (1, 2, 4, 8)
              if 2 <= wn * wk <= 16]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336))
 

@@ -949,9 +949,13 @@ def qmm_geometry(m: int, n: int, k: int, nb: int | None = None, wn: int | None =
     if 32 * wn * wk > 1024:
         raise ValueError(f"WN * WK = {wn * wk} SIMD groups: a threadgroup takes at most 32")
     mp = -(-m // 16) * 16
-    kc = -(-k // 128) * 128
-    while kc > 128 and qmm_smem_bytes(mp, kc, nb, wn, wk) > budget:
-        kc = -(-(kc // 2) // 128) * 128
+    # K a piece: all of it where it fits, else the most super-chunks (128 values) that fit, a
+    # multiple of WK where it can be, so that no group idles in a piece (64 rows: 3 super-chunks
+    # a piece for 4 groups left one idle, 534cfcd)
+    fit = 1
+    while fit * 128 < k and qmm_smem_bytes(mp, (fit + 1) * 128, nb, wn, wk) <= budget:
+        fit += 1
+    kc = 128 * (fit if fit < wk else fit - fit % wk)
     if qmm_smem_bytes(mp, kc, nb, wn, wk) > budget:
         raise ValueError(f"qmm: M={m} with NB={nb}, WN={wn}, WK={wk} does not fit {budget} bytes of threadgroup memory")
     return mp, nb, wn, wk, kc

@@ -11,7 +11,8 @@
 // 16 + 2p, 17 + 2p in the second. X' is staged in threadgroup memory in that same order, so A's
 // elements of step p are one 8-byte word a lane (lane rows r 0..3 and 4..7 of a half-warp land on
 // distinct banks). Weights then go from one 16-byte load (Q4_0; the K-quants' chunk words) to the
-// B operand with no threadgroup round trip (packed_chunk.metal decodes, shared with dequantize).
+// B operand with no threadgroup round trip: Q4_0 and Q8_0 decoded in half2 (byte_perm into
+// 1024.0h's mantissa), the other types by packed_chunk.metal in float32 (shared with dequantize).
 //
 // A threadgroup takes 8 * NB * WN rows of W: SIMD group s takes NB blocks of 8 rows (s % WN) and
 // every WK-th super-chunk of each staged piece of X (s / WN), so WK groups stream one row block's
@@ -39,8 +40,8 @@ const uint row0 = (threadgroup_position_in_grid.x * WN + wn) * NB * 8;
 const uint chunks = n * CHUNKS_K;
 
 simdgroup_float8x8 acc[NB][MB];
-for (uint j = 0; j < NB; ++j) {
-  for (uint mb = 0; mb < MB; ++mb) acc[j][mb] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
+  LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) acc[j][mb] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
 }
 
 for (uint k0 = 0; k0 < K; k0 += KC) {
@@ -60,32 +61,58 @@ for (uint k0 = 0; k0 < K; k0 += KC) {
     xs[at + 3 * MB * 64] = words.w;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  for (uint s = ks; s < SC; s += WK) {
+  const uint piece_sc = min(SC, (K - k0 + 127) / 128);  // the last piece may be shorter
+  for (uint s = ks; s < piece_sc; s += WK) {
     const uint chunk_of_row = k0 / 32 + 4 * s + c / 2;
-    uint lo[NB][8], hi[NB][8];  // this lane's chunk of each row block: weights (2p, 2p + 1), (16 + 2p, 17 + 2p)
-    for (uint j = 0; j < NB; ++j) {
+    uint bw[NB][16];  // this lane's chunk of each row block, half2 words: word i holds weights 2i, 2i + 1
+    LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
       const uint row = row0 + 8 * j + r;
       // Branch-free: a row or chunk past the matrix decodes chunk 0 and is then zeroed, so the
       // NB blocks' loads form one straight run that the compiler can issue before any is used.
       const bool inside = row < n && chunk_of_row < CHUNKS_K;
       const uint blk = inside ? row * CHUNKS_K + chunk_of_row : 0u;
-      float v[32];
+      if (QTYPE <= 1) {
+        // Q4_0 and Q8_0 decode in half2, two weights an instruction. A byte q under 0x64 (the
+        // high byte of 1024.0h) reads as 1024 + q exactly; less 1032 that is Q4_0's q - 8, and
+        // Q8_0's signed q once its sign bit is flipped (1024 + q + 128, less 1152). One multiply
+        // by d then rounds once, as the float32 product rounded to half does (both exact before
+        // it). The float path below costs two quarter-rate conversions a weight: at 16 rows on
+        // the 8B's 28672 x 4096 that alone was about 63 us of its 69.9 (534cfcd).
+        constexpr uint QB = QTYPE == 0 ? 16u : 32u;  // bytes of quants a chunk
+        const ushort d_bits = load_wide<ushort>(w, chunks * (QB / 2) + blk);
+        const half d = as_type<half>(ushort(inside ? d_bits : ushort(0)));
+        const half2 d2 = half2(d, d), offset = as_type<half2>(QTYPE == 0 ? 0x64086408u : 0x64806480u);
+        LATHE_UNROLL for (uint u = 0; u < QB / 16; ++u) {
+          const uint4 word = load_wide<uint4>(w, blk * (QB / 16) + u);
+          const uint w4[4] = {word.x, word.y, word.z, word.w};
+          LATHE_UNROLL for (uint t = 0; t < 4; ++t) {
+            // QTYPE 0: byte l's low nibble is weight l and its high nibble weight l + 16
+            const uint lo = QTYPE == 0 ? w4[t] & 0x0f0f0f0fu : w4[t] ^ 0x80808080u;
+            const uint hi = (w4[t] >> 4) & 0x0f0f0f0fu;
+            LATHE_UNROLL for (uint h = 0; h < (QTYPE == 0 ? 2u : 1u); ++h) {
+              const uint bytes = h ? hi : lo, at = QTYPE == 0 ? 8 * h + 2 * t : 8 * u + 2 * t;
+              bw[j][at] = as_type<uint>((as_type<half2>(byte_perm(bytes, 0x64646464u, 0x5140u)) - offset) * d2);
+              bw[j][at + 1] = as_type<uint>((as_type<half2>(byte_perm(bytes, 0x64646464u, 0x5342u)) - offset) * d2);
+            }
+          }
+        }
+      } else {
+        float v[32];
 #define PC_BYTES w
 #include "gemv/packed_chunk.metal"
 #undef PC_BYTES
-      for (uint l = 0; l < 32; ++l) v[l] = inside ? v[l] : 0.0f;
-      for (uint p = 0; p < 8; ++p) {
-        lo[j][p] = as_type<uint>(half2(half(v[2 * p]), half(v[2 * p + 1])));
-        hi[j][p] = as_type<uint>(half2(half(v[16 + 2 * p]), half(v[17 + 2 * p])));
+        LATHE_UNROLL for (uint i = 0; i < 16; ++i) {
+          bw[j][i] = inside ? as_type<uint>(half2(half(v[2 * i]), half(v[2 * i + 1]))) : 0u;
+        }
       }
     }
-    for (uint p = 0; p < 8; ++p) {
+    LATHE_UNROLL for (uint p = 0; p < 8; ++p) {
       simdgroup_half8x8 b0[NB], b1[NB];
-      for (uint j = 0; j < NB; ++j) {
-        b0[j] = sg8x8_from_col_pairs(as_type<half2>(lo[j][p]), lane);
-        b1[j] = sg8x8_from_col_pairs(as_type<half2>(hi[j][p]), lane);
+      LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
+        b0[j] = sg8x8_from_col_pairs(as_type<half2>(bw[j][p]), lane);
+        b1[j] = sg8x8_from_col_pairs(as_type<half2>(bw[j][8 + p]), lane);
       }
-      for (uint mb = 0; mb < MB; mb += 2) {
+      LATHE_UNROLL for (uint mb = 0; mb < MB; mb += 2) {
         const uint at = ((s * 8 + p) * MB + mb) * 64 + r * 8 + c;  // c = 2 * (c / 2): the word pair
         const uint2 top = load_wide<uint2>(xs, at / 2), bottom = load_wide<uint2>(xs, (at + 64) / 2);
         simdgroup_half8x8 a00, a01, a10, a11;
@@ -93,7 +120,7 @@ for (uint k0 = 0; k0 < K; k0 += KC) {
         a01.thread_elements() = as_type<half2>(top.y);
         a10.thread_elements() = as_type<half2>(bottom.x);
         a11.thread_elements() = as_type<half2>(bottom.y);
-        for (uint j = 0; j < NB; ++j) sg8x8_mma_k16x2(acc[j][mb], acc[j][mb + 1], a00, a01, a10, a11, b0[j], b1[j]);
+        LATHE_UNROLL for (uint j = 0; j < NB; ++j) sg8x8_mma_k16x2(acc[j][mb], acc[j][mb + 1], a00, a01, a10, a11, b0[j], b1[j]);
       }
     }
   }
@@ -104,8 +131,8 @@ auto partial = threadgroup_view<float>(xs);
 if (WK > 1) {
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (ks > 0) {
-    for (uint j = 0; j < NB; ++j) {
-      for (uint mb = 0; mb < MB; ++mb) {
+    LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
+      LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) {
         const float2 e = acc[j][mb].thread_elements();
         const uint at = ((((ks - 1) * WN + wn) * NB + j) * MB + mb) * 64 + 2 * lane;
         partial[at] = e.x;
@@ -116,17 +143,17 @@ if (WK > 1) {
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 if (ks == 0) {
-  for (uint j = 0; j < NB; ++j) {
-    for (uint mb = 0; mb < MB; ++mb) {
+  LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
+    LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) {
       float2 e = acc[j][mb].thread_elements();
-      for (uint g = 1; g < WK; ++g) {
+      LATHE_UNROLL for (uint g = 1; g < WK; ++g) {
         const uint at = ((((g - 1) * WN + wn) * NB + j) * MB + mb) * 64 + 2 * lane;
         e.x += partial[at];
         e.y += partial[at + 1];
       }
       const uint m = 8 * mb + r, col = row0 + 8 * j + c;
       if (m >= M) continue;
-      for (uint h = 0; h < 2; ++h) {
+      LATHE_UNROLL for (uint h = 0; h < 2; ++h) {
         if (col + h >= n) continue;
         float out = h ? e.y : e.x;
 #if LATHE_RESIDUAL
