@@ -293,7 +293,9 @@ def _write(path: Path, kernel: str, symbol: str, cubin: bytes) -> None:
     """The module MLX looks for (path: <dir>/<module>.ptx) and its symbol table, each written
     whole (a rename), the table first: MLX looks for the .ptx and then reads the .txt."""
     for suffix, data in ((".txt", f"{kernel}\t{symbol}\n".encode()), (".ptx", cubin)):
-        part = path.with_name(f"{path.stem}{suffix}.{os.getpid()}.{threading.get_ident()}.part")
+        # a short name: the module's own can be 230 characters, and with these suffixes its
+        # 257 passed the file system's 255 (a token_block's, seen on the H100: the cache went off)
+        part = path.with_name(f".{os.getpid()}.{threading.get_ident()}{suffix}.part")
         part.write_bytes(data)
         os.replace(part, path.with_suffix(suffix))
 
@@ -324,6 +326,7 @@ def default_dir() -> Path:
 
 
 _state = {"dir": None, "off": None}
+NAME_MAX = 255  # bytes of a file name (Linux): a longer module name is left to MLX to compile
 _known: set = set()
 
 
@@ -360,13 +363,15 @@ def cached(inst: Instance) -> Path | None:
     if _state["dir"] is None:
         return None
     path = Path(_job(inst)[2])
-    return path if path.exists() else None
+    return path if len(path.name) <= NAME_MAX and path.exists() else None
 
 
 def _build(inst: Instance) -> str | None:
     """Compile `inst` into the cache unless its module is there; NVRTC's log where the body does
     not compile (the launch is then left to MLX, which reports the error as it always did)."""
     source, kernel, path = _job(inst)
+    if len(Path(path).name) > NAME_MAX:  # MLX cannot open it either: it compiles the module itself
+        return None
     try:
         if not Path(path).exists():
             cubin, symbol = compile_cubin(source, kernel, f"{Path(path).stem}.cu")
@@ -411,7 +416,7 @@ def prepare(instances, workers: int | None = None) -> tuple[int, dict[str, str]]
     if _state["dir"] is None or not todo:
         return 0, {}
     jobs = {i: _job(i) for i in todo}
-    missing = [i for i in todo if not Path(jobs[i][2]).exists()]
+    missing = [i for i in todo if len(Path(jobs[i][2]).name) <= NAME_MAX and not Path(jobs[i][2]).exists()]
     _known.update(todo)
     workers = min(len(missing), workers or os.cpu_count() or 4)
     if workers <= 1:

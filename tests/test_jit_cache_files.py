@@ -1,0 +1,29 @@
+"""The kernel cache's files on any machine: long module names (a token_block's is 230 characters)
+are written under names the file system takes, and a name past its limit is left to MLX."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernels import jit_cache
+
+
+def test_a_long_module_is_written_whole_with_no_part_left(tmp_path: Path):
+    path = tmp_path / ("custom_kernel_lathe_token_block_" + "7_" * 97 + "a4de278d9ec8a664.ptx")
+    assert 220 < len(path.name) <= jit_cache.NAME_MAX
+    jit_cache._write(path, "mlx::core::cu::k", "_Z1kv", b"cubin")
+    assert path.read_bytes() == b"cubin"
+    assert path.with_suffix(".txt").read_text() == "mlx::core::cu::k\t_Z1kv\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, path.with_suffix(".txt").name])
+
+
+def test_a_name_past_the_limit_is_not_compiled_and_keeps_the_cache_on(tmp_path: Path, monkeypatch):
+    long = str(tmp_path / ("m" * 300 + ".ptx"))
+    monkeypatch.setitem(jit_cache._state, "dir", tmp_path)
+    monkeypatch.setattr(jit_cache, "_job", lambda inst: ("source", "kernel", long))
+    monkeypatch.setattr(jit_cache, "compile_cubin", lambda *a: pytest.fail("compiled a module MLX cannot open"))
+    assert jit_cache._build(object()) is None
+    assert jit_cache._state["dir"] == tmp_path  # not switched off for every other module
+    assert list(tmp_path.iterdir()) == []
