@@ -44,7 +44,7 @@ def cmd_check(family: str | None, seed: int | None, match: str | None, quick: bo
               shard: tuple[int, int] | None = None, jobs: int | None = None) -> int:
     """Each family's cases against their float64 references, a row each, in `jobs` processes
     (harness.main_job.run_checks: the references run on the host, a core a process; default: the
-    host's cores up to 8 with a GPU, one without or for a --shard, whose processes are the caller's)."""
+    host's cores up to 16 with a GPU, one without or for a --shard, whose processes are the caller's)."""
     from harness import main_job
     from harness.suites import select
     from kernels.runtime import has_gpu
@@ -353,10 +353,10 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show the whole traceback of an error")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="the main job: processes its checks run in (default: the host's cores up to 8 "
+                        help="the main job: processes its checks run in (default: the host's cores up to 16 "
                              "with a GPU, 1 without)")
     parser.add_argument("--full", action="store_true",
-                        help="the main job: every benchmark, not the --quick ones")
+                        help="the main job: the whole check and every benchmark, not the --quick ones")
     sub = parser.add_subparsers(dest="command")
     check = sub.add_parser("check", parents=[debug, opts], help="correctness against the float64 references")
     check.add_argument("family", nargs="?")
@@ -369,7 +369,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="every N-th case from the I-th of the selection (N processes run one check)")
     check.add_argument("-j", "--jobs", dest="check_jobs", type=int, default=None, metavar="N",
                        help="run the cases in N worker processes, a case at a time (the float64 references "
-                            "run on the host, a core a process); default: the host's cores up to 8 with a GPU, "
+                            "run on the host, a core a process); default: the host's cores up to 16 with a GPU, "
                             "1 without or with --shard")
     bench = sub.add_parser("bench", parents=[debug, opts], help="benchmarks, CSV and plots under results/<device>/")
     bench.add_argument("family", nargs="?")

@@ -67,3 +67,19 @@ def test_a_dead_worker_fails_its_cases_by_name():
     case = main_job.family_cases("rope", False)[0]
     assert not row["passed"] and row["kernel"] == case.kernel
     assert row["result"] == "FAIL BrokenProcessPool: a child process terminated abruptly"
+
+
+def test_the_main_job_checks_quick_unless_full(monkeypatch):
+    """A first run checks every kernel path once (the whole check ran past 10 minutes on a cold
+    H100); `--full` takes every case."""
+    seen = []
+
+    def checks(gpu, jobs, seed=None, families=None, quick=False, **_):
+        seen.append(quick)
+        return {"rope": main_job.FamilyCheck()}
+
+    monkeypatch.setattr(main_job, "run_checks", checks)
+    monkeypatch.setattr(main_job, "run_decode", lambda gpu, report, decode: 0)
+    for full in (False, True):
+        assert main_job.run(1, full, bench=None, decode=None) == 0
+    assert seen == [True, False]
