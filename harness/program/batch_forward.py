@@ -1,0 +1,119 @@
+"""One forward for a whole batch of sequences over the paged pool: the model that continuous
+batching (harness.program.serve) calls each step.
+
+A step's work is a few sequences, each with its tokens to run (a new prompt's uncached part, or
+the last token) from its own position, and its block table into one pool of KV rows. The forward
+runs every token of every sequence through each matrix at once (one [T, d] matmul a projection,
+T the step's tokens), and splits the batch only where a token must see its own sequence: RoPE at
+its positions, the K/V rows written at its slots (block * block_size + offset), and attention
+over the rows its table names, causal within its new tokens.
+
+`PagedBatchReference` does this with MLX built-ins: the reference variant's plan and weights
+(harness.program.decode.ReferenceDecoder), replayed with the three batch-aware steps swapped in.
+It runs anywhere MLX runs, the CPU included, so the batching itself (tables, slots, copies,
+preemption) is tested in CI against each sequence decoded alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from harness.program.decode import _OPS, ReferenceDecoder, _heads
+from harness.program.kv_pool import KVPool
+from harness.program.serve import Work
+
+
+@dataclass
+class Segment:
+    """A sequence's tokens in the step's batch: rows at..at+n of it, positions start..start+n-1."""
+
+    at: int
+    n: int
+    start: int
+    slots: np.ndarray  # int32 pool rows of positions 0..start+n-1 (the table, unrolled)
+
+
+class PagedBatchReference:
+    """The reference variant's forward over a batch of sequences and a paged KV pool of
+    `pool.num_blocks` blocks of `pool.block_size` rows a layer ([blocks * block_size, n_kv, D])."""
+
+    variant = "reference"
+
+    def __init__(self, decoder: ReferenceDecoder, pool: KVPool):
+        c = decoder.config
+        self.decoder, self.pool = decoder, pool
+        rows = pool.num_blocks * pool.block_size
+        self.k = [mx.zeros((rows, c.n_kv_heads, c.head_dim), decoder.dtype) for _ in range(c.n_layers)]
+        self.v = [mx.zeros((rows, c.n_kv_heads, c.head_dim), decoder.dtype) for _ in range(c.n_layers)]
+        self.ops = dict(_OPS, rope=self._rope, kv_write=self._kv_write, attention=self._attention)
+        self._segments: list[Segment] = []
+
+    def __call__(self, work: list[Work]) -> dict:
+        """Each sequence's next token (greedy) after running its tokens: {request id: token}."""
+        logits = self.forward(work)
+        picked = np.array(mx.argmax(logits, axis=-1))
+        return {w.request.id: int(t) for w, t in zip(work, picked)}
+
+    def forward(self, work: list[Work]) -> mx.array:
+        """The logits of each sequence's last token, [len(work), vocab] float32, in work's order."""
+        if not work:
+            raise ValueError("a step needs at least one sequence")
+        bs = self.pool.block_size
+        for w in work:  # copy-on-write first: the rows a shared block held, into the sequence's own
+            for src, dst in w.copies:
+                for cache in (self.k, self.v):
+                    for i in range(len(cache)):
+                        cache[i][dst * bs:(dst + 1) * bs] = cache[i][src * bs:(src + 1) * bs]
+        tokens, self._segments = [], []
+        for w in work:
+            end = w.start + len(w.tokens)
+            if not w.tokens or len(w.table) * bs < end:
+                raise ValueError(f"request {w.request.id!r}: {len(w.tokens)} tokens at {w.start} with "
+                                 f"{len(w.table)} blocks of {bs}")
+            pos = np.arange(end)
+            slots = (np.asarray(w.table, np.int64)[pos // bs] * bs + pos % bs).astype(np.int32)
+            self._segments.append(Segment(len(tokens), len(w.tokens), w.start, slots))
+            tokens += w.tokens
+        env = {"token": mx.array(np.asarray(tokens, np.int32))}
+        d, t = self.decoder, len(tokens)
+        for step in d.plan:
+            self.ops[step.op](d, step, env, t, None, None)
+        last = mx.array(np.array([s.at + s.n - 1 for s in self._segments], np.int32))
+        return env["logits"][last]
+
+    # ---- the steps that see a sequence's own positions and rows -----------------------------------
+    def _rope(self, d, s, env, t, offset, store):
+        parts = []
+        for seg in self._segments:
+            part = {s.reads[0]: env[s.reads[0]][seg.at:seg.at + seg.n]}
+            _OPS["rope"](d, s, part, seg.n, seg.start, None)
+            parts.append(part[s.writes[0]])
+        env[s.writes[0]] = mx.concatenate(parts, axis=2)  # [1, heads, T, D]
+
+    def _kv_write(self, d, s, env, t, offset, store):
+        c, i = d.config, s.layer
+        new = mx.array(np.concatenate([seg.slots[seg.start:] for seg in self._segments]))
+        self.k[i][new] = env["k"][0].transpose(1, 0, 2)
+        self.v[i][new] = _heads(env["v"], c.n_kv_heads, t, c.head_dim)[0].transpose(1, 0, 2)
+        env[s.writes[0]] = i
+
+    def _attention(self, d, s, env, t, offset, store):
+        i, window = env[s.reads[1]], d.config.layer(s.layer).window
+        outs = []
+        for seg in self._segments:
+            rows = mx.array(seg.slots)
+            keys = self.k[i][rows].transpose(1, 0, 2)[None]  # [1, n_kv, start + n, D]
+            values = self.v[i][rows].transpose(1, 0, 2)[None]
+            held = mx.arange(seg.start + seg.n)
+            queries = (seg.start + mx.arange(seg.n))[:, None]
+            mask = held[None, :] <= queries if seg.n > 1 else None
+            if window:
+                near = queries - held[None, :] < window
+                mask = near if mask is None else mask & near
+            part = {"q": env["q"][:, :, seg.at:seg.at + seg.n], s.reads[1]: (keys, values, mask)}
+            _OPS["attention"](d, s, part, seg.n, None, None)
+            outs.append(part["o"])
+        env["o"] = mx.concatenate(outs, axis=0)  # [T, heads * D]
