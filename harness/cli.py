@@ -286,6 +286,60 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     return 0
 
 
+def cmd_serve(model: str, qtype: str, batches: str, prompt: int, gen: int, shared: int = 0, mixed: bool = False,
+              seed: int = 0, variant: str = "reference", peer: str | None = None, rounds: int | None = None,
+              write: bool | None = None) -> int:
+    """Many sequences at once (harness.serve_bench): each batch size's requests through continuous
+    batching over one paged pool, per variant; with `peer="llama.cpp"` llama-batched-bench on the
+    same file and batch sizes, alternated for `rounds` rounds (default 2). Rows to
+    results/<device>/serve.csv (the default on a GPU) and serve.png."""
+    from harness.peers import BATCHED_HOW_TO_GET, PEERS, LlamaBatchedBench, find_llama_batched_bench
+    from harness.plots import serve_plot
+    from harness.program.decode import model_file
+    from harness.program.models import file_type_name, load_gguf
+    from harness.results import append_rows, read_results, results_dir, run_metadata
+    from harness.serve_bench import Workload, run_matrix
+    from kernels.runtime import backend, device_name, has_gpu
+
+    print(backend_line())
+    bench = None
+    if peer is not None:
+        if peer not in PEERS:
+            raise ValueError(f"peer must be one of {PEERS}, got {peer!r}")
+        exe = find_llama_batched_bench()
+        if exe is None:
+            print(f"lathe serve: --peer {peer}: {BATCHED_HOW_TO_GET}", file=sys.stderr)
+        else:
+            bench = LlamaBatchedBench(exe)
+    workloads = [Workload(int(b), prompt, gen, shared, mixed, seed) for b in str(batches).split(",")]
+    path = model_file(model, qtype, seed)
+    loaded = load_gguf(path)
+    if prompt + gen > loaded.config.ctx:
+        raise ValueError(f"prompt + gen = {prompt + gen} is past the model's context of {loaded.config.ctx}")
+    device = device_name() if has_gpu() else "cpu"
+    common = dict(kernel=model, backend=backend(), device=device, peak_gbs=None, **run_metadata(),
+                  model=model, qtype=file_type_name(loaded))
+    rounds = rounds or (2 if bench else 1)
+    rows = run_matrix(path, loaded, workloads, [v.strip() for v in variant.split(",")], rounds, common, bench)
+    shown = pd.DataFrame(rows)[[c for c in ("variant", "batch", "round", "tok_s", "decode_tok_s", "prefill_tok_s",
+                                            "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99",
+                                            "occupancy_max", "preempted", "x_llama_cpp", "error")
+                                if any(r.get(c) is not None for r in rows)]]
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print(shown.to_string(index=False))
+    if has_gpu() if write is None else write:
+        csv = append_rows(results_dir(ROOT, device) / "serve.csv", "serve", rows)
+        print(f"wrote {csv.relative_to(ROOT)}")
+        png = serve_plot(read_results(csv), csv.with_suffix(".png"),
+                         f"lathe serve on {device}: decode tok/s against sequences at once")
+        print(f"wrote {png.relative_to(ROOT)}")
+    failed = sorted({r["variant"] for r in rows if r.get("error")})
+    if failed:
+        print(f"lathe serve: {', '.join(failed)} did not run (the error column says why)", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_peak(write: bool = True):
     from harness.results import append_rows, results_dir, run_metadata
     from kernels.runtime import backend, device_name, has_gpu
@@ -420,6 +474,27 @@ def _parser() -> argparse.ArgumentParser:
                      help="print the plan (the steps replayed for every token) and stop")
     dec.add_argument("--text", default=None,
                      help="a prompt as text (the file's own tokenizer): print its greedy continuation of --gen tokens")
+    srv = sub.add_parser("serve", parents=[debug, opts],
+                         help="many sequences at once: continuous batching over one paged KV pool, against "
+                              "llama-batched-bench")
+    srv.add_argument("model", help="a .gguf file or a preset")
+    srv.add_argument("--qtype", default="q8_0", help="weights of a preset: f16, q8_0, q4_0, ...")
+    srv.add_argument("--batch", default="1,8,32", help="sequences at once, comma-separated for several")
+    srv.add_argument("--prompt", type=int, default=128, help="prompt tokens a sequence (the most, with --mixed)")
+    srv.add_argument("--gen", type=int, default=128, help="tokens a sequence generates (the most, with --mixed)")
+    srv.add_argument("--shared", type=int, default=0,
+                     help="the first N prompt tokens common to every sequence (a system prompt, stored once)")
+    srv.add_argument("--mixed", action="store_true",
+                     help="prompt and generation lengths drawn from [half, all], arrivals spread over the first steps")
+    srv.add_argument("--variant", default="reference", help="reference (MLX built-ins); comma-separated")
+    srv.add_argument("--peer", choices=("llama.cpp",), default=None,
+                     help="llama-batched-bench on the same file and batch sizes in this run ($LLAMA_BATCHED_BENCH, "
+                          "beside llama-bench, or PATH)")
+    srv.add_argument("--rounds", type=int, default=None, help="rounds (default 2 with --peer, else 1)")
+    srv.add_argument("--seed", type=int, default=0)
+    srv.add_argument("--write", dest="write", action="store_true", default=None,
+                     help="append to results/<device>/serve.csv (the default on a GPU)")
+    srv.add_argument("--no-write", dest="write", action="store_false")
     qual = sub.add_parser("quality", parents=[debug, opts],
                           help="perplexity of a real text per variant, KL divergence from the reference, llama.cpp's")
     qual.add_argument("model", help="a .gguf file or a preset (gemma3-270m: the registry's real file)")
@@ -606,6 +681,9 @@ def _run(args: argparse.Namespace) -> int:
         return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode,
                           args.repeat, args.depth, args.write, args.variant, args.kv, args.ctx,
                           args.peer, args.rounds, args.past_context)
+    if args.command == "serve":
+        return cmd_serve(args.model, args.qtype, args.batch, args.prompt, args.gen, args.shared, args.mixed,
+                         args.seed, args.variant, args.peer, args.rounds, args.write)
     if args.command == "compile":
         if args.metal:
             return cmd_compile_metal(args.family, args.match)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -123,3 +124,79 @@ def pair_with_peer(rows: list[dict]) -> list[dict]:
         r["x_llama_cpp"] = (round(r["decode_tok_s"] / peer, 3)
                             if peer and r["variant"] != VARIANT and r.get("decode_tok_s") is not None else None)
     return rows
+
+
+# ---- many sequences at once: llama-batched-bench -------------------------------------------------
+BATCHED_HOW_TO_GET = ("no llama-batched-bench found (PATH, $LLAMA_BATCHED_BENCH, or beside llama-bench): "
+                      "`bash .ci/device llama-bench` builds it with llama-bench")
+
+
+def find_llama_batched_bench() -> str | None:
+    """$LLAMA_BATCHED_BENCH when set (an executable file), else beside llama-bench, else PATH."""
+    given = os.environ.get("LLAMA_BATCHED_BENCH")
+    if given:
+        if not (Path(given).is_file() and os.access(given, os.X_OK)):
+            raise PeerError(f"LLAMA_BATCHED_BENCH={given} is not an executable file")
+        return given
+    bench = find_llama_bench()
+    beside = Path(bench).with_name("llama-batched-bench") if bench else None
+    if beside is not None and beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("llama-batched-bench")
+
+
+@dataclass(frozen=True)
+class LlamaBatchedBench:
+    """llama-batched-bench: `batch` sequences of `prompt` random tokens prefilled together, then
+    `gen` steps that decode a token of each (flash attention, every layer on the GPU)."""
+
+    path: str
+    timeout_s: float = 900.0
+
+    def command(self, model: Path, prompt: int, gen: int, batches: Sequence[int]) -> list[str]:
+        ctx = max(batches) * (prompt + gen) + 16
+        return [self.path, "-m", str(model), "-c", str(ctx), "-b", "2048", "-ub", "512",
+                "-npp", str(prompt), "-ntg", str(gen), "-npl", ",".join(str(b) for b in batches),
+                "-ngl", "99", "-fa", "on", "--output-format", "jsonl"]
+
+    @property
+    def build(self) -> str:
+        """The build as llama-bench's rows name theirs, `commit (number)`, from `--version`."""
+        try:
+            done = subprocess.run([self.path, "--version"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PeerError(f"{self.path} --version: {exc}") from exc
+        found = re.search(r"version: (\d+) \((\w+)\)", done.stdout + done.stderr)
+        return f"{found.group(2)} ({found.group(1)})" if found else "unknown"
+
+    def run(self, model: Path, prompt: int, gen: int, batches: Sequence[int]) -> list[dict]:
+        cmd = self.command(model, prompt, gen, batches)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise PeerError(f"llama-batched-bench ran past {self.timeout_s:.0f} s: {' '.join(cmd)}") from exc
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.strip().splitlines()[-8:])
+            raise PeerError(f"llama-batched-bench exited {done.returncode}: {' '.join(cmd)}\n{tail}")
+        return parse_batched(done.stdout + "\n" + done.stderr, batches)
+
+
+def parse_batched(text: str, batches: Sequence[int]) -> list[dict]:
+    """llama-batched-bench's `--output-format jsonl` lines (pp, tg, pl, t_pp, speed_pp, t_tg,
+    speed_tg, t, speed), one per batch size asked for, in `batches`' order."""
+    need = {"pp", "tg", "pl", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed"}
+    found = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            test = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(test, dict) and need <= test.keys():
+            found[int(test["pl"])] = test
+    missing = [b for b in batches if b not in found]
+    if missing:
+        raise PeerError(f"llama-batched-bench gave no result for batch {missing} (a batch past its context is skipped)")
+    return [found[b] for b in batches]

@@ -290,3 +290,36 @@ def quality_plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def serve_plot(df: pd.DataFrame, out_path: str | Path, title: str) -> Path:
+    """Many sequences at once: decode tok/s (all sequences together) against the batch size, a
+    line per (model, qtype, prompt + gen) and variant from the newest run that measured it, the
+    rounds' mean with their range; llama-batched-bench's in grey."""
+    keys = ["model", "qtype", "prompt", "gen"]
+    _require(df, [*keys, "variant", "batch", "decode_tok_s", "shared", "mixed"], "serve_plot")
+    data = df[(df.shared.fillna(0) == 0) & (df.mixed.fillna(0) == 0)].dropna(subset=["decode_tok_s"])
+    data = _newest_run_per(data, [*keys, "variant"])
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    for gi, ((model, qtype, prompt, gen), grp) in enumerate(data.groupby(keys, sort=True)):
+        for vi, (variant, rows) in enumerate(grp.groupby("variant", sort=True)):
+            by_batch = rows.groupby("batch").decode_tok_s
+            mean, low, high = by_batch.mean(), by_batch.min(), by_batch.max()
+            peer = variant == "llama.cpp"
+            ax.errorbar(mean.index, mean.values, yerr=[mean - low, high - mean], marker="o", capsize=3,
+                        color="0.4" if peer else f"C{(gi * 4 + vi) % 10}", linestyle="--" if peer else "-",
+                        label=f"{model} {qtype} pp{int(prompt)}+tg{int(gen)}: {variant}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequences at once (batch)")
+    ax.set_ylabel("decode tok/s, all sequences")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    _say_if_runs_mix(fig, data)
+    fig.tight_layout()
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return out_path

@@ -50,12 +50,22 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
     # us: a chunk's evaluation, wall time; x_llama_cpp: ppl over llama.cpp's ppl of the same run
     "quality": ["model", "qtype", "text", "n_ctx", "chunks", "tokens_scored", "ppl", "ppl_err",
                 "kl_mean", "kl_p99", "same_top", "x_llama_cpp", "peer_build"],
+    # lathe serve (harness.serve_bench): `batch` requests of `prompt` tokens (the first `shared`
+    # common to all; mixed 1: lengths and arrivals drawn, see Workload) generating `gen` each;
+    # tok_s over the whole run, decode_tok_s over the decode-only steps (llama-batched-bench's
+    # S_TG), prefill_tok_s over the steps that ran prompts (its S_PP); time to first token and
+    # per output token in ms; occupancy: the share of the pool's blocks held
+    "serve": ["model", "qtype", "batch", "prompt", "gen", "shared", "mixed", "steps", "tok_s", "decode_tok_s",
+              "prefill_tok_s", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99",
+              "occupancy_max", "occupancy_mean", "preempted", "round", "x_llama_cpp", "peer_build", "error"],
 }
 
 # Columns a row may leave out; they are written as empty cells.
 OPTIONAL_COLUMNS: frozenset[str] = frozenset(
     {"rel_err", "compile_s", "host_us", "gpu_us", "gpu_kernels", "flops", "launches", "repeats", "us_min", "us_max",
-     "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options", "tokens", "pos", "error"}
+     "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options", "tokens", "pos", "error",
+     "steps", "tok_s", "decode_tok_s", "prefill_tok_s", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median",
+     "tpot_ms_p99", "occupancy_max", "occupancy_mean", "preempted"}
 )
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.

@@ -290,3 +290,12 @@ def test_a_failing_variant_is_a_row_and_the_matrix_goes_on(tmp_path, monkeypatch
     assert read_results(csv).error.notna().sum() == 4
     assert cli.main(["decode", "tiny-llama", "--variant", "unfused,reference", "--no-write"]) == 1
     assert "unfused did not run" in capsys.readouterr().err
+
+
+def test_serve_runs_a_batch_and_names_a_variant_it_cannot_run():
+    run = lathe("serve", "tiny-llama", "--batch", "1,3", "--prompt", "8", "--gen", "4", "--no-write")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "decode_tok_s" in run.stdout and "ttft_ms_median" in run.stdout
+    bad = lathe("serve", "tiny-llama", "--batch", "2", "--prompt", "8", "--gen", "4", "--variant", "reference,fused",
+                "--no-write")
+    assert bad.returncode == 1 and "no batched forward yet" in bad.stdout and "fused did not run" in bad.stderr

@@ -117,3 +117,14 @@ class PagedBatchReference:
             _OPS["attention"](d, s, part, seg.n, None, None)
             outs.append(part["o"])
         env["o"] = mx.concatenate(outs, axis=0)  # [T, heads * D]
+
+
+BATCH_VARIANTS = ("reference",)
+
+
+def make_batch_forward(model, variant: str, pool: KVPool, max_seq: int):
+    """The batched forward of a variant over `pool` (sequences up to max_seq tokens): MLX
+    built-ins (reference). lathe's kernel variants have no batched forward yet."""
+    if variant not in BATCH_VARIANTS:
+        raise ValueError(f"variant {variant!r} has no batched forward yet (these do: {', '.join(BATCH_VARIANTS)})")
+    return PagedBatchReference(ReferenceDecoder(model, max_seq), pool)

@@ -42,13 +42,15 @@ class Request:
 @dataclass
 class Work:
     """One sequence's part of a step: the tokens it runs (its uncached prompt, or its last token),
-    from position `start`, with its block table and the copies to make before."""
+    from position `start`, with its block table and the copies to make before; `prefill` where
+    they are the sequence's prompt (on admission, or again after a preemption)."""
 
     request: Request
     tokens: list[int]
     start: int
     table: list[int]
     copies: list[tuple[int, int]]
+    prefill: bool = False
 
 
 class Scheduler:
@@ -92,7 +94,7 @@ class Scheduler:
                 break  # it waits for blocks to come back
             self.waiting.popleft()
             self.running.append(r)
-            work.append(Work(r, tokens[placed.prefilled:], placed.prefilled, placed.table, placed.copies))
+            work.append(Work(r, tokens[placed.prefilled:], placed.prefilled, placed.table, placed.copies, prefill=True))
         return work
 
     def _preempt(self) -> Request:
