@@ -206,6 +206,22 @@ def _compile_report(compiled: int, failures: dict[str, str], modules: int, how: 
     return 1 if failures else 0
 
 
+def _peer_tool(command: str, peer: str | None, find, how_to_get: str, make):
+    """The peer's tool for `lathe <command> --peer`: None without --peer, or (said in one line)
+    where none is found."""
+    from harness.peers import PEERS
+
+    if peer is None:
+        return None
+    if peer not in PEERS:
+        raise ValueError(f"peer must be one of {PEERS}, got {peer!r}")
+    exe = find()
+    if exe is None:
+        print(f"lathe {command}: --peer {peer}: {how_to_get}", file=sys.stderr)
+        return None
+    return make(exe)
+
+
 def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: str = "step",
                repeat: int = 1, depth: int | str = 0, write: bool | None = None,
                variant: str = "reference", kv: str = "contiguous", ctx: int | None = None,
@@ -218,21 +234,13 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     for `rounds` rounds (default 2), each lathe row's x_llama_cpp from that run's llama.cpp row."""
     from harness.anchors import llama_cpp_tok_s
     from harness.decode_bench import decode_row, run_decode
-    from harness.peers import HOW_TO_GET, PEERS, VARIANT, LlamaBench, find_llama_bench, pair_with_peer
+    from harness.peers import HOW_TO_GET, VARIANT, LlamaBench, find_llama_bench, pair_with_peer
     from harness.plots import decode_plot
-    from harness.results import append_rows, read_results, results_dir, run_metadata
+    from harness.results import run_metadata
     from kernels.runtime import device_name, has_gpu
 
     print(backend_line())
-    bench = None
-    if peer is not None:
-        if peer not in PEERS:
-            raise ValueError(f"peer must be one of {PEERS}, got {peer!r}")
-        exe = find_llama_bench()
-        if exe is None:
-            print(f"lathe decode: --peer {peer}: {HOW_TO_GET}", file=sys.stderr)
-        else:
-            bench = LlamaBench(exe)
+    bench = _peer_tool("decode", peer, find_llama_bench, HOW_TO_GET, LlamaBench)
     rounds = rounds or (2 if bench else 1)
     write = has_gpu() if write is None else write
     peak = _peak().gbs if has_gpu() else None
@@ -269,15 +277,9 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
               "`--peer llama.cpp` measures it in this run)")
     if write:
         meta = run_metadata()
-        csv = append_rows(results_dir(ROOT, device) / "decode.csv", "decode",
-                          [decode_row(row, peak, device, meta) for row in rows])
-        print(f"wrote {csv.relative_to(ROOT)}")
-        png = decode_plot(read_results(csv), csv.with_suffix(".png"),
-                          f"lathe decode on {device}: tok/s per variant and mode")
-        print(f"wrote {png.relative_to(ROOT)}")
-    failed = sorted({r["variant"] for r in rows if r.get("error")})
-    if failed:
-        print(f"lathe decode: {', '.join(failed)} did not run (the error column says why)", file=sys.stderr)
+        _write_and_plot("decode", device, [decode_row(row, peak, device, meta) for row in rows], decode_plot,
+                        f"lathe decode on {device}: tok/s per variant and mode")
+    if _say_failed("decode", rows):
         return 1
     if bench is not None and len({r["round"] for r in peer_rows}) < rounds:
         print(f"lathe decode: llama.cpp ran in {len({r['round'] for r in peer_rows})} of {rounds} rounds",
@@ -293,24 +295,16 @@ def cmd_serve(model: str, qtype: str, batches: str, prompt: int, gen: int, share
     batching over one paged pool, per variant; with `peer="llama.cpp"` llama-batched-bench on the
     same file and batch sizes, alternated for `rounds` rounds (default 2). Rows to
     results/<device>/serve.csv (the default on a GPU) and serve.png."""
-    from harness.peers import BATCHED_HOW_TO_GET, PEERS, LlamaBatchedBench, find_llama_batched_bench
+    from harness.peers import BATCHED_HOW_TO_GET, LlamaBatchedBench, find_llama_batched_bench
     from harness.plots import serve_plot
     from harness.program.decode import model_file
     from harness.program.models import file_type_name, load_gguf
-    from harness.results import append_rows, read_results, results_dir, run_metadata
+    from harness.results import run_metadata
     from harness.serve_bench import Workload, run_matrix
     from kernels.runtime import backend, device_name, has_gpu
 
     print(backend_line())
-    bench = None
-    if peer is not None:
-        if peer not in PEERS:
-            raise ValueError(f"peer must be one of {PEERS}, got {peer!r}")
-        exe = find_llama_batched_bench()
-        if exe is None:
-            print(f"lathe serve: --peer {peer}: {BATCHED_HOW_TO_GET}", file=sys.stderr)
-        else:
-            bench = LlamaBatchedBench(exe)
+    bench = _peer_tool("serve", peer, find_llama_batched_bench, BATCHED_HOW_TO_GET, LlamaBatchedBench)
     workloads = [Workload(int(b), prompt, gen, shared, mixed, seed) for b in str(batches).split(",")]
     path = model_file(model, qtype, seed)
     loaded = load_gguf(path)
@@ -328,16 +322,26 @@ def cmd_serve(model: str, qtype: str, batches: str, prompt: int, gen: int, share
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(shown.to_string(index=False))
     if has_gpu() if write is None else write:
-        csv = append_rows(results_dir(ROOT, device) / "serve.csv", "serve", rows)
-        print(f"wrote {csv.relative_to(ROOT)}")
-        png = serve_plot(read_results(csv), csv.with_suffix(".png"),
-                         f"lathe serve on {device}: decode tok/s against sequences at once")
-        print(f"wrote {png.relative_to(ROOT)}")
+        _write_and_plot("serve", device, rows, serve_plot, f"lathe serve on {device}: decode tok/s against sequences at once")
+    return 1 if _say_failed("serve", rows) else 0
+
+
+def _write_and_plot(family: str, device: str, rows: list[dict], plot, title: str) -> None:
+    """Rows appended to results/<device>/<family>.csv, and its plot redrawn from the whole file."""
+    from harness.results import append_rows, read_results, results_dir
+
+    csv = append_rows(results_dir(ROOT, device) / f"{family}.csv", family, rows)
+    print(f"wrote {csv.relative_to(ROOT)}")
+    png = plot(read_results(csv), csv.with_suffix(".png"), title)
+    print(f"wrote {png.relative_to(ROOT)}")
+
+
+def _say_failed(command: str, rows: list[dict]) -> bool:
+    """Whether a variant of the matrix failed (its rows carry the error), said on stderr."""
     failed = sorted({r["variant"] for r in rows if r.get("error")})
     if failed:
-        print(f"lathe serve: {', '.join(failed)} did not run (the error column says why)", file=sys.stderr)
-        return 1
-    return 0
+        print(f"lathe {command}: {', '.join(failed)} did not run (the error column says why)", file=sys.stderr)
+    return bool(failed)
 
 
 def cmd_peak(write: bool = True):
@@ -566,7 +570,7 @@ def cmd_quality(model: str, qtype: str, text: str, n_ctx: int, n_chunks: int | N
     from harness.program.decode import VARIANTS, make_decoder, model_file
     from harness.program.models import file_type_name, load_gguf
     from harness.plots import quality_plot
-    from harness.results import append_rows, read_results, results_dir, run_metadata
+    from harness.results import run_metadata
     from harness.program.tokenizer import load_tokenizer
     from kernels.runtime import backend, device_name, has_gpu
 
@@ -630,10 +634,7 @@ def cmd_quality(model: str, qtype: str, text: str, n_ctx: int, n_chunks: int | N
         print(f"  {name}: not run ({why})")
     write = has_gpu() if write is None else write
     if write:
-        csv = append_rows(results_dir(ROOT, device) / "quality.csv", "quality", rows)
-        print(f"wrote {csv.relative_to(ROOT)}")
-        png = quality_plot(read_results(csv), csv.with_suffix(".png"), f"lathe quality on {device}")
-        print(f"wrote {png.relative_to(ROOT)}")
+        _write_and_plot("quality", device, rows, quality_plot, f"lathe quality on {device}")
     return 0
 
 

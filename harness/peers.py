@@ -35,14 +35,17 @@ class PeerError(RuntimeError):
     """The peer could not be run, or said something we cannot read."""
 
 
+def _given(variable: str) -> str | None:
+    """The executable an environment variable names, checked; None where it is unset."""
+    given = os.environ.get(variable)
+    if given and not (Path(given).is_file() and os.access(given, os.X_OK)):
+        raise PeerError(f"{variable}={given} is not an executable file")
+    return given or None
+
+
 def find_llama_bench() -> str | None:
     """llama-bench's path: $LLAMA_BENCH when set (it must be an executable file), else PATH."""
-    given = os.environ.get("LLAMA_BENCH")
-    if given:
-        if not (Path(given).is_file() and os.access(given, os.X_OK)):
-            raise PeerError(f"LLAMA_BENCH={given} is not an executable file")
-        return given
-    return shutil.which("llama-bench")
+    return _given("LLAMA_BENCH") or shutil.which("llama-bench")
 
 
 @dataclass(frozen=True)
@@ -58,15 +61,20 @@ class LlamaBench:
 
     def run(self, model: Path, prompt: int, gen: int, depths: Sequence[int], repeat: int) -> list[dict]:
         """llama-bench's JSON tests for this file and matrix (one model load for all of them)."""
-        cmd = self.command(model, prompt, gen, depths, repeat)
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise PeerError(f"llama-bench ran past {self.timeout_s:.0f} s: {' '.join(cmd)}") from exc
-        if done.returncode != 0:
-            tail = "\n".join(done.stderr.strip().splitlines()[-8:])
-            raise PeerError(f"llama-bench exited {done.returncode}: {' '.join(cmd)}\n{tail}")
-        return parse_tests(done.stdout)
+        return parse_tests(run_tool("llama-bench", self.command(model, prompt, gen, depths, repeat),
+                                    self.timeout_s).stdout)
+
+
+def run_tool(name: str, cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """A peer's run, its failure a PeerError with the command and the last lines it printed."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise PeerError(f"{name} ran past {timeout_s:.0f} s: {' '.join(cmd)}") from exc
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-8:])
+        raise PeerError(f"{name} exited {done.returncode}: {' '.join(cmd)}\n{tail}")
+    return done
 
 
 def parse_tests(text: str) -> list[dict]:
@@ -133,10 +141,8 @@ BATCHED_HOW_TO_GET = ("no llama-batched-bench found (PATH, $LLAMA_BATCHED_BENCH,
 
 def find_llama_batched_bench() -> str | None:
     """$LLAMA_BATCHED_BENCH when set (an executable file), else beside llama-bench, else PATH."""
-    given = os.environ.get("LLAMA_BATCHED_BENCH")
+    given = _given("LLAMA_BATCHED_BENCH")
     if given:
-        if not (Path(given).is_file() and os.access(given, os.X_OK)):
-            raise PeerError(f"LLAMA_BATCHED_BENCH={given} is not an executable file")
         return given
     bench = find_llama_bench()
     beside = Path(bench).with_name("llama-batched-bench") if bench else None
@@ -170,14 +176,7 @@ class LlamaBatchedBench:
         return f"{found.group(2)} ({found.group(1)})" if found else "unknown"
 
     def run(self, model: Path, prompt: int, gen: int, batches: Sequence[int]) -> list[dict]:
-        cmd = self.command(model, prompt, gen, batches)
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise PeerError(f"llama-batched-bench ran past {self.timeout_s:.0f} s: {' '.join(cmd)}") from exc
-        if done.returncode != 0:
-            tail = "\n".join(done.stderr.strip().splitlines()[-8:])
-            raise PeerError(f"llama-batched-bench exited {done.returncode}: {' '.join(cmd)}\n{tail}")
+        done = run_tool("llama-batched-bench", self.command(model, prompt, gen, batches), self.timeout_s)
         return parse_batched(done.stdout + "\n" + done.stderr, batches)
 
 
