@@ -88,6 +88,16 @@ def one_of_each(cases: list) -> list:
     return kept
 
 
+def case_size(case) -> int:
+    """A case's size, the product of its shape's numbers (M x N x K, seq x heads x D, ...): the
+    order in which a pool takes the cases, the float64 references' cost growing with it."""
+    size = 1
+    for value in case.shape.values():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            size *= value
+    return int(size)
+
+
 def _row(case, passed: bool, rel_err: str, why: str = "") -> dict:
     """A case's row as `lathe check` prints it, and whether it passed."""
     return dict(kernel=case.kernel, variant=case.variant, shape=" ".join(f"{k}={v}" for k, v in case.shape.items()),
@@ -142,10 +152,13 @@ def run_checks(gpu: bool, jobs: int, seed: int | None = None, families: list[str
     if jobs == 1:
         done = ((item, _run_one(*item, gpu, quick, seed)) for item in work)
     else:
+        # the largest cases first, so that none of them starts last and holds the run's tail
+        # (the whole check, warm, on 16 processes: 1532 of 1581 cases after 187 s, 10cb374)
+        taken = sorted(work, key=lambda item: -case_size(family_cases(item[0], gpu, quick)[item[1]]))
         # spawn, not fork: a forked child of a process that has touched the GPU inherits a context it cannot use
         pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                                       initializer=_worker_options, initargs=(options.changed(),))
-        futures = {pool.submit(_run_one, *item, gpu, quick, seed): item for item in work}
+        futures = {pool.submit(_run_one, *item, gpu, quick, seed): item for item in taken}
         done = ((futures[f], _result(f, *futures[f], gpu, quick)) for f in concurrent.futures.as_completed(futures))
     try:
         label = f"check ({jobs} process{'es' * (jobs > 1)})"

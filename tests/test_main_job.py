@@ -83,3 +83,15 @@ def test_the_main_job_checks_quick_unless_full(monkeypatch):
     for full in (False, True):
         assert main_job.run(1, full, bench=None, decode=None) == 0
     assert seen == [True, False]
+
+
+def test_a_case_size_is_its_shapes_product_and_rows_keep_their_order(monkeypatch):
+    """A pool takes the largest cases first (case_size); the rows come back in the cases' order."""
+    order = []
+    sizes = [3, 500, 7, 40]
+    cases = [CheckCase("rope", "rope_demo", "plain", dict(N=n, D=2), lambda rng, n=n: order.append(n) or [],
+                       needs_gpu=False) for n in sizes]
+    monkeypatch.setitem(main_job._CASES, ("rope", False, False), cases)
+    assert [main_job.case_size(c) for c in cases] == [6, 1000, 14, 80]
+    rows = main_job.run_checks(gpu=False, jobs=1, families=["rope"])["rope"].rows
+    assert [r["shape"] for r in rows] == [f"N={n} D=2" for n in sizes] and order == sizes  # one process: as listed
