@@ -63,9 +63,7 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
 # Columns a row may leave out; they are written as empty cells.
 OPTIONAL_COLUMNS: frozenset[str] = frozenset(
     {"rel_err", "compile_s", "host_us", "gpu_us", "gpu_kernels", "flops", "launches", "repeats", "us_min", "us_max",
-     "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options", "tokens", "pos", "error",
-     "steps", "tok_s", "decode_tok_s", "prefill_tok_s", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median",
-     "tpot_ms_p99", "occupancy_max", "occupancy_mean", "preempted"}
+     "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options", "tokens", "pos", "error"}
 )
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.
