@@ -350,8 +350,8 @@ def test_the_qmm_sweep_times_each_knob_that_fits():
 
 @pytest.mark.parametrize("m, qmm_on, launched", [
     (3, True, ("lathe_gemv_v3",)),  # a decode's rows: the GEMV
-    (5, True, ("lathe_qmm",)), (32, True, ("lathe_qmm",)),  # a short prompt's: the quantized GEMM
-    (33, True, ("lathe_dequantize",)),  # past QMM_UP_TO: dequantize + MLX's matmul
+    (5, True, ("lathe_qmm",)), (64, True, ("lathe_qmm",)),  # a short prompt's: the quantized GEMM
+    (65, True, ("lathe_dequantize",)),  # past QMM_UP_TO: dequantize + MLX's matmul
     (20, False, ("lathe_dequantize",)), (9, False, ("lathe_gemv_v3",) * 3)])  # the option off: as before
 def test_linear_takes_qmm_for_a_short_prompts_rows(m, qmm_on, launched):
     """linear() on repacked weights: the GEMV up to 4 rows, qmm from 5 to QMM_UP_TO (prompt_qmm),

@@ -27,7 +27,7 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
 - `quantize`, `dequantize`: the GGUF blocks made and read on the GPU.
 - `qmm`: the quantized GEMM for up to 64 rows of X (a short prompt's), on repacked weights of any
   v3 block type: W read once for all rows, decoded in registers into SIMD-group matrices.
-- `linear`: any M; the GEMV up to 4 rows, qmm up to `QMM_UP_TO` (32) on repacked weights, GEMV
+- `linear`: any M; the GEMV up to 4 rows, qmm up to `QMM_UP_TO` (64) on repacked weights, GEMV
   launches of up to 4 rows, and from `BATCHED_FROM` rows W dequantized to fp16 once and MLX's matmul.
 - Fused projections (QKV, gate+up): `concat_rows` makes one matrix, `linear` runs it, `split`
   cuts the output.
@@ -907,9 +907,10 @@ def dequantize(q: mx.array | Packed, qtype: str, n: int, k: int) -> mx.array:
 
 # ---- a few rows of X: the quantized GEMM -------------------------------------------------------------
 QMM_MAX_M = 64  # rows of X the quantized GEMM takes (a short prompt's)
-# linear() takes qmm up to this many rows: at 64 it ran 2.1x slower than dequantize + MLX's matmul
-# on the 8B's 4096 x 4096 (99 against 48 us, 534cfcd), 2.2x faster at 32 (kernels/gemv/NOTES.md)
-QMM_UP_TO = 32
+# linear() takes qmm up to this many rows: with the half2 decode and its knobs from the sweep (10cb374,
+# H100) 64 rows of the 8B's 4096 x 4096 took 11.6 us against about 37 for dequantize + MLX's matmul
+# (kernels/gemv/NOTES.md)
+QMM_UP_TO = QMM_MAX_M
 
 
 def _qmm_spec(residual: bool) -> KernelSpec:
@@ -932,11 +933,12 @@ _QMM = {residual: _qmm_spec(residual) for residual in (False, True)}
 
 def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     """qmm's knobs for M rows and an [N, K] matrix: 8 * NB * WN rows of W a threadgroup, WK SIMD
-    groups streaming each row block. Each threadgroup stages all of X once, so rows a threadgroup
-    trade X's reads from L2 against threadgroups to fill the GPU: 32 rows (two blocks of 8 a SIMD
-    group), and 64 where the matrix has rows for 2 threadgroups an SM at that size."""
-    wide = n >= 64 * 264
-    return dict(NB=2, WN=4 if wide else 2, WK=2 if wide else 4)
+    groups streaming each row block. Each threadgroup stages all of X once, so more rows a
+    threadgroup read X fewer times from L2; NB blocks a SIMD group are NB loads in flight a lane.
+    The sweep of 10cb374 (H100, GPU time) put NB 4, WN 4, WK 2 first at M = 16 and 64 on all three
+    of the 8B's shapes (4096 x 4096, 28672 x 4096, 4096 x 14336; at 4096 x 14336 and M = 16 second
+    by 0.2%)."""
+    return dict(NB=4, WN=4, WK=2)
 
 
 @_per_budget
