@@ -131,7 +131,7 @@ DECLARED = (
            "per prompt (dequantize), or an fp16 copy made once when the decoder is built (f16: no "
            "dequantize launches, at twice the weights' memory; kernels/attention/NOTES.md)"),
     Option("prompt_qmm", True, _flag,
-           "linear() for 5..32 rows of X on repacked weights (a short prompt's projections): the quantized "
+           "linear() for 5..64 rows of X on repacked weights (a short prompt's projections): the quantized "
            "GEMM (kernels.gemv.qmm: W read once, on SIMD-group matrices); off: GEMV launches of 4 rows "
            "below 16 rows, dequantize + MLX's matmul from there (kernels/gemv/NOTES.md)"),
     Option("prompt_compiled", True, _flag,

@@ -294,9 +294,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         steps.append(Step(op, kernel, tuple(reads), tuple(writes), tuple(weights), tuple(per_token), layer,
                           functools.partial(run, *args) if args else run, tuple(launches)))
 
-    # a prompt of up to 32 rows on repacked weights: the quantized GEMM (kernels.gemv.qmm)
+    # a prompt of up to QMM_UP_TO rows on repacked weights: the quantized GEMM (kernels.gemv.qmm)
     qmm_launch = ("lathe_qmm",) if packed and options.get("prompt_qmm") else ()
-    qmm_shown = "lathe qmm up to 32 rows, else " if qmm_launch else ""
+    qmm_shown = f"lathe qmm up to {gemv.QMM_UP_TO} rows, else " if qmm_launch else ""
 
     def linear(src, dst, name, layer=None, residual=False):
         """Y = X @ W^T (+ the residual stream, in the GEMV's epilogue where it can, in MLX's
