@@ -119,12 +119,123 @@ class PagedBatchReference:
         env["o"] = mx.concatenate(outs, axis=0)  # [T, heads * D]
 
 
-BATCH_VARIANTS = ("reference",)
+class PagedBatchKernels:
+    """lathe's kernel variants (unfused, fused) over a batch of sequences and the paged pool: the
+    decoder's paged plan for the step's T tokens (its phase: the fused GEMVs up to 4 rows, the
+    quantized GEMM or MLX's matmul past that), every projection over all T rows in one launch,
+    with the position-dependent steps swapped for the batch's: RoPE at each token's position
+    (position_ids, one launch for every token), the K/V rows written at their slots
+    (reshape_and_cache, one launch), the decode tokens' attention in one paged_attention launch
+    over their tables and lengths, and each prompt's in a prefill_attention launch over its table.
+    The pool's blocks are the caches' blocks (vLLM's layouts, blocks of BLOCK_SIZE rows)."""
+
+    def __init__(self, model, variant: str, pool: KVPool, max_seq: int):
+        from harness.program import kernel_decode as kd
+
+        if pool.block_size != kd.BLOCK_SIZE:
+            raise ValueError(f"the kernel variants' pool has blocks of {kd.BLOCK_SIZE} rows, got {pool.block_size}")
+        self.kd, self.pool = kd, pool
+        self.d = kd.KernelDecoder(model, max_seq, variant, "paged")
+        self.variant = self.d.label
+        c = model.config
+        k_shape = (pool.num_blocks, c.n_kv_heads, c.head_dim // 8, pool.block_size, 8)
+        v_shape = (pool.num_blocks, c.n_kv_heads, c.head_dim, pool.block_size)
+        self.d.k = [mx.full(k_shape, float("nan"), mx.float16) for _ in range(c.n_layers)]
+        self.d.v = [mx.full(v_shape, float("nan"), mx.float16) for _ in range(c.n_layers)]
+        self._step: dict = {}
+
+    def __call__(self, work: list[Work]) -> dict:
+        picked = np.array(self.kd.loop.argmax(self.forward(work)))  # every row's, one launch
+        return {w.request.id: int(t) for w, t in zip(work, picked)}
+
+    def forward(self, work: list[Work]) -> mx.array:
+        """The logits of each sequence's last token, [len(work), vocab], in work's order."""
+        d, bs = self.d, self.pool.block_size
+        if not work:
+            raise ValueError("a step needs at least one sequence")
+        for w in work:  # copy-on-write first: the whole block, every layer
+            for src, dst in w.copies:
+                for i in range(len(d.k)):
+                    d.k[i][dst] = d.k[i][src]
+                    d.v[i][dst] = d.v[i][src]
+        tokens, positions, slots, ends, decode, prefill = [], [], [], [], [], []
+        for w in work:
+            end = w.start + len(w.tokens)
+            if not w.tokens or len(w.table) * bs < end:
+                raise ValueError(f"request {w.request.id!r}: {len(w.tokens)} tokens at {w.start} with "
+                                 f"{len(w.table)} blocks of {bs}")
+            pos = np.arange(w.start, end)
+            at = len(tokens)
+            (decode if len(w.tokens) == 1 else prefill).append((at, w))
+            tokens += w.tokens
+            positions += list(pos)
+            slots += list(np.asarray(w.table, np.int64)[pos // bs] * bs + pos % bs)
+            ends.append(len(tokens) - 1)
+        t = len(tokens)
+        widest = max(len(w.table) for _, w in decode) if decode else 0
+        table = np.full((len(decode), max(widest, 1)), 0, np.int32)
+        for row, (_, w) in enumerate(decode):
+            table[row, :len(w.table)] = w.table
+        self._step = dict(positions=mx.array(np.asarray(positions, np.int32)), slots=np.asarray(slots, np.int32),
+                          ends=mx.array(np.asarray(ends, np.int32)), decode=decode, prefill=prefill, table=table,
+                          lens=[w.start + 1 for _, w in decode], t=t)
+        mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
+        env = {"token": [int(x) for x in tokens]}
+        for step in d.plan_for(t):
+            swap = self._swaps.get(step.op)
+            if swap is None:
+                step.run(d, env, t, 0)
+            else:
+                swap(self, step, env)
+        logits = env["logits"]
+        return logits if logits.shape[0] == len(work) else logits[self._step["ends"]]
+
+    # ---- the steps that see a token's own position and rows ----------------------------------------
+    def _rope(self, step, env):
+        d, t = self.d, self._step["t"]
+        n, i = step.reads[0], step.layer
+        self.kd._heads_of(d, env, t)
+        rotate = self.kd.rope.rope_neox if d.config.neox else self.kd.rope.rope
+        env[n] = rotate(env[n], 0, theta=d.thetas[i], inv_freq=d.inv_freqs[i], position_ids=self._step["positions"])
+
+    def _kv_write(self, step, env):
+        d, i = self.d, step.layer
+        self.kd._heads_of(d, env, self._step["t"])
+        d.k[i], d.v[i], env["written"] = self.kd.attention.reshape_and_cache(env["k"], env["v"], d.k[i], d.v[i],
+                                                                             self._step["slots"])
+
+    def _attention(self, step, env):
+        d, i, st = self.d, step.layer, self._step
+        attention, q = self.kd.attention, env["q"]
+        parts = {}
+        if st["decode"]:
+            rows = mx.array(np.array([at for at, _ in st["decode"]], np.int32))
+            o = attention.paged_attention(q[rows], d.k[i], d.v[i], st["table"], st["lens"], d.scale,
+                                          after=env["written"], window=d.windows[i], softcap=d.config.attn_softcap)
+            parts.update({at: o[row:row + 1] for row, (at, _) in enumerate(st["decode"])})
+        for at, w in st["prefill"]:
+            n = len(w.tokens)
+            parts[at] = attention.prefill_attention(q[at:at + n], d.k[i], d.v[i], w.start, d.scale,
+                                                    block_table=w.table, after=env["written"], window=d.windows[i],
+                                                    softcap=d.config.attn_softcap)
+        o = mx.concatenate([parts[at] for at in sorted(parts)], axis=0)
+        self.kd._end_layer_attention(env, o.reshape(st["t"], -1))
+
+    def _last_rows(self, step, env):
+        env["x"] = env["x"][self._step["ends"]]
+
+    _swaps = {"rope": _rope, "kv_write": _kv_write, "attention": _attention, "last_row": _last_rows}
+
+
+BATCH_VARIANTS = ("reference", "unfused", "fused")
 
 
 def make_batch_forward(model, variant: str, pool: KVPool, max_seq: int):
     """The batched forward of a variant over `pool` (sequences up to max_seq tokens): MLX
-    built-ins (reference). lathe's kernel variants have no batched forward yet."""
+    built-ins (reference), or lathe's kernels one per op (unfused) or fused (a GPU); megafused
+    runs one sequence over a contiguous cache only."""
     if variant not in BATCH_VARIANTS:
-        raise ValueError(f"variant {variant!r} has no batched forward yet (these do: {', '.join(BATCH_VARIANTS)})")
-    return PagedBatchReference(ReferenceDecoder(model, max_seq), pool)
+        raise ValueError(f"variant {variant!r} has no batched forward (these do: {', '.join(BATCH_VARIANTS)})")
+    if variant == "reference":
+        return PagedBatchReference(ReferenceDecoder(model, max_seq), pool)
+    return PagedBatchKernels(model, variant, pool, max_seq)
