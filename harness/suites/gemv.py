@@ -1015,10 +1015,12 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
 # across rows, WK along K (8: more of a threadgroup's weights in flight at once, where a 4096-row
 # matrix gives each SM about one threadgroup of 32 rows; qmm_geometry makes a piece of X a
 # multiple of WK super-chunks where it fits); at a short prompt's row counts on the 8B's O, gate+up
-# and down shapes
+# and down shapes and Qwen3-0.6B's four
 QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk) for nb in (1, 2, 4) for wn in (1, 2, 4) for wk in (1, 2, 4, 8)
              if 2 <= wn * wk <= 16]
-QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336))
+QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
+                    # Qwen3-0.6B's QKV, O, gate+up and down (Q8_0), whose short prompts trail llama.cpp
+                    ("q8_0", 4096, 1024), ("q8_0", 1024, 2048), ("q8_0", 6144, 1024), ("q8_0", 1024, 3072))
 
 
 def _qmm_sweep() -> list[BenchCase]:

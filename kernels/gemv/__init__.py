@@ -937,8 +937,12 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     threadgroup read X fewer times from L2; NB blocks a SIMD group are NB loads in flight a lane.
     The sweep of 10cb374 (H100, GPU time) put NB 4, WN 4, WK 2 first at M = 16 and 64 on all three
     of the 8B's shapes (4096 x 4096, 28672 x 4096, 4096 x 14336; at 4096 x 14336 and M = 16 second
-    by 0.2%)."""
-    return dict(NB=4, WN=4, WK=2)
+    by 0.2%), even where that leaves 32 threadgroups. Below 4096 rows (Qwen3-0.6B's O and down:
+    1024) it would leave 8 or fewer, and no sweep has measured those shapes yet: they keep 32 rows a
+    threadgroup, as the prompt rows of 10cb374 ran them."""
+    if n >= 4096:
+        return dict(NB=4, WN=4, WK=2)
+    return dict(NB=2, WN=2, WK=4)
 
 
 @_per_budget
