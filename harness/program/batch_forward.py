@@ -176,9 +176,14 @@ class PagedBatchKernels:
         table = np.full((len(decode), max(widest, 1)), 0, np.int32)
         for row, (_, w) in enumerate(decode):
             table[row, :len(w.table)] = w.table
+        # attention's outputs come as the decode tokens' rows, then each prompt's: `order` puts
+        # them back in token order (one gather a layer, not a slice a sequence)
+        grouped = [at for at, _ in decode] + [at + j for at, w in prefill for j in range(len(w.tokens))]
         self._step = dict(positions=mx.array(np.asarray(positions, np.int32)), slots=np.asarray(slots, np.int32),
                           ends=mx.array(np.asarray(ends, np.int32)), decode=decode, prefill=prefill, table=table,
-                          lens=[w.start + 1 for _, w in decode], t=t)
+                          lens=[w.start + 1 for _, w in decode], t=t,
+                          decode_rows=mx.array(np.asarray([at for at, _ in decode], np.int32)),
+                          order=mx.array(np.argsort(np.asarray(grouped)).astype(np.int32)))
         mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
         env = {"token": [int(x) for x in tokens]}
         for step in d.plan_for(t):
@@ -207,18 +212,16 @@ class PagedBatchKernels:
     def _attention(self, step, env):
         d, i, st = self.d, step.layer, self._step
         attention, q = self.kd.attention, env["q"]
-        parts = {}
+        parts = []  # the decode tokens' rows, then each prompt's, put back in token order below
         if st["decode"]:
-            rows = mx.array(np.array([at for at, _ in st["decode"]], np.int32))
-            o = attention.paged_attention(q[rows], d.k[i], d.v[i], st["table"], st["lens"], d.scale,
-                                          after=env["written"], window=d.windows[i], softcap=d.config.attn_softcap)
-            parts.update({at: o[row:row + 1] for row, (at, _) in enumerate(st["decode"])})
+            parts.append(attention.paged_attention(q[st["decode_rows"]] if st["prefill"] else q, d.k[i], d.v[i],
+                                                   st["table"], st["lens"], d.scale, after=env["written"],
+                                                   window=d.windows[i], softcap=d.config.attn_softcap))
         for at, w in st["prefill"]:
-            n = len(w.tokens)
-            parts[at] = attention.prefill_attention(q[at:at + n], d.k[i], d.v[i], w.start, d.scale,
-                                                    block_table=w.table, after=env["written"], window=d.windows[i],
-                                                    softcap=d.config.attn_softcap)
-        o = mx.concatenate([parts[at] for at in sorted(parts)], axis=0)
+            parts.append(attention.prefill_attention(q[at:at + len(w.tokens)], d.k[i], d.v[i], w.start, d.scale,
+                                                     block_table=w.table, after=env["written"], window=d.windows[i],
+                                                     softcap=d.config.attn_softcap))
+        o = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)[st["order"]]
         self.kd._end_layer_attention(env, o.reshape(st["t"], -1))
 
     def _last_rows(self, step, env):
