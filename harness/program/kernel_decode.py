@@ -216,11 +216,13 @@ def wide_stream(c) -> bool:
 
 
 QUANTIZED = ("q4_0", "q8_0", *gemv.REPACKED_ONLY)  # our GEMVs' block types (all but Q4_0, Q8_0: repacked only)
-PHASES = ("decode", "short", "prompt")  # 1 token; 2..FUSED_UP_TO (the fused GEMVs' rows); more
+# 1 token; 2..FUSED_UP_TO (the fused GEMVs' rows); ..QMM_UP_TO (the quantized GEMM's, fused as the
+# GEMVs are where the weights are repacked and prompt_qmm is on; else as a prompt); more
+PHASES = ("decode", "short", "gemm", "prompt")
 
 
 def phase_of(t: int) -> str:
-    return "decode" if t == 1 else "short" if t <= FUSED_UP_TO else "prompt"
+    return "decode" if t == 1 else "short" if t <= FUSED_UP_TO else "gemm" if t <= gemv.QMM_UP_TO else "prompt"
 
 
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, seams: bool = False,
@@ -280,7 +282,11 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     attn_parts += ("attn_output",)
     ffn_parts = ("ffn_gate_up",) if c.architecture.fused_gate_up else ("ffn_gate", "ffn_up")
     ffn_parts += ("ffn_down",)
-    decode, small = phase == "decode", phase != "prompt"
+    decode, small = phase == "decode", phase in ("decode", "short")
+    # 5..QMM_UP_TO rows on repacked weights: qmm with the RMSNorm prologue and the gated epilogue
+    # (an fp16 residual stream: Gemma's float32 one takes the prompt's steps)
+    gemm = (phase == "gemm" and fused and packed and options.get("prompt_qmm") and not f16_copies
+            and not wide_stream(c))
     wrap = overflow and decode and not paged
     mega = mega and fused and decode and packed and not paged and not wrap
     one_launch = backends.cross_group_waits() if one_launch is None else one_launch
@@ -343,7 +349,12 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             launches=("lathe_rmsnorm",))
 
     def norm_linear(norm, name, dst, layer=None, label=None):
-        """RMSNorm of the residual stream, then a projection: one launch where the GEMV fuses it."""
+        """RMSNorm of the residual stream, then a projection: one launch where the GEMV (or, for
+        5..QMM_UP_TO rows, the quantized GEMM) fuses it."""
+        if gemm and quant(name) and name != head:
+            add("rmsnorm_linear", f"lathe qmm + RMSNorm prologue{shown(name)}", ("x",), (dst,), _run_norm_qmm, norm,
+                name, dst, weights=(norm, label or name), layer=layer, launches=("lathe_qmm_norm",))
+            return
         if fused and small and quant(name):
             add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v}{shown(name)}", ("x",), (dst,), _run_norm_linear, norm, name, dst,
                 weights=(norm, label or name), layer=layer, launches=(f"lathe_rmsnorm_gemv_{v}",))
@@ -526,6 +537,12 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 ("gate_up", "x"), ("x",), _run_silu_down, i,
                 weights=(down,), layer=i, launches=(f"lathe_silu_down_gemv_{v}_residual",))
             continue
+        if gemm and quant(gate_up):  # RMSNorm, gate+up and act(gate) * up in one qmm launch
+            add("rmsnorm_linear_swiglu", f"lathe qmm + RMSNorm prologue + {act_shown} epilogue{shown(gate_up)}", ("x",),
+                ("a",), _run_norm_gate_up_qmm, b + "ffn_norm.weight", gate_up,
+                weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i, launches=("lathe_qmm_norm_",))
+            block_out("a", "ffn", down, i, ffn_norm)
+            continue
         rms_norm(b + "ffn_norm.weight", i)
         if fused or c.architecture.fused_gate_up:  # a prompt (Phi-3: any step): gate+up, SwiGLU over its rows
             linear("h", "gate_up", gate_up, i)
@@ -606,6 +623,17 @@ def _run_norm_linear_pair(norm, name, name_b, dst, d, env, t, pos):
     n, k = d.nk[name]
     env[dst] = gemv.rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.matrix(name), d.types[name], n, k,
                                  w_b=d.matrix(name_b))
+
+
+def _run_norm_qmm(norm, name, dst, d, env, t, pos):
+    n, k = d.nk[name]
+    env[dst] = gemv.qmm(env["x"], d.matrix(name), d.types[name], n, k, gamma=d.g16[norm], eps=d.config.eps)
+
+
+def _run_norm_gate_up_qmm(norm, name, d, env, t, pos):
+    n, k = d.nk[name]
+    env["a"] = gemv.qmm(env["x"], d.matrix(name), d.types[name], n, k, gamma=d.g16[norm], eps=d.config.eps,
+                        activation=d.config.architecture.activation)
 
 
 def _run_norm_gate_up_swiglu(norm, name, d, env, t, pos):

@@ -623,6 +623,42 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              (64, 2048, 4096, False, dict(nb=1, wn=4, wk=4))]
 
 
+# qmm fused as the GEMVs are: the RMSNorm prologue, the gated epilogue (act(gate) * up of a
+# [gate; up] matrix: n = 2F rows, F not a whole row block, GELU for Gemma), both (a prompt's FFN
+# step), and knobs away from the defaults (gated: NB even).
+QMM_FUSED_CASES = [("rmsnorm", None, 5, 33, 96, None), ("rmsnorm+gated", "silu", 16, 2 * 1001, 1024, None),
+                   ("rmsnorm", None, 16, 4097, 4128, None), ("rmsnorm", None, 64, 1024, 3072, None),
+                   ("gated", "silu", 33, 2 * 3072, 1024, None), ("gated", "gelu", 16, 2 * 515, 2048, None),
+                   ("rmsnorm+gated", "silu", 20, 2 * 4096, 4096, None),
+                   ("rmsnorm+gated", "silu", 9, 2 * 1000, 2048, dict(nb=2, wn=1, wk=2))]
+
+
+def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: int, knobs: dict | None) -> CheckCase:
+    """qmm with the RMSNorm prologue and/or the gated epilogue against float64: RMSNorm(X) * gamma
+    of fp16 X, then X @ W^T, then act(gate) * up of its halves."""
+    from kernels.gemv import qmm, repack
+    from kernels.runtime import poisoned_outputs
+
+    norm = kind.startswith("rmsnorm")
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        host, dev = _blocks(rng, qtype, n, k)
+        x = (_x(rng, m, k).astype(np.float32) * 3 + 1).astype(np.float16)
+        gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
+        extra = dict(gamma=mx.array(gamma), eps=1e-5) if norm else {}
+        with poisoned_outputs():
+            y = qmm(mx.array(x), repack(dev, qtype, n, k), qtype, n, k, activation=act, **extra, **(knobs or {}))
+            mx.eval(y)
+        x64 = rmsnorm64(x, gamma, 1e-5) if norm else x.astype(np.float64)
+        if act is None:
+            return _against_float64("y", y, x64, host, qtype, k, rng)
+        want = ref_loop.swiglu(x64 @ dequantize(host, qtype, k).astype(np.float64).T, act)
+        return [compare(f"{act}(gate) * up", np.array(y).astype(np.float64), want, TOL)]
+
+    variant = kind + (f" ({act})" if act else "") + ("".join(f" {key}={v}" for key, v in (knobs or {}).items()))
+    return CheckCase("gemv", f"qmm_{qtype}", variant, dict(M=m, N=n, K=k), run)
+
+
 def _k_shape(k: int) -> int:
     """A check shape's K for the K-quants: rounded up to whole super-blocks."""
     return -(-k // 256) * 256
@@ -653,6 +689,8 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128)))))
     for m, n, k, residual, knobs in QMM_CASES[:2] if small else QMM_CASES:
         cases.append(_gemv_case("qmm", qtype, m, n, fit(k), residual, knobs))
+    for kind, act, m, n, k, knobs in QMM_FUSED_CASES[:2] if small else QMM_FUSED_CASES:
+        cases.append(_qmm_fused_case(kind, act, qtype, m, n, fit(k), knobs))
     for m in (3, 9, 16) if small else (3, 9, 16, 512):  # each path of linear(): GEMV, GEMVs + add, addmm
         cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128))),
                                 residual=True))

@@ -913,22 +913,30 @@ QMM_MAX_M = 64  # rows of X the quantized GEMM takes (a short prompt's)
 QMM_UP_TO = QMM_MAX_M
 
 
-def _qmm_spec(residual: bool) -> KernelSpec:
-    return KernelSpec("lathe_qmm" + ("_residual" if residual else ""), "gemv/qmm.metal",
-                      ("x", "w", "dims", *(("residual",) if residual else ())), ("y",),
-                      prelude=f"#define LATHE_RESIDUAL {int(residual)}", threadgroup_bytes=_qmm_threadgroup_bytes)
+def _qmm_spec(residual: bool, norm: bool = False, activation: str | None = None) -> KernelSpec:
+    """qmm.metal: plain, + residual, with the RMSNorm prologue (`norm`), and/or gated (act(gate) *
+    up of a [gate; up] matrix, `activation`)."""
+    name = "lathe_qmm" + ("_norm" if norm else "") + (f"_{activation}" if activation else "")
+    return KernelSpec(name + ("_residual" if residual else ""), "gemv/qmm.metal",
+                      ("x", "w", "dims", *(("gamma", "eps") if norm else ()), *(("residual",) if residual else ())),
+                      ("y",), prelude=f"#define LATHE_RESIDUAL {int(residual)}\n#define LATHE_NORM {int(norm)}\n"
+                                      f"#define LATHE_GATED {int(activation is not None)}\n"
+                                      f"#define LATHE_ACT {ACTIVATIONS.get(activation, 0)}",
+                      threadgroup_bytes=_qmm_threadgroup_bytes(norm))
 
 
-def qmm_smem_bytes(mp: int, kc: int, nb: int, wn: int, wk: int) -> int:
-    """qmm.metal's one array: the staged piece of X (fp16), or the groups' partial sums after it."""
-    return 4 * max(mp * kc // 2, (wk - 1) * wn * nb * (mp // 8) * 64)
+def qmm_smem_bytes(mp: int, kc: int, nb: int, wn: int, wk: int, norm: bool = False) -> int:
+    """qmm.metal's arrays: the staged piece of X (fp16), or the groups' partial sums after it; with
+    the RMSNorm prologue, each row's 1 / rms beside them."""
+    return 4 * max(mp * kc // 2, (wk - 1) * wn * nb * (mp // 8) * 64) + (4 * mp if norm else 0)
 
 
-def _qmm_threadgroup_bytes(c: dict) -> int:
-    return qmm_smem_bytes(c["MP"], c["KC"], c["NB"], c["WN"], c["WK"])
+def _qmm_threadgroup_bytes(norm: bool):
+    return lambda c: qmm_smem_bytes(c["MP"], c["KC"], c["NB"], c["WN"], c["WK"], norm)
 
 
-_QMM = {residual: _qmm_spec(residual) for residual in (False, True)}
+_QMM = {(residual, norm, act): _qmm_spec(residual, norm, act) for residual in (False, True) for norm in (False, True)
+        for act in (None, *ACTIVATIONS) if not (residual and act)}
 
 
 def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
@@ -947,7 +955,7 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
 
 @_per_budget
 def qmm_geometry(m: int, n: int, k: int, nb: int | None = None, wn: int | None = None, wk: int | None = None,
-                 *, budget: int) -> tuple[int, int, int, int, int]:
+                 *, norm: bool = False, budget: int) -> tuple[int, int, int, int, int]:
     """(MP, NB, WN, WK, KC) of a qmm launch: M rounded up to 16, the knobs (qmm_by_shape where not
     given), and the most of K (a multiple of 128) whose staged X fits the budget."""
     shaped = qmm_by_shape(m, n, k)
@@ -959,33 +967,49 @@ def qmm_geometry(m: int, n: int, k: int, nb: int | None = None, wn: int | None =
     # multiple of WK where it can be, so that no group idles in a piece (64 rows: 3 super-chunks
     # a piece for 4 groups left one idle, 534cfcd)
     fit = 1
-    while fit * 128 < k and qmm_smem_bytes(mp, (fit + 1) * 128, nb, wn, wk) <= budget:
+    while fit * 128 < k and qmm_smem_bytes(mp, (fit + 1) * 128, nb, wn, wk, norm) <= budget:
         fit += 1
     kc = 128 * (fit if fit < wk else fit - fit % wk)
-    if qmm_smem_bytes(mp, kc, nb, wn, wk) > budget:
+    if qmm_smem_bytes(mp, kc, nb, wn, wk, norm) > budget:
         raise ValueError(f"qmm: M={m} with NB={nb}, WN={wn}, WK={wk} does not fit {budget} bytes of threadgroup memory")
     return mp, nb, wn, wk, kc
 
 
 def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
+        gamma: mx.array | None = None, eps: float | None = None, activation: str | None = None,
         **knobs: int | None) -> mx.array:
     """Y[M, N] = X[M, K] @ W^T (+ residual, fp16 [M, N]) for M up to QMM_MAX_M, W repacked (any v3
-    block type), on SIMD-group matrices (qmm.metal). Launch knobs: nb, wn, wk (qmm_by_shape's where
-    not given)."""
+    block type), on SIMD-group matrices (qmm.metal). `gamma` (fp16 [K]) and `eps`: X RMS-normed
+    first (RMSNorm(X) * gamma), in the same launch. `activation` ("silu", "gelu"): W is a fused
+    [gate; up] matrix (N = 2F rows) and Y = act(X @ gate^T) * (X @ up^T), [M, F]. Launch knobs:
+    nb, wn, wk (qmm_by_shape's where not given; gated, an even nb)."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
         raise ValueError("qmm takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
-    if residual is not None:
-        _check_residual(residual, m, n)
     unknown = set(knobs) - {"nb", "wn", "wk"}
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk")
-    mp, nb, wn, wk, kc = qmm_geometry(m, n, k, knobs.get("nb"), knobs.get("wn"), knobs.get("wk"))
-    groups = -(-n // (8 * nb * wn))
-    inputs = [x, w.data, _dims(n, k), *(() if residual is None else (residual,))]
-    (y,) = launch(Launch(_QMM[residual is not None], inputs, [((m, n), mx.float16)], (groups * 32 * wn * wk, 1, 1),
-                         (32 * wn * wk, 1, 1),
+    norm, gated = gamma is not None, activation is not None
+    if norm:
+        _check_norm(gamma, 0.0 if eps is None else eps, k)
+    if gated:
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        if n % 2 or residual is not None:
+            raise ValueError(f"a gated qmm takes [gate; up] (an even N, got {n}) and no residual")
+    n_out = n // 2 if gated else n
+    if residual is not None:
+        _check_residual(residual, m, n_out)
+    mp, nb, wn, wk, kc = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb"), knobs.get("wn"),
+                                      knobs.get("wk"), norm=norm)
+    if gated and nb % 2:
+        raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
+    groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
+    inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ()),
+              *(() if residual is None else (residual,))]
+    (y,) = launch(Launch(_QMM[residual is not None, norm, activation], inputs, [((m, n_out), mx.float16)],
+                         (groups * 32 * wn * wk, 1, 1), (32 * wn * wk, 1, 1),
                          dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, K=k, KC=kc)))
     return y
 

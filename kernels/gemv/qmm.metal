@@ -19,9 +19,17 @@
 // weights at once; their sums meet in threadgroup memory at the end. X is staged KC values of K at
 // a time, every row (M rounded up to MP, a multiple of 16, zeros past M).
 //
+// Fused as the GEMVs are: LATHE_NORM stages RMSNorm(X) * gamma (each row's 1 / rms first, a SIMD
+// group a row; the normalized values rounded to half once, as lathe's rmsnorm writes them), and
+// LATHE_GATED reads W as [gate; up] (N = 2F rows) and writes act(gate) * up [M, F]: a threadgroup's
+// first NB / 2 row blocks are gate rows, the others the up rows F further on, so a lane holds the
+// gate and the up sums of the same outputs (act: gate_act<LATHE_ACT>, in float32 before Y's one
+// rounding).
+//
 // Constants: QTYPE, M, MP, NB, WN, WK, K (a multiple of 32), KC (a multiple of 128). Inputs: x
-// (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_RESIDUAL adds residual (half
-// [M, N]) before Y's one rounding. Output: y (half [M, N]).
+// (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half [K]), eps
+// (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding. Output: y (half
+// [M, N], or [M, N / 2] gated).
 constexpr uint MB = MP / 8;             // blocks of 8 rows of X
 constexpr uint SC = KC / 128;           // super-chunks of a staged piece
 constexpr uint XWORDS = MP * KC / 2;    // the staged piece, as half2 words
@@ -36,8 +44,27 @@ const uint tid = thread_index_in_threadgroup;
 const uint n = uint(dims[0]);
 const uint wn = simd % WN, ks = simd / WN;
 const uint r = sg8x8_row(lane), c = sg8x8_col(lane);
-const uint row0 = (threadgroup_position_in_grid.x * WN + wn) * NB * 8;
+constexpr uint NBO = LATHE_GATED ? NB / 2 : NB;  // row blocks of outputs a SIMD group
+const uint n_out = LATHE_GATED ? n / 2 : n;        // Y's columns (and each half's rows of W, gated)
+const uint row0 = (threadgroup_position_in_grid.x * WN + wn) * NBO * 8;
 const uint chunks = n * CHUNKS_K;
+
+#if LATHE_NORM
+threadgroup float inv_rms[MP];
+for (uint m = simd; m < M; m += NT / 32) {
+  float ss = 0.0f;
+  for (uint kk = 8 * lane; kk < K; kk += 256) {
+    const uint4 words = load_wide<uint4>(x, (m * K + kk) / 8);
+    const uint w4[4] = {words.x, words.y, words.z, words.w};
+    LATHE_UNROLL for (uint j = 0; j < 4; ++j) {
+      const half2 h = as_type<half2>(w4[j]);
+      ss += float(h.x) * float(h.x) + float(h.y) * float(h.y);
+    }
+  }
+  ss = simd_sum(ss);
+  if (lane == 0) inv_rms[m] = rsqrt(ss / float(K) + eps[0]);
+}  // read after the first piece's barrier
+#endif
 
 simdgroup_float8x8 acc[NB][MB];
 LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
@@ -52,7 +79,20 @@ for (uint k0 = 0; k0 < K; k0 += KC) {
   for (uint i = tid; i < MP * KC / 8; i += NT) {
     const uint m = i / (KC / 8), e = i % (KC / 8), kk = k0 + 8 * e;
     uint4 words = {0u, 0u, 0u, 0u};
-    if (m < M && kk < K) words = load_wide<uint4>(x, (m * K + kk) / 8);
+    if (m < M && kk < K) {
+      words = load_wide<uint4>(x, (m * K + kk) / 8);
+#if LATHE_NORM
+      const uint4 g = load_wide<uint4>(gamma, kk / 8);
+      const uint gw[4] = {g.x, g.y, g.z, g.w};
+      uint xw[4] = {words.x, words.y, words.z, words.w};
+      const float inv = inv_rms[m];
+      LATHE_UNROLL for (uint j = 0; j < 4; ++j) {
+        const half2 h = as_type<half2>(xw[j]), gh = as_type<half2>(gw[j]);
+        xw[j] = as_type<uint>(half2(half(float(h.x) * inv * float(gh.x)), half(float(h.y) * inv * float(gh.y))));
+      }
+      words = uint4{xw[0], xw[1], xw[2], xw[3]};
+#endif
+    }
     const uint s = e / 16, chunk = (e / 4) % 4, q = e % 4;
     const uint at = ((s * 8 + 4 * (q % 2)) * MB + m / 8) * 64 + (m % 8) * 8 + chunk * 2 + q / 2;
     xs[at] = words.x;
@@ -66,10 +106,11 @@ for (uint k0 = 0; k0 < K; k0 += KC) {
     const uint chunk_of_row = k0 / 32 + 4 * s + c / 2;
     uint bw[NB][16];  // this lane's chunk of each row block, half2 words: word i holds weights 2i, 2i + 1
     LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
-      const uint row = row0 + 8 * j + r;
+      const uint out_row = row0 + 8 * (j % NBO) + r;  // gated: j < NB / 2 gate rows, the rest up rows
+      const uint row = (j < NBO ? 0u : n_out) + out_row;
       // Branch-free: a row or chunk past the matrix decodes chunk 0 and is then zeroed, so the
       // NB blocks' loads form one straight run that the compiler can issue before any is used.
-      const bool inside = row < n && chunk_of_row < CHUNKS_K;
+      const bool inside = out_row < n_out && chunk_of_row < CHUNKS_K;
       const uint blk = inside ? row * CHUNKS_K + chunk_of_row : 0u;
       if (QTYPE <= 1) {
         // Q4_0 and Q8_0 decode in half2, two weights an instruction. A byte q under 0x64 (the
@@ -143,23 +184,31 @@ if (WK > 1) {
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 if (ks == 0) {
+  float2 sums[NB][MB];
   LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
     LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) {
-      float2 e = acc[j][mb].thread_elements();
+      sums[j][mb] = acc[j][mb].thread_elements();
       LATHE_UNROLL for (uint g = 1; g < WK; ++g) {
         const uint at = ((((g - 1) * WN + wn) * NB + j) * MB + mb) * 64 + 2 * lane;
-        e.x += partial[at];
-        e.y += partial[at + 1];
+        sums[j][mb].x += partial[at];
+        sums[j][mb].y += partial[at + 1];
       }
+    }
+  }
+  LATHE_UNROLL for (uint j = 0; j < NBO; ++j) {
+    LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) {
       const uint m = 8 * mb + r, col = row0 + 8 * j + c;
       if (m >= M) continue;
       LATHE_UNROLL for (uint h = 0; h < 2; ++h) {
-        if (col + h >= n) continue;
-        float out = h ? e.y : e.x;
-#if LATHE_RESIDUAL
-        out += float(residual[m * n + col + h]);
+        if (col + h >= n_out) continue;
+        float out = h ? sums[j][mb].y : sums[j][mb].x;
+#if LATHE_GATED
+        out = gate_act<LATHE_ACT>(out) * (h ? sums[j + NBO][mb].y : sums[j + NBO][mb].x);
 #endif
-        y[m * n + col + h] = half(out);
+#if LATHE_RESIDUAL
+        out += float(residual[m * n_out + col + h]);
+#endif
+        y[m * n_out + col + h] = half(out);
       }
     }
   }
