@@ -385,3 +385,34 @@ def test_qmm_refuses_what_it_does_not_take():
         gemv.qmm(x, w, "q8_0", 64, 256, rows=2)
     with pytest.raises(ValueError, match="residual"):
         gemv.qmm(x, w, "q8_0", 64, 256, residual=mx.zeros((8, 63), mx.float16))
+    # the RMSNorm prologue and the gated epilogue
+    with pytest.raises(ValueError, match=r"gamma must be \[K=256\]"):
+        gemv.qmm(x, w, "q8_0", 64, 256, gamma=mx.ones((128,), mx.float16), eps=1e-5)
+    with pytest.raises(ValueError, match="eps must be positive"):
+        gemv.qmm(x, w, "q8_0", 64, 256, gamma=mx.ones((256,), mx.float16))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        gemv.qmm(x, w, "q8_0", 64, 256, activation="relu")
+    with pytest.raises(ValueError, match="an even N"):
+        gemv.qmm(x, _zero_packed("q8_0", 66 - 1, 256), "q8_0", 65, 256, activation="silu")
+    with pytest.raises(ValueError, match="no residual"):
+        gemv.qmm(x, w, "q8_0", 64, 256, activation="silu", residual=mx.zeros((8, 32), mx.float16))
+    with pytest.raises(ValueError, match="nb must be even"):
+        gemv.qmm(x, w, "q8_0", 64, 256, activation="silu", nb=1)
+
+
+def test_qmm_gated_launches_gate_and_up_in_one_threadgroup():
+    """A gated qmm's grid covers F outputs (not 2F), its output is [M, F], the prologue's rows of
+    1 / rms are counted in its threadgroup memory. Recorded, not run."""
+    from kernels.runtime import recording
+
+    w = _zero_packed("q4_0", 2 * 1000, 1024)
+    with recording() as rec:
+        y = gemv.qmm(mx.zeros((9, 1024), mx.float16), w, "q4_0", 2000, 1024, gamma=mx.ones((1024,), mx.float16),
+                     eps=1e-5, activation="gelu")
+    assert tuple(y.shape) == (9, 1000)
+    (job,) = rec.jobs
+    assert job.spec.name == "lathe_qmm_norm_gelu"
+    c = job.constants
+    assert job.grid[0] == -(-1000 // (8 * c["NB"] // 2 * c["WN"])) * 32 * c["WN"] * c["WK"]
+    assert gemv.qmm_smem_bytes(c["MP"], c["KC"], c["NB"], c["WN"], c["WK"], norm=True) == \
+        gemv.qmm_smem_bytes(c["MP"], c["KC"], c["NB"], c["WN"], c["WK"]) + 4 * c["MP"]
