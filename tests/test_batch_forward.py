@@ -195,3 +195,39 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
             if agree:
                 assert r.output[n - len(r.prompt)] == alone[n - len(r.prompt)], (r.id, n)
     assert clear_steps > sum(r.max_new for r in reqs) // 2
+
+
+@pytest.mark.parametrize("variant", ["unfused", "fused"])
+def test_the_kernel_batch_runs_every_phase_under_the_scheduler(models, variant):
+    """A whole continuous-batching run on lathe's kernels, launches recorded (CPU): steps of 1, 2-4,
+    5-64 and more than 64 tokens (each phase's plan), decode tokens beside prompts, a prompt after a
+    shared prefix; every step's tables, lengths and slots pass the kernels' host checks, and each
+    step gives a token a sequence."""
+    from harness.program.batch_forward import PagedBatchKernels
+    from kernels.runtime import recording
+
+    model = models["tiny-qwen3"]
+    rng = np.random.default_rng(21)
+    system = [int(t) for t in rng.integers(0, model.config.vocab, 40)]
+    lengths = [70, 3, 12, 1, 30, 5]
+    reqs = [Request(i, (system if i % 3 == 1 else []) + [int(t) for t in rng.integers(0, model.config.vocab, n)],
+                    max_new=int(rng.integers(3, 12)), arrival=i) for i, n in enumerate(lengths)]
+    pool = KVPool(num_blocks=9, block_size=16)
+    sched = Scheduler(pool, max_batch=4)
+    for r in reqs:
+        sched.submit(r)
+    with recording():
+        forward = PagedBatchKernels(model, variant, pool, 128)
+    sizes = []
+
+    def step(work):
+        sizes.append(sum(len(w.tokens) for w in work))
+        with recording():
+            out = forward(work)
+        assert sorted(out) == sorted(w.request.id for w in work)
+        return out
+
+    sched.run(step)
+    assert all(len(r.output) == r.max_new for r in reqs) and pool.free_blocks == pool.num_blocks
+    phases = {"decode" if t == 1 else "short" if t <= 4 else "gemm" if t <= 64 else "prompt" for t in sizes}
+    assert phases == {"decode", "short", "gemm", "prompt"}, sorted(set(sizes))
