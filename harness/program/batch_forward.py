@@ -176,12 +176,18 @@ class PagedBatchKernels:
         table = np.full((len(decode), max(widest, 1)), 0, np.int32)
         for row, (_, w) in enumerate(decode):
             table[row, :len(w.table)] = w.table
+        # checked here once for every layer, then given to the kernels as device arrays (their
+        # host checks would repeat a loop over the batch in each layer)
+        held = np.concatenate([np.asarray(w.table) for w in work])
+        if held.min() < 0 or held.max() >= self.pool.num_blocks:
+            raise ValueError(f"a block table points outside the pool's {self.pool.num_blocks} blocks")
         # attention's outputs come as the decode tokens' rows, then each prompt's: `order` puts
         # them back in token order (one gather a layer, not a slice a sequence)
         grouped = [at for at, _ in decode] + [at + j for at, w in prefill for j in range(len(w.tokens))]
-        self._step = dict(positions=mx.array(np.asarray(positions, np.int32)), slots=np.asarray(slots, np.int32),
-                          ends=mx.array(np.asarray(ends, np.int32)), decode=decode, prefill=prefill, table=table,
-                          lens=[w.start + 1 for _, w in decode], t=t,
+        self._step = dict(positions=mx.array(np.asarray(positions, np.int32)),
+                          slots=mx.array(np.asarray(slots, np.int32)), ends=mx.array(np.asarray(ends, np.int32)),
+                          decode=decode, prefill=prefill, table=mx.array(table),
+                          lens=mx.array(np.asarray([w.start + 1 for _, w in decode], np.int32)), t=t,
                           decode_rows=mx.array(np.asarray([at for at, _ in decode], np.int32)),
                           order=mx.array(np.argsort(np.asarray(grouped)).astype(np.int32)))
         mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
