@@ -112,9 +112,9 @@ def _mixed_step(pool, vocab):
 @pytest.mark.parametrize("variant", ["unfused", "fused"])
 @pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-gemma3"])
 def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, preset, variant):
-    """lathe's kernels over a mixed step (launches recorded, CPU): RoPE once for every token at its
-    own position, one K/V write with a slot a token, one paged_attention for the decode tokens and
-    a prefill_attention a prompt, each layer; the logits a row a sequence."""
+    """lathe's kernels over a mixed step (launches recorded, CPU): RoPE of every token at its own
+    position with its K/V written at its slot (one launch), one paged_attention for the decode
+    tokens and a prefill_attention a prompt, each layer; the logits a row a sequence."""
     from harness.program.batch_forward import PagedBatchKernels
     from kernels.runtime import recording
 
@@ -129,12 +129,12 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
     assert logits.shape == (4, model.config.vocab)
     names = [j.spec.name for j in rec.jobs]
     layers = model.config.n_layers
-    assert sum(n.startswith("lathe_reshape_and_cache") for n in names) == layers
-    assert sum(n.startswith("lathe_rope") for n in names) == 2 * layers
+    assert sum(n == "lathe_rope_kv_write_paged" for n in names) == layers  # RoPE of q and k, K/V at their slots
+    assert {n for n in names if n.startswith(("lathe_rope", "lathe_reshape_and_cache"))} == {"lathe_rope_kv_write_paged"}
     assert sum(n.startswith("lathe_paged_attention") for n in names) == layers  # the two decode tokens, one launch
     assert sum(n.startswith("lathe_paged_prefill") for n in names) == 2 * layers
-    writes = [j for j in rec.jobs if j.spec.name.startswith("lathe_reshape_and_cache")]
-    slots = np.array(writes[0].inputs[2])
+    writes = [j for j in rec.jobs if j.spec.name == "lathe_rope_kv_write_paged"]
+    slots = np.array(writes[0].inputs[7])
     t = sum(len(w.tokens) for w in work)
     want = np.concatenate([np.asarray(w.table)[np.arange(w.start, w.start + len(w.tokens)) // 16] * 16
                            + np.arange(w.start, w.start + len(w.tokens)) % 16 for w in work])

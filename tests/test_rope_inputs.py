@@ -79,3 +79,31 @@ def test_valid_call_without_gpu_says_no_gpu_backend():
         pytest.skip("a GPU backend is present")
     with pytest.raises(NoGpuBackend, match="references"):
         kr.rope(h(3, HQ, D))
+
+
+def paged(blocks=4, n_kv=HKV, d=D, bs=16):
+    return h(blocks, n_kv, d // 8, bs, 8), h(blocks, n_kv, d, bs)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: kr.rope_paged_kv_write(h(3, HQ * D), h(3, HKV * D), h(3, HKV * D), *caches(), [0, 1, 2], [0, 1, 2]),
+         "paged pool"),
+        (lambda: kr.rope_paged_kv_write(h(3, HQ * D), h(3, HKV * D), h(3, HKV * D), *paged(), [0, 1, 2], [0, 1, 64]),
+         r"slots must be in 0..63"),
+        (lambda: kr.rope_paged_kv_write(h(3, HQ * D), h(3, HKV * D), h(3, HKV * D), *paged(), [0, -1, 2], [0, 1, 2]),
+         "positions must be in"),
+        (lambda: kr.rope_paged_kv_write(h(3, HQ * D), h(3, HKV * D), h(3, HKV * D), *paged(), [0, 1], [0, 1, 2]),
+         "3 tokens but 2 positions"),
+        (lambda: kr.rope_paged_kv_write(h(3, HQ * D), h(3, HKV * D), h(3, HKV * D), *paged(), [0, 1, 2],
+                                        mx.zeros((3,), mx.uint32)), r"slots must be int32\[3\]"),
+        (lambda: kr.rope_paged_kv_write(h(3, HQ * D), h(2, HKV * D), h(3, HKV * D), *paged(), [0, 1, 2], [0, 1, 2]),
+         r"k must be \[3, 2 \* 64\]"),
+        (lambda: kr.rope_paged_kv_write(h(3, 7 * D), h(3, HKV * D), h(3, HKV * D), *paged(), [0, 1, 2], [0, 1, 2]),
+         "heads"),
+    ],
+)
+def test_rope_paged_kv_write_refuses_before_launch(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -123,10 +123,10 @@ class PagedBatchKernels:
     """lathe's kernel variants (unfused, fused) over a batch of sequences and the paged pool: the
     decoder's paged plan for the step's T tokens (its phase: the fused GEMVs up to 4 rows, the
     quantized GEMM or MLX's matmul past that), every projection over all T rows in one launch,
-    with the position-dependent steps swapped for the batch's: RoPE at each token's position
-    (position_ids, one launch for every token), the K/V rows written at their slots
-    (reshape_and_cache, one launch), the decode tokens' attention in one paged_attention launch
-    over their tables and lengths, and each prompt's in a prefill_attention launch over its table.
+    with the position-dependent steps swapped for the batch's: RoPE of q and k at each token's
+    position with the K/V rows written at their slots (rope_paged_kv_write, one launch), the
+    decode tokens' attention in one paged_attention launch over their tables and lengths, and
+    each prompt's in a prefill_attention launch over its table.
     The pool's blocks are the caches' blocks (vLLM's layouts, blocks of BLOCK_SIZE rows)."""
 
     def __init__(self, model, variant: str, pool: KVPool, max_seq: int):
@@ -203,17 +203,20 @@ class PagedBatchKernels:
 
     # ---- the steps that see a token's own position and rows ----------------------------------------
     def _rope(self, step, env):
-        d, t = self.d, self._step["t"]
-        n, i = step.reads[0], step.layer
-        self.kd._heads_of(d, env, t)
-        rotate = self.kd.rope.rope_neox if d.config.neox else self.kd.rope.rope
-        env[n] = rotate(env[n], 0, theta=d.thetas[i], inv_freq=d.inv_freqs[i], position_ids=self._step["positions"])
+        """The plan's RoPE of q (then of k, then the K/V write) as one launch: q rotated, K rotated
+        and V copied into the pool at each token's slot (rope_paged_kv_write); k's step and the
+        write's are then done."""
+        if step.reads[0] != "q":
+            return
+        d, i, st = self.d, step.layer, self._step
+        q, k, v = self.kd._heads_of(d, env, st["t"])
+        rot = self.kd.rope.rope_paged_kv_write(q, k, v, d.k[i], d.v[i], st["positions"], st["slots"],
+                                               theta=d.thetas[i], inv_freq=d.inv_freqs[i], neox=d.config.neox)
+        d.k[i], d.v[i] = rot.k_cache, rot.v_cache
+        env["q"], env["written"] = rot.q, rot.written
 
     def _kv_write(self, step, env):
-        d, i = self.d, step.layer
-        self.kd._heads_of(d, env, self._step["t"])
-        d.k[i], d.v[i], env["written"] = self.kd.attention.reshape_and_cache(env["k"], env["v"], d.k[i], d.v[i],
-                                                                             self._step["slots"])
+        pass  # written with RoPE (_rope)
 
     def _attention(self, step, env):
         d, i, st = self.d, step.layer, self._step

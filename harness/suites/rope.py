@@ -178,6 +178,50 @@ def _kv_case(kernel: str, variant: str, s: Shape, *, neox: bool, norm: bool) -> 
     return CheckCase("rope", label, variant, s.row(), run)
 
 
+def _paged_kv_case(s: Shape, *, neox: bool, device_ids: bool) -> CheckCase:
+    """rope_paged_kv_write: a batch's tokens at arbitrary positions into scattered slots of a
+    block pool (vLLM's layouts, blocks of 16), every other row left bit for bit; position ids and
+    slots from the host (checked there) or the device (device_ids)."""
+    import kernels.rope as kr
+    from kernels.runtime import poisoned_outputs
+
+    bs = 16
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        d, hq, hkv, seq = s.head_dim, s.n_heads, s.n_kv_heads, s.seq
+        blocks = -(-seq // bs) + 3
+        q, k, v = _fp16(rng, seq, hq * d), _fp16(rng, seq, hkv * d), _fp16(rng, seq, hkv * d)
+        positions = rng.integers(0, MAX_POSITION, seq).astype(np.int32)
+        slots = rng.permutation(blocks * bs)[:seq].astype(np.int32)
+        (k0, k_bits), (v0, v_bits) = (_random_cache(rng, blocks, bs * hkv, d) for _ in range(2))
+        # vLLM's layouts, made contiguous on the host (an in-place write must land in the array given)
+        k_cache = mx.array(np.ascontiguousarray(np.array(k0).reshape(blocks, bs, hkv, d // 8, 8).transpose(0, 2, 3, 1, 4)))
+        v_cache = mx.array(np.ascontiguousarray(np.array(v0).reshape(blocks, bs, hkv, d).transpose(0, 2, 3, 1)))
+        ids = (mx.array(positions), mx.array(slots)) if device_ids else (positions, slots)
+        with poisoned_outputs():
+            res = kr.rope_paged_kv_write(mx.array(q), mx.array(k), mx.array(v), k_cache, v_cache, *ids,
+                                         theta=s.theta, freq_scale=s.freq_scale, neox=neox)
+            mx.eval(res)
+        # the pool as rows [blocks * BS, Hkv, D]
+        k_rows = np.array(res.k_cache.transpose(0, 3, 1, 2, 4).reshape(blocks * bs, hkv, d))
+        v_rows = np.array(res.v_cache.transpose(0, 3, 1, 2).reshape(blocks * bs, hkv, d))
+        k_before = np.array(k_bits.reshape(blocks * bs, hkv, d))
+        v_before = np.array(v_bits.reshape(blocks * bs, hkv, d))
+        others = np.setdiff1d(np.arange(blocks * bs), slots)
+        q_ref = ref.rope(q.reshape(seq, hq, d), positions, s.theta, s.freq_scale, neox)
+        k_ref = ref.rope(k.reshape(seq, hkv, d), positions, s.theta, s.freq_scale, neox)
+        return [
+            compare("q", np.array(res.q).reshape(seq, hq, d), q_ref, TOL),
+            compare("k at its slots", k_rows[slots], k_ref, TOL),
+            exact("v at its slots", v_rows[slots], v.reshape(seq, hkv, d)),
+            exact("k rows of other slots", (k_rows[others].view(np.uint16) == k_before[others]).all(), True),
+            exact("v rows of other slots", (v_rows[others].view(np.uint16) == v_before[others]).all(), True),
+        ]
+
+    return CheckCase("rope", "rope_paged_kv_write", ("neox" if neox else "pairs") + (", device ids" if device_ids else ""),
+                     s.row(), run)
+
+
 def check_cases(small: bool = False) -> list[CheckCase]:
     """Every RoPE kernel, pairing, frequency path and cache-write form over the covering shapes
     (`small`: the same cases on short inputs, see `shapes`)."""
@@ -201,6 +245,13 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         for s in shapes_()[::3]:
             for neox, norm in ((False, False), (True, False), (True, True)):
                 cases.append(_kv_case("unfused", form, s, neox=neox, norm=norm))
+    dims = {}  # a batch over the block pool: the first shape of each head_dim the pool takes
+    for s in shapes_():
+        if s.head_dim % 8 == 0:
+            dims.setdefault(s.head_dim, []).append(s)
+    for s in [found[0] for found in dims.values()] + [found[-1] for found in dims.values()]:
+        cases.append(_paged_kv_case(s, neox=False, device_ids=False))
+        cases.append(_paged_kv_case(s, neox=True, device_ids=True))
     for s in shapes_()[1::3]:  # the MLX built-in peer path, so that benchmarks compare like with like
         for neox, norm in ((False, False), (True, True)):
             cases.append(_kv_case("mlx", "peer", s, neox=neox, norm=norm))

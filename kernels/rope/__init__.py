@@ -265,6 +265,69 @@ def _fused_qkv(qkv: mx.array, n_heads: int, n_kv_heads: int, head_dim: int) -> t
 
 
 @functools.cache
+def _paged_kv_spec() -> KernelSpec:
+    """rope_kv_write.metal over vLLM's block pool: position ids and a slot a token."""
+    return KernelSpec(
+        name="lathe_rope_kv_write_paged",
+        body="rope/rope_kv_write.metal",
+        inputs=("q", "k", "v", "pos", "inv_freq", "scalars", "dims", "slots", "k_cache", "v_cache"),
+        outputs=("q_out", "written"),
+        prelude="#define LATHE_PAGED 1\nauto k_dst = writable(k_cache);\nauto v_dst = writable(v_cache);\n"
+                "if (thread_position_in_grid.x == 0 && thread_position_in_grid.y == 0 && "
+                "thread_position_in_grid.z == 0) { written[0] = 1u; }",
+        in_place=("k_cache", "v_cache"),
+    )
+
+
+_PAGED_KV = _paged_kv_spec()
+
+
+def rope_paged_kv_write(q, k, v, k_cache, v_cache, positions, slots, *, theta=10000.0, freq_scale=1.0,
+                        freqs="table", inv_freq=None, neox=False) -> Rotated:
+    """A batch's tokens over vLLM's block pool (k_cache [blocks, Hkv, D/8, BS, 8], v_cache
+    [blocks, Hkv, D, BS]): q[T, n_heads * D] rotated, K rotated and V copied into the caches at
+    `slots` (block * BS + row; host ints checked here, or int32[T] on the device, where a slot
+    outside the pool is dropped), token t at position positions[t] (int32[T], host or device).
+    One launch for what RoPE of q, RoPE of k and reshape_and_cache do in three."""
+    from kernels.attention import _pool
+
+    blocks, n_kv, head_dim, block_size = _pool(k_cache, v_cache)
+    _check_head_dim(head_dim, multiple=4)
+    _check_freqs(freqs)
+    seq = q.shape[0]
+    _check_seq(seq)
+    n_heads = _head_count("q", q, head_dim)
+    _check_heads(n_heads, n_kv)
+    rows = [_separate(name, a, heads, head_dim, seq) for name, a, heads in
+            (("q", q, n_heads), ("k", k, n_kv), ("v", v, n_kv))]
+    ids = []
+    for name, a in (("positions", positions), ("slots", slots)):
+        if isinstance(a, mx.array):
+            if a.dtype != mx.int32 or tuple(a.shape) != (seq,):
+                raise ValueError(f"{name} must be int32[{seq}], got {a.dtype}{tuple(a.shape)}")
+            ids.append(a)
+            continue
+        host = np.asarray(a, dtype=np.int64).reshape(-1)
+        if host.shape != (seq,):
+            raise ValueError(f"{seq} tokens but {host.size} {name}")
+        top = 2**24 if name == "positions" else blocks * block_size  # positions: exact in float32
+        if host.min() < 0 or host.max() >= top:
+            raise ValueError(f"{name} must be in 0..{top - 1}, got {host.min()}..{host.max()}")
+        ids.append(mx.array(host.astype(np.int32)))
+    dims = _int32((seq, n_heads, n_kv, blocks * block_size, rows[0].stride, rows[0].offset, rows[1].stride,
+                   rows[1].offset, rows[2].stride, rows[2].offset))
+    hpt = _heads_per_thread(seq)
+    grid, tg = _geometry(head_dim // 4, -(-(n_heads + 2 * n_kv) // hpt), seq)
+    inputs = [r.array for r in rows] + [ids[0], _table(head_dim, theta, inv_freq), _float32((theta, freq_scale)),
+                                        dims, ids[1], k_cache, v_cache]
+    constants = dict(D=head_dim, NEOX=neox, FREQ_TABLE=freqs == "table" or inv_freq is not None, HPT=hpt,
+                     BS=block_size)
+    q_out, written = launch(Launch(_PAGED_KV, inputs, [((seq, n_heads, head_dim), mx.float16), ((1,), mx.uint32)],
+                                   grid, tg, constants))
+    k_cache, v_cache = depends([k_cache, v_cache], [written])
+    return Rotated(q_out, k_cache, v_cache, written)
+
+
 def _kv_spec(body: str, form: str, norm: bool) -> KernelSpec:
     extra_in, extra_out = cache_io(form, ("k", "v"))
     weights = ("q_weight", "k_weight") if norm else ()
@@ -274,7 +337,7 @@ def _kv_spec(body: str, form: str, norm: bool) -> KernelSpec:
         body=body,
         inputs=("q", "k", "v", *weights, "pos", "inv_freq", "scalars", "dims", *extra_in),
         outputs=("q_out", *extra_out),
-        prelude=cache_prelude(form, ("k", "v")),
+        prelude="#define LATHE_PAGED 0\n" + cache_prelude(form, ("k", "v")),
         in_place=extra_in,  # the caches, in the in_place form
         # head_norm_rope_kv_write.metal: a threadgroup of D/2 threads reduces over NSIMD = D/64
         threadgroup_bytes=(lambda c: 4 * (c["D"] // 64)) if norm else None,
