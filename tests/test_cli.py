@@ -157,7 +157,9 @@ def test_decode_show_plan():
     assert "head_norm" in run.stdout and "steps per token" in run.stdout
     paged = lathe("decode", "tiny-qwen3", "--show-plan", "--variant", "fused", "--kv", "paged")
     assert paged.returncode == 0, paged.stdout + paged.stderr
-    assert "reshape_and_cache" in paged.stdout and "paged_attention" in paged.stdout
+    assert "rope_paged_kv_write" in paged.stdout and "paged_attention" in paged.stdout
+    unfused = lathe("decode", "tiny-qwen3", "--show-plan", "--variant", "unfused", "--kv", "paged")
+    assert unfused.returncode == 0 and "reshape_and_cache" in unfused.stdout
 
 
 def _cut(path: Path, keep: int) -> Path:

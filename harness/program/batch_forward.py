@@ -203,10 +203,10 @@ class PagedBatchKernels:
 
     # ---- the steps that see a token's own position and rows ----------------------------------------
     def _rope(self, step, env):
-        """The plan's RoPE of q (then of k, then the K/V write) as one launch: q rotated, K rotated
-        and V copied into the pool at each token's slot (rope_paged_kv_write); k's step and the
-        write's are then done."""
-        if step.reads[0] != "q":
+        """RoPE and the K/V write as one launch: q rotated, K rotated and V copied into the pool at
+        each token's slot (rope_paged_kv_write). The unfused plan's RoPE of q runs it; its RoPE
+        of k and its write are then done; the fused plan has it as one step."""
+        if step.reads[0] not in ("q", "qkv"):
             return
         d, i, st = self.d, step.layer, self._step
         q, k, v = self.kd._heads_of(d, env, st["t"])
@@ -236,7 +236,8 @@ class PagedBatchKernels:
     def _last_rows(self, step, env):
         env["x"] = env["x"][self._step["ends"]]
 
-    _swaps = {"rope": _rope, "kv_write": _kv_write, "attention": _attention, "last_row": _last_rows}
+    _swaps = {"rope": _rope, "rope_kv_write": _rope, "kv_write": _kv_write, "attention": _attention,
+              "last_row": _last_rows}
 
 
 BATCH_VARIANTS = ("reference", "unfused", "fused")

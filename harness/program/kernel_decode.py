@@ -30,9 +30,9 @@ layer where the layers' bases differ.
 
 KV cache (`kv=`): `contiguous` (head-major [Hkv, max_seq, D] per layer, the default) or `paged`
 (vLLM's block pool, blocks of BLOCK_SIZE tokens handed out in a fixed shuffled order through a
-block table, unused slots NaN so that a read past the context shows): RoPE, then
-reshape_and_cache, then paged_attention (a prompt: prefill_attention over the pool). The paged form costs the RoPE + KV-write fusion (two RoPE launches and the
-cache write instead of one launch).
+block table, unused slots NaN so that a read past the context shows): unfused, RoPE of q and
+of k, then reshape_and_cache; fused, both and the write at the token's slot in one launch
+(rope_paged_kv_write); then paged_attention (a prompt: prefill_attention over the pool).
 
 Same interface as harness.program.decode.ReferenceDecoder (forward, reset, pos), so generate() and Session
 run them, in every mode (compiled: KernelDecoder.compiled_step). Matrices stay in their GGUF
@@ -463,13 +463,18 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 for n in "qk":
                     add("head_norm", "lathe head_rmsnorm", (n,), (n,), _run_head_norm, n, i,
                         weights=(b + f"attn_{n}_norm.weight",), layer=i, launches=("lathe_head_rmsnorm",))
-        if apart:
+        if paged and fused:  # RoPE of q and k, K and V at the token's slot: one launch
+            add("rope_kv_write", "lathe rope_paged_kv_write" + (" (NeoX)" if c.neox else ""), ("q", "k", "v"),
+                ("q", f"cache.{i}"), _run_rope_paged_kv_write, i, per_token=("pos", "slot"), layer=i,
+                launches=("lathe_rope_kv_write_paged",))
+        elif apart:
             for n in "qk":
                 add("rope", "lathe rope_neox" if c.neox else "lathe rope", (n,), (n,), _run_rope, n, i, per_token=("pos",),
                     layer=i, launches=("lathe_rope",))
         if paged:
-            add("kv_write", "lathe reshape_and_cache", ("k", "v"), (f"cache.{i}",), _run_reshape_and_cache, i,
-                per_token=("slot",), layer=i, launches=("lathe_reshape_and_cache",))
+            if not fused:
+                add("kv_write", "lathe reshape_and_cache", ("k", "v"), (f"cache.{i}",), _run_reshape_and_cache, i,
+                    per_token=("slot",), layer=i, launches=("lathe_reshape_and_cache",))
             add("attention", "lathe paged_attention v2 (split past 2048, merged: attn_combine)" if decode else "lathe prefill_attention (paged; kernel: attn_prefill)",
                 ("q", f"cache.{i}", "block_table"), ("o",), _run_paged_attention, i, per_token=("kv_len",), layer=i,
                 launches=("lathe_paged_attention", "lathe_attention_combine") + (() if decode else ("lathe_paged_prefill",)))
@@ -821,6 +826,18 @@ def _run_wrapping_attention(i, d, env, t, pos):
                                after=mx.concatenate([env["written.k"], env["written.v"]]), counters=d.attn_counters[i],
                                softcap=c.attn_softcap)
     _end_layer_attention(env, o.reshape(1, -1))
+
+
+def _run_rope_paged_kv_write(i, d, env, t, pos):
+    """RoPE of t tokens at pos.. with their K and V written at their slots of the paged pool."""
+    q, k, v = _heads_of(d, env, t)
+    on_device = isinstance(pos, mx.array)  # a compiled step's position: one token
+    positions = pos.reshape(1) if on_device else np.arange(pos, pos + t)
+    slots = d._slots(pos, t).reshape(-1).astype(mx.int32) if on_device else d._slots(pos, t)
+    rot = rope.rope_paged_kv_write(q, k, v, d.k[i], d.v[i], positions, slots, theta=d.thetas[i],
+                                   inv_freq=d.inv_freqs[i], neox=d.config.neox)
+    d.k[i], d.v[i] = rot.k_cache, rot.v_cache
+    env["q"], env["written"] = rot.q, rot.written
 
 
 def _run_reshape_and_cache(i, d, env, t, pos):
