@@ -26,6 +26,17 @@ from harness.program.kv_pool import KVPool
 from harness.program.serve import Work
 
 
+def slots_of(w: Work, block_size: int, start: int = 0) -> np.ndarray:
+    """int32 pool rows (block * block_size + offset) of positions start..w.start+len(w.tokens)-1
+    through w's table; refused where the table is too short for its tokens."""
+    end = w.start + len(w.tokens)
+    if not w.tokens or len(w.table) * block_size < end:
+        raise ValueError(f"request {w.request.id!r}: {len(w.tokens)} tokens at {w.start} with "
+                         f"{len(w.table)} blocks of {block_size}")
+    pos = np.arange(start, end)
+    return (np.asarray(w.table, np.int64)[pos // block_size] * block_size + pos % block_size).astype(np.int32)
+
+
 @dataclass
 class Segment:
     """A sequence's tokens in the step's batch: rows at..at+n of it, positions start..start+n-1."""
@@ -69,13 +80,7 @@ class PagedBatchReference:
                         cache[i][dst * bs:(dst + 1) * bs] = cache[i][src * bs:(src + 1) * bs]
         tokens, self._segments = [], []
         for w in work:
-            end = w.start + len(w.tokens)
-            if not w.tokens or len(w.table) * bs < end:
-                raise ValueError(f"request {w.request.id!r}: {len(w.tokens)} tokens at {w.start} with "
-                                 f"{len(w.table)} blocks of {bs}")
-            pos = np.arange(end)
-            slots = (np.asarray(w.table, np.int64)[pos // bs] * bs + pos % bs).astype(np.int32)
-            self._segments.append(Segment(len(tokens), len(w.tokens), w.start, slots))
+            self._segments.append(Segment(len(tokens), len(w.tokens), w.start, slots_of(w, bs)))
             tokens += w.tokens
         env = {"token": mx.array(np.asarray(tokens, np.int32))}
         d, t = self.decoder, len(tokens)
@@ -160,16 +165,11 @@ class PagedBatchKernels:
                     d.v[i][dst] = d.v[i][src]
         tokens, positions, slots, ends, decode, prefill = [], [], [], [], [], []
         for w in work:
-            end = w.start + len(w.tokens)
-            if not w.tokens or len(w.table) * bs < end:
-                raise ValueError(f"request {w.request.id!r}: {len(w.tokens)} tokens at {w.start} with "
-                                 f"{len(w.table)} blocks of {bs}")
-            pos = np.arange(w.start, end)
+            slots.append(slots_of(w, bs, w.start))
             at = len(tokens)
             (decode if len(w.tokens) == 1 else prefill).append((at, w))
             tokens += w.tokens
-            positions += list(pos)
-            slots += list(np.asarray(w.table, np.int64)[pos // bs] * bs + pos % bs)
+            positions += range(w.start, w.start + len(w.tokens))
             ends.append(len(tokens) - 1)
         t = len(tokens)
         widest = max(len(w.table) for _, w in decode) if decode else 0
@@ -185,7 +185,7 @@ class PagedBatchKernels:
         # them back in token order (one gather a layer, not a slice a sequence)
         grouped = [at for at, _ in decode] + [at + j for at, w in prefill for j in range(len(w.tokens))]
         self._step = dict(positions=mx.array(np.asarray(positions, np.int32)),
-                          slots=mx.array(np.asarray(slots, np.int32)), ends=mx.array(np.asarray(ends, np.int32)),
+                          slots=mx.array(np.concatenate(slots)), ends=mx.array(np.asarray(ends, np.int32)),
                           decode=decode, prefill=prefill, table=mx.array(table),
                           lens=mx.array(np.asarray([w.start + 1 for _, w in decode], np.int32)), t=t,
                           decode_rows=mx.array(np.asarray([at for at, _ in decode], np.int32)),
