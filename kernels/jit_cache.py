@@ -37,12 +37,12 @@ import pickle
 import struct
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 
+from kernels.nvrtc_worker import write_module as _write
 from kernels.ptx import CompileError, run_nvrtc
 
 # MLX's spellings (mlx/backend/cuda/utils, mlx/backend/common/utils at 0.32.4): the C type of an
@@ -289,33 +289,6 @@ def compile_cubin(source: str, kernel: str, file_name: str = "kernel.cu") -> tup
     return run_nvrtc(_nvrtc(), source, file_name, _options(), mlx_device_headers(), kernel, cubin=True)
 
 
-def _write(path: Path, kernel: str, symbol: str, cubin: bytes) -> None:
-    """The module MLX looks for (path: <dir>/<module>.ptx) and its symbol table, each written
-    whole (a rename), the table first: MLX looks for the .ptx and then reads the .txt."""
-    for suffix, data in ((".txt", f"{kernel}\t{symbol}\n".encode()), (".ptx", cubin)):
-        # a short name: the module's own can be 230 characters, and with these suffixes its
-        # 257 passed the file system's 255 (a token_block's, seen on the H100: the cache went off)
-        part = path.with_name(f".{os.getpid()}.{threading.get_ident()}{suffix}.part")
-        part.write_bytes(data)
-        os.replace(part, path.with_suffix(suffix))
-
-
-def _work(payload: dict) -> list[str | None]:
-    """A worker process's share: compile and write each (source, kernel, path); NVRTC's log for
-    each that does not compile."""
-    lib = ctypes.CDLL(payload["nvrtc"])
-    logs = []
-    for source, kernel, path in payload["jobs"]:
-        try:
-            cubin, symbol = run_nvrtc(lib, source, f"{Path(path).stem}.cu", payload["options"],
-                                      payload["headers"], kernel, cubin=True)
-            _write(Path(path), kernel, symbol, cubin)
-            logs.append(None)
-        except CompileError as exc:
-            logs.append(str(exc))
-    return logs
-
-
 # ---- the cache ------------------------------------------------------------------------------------
 def default_dir() -> Path:
     """Where lathe keeps compiled modules: per MLX version and GPU architecture, since a module's
@@ -428,11 +401,14 @@ def prepare(instances, workers: int | None = None) -> tuple[int, dict[str, str]]
             _disable(exc)
             return 0, {}
         shares = [missing[w::workers] for w in range(workers)]
-        procs = [subprocess.Popen([sys.executable, "-m", "kernels.jit_cache"], stdin=subprocess.PIPE,
+        procs = [subprocess.Popen([sys.executable, "-m", "kernels.nvrtc_worker"], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE) for _ in shares]
         for proc, share in zip(procs, shares):  # each reads its whole input before it works
-            proc.stdin.write(pickle.dumps(dict(shared, jobs=[jobs[i] for i in share])))
-            proc.stdin.close()
+            try:
+                proc.stdin.write(pickle.dumps(dict(shared, jobs=[jobs[i] for i in share])))
+                proc.stdin.close()
+            except OSError:  # it died before reading (a broken pipe): its share is compiled below
+                pass
         logs = [None] * len(missing)
         for w, (proc, share) in enumerate(zip(procs, shares)):
             out = proc.stdout.read()
@@ -442,6 +418,3 @@ def prepare(instances, workers: int | None = None) -> tuple[int, dict[str, str]]
                 logs[w::workers] = [_build(i) for i in share]
     return len(missing), {i.kernel_name: log for i, log in zip(missing, logs) if log}
 
-
-if __name__ == "__main__":  # a worker of `prepare`: a pickled share on stdin, the logs on stdout
-    sys.stdout.buffer.write(pickle.dumps(_work(pickle.load(sys.stdin.buffer))))

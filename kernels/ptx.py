@@ -44,10 +44,7 @@ def nvrtc() -> ctypes.CDLL:
         pass
     for c in candidates:
         if c and "builtins" not in c and "alt" not in c:
-            # NVRTC loads its builtins library by name at compile time: load it first, globally.
-            ctypes.CDLL(str(next(iter(glob.glob(f"{Path(c).parent}/libnvrtc-builtins.so*")), c)),
-                        mode=ctypes.RTLD_GLOBAL)
-            return ctypes.CDLL(c)
+            return load_nvrtc(c)
     for soname in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"):
         try:
             return ctypes.CDLL(soname)
@@ -57,6 +54,14 @@ def nvrtc() -> ctypes.CDLL:
 
 
 @functools.cache
+def load_nvrtc(path: str) -> ctypes.CDLL:
+    """libnvrtc at `path`. NVRTC loads its builtins library by name at compile time: the one
+    beside it is loaded first, globally (a wheel's directory is on no loader path)."""
+    ctypes.CDLL(str(next(iter(glob.glob(f"{Path(path).parent}/libnvrtc-builtins.so*")), path)),
+                mode=ctypes.RTLD_GLOBAL)
+    return ctypes.CDLL(path)
+
+
 def include_dirs() -> tuple[str, ...]:
     """CUDA headers (cuda_fp16.h, CCCL's cuda/std) and the stub of MLX's device header."""
     roots = [os.environ.get("LATHE_CUDA_INCLUDE")]

@@ -27,3 +27,38 @@ def test_a_name_past_the_limit_is_not_compiled_and_keeps_the_cache_on(tmp_path: 
     assert jit_cache._build(object()) is None
     assert jit_cache._state["dir"] == tmp_path  # not switched off for every other module
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_compile_worker_imports_no_mlx():
+    """MLX's CUDA backend takes device memory at import: 12 pytest shards with a worker a core ran
+    the H100 out of memory when the worker imported it (kernels/nvrtc_worker.py)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, kernels.nvrtc_worker; print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlx'))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[1])
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_worker_process_compiles_its_share_and_reports_what_failed(tmp_path: Path):
+    import pickle
+    import subprocess
+    import sys
+
+    from kernels import ptx
+
+    try:
+        lib = ptx.nvrtc()
+    except (FileNotFoundError, OSError):
+        pytest.skip("no NVRTC here")
+    good = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 2.0f; }'
+    jobs = [(good, "k", str(tmp_path / "good.ptx")), ("this is not CUDA", "k", str(tmp_path / "bad.ptx"))]
+    payload = dict(nvrtc=lib._name, headers={}, options=[b"-arch=sm_90"], jobs=jobs)
+    out = subprocess.run([sys.executable, "-m", "kernels.nvrtc_worker"], input=pickle.dumps(payload),
+                         capture_output=True, check=True, cwd=Path(__file__).parents[1])
+    good_log, bad_log = pickle.loads(out.stdout)
+    assert good_log is None and "bad.cu" in bad_log
+    assert (tmp_path / "good.ptx").read_bytes()[:4] == b"\x7fELF"  # a cubin
+    assert (tmp_path / "good.txt").read_text() == "k\tk\n"
+    assert not (tmp_path / "bad.ptx").exists()

@@ -1,0 +1,47 @@
+"""A worker process of `kernels.jit_cache.prepare`: NVRTC compiles of a share of the modules.
+
+It imports no MLX: MLX's CUDA backend takes device memory when it is imported, and a pytest shard
+starts a worker a core (12 shards x 16 workers ran the H100 out of memory at a12307b:
+`cudaMallocManaged ... out of memory` at import, 88 tests failed). NVRTC needs no GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+from pathlib import Path
+
+from kernels.ptx import CompileError, load_nvrtc, run_nvrtc
+
+
+def write_module(path: Path, kernel: str, symbol: str, cubin: bytes) -> None:
+    """The module MLX looks for (path: <dir>/<module>.ptx) and its symbol table, each written
+    whole (a rename), the table first: MLX looks for the .ptx and then reads the .txt."""
+    for suffix, data in ((".txt", f"{kernel}\t{symbol}\n".encode()), (".ptx", cubin)):
+        # a short name: the module's own can be 230 characters, and with these suffixes its
+        # 257 passed the file system's 255 (a token_block's, seen on the H100: the cache went off)
+        part = path.with_name(f".{os.getpid()}.{threading.get_ident()}{suffix}.part")
+        part.write_bytes(data)
+        os.replace(part, path.with_suffix(suffix))
+
+
+def compile_share(payload: dict) -> list[str | None]:
+    """A worker's share: compile and write each (source, kernel, path); NVRTC's log for each
+    that does not compile."""
+    lib = load_nvrtc(payload["nvrtc"])
+    logs = []
+    for source, kernel, path in payload["jobs"]:
+        try:
+            cubin, symbol = run_nvrtc(lib, source, f"{Path(path).stem}.cu", payload["options"],
+                                      payload["headers"], kernel, cubin=True)
+            write_module(Path(path), kernel, symbol, cubin)
+            logs.append(None)
+        except CompileError as exc:
+            logs.append(str(exc))
+    return logs
+
+
+if __name__ == "__main__":  # a pickled share on stdin, the logs on stdout
+    sys.stdout.buffer.write(pickle.dumps(compile_share(pickle.load(sys.stdin.buffer))))
