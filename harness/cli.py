@@ -1,7 +1,8 @@
 """`lathe` (also `python -m harness`): check, bench and peak.
 
-    lathe                  the main job: every check, (with a GPU) the peak and every benchmark,
-                           and a decode of the embedded default model (tiny-llama)
+    lathe                  the main job: every family's quick check, (with a GPU) the peak and the
+                           quick benchmarks (--full: the whole check and every benchmark), and a
+                           decode of the embedded default model (tiny-llama)
     lathe check [family]   correctness against the float64 references; exit 1 on any failure
     lathe bench [family]   benchmarks: results/<device>/<family>.csv and PNG plots, a short table
     lathe peak             the device's memory peak (copy bandwidth)
