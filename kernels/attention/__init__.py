@@ -31,11 +31,11 @@ import mlx.core as mx
 import numpy as np
 
 from kernels import backends, native, options
+from kernels.paged import BLOCK_SIZES, X
+from kernels.paged import pool_shape as _pool
 from kernels.runtime import KernelSpec, Launch, constant, depends, index, launch, reshaped, resident, table_constant
 
 HEAD_DIMS = (64, 96, 128, 256)  # 96: Phi-3-mini's
-BLOCK_SIZES = (16, 32)
-X = 8  # fp16 values in one 16-byte K vector of the paged layout
 # Tokens a threadgroup takes in the split kernels: by default as few as give the launch about
 # SPLIT_GRID threadgroups, from one chunk (NSIMD * 32 tokens, a thread a token) up to
 # PARTITION_MOST. The kernel walks its chunks one after another, each a chain of latencies, so a
@@ -215,21 +215,6 @@ def _check_q(q: mx.array, n_kv: int, head_dim: int) -> tuple[int, int]:
     if n_heads % n_kv:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv}")
     return batch, n_heads // n_kv
-
-
-def _pool(k_cache: mx.array, v_cache: mx.array) -> tuple[int, int, int, int]:
-    """(blocks, Hkv, head_dim, block size) of vLLM's paged pools, checked."""
-    _fp16("k_cache", k_cache)
-    _fp16("v_cache", v_cache)
-    if k_cache.ndim != 5 or k_cache.shape[4] != X:
-        raise ValueError(f"k_cache must be [blocks, Hkv, D/8, BS, 8] (the paged pool), got {tuple(k_cache.shape)}")
-    blocks, n_kv, d_x, block_size, _ = k_cache.shape
-    head_dim = d_x * X
-    if block_size not in BLOCK_SIZES:
-        raise ValueError(f"block size must be one of {BLOCK_SIZES}, got {block_size}")
-    if tuple(v_cache.shape) != (blocks, n_kv, head_dim, block_size):
-        raise ValueError(f"v_cache must be {(blocks, n_kv, head_dim, block_size)}, got {tuple(v_cache.shape)}")
-    return blocks, n_kv, head_dim, block_size
 
 
 @functools.cache

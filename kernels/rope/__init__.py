@@ -24,6 +24,7 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
+from kernels.paged import pool_shape
 from kernels.runtime import (FORMS, KernelSpec, Launch, cache_io, cache_prelude, constant, depends, index, launch,
                              resident)
 
@@ -289,9 +290,7 @@ def rope_paged_kv_write(q, k, v, k_cache, v_cache, positions, slots, *, theta=10
     `slots` (block * BS + row; host ints checked here, or int32[T] on the device, where a slot
     outside the pool is dropped), token t at position positions[t] (int32[T], host or device).
     One launch for what RoPE of q, RoPE of k and reshape_and_cache do in three."""
-    from kernels.attention import _pool
-
-    blocks, n_kv, head_dim, block_size = _pool(k_cache, v_cache)
+    blocks, n_kv, head_dim, block_size = pool_shape(k_cache, v_cache)
     _check_head_dim(head_dim, multiple=4)
     _check_freqs(freqs)
     seq = q.shape[0]
