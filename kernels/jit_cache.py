@@ -42,7 +42,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from kernels.nvrtc_worker import write_module as _write
+from kernels.nvrtc_worker import write_module
 from kernels.ptx import CompileError, run_nvrtc
 
 # MLX's spellings (mlx/backend/cuda/utils, mlx/backend/common/utils at 0.32.4): the C type of an
@@ -348,7 +348,7 @@ def _build(inst: Instance) -> str | None:
     try:
         if not Path(path).exists():
             cubin, symbol = compile_cubin(source, kernel, f"{Path(path).stem}.cu")
-            _write(Path(path), kernel, symbol, cubin)
+            write_module(Path(path), kernel, symbol, cubin)
     except CompileError as exc:
         return str(exc)
     except (OSError, RuntimeError, struct.error) as exc:  # no NVRTC, no headers: MLX compiles
