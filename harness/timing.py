@@ -14,6 +14,12 @@ MLX is lazy: the K calls first build a graph on the host (Python wrappers, argum
 then ``mx.eval`` runs it. The round time is the evaluation (MLX's encoding and the GPU work);
 the graph building is timed apart and reported as host_us per call, because it is a cost of the
 Python caller (which the decode loop measures end to end), not of the kernel.
+
+The GPU's own time (gpu_us, where PyTorch's CUPTI tracer is present) comes from one more round
+whose calls run one by one, each evaluated before the next: a call's own GPU time, as a decode
+token's launches get it, each after the one before. The timed rounds' calls on different sets
+have no data between them, and MLX's CUDA graph runs them side by side; their wall time (`us`)
+is what a stream of independent calls costs.
 """
 
 from __future__ import annotations
@@ -54,11 +60,11 @@ class Timing:
     sets: int  # S, rotated input sets
     compile_s: float  # first call, compilation included
     host_us: float  # median time to build one call's graph on the host (not in `us`)
-    gpu_us: float = math.nan  # GPU busy time per call (kernels running), one traced round
+    gpu_us: float = math.nan  # GPU busy time per call (kernels running), one traced round of
+    # calls one by one (Rounds.run_one_by_one: each call alone on the GPU)
     # each kernel's summed duration per call in that round, longest first: "name=us;name=us"
-    # (which launch of a two-launch path costs what: the split attention and its combine). Where
-    # MLX runs calls side by side (calls with no data between them) durations overlap, and their
-    # sum can pass gpu_us: compare them within a row, not with gpu_us
+    # (which launch of a two-launch path costs what: the split attention and its combine); a
+    # call's own launches may still overlap each other, and their sum then pass gpu_us
     gpu_kernels: str = ""
 
 
@@ -126,6 +132,18 @@ class Rounds:
         seconds, self.last_build_s = _round(self.sets, self.step, self.calls)
         return seconds
 
+    def run_one_by_one(self) -> None:
+        """The round's K calls, each evaluated before the next is built: no two calls' kernels
+        are on the GPU at once, as in a decode token, where each launch waits for the one
+        before. (In `run` MLX's CUDA graph runs calls on different sets side by side: a launch
+        of a few threadgroups then overlaps the next calls' and its busy time per call reads
+        low. qmm at 16 rows on 4096 x 14336 with 32 threadgroups: 19 us a call in a round, 148
+        us a launch in a prompt's timeline; harness/NOTES.md.)"""
+        for k in range(self.calls):
+            s = self.sets[k % len(self.sets)]
+            mx.eval(self.step(s), _arrays(s))
+        mx.synchronize()
+
 
 def time_calls(
     make_set: Callable[[], State],
@@ -147,9 +165,10 @@ def time_calls(
         samples.append(rounds.run() / rounds.calls * 1e6)
         builds.append(rounds.last_build_s / rounds.calls * 1e6)
     gpu_us, by_kernel = math.nan, ""
-    if gpu_trace.available():  # one more round, its kernels traced: their time, not the host's
+    if gpu_trace.available():  # one more round, its kernels traced: their time, not the host's,
+        # a call at a time (each call's own GPU time, not a share of calls run side by side)
         with gpu_trace.kernel_trace() as kernels:
-            rounds.run()
+            rounds.run_one_by_one()
         gpu_us = gpu_trace.busy_us(kernels) / rounds.calls
         by_kernel = kernel_split(kernels, rounds.calls)
     return Timing(

@@ -58,3 +58,37 @@ def test_calibration_is_not_fooled_by_a_slow_first_pass(monkeypatch):
 
 def test_l2_from_name_table():
     assert l2_bytes("NVIDIA H200") >= 50 << 20
+
+
+def test_the_traced_round_evaluates_each_call_before_building_the_next(monkeypatch):
+    """gpu_us is a call's own GPU time: in the traced round no two calls are on the GPU at once
+    (MLX's CUDA graph runs calls with no data between them side by side)."""
+    import contextlib
+
+    import harness.timing as timing
+
+    events, real_eval = [], mx.eval
+
+    def step(s):
+        events.append("build")
+        return [s["a"] * 2]
+
+    def eval_spy(*arrays):
+        events.append("eval")
+        return real_eval(*arrays)
+
+    traced_rounds = []
+
+    @contextlib.contextmanager
+    def trace():
+        traced_rounds.append(len(events))
+        yield []
+
+    monkeypatch.setattr(timing.gpu_trace, "available", lambda: True)
+    monkeypatch.setattr(timing.gpu_trace, "kernel_trace", trace)
+    monkeypatch.setattr(timing.gpu_trace, "busy_us", lambda kernels: 0.0)
+    monkeypatch.setattr(timing, "kernel_split", lambda kernels, calls: "")
+    monkeypatch.setattr(mx, "eval", eval_spy)
+    t = time_calls(lambda: {"a": mx.random.normal((1 << 10,))}, step, set_bytes=1 << 14, l2=1 << 14, repeats=1)
+    traced = events[traced_rounds[0]:]
+    assert traced == ["build", "eval"] * t.launches
