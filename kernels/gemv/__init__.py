@@ -941,16 +941,14 @@ _QMM = {(residual, norm, act): _qmm_spec(residual, norm, act) for residual in (F
 
 def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     """qmm's knobs for M rows and an [N, K] matrix: 8 * NB * WN rows of W a threadgroup, WK SIMD
-    groups streaming each row block. Each threadgroup stages all of X once, so more rows a
-    threadgroup read X fewer times from L2; NB blocks a SIMD group are NB loads in flight a lane.
-    The sweep of 10cb374 (H100, GPU time) put NB 4, WN 4, WK 2 first at M = 16 and 64 on all three
-    of the 8B's shapes (4096 x 4096, 28672 x 4096, 4096 x 14336; at 4096 x 14336 and M = 16 second
-    by 0.2%), even where that leaves 32 threadgroups. Below 4096 rows (Qwen3-0.6B's O and down:
-    1024) it would leave 8 or fewer, and no sweep has measured those shapes yet: they keep 32 rows a
-    threadgroup, as the prompt rows of 10cb374 ran them."""
-    if n >= 4096:
-        return dict(NB=4, WN=4, WK=2)
-    return dict(NB=2, WN=2, WK=4)
+    groups streaming each row block. Each threadgroup stages all of X once, so rows a threadgroup
+    trade X's reads from L2 against threadgroups to fill the GPU: 32 rows (two blocks of 8 a SIMD
+    group), and 64 where the matrix has rows for 2 threadgroups an SM at that size (10cb374's
+    rule). The sweep of 10cb374 had put NB 4, WN 4, WK 2 first, but its rounds ran calls side by
+    side: alone, as in a prompt, 32 threadgroups of 128 rows on a 4096-row matrix took 148 us where
+    the round said 19 (a12307b, harness/NOTES.md). To be swept again with each call alone."""
+    wide = n >= 64 * 264
+    return dict(NB=2, WN=4 if wide else 2, WK=2 if wide else 4)
 
 
 @_per_budget
