@@ -937,6 +937,43 @@ def _bench_batched(path: str, qtype: str, m: int, n: int, k: int) -> BenchCase:
                      step, nbytes, 2 * m * n * k, nbytes)
 
 
+def _bench_qmm_fused(path: str, qtype: str, m: int, n: int, k: int) -> BenchCase:
+    """qmm fused as a short prompt's layer runs it (the plan's gemm phase) against the launches it
+    replaces, M rows of X on repacked weights: 'residual' / 'qmm, add' (O and down), 'norm' /
+    'rmsnorm, qmm' (QKV), 'norm+silu' / 'rmsnorm, qmm, swiglu' ([gate; up] of 2F = N rows, Y
+    [M, F]). Read by gpu_us, each call alone (harness/timing.py)."""
+    from kernels.gemv import qmm
+    from kernels.loop import rmsnorm, swiglu
+
+    weights = _packed_once(qtype, (n, k))
+    gated = path in ("norm+silu", "rmsnorm, qmm, swiglu")
+    n_out = n // 2 if gated else n
+
+    def make():
+        return {"w": weights()[0], "x": mx.random.normal((m, k)).astype(mx.float16),
+                "r": mx.random.normal((m, n_out)).astype(mx.float16),
+                "gamma": (1 + 0.1 * mx.random.normal((k,))).astype(mx.float16)}
+
+    steps = {
+        "residual": lambda s: [qmm(s["x"], s["w"], qtype, n, k, residual=s["r"])],
+        "qmm, add": lambda s: [qmm(s["x"], s["w"], qtype, n, k) + s["r"]],
+        "norm": lambda s: [qmm(s["x"], s["w"], qtype, n, k, gamma=s["gamma"], eps=1e-5)],
+        "rmsnorm, qmm": lambda s: [qmm(rmsnorm(s["x"], s["gamma"], 1e-5), s["w"], qtype, n, k)],
+        "norm+silu": lambda s: [qmm(s["x"], s["w"], qtype, n, k, gamma=s["gamma"], eps=1e-5, activation="silu")],
+        "rmsnorm, qmm, swiglu": lambda s: [swiglu(qmm(rmsnorm(s["x"], s["gamma"], 1e-5), s["w"], qtype, n, k))],
+    }
+    nbytes = storage_bytes(qtype, n, k) + 2 * m * k + 2 * m * n_out * (2 if path in ("residual", "qmm, add") else 1)
+    return BenchCase("gemv", "gemv-qmm-fused", f"qmm_{qtype}", path, dict(M=m, N=n, K=k), make, steps[path],
+                     nbytes, 2 * m * n * k, nbytes)
+
+
+# A short prompt's fused qmm launches on Llama-3-8B's shapes: O and down with the residual, QKV
+# with the RMSNorm prologue, [gate; up] with the prologue and the SiLU epilogue
+QMM_FUSED_BENCH = ((("residual", "qmm, add"), ((4096, 4096), (4096, 14336))),
+                   (("norm", "rmsnorm, qmm"), ((6144, 4096),)),
+                   (("norm+silu", "rmsnorm, qmm, swiglu"), ((28672, 4096),)))
+
+
 def _bench_pair(path: str, qtype: str, qtype_b: str, n: int, n_b: int, k: int) -> BenchCase:
     """A fused projection whose parts differ in block type (Q4_K_M's QKV where attn_v is Q6_K):
     RMSNorm + both matrices in one launch ('pair', kernels.gemv's w_b) against what it replaced,
@@ -993,6 +1030,10 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
     for qtype in ("q4_0", "q8_0", "q4_k", "q6_k") if not quick else ("q4_0",):  # a short prompt's projections
         for m in (16, 64) if not quick else (16,):
             cases += [_bench_batched(p, qtype, m, n, k) for n, k in QMM_BENCH_SHAPES for p in ("qmm", "batched")]
+    for qtype in ("q4_0", "q8_0") if not quick else ("q4_0",):  # qmm fused, against what it replaces
+        for m in (16, 64) if not quick else (16,):
+            cases += [_bench_qmm_fused(p, qtype, m, n, k) for paths, shapes in QMM_FUSED_BENCH
+                      for n, k in shapes for p in paths]
     for m in (1, 2, 3, 4) if not quick else ():  # M = 2..4 against M = 1, large shapes
         cases += [_bench_batched("gemv-v3", qtype, m, n, k) for qtype in (*QTYPES, *K_QTYPES)
                   for n, k in ((14336, 4096), (4096, 14336), (128256, 4096))]
