@@ -137,6 +137,10 @@ DECLARED = (
     Option("prompt_compiled", True, _flag,
            "kernel variants, compiled modes: a prompt through an mx.compile'd forward traced once per "
            "(length, position), as the decode step is (off: the eager forward; kernels/attention/NOTES.md)"),
+    Option("serve_compiled", True, _flag,
+           "lathe serve, kernel variants: a step of decode tokens only through an mx.compile'd forward traced "
+           "once per (batch, table width rounded up to a power of two), as the decode loop's compiled step "
+           "(off: every step built eagerly; harness/program/batch_forward.py)"),
     Option("attn_query_split", 64, _count,
            "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
     Option("pad_constants", True, _flag,

@@ -229,5 +229,8 @@ def test_the_kernel_batch_runs_every_phase_under_the_scheduler(models, variant):
 
     sched.run(step)
     assert all(len(r.output) == r.max_new for r in reqs) and pool.free_blocks == pool.num_blocks
+    # steps of decode tokens only went through compiled forwards, one per batch and table width
+    # (a power of two blocks)
+    assert forward._compiled and all(width & (width - 1) == 0 for _, width in forward._compiled)
     phases = {"decode" if t == 1 else "short" if t <= 4 else "gemm" if t <= 64 else "prompt" for t in sizes}
     assert phases == {"decode", "short", "gemm", "prompt"}, sorted(set(sizes))

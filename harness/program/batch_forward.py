@@ -24,6 +24,7 @@ import numpy as np
 from harness.program.decode import _OPS, ReferenceDecoder, _heads
 from harness.program.kv_pool import KVPool
 from harness.program.serve import Work
+from kernels import options
 
 
 def slots_of(w: Work, block_size: int, start: int = 0) -> np.ndarray:
@@ -148,6 +149,8 @@ class PagedBatchKernels:
         self.d.k = [mx.full(k_shape, float("nan"), mx.float16) for _ in range(c.n_layers)]
         self.d.v = [mx.full(v_shape, float("nan"), mx.float16) for _ in range(c.n_layers)]
         self._step: dict = {}
+        self.max_blocks = -(-max_seq // pool.block_size)
+        self._compiled: dict[tuple[int, int], object] = {}  # decode-only steps, by (batch, table width)
 
     def __call__(self, work: list[Work]) -> dict:
         picked = np.array(self.kd.loop.argmax(self.forward(work)))  # every row's, one launch
@@ -158,6 +161,8 @@ class PagedBatchKernels:
         d, bs = self.d, self.pool.block_size
         if not work:
             raise ValueError("a step needs at least one sequence")
+        if options.get("serve_compiled") and all(len(w.tokens) == 1 and not w.copies for w in work):
+            return self._decode_step(work)
         for w in work:  # copy-on-write first: the whole block, every layer
             for src, dst in w.copies:
                 for i in range(len(d.k)):
@@ -191,15 +196,67 @@ class PagedBatchKernels:
                           decode_rows=mx.array(np.asarray([at for at, _ in decode], np.int32)),
                           order=mx.array(np.argsort(np.asarray(grouped)).astype(np.int32)))
         mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
-        env = {"token": [int(x) for x in tokens]}
-        for step in d.plan_for(t):
+        logits = self._replay({"token": [int(x) for x in tokens]}, t)["logits"]
+        return logits if logits.shape[0] == len(work) else logits[self._step["ends"]]
+
+    def _decode_step(self, work: list[Work]) -> mx.array:
+        """A step of decode tokens only, through an mx.compile'd function of (ids, positions,
+        slots, table, lens, *k caches, *v caches), traced once per (batch, table width) and
+        replayed after, as the single-sequence decoder's compiled step: an eager step spent
+        about 15 ms building its graph in Python at a12307b (Qwen3-0.6B, 8 sequences; 228
+        launches), more than its kernels take. The table's width is rounded up to a power of
+        two blocks (its unused entries 0; the kernels clamp each length to its own blocks), so
+        growing sequences retrace once per doubling."""
+        d, bs, n = self.d, self.pool.block_size, self.d.config.n_layers
+        widest = max(len(w.table) for w in work)
+        if widest > self.max_blocks:
+            raise ValueError(f"a block table of {widest} blocks is past the {self.max_blocks} of max_seq")
+        width = min(self.max_blocks, 1 << (widest - 1).bit_length())
+        table = np.zeros((len(work), width), np.int32)
+        for row, w in enumerate(work):
+            table[row, :len(w.table)] = w.table
+        if table.min() < 0 or table.max() >= self.pool.num_blocks:
+            raise ValueError(f"a block table points outside the pool's {self.pool.num_blocks} blocks")
+        host = dict(ids=[w.tokens[0] for w in work], positions=[w.start for w in work],
+                    slots=np.concatenate([slots_of(w, bs, w.start) for w in work]), lens=[w.start + 1 for w in work])
+        fn = self._compiled.get((len(work), width))
+        if fn is None:
+            if len(self._compiled) >= 16:  # each holds its traced graph
+                self._compiled.pop(next(iter(self._compiled)))
+            fn = self._compiled[len(work), width] = mx.compile(self._decode_over_caches(len(work)))
+        mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
+        logits, *caches = fn(*(mx.array(np.asarray(host[key], np.int32)) for key in ("ids", "positions", "slots")),
+                             mx.array(table), mx.array(np.asarray(host["lens"], np.int32)), *d.k, *d.v)
+        d.k, d.v = list(caches[:n]), list(caches[n:])
+        return logits
+
+    def _decode_over_caches(self, batch: int):
+        """A decode-only step's forward as a function of its arrays for mx.compile, the caches
+        inputs and outputs rather than state the trace would capture."""
+        d, n = self.d, self.d.config.n_layers
+
+        def over(ids, positions, slots, table, lens, *caches):
+            held = d.k, d.v, self._step
+            d.k, d.v = list(caches[:n]), list(caches[n:])
+            self._step = dict(positions=positions, slots=slots, table=table, lens=lens, t=batch, prefill=[],
+                              decode=[(row, None) for row in range(batch)], decode_rows=None, order=None,
+                              ends=mx.arange(batch, dtype=mx.int32))
+            try:
+                return (self._replay({"token": ids}, batch)["logits"], *d.k, *d.v)
+            finally:
+                d.k, d.v, self._step = held
+
+        return over
+
+    def _replay(self, env: dict, t: int) -> dict:
+        """The decoder's plan for t tokens, its position-dependent steps swapped for the batch's."""
+        for step in self.d.plan_for(t):
             swap = self._swaps.get(step.op)
             if swap is None:
-                step.run(d, env, t, 0)
+                step.run(self.d, env, t, 0)
             else:
                 swap(self, step, env)
-        logits = env["logits"]
-        return logits if logits.shape[0] == len(work) else logits[self._step["ends"]]
+        return env
 
     # ---- the steps that see a token's own position and rows ----------------------------------------
     def _rope(self, step, env):
