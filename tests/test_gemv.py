@@ -330,7 +330,7 @@ def test_the_qmm_sweep_times_each_knob_that_fits():
     """`lathe bench gemv --sweep`'s qmm rows (no GPU needed to list them): every NB, WN, WK of
     QMM_SWEEP at each shape and row count, but those past the threadgroup memory, which the
     geometry refuses by name."""
-    from harness.suites.gemv import QMM_SWEEP, QMM_SWEEP_SHAPES, _qmm_sweep
+    from harness.suites.gemv import QMM_SWEEP, QMM_SWEEP_SHAPES, _qmm_sweep, qmm_sweep_label
     from kernels.gemv import qmm_geometry
 
     cases = _qmm_sweep()
@@ -341,7 +341,7 @@ def test_the_qmm_sweep_times_each_knob_that_fits():
             for knobs in QMM_SWEEP:
                 try:
                     qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"])
-                    fit.append("qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs))
+                    fit.append(qmm_sweep_label(knobs))
                 except ValueError as err:
                     assert "threadgroup memory" in str(err)
             listed = [c.variant for c in cases if (c.shape["M"], c.shape["N"], c.shape["K"]) == (m, n, k)]
@@ -383,6 +383,8 @@ def test_qmm_refuses_what_it_does_not_take():
         gemv.qmm(x, mx.zeros((64, 8 * 34), mx.uint8), "q8_0", 64, 256)
     with pytest.raises(ValueError, match="unknown launch knobs"):
         gemv.qmm(x, w, "q8_0", 64, 256, rows=2)
+    with pytest.raises(ValueError, match="ks must be at least 1"):
+        gemv.qmm(x, w, "q8_0", 64, 256, ks=0)
     with pytest.raises(ValueError, match="residual"):
         gemv.qmm(x, w, "q8_0", 64, 256, residual=mx.zeros((8, 63), mx.float16))
     # the RMSNorm prologue and the gated epilogue
@@ -416,3 +418,44 @@ def test_qmm_gated_launches_gate_and_up_in_one_threadgroup():
     assert job.grid[0] == -(-1000 // (8 * c["NB"] // 2 * c["WN"])) * 32 * c["WN"] * c["WK"]
     assert gemv.qmm_smem_bytes(c["MP"], c["KC"], c["NB"], c["WN"], c["WK"], norm=True) == \
         gemv.qmm_smem_bytes(c["MP"], c["KC"], c["NB"], c["WN"], c["WK"]) + 4 * c["MP"]
+
+
+def _sg8x8_row(lane: int) -> int:  # lathe.h's
+    return ((lane // 4) & 4) + (lane // 2) % 4
+
+
+def _sg8x8_col(lane: int) -> int:
+    return ((lane // 4) & 2) * 2 + (lane % 2) * 2
+
+
+@pytest.mark.parametrize("m, n, k, ks, nb, wn, gated", [
+    (16, 4097, 4128, 4, 2, 2, False), (9, 1000, 1024, 3, 2, 2, False), (64, 4096, 14336, 8, 2, 2, False),
+    (20, 2 * 1001, 4128, 3, 2, 2, True), (33, 2 * 515, 2048, 2, 4, 2, True)])
+def test_a_split_qmm_covers_k_and_writes_each_partial_sum_once(m, n, k, ks, nb, wn, gated):
+    """qmm.metal's LATHE_SPLIT, modelled on the host: the splits' ranges of K (qmm_splits) tile
+    0..K in whole super-chunks, and the lanes of the first WK group of every threadgroup write
+    each (split, row of X, row of W) of part exactly once; gated, gate's rows and up's rows, so
+    that qmm_reduce finds both halves of every output."""
+    ks, kspl = gemv.qmm_splits(k, ks)
+    ranges = [(s * kspl, min(k, s * kspl + kspl)) for s in range(ks)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == k and all(a < b for a, b in ranges)
+    assert all(b == c for (_, b), (c, _) in zip(ranges, ranges[1:])) and kspl % 128 == 0
+    n_out = n // 2 if gated else n
+    nbo = nb // 2 if gated else nb
+    groups = -(-n_out // (8 * nbo * wn))
+    mb_count = -(-m // 16) * 16 // 8
+    written = np.zeros((ks, m, n), np.int32)
+    for split in range(ks):
+        for tg in range(groups):
+            for w in range(wn):
+                row0 = (tg * wn + w) * nbo * 8
+                for lane in range(32):
+                    r, c = _sg8x8_row(lane), _sg8x8_col(lane)
+                    for j in range(nb):
+                        for mb in range(mb_count):
+                            row, col = 8 * mb + r, row0 + 8 * (j % nbo) + c
+                            at = (0 if j < nbo else n_out) + col
+                            for h in (0, 1):
+                                if row < m and col + h < n_out:
+                                    written[split, row, at + h] += 1
+    assert (written == 1).all()

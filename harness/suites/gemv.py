@@ -620,7 +620,11 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              (5, 4097, 4128, False, None), (16, 4097, 4128, True, None), (33, 4097, 4128, False, None),
              (64, 4097, 4128, True, None), (16, 4096, 14336, False, None), (64, 1024, 4096, False, None),
              (16, 4096, 4096, False, dict(nb=1, wn=1, wk=1)), (33, 4096, 4096, True, dict(nb=4, wn=2, wk=2)),
-             (64, 2048, 4096, False, dict(nb=1, wn=4, wk=4))]
+             (64, 2048, 4096, False, dict(nb=1, wn=4, wk=4)),
+             # K split over threadgroups (ks; a second launch adds the parts): parts of unequal
+             # length, a tail of N and K, the residual in the adding launch, 64 rows on 14336
+             (16, 4097, 4128, True, dict(ks=4)), (9, 1000, 1024, False, dict(ks=3)),
+             (33, 4097, 4128, False, dict(ks=2, nb=4, wn=2, wk=2)), (64, 4096, 14336, True, dict(ks=8))]
 
 
 # qmm fused as the GEMVs are: the RMSNorm prologue, the gated epilogue (act(gate) * up of a
@@ -630,7 +634,10 @@ QMM_FUSED_CASES = [("rmsnorm", None, 5, 33, 96, None), ("rmsnorm+gated", "silu",
                    ("rmsnorm", None, 16, 4097, 4128, None), ("rmsnorm", None, 64, 1024, 3072, None),
                    ("gated", "silu", 33, 2 * 3072, 1024, None), ("gated", "gelu", 16, 2 * 515, 2048, None),
                    ("rmsnorm+gated", "silu", 20, 2 * 4096, 4096, None),
-                   ("rmsnorm+gated", "silu", 9, 2 * 1000, 2048, dict(nb=2, wn=1, wk=2))]
+                   ("rmsnorm+gated", "silu", 9, 2 * 1000, 2048, dict(nb=2, wn=1, wk=2)),
+                   # split K: the prologue over all of K in each part, the gated epilogue after the sum
+                   ("rmsnorm+gated", "silu", 20, 2 * 1001, 4128, dict(ks=3)), ("rmsnorm", None, 16, 4097, 4128, dict(ks=4)),
+                   ("gated", "gelu", 16, 2 * 515, 2048, dict(ks=2))]
 
 
 def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: int, knobs: dict | None) -> CheckCase:
@@ -687,9 +694,9 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_gate_up_swiglu_case(qtype, m, f, fit(k), norm, knobs))
     for m in (5, 16) if small else (5, 16, 512):
         cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128)))))
-    for m, n, k, residual, knobs in QMM_CASES[:2] if small else QMM_CASES:
+    for m, n, k, residual, knobs in QMM_CASES[:2] + QMM_CASES[11:12] if small else QMM_CASES:
         cases.append(_gemv_case("qmm", qtype, m, n, fit(k), residual, knobs))
-    for kind, act, m, n, k, knobs in QMM_FUSED_CASES[:2] if small else QMM_FUSED_CASES:
+    for kind, act, m, n, k, knobs in QMM_FUSED_CASES[:2] + QMM_FUSED_CASES[8:9] if small else QMM_FUSED_CASES:
         cases.append(_qmm_fused_case(kind, act, qtype, m, n, fit(k), knobs))
     for m in (3, 9, 16) if small else (3, 9, 16, 512):  # each path of linear(): GEMV, GEMVs + add, addmm
         cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128))),
@@ -1093,18 +1100,28 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
 # qmm's knobs: NB blocks of 8 rows a SIMD group (NB 16-byte loads in flight a lane), WN SIMD groups
 # across rows, WK along K (8: more of a threadgroup's weights in flight at once, where a 4096-row
 # matrix gives each SM about one threadgroup of 32 rows; qmm_geometry makes a piece of X a
-# multiple of WK super-chunks where it fits); at a short prompt's row counts on the 8B's O, gate+up
-# and down shapes and Qwen3-0.6B's four
-QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk) for nb in (1, 2, 4) for wn in (1, 2, 4) for wk in (1, 2, 4, 8)
-             if 2 <= wn * wk <= 16]
+# multiple of WK super-chunks where it fits), and KS threadgroups along K a row block (split K,
+# a second launch adding the parts: so that few row blocks still fill the GPU); at a short
+# prompt's row counts on the 8B's O, gate+up and down shapes and Qwen3-0.6B's four. Timed by
+# gpu_us, each call alone (harness/timing.py: the rounds' side-by-side calls had hidden what
+# threadgroups a launch leaves idle, a12307b)
+QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=1) for nb in (1, 2, 4) for wn in (1, 2, 4) for wk in (1, 2, 4, 8)
+             if 2 <= wn * wk <= 16] + \
+    [dict(nb=nb, wn=wn, wk=wk, ks=ks) for nb, wn, wk in ((2, 2, 4), (2, 4, 2), (4, 2, 2), (4, 4, 2))
+     for ks in (2, 4, 8)]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
                     # Qwen3-0.6B's QKV, O, gate+up and down (Q8_0), whose short prompts trail llama.cpp
                     ("q8_0", 4096, 1024), ("q8_0", 1024, 2048), ("q8_0", 6144, 1024), ("q8_0", 1024, 3072))
 
 
+def qmm_sweep_label(knobs: dict) -> str:
+    """A qmm sweep row's variant: its knobs, KS only where K is split."""
+    return "qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs) + (f"-KS{knobs['ks']}" if knobs["ks"] > 1 else "")
+
+
 def _qmm_sweep() -> list[BenchCase]:
-    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.') where they fit the threadgroup memory,
-    at M = 16, 32, 64."""
+    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.]') where they fit the threadgroup
+    memory, at M = 16, 32, 64."""
     from kernels.gemv import qmm, qmm_geometry
 
     def fits(m, n, k, knobs) -> bool:
@@ -1115,7 +1132,7 @@ def _qmm_sweep() -> list[BenchCase]:
             return False
 
     def settings(qtype, m, n, k):
-        return [("qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs), knobs) for knobs in QMM_SWEEP if fits(m, n, k, knobs)]
+        return [(qmm_sweep_label(knobs), knobs) for knobs in QMM_SWEEP if fits(m, n, k, knobs)]
 
     return _sweep(qmm, _packed_once, settings, QMM_SWEEP_SHAPES, rows=(16, 32, 64))
 

@@ -939,6 +939,39 @@ _QMM = {(residual, norm, act): _qmm_spec(residual, norm, act) for residual in (F
         for act in (None, *ACTIVATIONS) if not (residual and act)}
 
 
+def _qmm_split_spec(norm: bool, gated: bool) -> KernelSpec:
+    """qmm.metal with K split over threadgroups (LATHE_SPLIT): float32 partial sums out; the
+    epilogue is qmm_reduce's."""
+    return KernelSpec("lathe_qmm_split" + ("_norm" if norm else "") + ("_gated" if gated else ""), "gemv/qmm.metal",
+                      ("x", "w", "dims", *(("gamma", "eps") if norm else ())), ("part",),
+                      prelude=f"#define LATHE_SPLIT 1\n#define LATHE_RESIDUAL 0\n#define LATHE_NORM {int(norm)}\n"
+                              f"#define LATHE_GATED {int(gated)}\n#define LATHE_ACT 0",
+                      threadgroup_bytes=_qmm_threadgroup_bytes(norm))
+
+
+def _qmm_reduce_spec(residual: bool, activation: str | None) -> KernelSpec:
+    """qmm_reduce.metal: a split qmm's partial sums added, then its epilogue."""
+    return KernelSpec("lathe_qmm_reduce" + (f"_{activation}" if activation else "") + ("_residual" if residual else ""),
+                      "gemv/qmm_reduce.metal", ("part", "dims", *(("residual",) if residual else ())), ("y",),
+                      prelude=f"#define LATHE_RESIDUAL {int(residual)}\n#define LATHE_GATED {int(activation is not None)}\n"
+                              f"#define LATHE_ACT {ACTIVATIONS.get(activation, 0)}")
+
+
+_QMM_SPLIT = {(norm, gated): _qmm_split_spec(norm, gated) for norm in (False, True) for gated in (False, True)}
+_QMM_REDUCE = {(residual, act): _qmm_reduce_spec(residual, act) for residual in (False, True)
+               for act in (None, *ACTIVATIONS) if not (residual and act)}
+
+
+def qmm_splits(k: int, ks: int) -> tuple[int, int]:
+    """(KS, KSPL): K in KS parts of KSPL values, whole super-chunks of 128 (the last part shorter),
+    none of them empty: at most ks parts."""
+    if ks < 1:
+        raise ValueError(f"ks must be at least 1, got {ks}")
+    supers = -(-k // 128)
+    kspl = 128 * -(-supers // min(ks, supers))
+    return -(-k // kspl), kspl
+
+
 def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     """qmm's knobs for M rows and an [N, K] matrix: 8 * NB * WN rows of W a threadgroup, WK SIMD
     groups streaming each row block. Each threadgroup stages all of X once, so rows a threadgroup
@@ -948,7 +981,7 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     side: alone, as in a prompt, 32 threadgroups of 128 rows on a 4096-row matrix took 148 us where
     the round said 19 (a12307b, harness/NOTES.md). To be swept again with each call alone."""
     wide = n >= 64 * 264
-    return dict(NB=2, WN=4 if wide else 2, WK=2 if wide else 4)
+    return dict(NB=2, WN=4 if wide else 2, WK=2 if wide else 4, KS=1)
 
 
 @_per_budget
@@ -980,14 +1013,15 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     block type), on SIMD-group matrices (qmm.metal). `gamma` (fp16 [K]) and `eps`: X RMS-normed
     first (RMSNorm(X) * gamma), in the same launch. `activation` ("silu", "gelu"): W is a fused
     [gate; up] matrix (N = 2F rows) and Y = act(X @ gate^T) * (X @ up^T), [M, F]. Launch knobs:
-    nb, wn, wk (qmm_by_shape's where not given; gated, an even nb)."""
+    nb, wn, wk, ks (qmm_by_shape's where not given; gated, an even nb); ks > 1 splits K over ks
+    threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal)."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
         raise ValueError("qmm takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
-    unknown = set(knobs) - {"nb", "wn", "wk"}
+    unknown = set(knobs) - {"nb", "wn", "wk", "ks"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk")
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks")
     norm, gated = gamma is not None, activation is not None
     if norm:
         _check_norm(gamma, 0.0 if eps is None else eps, k)
@@ -1004,11 +1038,21 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     if gated and nb % 2:
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
-    inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ()),
-              *(() if residual is None else (residual,))]
-    (y,) = launch(Launch(_QMM[residual is not None, norm, activation], inputs, [((m, n_out), mx.float16)],
-                         (groups * 32 * wn * wk, 1, 1), (32 * wn * wk, 1, 1),
-                         dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, K=k, KC=kc)))
+    ks = knobs.get("ks")
+    ks, kspl = qmm_splits(k, qmm_by_shape(m, n_out if gated else n, k)["KS"] if ks is None else ks)
+    inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
+    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, K=k)
+    if ks == 1:
+        (y,) = launch(Launch(_QMM[residual is not None, norm, activation],
+                             [*inputs, *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
+                             (groups * 32 * wn * wk, 1, 1), (32 * wn * wk, 1, 1), dict(constants, KC=kc)))
+        return y
+    (part,) = launch(Launch(_QMM_SPLIT[norm, gated], inputs, [((ks, m, n), mx.float32)],
+                            (groups * 32 * wn * wk, ks, 1), (32 * wn * wk, 1, 1),
+                            dict(constants, KC=min(kc, kspl), KS=ks, KSPL=kspl)))
+    (y,) = launch(Launch(_QMM_REDUCE[residual is not None, activation],
+                         [part, _dims(n, k), *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
+                         (-(-m * n_out // 256) * 256, 1, 1), (256, 1, 1), dict(M=m, KS=ks)))
     return y
 
 

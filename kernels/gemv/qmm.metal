@@ -26,10 +26,16 @@
 // gate and the up sums of the same outputs (act: gate_act<LATHE_ACT>, in float32 before Y's one
 // rounding).
 //
-// Constants: QTYPE, M, MP, NB, WN, WK, K (a multiple of 32), KC (a multiple of 128). Inputs: x
-// (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half [K]), eps
-// (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding. Output: y (half
-// [M, N], or [M, N / 2] gated).
+// LATHE_SPLIT splits K over KS threadgroups a row block (grid.y; KSPL values of K each, a multiple
+// of 128), so that a matrix of few row blocks still fills the GPU: alone, as in a prompt, 32
+// threadgroups on a 4096-row matrix read it at 225 GB/s (a12307b). Each writes its float32 sums
+// to part [KS, M, N] (all N rows of W: gated, gate's and up's), and qmm_reduce.metal adds the KS
+// partial sums and applies the epilogue (act(gate) * up, the residual) in a second launch.
+//
+// Constants: QTYPE, M, MP, NB, WN, WK, K (a multiple of 32), KC (a multiple of 128); LATHE_SPLIT:
+// KS, KSPL. Inputs: x (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma
+// (half [K]), eps (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding.
+// Output: y (half [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]).
 constexpr uint MB = MP / 8;             // blocks of 8 rows of X
 constexpr uint SC = KC / 128;           // super-chunks of a staged piece
 constexpr uint XWORDS = MP * KC / 2;    // the staged piece, as half2 words
@@ -48,6 +54,12 @@ constexpr uint NBO = LATHE_GATED ? NB / 2 : NB;  // row blocks of outputs a SIMD
 const uint n_out = LATHE_GATED ? n / 2 : n;        // Y's columns (and each half's rows of W, gated)
 const uint row0 = (threadgroup_position_in_grid.x * WN + wn) * NBO * 8;
 const uint chunks = n * CHUNKS_K;
+#if LATHE_SPLIT
+const uint split = threadgroup_position_in_grid.y;
+const uint k_begin = split * uint(KSPL), k_end = min(uint(K), k_begin + uint(KSPL));
+#else
+const uint k_begin = 0, k_end = K;
+#endif
 
 #if LATHE_NORM
 threadgroup float inv_rms[MP];
@@ -71,7 +83,7 @@ LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
   LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) acc[j][mb] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
 }
 
-for (uint k0 = 0; k0 < K; k0 += KC) {
+for (uint k0 = k_begin; k0 < k_end; k0 += KC) {
   threadgroup_barrier(mem_flags::mem_threadgroup);  // the last piece's reads are done
   // Stage X[:, k0 : k0 + KC]: piece e of row m (values k0 + 8e .. + 7) is weights 8q .. 8q + 7 of
   // chunk (e / 4) % 4 of super-chunk e / 16 (q = e % 4): four half2 words, steps 4 (q % 2) .. + 3,
@@ -79,7 +91,7 @@ for (uint k0 = 0; k0 < K; k0 += KC) {
   for (uint i = tid; i < MP * KC / 8; i += NT) {
     const uint m = i / (KC / 8), e = i % (KC / 8), kk = k0 + 8 * e;
     uint4 words = {0u, 0u, 0u, 0u};
-    if (m < M && kk < K) {
+    if (m < M && kk < k_end) {
       words = load_wide<uint4>(x, (m * K + kk) / 8);
 #if LATHE_NORM
       const uint4 g = load_wide<uint4>(gamma, kk / 8);
@@ -101,7 +113,7 @@ for (uint k0 = 0; k0 < K; k0 += KC) {
     xs[at + 3 * MB * 64] = words.w;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  const uint piece_sc = min(SC, (K - k0 + 127) / 128);  // the last piece may be shorter
+  const uint piece_sc = min(SC, (k_end - k0 + 127) / 128);  // the last piece may be shorter
   for (uint s = ks; s < piece_sc; s += WK) {
     const uint chunk_of_row = k0 / 32 + 4 * s + c / 2;
     uint bw[NB][16];  // this lane's chunk of each row block, half2 words: word i holds weights 2i, 2i + 1
@@ -195,6 +207,18 @@ if (ks == 0) {
       }
     }
   }
+#if LATHE_SPLIT
+  // this split's sums of every row block (gated: the up blocks at their rows of W, n_out on)
+  LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
+    LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) {
+      const uint m = 8 * mb + r, col = row0 + 8 * (j % NBO) + c, at = (j < NBO ? 0u : n_out) + col;
+      if (m >= M) continue;
+      LATHE_UNROLL for (uint h = 0; h < 2; ++h) {
+        if (col + h < n_out) part[(split * M + m) * n + at + h] = h ? sums[j][mb].y : sums[j][mb].x;
+      }
+    }
+  }
+#else
   LATHE_UNROLL for (uint j = 0; j < NBO; ++j) {
     LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) {
       const uint m = 8 * mb + r, col = row0 + 8 * j + c;
@@ -212,4 +236,5 @@ if (ks == 0) {
       }
     }
   }
+#endif
 }
