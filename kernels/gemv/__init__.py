@@ -981,7 +981,14 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     side: alone, as in a prompt, 32 threadgroups of 128 rows on a 4096-row matrix took 148 us where
     the round said 19 (a12307b, harness/NOTES.md). To be swept again with each call alone."""
     wide = n >= 64 * 264
-    return dict(NB=2, WN=4 if wide else 2, WK=2 if wide else 4, KS=1)
+    return dict(NB=2, WN=4 if wide else 2, WK=2 if wide else 4)
+
+
+def qmm_parts(groups: int) -> int:
+    """The parts K is split into for a launch of `groups` row blocks (the qmm_fill option): enough
+    threadgroups for qmm_fill at most 8 parts, or 1 (no split) where qmm_fill is 0."""
+    fill = options.get("qmm_fill")
+    return max(1, min(8, -(-fill // groups))) if fill else 1
 
 
 @_per_budget
@@ -1039,7 +1046,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
     ks = knobs.get("ks")
-    ks, kspl = qmm_splits(k, qmm_by_shape(m, n_out if gated else n, k)["KS"] if ks is None else ks)
+    ks, kspl = qmm_splits(k, qmm_parts(groups) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
     constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, K=k)
     if ks == 1:
