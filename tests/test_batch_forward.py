@@ -129,12 +129,16 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
     assert logits.shape == (4, model.config.vocab)
     names = [j.spec.name for j in rec.jobs]
     layers = model.config.n_layers
-    assert sum(n == "lathe_rope_kv_write_paged" for n in names) == layers  # RoPE of q and k, K/V at their slots
-    assert {n for n in names if n.startswith(("lathe_rope", "lathe_reshape_and_cache"))} == {"lathe_rope_kv_write_paged"}
+    # RoPE of q and k, K/V at their slots; fused, Qwen3's head norms in the same launch
+    fold = model.config.head_norm and variant == "fused"
+    write = "lathe_head_norm_rope_kv_write_paged" if fold else "lathe_rope_kv_write_paged"
+    assert sum(n == write for n in names) == layers
+    assert {n for n in names if n.startswith(("lathe_rope", "lathe_head_norm", "lathe_reshape_and_cache"))} == {write}
+    assert sum(n == "lathe_head_rmsnorm" for n in names) == (2 * layers if model.config.head_norm and not fold else 0)
     assert sum(n.startswith("lathe_paged_attention") for n in names) == layers  # the two decode tokens, one launch
     assert sum(n.startswith("lathe_paged_prefill") for n in names) == 2 * layers
-    writes = [j for j in rec.jobs if j.spec.name == "lathe_rope_kv_write_paged"]
-    slots = np.array(writes[0].inputs[7])
+    writes = [j for j in rec.jobs if j.spec.name == write]
+    slots = np.array(writes[0].inputs[writes[0].spec.inputs.index("slots")])
     t = sum(len(w.tokens) for w in work)
     want = np.concatenate([np.asarray(w.table)[np.arange(w.start, w.start + len(w.tokens)) // 16] * 16
                            + np.arange(w.start, w.start + len(w.tokens)) % 16 for w in work])

@@ -80,14 +80,18 @@ def test_seams_take_two_launches_a_layer(models, monkeypatch, preset):
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_paged_plan_writes_the_pool_then_reads_it(models, preset):
     """unfused: RoPE of q and of k, then reshape_and_cache; fused: RoPE and the write at the
-    token's slot in one launch (rope_paged_kv_write); attention after either."""
+    token's slot in one launch (rope_paged_kv_write), Qwen3's head norms in it too; attention
+    after either."""
     c = models[preset, "q8_0"].config
     unfused = [s.op for s in kernel_plan(c, False, paged=True) if s.layer == 0]
     assert unfused.index("kv_write") < unfused.index("attention") and unfused.count("rope") == 2
+    assert unfused.count("head_norm") == (2 if c.head_norm else 0)
     fused = [s for s in kernel_plan(c, True, paged=True) if s.layer == 0]
     ops = [s.op for s in fused]
     assert "rope" not in ops and "kv_write" not in ops and ops.index("rope_kv_write") < ops.index("attention")
-    assert fused[ops.index("rope_kv_write")].launches == ("lathe_rope_kv_write_paged",)
+    assert "head_norm" not in ops
+    assert fused[ops.index("rope_kv_write")].launches == (
+        ("lathe_head_norm_rope_kv_write_paged",) if c.head_norm else ("lathe_rope_kv_write_paged",))
 
 
 def test_paged_cache_goes_through_the_block_table(models):

@@ -102,6 +102,16 @@ def paged(blocks=4, n_kv=HKV, d=D, bs=16):
          r"k must be \[3, 2 \* 64\]"),
         (lambda: kr.rope_paged_kv_write(h(3, 7 * D), h(3, HKV * D), h(3, HKV * D), *paged(), [0, 1, 2], [0, 1, 2]),
          "heads"),
+        # Qwen3's head norms: both weights, NeoX, float32 [D], D a multiple of 64
+        (lambda: kr.rope_paged_kv_write(h(3, HQ * D), h(3, HKV * D), h(3, HKV * D), *paged(), [0, 1, 2], [0, 1, 2],
+                                        neox=True, q_norm=mx.ones((D,))), "both q_norm and k_norm"),
+        (lambda: kr.rope_paged_kv_write(h(3, HQ * D), h(3, HKV * D), h(3, HKV * D), *paged(), [0, 1, 2], [0, 1, 2],
+                                        q_norm=mx.ones((D,)), k_norm=mx.ones((D,))), "NeoX"),
+        (lambda: kr.rope_paged_kv_write(h(3, HQ * D), h(3, HKV * D), h(3, HKV * D), *paged(), [0, 1, 2], [0, 1, 2],
+                                        neox=True, q_norm=h(D), k_norm=mx.ones((D,))), r"q_norm must be float32\[64\]"),
+        (lambda: kr.rope_paged_kv_write(h(3, HQ * 32), h(3, HKV * 32), h(3, HKV * 32), *paged(d=32), [0, 1, 2],
+                                        [0, 1, 2], neox=True, q_norm=mx.ones((32,)), k_norm=mx.ones((32,))),
+         "multiple of 64"),
     ],
 )
 def test_rope_paged_kv_write_refuses_before_launch(call, message):

@@ -458,15 +458,19 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             add("bias", "mx.add (q|k|v biases)", parts, parts, _run_bias, i,
                 weights=tuple(b + f"attn_{n}.bias" for n in "qkv"), layer=i)
         apart = paged or wrap  # RoPE in launches of its own, then the cache writes
-        if apart or not fused:  # (fused: Q, K and V are slices of the projection's output)
+        # (fused: Q, K and V are slices of the projection's output; fused and paged: the head
+        # norms ride in rope_paged_kv_write)
+        if (apart or not fused) and not (paged and fused):
             if c.head_norm:
                 for n in "qk":
                     add("head_norm", "lathe head_rmsnorm", (n,), (n,), _run_head_norm, n, i,
                         weights=(b + f"attn_{n}_norm.weight",), layer=i, launches=("lathe_head_rmsnorm",))
-        if paged and fused:  # RoPE of q and k, K and V at the token's slot: one launch
-            add("rope_kv_write", "lathe rope_paged_kv_write" + (" (NeoX)" if c.neox else ""), ("q", "k", "v"),
-                ("q", f"cache.{i}"), _run_rope_paged_kv_write, i, per_token=("pos", "slot"), layer=i,
-                launches=("lathe_rope_kv_write_paged",))
+        if paged and fused:  # (the head norms,) RoPE of q and k, K and V at the token's slot: one launch
+            add("rope_kv_write", "lathe rope_paged_kv_write" + (" (NeoX)" if c.neox else "")
+                + (" + head norms" if c.head_norm else ""), ("q", "k", "v"), ("q", f"cache.{i}"),
+                _run_rope_paged_kv_write, i, per_token=("pos", "slot"), layer=i,
+                weights=(b + "attn_q_norm.weight", b + "attn_k_norm.weight") if c.head_norm else (),
+                launches=("lathe_head_norm_rope_kv_write_paged" if c.head_norm else "lathe_rope_kv_write_paged",))
         elif apart:
             for n in "qk":
                 add("rope", "lathe rope_neox" if c.neox else "lathe rope", (n,), (n,), _run_rope, n, i, per_token=("pos",),
@@ -835,9 +839,18 @@ def _run_rope_paged_kv_write(i, d, env, t, pos):
     positions = pos.reshape(1) if on_device else np.arange(pos, pos + t)
     slots = d._slots(pos, t).reshape(-1).astype(mx.int32) if on_device else d._slots(pos, t)
     rot = rope.rope_paged_kv_write(q, k, v, d.k[i], d.v[i], positions, slots, theta=d.thetas[i],
-                                   inv_freq=d.inv_freqs[i], neox=d.config.neox)
+                                   inv_freq=d.inv_freqs[i], neox=d.config.neox, **_head_norms(d, i))
     d.k[i], d.v[i] = rot.k_cache, rot.v_cache
     env["q"], env["written"] = rot.q, rot.written
+
+
+def _head_norms(d, i) -> dict:
+    """Layer i's per-head RMSNorm weights of Q and K as the RoPE + K/V write launches take them
+    (Qwen3's; nothing for a family without them)."""
+    if not d.config.head_norm:
+        return {}
+    return dict(q_norm=d.g32[f"blk.{i}.attn_q_norm.weight"], k_norm=d.g32[f"blk.{i}.attn_k_norm.weight"],
+                eps=d.config.eps)
 
 
 def _run_reshape_and_cache(i, d, env, t, pos):

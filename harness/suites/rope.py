@@ -178,10 +178,11 @@ def _kv_case(kernel: str, variant: str, s: Shape, *, neox: bool, norm: bool) -> 
     return CheckCase("rope", label, variant, s.row(), run)
 
 
-def _paged_kv_case(s: Shape, *, neox: bool, device_ids: bool) -> CheckCase:
+def _paged_kv_case(s: Shape, *, neox: bool, device_ids: bool, norm: bool = False) -> CheckCase:
     """rope_paged_kv_write: a batch's tokens at arbitrary positions into scattered slots of a
     block pool (vLLM's layouts, blocks of 16), every other row left bit for bit; position ids and
-    slots from the host (checked there) or the device (device_ids)."""
+    slots from the host (checked there) or the device (device_ids); `norm`: Qwen3's per-head
+    RMSNorm of Q and K first (q_norm, k_norm)."""
     import kernels.rope as kr
     from kernels.runtime import poisoned_outputs
 
@@ -198,9 +199,11 @@ def _paged_kv_case(s: Shape, *, neox: bool, device_ids: bool) -> CheckCase:
         k_cache = mx.array(np.ascontiguousarray(np.array(k0).reshape(blocks, bs, hkv, d // 8, 8).transpose(0, 2, 3, 1, 4)))
         v_cache = mx.array(np.ascontiguousarray(np.array(v0).reshape(blocks, bs, hkv, d).transpose(0, 2, 3, 1)))
         ids = (mx.array(positions), mx.array(slots)) if device_ids else (positions, slots)
+        qn, kn = _norm_weight(rng, d), _norm_weight(rng, d)
+        norms = dict(q_norm=mx.array(qn), k_norm=mx.array(kn), eps=EPS) if norm else {}
         with poisoned_outputs():
             res = kr.rope_paged_kv_write(mx.array(q), mx.array(k), mx.array(v), k_cache, v_cache, *ids,
-                                         theta=s.theta, freq_scale=s.freq_scale, neox=neox)
+                                         theta=s.theta, freq_scale=s.freq_scale, neox=neox, **norms)
             mx.eval(res)
         # the pool as rows [blocks * BS, Hkv, D]
         k_rows = np.array(res.k_cache.transpose(0, 3, 1, 2, 4).reshape(blocks * bs, hkv, d))
@@ -208,8 +211,11 @@ def _paged_kv_case(s: Shape, *, neox: bool, device_ids: bool) -> CheckCase:
         k_before = np.array(k_bits.reshape(blocks * bs, hkv, d))
         v_before = np.array(v_bits.reshape(blocks * bs, hkv, d))
         others = np.setdiff1d(np.arange(blocks * bs), slots)
-        q_ref = ref.rope(q.reshape(seq, hq, d), positions, s.theta, s.freq_scale, neox)
-        k_ref = ref.rope(k.reshape(seq, hkv, d), positions, s.theta, s.freq_scale, neox)
+        q3, k3 = q.reshape(seq, hq, d), k.reshape(seq, hkv, d)
+        if norm:
+            q3, k3 = ref.rms_norm(q3, qn, EPS), ref.rms_norm(k3, kn, EPS)
+        q_ref = ref.rope(q3, positions, s.theta, s.freq_scale, neox)
+        k_ref = ref.rope(k3, positions, s.theta, s.freq_scale, neox)
         return [
             compare("q", np.array(res.q).reshape(seq, hq, d), q_ref, TOL),
             compare("k at its slots", k_rows[slots], k_ref, TOL),
@@ -218,8 +224,8 @@ def _paged_kv_case(s: Shape, *, neox: bool, device_ids: bool) -> CheckCase:
             exact("v rows of other slots", (v_rows[others].view(np.uint16) == v_before[others]).all(), True),
         ]
 
-    return CheckCase("rope", "rope_paged_kv_write", ("neox" if neox else "pairs") + (", device ids" if device_ids else ""),
-                     s.row(), run)
+    return CheckCase("rope", "rope_paged_kv_write", ("head norms, " if norm else "") + ("neox" if neox else "pairs")
+                     + (", device ids" if device_ids else ""), s.row(), run)
 
 
 def check_cases(small: bool = False) -> list[CheckCase]:
@@ -252,6 +258,8 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     for s in [found[0] for found in dims.values()] + [found[-1] for found in dims.values()]:
         cases.append(_paged_kv_case(s, neox=False, device_ids=False))
         cases.append(_paged_kv_case(s, neox=True, device_ids=True))
+        if s.head_dim % 64 == 0:  # Qwen3's head norms in the same launch
+            cases.append(_paged_kv_case(s, neox=True, device_ids=bool(s.seq % 2), norm=True))
     for s in shapes_()[1::3]:  # the MLX built-in peer path, so that benchmarks compare like with like
         for neox, norm in ((False, False), (True, True)):
             cases.append(_kv_case("mlx", "peer", s, neox=neox, norm=norm))

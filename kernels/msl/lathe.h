@@ -303,25 +303,33 @@ LATHE_FN void store_pairs2(DstPtr dst, uint j, Pairs2 p) {
   store_half4<D, NEOX>(dst, j, pack_pairs2<NEOX>(p));
 }
 
+// Element e of kv head h's row at `slot` (block slot / BS, row slot % BS) in vLLM's paged caches:
+// K [blocks, Hkv, D/8, BS, 8], V [blocks, Hkv, D, BS].
+template <int D, uint BS>
+LATHE_FN uint paged_k_at(uint slot, uint h, uint n_kv, uint e) {
+  return ((((slot / BS) * n_kv + h) * uint(D / 8) + e / 8) * BS + slot % BS) * 8 + e % 8;
+}
+template <int D, uint BS>
+LATHE_FN uint paged_v_at(uint slot, uint h, uint n_kv, uint e) {
+  return (((slot / BS) * n_kv + h) * uint(D) + e) * BS + slot % BS;
+}
+
 // A thread's half4 of one head row (load_pairs2's elements: xy at e0, zw at e1, each a pair of
-// neighbours) into vLLM's paged caches at `slot` (block slot / BS, row slot % BS) of kv head h:
-// K [blocks, Hkv, D/8, BS, 8] (a pair stays within its 8), V [blocks, Hkv, D, BS].
+// neighbours) into the paged caches at `slot` of kv head h (in K a pair stays within its 8).
 template <int D, bool NEOX, uint BS, typename DstPtr>
 LATHE_FN void store_half4_paged_k(DstPtr k, uint slot, uint h, uint n_kv, uint j, half4 w) {
   const uint e0 = NEOX ? 2 * j : 4 * j, e1 = NEOX ? D / 2 + 2 * j : 4 * j + 2;
-  const uint head = ((slot / BS) * n_kv + h) * uint(D / 8), off = (slot % BS) * 8;
-  store_wide<half2>(k, ((head + e0 / 8) * BS * 8 + off + e0 % 8) / 2, w.xy);
-  store_wide<half2>(k, ((head + e1 / 8) * BS * 8 + off + e1 % 8) / 2, w.zw);
+  store_wide<half2>(k, paged_k_at<D, BS>(slot, h, n_kv, e0) / 2, w.xy);
+  store_wide<half2>(k, paged_k_at<D, BS>(slot, h, n_kv, e1) / 2, w.zw);
 }
 
 template <int D, bool NEOX, uint BS, typename DstPtr>
 LATHE_FN void store_half4_paged_v(DstPtr v, uint slot, uint h, uint n_kv, uint j, half4 w) {
   const uint e0 = NEOX ? 2 * j : 4 * j, e1 = NEOX ? D / 2 + 2 * j : 4 * j + 2;
-  const uint head = ((slot / BS) * n_kv + h) * uint(D), off = slot % BS;
-  v[(head + e0) * BS + off] = w.xy.x;
-  v[(head + e0 + 1) * BS + off] = w.xy.y;
-  v[(head + e1) * BS + off] = w.zw.x;
-  v[(head + e1 + 1) * BS + off] = w.zw.y;
+  v[paged_v_at<D, BS>(slot, h, n_kv, e0)] = w.xy.x;
+  v[paged_v_at<D, BS>(slot, h, n_kv, e0 + 1)] = w.xy.y;
+  v[paged_v_at<D, BS>(slot, h, n_kv, e1)] = w.zw.x;
+  v[paged_v_at<D, BS>(slot, h, n_kv, e1 + 1)] = w.zw.y;
 }
 
 // Turn both pairs: pair 2j by (c0, s0), pair 2j+1 by (c1, s1).

@@ -266,32 +266,45 @@ def _fused_qkv(qkv: mx.array, n_heads: int, n_kv_heads: int, head_dim: int) -> t
 
 
 @functools.cache
-def _paged_kv_spec() -> KernelSpec:
-    """rope_kv_write.metal over vLLM's block pool: position ids and a slot a token."""
+def _paged_kv_spec(norm: bool) -> KernelSpec:
+    """rope_kv_write.metal (head_norm_rope_kv_write.metal with `norm`) over vLLM's block pool:
+    position ids and a slot a token."""
     return KernelSpec(
-        name="lathe_rope_kv_write_paged",
-        body="rope/rope_kv_write.metal",
-        inputs=("q", "k", "v", "pos", "inv_freq", "scalars", "dims", "slots", "k_cache", "v_cache"),
+        name="lathe_head_norm_rope_kv_write_paged" if norm else "lathe_rope_kv_write_paged",
+        body="rope/head_norm_rope_kv_write.metal" if norm else "rope/rope_kv_write.metal",
+        inputs=("q", "k", "v", *(("q_weight", "k_weight") if norm else ()), "pos", "inv_freq", "scalars", "dims",
+                "slots", "k_cache", "v_cache"),
         outputs=("q_out", "written"),
         prelude="#define LATHE_PAGED 1\nauto k_dst = writable(k_cache);\nauto v_dst = writable(v_cache);\n"
                 "if (thread_position_in_grid.x == 0 && thread_position_in_grid.y == 0 && "
                 "thread_position_in_grid.z == 0) { written[0] = 1u; }",
         in_place=("k_cache", "v_cache"),
+        threadgroup_bytes=(lambda c: 4 * (c["D"] // 64)) if norm else None,
     )
 
 
-_PAGED_KV = _paged_kv_spec()
+_PAGED_KV = {norm: _paged_kv_spec(norm) for norm in (False, True)}
 
 
 def rope_paged_kv_write(q, k, v, k_cache, v_cache, positions, slots, *, theta=10000.0, freq_scale=1.0,
-                        freqs="table", inv_freq=None, neox=False) -> Rotated:
+                        freqs="table", inv_freq=None, neox=False, q_norm=None, k_norm=None, eps=1e-6) -> Rotated:
     """A batch's tokens over vLLM's block pool (k_cache [blocks, Hkv, D/8, BS, 8], v_cache
     [blocks, Hkv, D, BS]): q[T, n_heads * D] rotated, K rotated and V copied into the caches at
     `slots` (block * BS + row; host ints checked here, or int32[T] on the device, where a slot
     outside the pool is dropped), token t at position positions[t] (int32[T], host or device).
-    One launch for what RoPE of q, RoPE of k and reshape_and_cache do in three."""
+    One launch for what RoPE of q, RoPE of k and reshape_and_cache do in three. With q_norm and
+    k_norm (float32 [D]; NeoX, D a multiple of 64): Qwen3's per-head RMSNorm of Q and K first, in
+    the same launch (head_norm_rope_kv_write.metal)."""
     blocks, n_kv, head_dim, block_size = pool_shape(k_cache, v_cache)
-    _check_head_dim(head_dim, multiple=4)
+    norm = q_norm is not None or k_norm is not None
+    if norm:
+        if q_norm is None or k_norm is None or not neox:
+            raise ValueError("the head norms take both q_norm and k_norm, with NeoX RoPE (Qwen3's)")
+        for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
+            if not isinstance(w, mx.array) or w.dtype != mx.float32 or w.shape != (head_dim,):
+                raise ValueError(f"{name} must be float32[{head_dim}], got {getattr(w, 'dtype', type(w))}"
+                                 f"{getattr(w, 'shape', '')}")
+    _check_head_dim(head_dim, multiple=64 if norm else 4)
     _check_freqs(freqs)
     seq = q.shape[0]
     _check_seq(seq)
@@ -315,14 +328,18 @@ def rope_paged_kv_write(q, k, v, k_cache, v_cache, positions, slots, *, theta=10
         ids.append(mx.array(host.astype(np.int32)))
     dims = _int32((seq, n_heads, n_kv, blocks * block_size, rows[0].stride, rows[0].offset, rows[1].stride,
                    rows[1].offset, rows[2].stride, rows[2].offset))
-    hpt = _heads_per_thread(seq)
-    grid, tg = _geometry(head_dim // 4, -(-(n_heads + 2 * n_kv) // hpt), seq)
-    inputs = [r.array for r in rows] + [ids[0], _table(head_dim, theta, inv_freq), _float32((theta, freq_scale)),
-                                        dims, ids[1], k_cache, v_cache]
-    constants = dict(D=head_dim, NEOX=neox, FREQ_TABLE=freqs == "table" or inv_freq is not None, HPT=hpt,
-                     BS=block_size)
-    q_out, written = launch(Launch(_PAGED_KV, inputs, [((seq, n_heads, head_dim), mx.float16), ((1,), mx.uint32)],
-                                   grid, tg, constants))
+    constants = dict(D=head_dim, NEOX=neox, FREQ_TABLE=freqs == "table" or inv_freq is not None, BS=block_size)
+    if norm:  # a threadgroup of D/2 threads a (Q head, token), K and V with the first n_kv heads
+        grid, tg = (head_dim // 2, n_heads, seq), (head_dim // 2, 1, 1)
+        weights, scalars = [q_norm, k_norm], (theta, freq_scale, float(eps))
+    else:
+        hpt = constants["HPT"] = _heads_per_thread(seq)
+        grid, tg = _geometry(head_dim // 4, -(-(n_heads + 2 * n_kv) // hpt), seq)
+        weights, scalars = [], (theta, freq_scale)
+    inputs = [r.array for r in rows] + weights + [ids[0], _table(head_dim, theta, inv_freq), _float32(scalars),
+                                                  dims, ids[1], k_cache, v_cache]
+    q_out, written = launch(Launch(_PAGED_KV[norm], inputs,
+                                   [((seq, n_heads, head_dim), mx.float16), ((1,), mx.uint32)], grid, tg, constants))
     k_cache, v_cache = depends([k_cache, v_cache], [written])
     return Rotated(q_out, k_cache, v_cache, written)
 

@@ -6,11 +6,14 @@
 // and rotates Q, phase 2 norms and rotates K, reusing the reduction scratch, and copies V.
 // Both branches are uniform over the threadgroup, so every thread reaches the barriers inside
 // threadgroup_sum.
-// Constants: D (a multiple of 64), NEOX, FREQ_TABLE.
+// LATHE_PAGED (a batch of sequences over vLLM's block pool, as rope_kv_write.metal's): token t
+// at position pos[t], its K and V at slots[t] of the paged caches (dst_rows: the pool's rows; a
+// slot outside it is dropped).
+// Constants: D (a multiple of 64), NEOX, FREQ_TABLE; paged: BS (rows a block).
 // Inputs: q, k, v (token t at t * stride + offset, as rope_kv_write), q_weight, k_weight (f32[D]),
-//   pos (int32[1]), inv_freq (f32[D/2]), scalars (f32: theta, freq_scale, eps),
+//   pos (int32[1]; paged: int32[seq]), inv_freq (f32[D/2]), scalars (f32: theta, freq_scale, eps),
 //   dims (int32: seq, n_heads, n_kv_heads, dst_rows, q_stride, q_off, k_stride, k_off,
-//   v_stride, v_off).
+//   v_stride, v_off); paged: slots (int32[seq]).
 constexpr uint NSIMD = D / 64;
 threadgroup float scratch[NSIMD];
 const uint i = thread_position_in_threadgroup.x;
@@ -32,8 +35,15 @@ const float q0 = float(q_src[a]), q1 = float(q_src[b]);
 const float k0 = float(k_src[a]), k1 = float(k_src[b]);
 const half v0 = v_src[2 * i], v1 = v_src[2 * i + 1];
 
+#if LATHE_PAGED
+const uint slot = uint(slots[t]);  // a negative slot wraps past the pool: dropped
+const bool row_in_cache = slot < dst_rows;
+const float angle = float(pos[t]) * scalars[1] * rope_inv_freq<D, FREQ_TABLE>(inv_freq, i, scalars[0]);
+#else
+const bool row_in_cache = dst_row0 + t < dst_rows;
 const float angle =
     float(pos[0] + int(t)) * scalars[1] * rope_inv_freq<D, FREQ_TABLE>(inv_freq, i, scalars[0]);
+#endif
 const float c = cos(angle);
 const float s = sin(angle);
 const float eps = scalars[2];
@@ -52,12 +62,19 @@ const float eps = scalars[2];
 if (has_kv) {
   const float ss = threadgroup_sum<NSIMD>(k0 * k0 + k1 * k1, scratch, simd_id, lane);
   const float inv_rms = rsqrt(ss / float(D) + eps);
-  if (dst_row0 + t < dst_rows) {
+  if (row_in_cache) {
     const float x0 = k0 * inv_rms * k_weight[a], x1 = k1 * inv_rms * k_weight[b];
+#if LATHE_PAGED
+    k_dst[paged_k_at<D, BS>(slot, h, n_kv, a)] = half(x0 * c - x1 * s);
+    k_dst[paged_k_at<D, BS>(slot, h, n_kv, b)] = half(x0 * s + x1 * c);
+    v_dst[paged_v_at<D, BS>(slot, h, n_kv, 2 * i)] = v0;
+    v_dst[paged_v_at<D, BS>(slot, h, n_kv, 2 * i + 1)] = v1;
+#else
     const uint row = (h * dst_rows + dst_row0 + t) * uint(D);
     k_dst[row + a] = half(x0 * c - x1 * s);
     k_dst[row + b] = half(x0 * s + x1 * c);
     v_dst[row + 2 * i] = v0;
     v_dst[row + 2 * i + 1] = v1;
+#endif
   }
 }
