@@ -60,7 +60,7 @@ class Timing:
     sets: int  # S, rotated input sets
     compile_s: float  # first call, compilation included
     host_us: float  # median time to build one call's graph on the host (not in `us`)
-    gpu_us: float = math.nan  # GPU busy time per call (kernels running), one traced round of
+    gpu_us: float = math.nan  # GPU busy time per call (kernels running), one traced pass of
     # calls one by one (Rounds.run_one_by_one: each call alone on the GPU)
     # each kernel's summed duration per call in that round, longest first: "name=us;name=us"
     # (which launch of a two-launch path costs what: the split attention and its combine); a
@@ -132,17 +132,20 @@ class Rounds:
         seconds, self.last_build_s = _round(self.sets, self.step, self.calls)
         return seconds
 
-    def run_one_by_one(self) -> None:
-        """The round's K calls, each evaluated before the next is built: no two calls' kernels
-        are on the GPU at once, as in a decode token, where each launch waits for the one
-        before. (In `run` MLX's CUDA graph runs calls on different sets side by side: a launch
-        of a few threadgroups then overlaps the next calls' and its busy time per call reads
-        low. qmm at 16 rows on 4096 x 14336 with 32 threadgroups: 19 us a call in a round, 148
-        us a launch in a prompt's timeline; harness/NOTES.md.)"""
-        for k in range(self.calls):
+    def run_one_by_one(self) -> int:
+        """Calls each evaluated before the next is built, so that no two calls' kernels are on
+        the GPU at once, as in a decode token, where each launch waits for the one before. (In
+        `run` MLX's CUDA graph runs calls on different sets side by side: a launch of a few
+        threadgroups then overlaps the next calls' and its busy time per call reads low. qmm at
+        16 rows on 4096 x 14336 with 32 threadgroups: 19 us a call in a round, 148 us a launch
+        in a prompt's timeline; harness/NOTES.md.) An eval costs the host about 70 us, so not K
+        calls: every set once, and at least 64 calls where K has them. Returns how many."""
+        calls = max(len(self.sets), min(self.calls, 64))
+        for k in range(calls):
             s = self.sets[k % len(self.sets)]
             mx.eval(self.step(s), _arrays(s))
         mx.synchronize()
+        return calls
 
 
 def time_calls(
@@ -168,9 +171,9 @@ def time_calls(
     if gpu_trace.available():  # one more round, its kernels traced: their time, not the host's,
         # a call at a time (each call's own GPU time, not a share of calls run side by side)
         with gpu_trace.kernel_trace() as kernels:
-            rounds.run_one_by_one()
-        gpu_us = gpu_trace.busy_us(kernels) / rounds.calls
-        by_kernel = kernel_split(kernels, rounds.calls)
+            alone = rounds.run_one_by_one()
+        gpu_us = gpu_trace.busy_us(kernels) / alone
+        by_kernel = kernel_split(kernels, alone)
     return Timing(
         us=statistics.median(samples),
         us_min=min(samples),
