@@ -919,7 +919,7 @@ def _qmm_spec(residual: bool, norm: bool = False, activation: str | None = None)
     name = "lathe_qmm" + ("_norm" if norm else "") + (f"_{activation}" if activation else "")
     return KernelSpec(name + ("_residual" if residual else ""), "gemv/qmm.metal",
                       ("x", "w", "dims", *(("gamma", "eps") if norm else ()), *(("residual",) if residual else ())),
-                      ("y",), prelude=f"#define LATHE_RESIDUAL {int(residual)}\n#define LATHE_NORM {int(norm)}\n"
+                      ("y",), prelude=f"#define LATHE_SPLIT 0\n#define LATHE_RESIDUAL {int(residual)}\n#define LATHE_NORM {int(norm)}\n"
                                       f"#define LATHE_GATED {int(activation is not None)}\n"
                                       f"#define LATHE_ACT {ACTIVATIONS.get(activation, 0)}",
                       threadgroup_bytes=_qmm_threadgroup_bytes(norm))
