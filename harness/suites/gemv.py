@@ -636,8 +636,8 @@ QMM_FUSED_CASES = [("rmsnorm", None, 5, 33, 96, None), ("rmsnorm+gated", "silu",
                    ("rmsnorm+gated", "silu", 20, 2 * 4096, 4096, None),
                    ("rmsnorm+gated", "silu", 9, 2 * 1000, 2048, dict(nb=2, wn=1, wk=2)),
                    # split K: the prologue over all of K in each part, the gated epilogue after the sum
-                   ("rmsnorm+gated", "silu", 20, 2 * 1001, 4128, dict(ks=3)), ("rmsnorm", None, 16, 4097, 4128, dict(ks=4)),
-                   ("gated", "gelu", 16, 2 * 515, 2048, dict(ks=2))]
+                   ("rmsnorm+gated", "silu", 20, 2 * 1001, 4128, dict(ks=3)),
+                   ("rmsnorm", None, 16, 4097, 4128, dict(ks=4)), ("gated", "gelu", 16, 2 * 515, 2048, dict(ks=2))]
 
 
 def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: int, knobs: dict | None) -> CheckCase:

@@ -919,8 +919,8 @@ def _qmm_spec(residual: bool, norm: bool = False, activation: str | None = None)
     name = "lathe_qmm" + ("_norm" if norm else "") + (f"_{activation}" if activation else "")
     return KernelSpec(name + ("_residual" if residual else ""), "gemv/qmm.metal",
                       ("x", "w", "dims", *(("gamma", "eps") if norm else ()), *(("residual",) if residual else ())),
-                      ("y",), prelude=f"#define LATHE_SPLIT 0\n#define LATHE_RESIDUAL {int(residual)}\n#define LATHE_NORM {int(norm)}\n"
-                                      f"#define LATHE_GATED {int(activation is not None)}\n"
+                      ("y",), prelude=f"#define LATHE_SPLIT 0\n#define LATHE_RESIDUAL {int(residual)}\n"
+                                      f"#define LATHE_NORM {int(norm)}\n#define LATHE_GATED {int(activation is not None)}\n"
                                       f"#define LATHE_ACT {ACTIVATIONS.get(activation, 0)}",
                       threadgroup_bytes=_qmm_threadgroup_bytes(norm))
 
@@ -953,7 +953,8 @@ def _qmm_reduce_spec(residual: bool, activation: str | None) -> KernelSpec:
     """qmm_reduce.metal: a split qmm's partial sums added, then its epilogue."""
     return KernelSpec("lathe_qmm_reduce" + (f"_{activation}" if activation else "") + ("_residual" if residual else ""),
                       "gemv/qmm_reduce.metal", ("part", "dims", *(("residual",) if residual else ())), ("y",),
-                      prelude=f"#define LATHE_RESIDUAL {int(residual)}\n#define LATHE_GATED {int(activation is not None)}\n"
+                      prelude=f"#define LATHE_RESIDUAL {int(residual)}\n"
+                              f"#define LATHE_GATED {int(activation is not None)}\n"
                               f"#define LATHE_ACT {ACTIVATIONS.get(activation, 0)}")
 
 
