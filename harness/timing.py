@@ -15,7 +15,7 @@ then ``mx.eval`` runs it. The round time is the evaluation (MLX's encoding and t
 the graph building is timed apart and reported as host_us per call, because it is a cost of the
 Python caller (which the decode loop measures end to end), not of the kernel.
 
-The GPU's own time (gpu_us, where PyTorch's CUPTI tracer is present) comes from one more round
+The GPU's own time (gpu_us, where PyTorch's CUPTI tracer is present) comes from one more pass
 whose calls run one by one, each evaluated before the next: a call's own GPU time, as a decode
 token's launches get it, each after the one before. The timed rounds' calls on different sets
 have no data between them, and MLX's CUDA graph runs them side by side; their wall time (`us`)
@@ -62,7 +62,7 @@ class Timing:
     host_us: float  # median time to build one call's graph on the host (not in `us`)
     gpu_us: float = math.nan  # GPU busy time per call (kernels running), one traced pass of
     # calls one by one (Rounds.run_one_by_one: each call alone on the GPU)
-    # each kernel's summed duration per call in that round, longest first: "name=us;name=us"
+    # each kernel's summed duration per call in that pass, longest first: "name=us;name=us"
     # (which launch of a two-launch path costs what: the split attention and its combine); a
     # call's own launches may still overlap each other, and their sum then pass gpu_us
     gpu_kernels: str = ""
@@ -168,7 +168,7 @@ def time_calls(
         samples.append(rounds.run() / rounds.calls * 1e6)
         builds.append(rounds.last_build_s / rounds.calls * 1e6)
     gpu_us, by_kernel = math.nan, ""
-    if gpu_trace.available():  # one more round, its kernels traced: their time, not the host's,
+    if gpu_trace.available():  # one more pass, its kernels traced: their time, not the host's,
         # a call at a time (each call's own GPU time, not a share of calls run side by side)
         with gpu_trace.kernel_trace() as kernels:
             alone = rounds.run_one_by_one()

@@ -177,15 +177,8 @@ class PagedBatchKernels:
             positions += range(w.start, w.start + len(w.tokens))
             ends.append(len(tokens) - 1)
         t = len(tokens)
-        widest = max(len(w.table) for _, w in decode) if decode else 0
-        table = np.full((len(decode), max(widest, 1)), 0, np.int32)
-        for row, (_, w) in enumerate(decode):
-            table[row, :len(w.table)] = w.table
-        # checked here once for every layer, then given to the kernels as device arrays (their
-        # host checks would repeat a loop over the batch in each layer)
-        held = np.concatenate([np.asarray(w.table) for w in work])
-        if held.min() < 0 or held.max() >= self.pool.num_blocks:
-            raise ValueError(f"a block table points outside the pool's {self.pool.num_blocks} blocks")
+        self._check_tables(work)
+        table = self._table([w for _, w in decode], max([len(w.table) for _, w in decode] + [1]))
         # attention's outputs come as the decode tokens' rows, then each prompt's: `order` puts
         # them back in token order (one gather a layer, not a slice a sequence)
         grouped = [at for at, _ in decode] + [at + j for at, w in prefill for j in range(len(w.tokens))]
@@ -211,24 +204,39 @@ class PagedBatchKernels:
         widest = max(len(w.table) for w in work)
         if widest > self.max_blocks:
             raise ValueError(f"a block table of {widest} blocks is past the {self.max_blocks} of max_seq")
-        width = min(self.max_blocks, 1 << (widest - 1).bit_length())
-        table = np.zeros((len(work), width), np.int32)
-        for row, w in enumerate(work):
-            table[row, :len(w.table)] = w.table
-        if table.min() < 0 or table.max() >= self.pool.num_blocks:
-            raise ValueError(f"a block table points outside the pool's {self.pool.num_blocks} blocks")
-        host = dict(ids=[w.tokens[0] for w in work], positions=[w.start for w in work],
-                    slots=np.concatenate([slots_of(w, bs, w.start) for w in work]), lens=[w.start + 1 for w in work])
-        fn = self._compiled.get((len(work), width))
+        self._check_tables(work)
+        table = self._table(work, min(self.max_blocks, 1 << (widest - 1).bit_length()))
+        fn = self._compiled.get(table.shape)
         if fn is None:
             if len(self._compiled) >= 16:  # each holds its traced graph
                 self._compiled.pop(next(iter(self._compiled)))
-            fn = self._compiled[len(work), width] = mx.compile(self._decode_over_caches(len(work)))
+            fn = self._compiled[table.shape] = mx.compile(self._decode_over_caches(len(work)))
+        def ints(values) -> mx.array:
+            return mx.array(np.asarray(values, np.int32))
+
+        slots = np.concatenate([slots_of(w, bs, w.start) for w in work])
         mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
-        logits, *caches = fn(*(mx.array(np.asarray(host[key], np.int32)) for key in ("ids", "positions", "slots")),
-                             mx.array(table), mx.array(np.asarray(host["lens"], np.int32)), *d.k, *d.v)
+        logits, *caches = fn(ints([w.tokens[0] for w in work]), ints([w.start for w in work]), ints(slots),
+                             mx.array(table), ints([w.start + 1 for w in work]), *d.k, *d.v)
         d.k, d.v = list(caches[:n]), list(caches[n:])
         return logits
+
+    def _check_tables(self, work: list[Work]) -> None:
+        """Every table entry of the step inside the pool: checked here once for every layer, then
+        given to the kernels as device arrays (their host checks would repeat a loop over the
+        batch in each layer)."""
+        held = np.concatenate([np.asarray(w.table) for w in work])
+        if held.min() < 0 or held.max() >= self.pool.num_blocks:
+            raise ValueError(f"a block table points outside the pool's {self.pool.num_blocks} blocks")
+
+    @staticmethod
+    def _table(work: list[Work], width: int) -> np.ndarray:
+        """The sequences' block tables as int32 [len(work), width], 0 past each one's own blocks
+        (the kernels clamp each length to its own blocks)."""
+        table = np.zeros((len(work), width), np.int32)
+        for row, w in enumerate(work):
+            table[row, :len(w.table)] = w.table
+        return table
 
     def _decode_over_caches(self, batch: int):
         """A decode-only step's forward as a function of its arrays for mx.compile, the caches

@@ -458,9 +458,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             add("bias", "mx.add (q|k|v biases)", parts, parts, _run_bias, i,
                 weights=tuple(b + f"attn_{n}.bias" for n in "qkv"), layer=i)
         apart = paged or wrap  # RoPE in launches of its own, then the cache writes
-        # (fused: Q, K and V are slices of the projection's output; fused and paged: the head
-        # norms ride in rope_paged_kv_write)
-        if (apart or not fused) and not (paged and fused):
+        # Head norms as launches of their own: unfused, and fused over a wrapping cache; the fused
+        # contiguous and paged paths take them in their RoPE + K/V write
+        if not fused or wrap:
             if c.head_norm:
                 for n in "qk":
                     add("head_norm", "lathe head_rmsnorm", (n,), (n,), _run_head_norm, n, i,
