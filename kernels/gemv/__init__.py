@@ -925,14 +925,14 @@ def _qmm_spec(residual: bool, norm: bool = False, activation: str | None = None)
                       threadgroup_bytes=_qmm_threadgroup_bytes(norm))
 
 
-def qmm_smem_bytes(mp: int, kc: int, nb: int, wn: int, wk: int, norm: bool = False) -> int:
-    """qmm.metal's arrays: the staged piece of X (fp16), or the groups' partial sums after it; with
-    the RMSNorm prologue, each row's 1 / rms beside them."""
-    return 4 * max(mp * kc // 2, (wk - 1) * wn * nb * (mp // 8) * 64) + (4 * mp if norm else 0)
+def qmm_smem_bytes(mp: int, nb: int, wn: int, wk: int, norm: bool = False) -> int:
+    """qmm.metal's threadgroup arrays: the partial sums of the WK - 1 groups that hand theirs to the
+    first (X is not staged: each lane loads its own); with the RMSNorm prologue, each row's 1 / rms."""
+    return 4 * max(1, (wk - 1) * wn * nb * (mp // 8) * 64) + (4 * mp if norm else 0)
 
 
 def _qmm_threadgroup_bytes(norm: bool):
-    return lambda c: qmm_smem_bytes(c["MP"], c["KC"], c["NB"], c["WN"], c["WK"], norm)
+    return lambda c: qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"], norm)
 
 
 _QMM = {(residual, norm, act): _qmm_spec(residual, norm, act) for residual in (False, True) for norm in (False, True)
@@ -994,24 +994,17 @@ def qmm_parts(groups: int) -> int:
 
 @_per_budget
 def qmm_geometry(m: int, n: int, k: int, nb: int | None = None, wn: int | None = None, wk: int | None = None,
-                 *, norm: bool = False, budget: int) -> tuple[int, int, int, int, int]:
-    """(MP, NB, WN, WK, KC) of a qmm launch: M rounded up to 16, the knobs (qmm_by_shape where not
-    given), and the most of K (a multiple of 128) whose staged X fits the budget."""
+                 *, norm: bool = False, budget: int) -> tuple[int, int, int, int]:
+    """(MP, NB, WN, WK) of a qmm launch: M rounded up to 16 and the knobs (qmm_by_shape's where not
+    given), whose partial sums must fit the threadgroup memory budget."""
     shaped = qmm_by_shape(m, n, k)
     nb, wn, wk = nb or shaped["NB"], wn or shaped["WN"], wk or shaped["WK"]
     if 32 * wn * wk > 1024:
         raise ValueError(f"WN * WK = {wn * wk} SIMD groups: a threadgroup takes at most 32")
     mp = -(-m // 16) * 16
-    # K a piece: all of it where it fits, else the most super-chunks (128 values) that fit, a
-    # multiple of WK where it can be, so that no group idles in a piece (64 rows: 3 super-chunks
-    # a piece for 4 groups left one idle, 534cfcd)
-    fit = 1
-    while fit * 128 < k and qmm_smem_bytes(mp, (fit + 1) * 128, nb, wn, wk, norm) <= budget:
-        fit += 1
-    kc = 128 * (fit if fit < wk else fit - fit % wk)
-    if qmm_smem_bytes(mp, kc, nb, wn, wk, norm) > budget:
+    if qmm_smem_bytes(mp, nb, wn, wk, norm) > budget:
         raise ValueError(f"qmm: M={m} with NB={nb}, WN={wn}, WK={wk} does not fit {budget} bytes of threadgroup memory")
-    return mp, nb, wn, wk, kc
+    return mp, nb, wn, wk
 
 
 def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
@@ -1041,7 +1034,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     n_out = n // 2 if gated else n
     if residual is not None:
         _check_residual(residual, m, n_out)
-    mp, nb, wn, wk, kc = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb"), knobs.get("wn"),
+    mp, nb, wn, wk = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb"), knobs.get("wn"),
                                       knobs.get("wk"), norm=norm)
     if gated and nb % 2:
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
@@ -1053,11 +1046,11 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     if ks == 1:
         (y,) = launch(Launch(_QMM[residual is not None, norm, activation],
                              [*inputs, *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
-                             (groups * 32 * wn * wk, 1, 1), (32 * wn * wk, 1, 1), dict(constants, KC=kc)))
+                             (groups * 32 * wn * wk, 1, 1), (32 * wn * wk, 1, 1), constants))
         return y
     (part,) = launch(Launch(_QMM_SPLIT[norm, gated], inputs, [((ks, m, n), mx.float32)],
                             (groups * 32 * wn * wk, ks, 1), (32 * wn * wk, 1, 1),
-                            dict(constants, KC=min(kc, kspl), KS=ks, KSPL=kspl)))
+                            dict(constants, KS=ks, KSPL=kspl)))
     (y,) = launch(Launch(_QMM_REDUCE[residual is not None, activation],
                          [part, _dims(n, k), *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
                          (-(-m * n_out // 256) * 256, 1, 1), (256, 1, 1), dict(M=m, KS=ks)))

@@ -4,49 +4,48 @@
 // projections: GEMV launches read W once for every 4 rows of X, dequantize + MLX's matmul writes and
 // reads an fp16 copy of W; here W is read once for all M rows and decoded in registers.
 //
-// The K order inside a product is free, so each lane decodes whole chunks of 32 weights: in a
-// paired product (k16: two 8x8 k blocks), the lane that holds B's k slots c, c + 1 (its column
-// pair, sg8x8_col) takes them from chunk c / 2 of a super-chunk of 4 chunks (128 values of K):
-// step p (0..7) of the super-chunk reads weights 2p, 2p + 1 of that chunk in the first k block and
-// 16 + 2p, 17 + 2p in the second. X' is staged in threadgroup memory in that same order, so A's
-// elements of step p are one 8-byte word a lane (lane rows r 0..3 and 4..7 of a half-warp land on
-// distinct banks). Weights then go from one 16-byte load (Q4_0; the K-quants' chunk words) to the
-// B operand with no threadgroup round trip: Q4_0 and Q8_0 decoded in half2 (byte_perm into
+// The K order inside a product is free, so each lane takes whole chunks of 32 weights: in a paired
+// product (k16: two 8x8 k blocks), the lane that holds B's k slots c, c + 1 (its column pair,
+// sg8x8_col) takes them from chunk c / 2 of a super-chunk of 4 chunks (128 values of K): step p
+// (0..7) of the super-chunk reads weights 2p, 2p + 1 of that chunk in the first k block and
+// 16 + 2p, 17 + 2p in the second. A's elements in that order are the same lane's 32 values of X
+// (the same chunk, rows sg8x8_row and 8 further): four 16-byte loads a row, straight from device
+// memory into the A operand. X is small and read by every SIMD group, so it stays in L1/L2; no
+// SIMD group waits on another's staging (the barriers of a staged X, and its threadgroup memory,
+// had capped K a piece and the bytes in flight: 16 rows of the 8B's 4096 x 4096 took 20.5 us
+// alone, a97bf5f). Weights go from one 16-byte load (Q4_0; the K-quants' chunk words) to the B
+// operand with no threadgroup round trip: Q4_0 and Q8_0 decoded in half2 (byte_perm into
 // 1024.0h's mantissa), the other types by packed_chunk.metal in float32 (shared with dequantize).
 //
 // A threadgroup takes 8 * NB * WN rows of W: SIMD group s takes NB blocks of 8 rows (s % WN) and
-// every WK-th super-chunk of each staged piece of X (s / WN), so WK groups stream one row block's
-// weights at once; their sums meet in threadgroup memory at the end. X is staged KC values of K at
-// a time, every row (M rounded up to MP, a multiple of 16, zeros past M).
+// every WK-th super-chunk of the threadgroup's K (s / WN), so WK groups stream one row block's
+// weights at once; their sums meet in threadgroup memory at the end. M is rounded up to MP (a
+// multiple of 16): rows past M read as zeros and are not written.
 //
-// Fused as the GEMVs are: LATHE_NORM stages RMSNorm(X) * gamma (each row's 1 / rms first, a SIMD
-// group a row; the normalized values rounded to half once, as lathe's rmsnorm writes them), and
-// LATHE_GATED reads W as [gate; up] (N = 2F rows) and writes act(gate) * up [M, F]: a threadgroup's
-// first NB / 2 row blocks are gate rows, the others the up rows F further on, so a lane holds the
-// gate and the up sums of the same outputs (act: gate_act<LATHE_ACT>, in float32 before Y's one
-// rounding).
+// Fused as the GEMVs are: LATHE_NORM multiplies X by each row's 1 / rms (worked out first, a SIMD
+// group a row, into threadgroup memory) and gamma as it loads it, rounded to half once as lathe's
+// rmsnorm writes it; LATHE_GATED reads W as [gate; up] (N = 2F rows) and writes act(gate) * up
+// [M, F]: a threadgroup's first NB / 2 row blocks are gate rows, the others the up rows F further
+// on, so a lane holds the gate and the up sums of the same outputs (act: gate_act<LATHE_ACT>, in
+// float32 before Y's one rounding).
 //
 // LATHE_SPLIT splits K over KS threadgroups a row block (grid.y; KSPL values of K each, a multiple
-// of 128), so that a matrix of few row blocks still fills the GPU: alone, as in a prompt, 32
-// threadgroups on a 4096-row matrix read it at 225 GB/s (a12307b). Each writes its float32 sums
+// of 128), so that a matrix of few row blocks still fills the GPU. Each writes its float32 sums
 // to part [KS, M, N] (all N rows of W: gated, gate's and up's), and qmm_reduce.metal adds the KS
 // partial sums and applies the epilogue (act(gate) * up, the residual) in a second launch.
 //
-// Constants: QTYPE, M, MP, NB, WN, WK, K (a multiple of 32), KC (a multiple of 128); LATHE_SPLIT:
-// KS, KSPL. Inputs: x (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma
-// (half [K]), eps (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding.
-// Output: y (half [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]).
+// Constants: QTYPE, M, MP, NB, WN, WK, K (a multiple of 32); LATHE_SPLIT: KS, KSPL. Inputs: x
+// (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half [K]), eps
+// (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding. Output: y (half
+// [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]).
 constexpr uint MB = MP / 8;             // blocks of 8 rows of X
-constexpr uint SC = KC / 128;           // super-chunks of a staged piece
-constexpr uint XWORDS = MP * KC / 2;    // the staged piece, as half2 words
 constexpr uint REDUCE = (WK - 1) * WN * NB * MB * 64;  // the partial sums of groups s / WN > 0
 constexpr uint CHUNKS_K = K / 32;
 constexpr uint NT = 32 * WN * WK;
-threadgroup uint xs[XWORDS > REDUCE ? XWORDS : REDUCE];
+threadgroup float partial[REDUCE > 0 ? REDUCE : 1];
 
 const uint lane = thread_index_in_simdgroup;
 const uint simd = simdgroup_index_in_threadgroup;
-const uint tid = thread_index_in_threadgroup;
 const uint n = uint(dims[0]);
 const uint wn = simd % WN, ks = simd / WN;
 const uint r = sg8x8_row(lane), c = sg8x8_col(lane);
@@ -75,7 +74,8 @@ for (uint m = simd; m < M; m += NT / 32) {
   }
   ss = simd_sum(ss);
   if (lane == 0) inv_rms[m] = rsqrt(ss / float(K) + eps[0]);
-}  // read after the first piece's barrier
+}
+threadgroup_barrier(mem_flags::mem_threadgroup);
 #endif
 
 simdgroup_float8x8 acc[NB][MB];
@@ -83,106 +83,94 @@ LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
   LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) acc[j][mb] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
 }
 
-for (uint k0 = k_begin; k0 < k_end; k0 += KC) {
-  threadgroup_barrier(mem_flags::mem_threadgroup);  // the last piece's reads are done
-  // Stage X[:, k0 : k0 + KC]: piece e of row m (values k0 + 8e .. + 7) is weights 8q .. 8q + 7 of
-  // chunk (e / 4) % 4 of super-chunk e / 16 (q = e % 4): four half2 words, steps 4 (q % 2) .. + 3,
-  // half q / 2 of the step's word pair.
-  for (uint i = tid; i < MP * KC / 8; i += NT) {
-    const uint m = i / (KC / 8), e = i % (KC / 8), kk = k0 + 8 * e;
-    uint4 words = {0u, 0u, 0u, 0u};
-    if (m < M && kk < k_end) {
-      words = load_wide<uint4>(x, (m * K + kk) / 8);
-#if LATHE_NORM
-      const uint4 g = load_wide<uint4>(gamma, kk / 8);
-      const uint gw[4] = {g.x, g.y, g.z, g.w};
-      uint xw[4] = {words.x, words.y, words.z, words.w};
-      const float inv = inv_rms[m];
-      LATHE_UNROLL for (uint j = 0; j < 4; ++j) {
-        const half2 h = as_type<half2>(xw[j]), gh = as_type<half2>(gw[j]);
-        xw[j] = as_type<uint>(half2(half(float(h.x) * inv * float(gh.x)), half(float(h.y) * inv * float(gh.y))));
-      }
-      words = uint4{xw[0], xw[1], xw[2], xw[3]};
-#endif
-    }
-    const uint s = e / 16, chunk = (e / 4) % 4, q = e % 4;
-    const uint at = ((s * 8 + 4 * (q % 2)) * MB + m / 8) * 64 + (m % 8) * 8 + chunk * 2 + q / 2;
-    xs[at] = words.x;
-    xs[at + MB * 64] = words.y;
-    xs[at + 2 * MB * 64] = words.z;
-    xs[at + 3 * MB * 64] = words.w;
-  }
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  const uint piece_sc = min(SC, (k_end - k0 + 127) / 128);  // the last piece may be shorter
-  for (uint s = ks; s < piece_sc; s += WK) {
-    const uint chunk_of_row = k0 / 32 + 4 * s + c / 2;
-    uint bw[NB][16];  // this lane's chunk of each row block, half2 words: word i holds weights 2i, 2i + 1
-    LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
-      const uint out_row = row0 + 8 * (j % NBO) + r;  // gated: j < NB / 2 gate rows, the rest up rows
-      const uint row = (j < NBO ? 0u : n_out) + out_row;
-      // Branch-free: a row or chunk past the matrix decodes chunk 0 and is then zeroed, so the
-      // NB blocks' loads form one straight run that the compiler can issue before any is used.
-      const bool inside = out_row < n_out && chunk_of_row < CHUNKS_K;
-      const uint blk = inside ? row * CHUNKS_K + chunk_of_row : 0u;
-      if (QTYPE <= 1) {
-        // Q4_0 and Q8_0 decode in half2, two weights an instruction. A byte q under 0x64 (the
-        // high byte of 1024.0h) reads as 1024 + q exactly; less 1032 that is Q4_0's q - 8, and
-        // Q8_0's signed q once its sign bit is flipped (1024 + q + 128, less 1152). One multiply
-        // by d then rounds once, as the float32 product rounded to half does (both exact before
-        // it). The float path below costs two quarter-rate conversions a weight: at 16 rows on
-        // the 8B's 28672 x 4096 that alone was about 63 us of its 69.9 (534cfcd).
-        constexpr uint QB = QTYPE == 0 ? 16u : 32u;  // bytes of quants a chunk
-        const ushort d_bits = load_wide<ushort>(w, chunks * (QB / 2) + blk);
-        const half d = as_type<half>(ushort(inside ? d_bits : ushort(0)));
-        const half2 d2 = half2(d, d), offset = as_type<half2>(QTYPE == 0 ? 0x64086408u : 0x64806480u);
-        LATHE_UNROLL for (uint u = 0; u < QB / 16; ++u) {
-          const uint4 word = load_wide<uint4>(w, blk * (QB / 16) + u);
-          const uint w4[4] = {word.x, word.y, word.z, word.w};
-          LATHE_UNROLL for (uint t = 0; t < 4; ++t) {
-            // QTYPE 0: byte l's low nibble is weight l and its high nibble weight l + 16
-            const uint lo = QTYPE == 0 ? w4[t] & 0x0f0f0f0fu : w4[t] ^ 0x80808080u;
-            const uint hi = (w4[t] >> 4) & 0x0f0f0f0fu;
-            LATHE_UNROLL for (uint h = 0; h < (QTYPE == 0 ? 2u : 1u); ++h) {
-              const uint bytes = h ? hi : lo, at = QTYPE == 0 ? 8 * h + 2 * t : 8 * u + 2 * t;
-              bw[j][at] = as_type<uint>((as_type<half2>(byte_perm(bytes, 0x64646464u, 0x5140u)) - offset) * d2);
-              bw[j][at + 1] = as_type<uint>((as_type<half2>(byte_perm(bytes, 0x64646464u, 0x5342u)) - offset) * d2);
-            }
+for (uint s = k_begin / 128 + ks; s * 128 < k_end; s += WK) {
+  const uint chunk_of_row = 4 * s + c / 2;
+  const bool k_inside = chunk_of_row < CHUNKS_K;  // K is whole chunks: a chunk is all in or all out
+  uint bw[NB][16];  // this lane's chunk of each row block, half2 words: word i holds weights 2i, 2i + 1
+  LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
+    const uint out_row = row0 + 8 * (j % NBO) + r;  // gated: j < NB / 2 gate rows, the rest up rows
+    const uint row = (j < NBO ? 0u : n_out) + out_row;
+    // Branch-free: a row or chunk past the matrix decodes chunk 0 and is then zeroed, so the
+    // NB blocks' loads form one straight run that the compiler can issue before any is used.
+    const bool inside = out_row < n_out && k_inside;
+    const uint blk = inside ? row * CHUNKS_K + chunk_of_row : 0u;
+    if (QTYPE <= 1) {
+      // Q4_0 and Q8_0 decode in half2, two weights an instruction. A byte q under 0x64 (the
+      // high byte of 1024.0h) reads as 1024 + q exactly; less 1032 that is Q4_0's q - 8, and
+      // Q8_0's signed q once its sign bit is flipped (1024 + q + 128, less 1152). One multiply
+      // by d then rounds once, as the float32 product rounded to half does (both exact before
+      // it). The float path below costs two quarter-rate conversions a weight: at 16 rows on
+      // the 8B's 28672 x 4096 that alone was about 63 us of its 69.9 (534cfcd).
+      constexpr uint QB = QTYPE == 0 ? 16u : 32u;  // bytes of quants a chunk
+      const ushort d_bits = load_wide<ushort>(w, chunks * (QB / 2) + blk);
+      const half d = as_type<half>(ushort(inside ? d_bits : ushort(0)));
+      const half2 d2 = half2(d, d), offset = as_type<half2>(QTYPE == 0 ? 0x64086408u : 0x64806480u);
+      LATHE_UNROLL for (uint u = 0; u < QB / 16; ++u) {
+        const uint4 word = load_wide<uint4>(w, blk * (QB / 16) + u);
+        const uint w4[4] = {word.x, word.y, word.z, word.w};
+        LATHE_UNROLL for (uint t = 0; t < 4; ++t) {
+          // QTYPE 0: byte l's low nibble is weight l and its high nibble weight l + 16
+          const uint lo = QTYPE == 0 ? w4[t] & 0x0f0f0f0fu : w4[t] ^ 0x80808080u;
+          const uint hi = (w4[t] >> 4) & 0x0f0f0f0fu;
+          LATHE_UNROLL for (uint h = 0; h < (QTYPE == 0 ? 2u : 1u); ++h) {
+            const uint bytes = h ? hi : lo, at = QTYPE == 0 ? 8 * h + 2 * t : 8 * u + 2 * t;
+            bw[j][at] = as_type<uint>((as_type<half2>(byte_perm(bytes, 0x64646464u, 0x5140u)) - offset) * d2);
+            bw[j][at + 1] = as_type<uint>((as_type<half2>(byte_perm(bytes, 0x64646464u, 0x5342u)) - offset) * d2);
           }
         }
-      } else {
-        float v[32];
+      }
+    } else {
+      float v[32];
 #define PC_BYTES w
 #include "gemv/packed_chunk.metal"
 #undef PC_BYTES
-        LATHE_UNROLL for (uint i = 0; i < 16; ++i) {
-          bw[j][i] = inside ? as_type<uint>(half2(half(v[2 * i]), half(v[2 * i + 1]))) : 0u;
-        }
+      LATHE_UNROLL for (uint i = 0; i < 16; ++i) {
+        bw[j][i] = inside ? as_type<uint>(half2(half(v[2 * i]), half(v[2 * i + 1]))) : 0u;
       }
     }
-    LATHE_UNROLL for (uint p = 0; p < 8; ++p) {
-      simdgroup_half8x8 b0[NB], b1[NB];
-      LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
-        b0[j] = sg8x8_from_col_pairs(as_type<half2>(bw[j][p]), lane);
-        b1[j] = sg8x8_from_col_pairs(as_type<half2>(bw[j][8 + p]), lane);
+  }
+  // X: this lane's chunk of K in rows r and r + 8 of each block pair, zeros past M (and past K)
+#if LATHE_NORM
+  uint gw[16];
+  LATHE_UNROLL for (uint q = 0; q < 4; ++q) {
+    const uint4 g = k_inside ? load_wide<uint4>(gamma, chunk_of_row * 4 + q) : uint4{0u, 0u, 0u, 0u};
+    gw[4 * q] = g.x, gw[4 * q + 1] = g.y, gw[4 * q + 2] = g.z, gw[4 * q + 3] = g.w;
+  }
+#endif
+  LATHE_UNROLL for (uint mb = 0; mb < MB; mb += 2) {
+    uint xw[2][16];
+    LATHE_UNROLL for (uint h = 0; h < 2; ++h) {
+      const uint m = 8 * (mb + h) + r;
+      const bool live = m < M && k_inside;
+      LATHE_UNROLL for (uint q = 0; q < 4; ++q) {
+        const uint4 v = live ? load_wide<uint4>(x, (m * K) / 8 + chunk_of_row * 4 + q) : uint4{0u, 0u, 0u, 0u};
+        xw[h][4 * q] = v.x, xw[h][4 * q + 1] = v.y, xw[h][4 * q + 2] = v.z, xw[h][4 * q + 3] = v.w;
       }
-      LATHE_UNROLL for (uint mb = 0; mb < MB; mb += 2) {
-        const uint at = ((s * 8 + p) * MB + mb) * 64 + r * 8 + c;  // c = 2 * (c / 2): the word pair
-        const uint2 top = load_wide<uint2>(xs, at / 2), bottom = load_wide<uint2>(xs, (at + 64) / 2);
-        simdgroup_half8x8 a00, a01, a10, a11;
-        a00.thread_elements() = as_type<half2>(top.x);
-        a01.thread_elements() = as_type<half2>(top.y);
-        a10.thread_elements() = as_type<half2>(bottom.x);
-        a11.thread_elements() = as_type<half2>(bottom.y);
-        LATHE_UNROLL for (uint j = 0; j < NB; ++j) sg8x8_mma_k16x2(acc[j][mb], acc[j][mb + 1], a00, a01, a10, a11, b0[j], b1[j]);
+#if LATHE_NORM
+      const float inv = m < M ? inv_rms[m] : 0.0f;
+      LATHE_UNROLL for (uint i = 0; i < 16; ++i) {
+        const half2 v = as_type<half2>(xw[h][i]), g = as_type<half2>(gw[i]);
+        xw[h][i] = as_type<uint>(half2(half(float(v.x) * inv * float(g.x)), half(float(v.y) * inv * float(g.y))));
+      }
+#endif
+    }
+    LATHE_UNROLL for (uint p = 0; p < 8; ++p) {
+      simdgroup_half8x8 a00, a01, a10, a11;
+      a00.thread_elements() = as_type<half2>(xw[0][p]);
+      a01.thread_elements() = as_type<half2>(xw[0][8 + p]);
+      a10.thread_elements() = as_type<half2>(xw[1][p]);
+      a11.thread_elements() = as_type<half2>(xw[1][8 + p]);
+      LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
+        const simdgroup_half8x8 b0 = sg8x8_from_col_pairs(as_type<half2>(bw[j][p]), lane);
+        const simdgroup_half8x8 b1 = sg8x8_from_col_pairs(as_type<half2>(bw[j][8 + p]), lane);
+        sg8x8_mma_k16x2(acc[j][mb], acc[j][mb + 1], a00, a01, a10, a11, b0, b1);
       }
     }
   }
 }
 
 // The WK groups of a row block add up in threadgroup memory; the first writes Y.
-auto partial = threadgroup_view<float>(xs);
 if (WK > 1) {
-  threadgroup_barrier(mem_flags::mem_threadgroup);
   if (ks > 0) {
     LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
       LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) {
