@@ -330,13 +330,13 @@ def test_the_qmm_sweep_times_each_knob_that_fits():
     """`lathe bench gemv --sweep`'s qmm rows (no GPU needed to list them): every NB, WN, WK of
     QMM_SWEEP at each shape and row count, but those past the threadgroup memory, which the
     geometry refuses by name."""
-    from harness.suites.gemv import QMM_SWEEP, QMM_SWEEP_SHAPES, _qmm_sweep, qmm_sweep_label
+    from harness.suites.gemv import QMM_SWEEP, QMM_SWEEP_ROWS, QMM_SWEEP_SHAPES, _qmm_sweep, qmm_sweep_label
     from kernels.gemv import qmm_geometry
 
     cases = _qmm_sweep()
     assert len({c.label for c in cases}) == len(cases)
     for _, n, k in QMM_SWEEP_SHAPES:
-        for m in (16, 32, 64):
+        for m in QMM_SWEEP_ROWS:
             fit = []
             for knobs in QMM_SWEEP:
                 try:
@@ -367,8 +367,8 @@ def test_linear_takes_qmm_for_a_short_prompts_rows(m, qmm_on, launched):
     assert tuple(j.spec.name.removesuffix("_residual") for j in rec.jobs) == launched
     if launched == ("lathe_qmm",):
         (job,) = rec.jobs
-        mp, nb, wn, wk, kc = gemv.qmm_geometry(m, 4104, 4096)
-        assert job.spec.name == "lathe_qmm_residual" and (job.constants["MP"], job.constants["KC"]) == (mp, kc)
+        mp, nb, wn, wk = gemv.qmm_geometry(m, 4104, 4096)
+        assert job.spec.name == "lathe_qmm_residual" and job.constants["MP"] == mp
         assert job.grid[0] == -(-4104 // (8 * nb * wn)) * 32 * wn * wk
 
 
@@ -416,8 +416,8 @@ def test_qmm_gated_launches_gate_and_up_in_one_threadgroup():
     assert job.spec.name == "lathe_qmm_norm_gelu"
     c = job.constants
     assert job.grid[0] == -(-1000 // (8 * c["NB"] // 2 * c["WN"])) * 32 * c["WN"] * c["WK"]
-    assert gemv.qmm_smem_bytes(c["MP"], c["KC"], c["NB"], c["WN"], c["WK"], norm=True) == \
-        gemv.qmm_smem_bytes(c["MP"], c["KC"], c["NB"], c["WN"], c["WK"]) + 4 * c["MP"]
+    assert gemv.qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"], norm=True) == \
+        gemv.qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"]) + 4 * c["MP"]
 
 
 def _sg8x8_row(lane: int) -> int:  # lathe.h's

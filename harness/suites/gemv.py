@@ -1097,21 +1097,23 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
     [dict(rows=2, simds=4, depth=4, max_groups=g) for g in (264, 528, 1056)]
 
 
-# qmm's knobs: NB blocks of 8 rows a SIMD group (NB 16-byte loads in flight a lane), WN SIMD groups
-# across rows, WK along K (8: more of a threadgroup's weights in flight at once, where a 4096-row
-# matrix gives each SM about one threadgroup of 32 rows; qmm_geometry makes a piece of X a
-# multiple of WK super-chunks where it fits), and KS threadgroups along K a row block (split K,
-# a second launch adding the parts: so that few row blocks still fill the GPU); at a short
-# prompt's row counts on the 8B's O, gate+up and down shapes and Qwen3-0.6B's four. Timed by
+# qmm's knobs: NB blocks of 8 rows a SIMD group (NB 16-byte loads of W in flight a lane), WN SIMD
+# groups across rows (a threadgroup's 8 * NB * WN rows share its loads of X in L1), WK along K in a
+# threadgroup, and KS threadgroups along K a row block (split K, a second launch adding the parts:
+# so that few row blocks still fill the GPU, while each threadgroup reads X only for its part).
+# X is read by each lane straight from memory (no staging): X's traffic from L2 is (threadgroups
+# of rows) x M x K x 2 bytes, the weights' N x K x 0.5625 (Q4_0), so at 16 rows a threadgroup of
+# 32 rows reads more X than W. At a short prompt's and a batch's row counts on the 8B's O, gate+up
+# and down shapes and Qwen3-0.6B's QKV and down; M = 16 first (issue 60's GEMM target). Timed by
 # gpu_us, each call alone (harness/timing.py: the rounds' side-by-side calls had hidden what
 # threadgroups a launch leaves idle, a12307b)
-QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=1) for nb in (1, 2, 4) for wn in (1, 2, 4) for wk in (1, 2, 4, 8)
-             if 2 <= wn * wk <= 16] + \
-    [dict(nb=nb, wn=wn, wk=wk, ks=ks) for nb, wn, wk in ((2, 2, 4), (2, 4, 2), (4, 2, 2), (4, 4, 2))
-     for ks in (2, 4, 8)]
+QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks) for ks in (1, 2, 4, 8)
+             for nb, wn, wk in ((1, 4, 2), (1, 8, 1), (2, 2, 2), (2, 2, 4), (2, 4, 1), (2, 4, 2), (2, 8, 1),
+                                (4, 2, 1), (4, 2, 2), (4, 4, 1))]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
-                    # Qwen3-0.6B's QKV, O, gate+up and down (Q8_0), whose short prompts trail llama.cpp
-                    ("q8_0", 4096, 1024), ("q8_0", 1024, 2048), ("q8_0", 6144, 1024), ("q8_0", 1024, 3072))
+                    # Qwen3-0.6B's QKV and down (Q8_0), whose short prompts trail llama.cpp
+                    ("q8_0", 4096, 1024), ("q8_0", 1024, 3072))
+QMM_SWEEP_ROWS = (16, 64)
 
 
 def qmm_sweep_label(knobs: dict) -> str:
@@ -1121,7 +1123,7 @@ def qmm_sweep_label(knobs: dict) -> str:
 
 def _qmm_sweep() -> list[BenchCase]:
     """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.]') where they fit the threadgroup
-    memory, at M = 16, 32, 64."""
+    memory, at QMM_SWEEP_ROWS rows."""
     from kernels.gemv import qmm, qmm_geometry
 
     def fits(m, n, k, knobs) -> bool:
@@ -1134,7 +1136,8 @@ def _qmm_sweep() -> list[BenchCase]:
     def settings(qtype, m, n, k):
         return [(qmm_sweep_label(knobs), knobs) for knobs in QMM_SWEEP if fits(m, n, k, knobs)]
 
-    return _sweep(qmm, _packed_once, settings, QMM_SWEEP_SHAPES, rows=(16, 32, 64))
+    # a row count at a time, over every shape: a sweep cut short by its time limit has the first
+    return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm, _packed_once, settings, QMM_SWEEP_SHAPES, rows=(m,))]
 
 
 def sweep_cases() -> list[BenchCase]:
