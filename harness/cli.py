@@ -384,6 +384,8 @@ def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool, sweep:
         if not cases:
             print(f"{fam.name}: no case label contains {match!r}")
             continue
+        if sweep:  # a sweep's many instantiations; a bench's few compile as they come
+            _compile_ahead(cases)
         rows = run_cases(cases, peak.gbs, backend(), device_name(), meta, repeats=repeats,
                          progress_label=f"bench {fam.name}")
         with pd.option_context("display.max_rows", None, "display.width", 200):
@@ -397,6 +399,34 @@ def cmd_bench(family: str | None, quick: bool, repeats: int, write: bool, sweep:
         if report is not None:
             report[fam.name] = (rows, paths)
     return 0
+
+
+def _compile_ahead(cases) -> None:
+    """The cases' kernels compiled in parallel into the kernel cache before any is timed (CUDA):
+    each first launch would otherwise wait for NVRTC in turn, and a sweep of a few hundred
+    instantiations spent its time limit there (a97bf5f). Inputs are made for real, outside the
+    recording: a set's weights are made by lathe's quantize kernel once and kept, and recorded
+    they would be zeros. A step that cannot be recorded is left to fail where it runs."""
+    from kernels import runtime
+
+    if runtime.backend() != "cuda":
+        return
+    jobs: list = []
+    for case in cases:
+        inputs = None
+        try:
+            inputs = case.make_set()
+            with runtime.recording(keep_prepared=True) as rec:
+                case.step(inputs)
+            jobs += rec.jobs + rec.prepared
+        except Exception:  # noqa: BLE001 - the timed run reports it
+            pass
+        del inputs
+    began = time.perf_counter()
+    compiled, failures = runtime.prepare(jobs)
+    if compiled or failures:
+        print(f"compiled {compiled} kernels ahead in {time.perf_counter() - began:.1f} s"
+              + (f", {len(failures)} failed" if failures else ""))
 
 
 def _parser() -> argparse.ArgumentParser:
