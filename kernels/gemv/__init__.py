@@ -982,7 +982,7 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     side: alone, as in a prompt, 32 threadgroups of 128 rows on a 4096-row matrix took 148 us where
     the round said 19 (a12307b, harness/NOTES.md). To be swept again with each call alone."""
     wide = n >= 64 * 264
-    return dict(NB=2, WN=4 if wide else 2, WK=2 if wide else 4)
+    return dict(NB=2, WN=4 if wide else 2, WK=2 if wide else 4, SU=1)
 
 
 def qmm_parts(groups: int) -> int:
@@ -1014,15 +1014,19 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     block type), on SIMD-group matrices (qmm.metal). `gamma` (fp16 [K]) and `eps`: X RMS-normed
     first (RMSNorm(X) * gamma), in the same launch. `activation` ("silu", "gelu"): W is a fused
     [gate; up] matrix (N = 2F rows) and Y = act(X @ gate^T) * (X @ up^T), [M, F]. Launch knobs:
-    nb, wn, wk, ks (qmm_by_shape's where not given; gated, an even nb); ks > 1 splits K over ks
-    threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal)."""
+    nb, wn, wk, ks, su (qmm_by_shape's where not given; gated, an even nb); ks > 1 splits K over ks
+    threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal); su 2
+    takes two super-chunks a pass (the next one's weights in flight during this one's products)."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
         raise ValueError("qmm takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
-    unknown = set(knobs) - {"nb", "wn", "wk", "ks"}
+    unknown = set(knobs) - {"nb", "wn", "wk", "ks", "su"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks")
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, su")
+    su = knobs.get("su") or qmm_by_shape(m, n, k)["SU"]
+    if su not in (1, 2):
+        raise ValueError(f"su (super-chunks a SIMD group's pass) must be 1 or 2, got {su}")
     norm, gated = gamma is not None, activation is not None
     if norm:
         _check_norm(gamma, 0.0 if eps is None else eps, k)
@@ -1042,7 +1046,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     ks = knobs.get("ks")
     ks, kspl = qmm_splits(k, qmm_parts(groups) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
-    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, K=k)
+    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, SU=su, K=k)
     if ks == 1:
         (y,) = launch(Launch(_QMM[residual is not None, norm, activation],
                              [*inputs, *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
