@@ -975,21 +975,21 @@ def qmm_splits(k: int, ks: int) -> tuple[int, int]:
 
 def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     """qmm's knobs for M rows and an [N, K] matrix: 8 * NB * WN rows of W a threadgroup, WK SIMD
-    groups streaming each row block. Each threadgroup stages all of X once, so rows a threadgroup
-    trade X's reads from L2 against threadgroups to fill the GPU: 32 rows (two blocks of 8 a SIMD
-    group), and 64 where the matrix has rows for 2 threadgroups an SM at that size (10cb374's
-    rule). The sweep of 10cb374 had put NB 4, WN 4, WK 2 first, but its rounds ran calls side by
-    side: alone, as in a prompt, 32 threadgroups of 128 rows on a 4096-row matrix took 148 us where
-    the round said 19 (a12307b, harness/NOTES.md). To be swept again with each call alone."""
-    wide = n >= 64 * 264
-    return dict(NB=2, WN=4 if wide else 2, WK=2 if wide else 4, SU=1)
+    groups along K in it, SU super-chunks a pass. The sweep of a397c5c (H100, each call alone, 16
+    and 64 rows on the 8B's and Qwen3-0.6B's shapes) put NB 4, WN 2, WK 2 first by geometric mean
+    at both row counts, with K split (qmm_parts) to about 512 threadgroups at 16 rows and 256 at
+    64: 10.0 us for 16 rows of the 4096 x 4096 Q4_0 (20.5 at a97bf5f, staged X)."""
+    return dict(NB=4, WN=2, WK=2, SU=1)
 
 
-def qmm_parts(groups: int) -> int:
-    """The parts K is split into for a launch of `groups` row blocks (the qmm_fill option): enough
-    threadgroups for qmm_fill at most 8 parts, or 1 (no split) where qmm_fill is 0."""
+def qmm_parts(groups: int, m: int = 16) -> int:
+    """The parts K is split into for a launch of `groups` row blocks of M rows (the qmm_fill
+    option): enough threadgroups for qmm_fill (half of it past 32 rows, whose threadgroups each
+    take four times the products), at most 8 parts; 1 (no split) where qmm_fill is 0."""
     fill = options.get("qmm_fill")
-    return max(1, min(8, -(-fill // groups))) if fill else 1
+    if m > 32:
+        fill //= 2
+    return max(1, min(8, fill // groups)) if fill else 1
 
 
 @_per_budget
@@ -1044,7 +1044,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
     ks = knobs.get("ks")
-    ks, kspl = qmm_splits(k, qmm_parts(groups) if ks is None else ks)
+    ks, kspl = qmm_splits(k, qmm_parts(groups, m) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
     constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, SU=su, K=k)
     if ks == 1:
