@@ -982,14 +982,16 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     return dict(NB=4, WN=2, WK=2, SU=1)
 
 
-def qmm_parts(groups: int, m: int = 16) -> int:
+def qmm_parts(groups: int, m: int = 16, k: int = 4096) -> int:
     """The parts K is split into for a launch of `groups` row blocks of M rows (the qmm_fill
     option): enough threadgroups for qmm_fill (half of it past 32 rows, whose threadgroups each
-    take four times the products), at most 8 parts; 1 (no split) where qmm_fill is 0."""
+    take four times the products), at most 8 parts and K / 512; 1 (no split) where qmm_fill is 0."""
     fill = options.get("qmm_fill")
     if m > 32:
         fill //= 2
-    return max(1, min(8, fill // groups)) if fill else 1
+    # a part of at least 4 super-chunks (512 values of K): Qwen3-0.6B's K = 1024 in 8 parts of
+    # one made its 16-token prompt slower end to end than no split (8db493e)
+    return max(1, min(8, k // 512, fill // groups)) if fill else 1
 
 
 @_per_budget
@@ -1044,7 +1046,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
     ks = knobs.get("ks")
-    ks, kspl = qmm_splits(k, qmm_parts(groups, m) if ks is None else ks)
+    ks, kspl = qmm_splits(k, qmm_parts(groups, m, k) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
     constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, SU=su, K=k)
     if ks == 1:
