@@ -135,9 +135,9 @@ DECLARED = (
            "GEMM (kernels.gemv.qmm: W read once, on SIMD-group matrices); off: GEMV launches of 4 rows "
            "below 16 rows, dequantize + MLX's matmul from there (kernels/gemv/NOTES.md)"),
     Option("qmm_fill", 512, _count,
-           "qmm (5..64 rows): split K over threadgroups (at most 8 parts, a second launch adding them) until a "
-           "launch has this many threadgroups, half as many past 32 rows (0: never split; the sweep of "
-           "a397c5c, kernels/gemv/NOTES.md)"),
+           "qmm (5..64 rows), K from 4096: split K over threadgroups (at most 8 parts, a second launch adding "
+           "them) until a launch has this many threadgroups, half as many past 32 rows (0: never split; the "
+           "sweep of a397c5c, kernels/gemv/NOTES.md)"),
     Option("prompt_compiled", True, _flag,
            "kernel variants, compiled modes: a prompt through an mx.compile'd forward traced once per "
            "(length, position), as the decode step is (off: the eager forward; kernels/attention/NOTES.md)"),

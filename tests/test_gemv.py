@@ -350,7 +350,8 @@ def test_the_qmm_sweep_times_each_knob_that_fits():
 
 @pytest.mark.parametrize("m, qmm_on, launched", [
     (3, True, ("lathe_gemv_v3",)),  # a decode's rows: the GEMV
-    (5, True, ("lathe_qmm",)), (64, True, ("lathe_qmm",)),  # a short prompt's: the quantized GEMM
+    # a short prompt's: the quantized GEMM, K split (K from 4096: qmm_by_shape) and the parts added
+    (5, True, ("lathe_qmm_split", "lathe_qmm_reduce")), (64, True, ("lathe_qmm_split", "lathe_qmm_reduce")),
     (65, True, ("lathe_dequantize",)),  # past QMM_UP_TO: dequantize + MLX's matmul
     (20, False, ("lathe_dequantize",)), (9, False, ("lathe_gemv_v3",) * 3)])  # the option off: as before
 def test_linear_takes_qmm_for_a_short_prompts_rows(m, qmm_on, launched):
@@ -365,11 +366,12 @@ def test_linear_takes_qmm_for_a_short_prompts_rows(m, qmm_on, launched):
         y = gemv.linear(x, w, "q4_k", 4104, 4096, residual=mx.zeros((m, 4104), mx.float16))
     assert tuple(y.shape) == (m, 4104)
     assert tuple(j.spec.name.removesuffix("_residual") for j in rec.jobs) == launched
-    if launched == ("lathe_qmm",):
-        (job,) = rec.jobs
+    if launched[0] == "lathe_qmm_split":
+        job, reduce = rec.jobs
         mp, nb, wn, wk = gemv.qmm_geometry(m, 4104, 4096)
-        assert job.spec.name == "lathe_qmm_residual" and job.constants["MP"] == mp
-        assert job.grid[0] == -(-4104 // (8 * nb * wn)) * 32 * wn * wk
+        groups = -(-4104 // (8 * nb * wn))
+        assert reduce.spec.name == "lathe_qmm_reduce_residual" and job.constants["MP"] == mp
+        assert job.grid[:2] == (groups * 32 * wn * wk, gemv.qmm_parts(groups, m)) and job.constants["KS"] > 1
 
 
 def test_qmm_refuses_what_it_does_not_take():
@@ -461,3 +463,21 @@ def test_a_split_qmm_covers_k_and_writes_each_partial_sum_once(m, n, k, ks, nb, 
                                 if row < m and col + h < n_out:
                                     written[split, row, at + h] += 1
     assert (written == 1).all()
+
+
+@pytest.mark.parametrize("m, n, k, fill, knobs, parts", [
+    (16, 1024, 3072, 512, dict(NB=2, WN=2, WK=4), 1),  # Qwen3-0.6B's K: 10cb374's knobs, one launch
+    (16, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 8),  # the 8B's: 64 row blocks, 512 threadgroups
+    (64, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 4),  # past 32 rows half the threadgroups
+    (16, 28672, 4096, 512, dict(NB=4, WN=2, WK=2), 1),  # enough row blocks already
+    (16, 4096, 4096, 0, dict(NB=4, WN=2, WK=2), 1)])  # qmm_fill 0: never split
+def test_qmm_knobs_by_shape(m, n, k, fill, knobs, parts):
+    """qmm_by_shape's two arms and qmm_fill's split, as launched. Recorded, not run."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    with options.use(qmm_fill=fill), recording() as rec:
+        gemv.qmm(mx.zeros((m, k), mx.float16), _zero_packed("q4_0", n, k), "q4_0", n, k)
+    job = rec.jobs[0]
+    assert {key: job.constants[key] for key in knobs} == knobs
+    assert job.constants.get("KS", 1) == parts and len(rec.jobs) == (2 if parts > 1 else 1)

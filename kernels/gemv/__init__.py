@@ -975,23 +975,31 @@ def qmm_splits(k: int, ks: int) -> tuple[int, int]:
 
 def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     """qmm's knobs for M rows and an [N, K] matrix: 8 * NB * WN rows of W a threadgroup, WK SIMD
-    groups along K in it, SU super-chunks a pass. The sweep of a397c5c (H100, each call alone, 16
-    and 64 rows on the 8B's and Qwen3-0.6B's shapes) put NB 4, WN 2, WK 2 first by geometric mean
-    at both row counts, with K split (qmm_parts) to about 512 threadgroups at 16 rows and 256 at
-    64: 10.0 us for 16 rows of the 4096 x 4096 Q4_0 (20.5 at a97bf5f, staged X)."""
-    return dict(NB=4, WN=2, WK=2, SU=1)
+    groups along K in it, SU super-chunks a pass, SPLIT whether K is split (qmm_parts).
+
+    - K from 4096 (the 8B's): NB 4, WN 2, WK 2, split. The sweep of a397c5c (H100, each call
+      alone, 16 and 64 rows) put it first by geometric mean at both row counts: 10.0 us for 16
+      rows of the 4096 x 4096 Q4_0 (20.5 at a97bf5f, X staged). End to end (8db493e) the 8B's
+      16- and 64-token prompts went from 1.27-1.35x and 0.72-0.74x llama-bench to 1.38-1.46x
+      and 0.97-1.03x.
+    - Shorter K (Qwen3-0.6B's 1024-3072): 10cb374's knobs, no split. With the 8B's knobs its
+      16-token prompt fell from 1.16-1.18x llama-bench (a397c5c) to 0.76-1.08x (8db493e), and to
+      0.84-0.90x unsplit (1885abc); its 64-token prompt rose (0.99-1.02x to 1.17-1.39x). The
+      sweep had none of its gated or normed forms; to be swept at its own shapes
+      (kernels/gemv/NOTES.md)."""
+    if k < 4096:
+        return dict(NB=2, WN=2, WK=4, SU=1, SPLIT=0)
+    return dict(NB=4, WN=2, WK=2, SU=1, SPLIT=1)
 
 
-def qmm_parts(groups: int, m: int = 16, k: int = 4096) -> int:
+def qmm_parts(groups: int, m: int = 16) -> int:
     """The parts K is split into for a launch of `groups` row blocks of M rows (the qmm_fill
     option): enough threadgroups for qmm_fill (half of it past 32 rows, whose threadgroups each
-    take four times the products), at most 8 parts and K / 512; 1 (no split) where qmm_fill is 0."""
+    take four times the products), at most 8 parts; 1 (no split) where qmm_fill is 0."""
     fill = options.get("qmm_fill")
     if m > 32:
         fill //= 2
-    # a part of at least 4 super-chunks (512 values of K): Qwen3-0.6B's K = 1024 in 8 parts of
-    # one made its 16-token prompt slower end to end than no split (8db493e)
-    return max(1, min(8, k // 512, fill // groups)) if fill else 1
+    return max(1, min(8, fill // groups)) if fill else 1
 
 
 @_per_budget
@@ -1026,7 +1034,8 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     unknown = set(knobs) - {"nb", "wn", "wk", "ks", "su"}
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, su")
-    su = knobs.get("su") or qmm_by_shape(m, n, k)["SU"]
+    shaped = qmm_by_shape(m, n, k)
+    su = knobs.get("su") or shaped["SU"]
     if su not in (1, 2):
         raise ValueError(f"su (super-chunks a SIMD group's pass) must be 1 or 2, got {su}")
     norm, gated = gamma is not None, activation is not None
@@ -1041,12 +1050,12 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     if residual is not None:
         _check_residual(residual, m, n_out)
     mp, nb, wn, wk = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb"), knobs.get("wn"),
-                                      knobs.get("wk"), norm=norm)
+                                  knobs.get("wk"), norm=norm)
     if gated and nb % 2:
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
     ks = knobs.get("ks")
-    ks, kspl = qmm_splits(k, qmm_parts(groups, m, k) if ks is None else ks)
+    ks, kspl = qmm_splits(k, (qmm_parts(groups, m) if shaped["SPLIT"] else 1) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
     constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, SU=su, K=k)
     if ks == 1:
