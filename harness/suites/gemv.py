@@ -1112,13 +1112,15 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
 # gpu_us, each call alone (harness/timing.py: the rounds' side-by-side calls had hidden what
 # threadgroups a launch leaves idle, a12307b)
 QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, su=1) for ks in (1, 2, 4, 8)
-             for nb, wn, wk in ((1, 4, 2), (1, 8, 1), (2, 2, 2), (2, 4, 1), (2, 4, 2), (2, 8, 1), (4, 2, 1),
-                                (4, 2, 2), (4, 4, 1))] + \
+             for nb, wn, wk in ((1, 4, 2), (1, 8, 1), (2, 2, 2), (2, 2, 4), (2, 4, 1), (2, 4, 2), (2, 8, 1),
+                                (4, 2, 1), (4, 2, 2), (4, 4, 1))] + \
     [dict(nb=nb, wn=wn, wk=wk, ks=ks, su=2) for ks in (1, 2, 4) for nb, wn, wk in ((2, 4, 1), (2, 4, 2), (2, 8, 1),
                                                                                   (4, 2, 1))]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
-                    # Qwen3-0.6B's QKV and down (Q8_0), whose short prompts trail llama.cpp
-                    ("q8_0", 4096, 1024), ("q8_0", 1024, 3072))
+                    # Qwen3-0.6B's QKV, O, gate+up and down (Q8_0), whose rule is 10cb374's knobs
+                    # unsplit on end-to-end rows that the a397c5c sweep (QKV and down only, without
+                    # NB2-WN2-WK4) could not rank
+                    ("q8_0", 4096, 1024), ("q8_0", 1024, 2048), ("q8_0", 6144, 1024), ("q8_0", 1024, 3072))
 QMM_SWEEP_ROWS = (16, 64)
 
 
