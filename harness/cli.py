@@ -413,7 +413,6 @@ def _compile_ahead(cases) -> None:
         return
     jobs: list = []
     for case in cases:
-        inputs = None
         try:
             inputs = case.make_set()
             with runtime.recording(keep_prepared=True) as rec:
@@ -421,7 +420,6 @@ def _compile_ahead(cases) -> None:
             jobs += rec.jobs + rec.prepared
         except Exception:  # noqa: BLE001 - the timed run reports it
             pass
-        del inputs
     began = time.perf_counter()
     compiled, failures = runtime.prepare(jobs)
     if compiled or failures:

@@ -1108,7 +1108,7 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
 # X is read by each lane straight from memory (no staging): X's traffic from L2 is (threadgroups
 # of rows) x M x K x 2 bytes, the weights' N x K x 0.5625 (Q4_0), so at 16 rows a threadgroup of
 # 32 rows reads more X than W. At a short prompt's and a batch's row counts on the 8B's O, gate+up
-# and down shapes and Qwen3-0.6B's QKV and down; M = 16 first (issue 60's GEMM target). Timed by
+# and down shapes and Qwen3-0.6B's four; M = 16 first (the GEMM's 16-row target). Timed by
 # gpu_us, each call alone (harness/timing.py: the rounds' side-by-side calls had hidden what
 # threadgroups a launch leaves idle, a12307b)
 QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, su=1) for ks in (1, 2, 4, 8)

@@ -979,9 +979,9 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
 
     - K from 4096 (the 8B's): NB 4, WN 2, WK 2, split. The sweep of a397c5c (H100, each call
       alone, 16 and 64 rows) put it first by geometric mean at both row counts: 10.0 us for 16
-      rows of the 4096 x 4096 Q4_0 (20.5 at a97bf5f, X staged). End to end (8db493e) the 8B's
-      16- and 64-token prompts went from 1.27-1.35x and 0.72-0.74x llama-bench to 1.38-1.46x
-      and 0.97-1.03x.
+      rows of the 4096 x 4096 Q4_0 (20.5 at a97bf5f, X staged, in the machine session before).
+      End to end, in one session, the 8B's 16- and 64-token prompts went from 1.27-1.35x and
+      0.72-0.74x llama-bench (a397c5c) to 1.38-1.46x and 0.97-1.03x (8db493e).
     - Shorter K (Qwen3-0.6B's 1024-3072): 10cb374's knobs, no split. With the 8B's knobs its
       16-token prompt fell from 1.16-1.18x llama-bench (a397c5c) to 0.76-1.08x (8db493e), and to
       0.84-0.90x unsplit (1885abc); its 64-token prompt rose (0.99-1.02x to 1.17-1.39x). The
