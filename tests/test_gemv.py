@@ -387,8 +387,8 @@ def test_qmm_refuses_what_it_does_not_take():
         gemv.qmm(x, w, "q8_0", 64, 256, rows=2)
     with pytest.raises(ValueError, match="ks must be at least 1"):
         gemv.qmm(x, w, "q8_0", 64, 256, ks=0)
-    with pytest.raises(ValueError, match="su .* must be 1 or 2"):
-        gemv.qmm(x, w, "q8_0", 64, 256, su=3)
+    with pytest.raises(ValueError, match="pf .* must be 0 or 1"):
+        gemv.qmm(x, w, "q8_0", 64, 256, pf=2)
     with pytest.raises(ValueError, match="residual"):
         gemv.qmm(x, w, "q8_0", 64, 256, residual=mx.zeros((8, 63), mx.float16))
     # the RMSNorm prologue and the gated epilogue

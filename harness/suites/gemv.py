@@ -625,8 +625,8 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              # length, a tail of N and K, the residual in the adding launch, 64 rows on 14336
              (16, 4097, 4128, True, dict(ks=4)), (9, 1000, 1024, False, dict(ks=3)),
              (33, 4097, 4128, False, dict(ks=2, nb=4, wn=2, wk=2)), (64, 4096, 14336, True, dict(ks=8)),
-             # two super-chunks a pass (su): a pass past the end of K, and of a part of K
-             (16, 4097, 4128, False, dict(su=2, wk=2)), (33, 4097, 4128, True, dict(su=2, ks=3, nb=4, wn=2, wk=1))]
+             # the next super-chunk's weights loaded ahead (pf): past the end of K, and of a part of K
+             (16, 4097, 4128, False, dict(pf=1, wk=2)), (33, 4097, 4128, True, dict(pf=1, ks=3, nb=4, wn=2, wk=1))]
 
 
 # qmm fused as the GEMVs are: the RMSNorm prologue, the gated epilogue (act(gate) * up of a
@@ -640,7 +640,7 @@ QMM_FUSED_CASES = [("rmsnorm", None, 5, 33, 96, None), ("rmsnorm+gated", "silu",
                    # split K: the prologue over all of K in each part, the gated epilogue after the sum
                    ("rmsnorm+gated", "silu", 20, 2 * 1001, 4128, dict(ks=3)),
                    ("rmsnorm", None, 16, 4097, 4128, dict(ks=4)), ("gated", "gelu", 16, 2 * 515, 2048, dict(ks=2)),
-                   ("rmsnorm+gated", "silu", 20, 2 * 1001, 4128, dict(su=2, ks=2))]
+                   ("rmsnorm+gated", "silu", 20, 2 * 1001, 4128, dict(pf=1, ks=2))]
 
 
 def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: int, knobs: dict | None) -> CheckCase:
@@ -1104,17 +1104,19 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
 # groups across rows (a threadgroup's 8 * NB * WN rows share its loads of X in L1), WK along K in a
 # threadgroup, KS threadgroups along K a row block (split K, a second launch adding the parts:
 # so that few row blocks still fill the GPU, while each threadgroup reads X only for its part),
-# and SU super-chunks a pass (2: the next one's weights loaded before this one's products).
+# and PF (1: the next super-chunk's weights loaded before this one's products; a397c5c's SU 2,
+# two super-chunks a pass, won once in ten: its second super-chunk loaded after the first's
+# products, PTX showed).
 # X is read by each lane straight from memory (no staging): X's traffic from L2 is (threadgroups
 # of rows) x M x K x 2 bytes, the weights' N x K x 0.5625 (Q4_0), so at 16 rows a threadgroup of
 # 32 rows reads more X than W. At a short prompt's and a batch's row counts on the 8B's O, gate+up
 # and down shapes and Qwen3-0.6B's four; M = 16 first (the GEMM's 16-row target). Timed by
 # gpu_us, each call alone (harness/timing.py: the rounds' side-by-side calls had hidden what
 # threadgroups a launch leaves idle, a12307b)
-QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, su=1) for ks in (1, 2, 4, 8)
+QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8)
              for nb, wn, wk in ((1, 4, 2), (1, 8, 1), (2, 2, 2), (2, 2, 4), (2, 4, 1), (2, 4, 2), (2, 8, 1),
                                 (4, 2, 1), (4, 2, 2), (4, 4, 1))] + \
-    [dict(nb=nb, wn=wn, wk=wk, ks=ks, su=2) for ks in (1, 2, 4) for nb, wn, wk in ((2, 4, 1), (2, 4, 2), (2, 8, 1),
+    [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=1) for ks in (1, 2, 4) for nb, wn, wk in ((2, 4, 1), (2, 4, 2), (2, 8, 1),
                                                                                   (4, 2, 1))]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
                     # Qwen3-0.6B's QKV, O, gate+up and down (Q8_0), whose rule is 10cb374's knobs
@@ -1127,11 +1129,11 @@ QMM_SWEEP_ROWS = (16, 64)
 def qmm_sweep_label(knobs: dict) -> str:
     """A qmm sweep row's variant: its knobs, KS only where K is split."""
     return "qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs) + (f"-KS{knobs['ks']}" if knobs["ks"] > 1 else "") + \
-        (f"-SU{knobs['su']}" if knobs.get("su", 1) > 1 else "")
+        ("-PF1" if knobs.get("pf") else "")
 
 
 def _qmm_sweep() -> list[BenchCase]:
-    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.][-SU.]') where they fit the threadgroup
+    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.][-PF1]') where they fit the threadgroup
     memory, at QMM_SWEEP_ROWS rows."""
     from kernels.gemv import qmm, qmm_geometry
 

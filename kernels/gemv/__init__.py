@@ -975,7 +975,8 @@ def qmm_splits(k: int, ks: int) -> tuple[int, int]:
 
 def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     """qmm's knobs for M rows and an [N, K] matrix: 8 * NB * WN rows of W a threadgroup, WK SIMD
-    groups along K in it, SU super-chunks a pass, SPLIT whether K is split (qmm_parts).
+    groups along K in it, PF the weights loaded a super-chunk ahead, SPLIT whether K is split
+    (qmm_parts).
 
     - K from 4096 (the 8B's): NB 4, WN 2, WK 2, split. The sweep of a397c5c (H100, each call
       alone, 16 and 64 rows) put it first by geometric mean at both row counts: 10.0 us for 16
@@ -988,8 +989,8 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
       sweep had none of its gated or normed forms; to be swept at its own shapes
       (kernels/gemv/NOTES.md)."""
     if k < 4096:
-        return dict(NB=2, WN=2, WK=4, SU=1, SPLIT=0)
-    return dict(NB=4, WN=2, WK=2, SU=1, SPLIT=1)
+        return dict(NB=2, WN=2, WK=4, PF=0, SPLIT=0)
+    return dict(NB=4, WN=2, WK=2, PF=0, SPLIT=1)
 
 
 def qmm_parts(groups: int, m: int = 16) -> int:
@@ -1024,20 +1025,20 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     block type), on SIMD-group matrices (qmm.metal). `gamma` (fp16 [K]) and `eps`: X RMS-normed
     first (RMSNorm(X) * gamma), in the same launch. `activation` ("silu", "gelu"): W is a fused
     [gate; up] matrix (N = 2F rows) and Y = act(X @ gate^T) * (X @ up^T), [M, F]. Launch knobs:
-    nb, wn, wk, ks, su (qmm_by_shape's where not given; gated, an even nb); ks > 1 splits K over ks
-    threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal); su 2
-    takes two super-chunks a pass (the next one's weights in flight during this one's products)."""
+    nb, wn, wk, ks, pf (qmm_by_shape's where not given; gated, an even nb); ks > 1 splits K over ks
+    threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal); pf 1
+    loads the next super-chunk's weights (Q4_0, Q8_0) before this one's products."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
         raise ValueError("qmm takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
-    unknown = set(knobs) - {"nb", "wn", "wk", "ks", "su"}
+    unknown = set(knobs) - {"nb", "wn", "wk", "ks", "pf"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, su")
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, pf")
     shaped = qmm_by_shape(m, n, k)
-    su = knobs.get("su") or shaped["SU"]
-    if su not in (1, 2):
-        raise ValueError(f"su (super-chunks a SIMD group's pass) must be 1 or 2, got {su}")
+    pf = shaped["PF"] if knobs.get("pf") is None else knobs["pf"]
+    if pf not in (0, 1):
+        raise ValueError(f"pf (the next super-chunk's weights loaded ahead) must be 0 or 1, got {pf}")
     norm, gated = gamma is not None, activation is not None
     if norm:
         _check_norm(gamma, 0.0 if eps is None else eps, k)
@@ -1057,7 +1058,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     ks = knobs.get("ks")
     ks, kspl = qmm_splits(k, (qmm_parts(groups, m) if shaped["SPLIT"] else 1) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
-    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, SU=su, K=k)
+    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, K=k)
     if ks == 1:
         (y,) = launch(Launch(_QMM[residual is not None, norm, activation],
                              [*inputs, *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],

@@ -34,7 +34,7 @@
 // to part [KS, M, N] (all N rows of W: gated, gate's and up's), and qmm_reduce.metal adds the KS
 // partial sums and applies the epilogue (act(gate) * up, the residual) in a second launch.
 //
-// Constants: QTYPE, M, MP, NB, WN, WK, SU, K (a multiple of 32); LATHE_SPLIT: KS, KSPL. Inputs: x
+// Constants: QTYPE, M, MP, NB, WN, WK, PF, K (a multiple of 32); LATHE_SPLIT: KS, KSPL. Inputs: x
 // (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half [K]), eps
 // (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding. Output: y (half
 // [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]).
@@ -83,97 +83,131 @@ LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
   LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) acc[j][mb] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
 }
 
-// SU super-chunks a pass, each WK further on: their loads in one straight run, so that the
-// weights of the next are in flight while the products of this one are taken (a chunk past
-// this launch's part of K reads as zeros)
-for (uint s0 = k_begin / 128 + ks; s0 * 128 < k_end; s0 += SU * WK) {
-  LATHE_UNROLL for (uint su = 0; su < SU; ++su) {
-    const uint s = s0 + su * WK;
-    const uint chunk_of_row = 4 * s + c / 2;
-    const bool k_inside = chunk_of_row < CHUNKS_K && s * 128 < k_end;  // K is whole chunks: all in or out
-    uint bw[NB][16];  // this lane's chunk of each row block, half2 words: word i holds weights 2i, 2i + 1
+// Q4_0 and Q8_0: W's raw words (a chunk's quants, QW 16-byte words, and its fp16 d) of super-chunk
+// S for this lane and each row block, into wq / wd. Branch-free: a row or chunk outside (past N,
+// past K, past this launch's part of K) loads chunk 0 and gets d = 0, so the NB blocks' loads
+// form one straight run that the compiler can issue before any is used.
+constexpr uint QW = QTYPE == 0 ? 1u : 2u;
+#define QMM_RAW_W(S)                                                                                   \
+  LATHE_UNROLL for (uint j = 0; j < NB; ++j) {                                                         \
+    const uint chunk_ = 4 * (S) + c / 2, out_ = row0 + 8 * (j % NBO) + r;                              \
+    const bool in_ = out_ < n_out && chunk_ < CHUNKS_K && (S) * 128 < k_end;                           \
+    const uint blk_ = in_ ? ((j < NBO ? 0u : n_out) + out_) * CHUNKS_K + chunk_ : 0u;                  \
+    const ushort d_ = load_wide<ushort>(w, chunks * (QW * 8) + blk_);                                  \
+    wd[j] = in_ ? d_ : ushort(0);                                                                      \
+    LATHE_UNROLL for (uint u = 0; u < QW; ++u) wq[j][u] = load_wide<uint4>(w, blk_ * QW + u);          \
+  }
+// PF 1 (Q4_0, Q8_0): the next super-chunk's raw W is loaded before this one's products, so that
+// it is in flight while they are taken (registers for one more super-chunk of W).
+constexpr bool AHEAD = PF > 0 && QTYPE <= 1;
+uint4 wq[NB][QW];
+ushort wd[NB];
+const uint s_first = k_begin / 128 + ks;
+if (AHEAD) {
+  QMM_RAW_W(s_first)
+}
+for (uint s = s_first; s * 128 < k_end; s += WK) {
+  const uint chunk_of_row = 4 * s + c / 2;
+  const bool k_inside = chunk_of_row < CHUNKS_K;  // K is whole chunks: a chunk is all in or all out
+  uint4 cq[NB][QW];  // this super-chunk's raw W (Q4_0, Q8_0)
+  ushort cd[NB];
+  if (QTYPE <= 1) {
+    if (!AHEAD) {
+      QMM_RAW_W(s)
+    }
     LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
-      const uint out_row = row0 + 8 * (j % NBO) + r;  // gated: j < NB / 2 gate rows, the rest up rows
-      const uint row = (j < NBO ? 0u : n_out) + out_row;
-      // Branch-free: a row or chunk past the matrix decodes chunk 0 and is then zeroed, so the
-      // NB blocks' loads form one straight run that the compiler can issue before any is used.
-      const bool inside = out_row < n_out && k_inside;
-      const uint blk = inside ? row * CHUNKS_K + chunk_of_row : 0u;
-      if (QTYPE <= 1) {
-        // Q4_0 and Q8_0 decode in half2, two weights an instruction. A byte q under 0x64 (the
-        // high byte of 1024.0h) reads as 1024 + q exactly; less 1032 that is Q4_0's q - 8, and
-        // Q8_0's signed q once its sign bit is flipped (1024 + q + 128, less 1152). One multiply
-        // by d then rounds once, as the float32 product rounded to half does (both exact before
-        // it). The float path below costs two quarter-rate conversions a weight: at 16 rows on
-        // the 8B's 28672 x 4096 that alone was about 63 us of its 69.9 (534cfcd).
-        constexpr uint QB = QTYPE == 0 ? 16u : 32u;  // bytes of quants a chunk
-        const ushort d_bits = load_wide<ushort>(w, chunks * (QB / 2) + blk);
-        const half d = as_type<half>(ushort(inside ? d_bits : ushort(0)));
-        const half2 d2 = half2(d, d), offset = as_type<half2>(QTYPE == 0 ? 0x64086408u : 0x64806480u);
-        LATHE_UNROLL for (uint u = 0; u < QB / 16; ++u) {
-          const uint4 word = load_wide<uint4>(w, blk * (QB / 16) + u);
-          const uint w4[4] = {word.x, word.y, word.z, word.w};
-          LATHE_UNROLL for (uint t = 0; t < 4; ++t) {
-            // QTYPE 0: byte l's low nibble is weight l and its high nibble weight l + 16
-            const uint lo = QTYPE == 0 ? w4[t] & 0x0f0f0f0fu : w4[t] ^ 0x80808080u;
-            const uint hi = (w4[t] >> 4) & 0x0f0f0f0fu;
-            LATHE_UNROLL for (uint h = 0; h < (QTYPE == 0 ? 2u : 1u); ++h) {
-              const uint bytes = h ? hi : lo, at = QTYPE == 0 ? 8 * h + 2 * t : 8 * u + 2 * t;
-              bw[j][at] = as_type<uint>((as_type<half2>(byte_perm(bytes, 0x64646464u, 0x5140u)) - offset) * d2);
-              bw[j][at + 1] = as_type<uint>((as_type<half2>(byte_perm(bytes, 0x64646464u, 0x5342u)) - offset) * d2);
-            }
+      cd[j] = wd[j];
+      LATHE_UNROLL for (uint u = 0; u < QW; ++u) cq[j][u] = wq[j][u];
+    }
+    if (AHEAD) {
+      QMM_RAW_W(s + WK)
+    }
+  }
+  uint bw[NB][16];  // this lane's chunk of each row block, half2 words: word i holds weights 2i, 2i + 1
+  LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
+    const uint out_row = row0 + 8 * (j % NBO) + r;  // gated: j < NB / 2 gate rows, the rest up rows
+    const uint row = (j < NBO ? 0u : n_out) + out_row;
+    const bool inside = out_row < n_out && k_inside;
+    const uint blk = inside ? row * CHUNKS_K + chunk_of_row : 0u;  // the other types' loads
+    if (QTYPE <= 1) {
+      // Q4_0 and Q8_0 decode in half2, two weights an instruction. A byte q under 0x64 (the
+      // high byte of 1024.0h) reads as 1024 + q exactly; less 1032 that is Q4_0's q - 8, and
+      // Q8_0's signed q once its sign bit is flipped (1024 + q + 128, less 1152). One multiply
+      // by d then rounds once, as the float32 product rounded to half does (both exact before
+      // it). The float path below costs two quarter-rate conversions a weight: at 16 rows on
+      // the 8B's 28672 x 4096 that alone was about 63 us of its 69.9 (534cfcd).
+      const half d = as_type<half>(cd[j]);
+      const half2 d2 = half2(d, d), offset = as_type<half2>(QTYPE == 0 ? 0x64086408u : 0x64806480u);
+      LATHE_UNROLL for (uint u = 0; u < QW; ++u) {
+        const uint4 word = cq[j][u];
+        const uint w4[4] = {word.x, word.y, word.z, word.w};
+        LATHE_UNROLL for (uint t = 0; t < 4; ++t) {
+          // QTYPE 0: byte l's low nibble is weight l and its high nibble weight l + 16
+          const uint lo = QTYPE == 0 ? w4[t] & 0x0f0f0f0fu : w4[t] ^ 0x80808080u;
+          const uint hi = (w4[t] >> 4) & 0x0f0f0f0fu;
+          LATHE_UNROLL for (uint h = 0; h < (QTYPE == 0 ? 2u : 1u); ++h) {
+            const uint bytes = h ? hi : lo, at = QTYPE == 0 ? 8 * h + 2 * t : 8 * u + 2 * t;
+            bw[j][at] = as_type<uint>((as_type<half2>(byte_perm(bytes, 0x64646464u, 0x5140u)) - offset) * d2);
+            bw[j][at + 1] = as_type<uint>((as_type<half2>(byte_perm(bytes, 0x64646464u, 0x5342u)) - offset) * d2);
           }
         }
-      } else {
-        float v[32];
+      }
+    } else {
+      float v[32];
 #define PC_BYTES w
 #include "gemv/packed_chunk.metal"
 #undef PC_BYTES
-        LATHE_UNROLL for (uint i = 0; i < 16; ++i) {
-          bw[j][i] = inside ? as_type<uint>(half2(half(v[2 * i]), half(v[2 * i + 1]))) : 0u;
-        }
+      LATHE_UNROLL for (uint i = 0; i < 16; ++i) {
+        bw[j][i] = inside ? as_type<uint>(half2(half(v[2 * i]), half(v[2 * i + 1]))) : 0u;
       }
     }
-    // X: this lane's chunk of K in rows r and r + 8 of each block pair, zeros past M (and past K)
+  }
+  // X: this lane's chunk of K in rows r and r + 8 of each block pair, zeros past M (and past K).
+  // Branch-free as W's: a row or chunk outside loads X's first chunk and is zeroed. A load under
+  // a condition is a branch (it may not be issued speculatively), and each branch ended a run:
+  // the PTX of a397c5c had every X load in a block of its own.
+  const uint x_chunk = k_inside ? chunk_of_row * 4 : 0u;
 #if LATHE_NORM
-    uint gw[16];
-    LATHE_UNROLL for (uint q = 0; q < 4; ++q) {
-      const uint4 g = k_inside ? load_wide<uint4>(gamma, chunk_of_row * 4 + q) : uint4{0u, 0u, 0u, 0u};
-      gw[4 * q] = g.x, gw[4 * q + 1] = g.y, gw[4 * q + 2] = g.z, gw[4 * q + 3] = g.w;
-    }
+  uint gw[16];  // past K, gamma's first chunk: it meets zeroed X
+  LATHE_UNROLL for (uint q = 0; q < 4; ++q) {
+    const uint4 g = load_wide<uint4>(gamma, x_chunk + q);
+    gw[4 * q] = g.x, gw[4 * q + 1] = g.y, gw[4 * q + 2] = g.z, gw[4 * q + 3] = g.w;
+  }
 #endif
-    LATHE_UNROLL for (uint mb = 0; mb < MB; mb += 2) {
-      uint xw[2][16];
-      LATHE_UNROLL for (uint h = 0; h < 2; ++h) {
-        const uint m = 8 * (mb + h) + r;
-        const bool live = m < M && k_inside;
-        LATHE_UNROLL for (uint q = 0; q < 4; ++q) {
-          const uint4 v = live ? load_wide<uint4>(x, (m * K) / 8 + chunk_of_row * 4 + q) : uint4{0u, 0u, 0u, 0u};
-          xw[h][4 * q] = v.x, xw[h][4 * q + 1] = v.y, xw[h][4 * q + 2] = v.z, xw[h][4 * q + 3] = v.w;
-        }
-#if LATHE_NORM
-        const float inv = m < M ? inv_rms[m] : 0.0f;
-        LATHE_UNROLL for (uint i = 0; i < 16; ++i) {
-          const half2 v = as_type<half2>(xw[h][i]), g = as_type<half2>(gw[i]);
-          xw[h][i] = as_type<uint>(half2(half(float(v.x) * inv * float(g.x)), half(float(v.y) * inv * float(g.y))));
-        }
-#endif
+  LATHE_UNROLL for (uint mb = 0; mb < MB; mb += 2) {
+    uint xw[2][16];
+    LATHE_UNROLL for (uint h = 0; h < 2; ++h) {
+      const uint m = 8 * (mb + h) + r;
+      const bool live = m < M && k_inside;
+      const uint at = live ? (m * K) / 8 + x_chunk : 0u;
+      LATHE_UNROLL for (uint q = 0; q < 4; ++q) {
+        const uint4 v = load_wide<uint4>(x, at + q);
+        xw[h][4 * q] = live ? v.x : 0u, xw[h][4 * q + 1] = live ? v.y : 0u;
+        xw[h][4 * q + 2] = live ? v.z : 0u, xw[h][4 * q + 3] = live ? v.w : 0u;
       }
-      LATHE_UNROLL for (uint p = 0; p < 8; ++p) {
-        simdgroup_half8x8 a00, a01, a10, a11;
-        a00.thread_elements() = as_type<half2>(xw[0][p]);
-        a01.thread_elements() = as_type<half2>(xw[0][8 + p]);
-        a10.thread_elements() = as_type<half2>(xw[1][p]);
-        a11.thread_elements() = as_type<half2>(xw[1][8 + p]);
-        LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
-          const simdgroup_half8x8 b0 = sg8x8_from_col_pairs(as_type<half2>(bw[j][p]), lane);
-          const simdgroup_half8x8 b1 = sg8x8_from_col_pairs(as_type<half2>(bw[j][8 + p]), lane);
-          sg8x8_mma_k16x2(acc[j][mb], acc[j][mb + 1], a00, a01, a10, a11, b0, b1);
-        }
+#if LATHE_NORM
+      const float inv = m < M ? inv_rms[m] : 0.0f;
+      LATHE_UNROLL for (uint i = 0; i < 16; ++i) {
+        const half2 v = as_type<half2>(xw[h][i]), g = as_type<half2>(gw[i]);
+        xw[h][i] = as_type<uint>(half2(half(float(v.x) * inv * float(g.x)), half(float(v.y) * inv * float(g.y))));
+      }
+#endif
+    }
+    LATHE_UNROLL for (uint p = 0; p < 8; ++p) {
+      simdgroup_half8x8 a00, a01, a10, a11;
+      a00.thread_elements() = as_type<half2>(xw[0][p]);
+      a01.thread_elements() = as_type<half2>(xw[0][8 + p]);
+      a10.thread_elements() = as_type<half2>(xw[1][p]);
+      a11.thread_elements() = as_type<half2>(xw[1][8 + p]);
+      LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
+        const simdgroup_half8x8 b0 = sg8x8_from_col_pairs(as_type<half2>(bw[j][p]), lane);
+        const simdgroup_half8x8 b1 = sg8x8_from_col_pairs(as_type<half2>(bw[j][8 + p]), lane);
+        sg8x8_mma_k16x2(acc[j][mb], acc[j][mb + 1], a00, a01, a10, a11, b0, b1);
       }
     }
   }
 }
+#undef QMM_RAW_W
 
 // The WK groups of a row block add up in threadgroup memory; the first writes Y.
 if (WK > 1) {
