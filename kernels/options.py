@@ -134,6 +134,10 @@ DECLARED = (
            "linear() for 5..64 rows of X on repacked weights (a short prompt's projections): the quantized "
            "GEMM (kernels.gemv.qmm: W read once, on SIMD-group matrices); off: GEMV launches of 4 rows "
            "below 16 rows, dequantize + MLX's matmul from there (kernels/gemv/NOTES.md)"),
+    Option("qmm_prologue", True, _flag,
+           "prompt_qmm's plan: RMSNorm as qmm's prologue (QKV, gate+up; each threadgroup works out every row's "
+           "1 / rms over all of K); off: lathe's rmsnorm launch first, then qmm on its output (the gated "
+           "epilogue kept). At 8db493e the separate launches took less GPU time (kernels/gemv/NOTES.md)"),
     Option("qmm_fill", 512, _count,
            "qmm (5..64 rows), K from 4096: split K over threadgroups (at most 8 parts, a second launch adding "
            "them) until a launch has this many threadgroups, half as many past 32 rows (0: never split; the "

@@ -650,3 +650,21 @@ def test_the_caches_are_checked_once_not_every_token(models, monkeypatch, preset
         for pos in (1, 2, 3):
             decoder.layers(np.array([pos]), 1, pos)
     assert 0 < first <= 2 * m.config.n_layers and len(evaluated) == first
+
+
+@pytest.mark.parametrize("prologue", [True, False])
+def test_qmm_prologue_option_picks_the_prompts_norm_launches(models, prologue):
+    """A prompt of 5..64 rows (the gemm phase, fused, repacked): RMSNorm as qmm's prologue (QKV
+    and gate+up), or with qmm_prologue off lathe's rmsnorm first and qmm on its output, the gated
+    epilogue kept either way. The plan only, no kernel."""
+    from kernels import options
+
+    c = models["tiny-llama", "q8_0"].config
+    with options.use(qmm_prologue=prologue):
+        steps = [s for s in kernel_plan(c, True, phase="gemm", packed=True) if s.layer == 0]
+    ops = [s.op for s in steps]
+    if prologue:
+        assert ops.count("rmsnorm_linear") == 1 and "rmsnorm_linear_swiglu" in ops and "rms_norm" not in ops
+    else:
+        assert ops.count("rms_norm") == 2 and "linear_swiglu" in ops and "rmsnorm_linear" not in ops
+        assert steps[ops.index("linear_swiglu")].launches == ("lathe_qmm_",)

@@ -287,6 +287,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     # (an fp16 residual stream: Gemma's float32 one takes the prompt's steps)
     gemm = (phase == "gemm" and fused and packed and options.get("prompt_qmm") and not f16_copies
             and not wide_stream(c))
+    prologue = gemm and options.get("qmm_prologue")  # else lathe's rmsnorm, then qmm on h
     wrap = overflow and decode and not paged
     mega = mega and fused and decode and packed and not paged and not wrap
     one_launch = backends.cross_group_waits() if one_launch is None else one_launch
@@ -351,7 +352,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     def norm_linear(norm, name, dst, layer=None, label=None):
         """RMSNorm of the residual stream, then a projection: one launch where the GEMV (or, for
         5..QMM_UP_TO rows, the quantized GEMM) fuses it."""
-        if gemm and quant(name) and name != head:
+        if prologue and quant(name) and name != head:
             add("rmsnorm_linear", f"lathe qmm + RMSNorm prologue{shown(name)}", ("x",), (dst,), _run_norm_qmm, norm,
                 name, dst, weights=(norm, label or name), layer=layer, launches=("lathe_qmm_norm",))
             return
@@ -546,13 +547,18 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 ("gate_up", "x"), ("x",), _run_silu_down, i,
                 weights=(down,), layer=i, launches=(f"lathe_silu_down_gemv_{v}_residual",))
             continue
-        if gemm and quant(gate_up):  # RMSNorm, gate+up and act(gate) * up in one qmm launch
+        if prologue and quant(gate_up):  # RMSNorm, gate+up and act(gate) * up in one qmm launch
             add("rmsnorm_linear_swiglu", f"lathe qmm + RMSNorm prologue + {act_shown} epilogue{shown(gate_up)}", ("x",),
-                ("a",), _run_norm_gate_up_qmm, b + "ffn_norm.weight", gate_up,
+                ("a",), _run_gate_up_qmm, b + "ffn_norm.weight", gate_up,
                 weights=(b + "ffn_norm.weight", b + "ffn_gate_up (gate|up)"), layer=i, launches=("lathe_qmm_norm_",))
             block_out("a", "ffn", down, i, ffn_norm)
             continue
         rms_norm(b + "ffn_norm.weight", i)
+        if gemm and quant(gate_up):  # qmm_prologue off: gate+up and act(gate) * up in one qmm launch
+            add("linear_swiglu", f"lathe qmm + {act_shown} epilogue{shown(gate_up)}", ("h",), ("a",), _run_gate_up_qmm,
+                None, gate_up, weights=(b + "ffn_gate_up (gate|up)",), layer=i, launches=("lathe_qmm_",))
+            block_out("a", "ffn", down, i, ffn_norm)
+            continue
         if fused or c.architecture.fused_gate_up:  # a prompt (Phi-3: any step): gate+up, SwiGLU over its rows
             linear("h", "gate_up", gate_up, i)
             add("swiglu", f"lathe swiglu ({act_shown})", ("gate_up",), ("a",), _run_swiglu, ("gate_up",), layer=i,
@@ -639,10 +645,13 @@ def _run_norm_qmm(norm, name, dst, d, env, t, pos):
     env[dst] = gemv.qmm(env["x"], d.matrix(name), d.types[name], n, k, gamma=d.g16[norm], eps=d.config.eps)
 
 
-def _run_norm_gate_up_qmm(norm, name, d, env, t, pos):
+def _run_gate_up_qmm(norm, name, d, env, t, pos):
+    """act(gate) * up of a [gate; up] matrix in one qmm launch: of RMSNorm(x) in its prologue, or of
+    h (norm None: lathe's rmsnorm ran first)."""
     n, k = d.nk[name]
-    env["a"] = gemv.qmm(env["x"], d.matrix(name), d.types[name], n, k, gamma=d.g16[norm], eps=d.config.eps,
-                        activation=d.config.architecture.activation)
+    normed = dict(gamma=d.g16[norm], eps=d.config.eps) if norm else {}
+    env["a"] = gemv.qmm(env["x" if norm else "h"], d.matrix(name), d.types[name], n, k,
+                        activation=d.config.architecture.activation, **normed)
 
 
 def _run_norm_gate_up_swiglu(norm, name, d, env, t, pos):
