@@ -205,6 +205,8 @@ def parse(text: str) -> dict[str, Any]:
         if not eq:
             raise ValueError(f"an option is name=value, got {item!r}")
         option = OPTIONS[_known(name)]
+        if name in found:  # one run, one value: an A/B is two runs (or a sweep), not a list
+            raise ValueError(f"option {name} is given twice ({text!r}); A/B runs take one value each")
         try:
             found[name] = option.parse(value.strip())
         except ValueError as exc:

@@ -84,3 +84,17 @@ def test_markers_must_pair_with_the_labels(tmp_path):
     _write_raw(path)
     with pytest.raises(ValueError, match="4 marker launches for 3 cases"):
         table(read_launches(path), ["a", "b", "c"])
+
+
+def test_by_kernel_without_markers(tmp_path):
+    """A kernel filter that left the markers out: no cases, a row per kernel over all its launches;
+    asked for cases, the error says why there are none."""
+    path = tmp_path / "ncu.csv"
+    _write_raw(path)
+    kept = [launch for launch in read_launches(path) if "scan" not in launch[0]]
+    with pytest.raises(ValueError, match="0 marker launches for 2 cases"):
+        table(kept, ["gemv case", "seam case"])
+    rows = table(kept, None)
+    assert [(r["case"], r["kernel"], r["launches"]) for r in rows] == [
+        ("", "custom_kernel_lathe_gemv_v2_1", 3), ("", "random_bits", 1), ("", "custom_kernel_lathe_seam_plain", 1)]
+    assert rows[0]["gpu_us"] == pytest.approx(31.0)

@@ -13,7 +13,8 @@ def test_parse_reads_each_kind_and_names_the_option_when_wrong():
     assert options.parse("attn_partition=auto,inline_source=yes") == dict(attn_partition=None, inline_source=True)
     assert options.parse("") == {}
     for text, said in [("seams", "name=value"), ("seams=2", "option seams"), ("nosuch=1", "unknown option"),
-                       ("attn_query_split=-1", "whole number"), ("gemv_tuning=R", "KEY=INT")]:
+                       ("attn_query_split=-1", "whole number"), ("gemv_tuning=R", "KEY=INT"),
+                       ("qmm_prologue=off,qmm_prologue=on", "given twice")]:
         with pytest.raises(ValueError, match=said):
             options.parse(text)
 

@@ -86,16 +86,23 @@ def read_launches(path: Path) -> list[tuple[str, dict[str, float]]]:
     return [launches[k] for k in sorted(launches)]
 
 
-def table(launches: list[tuple[str, dict[str, float]]], labels: list[str]) -> list[dict]:
-    """One row per case and kernel (medians over the case's calls)."""
+def table(launches: list[tuple[str, dict[str, float]]], labels: list[str] | None) -> list[dict]:
+    """One row per case and kernel (medians over the case's calls). labels=None: one row per kernel
+    over every launch, for a profile whose kernel filter left the markers out (its case column
+    empty: the launches say their kernel, not which case ran them)."""
     marks = [i for i, (name, _) in enumerate(launches) if MARKER in name]
-    if len(marks) != 2 * len(labels):
+    if labels is None:
+        cases = [("", [launch for launch in launches if MARKER not in launch[0]])]
+    elif len(marks) != 2 * len(labels):
         raise ValueError(f"{len(marks)} marker launches for {len(labels)} cases: expected two a case "
-                         f"(run harness.tools.profile with --marked)")
+                         f"(run harness.tools.profile with --marked, and let ncu's kernel filter take "
+                         f"the markers' kernel, '{MARKER}'; or --by-kernel)")
+    else:
+        cases = [(label, launches[marks[2 * i] + 1: marks[2 * i + 1]]) for i, label in enumerate(labels)]
     out = []
-    for case, label in enumerate(labels):
+    for label, case_launches in cases:
         by_kernel: dict[str, list[dict]] = defaultdict(list)
-        for name, metrics in launches[marks[2 * case] + 1: marks[2 * case + 1]]:
+        for name, metrics in case_launches:
             by_kernel[name.split("(")[0]].append(metrics)
         for kernel, calls in by_kernel.items():
             med = lambda m: median(v for c in calls if (v := c.get(m)) is not None) \
@@ -119,10 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.tools.ncu_table", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ncu_csv", type=Path)
-    parser.add_argument("labels", type=Path, help="harness.tools.profile --marked's output: a label a line")
+    parser.add_argument("labels", type=Path, nargs="?", help="harness.tools.profile --marked's output: a label a line")
     parser.add_argument("--csv", type=Path, help="also write the table here")
+    parser.add_argument("--by-kernel", action="store_true",
+                        help="a row per kernel over all launches, the markers and labels not used")
     args = parser.parse_args(argv)
-    labels = [line.strip() for line in args.labels.read_text().splitlines() if line.strip()]
+    if args.labels is None and not args.by_kernel:
+        parser.error("give the labels file, or --by-kernel")
+    labels = None if args.by_kernel else \
+        [line.strip() for line in args.labels.read_text().splitlines() if line.strip()]
     rows = table(read_launches(args.ncu_csv), labels)
     frame = pd.DataFrame(rows)
     if args.csv:
