@@ -41,6 +41,19 @@ def _print_check_rows(rows: list[dict]) -> None:
         print(pd.DataFrame(rows).drop(columns=["passed"]).to_string(index=False))
 
 
+def _print_check_seconds(checks: dict, slowest: int = 5) -> None:
+    """Where a check's time went: each family's cases' seconds summed (process time, compiles
+    included), and the slowest cases."""
+    timed = [(row["seconds"], name, row) for name, chk in checks.items() for row in chk.rows
+             if row.get("seconds") is not None]
+    if not timed:
+        return
+    sums = {name: sum(s for s, n, _ in timed if n == name) for name in checks}
+    print("case seconds by family: " + ", ".join(f"{name} {total:.1f}" for name, total in sums.items()))
+    for seconds, name, row in [t for t in sorted(timed, key=lambda t: -t[0]) if t[0] >= 0.1][:slowest]:
+        print(f"  {seconds:6.2f} s  {name}: {row['kernel']} [{row['variant']}] {row['shape']}")
+
+
 def cmd_check(family: str | None, seed: int | None, match: str | None, quick: bool = False,
               shard: tuple[int, int] | None = None, jobs: int | None = None) -> int:
     """Each family's cases against their float64 references, a row each, in `jobs` processes
@@ -59,6 +72,7 @@ def cmd_check(family: str | None, seed: int | None, match: str | None, quick: bo
     for name, chk in checks.items():
         _print_check_rows(chk.rows)
         print(f"{name}: {chk.passed} passed, {len(chk.failures)} failed")
+    _print_check_seconds(checks)
     print(f"check: {time.perf_counter() - began:.1f} s in {jobs} process{'es' * (jobs > 1)}")
     return 1 if any(chk.failures for chk in checks.values()) else 0
 

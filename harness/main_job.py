@@ -20,10 +20,14 @@ Stages, one progress bar each:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import json
 import multiprocessing
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
@@ -98,10 +102,12 @@ def case_size(case) -> int:
     return int(size)
 
 
-def _row(case, passed: bool, rel_err: str, why: str = "") -> dict:
-    """A case's row as `lathe check` prints it, and whether it passed."""
+def _row(case, passed: bool, rel_err: str, why: str = "", seconds: float | None = None) -> dict:
+    """A case's row as `lathe check` prints it (seconds: its wall time in its process, compiles
+    included), and whether it passed."""
     return dict(kernel=case.kernel, variant=case.variant, shape=" ".join(f"{k}={v}" for k, v in case.shape.items()),
-                rel_err=rel_err, result="pass" if passed else f"FAIL {why}", passed=passed)
+                rel_err=rel_err, seconds=None if seconds is None else round(seconds, 2),
+                result="pass" if passed else f"FAIL {why}", passed=passed)
 
 
 def _run_one(family: str, index: int, gpu: bool, quick: bool, seed: int | None) -> dict:
@@ -109,8 +115,10 @@ def _run_one(family: str, index: int, gpu: bool, quick: bool, seed: int | None) 
     from harness.check import run_case
 
     case = family_cases(family, gpu, quick)[index]
+    began = time.perf_counter()
     r = run_case(case, seed)
-    return _row(case, r.passed, f"{r.worst:.2e}" if r.comparisons else "-", "" if r.passed else r.failures())
+    return _row(case, r.passed, f"{r.worst:.2e}" if r.comparisons else "-", "" if r.passed else r.failures(),
+                time.perf_counter() - began)
 
 
 def _result(future, family: str, index: int, gpu: bool, quick: bool) -> dict:
@@ -127,6 +135,30 @@ def _worker_options(values: dict) -> None:
     from kernels import options
 
     options.set_options(values)
+
+
+# the variables through which numpy's BLAS (OpenBLAS, MKL) and OpenMP take their thread counts
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@contextlib.contextmanager
+def host_cores_shared(jobs: int) -> Iterator[None]:
+    """The host's cores shared out among `jobs` worker processes started inside the block: each
+    BLAS takes cores / jobs threads instead of every core. 16 workers of 16 BLAS threads each spin
+    against one another; on 2 cores, 2 processes of float64 products took 1.5x as long with all
+    cores each as with one (harness/NOTES.md). Variables the user set are kept."""
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
+    saved = {name: os.environ.get(name) for name in BLAS_THREADS}
+    for name in BLAS_THREADS:
+        os.environ.setdefault(name, threads)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def default_jobs(gpu: bool) -> int:
@@ -152,13 +184,16 @@ def run_checks(gpu: bool, jobs: int, seed: int | None = None, families: list[str
     if jobs == 1:
         done = ((item, _run_one(*item, gpu, quick, seed)) for item in work)
     else:
-        # the largest cases first, so that none of them starts last and holds the run's tail
-        # (the whole check, warm, on 16 processes: 1532 of 1581 cases after 187 s, 10cb374)
-        taken = sorted(work, key=lambda item: -case_size(family_cases(item[0], gpu, quick)[item[1]]))
+        # the longest cases first, so that none of them starts last and holds the run's tail (the
+        # whole check, warm, on 16 processes: 1532 of 1581 cases after 187 s, 10cb374): by the
+        # seconds each took last time on this machine, cases not timed yet first, largest first
+        last = _last_seconds()
+        taken = sorted(work, key=lambda item: _longest_first(family_cases(item[0], gpu, quick)[item[1]], gpu, last))
         # spawn, not fork: a forked child of a process that has touched the GPU inherits a context it cannot use
         pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                                       initializer=_worker_options, initargs=(options.changed(),))
-        futures = {pool.submit(_run_one, *item, gpu, quick, seed): item for item in taken}
+        with host_cores_shared(jobs):  # the workers start as the cases are submitted
+            futures = {pool.submit(_run_one, *item, gpu, quick, seed): item for item in taken}
         done = ((futures[f], _result(f, *futures[f], gpu, quick)) for f in concurrent.futures.as_completed(futures))
     try:
         label = f"check ({jobs} process{'es' * (jobs > 1)})"
@@ -169,7 +204,43 @@ def run_checks(gpu: bool, jobs: int, seed: int | None = None, families: list[str
             pool.shutdown(cancel_futures=True)
     for name, i in work:
         out[name].rows.append(rows[name, i])
+    if gpu:
+        _keep_seconds({_seconds_key(family_cases(name, gpu, quick)[i], gpu): rows[name, i]["seconds"]
+                       for name, i in work if rows[name, i]["seconds"] is not None})
     return out
+
+
+def _seconds_file() -> Path:
+    """Where `lathe check` keeps each case's last wall time, for the next run's order."""
+    return Path(os.environ.get("LATHE_CACHE", Path.home() / ".cache" / "lathe")) / "check-seconds.json"
+
+
+def _seconds_key(case, gpu: bool) -> str:
+    return f"{case.family} {'gpu' if gpu else 'host'} {case.id}"
+
+
+def _last_seconds() -> dict[str, float]:
+    try:
+        return {k: float(v) for k, v in json.loads(_seconds_file().read_text()).items()}
+    except (OSError, ValueError, AttributeError):  # none yet, or unreadable: the sizes order it
+        return {}
+
+
+def _keep_seconds(seconds: dict[str, float]) -> None:
+    try:
+        path = _seconds_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        merged = {**_last_seconds(), **seconds}
+        part = path.with_suffix(f".{os.getpid()}.part")
+        part.write_text(json.dumps(merged, indent=0, sort_keys=True))
+        part.replace(path)
+    except OSError:  # a read-only home: the next run orders by size
+        pass
+
+
+def _longest_first(case, gpu: bool, last: dict[str, float]) -> tuple:
+    seconds = last.get(_seconds_key(case, gpu))
+    return (0, -case_size(case)) if seconds is None else (1, -seconds)
 
 
 # ---- stage 2: peak and benchmarks ---------------------------------------------------------------------

@@ -240,8 +240,8 @@ def test_options_are_listed_and_the_plan_names_those_set(capsys, monkeypatch, tm
 
 @cpu_only
 def test_check_shards_split_the_cases_without_overlap():
-    def cases(run):  # each passing row, its rel_err (fresh data) and result left off
-        return [" ".join(line.split()[:-2]) for line in run.stdout.splitlines() if line.endswith(" pass")]
+    def cases(run):  # each passing row, its rel_err (fresh data), seconds and result left off
+        return [" ".join(line.split()[:-3]) for line in run.stdout.splitlines() if line.endswith(" pass")]
 
     shards = [cases(lathe("check", "rope", "--shard", f"{i}/3")) for i in range(3)]
     whole = cases(lathe("check", "rope"))

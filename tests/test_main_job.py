@@ -95,3 +95,44 @@ def test_a_case_size_is_its_shapes_product_and_rows_keep_their_order(monkeypatch
     assert [main_job.case_size(c) for c in cases] == [6, 1000, 14, 80]
     rows = main_job.run_checks(gpu=False, jobs=1, families=["rope"])["rope"].rows
     assert [r["shape"] for r in rows] == [f"N={n} D=2" for n in sizes] and order == sizes  # one process: as listed
+
+
+def _blas_threads_seen(_):
+    import os
+
+    return os.environ.get("OPENBLAS_NUM_THREADS"), os.environ.get("OMP_NUM_THREADS")
+
+
+def test_workers_share_the_hosts_cores_among_their_blas_threads(monkeypatch):
+    """Each worker's BLAS gets cores / jobs threads (not every core each); what the user set is
+    kept; the parent's environment is as it was afterwards."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
+    with main_job.host_cores_shared(2):
+        future = pool.submit(_blas_threads_seen, 0)
+    assert future.result(timeout=120) == ("4", "3")
+    pool.shutdown()
+    assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["OMP_NUM_THREADS"] == "3"
+    with main_job.host_cores_shared(16):  # more workers than cores: one thread each
+        assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+
+
+def test_rows_carry_seconds_and_the_next_run_takes_the_longest_first(monkeypatch, tmp_path):
+    monkeypatch.setenv("LATHE_CACHE", str(tmp_path))
+    rows = main_job.run_checks(gpu=False, jobs=1, families=["rope"])["rope"].rows
+    assert rows and all(isinstance(r["seconds"], float) and r["seconds"] >= 0 for r in rows)
+    quick, slow, new = (CheckCase("rope", "k", v, dict(N=n), None) for v, n in (("a", 9), ("b", 2), ("c", 1)))
+    main_job._keep_seconds({main_job._seconds_key(quick, True): 0.5, main_job._seconds_key(slow, True): 7.0})
+    last = main_job._last_seconds()
+    assert last == {"rope gpu k[a](N=9)": 0.5, "rope gpu k[b](N=2)": 7.0}
+    # never timed (a new case) first, then by last time, longest first; the size no longer decides
+    order = sorted([quick, slow, new], key=lambda c: main_job._longest_first(c, True, last))
+    assert [c.variant for c in order] == ["c", "b", "a"]
+    main_job._seconds_file().write_text("not json")  # unreadable: the sizes order the run
+    assert main_job._last_seconds() == {}
