@@ -165,8 +165,8 @@ def cmd_compile(family: str | None, match: str | None = None, record: str | None
     on any machine, write the modules the whole check's cases need to that file instead
     (recording them took 436 of a cold `lathe compile`'s 521 s on the H200, one core); `recorded`:
     on CUDA, compile the modules such a file lists, with no recording."""
-    from harness.nvrtc import (compile_all, core_calls, read_instances, record_instantiations, record_launches,
-                               write_instances)
+    from harness.main_job import MAX_JOBS
+    from harness.nvrtc import compile_all, read_instances, record_in_parallel, write_instances
     from harness.suites import select
     from kernels import jit_cache, runtime
 
@@ -180,24 +180,23 @@ def cmd_compile(family: str | None, match: str | None = None, record: str | None
         jit_cache.activate()
         compiled, failures = jit_cache.prepare(insts)
         return _compile_report(compiled, failures, len(insts), f"read from {recorded}", began)
-    cases = list(core_calls())
-    for fam in select(family):
-        # The whole check's cases on CUDA (their shapes pick constants the small ones do not:
-        # 285 modules against 196), the small ones for a compile check.
-        cases += [c for c in fam.check_cases(small=not (cuda or record)) if match is None or matches(c.id, match)]
+    # The whole check's cases on CUDA (their shapes pick constants the small ones do not: 285
+    # modules against 196), the small ones for a compile check. Recording the whole check runs
+    # every case's inputs and reference on the host, so it goes to worker processes, as the check.
+    families, small = [f.name for f in select(family)], not (cuda or record)
+    workers = 1 if small else max(1, min(os.cpu_count() or 1, MAX_JOBS))
+    insts = record_in_parallel(families, small, match, workers)
+    recorded_s = time.perf_counter() - began
     if record is not None:
-        insts = record_instantiations(cases)
         write_instances(Path(record), insts)
-        print(f"compile --record: {len(insts)} modules of {len(cases)} cases into {record} "
-              f"({time.perf_counter() - began:.1f} s); `lathe compile --recorded {record}` compiles them on CUDA")
+        print(f"compile --record: {len(insts)} modules into {record} ({recorded_s:.1f} s in {workers} "
+              f"process{'es' * (workers > 1)}); `lathe compile --recorded {record}` compiles them on CUDA")
         return 0
     if cuda:
-        jobs = record_launches(cases)
-        recorded_s = time.perf_counter() - began
-        compiled, failures = runtime.prepare(jobs)
-        return _compile_report(compiled, failures, len({runtime.instance(j) for j in jobs}),
-                               f"recorded in {recorded_s:.1f} s", began)
-    insts = record_instantiations(cases)
+        jit_cache.activate()
+        compiled, failures = jit_cache.prepare(insts)
+        return _compile_report(compiled, failures, len(insts),
+                               f"recorded in {recorded_s:.1f} s in {workers} process{'es' * (workers > 1)}", began)
     try:
         failures = compile_all(insts)
     except FileNotFoundError as exc:

@@ -6,6 +6,9 @@ recorded rather than executed
 each distinct instantiation: its body and header as MLX gets them, its input and output dtypes
 and its template constants (kernels.jit_cache.Instance).
 
+- The whole check's cases (on CUDA, and for --record) are recorded in worker processes, each a
+  share of them (record_in_parallel): the recording computes every case's inputs and float64
+  reference on the host, 1471 s for 1685 cases in one process on a 2-core machine.
 - On a CUDA machine they are compiled in parallel into the on-disk kernel cache
   (kernels.jit_cache), so that no later process waits for NVRTC: what to run once after
   installing, or after changing a body.
@@ -70,6 +73,55 @@ def _record(cases, target: str | None, take) -> None:
             rec.prepared.clear()
 
 
+def compile_cases(families: list[str], small: bool, match: str | None = None) -> list:
+    """What `lathe compile` records: the core calls, then each family's check cases (the small
+    ones, or all) whose label `match` picks. The same list in every process (workers take shares
+    of it by position)."""
+    from harness.check import matches
+    from harness.suites import select
+
+    cases = list(core_calls())
+    for fam in select(None):
+        if fam.name in families:
+            cases += [c for c in fam.check_cases(small=small) if match is None or matches(c.id, match)]
+    return cases
+
+
+def _record_share(families: list[str], small: bool, match: str | None, share: int, shares: int) -> list:
+    """A worker's part of record_in_parallel: every shares-th case from the share-th, as (the
+    case's position, its instances made picklable)."""
+    import kernels.runtime as rt
+
+    cases = compile_cases(families, small, match)
+    mine, found = range(share, len(cases), shares), []
+    _record([cases[i] for i in mine], None,
+            lambda jobs: found.append(_picklable(dict.fromkeys(rt.instance(job, cuda=True) for job in jobs))))
+    return list(zip(mine, found))
+
+
+def record_in_parallel(families: list[str], small: bool, match: str | None = None,
+                       workers: int = 1) -> list[Instance]:
+    """record_instantiations over compile_cases in `workers` spawned processes, each a share of
+    the cases (the recording runs each case's inputs and float64 reference on the host: 1709
+    cases took about 25 minutes in one process on a 2-core machine). The distinct instances in
+    first-launch order, as one process records them."""
+    if workers <= 1:
+        return record_instantiations(compile_cases(families, small, match))
+    import concurrent.futures
+    import multiprocessing
+
+    from harness.main_job import host_cores_shared
+
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    with host_cores_shared(workers):
+        futures = [pool.submit(_record_share, families, small, match, i, workers) for i in range(workers)]
+    try:
+        by_case = sorted(pair for f in futures for pair in f.result())
+    finally:
+        pool.shutdown(cancel_futures=True)
+    return list(dict.fromkeys(inst for _, plain in by_case for inst in _unpicklable(plain)))
+
+
 def core_calls() -> list:
     """Launches that belong to no family, and a kernel that no small check case launches: the
     compat probes, the peak's copy kernel and the unfused path's cache_read, as cases with a
@@ -112,8 +164,7 @@ def write_instances(path: Path, instances) -> None:
     files their `#include` lines name (kernels.runtime.include_line: on CUDA the source MLX gets
     is such a line), gzipped. A constant that is an MLX dtype (a template type) is written by
     name: MLX's Dtype does not pickle."""
-    plain = [dataclasses.replace(i, constants=tuple((k, (_DTYPE, dtype_name(v)) if isinstance(v, mx.Dtype) else v)
-                                                    for k, v in i.constants)) for i in instances]
+    plain = _picklable(instances)
     files = {name: Path(name).read_text() for i in plain for name in _INCLUDE.findall(i.source + i.header)}
     path.write_bytes(gzip.compress(pickle.dumps((_RECORD_FORMAT, plain, files))))
 
@@ -132,9 +183,20 @@ def read_instances(path: Path, source_dir: Path) -> list[Instance]:
     here = {name: include_line(text, "." + ".".join(Path(name).name.split(".")[1:]), source_dir).split('"')[1]
             for name, text in files.items()}
     moved = lambda text: _INCLUDE.sub(lambda m: f'#include "{here[m.group(1)]}"', text)  # noqa: E731
+    return [dataclasses.replace(i, source=moved(i.source), header=moved(i.header)) for i in _unpicklable(plain)]
+
+
+def _picklable(instances) -> list[Instance]:
+    """Instances whose MLX dtype constants (template types) are written by name: Dtype does not
+    pickle."""
+    return [dataclasses.replace(i, constants=tuple((k, (_DTYPE, dtype_name(v)) if isinstance(v, mx.Dtype) else v)
+                                                   for k, v in i.constants)) for i in instances]
+
+
+def _unpicklable(plain) -> list[Instance]:
+    """_picklable undone."""
     dtype = lambda v: getattr(mx, v[1]) if isinstance(v, tuple) and v[:1] == (_DTYPE,) else v  # noqa: E731
-    return [dataclasses.replace(i, source=moved(i.source), header=moved(i.header),
-                                constants=tuple((k, dtype(v)) for k, v in i.constants)) for i in plain]
+    return [dataclasses.replace(i, constants=tuple((k, dtype(v)) for k, v in i.constants)) for i in plain]
 
 
 _INCLUDE = re.compile(r'^#include "([^"]+\.(?:body|header)\.cuh)"$', re.M)

@@ -89,3 +89,15 @@ def test_compile_records_modules_to_a_file_that_a_cuda_machine_compiles(tmp_path
     if runtime.backend() != "cuda":
         assert cmd_compile(None, recorded=str(path)) == 2
         assert "needs MLX's CUDA backend" in capsys.readouterr().out
+
+
+def test_recording_in_worker_processes_gives_what_one_process_records():
+    """`lathe compile` records the whole check in worker processes (each a share of the cases):
+    the same modules in the same first-launch order as one process, template types included."""
+    from harness.nvrtc import compile_cases, record_in_parallel
+
+    one = record_instantiations(compile_cases(["loop", "blocks"], small=True))
+    assert len(one) > 10 and any(not isinstance(v, (int, float, str, bool)) for i in one for _, v in i.constants)
+    assert record_in_parallel(["loop", "blocks"], small=True, workers=3) == one
+    assert record_in_parallel(["loop"], small=True, match="argmax_float16", workers=2) == \
+        record_instantiations(compile_cases(["loop"], small=True, match="argmax_float16"))
