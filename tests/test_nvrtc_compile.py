@@ -96,8 +96,8 @@ def test_recording_in_worker_processes_gives_what_one_process_records():
     the same modules in the same first-launch order as one process, template types included."""
     from harness.nvrtc import compile_cases, record_in_parallel
 
-    one = record_instantiations(compile_cases(["loop", "blocks"], small=True))
+    one = record_instantiations(compile_cases(["loop"], small=True))  # the core calls, then loop's
     assert len(one) > 10 and any(not isinstance(v, (int, float, str, bool)) for i in one for _, v in i.constants)
-    assert record_in_parallel(["loop", "blocks"], small=True, workers=3) == one
+    assert record_in_parallel(["loop"], small=True, workers=3) == one
     assert record_in_parallel(["loop"], small=True, match="argmax_float16", workers=2) == \
         record_instantiations(compile_cases(["loop"], small=True, match="argmax_float16"))
