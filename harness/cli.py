@@ -165,7 +165,7 @@ def cmd_compile(family: str | None, match: str | None = None, record: str | None
     on any machine, write the modules the whole check's cases need to that file instead
     (recording them took 436 of a cold `lathe compile`'s 521 s on the H200, one core); `recorded`:
     on CUDA, compile the modules such a file lists, with no recording."""
-    from harness.main_job import MAX_JOBS
+    from harness.main_job import host_jobs
     from harness.nvrtc import compile_all, read_instances, record_in_parallel, write_instances
     from harness.suites import select
     from kernels import jit_cache, runtime
@@ -184,7 +184,7 @@ def cmd_compile(family: str | None, match: str | None = None, record: str | None
     # modules against 196), the small ones for a compile check. Recording the whole check runs
     # every case's inputs and reference on the host, so it goes to worker processes, as the check.
     families, small = [f.name for f in select(family)], not (cuda or record)
-    workers = 1 if small else max(1, min(os.cpu_count() or 1, MAX_JOBS))
+    workers = 1 if small else host_jobs()
     insts = record_in_parallel(families, small, match, workers)
     recorded_s = time.perf_counter() - began
     if record is not None:

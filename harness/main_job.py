@@ -161,8 +161,13 @@ def host_cores_shared(jobs: int) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def host_jobs() -> int:
+    """Worker processes for host work a core each: the host's cores, up to MAX_JOBS."""
+    return max(1, min(os.cpu_count() or 1, MAX_JOBS))
+
+
 def default_jobs(gpu: bool) -> int:
-    return max(1, min(os.cpu_count() or 1, MAX_JOBS)) if gpu else 1
+    return host_jobs() if gpu else 1
 
 
 def run_checks(gpu: bool, jobs: int, seed: int | None = None, families: list[str] | None = None,
