@@ -71,6 +71,7 @@ class Served:
     requests: list[Request]
     steps: list[tuple[float, float, int, int, bool]]  # (start, end, prompt tokens run, tokens run, decode only)
     occupancy: list[float]
+    lag: int = 0  # a step's tokens are read at the end of the step `lag` steps later (pipelined: 1)
 
     def summary(self) -> dict:
         t0 = self.steps[0][0]
@@ -79,8 +80,11 @@ class Served:
         generated = sum(len(r.output) for r in self.requests)
         decode = [(end - start, tokens) for start, end, _, tokens, only in self.steps if only]
         prefill = [(end - start, p) for start, end, p, _, _ in self.steps if p]
-        ttft = [ends[r.first_token_step - 1] - starts[min(r.arrival, len(starts) - 1)] for r in self.requests]
-        tpot = [(ends[r.finished_step - 1] - ends[r.first_token_step - 1]) / (len(r.output) - 1)
+        def known(step: int) -> float:  # when the host has the tokens of step `step` (from 1)
+            return ends[min(step - 1 + self.lag, len(ends) - 1)]
+
+        ttft = [known(r.first_token_step) - starts[min(r.arrival, len(starts) - 1)] for r in self.requests]
+        tpot = [(known(r.finished_step) - known(r.first_token_step)) / (len(r.output) - 1)
                 for r in self.requests if len(r.output) > 1]
         pct = lambda xs, q: float(np.percentile(xs, q)) * 1e3 if xs else None  # noqa: E731 - ms
         return dict(
@@ -95,8 +99,10 @@ class Served:
 
 
 def serve(forward, pool: KVPool, requests: list[Request], max_batch: int) -> Served:
-    """Run the requests to the end through `forward` (a batch's next tokens, {id: token}, on the
-    host: each step is complete when it returns), timing every step."""
+    """Run the requests to the end through `forward` (a batch's next tokens, {id: token}), timing
+    every step. A pipelined forward (its `lag` 1) returns with its step queued and the one before
+    read, so a step's time is the host's and the GPU's overlapped; the last step ends when every
+    token is read."""
     sched = Scheduler(pool, max_batch)
     for r in requests:
         sched.submit(r)
@@ -108,7 +114,11 @@ def serve(forward, pool: KVPool, requests: list[Request], max_batch: int) -> Ser
         prompt = sum(len(w.tokens) for w in work if w.prefill)
         steps.append((start, end, prompt, sum(len(w.tokens) for w in work), bool(work) and not prompt))
         occupancy.append(pool.occupancy())
-    return Served(requests, steps, occupancy)
+    sched.settle()
+    if steps:
+        start, _, *rest = steps[-1]
+        steps[-1] = (start, time.perf_counter(), *rest)
+    return Served(requests, steps, occupancy, getattr(forward, "lag", 0))
 
 
 # ---- a run of the matrix: rows of serve.csv ----------------------------------------------------------

@@ -149,6 +149,11 @@ DECLARED = (
            "lathe serve, kernel variants: a step of decode tokens only through an mx.compile'd forward traced "
            "once per (batch, table width rounded up to a power of two), as the decode loop's compiled step "
            "(off: every step built eagerly; harness/program/batch_forward.py)"),
+    Option("serve_pipelined", True, _flag,
+           "lathe serve: a step's tokens stay on the device and the next step is queued before they are read "
+           "(one step in flight, as the decode loop's compiled-pipelined mode; a decode-only step takes its ids "
+           "from the last step's argmax); off: every step's tokens read before the next is built "
+           "(harness/program/batch_forward.py)"),
     Option("attn_query_split", 64, _count,
            "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
     Option("pad_constants", True, _flag,

@@ -52,6 +52,51 @@ def test_a_batch_gives_each_request_its_tokens_alone(models, preset):
         assert r.output == alone(model, r.prompt, r.max_new), f"request {r.id} ({len(r.prompt)} prompt tokens)"
 
 
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_pipelined_tokens_stay_on_the_device_until_asked(models, pipelined):
+    """serve_pipelined: the forward gives DeviceTokens, reads each step when the next is queued
+    (one step in flight), and the scheduler's run (preemptions, shared prefixes, the pool's block
+    hashes over such tokens) ends with the tokens the unpipelined forward gives."""
+    from harness.program.batch_forward import DeviceToken
+    from kernels import options
+
+    model = models["tiny-qwen3"]
+    rng = np.random.default_rng(5)
+    system = [int(t) for t in rng.integers(0, model.config.vocab, 16)]
+
+    def run():
+        reqs = [Request(i, system + [int(t) for t in rng_i.integers(0, model.config.vocab, 1 + i)],
+                        max_new=9 + i, arrival=i // 2) for i, rng_i in enumerate(np.random.default_rng(9).spawn(6))]
+        pool = KVPool(num_blocks=7, block_size=8)
+        sched = Scheduler(pool, max_batch=4)
+        for r in reqs:
+            sched.submit(r)
+        forward = PagedBatchReference(ReferenceDecoder(model, 256), pool)
+        given = []
+
+        def step(work):
+            out = forward(work)
+            given.append(list(out.values()))
+            if forward.lag:  # the step before this one is read, this one is not yet
+                assert all(t.step._values is None for t in given[-1])
+                assert len(given) < 2 or all(t.step._values is not None for t in given[-2])
+            return out
+
+        sched.run(step)
+        assert pool.free_blocks == pool.num_blocks
+        return reqs, given
+
+    with options.use(serve_pipelined=pipelined):
+        reqs, given = run()
+    assert all(isinstance(t, DeviceToken) == pipelined for step in given for t in step)
+    assert any(r.preempted for r in reqs), "the pool was meant to be small enough to preempt"
+    with options.use(serve_pipelined=False):
+        plain, _ = run()
+    assert [r.output for r in reqs] == [r.output for r in plain]
+    for r in reqs:
+        assert r.output == alone(model, r.prompt, r.max_new)
+
+
 def test_a_mixed_steps_logits_are_each_sequences_alone(models):
     """One step holding a new prompt; a prompt whose first two blocks another sequence wrote
     (shared, not recomputed); that sequence's decode token, after a fork made its partly filled
@@ -199,6 +244,42 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
             if agree:
                 assert r.output[n - len(r.prompt)] == alone[n - len(r.prompt)], (r.id, n)
     assert clear_steps > sum(r.max_new for r in reqs) // 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
+def test_the_pipelined_kernel_batch_gives_the_tokens_of_the_unpipelined(models, preset, monkeypatch):
+    """serve_pipelined on lathe's fused kernels: decode-only steps take their ids from the last
+    step's argmax on the device, and every request ends with the tokens of the run that reads each
+    step's tokens before building the next (the same launches on the same inputs)."""
+    from harness.program.batch_forward import PagedBatchKernels
+    from kernels import options
+
+    model = models[preset]
+    on_device = []
+    pick = PagedBatchKernels._ids_on_device
+    monkeypatch.setattr(PagedBatchKernels, "_ids_on_device",
+                        staticmethod(lambda work: on_device.append(pick(work) is not None) or pick(work)))
+
+    def run(pipelined: bool):
+        rng = np.random.default_rng(17)
+        system = [int(t) for t in rng.integers(0, model.config.vocab, 20)]
+        reqs = [Request(i, system + [int(t) for t in rng.integers(0, model.config.vocab, int(rng.integers(1, 12)))],
+                        max_new=int(rng.integers(6, 30)), arrival=int(rng.integers(0, 4))) for i in range(7)]
+        pool = KVPool(num_blocks=12, block_size=16)
+        sched = Scheduler(pool, max_batch=5)
+        for r in reqs:
+            sched.submit(r)
+        with options.use(serve_pipelined=pipelined):
+            sched.run(PagedBatchKernels(model, "fused", pool, 128))
+        assert pool.free_blocks == pool.num_blocks
+        return [r.output for r in reqs]
+
+    plain = run(False)
+    assert not any(on_device)
+    pipelined = run(True)
+    assert any(on_device), "no decode step took its ids from the device"
+    assert pipelined == plain
 
 
 @pytest.mark.parametrize("variant", ["unfused", "fused"])

@@ -50,6 +50,40 @@ def test_a_run_measures_its_steps(tiny):
         assert r.output == generate(ReferenceDecoder(model, 64), r.prompt, 6).generated
 
 
+def test_a_pipelined_run_times_each_token_from_when_it_is_read():
+    """Pipelined (lag 1), a step's tokens are read at the end of the next step: time to first
+    token and per output token count from there, the last step's from the end of the run."""
+    from harness.program.serve import Request
+    from harness.serve_bench import Served
+
+    r = Request(0, [1, 2], max_new=3)
+    r.output, r.first_token_step, r.finished_step = [5, 6, 7], 1, 3
+    steps = [(0.0, 1.0, 2, 2, False), (1.0, 2.0, 0, 1, True), (2.0, 4.0, 0, 1, True)]
+    now = Served([r], steps, [0.5] * 3).summary()
+    late = Served([r], steps, [0.5] * 3, lag=1).summary()
+    assert now["ttft_ms_median"] == 1000.0 and now["tpot_ms_median"] == 1500.0  # (4 - 1) / 2
+    assert late["ttft_ms_median"] == 2000.0 and late["tpot_ms_median"] == 1000.0  # (4 - 2) / 2
+    assert late["decode_tok_s"] == now["decode_tok_s"] == 2 / 3.0
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_pipelined_run_gives_the_tokens_of_one_that_is_not(tiny, pipelined):
+    from harness.program.batch_forward import DeviceToken
+    from kernels import options
+
+    path, model = tiny
+    w = Workload(3, 9, 7, seed=2)
+    with options.use(serve_pipelined=pipelined):
+        pool = w.pool(block_size=4)
+        forward = make_batch_forward(model, "reference", pool, 16)
+        assert forward.lag == int(pipelined)
+        served = serve(forward, pool, w.requests(model.config.vocab), 3)
+    assert served.lag == int(pipelined) and pool.free_blocks == pool.num_blocks
+    for r in served.requests:  # settled: ints, whichever way they came
+        assert all(type(t) is int for t in r.output) and not any(isinstance(t, DeviceToken) for t in r.output)
+        assert r.output == generate(ReferenceDecoder(model, 64), r.prompt, 7).generated
+
+
 JSONL = """build: 7000 (0c1e570) with cc
 {"n_kv_max": 4096, "n_batch": 2048, "n_ubatch": 512, "flash_attn": 1, "is_pp_shared": 0, "n_gpu_layers": 99, "n_threads": 8, "n_threads_batch": 8, "pp": 16, "tg": 8, "pl": 1, "n_kv": 24, "t_pp": 0.01, "speed_pp": 1600.0, "t_tg": 0.04, "speed_tg": 200.0, "t": 0.05, "speed": 480.0}
 llama_perf_context_print: noise

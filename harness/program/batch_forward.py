@@ -12,6 +12,12 @@ over the rows its table names, causal within its new tokens.
 (harness.program.decode.ReferenceDecoder), replayed with the three batch-aware steps swapped in.
 It runs anywhere MLX runs, the CPU included, so the batching itself (tables, slots, copies,
 preemption) is tested in CI against each sequence decoded alone.
+
+Pipelined (option `serve_pipelined`), a step's greedy tokens stay on the device: the forward
+returns them as DeviceTokens, queues the step (mx.async_eval) and reads the step before it, so the
+host builds step n + 1 while the GPU runs step n, as the decode loop's compiled-pipelined mode
+does. The scheduler needs no token's value to go on (a sequence ends by its count); the pool's
+hash of a whole block reads its tokens, once a block.
 """
 
 from __future__ import annotations
@@ -25,6 +31,73 @@ from harness.program.decode import _OPS, ReferenceDecoder, _heads
 from harness.program.kv_pool import KVPool
 from harness.program.serve import Work
 from kernels import options
+
+
+class StepTokens:
+    """A step's greedy tokens (int32 [len(work)], its argmax) while they are on the device: read
+    to the host once, by the first that asks."""
+
+    def __init__(self, picked: mx.array):
+        self.array, self._values = picked, None
+
+    def values(self) -> list[int]:
+        if self._values is None:
+            self._values = np.array(self.array).tolist()
+        return self._values
+
+
+class DeviceToken:
+    """A sequence's token of a StepTokens, standing for the int it will be: int() (and hash, ==,
+    which read it) waits for its step; the next decode step takes it on the device instead."""
+
+    __slots__ = ("step", "row")
+
+    def __init__(self, step: StepTokens, row: int):
+        self.step, self.row = step, row
+
+    def __int__(self) -> int:
+        return self.step.values()[self.row]
+
+    __index__ = __int__
+
+    def __hash__(self) -> int:
+        return hash(int(self))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (int, np.integer, DeviceToken)):
+            return int(self) == int(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"DeviceToken({int(self)})"
+
+
+class _Tokens:
+    """A batched forward's greedy tokens, {request id: token}: ints read after the step, or
+    (option serve_pipelined) DeviceTokens with the step queued and the one before it read, so
+    that one step is in flight while the host builds the next. `lag`: steps between a step and
+    the read of its tokens (serve_bench times a token from then)."""
+
+    _in_flight: StepTokens | None = None
+
+    @property
+    def lag(self) -> int:
+        return int(options.get("serve_pipelined"))
+
+    def _tokens(self, work: list[Work], picked: mx.array) -> dict:
+        if not options.get("serve_pipelined"):
+            return {w.request.id: int(t) for w, t in zip(work, np.array(picked).tolist())}
+        step = StepTokens(picked)
+        mx.async_eval(picked)
+        if self._in_flight is not None:
+            self._in_flight.values()  # the step before, while this one runs: one step ahead at most
+        self._in_flight = step
+        return {w.request.id: DeviceToken(step, row) for row, w in enumerate(work)}
+
+
+def host_tokens(tokens: list) -> list[int]:
+    """Token ids for the host (a prompt's, or DeviceTokens read)."""
+    return [int(t) for t in tokens]
 
 
 def slots_of(w: Work, block_size: int, start: int = 0) -> np.ndarray:
@@ -48,7 +121,7 @@ class Segment:
     slots: np.ndarray  # int32 pool rows of positions 0..start+n-1 (the table, unrolled)
 
 
-class PagedBatchReference:
+class PagedBatchReference(_Tokens):
     """The reference variant's forward over a batch of sequences and a paged KV pool of
     `pool.num_blocks` blocks of `pool.block_size` rows a layer ([blocks * block_size, n_kv, D])."""
 
@@ -65,9 +138,7 @@ class PagedBatchReference:
 
     def __call__(self, work: list[Work]) -> dict:
         """Each sequence's next token (greedy) after running its tokens: {request id: token}."""
-        logits = self.forward(work)
-        picked = np.array(mx.argmax(logits, axis=-1))
-        return {w.request.id: int(t) for w, t in zip(work, picked)}
+        return self._tokens(work, mx.argmax(self.forward(work), axis=-1).astype(mx.int32))
 
     def forward(self, work: list[Work]) -> mx.array:
         """The logits of each sequence's last token, [len(work), vocab] float32, in work's order."""
@@ -83,7 +154,7 @@ class PagedBatchReference:
         for w in work:
             self._segments.append(Segment(len(tokens), len(w.tokens), w.start, slots_of(w, bs)))
             tokens += w.tokens
-        env = {"token": mx.array(np.asarray(tokens, np.int32))}
+        env = {"token": mx.array(np.asarray(host_tokens(tokens), np.int32))}
         d, t = self.decoder, len(tokens)
         for step in d.plan:
             self.ops[step.op](d, step, env, t, None, None)
@@ -125,7 +196,7 @@ class PagedBatchReference:
         env["o"] = mx.concatenate(outs, axis=0)  # [T, heads * D]
 
 
-class PagedBatchKernels:
+class PagedBatchKernels(_Tokens):
     """lathe's kernel variants (unfused, fused) over a batch of sequences and the paged pool: the
     decoder's paged plan for the step's T tokens (its phase: the fused GEMVs up to 4 rows, the
     quantized GEMM or MLX's matmul past that), every projection over all T rows in one launch,
@@ -153,8 +224,7 @@ class PagedBatchKernels:
         self._compiled: dict[tuple[int, int], object] = {}  # decode-only steps, by (batch, table width)
 
     def __call__(self, work: list[Work]) -> dict:
-        picked = np.array(self.kd.loop.argmax(self.forward(work)))  # every row's, one launch
-        return {w.request.id: int(t) for w, t in zip(work, picked)}
+        return self._tokens(work, self.kd.loop.argmax(self.forward(work)))  # every row's, one launch
 
     def forward(self, work: list[Work]) -> mx.array:
         """The logits of each sequence's last token, [len(work), vocab], in work's order."""
@@ -189,7 +259,7 @@ class PagedBatchKernels:
                           decode_rows=mx.array(np.asarray([at for at, _ in decode], np.int32)),
                           order=mx.array(np.argsort(np.asarray(grouped)).astype(np.int32)))
         mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
-        logits = self._replay({"token": [int(x) for x in tokens]}, t)["logits"]
+        logits = self._replay({"token": host_tokens(tokens)}, t)["logits"]
         return logits if logits.shape[0] == len(work) else logits[self._step["ends"]]
 
     def _decode_step(self, work: list[Work]) -> mx.array:
@@ -215,11 +285,32 @@ class PagedBatchKernels:
             return mx.array(np.asarray(values, np.int32))
 
         slots = np.concatenate([slots_of(w, bs, w.start) for w in work])
-        mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
-        logits, *caches = fn(ints([w.tokens[0] for w in work]), ints([w.start for w in work]), ints(slots),
+        ids = self._ids_on_device(work)
+        if ids is None:  # host tokens: nothing orders this step after the last one's in-place writes
+            ids = ints(host_tokens([w.tokens[0] for w in work]))
+            mx.eval(d.k, d.v)
+        logits, *caches = fn(ids, ints([w.start for w in work]), ints(slots),
                              mx.array(table), ints([w.start + 1 for w in work]), *d.k, *d.v)
         d.k, d.v = list(caches[:n]), list(caches[n:])
         return logits
+
+    @staticmethod
+    def _ids_on_device(work: list[Work]) -> mx.array | None:
+        """The step's ids as rows of one earlier step's argmax, still on the device, where every
+        sequence's token is a DeviceToken of that step (pipelined): ordered after that step's
+        cache writes by its data, as the decode loop's compiled-pipelined step. None otherwise."""
+        first = work[0].tokens[0]
+        if not isinstance(first, DeviceToken):
+            return None
+        step, rows = first.step, []
+        for w in work:
+            t = w.tokens[0]
+            if not isinstance(t, DeviceToken) or t.step is not step:
+                return None
+            rows.append(t.row)
+        if rows == list(range(step.array.shape[0])):
+            return step.array
+        return step.array[mx.array(np.asarray(rows, np.int32))]
 
     def _check_tables(self, work: list[Work]) -> None:
         """Every table entry of the step inside the pool: checked here once for every layer, then

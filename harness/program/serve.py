@@ -16,6 +16,10 @@ token counts. Each step the scheduler
 A bad request (an empty prompt, a prompt the whole pool cannot hold) is refused when it is
 submitted, before any step, and the others go on. The model is a callable: the batched forward
 of the decode loop on a GPU, or any function of a sequence's tokens in the tests.
+
+A token the model gives may stand for one still on the device (batch_forward.DeviceToken): the
+scheduler goes on without its value (a sequence ends by its count of tokens), passes it to the
+next step as it is, and `settle` makes every finished request's tokens ints.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ class Request:
     prompt: list[int]
     max_new: int  # tokens to generate
     arrival: int = 0  # the step at which it may be admitted
-    output: list[int] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)  # while running, the last may be on the device
     first_token_step: int | None = None  # the step that gave its first token
     finished_step: int | None = None
     preempted: int = 0  # times it gave its blocks back
@@ -127,7 +131,7 @@ class Scheduler:
             r = w.request
             if r not in self.running:  # preempted below, earlier in this loop: recomputed later
                 continue
-            r.output.append(int(nxt[r.id]))
+            r.output.append(nxt[r.id])  # as the model gave it: an int, or one still on the device
             if r.first_token_step is None:
                 r.first_token_step = self.step_count
             if len(r.output) == r.max_new:
@@ -146,10 +150,16 @@ class Scheduler:
                         break
         return work
 
+    def settle(self) -> None:
+        """Every finished request's tokens as ints (reading those still on the device)."""
+        for r in self.done:
+            r.output = [int(t) for t in r.output]
+
     def run(self, model: Callable[[list[Work]], dict], max_steps: int = 1_000_000) -> list[Request]:
         """Steps until every request is done; the requests in the order they finished."""
         while not self.idle():
             if self.step_count >= max_steps:
                 raise RuntimeError(f"not done after {max_steps} steps")
             self.step(model)
+        self.settle()
         return self.done
