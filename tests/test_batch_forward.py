@@ -72,9 +72,14 @@ def test_pipelined_tokens_stay_on_the_device_until_asked(models, pipelined):
         for r in reqs:
             sched.submit(r)
         forward = PagedBatchReference(ReferenceDecoder(model, 256), pool)
-        given = []
+        given, decode_only = [], []
 
         def step(work):
+            if forward.lag and all(len(w.tokens) == 1 and isinstance(w.tokens[0], DeviceToken) for w in work):
+                # a decode-only step is built without reading the last step's tokens (the pool
+                # hashes a filled block's tokens later, when it publishes the block)
+                assert all(w.tokens[0].step._values is None for w in work)
+                decode_only.append(len(work))
             out = forward(work)
             given.append(list(out.values()))
             if forward.lag:  # the step before this one is read, this one is not yet
@@ -83,7 +88,7 @@ def test_pipelined_tokens_stay_on_the_device_until_asked(models, pipelined):
             return out
 
         sched.run(step)
-        assert pool.free_blocks == pool.num_blocks
+        assert pool.free_blocks == pool.num_blocks and (len(decode_only) > 10 or not forward.lag)
         return reqs, given
 
     with options.use(serve_pipelined=pipelined):

@@ -16,8 +16,8 @@ preemption) is tested in CI against each sequence decoded alone.
 Pipelined (option `serve_pipelined`), a step's greedy tokens stay on the device: the forward
 returns them as DeviceTokens, queues the step (mx.async_eval) and reads the step before it, so the
 host builds step n + 1 while the GPU runs step n, as the decode loop's compiled-pipelined mode
-does. The scheduler needs no token's value to go on (a sequence ends by its count); the pool's
-hash of a whole block reads its tokens, once a block.
+does. The scheduler needs no token's value to go on (a sequence ends by its count); the pool
+hashes a filled block's tokens when it publishes the block, by then read.
 """
 
 from __future__ import annotations

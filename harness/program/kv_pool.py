@@ -45,6 +45,15 @@ class _Seq:
     chain: list[int]  # the hash of each whole block, in order (a block's tokens and all before them)
     tail: list[int]  # the tokens of the last block while it is not whole
     published: int = 0  # whole blocks findable by their tokens: those whose rows are written
+    # whole blocks after `chain`'s, their hashes not yet taken: a decode step's tokens may still be
+    # on the device (serve_pipelined), and a hash reads them; taken when the blocks are published
+    unhashed: list[tuple] = field(default_factory=list)
+
+    def hashes(self, upto: int) -> list[int]:
+        """The chain's first `upto` hashes, taking those of unhashed blocks as needed."""
+        while len(self.chain) < upto and self.unhashed:
+            self.chain.append(hash((self.chain[-1] if self.chain else 0, self.unhashed.pop(0))))
+        return self.chain
 
 
 class KVPool:
@@ -130,7 +139,7 @@ class KVPool:
         s.length += 1
         s.tail.append(token)
         if len(s.tail) == self.block_size:  # whole: findable once its rows are written (computed)
-            s.chain.append(hash((s.chain[-1] if s.chain else 0, tuple(s.tail))))
+            s.unhashed.append(tuple(s.tail))
             s.tail = []
         return Placement(list(s.table), copies=copies)
 
@@ -140,8 +149,9 @@ class KVPool:
         prompt admitted beside the one that writes them would read rows not yet written."""
         s = self._seq(seq)
         whole = min(rows, s.length) // self.block_size
+        chain = s.hashes(whole)
         for b in range(s.published, whole):
-            self._publish(s.table[b], s.chain[b])
+            self._publish(s.table[b], chain[b])
         s.published = max(s.published, whole)
 
     def fork(self, parent, child) -> Placement:
@@ -152,7 +162,7 @@ class KVPool:
             raise PoolError(f"sequence {child!r} is already in the pool")
         for blk in p.table:
             self.refs[blk] += 1
-        self.seqs[child] = _Seq(list(p.table), p.length, list(p.chain), list(p.tail), p.published)
+        self.seqs[child] = _Seq(list(p.table), p.length, list(p.chain), list(p.tail), p.published, list(p.unhashed))
         return Placement(list(p.table))
 
     def finish(self, seq) -> None:
@@ -174,7 +184,8 @@ class KVPool:
             for blk in s.table:
                 held[blk] += 1
             assert len(s.table) == self.blocks_for(s.length), (len(s.table), s.length)
-            assert len(s.chain) == s.length // self.block_size and len(s.tail) == s.length % self.block_size
+            assert len(s.chain) + len(s.unhashed) == s.length // self.block_size
+            assert len(s.tail) == s.length % self.block_size
         assert held == self.refs, "a block's count is not the number of tables holding it"
         free = set(self._free)
         assert len(free) == len(self._free), "a block is on the free list twice"
