@@ -139,8 +139,8 @@ DECLARED = (
            "1 / rms over all of K); off: lathe's rmsnorm launch first, then qmm on its output (the gated "
            "epilogue kept). At 8db493e the separate launches took less GPU time (kernels/gemv/NOTES.md)"),
     Option("qmm_fill", 512, _count,
-           "qmm (5..64 rows), where qmm_by_shape splits: K split over threadgroups (at most its parts, a second "
-           "launch adding them) until a launch has this many threadgroups, half as many past 32 rows (0: never split; the "
+           "qmm (5..64 rows), K from 4096: split K over threadgroups (at most 8 parts, a second launch adding "
+           "them) until a launch has this many threadgroups, half as many past 32 rows (0: never split; the "
            "sweep of a397c5c, kernels/gemv/NOTES.md)"),
     Option("prompt_compiled", True, _flag,
            "kernel variants, compiled modes: a prompt through an mx.compile'd forward traced once per "

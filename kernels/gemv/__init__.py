@@ -975,36 +975,32 @@ def qmm_splits(k: int, ks: int) -> tuple[int, int]:
 
 def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     """qmm's knobs for M rows and an [N, K] matrix: 8 * NB * WN rows of W a threadgroup, WK SIMD
-    groups along K in it, PF the weights loaded a super-chunk ahead, SPLIT the most parts K is split
-    into (0: not split; qmm_parts).
+    groups along K in it, PF the weights loaded a super-chunk ahead, SPLIT whether K is split
+    (qmm_parts).
 
-    - K from 4096 (the 8B's): NB 4, WN 2, WK 2, split up to 8. The sweep of a397c5c (H100, each
-      call alone, 16 and 64 rows) put it first by geometric mean at both row counts: 10.0 us for 16
+    - K from 4096 (the 8B's): NB 4, WN 2, WK 2, split. The sweep of a397c5c (H100, each call
+      alone, 16 and 64 rows) put it first by geometric mean at both row counts: 10.0 us for 16
       rows of the 4096 x 4096 Q4_0 (20.5 at a97bf5f, X staged, in the machine session before).
       End to end, in one session, the 8B's 16- and 64-token prompts went from 1.27-1.35x and
-      0.72-0.74x llama-bench (a397c5c) to 1.38-1.46x and 0.97-1.03x (8db493e). 32b3700's sweep
-      kept it: first or within 7% at every 8B shape, 16 and 64 rows.
-    - Shorter K (Qwen3-0.6B's 1024-3072): 10cb374's knobs. Split in at most 4 parts where N is at
-      most 2048 (Qwen3's O and down, N = 1024: 32 row blocks, too few threadgroups for the H100's
-      132 SMs). 32b3700's sweep, GPU time each call alone, 1024 x 2048 and 1024 x 3072 Q8_0: 6.3
-      and 8.3 us unsplit, 5.3 and 6.3 in 4 parts at 16 rows; 13.8 and 19.4 against 8.3 and 10.6 at
-      64 rows (8 parts: 11.0 and 12.2). The wider matrices (QKV 4096, gate+up 6144) lose by any
-      split (5.1 us against 6.7 in 2 parts at 16 rows).
-    - pf 1 loses everywhere: 3-37% slower (median per shape) than the same knobs at pf 0 in
-      32b3700's sweep (kernels/gemv/NOTES.md)."""
+      0.72-0.74x llama-bench (a397c5c) to 1.38-1.46x and 0.97-1.03x (8db493e).
+    - Shorter K (Qwen3-0.6B's 1024-3072): 10cb374's knobs, no split. With the 8B's knobs its
+      16-token prompt fell from 1.16-1.18x llama-bench (a397c5c) to 0.76-1.08x (8db493e), and to
+      0.84-0.90x unsplit (1885abc); its 64-token prompt rose (0.99-1.02x to 1.17-1.39x). The
+      sweep had none of its gated or normed forms; to be swept at its own shapes
+      (kernels/gemv/NOTES.md)."""
     if k < 4096:
-        return dict(NB=2, WN=2, WK=4, PF=0, SPLIT=4 if n <= 2048 else 0)
-    return dict(NB=4, WN=2, WK=2, PF=0, SPLIT=8)
+        return dict(NB=2, WN=2, WK=4, PF=0, SPLIT=0)
+    return dict(NB=4, WN=2, WK=2, PF=0, SPLIT=1)
 
 
-def qmm_parts(groups: int, m: int = 16, most: int = 8) -> int:
+def qmm_parts(groups: int, m: int = 16) -> int:
     """The parts K is split into for a launch of `groups` row blocks of M rows (the qmm_fill
     option): enough threadgroups for qmm_fill (half of it past 32 rows, whose threadgroups each
-    take four times the products), at most `most` parts; 1 (no split) where qmm_fill is 0."""
+    take four times the products), at most 8 parts; 1 (no split) where qmm_fill is 0."""
     fill = options.get("qmm_fill")
     if m > 32:
         fill //= 2
-    return max(1, min(most, fill // groups)) if fill else 1
+    return max(1, min(8, fill // groups)) if fill else 1
 
 
 @_per_budget
@@ -1060,7 +1056,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
     ks = knobs.get("ks")
-    ks, kspl = qmm_splits(k, (qmm_parts(groups, m, shaped["SPLIT"]) if shaped["SPLIT"] else 1) if ks is None else ks)
+    ks, kspl = qmm_splits(k, (qmm_parts(groups, m) if shaped["SPLIT"] else 1) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
     constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, K=k)
     if ks == 1:
