@@ -9,7 +9,8 @@ and spreads the arrivals over the first steps, so sequences start and stop at th
 
 Per run (one row of results/<device>/serve.csv):
 - tok_s: generated tokens over the whole run's time; decode_tok_s: tokens of the steps that only
-  decode over those steps' time (llama-batched-bench's S_TG); prefill_tok_s: prompt tokens
+  decode over those steps' time (llama-batched-bench's S_TG; pipelined, not the step right after
+  a prompt's, whose window holds that prompt's GPU time); prefill_tok_s: prompt tokens
   computed over the time of the steps that ran any (its S_PP);
 - time to first token (from a request's arrival step to the end of the step that gave its first
   token) and time per output token (its later tokens' time over their count), median and p99;
@@ -78,7 +79,10 @@ class Served:
         ends = [end for _, end, *_ in self.steps]
         starts = [start for start, *_ in self.steps]
         generated = sum(len(r.output) for r in self.requests)
-        decode = [(end - start, tokens) for start, end, _, tokens, only in self.steps if only]
+        # a step's window ends with the read of the tokens `lag` steps back, whose GPU time it then
+        # holds: decode-only, it counts where those steps were decode-only too (not a prompt's)
+        decode = [(end - start, tokens) for i, (start, end, _, tokens, only) in enumerate(self.steps)
+                  if only and all(step[4] for step in self.steps[max(0, i - self.lag):i])]
         prefill = [(end - start, p) for start, end, p, _, _ in self.steps if p]
         def known(step: int) -> float:  # when the host has the tokens of step `step` (from 1)
             return ends[min(step - 1 + self.lag, len(ends) - 1)]
