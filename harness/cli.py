@@ -158,6 +158,30 @@ def cmd_compile_metal(family: str | None, match: str | None = None) -> int:
     return 1 if failed else 0
 
 
+def cmd_compile_registers(family: str | None, match: str | None = None) -> int:
+    """Every CUDA instantiation the small check cases launch, through ptxas for sm_90 (NVRTC to a
+    cubin, on any machine): a row each, with its registers, spills and shared memory and the
+    threadgroups an H100's SM holds at its largest threadgroup: what bounds a kernel's latency
+    hiding (kernels/gemv/NOTES.md: qmm at 64 rows, 194 registers, one threadgroup an SM)."""
+    from harness.nvrtc import compile_cases, record_launches, resource_table
+    from harness.suites import select
+
+    began = time.perf_counter()
+    jobs = record_launches(compile_cases([f.name for f in select(family)], True, match), target="cuda")
+    try:
+        rows = resource_table(jobs)
+    except FileNotFoundError as exc:
+        print(f"lathe compile: {exc}")
+        return 2
+    table = pd.DataFrame(rows).sort_values(["kernel", "registers"])
+    with pd.option_context("display.width", 250, "display.max_colwidth", 90, "display.max_rows", 5000):
+        print(table.to_string(index=False))
+    spilled = int((table.spill_stores > 0).sum())
+    print(f"compile --registers: {len(rows)} modules (ptxas, sm_90; {time.perf_counter() - began:.1f} s); "
+          f"{spilled} of them spill registers to local memory")
+    return 0
+
+
 def cmd_compile(family: str | None, match: str | None = None, record: str | None = None,
                 recorded: str | None = None) -> int:
     """Compile every kernel instantiation the checks launch: into the on-disk kernel cache on a
@@ -568,6 +592,9 @@ def _parser() -> argparse.ArgumentParser:
                      "on any machine (no compiling), for --recorded on a CUDA machine")
     how.add_argument("--recorded", metavar="FILE", help="CUDA: compile the modules FILE lists (from --record) "
                      "into the kernel cache, without recording the cases")
+    how.add_argument("--registers", action="store_true",
+                     help="each instantiation of the small check cases through ptxas for sm_90 (NVRTC, no GPU "
+                     "needed): registers, spills, shared memory, threadgroups an SM holds")
     peak = sub.add_parser("peak", parents=[debug], help="measure the device's memory peak")
     peak.add_argument("--no-write", dest="write", action="store_false")
     sub.add_parser("options", parents=[debug], help="the experiment options: values, defaults, what they do")
@@ -731,6 +758,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "compile":
         if args.metal:
             return cmd_compile_metal(args.family, args.match)
+        if args.registers:
+            return cmd_compile_registers(args.family, args.match)
         return cmd_compile(args.family, args.match, args.record, args.recorded)
     if args.command == "peak":
         cmd_peak(args.write)

@@ -160,6 +160,46 @@ def compile_all(instances: list[Instance], arch: str = "compute_90") -> list[tup
     return failures
 
 
+# An SM of compute capability 9.0 (H100, H200), as the CUDA occupancy calculator takes it
+SM90 = dict(registers=65536, register_unit=256, max_registers=255, warps=64, threadgroups=32,
+            smem=233472, smem_per_threadgroup=232448, smem_reserved=1024)
+
+
+def threadgroups_per_sm(registers: int, threads: int, smem: int, sm: dict = SM90) -> tuple[int, str]:
+    """Resident threadgroups of `threads` threads an SM holds, and what limits them (registers,
+    warps, threadgroups, smem): registers go to a warp in units of register_unit, and each
+    threadgroup's shared memory takes smem_reserved more."""
+    warps = -(-threads // 32)
+    per_warp = -(-max(registers, 1) * 32 // sm["register_unit"]) * sm["register_unit"]
+    limits = {"registers": sm["registers"] // (per_warp * warps), "warps": sm["warps"] // warps,
+              "threadgroups": sm["threadgroups"],
+              "smem": sm["smem"] // (smem + sm["smem_reserved"]) if smem else sm["threadgroups"]}
+    limiter = min(limits, key=limits.get)
+    return limits[limiter], limiter
+
+
+def resource_table(jobs, arch: str = "sm_90") -> list[dict]:
+    """A row per distinct CUDA module of the recorded launches `jobs`: ptxas's registers, spills
+    and static shared memory (kernels.ptx.resource_usage), and at the largest threadgroup it is
+    launched with, the threadgroups and warps an SM holds (occupancy: warps of the SM's 64)."""
+    import kernels.runtime as rt
+
+    largest: dict = {}
+    for job in jobs:
+        inst = rt.instance(job, cuda=True)
+        threads = job.threadgroup[0] * job.threadgroup[1] * job.threadgroup[2]
+        largest[inst] = max(threads, largest.get(inst, 0))
+    rows = []
+    for inst, threads in largest.items():
+        use = ptx.resource_usage(inst.mlx_source(), inst.kernel_name, arch)
+        groups, limiter = threadgroups_per_sm(use["registers"], threads, use["smem"])
+        constants = " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in inst.constants)
+        rows.append(dict(kernel=inst.name, constants=constants, threads=threads, **use,
+                         per_sm=groups, occupancy_pct=round(100 * groups * -(-threads // 32) / SM90["warps"]),
+                         limiter=limiter))
+    return rows
+
+
 def write_instances(path: Path, instances) -> None:
     """Instances to a file (`lathe compile --record`): a format tag, the pickled list and the
     files their `#include` lines name (kernels.runtime.include_line: on CUDA the source MLX gets

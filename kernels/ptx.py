@@ -16,6 +16,7 @@ import ctypes
 import functools
 import glob
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -94,11 +95,36 @@ def compile_ptx(source: str, name: str, arch: str = "compute_90") -> bytes:
     return ptx.rstrip(b"\0") + b"\0"
 
 
+def resource_usage(source: str, name: str, arch: str = "sm_90") -> dict[str, int]:
+    """What ptxas gives a kernel compiled for `arch` (NVRTC to a cubin, ptxas -v): registers a
+    thread, spill stores and loads and the stack frame (bytes a thread), static shared memory
+    (bytes a threadgroup). No GPU needed: the occupancy a launch can reach follows from these."""
+    opts = [b"--std=c++17", f"-arch={arch}".encode(), b"--ptxas-options=-v"] + \
+        [f"-I{d}".encode() for d in include_dirs()]
+    log: list[str] = []
+    run_nvrtc(nvrtc(), source, name, opts, cubin=True, log_to=log)
+    return parse_ptxas(log[0])
+
+
+_PTXAS = {"registers": r"Used (\d+) registers", "stack": r"(\d+) bytes stack frame",
+          "spill_stores": r"(\d+) bytes spill stores", "spill_loads": r"(\d+) bytes spill loads",
+          "smem": r"(\d+) bytes smem"}
+
+
+def parse_ptxas(log: str) -> dict[str, int]:
+    """ptxas -v's figures for the one kernel in `log` (0 where ptxas leaves one out, as it does
+    smem for a kernel with none); CompileError where it names no register count."""
+    if re.search(_PTXAS["registers"], log) is None:
+        raise CompileError(f"no ptxas register count in NVRTC's log:\n{log[-2000:]}")
+    return {key: int(m.group(1)) if (m := re.search(pattern, log)) else 0 for key, pattern in _PTXAS.items()}
+
+
 def run_nvrtc(lib, source: str, file_name: str, opts, headers: dict[str, str] | None = None,
-              kernel: str | None = None, cubin: bool = False) -> tuple[bytes, str | None]:
+              kernel: str | None = None, cubin: bool = False,
+              log_to: list[str] | None = None) -> tuple[bytes, str | None]:
     """One NVRTC program: (PTX, or a cubin, and the lowered symbol of `kernel` if given). Headers
     (include name -> text) are handed over in memory, as MLX does; raises CompileError with
-    NVRTC's log."""
+    NVRTC's log, which `log_to` also gets on success."""
     headers = headers or {}
     names = (ctypes.c_char_p * len(headers))(*[n.encode() for n in headers])
     texts = (ctypes.c_char_p * len(headers))(*[t.encode() for t in headers.values()])
@@ -109,12 +135,15 @@ def run_nvrtc(lib, source: str, file_name: str, opts, headers: dict[str, str] | 
     try:
         if kernel:
             lib.nvrtcAddNameExpression(prog, kernel.encode())
-        if lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)):
+        failed = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        if failed or log_to is not None:
             size = ctypes.c_size_t()
             lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
             log = ctypes.create_string_buffer(size.value)
             lib.nvrtcGetProgramLog(prog, log)
-            raise CompileError(f"{file_name}:\n{log.value.decode(errors='replace')}")
+            if failed:
+                raise CompileError(f"{file_name}:\n{log.value.decode(errors='replace')}")
+            log_to.append(log.value.decode(errors="replace"))
         symbol = None
         if kernel:
             lowered = ctypes.c_char_p()

@@ -101,3 +101,57 @@ def test_recording_in_worker_processes_gives_what_one_process_records():
     assert record_in_parallel(["loop"], small=True, workers=3) == one
     assert record_in_parallel(["loop"], small=True, match="argmax_float16", workers=2) == \
         record_instantiations(compile_cases(["loop"], small=True, match="argmax_float16"))
+
+
+PTXAS_LOG = """ptxas info    : 5987 bytes gmem
+ptxas info    : Compiling entry function '_ZN3mlx4core2cu9custom_kernel_lathe_qmm_split' for 'sm_90'
+ptxas info    : Function properties for _ZN3mlx4core2cu9custom_kernel_lathe_qmm_split
+ptxas         .     8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 194 registers, used 1 barriers, 16384 bytes smem
+"""
+
+
+def test_ptxas_verbose_log_is_read():
+    assert ptx.parse_ptxas(PTXAS_LOG) == dict(registers=194, stack=8, spill_stores=4, spill_loads=12, smem=16384)
+    assert ptx.parse_ptxas(PTXAS_LOG.replace(", 16384 bytes smem", ""))["smem"] == 0  # none declared
+    with pytest.raises(ptx.CompileError, match="no ptxas register count"):
+        ptx.parse_ptxas("ptxas info    : 0 bytes gmem")
+
+
+@pytest.mark.parametrize("registers, threads, smem, held", [
+    (92, 128, 4096, (5, "registers")),  # qmm at 16 rows: ncu's 5 threadgroups an SM (62da84b)
+    (194, 128, 16384, (2, "registers")),  # at 64 rows: 8 warps of 64, ncu's 11% achieved
+    (16, 128, 48 * 1024, (4, "smem")),  # 48 KB each, and 1 KB the SM keeps a threadgroup
+    (32, 1024, 0, (2, "registers")),  # 32 warps a threadgroup: registers and warps both allow 2
+    (16, 32, 0, (32, "threadgroups"))])
+def test_threadgroups_an_sm_holds(registers, threads, smem, held):
+    from harness.nvrtc import threadgroups_per_sm
+
+    assert threadgroups_per_sm(registers, threads, smem) == held
+
+
+@pytest.mark.skipif(bool(_available()), reason=_available() or "available")
+def test_resource_table_reports_what_ptxas_gives():
+    """ptxas's own figures through NVRTC: a qmm of 64 rows holds more accumulators (and
+    registers) than one of 16, and the table's occupancy follows from them."""
+    import mlx.core as mx
+
+    from harness.nvrtc import SM90, record_launches, resource_table
+    from kernels import gemv
+    from reference import formats
+
+    w = gemv.repack(mx.zeros((512, formats.row_bytes("Q4_0", 1024)), mx.uint8), "q4_0", 512, 1024)
+
+    class Case:  # record_launches takes check cases: anything with run(rng)
+        def __init__(self, m):
+            self.m = m
+
+        def run(self, rng):
+            gemv.qmm(mx.zeros((self.m, 1024), mx.float16), w, "q4_0", 512, 1024, ks=1)
+
+    rows = {r["constants"].split(" M=")[1].split()[0]: r for r in resource_table(record_launches([Case(16), Case(64)], "cuda"))}
+    assert set(rows) == {"16", "64"}
+    assert 0 < rows["16"]["registers"] < rows["64"]["registers"] <= SM90["max_registers"]
+    for r in rows.values():
+        assert r["kernel"] == "lathe_qmm" and r["per_sm"] >= 1 and r["limiter"] in ("registers", "warps", "smem")
+        assert r["occupancy_pct"] == round(100 * r["per_sm"] * r["threads"] // 32 / SM90["warps"])
