@@ -57,3 +57,11 @@ def test_the_command_line_runs_on_the_cpu(capsys):
                                "--variant", "reference"]) == 0
     out = capsys.readouterr().out
     assert "no GPU trace here" in out and "wall_ms" in out
+
+
+def test_the_host_split_adds_up_to_the_wall_time(tiny, monkeypatch):
+    monkeypatch.setattr(gpu_trace, "available", lambda: False)
+    row = serve_profile.profile_batch(tiny, "reference", batch=2, prompt=5, steps=3)
+    parts = [row[k] for k in ("scheduler_ms", "build_ms", "encode_ms", "wait_ms")]
+    assert all(p >= 0 for p in parts) and row["encode_ms"] > 0
+    assert sum(parts) == pytest.approx(row["wall_ms"], abs=0.01)

@@ -22,6 +22,7 @@ hashes a filled block's tokens when it publishes the block, by then read.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -79,20 +80,32 @@ class _Tokens:
     the read of its tokens (serve_bench times a token from then)."""
 
     _in_flight: StepTokens | None = None
+    # where set (harness.tools.serve_profile), seconds summed over steps: 'encode', queuing a
+    # step (mx.async_eval: MLX encodes its kernels on the host); 'wait', reading tokens
+    timings: dict[str, float] | None = None
 
     @property
     def lag(self) -> int:
         return int(options.get("serve_pipelined"))
 
     def _tokens(self, work: list[Work], picked: mx.array) -> dict:
+        began = time.perf_counter()
         if not options.get("serve_pipelined"):
-            return {w.request.id: int(t) for w, t in zip(work, np.array(picked).tolist())}
-        step = StepTokens(picked)
-        mx.async_eval(picked)
-        if self._in_flight is not None:
-            self._in_flight.values()  # the step before, while this one runs: one step ahead at most
-        self._in_flight = step
-        return {w.request.id: DeviceToken(step, row) for row, w in enumerate(work)}
+            mx.async_eval(picked)
+            encoded = time.perf_counter()
+            tokens = {w.request.id: int(t) for w, t in zip(work, np.array(picked).tolist())}
+        else:
+            step = StepTokens(picked)
+            mx.async_eval(picked)
+            encoded = time.perf_counter()
+            if self._in_flight is not None:
+                self._in_flight.values()  # the step before, while this one runs: one step ahead at most
+            self._in_flight = step
+            tokens = {w.request.id: DeviceToken(step, row) for row, w in enumerate(work)}
+        if self.timings is not None:
+            self.timings["encode"] = self.timings.get("encode", 0.0) + encoded - began
+            self.timings["wait"] = self.timings.get("wait", 0.0) + time.perf_counter() - encoded
+        return tokens
 
 
 def host_tokens(tokens: list) -> list[int]:

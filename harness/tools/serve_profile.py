@@ -12,7 +12,11 @@ again under the GPU's kernel trace (CUPTI, harness.tools.gpu_trace). A row per b
   the traced steps' span on the GPU. Far below 100%: the GPU waits for the host (building and
   encoding the step, launch gaps), so fewer launches or less host work a step, not faster
   kernels, is what the step needs;
-- `launches`: kernels a step, and the kernels that take most of a step's GPU time.
+- `launches`: kernels a step, and the kernels that take most of a step's GPU time;
+- the host's split of `wall_ms` (the untraced run): `scheduler_ms` (the scheduler and the pool),
+  `build_ms` (the forward's inputs and its compiled call, which builds the step's graph),
+  `encode_ms` (mx.async_eval: MLX encoding the step's kernels) and `wait_ms` (reading the
+  tokens of the step before). A step whose wait is near zero is the host's.
 The tracer slows the host, so the wall time comes from the run without it. Without a CUDA
 backend (or PyTorch) there is no trace: the wall times only, and the tool says so.
 """
@@ -48,6 +52,20 @@ def _admitted(model, variant: str, batch: int, prompt: int, steps: int, seed: in
     return sched, forward
 
 
+class _Timed:
+    """The forward as the scheduler calls it, its seconds summed ('forward')."""
+
+    def __init__(self, forward, timings: dict):
+        self.forward, self.timings = forward, timings
+
+    def __call__(self, work):
+        began = time.perf_counter()
+        try:
+            return self.forward(work)
+        finally:
+            self.timings["forward"] = self.timings.get("forward", 0.0) + time.perf_counter() - began
+
+
 def _decode_steps(sched, forward, steps: int) -> float:
     """Seconds for `steps` decode-only steps, the last one's tokens read."""
     mx.synchronize()
@@ -67,8 +85,16 @@ def profile_batch(model, variant: str, batch: int, prompt: int, steps: int, seed
     number of steps under the kernel trace."""
     sched, forward = _admitted(model, variant, batch, prompt, steps, seed)
     _decode_steps(sched, forward, 2)  # compiled steps traced and compiled here, not below
-    wall = _decode_steps(sched, forward, steps)
-    row = dict(variant=forward.variant, batch=batch, steps=steps, wall_ms=round(wall / steps * 1e3, 3))
+    timings: dict[str, float] = {}
+    forward.timings = timings
+    wall = _decode_steps(sched, _Timed(forward, timings), steps)
+    forward.timings = None
+    ms = lambda seconds: round(seconds / steps * 1e3, 3)  # noqa: E731 - a step's share, in ms
+    # the host's split of a step: the scheduler's own work, the forward building the step (its
+    # inputs, the compiled call), MLX encoding it (mx.async_eval), waiting for tokens
+    forward_s, encode_s, wait_s = (timings.get(k, 0.0) for k in ("forward", "encode", "wait"))
+    row = dict(variant=forward.variant, batch=batch, steps=steps, wall_ms=ms(wall), scheduler_ms=ms(wall - forward_s),
+               build_ms=ms(forward_s - encode_s - wait_s), encode_ms=ms(encode_s), wait_ms=ms(wait_s))
     if not gpu_trace.available():
         return row
     from pathlib import Path
