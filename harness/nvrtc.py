@@ -162,7 +162,7 @@ def compile_all(instances: list[Instance], arch: str = "compute_90") -> list[tup
 
 # An SM of compute capability 9.0 (H100, H200), as the CUDA occupancy calculator takes it
 SM90 = dict(registers=65536, register_unit=256, max_registers=255, warps=64, threadgroups=32,
-            smem=233472, smem_per_threadgroup=232448, smem_reserved=1024)
+            smem=233472, smem_reserved=1024)
 
 
 def threadgroups_per_sm(registers: int, threads: int, smem: int, sm: dict = SM90) -> tuple[int, str]:

@@ -88,10 +88,14 @@ class CompileError(RuntimeError):
     pass
 
 
+def _options(arch: str, *extra: bytes) -> list[bytes]:
+    """NVRTC's options for lathe's CUDA source: C++17, `arch`, the include directories."""
+    return [b"--std=c++17", f"-arch={arch}".encode(), *extra] + [f"-I{d}".encode() for d in include_dirs()]
+
+
 def compile_ptx(source: str, name: str, arch: str = "compute_90") -> bytes:
     """NVRTC: CUDA source -> PTX (raises CompileError with NVRTC's log)."""
-    opts = [b"--std=c++17", f"-arch={arch}".encode()] + [f"-I{d}".encode() for d in include_dirs()]
-    ptx, _ = run_nvrtc(nvrtc(), source, name, opts)
+    ptx, _ = run_nvrtc(nvrtc(), source, name, _options(arch))
     return ptx.rstrip(b"\0") + b"\0"
 
 
@@ -99,10 +103,8 @@ def resource_usage(source: str, name: str, arch: str = "sm_90") -> dict[str, int
     """What ptxas gives a kernel compiled for `arch` (NVRTC to a cubin, ptxas -v): registers a
     thread, spill stores and loads and the stack frame (bytes a thread), static shared memory
     (bytes a threadgroup). No GPU needed: the occupancy a launch can reach follows from these."""
-    opts = [b"--std=c++17", f"-arch={arch}".encode(), b"--ptxas-options=-v"] + \
-        [f"-I{d}".encode() for d in include_dirs()]
     log: list[str] = []
-    run_nvrtc(nvrtc(), source, name, opts, cubin=True, log_to=log)
+    run_nvrtc(nvrtc(), source, name, _options(arch, b"--ptxas-options=-v"), cubin=True, log_to=log)
     return parse_ptxas(log[0])
 
 

@@ -90,18 +90,15 @@ class _Tokens:
 
     def _tokens(self, work: list[Work], picked: mx.array) -> dict:
         began = time.perf_counter()
+        mx.async_eval(picked)
+        encoded = time.perf_counter()
         if not options.get("serve_pipelined"):
-            mx.async_eval(picked)
-            encoded = time.perf_counter()
             tokens = {w.request.id: int(t) for w, t in zip(work, np.array(picked).tolist())}
         else:
-            step = StepTokens(picked)
-            mx.async_eval(picked)
-            encoded = time.perf_counter()
             if self._in_flight is not None:
                 self._in_flight.values()  # the step before, while this one runs: one step ahead at most
-            self._in_flight = step
-            tokens = {w.request.id: DeviceToken(step, row) for row, w in enumerate(work)}
+            self._in_flight = StepTokens(picked)
+            tokens = {w.request.id: DeviceToken(self._in_flight, row) for row, w in enumerate(work)}
         if self.timings is not None:
             self.timings["encode"] = self.timings.get("encode", 0.0) + encoded - began
             self.timings["wait"] = self.timings.get("wait", 0.0) + time.perf_counter() - encoded
