@@ -557,7 +557,8 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--mixed", action="store_true",
                      help="prompt and generation lengths drawn from [half, all], arrivals spread over the first steps")
     srv.add_argument("--variant", default="reference",
-                     help="reference (MLX built-ins), unfused or fused (lathe's kernels, a GPU); comma-separated")
+                     help="reference (MLX built-ins), unfused, fused or megafused (lathe's kernels, a GPU; megafused: a "
+                          "decode step's layers in token_block launches of up to 4 sequences); comma-separated")
     srv.add_argument("--peer", choices=("llama.cpp",), default=None,
                      help="llama-batched-bench on the same file and batch sizes in this run ($LLAMA_BATCHED_BENCH, "
                           "beside llama-bench, or PATH)")

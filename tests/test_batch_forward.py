@@ -196,13 +196,15 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["unfused", "fused"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models, preset, variant):
     """lathe's kernels under continuous batching (shared prefixes, preemptions, batches of 1-5
     and prompts of 1-48 tokens): each step's logits of each sequence within 1e-2 of the float64
     model's on that sequence's own tokens, its greedy token the model's where the top-2 margin is
-    clear, and its tokens the same variant's decoding it alone up to the first unclear margin."""
+    clear, and its tokens the same variant's decoding it alone up to the first unclear margin
+    (megafused: fused's alone, the paged decoder's). megafused's decode steps of 5 sequences are
+    two token_block launches (4 and 1)."""
     from harness.program.batch_forward import PagedBatchKernels
     from harness.program.kernel_decode import KernelDecoder
     import mlx.core as mx
@@ -210,6 +212,8 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
     from reference import rel_err
     from reference.model import forward as float64
 
+    if variant == "megafused" and preset in MEGA_REFUSED:
+        pytest.skip("the megafused batch variant refuses this layer (test_megafused_batch_refuses_...)")
     model = models[preset]
     rng = np.random.default_rng(13)
     system = [int(t) for t in rng.integers(0, model.config.vocab, 40)]
@@ -234,7 +238,8 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
     clear_steps = 0
     for r in reqs:
         want, _ = float64(model, r.prompt + r.output[:-1])
-        alone = generate(KernelDecoder(model, 128, variant, "paged"), r.prompt, r.max_new).generated
+        alone = generate(KernelDecoder(model, 128, "fused" if variant == "megafused" else variant, "paged"),
+                         r.prompt, r.max_new).generated
         agree = True
         assert sorted(seen[r.id]) == list(range(len(r.prompt), len(r.prompt) + r.max_new))
         for n, row in sorted(seen[r.id].items()):
@@ -252,8 +257,9 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["fused", "megafused"])
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
-def test_the_pipelined_kernel_batch_gives_the_tokens_of_the_unpipelined(models, preset, monkeypatch):
+def test_the_pipelined_kernel_batch_gives_the_tokens_of_the_unpipelined(models, preset, variant, monkeypatch):
     """serve_pipelined on lathe's fused kernels: decode-only steps take their ids from the last
     step's argmax on the device, and every request ends with the tokens of the run that reads each
     step's tokens before building the next (the same launches on the same inputs)."""
@@ -276,7 +282,7 @@ def test_the_pipelined_kernel_batch_gives_the_tokens_of_the_unpipelined(models, 
         for r in reqs:
             sched.submit(r)
         with options.use(serve_pipelined=pipelined):
-            sched.run(PagedBatchKernels(model, "fused", pool, 128))
+            sched.run(PagedBatchKernels(model, variant, pool, 128))
         assert pool.free_blocks == pool.num_blocks
         return [r.output for r in reqs]
 
@@ -287,7 +293,7 @@ def test_the_pipelined_kernel_batch_gives_the_tokens_of_the_unpipelined(models, 
     assert pipelined == plain
 
 
-@pytest.mark.parametrize("variant", ["unfused", "fused"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
 def test_the_kernel_batch_runs_every_phase_under_the_scheduler(models, variant):
     """A whole continuous-batching run on lathe's kernels, launches recorded (CPU): steps of 1, 2-4,
     5-64 and more than 64 tokens (each phase's plan), decode tokens beside prompts, a prompt after a
@@ -324,3 +330,63 @@ def test_the_kernel_batch_runs_every_phase_under_the_scheduler(models, variant):
     assert forward._compiled and all(width & (width - 1) == 0 for _, width in forward._compiled)
     phases = {"decode" if t == 1 else "short" if t <= 4 else "gemm" if t <= 64 else "prompt" for t in sizes}
     assert phases == {"decode", "short", "gemm", "prompt"}, sorted(set(sizes))
+
+
+MEGA_REFUSED = {"tiny-gemma3": "post-block norms", "tiny-phi3": "fused attn_qkv"}
+
+
+@pytest.mark.parametrize("preset", sorted(MEGA_REFUSED))
+def test_megafused_batch_refuses_the_layers_its_batch_form_does_not_take(models, preset):
+    """Gemma's layer (post-block norms, a float32 stream) and Phi-3's fused tensors: refused by
+    name when the forward is made, pointing to fused."""
+    from harness.program.batch_forward import make_batch_forward
+
+    with pytest.raises(ValueError, match=f"megafused batch variant does not run .*{MEGA_REFUSED[preset]}.*--variant fused"):
+        make_batch_forward(models[preset], "megafused", KVPool(num_blocks=8, block_size=16), 64)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_a_megafused_decode_step_is_token_block_launches_of_four(models, preset):
+    """megafused's decode-only step of 6 sequences (launches recorded, CPU): the embedding, two
+    token_block launches over the paged pool (sequences 0-3, then 4-5: each its rows of x, of the
+    positions and of the table) and the head; no layer's own launches. A step with a prompt runs
+    fused's plan (no token_block)."""
+    from harness.program.batch_forward import PagedBatchKernels
+    from kernels import options
+    from kernels.runtime import recording
+
+    model = models[preset]
+    pool = KVPool(num_blocks=24, block_size=16)
+    with recording():
+        forward = PagedBatchKernels(model, "megafused", pool, 128)
+    rng = np.random.default_rng(5)
+    lengths = [3, 17, 40, 1, 16, 9]
+    for i, n in enumerate(lengths):
+        pool.add(i, [int(t) for t in rng.integers(0, model.config.vocab, n)])
+    work = [Work(Request(i, [], 1), [int(rng.integers(model.config.vocab))], n, pool.table(i), [])
+            for i, n in enumerate(lengths)]
+    for i, n in enumerate(lengths):  # each token's row in the pool
+        pool.append(i, work[i].tokens[0])
+    work = [Work(w.request, w.tokens, w.start, pool.table(w.request.id), []) for w in work]
+    with recording() as rec, options.use(serve_compiled=False):  # (a compiled step's inputs are its tracers)
+        logits = forward.forward(work)
+    assert logits.shape == (6, model.config.vocab)
+    names = [j.spec.name for j in rec.jobs]
+    blocks = [j for j in rec.jobs if j.spec.name.startswith("lathe_token_block")]
+    assert len(blocks) == 2 and all("_paged" in j.spec.name for j in blocks)
+    assert len(names) <= 6, names  # embed, 2 token_block, the head's norm and GEMM (6 rows: qmm)
+    assert not any(n.startswith(("lathe_paged_attention", "lathe_rope", "lathe_head_norm")) for n in names)
+    for j, rows in zip(blocks, (range(0, 4), range(4, 6))):
+        got = dict(zip(j.spec.inputs, j.inputs))
+        assert np.array(got["pos"]).tolist() == [lengths[r] for r in rows]
+        table = np.array(got["table"])
+        assert table.shape[0] == len(rows)
+        for row, r in enumerate(rows):
+            assert table[row, :len(pool.table(r))].tolist() == pool.table(r)
+        assert got["x_in"].shape == (len(rows), model.config.d_model)
+    prompt = [Work(Request(9, [], 1), [int(t) for t in rng.integers(0, model.config.vocab, 5)], 0, [], [])]
+    pool.add(9, prompt[0].tokens)
+    prompt = [Work(prompt[0].request, prompt[0].tokens, 0, pool.table(9), [])]
+    with recording() as rec:
+        forward.forward(prompt + work[:2])
+    assert not any(j.spec.name.startswith("lathe_token_block") for j in rec.jobs)

@@ -117,15 +117,15 @@ def test_the_matrix_pairs_each_round_with_its_peer_and_records_a_failing_variant
     peer = FakePeer()
     common = dict(kernel="tiny", backend="cpu", device="cpu", peak_gbs=None, mlx_version="x", git_sha="abc",
                   date="2026-11-27T00:00:00Z", options="", model="tiny", qtype="Q8_0")
-    rows = run_matrix(path, model, [Workload(1, 16, 8), Workload(4, 16, 8)], ["reference", "megafused"], 2, common,
+    rows = run_matrix(path, model, [Workload(1, 16, 8), Workload(4, 16, 8)], ["reference", "nonesuch"], 2, common,
                       peer)
     assert peer.calls == [(16, 8, (1, 4))] * 2
     ours = [r for r in rows if r["variant"] == "reference"]
     assert len(ours) == 4 and all(r["x_llama_cpp"] == round(r["decode_tok_s"] / {1: 200.0, 4: 640.0}[r["batch"]], 3)
                                   for r in ours)
-    failed = [r for r in rows if r["variant"] == "megafused"]
+    failed = [r for r in rows if r["variant"] == "nonesuch"]
     assert len(failed) == 4 and all("has no batched forward" in r["error"] and r["decode_tok_s"] is None for r in failed)
     csv = append_rows(tmp_path / "serve.csv", "serve", rows)
     df = read_results(csv)
-    assert len(df) == 12 and set(df.variant) == {"reference", "megafused", "llama.cpp"}
+    assert len(df) == 12 and set(df.variant) == {"reference", "nonesuch", "llama.cpp"}
     assert serve_plot(df, tmp_path / "serve.png", "test").stat().st_size > 0

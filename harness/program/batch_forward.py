@@ -222,8 +222,14 @@ class PagedBatchKernels(_Tokens):
         if pool.block_size != kd.BLOCK_SIZE:
             raise ValueError(f"the kernel variants' pool has blocks of {kd.BLOCK_SIZE} rows, got {pool.block_size}")
         self.kd, self.pool = kd, pool
-        self.d = kd.KernelDecoder(model, max_seq, variant, "paged")
+        self.mega = variant == "megafused"
+        if self.mega:
+            self._check_mega(model)
+        # megafused: fused's decoder (its plan runs the prompts), its weights stacked for token_block
+        self.d = kd.KernelDecoder(model, max_seq, "fused" if self.mega else variant, "paged")
         self.variant = self.d.label
+        if self.mega:
+            self._stack_for_mega()
         c = model.config
         k_shape = (pool.num_blocks, c.n_kv_heads, c.head_dim // 8, pool.block_size, 8)
         v_shape = (pool.num_blocks, c.n_kv_heads, c.head_dim, pool.block_size)
@@ -232,6 +238,41 @@ class PagedBatchKernels(_Tokens):
         self._step: dict = {}
         self.max_blocks = -(-max_seq // pool.block_size)
         self._compiled: dict[tuple[int, int], object] = {}  # decode-only steps, by (batch, table width)
+
+    def _check_mega(self, model) -> None:
+        """The megafused batch variant runs the layers token_block's batch form takes: the llama /
+        qwen3 / qwen2 layer, one block type a projection's [q; k; v] (no V apart), over CUDA's
+        one launch; anything else is refused here, by name, before any weight is moved."""
+        from kernels import backends
+
+        kd, c = self.kd, model.config
+        types = {n: t.lower() for n, t in model.types.items()}
+        why = kd.kernel_gaps(c, model.types, "megafused") or []
+        why += [w for w in [kd.mega_types(c, types)] if w]
+        a = c.architecture
+        why += [what for what, present in (
+            ("Gemma's post-block norms and float32 stream", a.post_norms or a.embed_scale),
+            ("sliding-window layers", any(c.layer(i).window for i in range(c.n_layers))),
+            ("V rows of another block type than Q and K's", kd.split_v_apart(c, types)),
+            ("fused attn_qkv / ffn_up tensors", a.fused_qkv or a.fused_gate_up),
+            ("no waits between threadgroups on this GPU (Metal)", not backends.cross_group_waits())) if present]
+        if why:
+            raise ValueError(f"the megafused batch variant does not run this {c.arch} model's {'; '.join(why)}: "
+                             f"the fused variant does (--variant fused)")
+
+    def _stack_for_mega(self) -> None:
+        """token_block's stacks of fused's repacked matrices (their views kept for the prompts'
+        plan: no second copy), the biases stacked, and merge counters for MAX_M sequences."""
+        from kernels import attention, gemv
+
+        d, c = self.d, self.d.config
+        d._stack_layers()
+        if c.biases:
+            d.stacks.qkv_bias = mx.stack(d.bias)
+            mx.eval(d.stacks.qkv_bias)
+        self.variant = "megafused/paged"
+        self.mega_rows = gemv.MAX_M  # sequences a token_block launch takes: more go in launches of as many
+        self.mega_counters = attention.merge_counters(c.n_heads * self.mega_rows)
 
     def __call__(self, work: list[Work]) -> dict:
         return self._tokens(work, self.kd.loop.argmax(self.forward(work)))  # every row's, one launch
@@ -269,7 +310,11 @@ class PagedBatchKernels(_Tokens):
                           decode_rows=mx.array(np.asarray([at for at, _ in decode], np.int32)),
                           order=mx.array(np.argsort(np.asarray(grouped)).astype(np.int32)))
         mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
-        logits = self._replay({"token": host_tokens(tokens)}, t)["logits"]
+        env = {"token": host_tokens(tokens)}
+        if self.mega and not prefill:  # decode tokens (a copy-on-write step, or serve_compiled off)
+            logits = self._mega_replay(env, t, self._step["positions"], self._step["table"])["logits"]
+        else:
+            logits = self._replay(env, t)["logits"]
         return logits if logits.shape[0] == len(work) else logits[self._step["ends"]]
 
     def _decode_step(self, work: list[Work]) -> mx.array:
@@ -351,11 +396,38 @@ class PagedBatchKernels(_Tokens):
                               decode=[(row, None) for row in range(batch)], decode_rows=None, order=None,
                               ends=mx.arange(batch, dtype=mx.int32))
             try:
+                if self.mega:
+                    return (self._mega_replay({"token": ids}, batch, positions, table)["logits"], *d.k, *d.v)
                 return (self._replay({"token": ids}, batch)["logits"], *d.k, *d.v)
             finally:
                 d.k, d.v, self._step = held
 
         return over
+
+    def _mega_replay(self, env: dict, t: int, positions: mx.array, table: mx.array) -> dict:
+        """A decode-only step on the megafused variant: the plan's embedding and head as fused's,
+        every layer of t sequences' tokens in token_block's batch form, a launch a mega_rows of
+        them (each launch reads every weight once; the caches order one after the last)."""
+        from kernels import blocks
+
+        d, c, layers_done = self.d, self.d.config, False
+        for step in self.d.plan_for(t):
+            if step.layer is None:
+                swap = self._swaps.get(step.op)
+                step.run(self.d, env, t, 0) if swap is None else swap(self, step, env)
+            elif not layers_done:
+                x, outs = env["x"], []
+                for at in range(0, t, self.mega_rows):
+                    rows = slice(at, min(t, at + self.mega_rows))
+                    out, d.k, d.v = blocks.token_block(
+                        x[rows], d.stacks, c.eps, d.stacks.w_qkv.qtypes[0], d.k, d.v, positions[rows],
+                        n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox, queue=d.token_queue,
+                        counters=self.mega_counters, layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs,
+                        scale=d.scale, table=table[rows])
+                    outs.append(out)
+                env["x"] = outs[0] if len(outs) == 1 else mx.concatenate(outs)
+                layers_done = True
+        return env
 
     def _replay(self, env: dict, t: int) -> dict:
         """The decoder's plan for t tokens, its position-dependent steps swapped for the batch's."""
@@ -407,13 +479,14 @@ class PagedBatchKernels(_Tokens):
               "last_row": _last_rows}
 
 
-BATCH_VARIANTS = ("reference", "unfused", "fused")
+BATCH_VARIANTS = ("reference", "unfused", "fused", "megafused")
 
 
 def make_batch_forward(model, variant: str, pool: KVPool, max_seq: int):
     """The batched forward of a variant over `pool` (sequences up to max_seq tokens): MLX
-    built-ins (reference), or lathe's kernels one per op (unfused) or fused (a GPU); megafused
-    runs one sequence over a contiguous cache only."""
+    built-ins (reference), or lathe's kernels one per op (unfused), fused, or megafused (a GPU:
+    a decode-only step's layers in token_block launches of up to gemv.MAX_M sequences, prompts
+    on fused's plan)."""
     if variant not in BATCH_VARIANTS:
         raise ValueError(f"variant {variant!r} has no batched forward (these do: {', '.join(BATCH_VARIANTS)})")
     if variant == "reference":

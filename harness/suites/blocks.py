@@ -338,6 +338,143 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
     return CheckCase("blocks", "token_block", variant, shape, run)
 
 
+def _batch_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
+                      neox: bool, layers: int, positions: tuple[int, ...], block_size: int = 16,
+                      split_from: int | None = None, mix: Mix = (), bias: bool = False) -> CheckCase:
+    """token_block's batch form: a decode token of each of len(positions) sequences (sequence b's
+    at positions[b], rows 0..positions[b]-1 cached) through `layers` layers in one launch over a
+    paged pool a layer, each sequence's blocks scattered over the pool, every other pool row NaN
+    (the block must write each token's row at its own slot before it reads it, and touch no other
+    row). Each sequence against _token_case's references over a contiguous copy of its rows;
+    every layer's new K and V rows, the rest of each pool bit for bit, the queue left zero;
+    launched twice on one queue."""
+    from harness.suites.attention import _paged_state
+    from kernels.attention import SPLIT_FROM
+    from kernels.blocks import LLAMA, LayerKind, LayerStacks, Stack, block_queue, token_block
+    from kernels.runtime import poisoned_outputs
+    from reference import attention as ref_attention
+    from reference.attention import paged_tokens
+
+    n_heads, n_kv = heads
+    kind = LayerKind(qkv_bias=True) if bias else LLAMA
+    batch = len(positions)
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        w, w64 = [], []
+        for i in range(layers):
+            (dev, f64), (attn_dev, attn_f64) = (_ffn_mats(rng, qtype, mix, i, d_model, f),
+                                                _attention_mats(rng, qtype, mix, i, d_model, heads, head_dim))
+            w.append({**dev, **attn_dev})
+            w64.append({**f64, **attn_f64})
+        norms = {name: np.stack([_gamma(rng, d_model) for _ in range(layers)]) for name in ("attn", "ffn")}
+        if head_norm:
+            norms.update({name: np.stack([_gamma(rng, head_dim, np.float32) for _ in range(layers)])
+                          for name in ("q", "k")})
+        stack = lambda name: Stack([m[name] for m in w]) if name in w[0] else None  # noqa: E731
+        n_qkv = (n_heads + 2 * n_kv) * head_dim
+        biases = (rng.standard_normal((layers, n_qkv)) * 0.5).astype(np.float16) if bias else None
+        stacks = LayerStacks(mx.array(norms["attn"]), stack("qkv"), stack("o"), mx.array(norms["ffn"]),
+                             stack("gate_up"), stack("down"),
+                             *((mx.array(norms["q"]), mx.array(norms["k"])) if head_norm else (None, None)),
+                             w_v=stack("v"), qkv_bias=None if biases is None else mx.array(biases))
+        queue = block_queue(5 * layers)
+        at = np.asarray(positions, np.int64)
+        checks = []
+        for launch_ in range(2):
+            # a pool a layer, one table: each sequence's blocks for its positions 0..pos, the new
+            # token's row NaN as every row past the cached ones
+            k_pool, v_pool, table = _paged_state(rng, [int(p) + 1 for p in at], n_kv, head_dim, block_size)
+            slots = table[np.arange(batch), at // block_size] * block_size + at % block_size
+            pools = []
+            for i in range(layers):  # layer 0's rows as _paged_state wrote them, the others' fresh
+                if i:
+                    k_pool, v_pool = np.full_like(k_pool, np.nan), np.full_like(v_pool, np.nan)
+                    for b, pos in enumerate(at):
+                        t = np.arange(pos)
+                        ref_attention.reshape_and_cache(
+                            k_pool, v_pool, rng.standard_normal((pos, n_kv, head_dim)).astype(np.float16),
+                            rng.standard_normal((pos, n_kv, head_dim)).astype(np.float16),
+                            table[b, t // block_size] * block_size + t % block_size)
+                k_pool[slots // block_size, :, :, slots % block_size, :] = np.nan
+                v_pool[slots // block_size, :, :, slots % block_size] = np.nan
+                pools.append((k_pool, v_pool))
+            table = np.concatenate([table, np.zeros((batch, 1), np.int32)], axis=1)  # a spare entry: 0, unused
+            x = rng.standard_normal((batch, d_model)).astype(np.float16)
+            with poisoned_outputs():
+                x_out, k_new, v_new = token_block(
+                    mx.array(x), stacks, EPS, qtype, [mx.array(kp) for kp, _ in pools],
+                    [mx.array(vp) for _, vp in pools], mx.array(at.astype(np.int32)), n_heads=n_heads, theta=THETA,
+                    neox=neox, queue=queue, split_from=SPLIT_FROM if split_from is None else split_from,
+                    layer_kind=kind, table=mx.array(table))
+                mx.eval(x_out, k_new, v_new, queue)
+            kept = lambda a: a.astype(np.float16).astype(np.float64)  # noqa: E731 - the fp16 stream
+            got = np.array(x_out).astype(np.float64)
+            for b, pos in enumerate(at):
+                pos, max_seq = int(pos), int(pos) + 5
+                want, rows = x[b].astype(np.float64), []
+                for i in range(layers):
+                    k_seq, v_seq = paged_tokens(*pools[i], table[b], pos)  # [pos, n_kv, D]
+                    kc = np.full((n_kv, max_seq, head_dim), np.nan)
+                    vc = np.full_like(kc, np.nan)
+                    kc[:, :pos], vc[:, :pos] = k_seq.transpose(1, 0, 2), v_seq.transpose(1, 0, 2)
+                    mid, k_want, v_want = ref.attention_block(
+                        want, norms["attn"][i], EPS, w64[i]["qkv"], w64[i]["o"], kc, vc, pos, n_heads, THETA, neox,
+                        norms["q"][i] if head_norm else None, norms["k"][i] if head_norm else None, stored=STORED,
+                        bias=None if biases is None else biases[i])
+                    want = kept(ref.ffn_block(kept(mid)[None], norms["ffn"][i], EPS, w64[i]["gate_up"],
+                                              w64[i]["down"])[0])
+                    rows.append((k_want[:, pos], v_want[:, pos]))
+                checks.append(compare_residual(f"sequence {b} x_out - x (launch {launch_})", got[b], want, x[b],
+                                               TOL * layers))
+                for i, (k_want, v_want) in enumerate(rows):
+                    k_got, v_got = paged_tokens(np.array(k_new[i]), np.array(v_new[i]), table[b], pos + 1)
+                    checks.append(compare(f"sequence {b} layer {i} K, V row pos (launch {launch_})",
+                                          np.stack([k_got[pos], v_got[pos]]), np.stack([k_want, v_want]),
+                                          TOL * (i + 1)))
+            # every pool row but the batch's new ones, bit for bit (NaN included)
+            for i, (k_pool, v_pool) in enumerate(pools):
+                k_got, v_got = np.array(k_new[i]), np.array(v_new[i])
+                keep_k = np.ones(k_pool.shape[0] * block_size, bool)
+                keep_k[slots] = False
+                blk, off = np.nonzero(keep_k.reshape(k_pool.shape[0], block_size))
+                checks.append(exact(f"layer {i} other pool rows untouched (launch {launch_})",
+                                    np.concatenate([k_got[blk, :, :, off, :].ravel(), v_got[blk, :, :, off].ravel()])
+                                    .view(np.uint16),
+                                    np.concatenate([k_pool[blk, :, :, off, :].ravel(), v_pool[blk, :, :, off].ravel()])
+                                    .view(np.uint16)))
+            checks.append(exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0))
+        return checks
+
+    variant = _variant(qtype, head_norm, neox, split_from == 0 or max(positions) >= 2048, True, mix)
+    variant += f" batch={batch} paged bs={block_size}" + (" qkv-bias" if bias else "")
+    shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, layers=layers,
+                 positions="/".join(str(p) for p in positions))
+    return CheckCase("blocks", "token_block", variant, shape, run)
+
+
+def _batch_token_cases(small: bool) -> list[CheckCase]:
+    """token_block's batch form over the paged pool (serve's decode step), where it runs (one
+    launch: kernels.backends.cross_group_waits; Metal has no batch form): up to gemv.MAX_M
+    sequences at their own positions (one at 0), the models' layers, a split, a K mix with V apart
+    and biases, tails."""
+    from kernels import backends
+
+    if not backends.cross_group_waits():
+        return []
+    d, hq, hkv, hd, norm, neox = MODELS["qwen3-0.6b"]
+    cases = [_batch_token_case("q8_0", d, FFN["qwen3-0.6b"][1], (hq, hkv), hd, norm, neox, 2, (30, 0, 17, 45)),
+             _batch_token_case("q8_0", 160, 96, (4, 2), 64, False, True, 2, (7, 0), block_size=32)]
+    if not small:
+        d, hq, hkv, hd, norm, neox = MODELS["llama3.2-1b"]
+        cases.append(_batch_token_case("q4_0", d, FFN["llama3.2-1b"][1], (hq, hkv), hd, norm, neox, 2, (5, 33, 16)))
+        d, hq, hkv, hd, norm, neox = MODELS["llama3-8b"]
+        cases.append(_batch_token_case("q4_0", d, FFN["llama3-8b"][1], (hq, hkv), hd, norm, neox, 1, (40, 100, 3, 17)))
+        cases.append(_batch_token_case("q4_0", 1024, 3072, (16, 8), 128, True, True, 2, (700, 3, 1500), split_from=0))
+        cases.append(_batch_token_case("q4_k", 256, 512, (4, 2), 64, False, True, 2, (9, 20, 2, 40),
+                                       mix=(("v", 1, "q6_k"),), bias=True))
+    return cases
+
+
 def check_cases(small: bool = False) -> list[CheckCase]:
     cases = []
     # the models' layers: a short context, then one split over partitions merged in the launch
@@ -393,6 +530,7 @@ def check_cases(small: bool = False) -> list[CheckCase]:
                                  mix=(("v", 0, "q6_k"), ("down", 1, "q6_k"))))
         cases.append(_token_case("q5_k", 1024, 3072, (16, 8), 128, True, True, 3, 40,
                                  mix=(("v", 2, "q6_k"), ("down", 2, "q6_k"), ("down", 0, "q6_k"))))
+    cases += _batch_token_cases(small)
     # Qwen2.5-7B's widths on the llama layer: its down (K = 18944) staged in two chunks of X', the
     # whole row not fitting beside attention's arrays
     if not small:

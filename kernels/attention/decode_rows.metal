@@ -12,7 +12,14 @@ const uint cb = b * uint(dims[4]);
 const uint n_heads = n_kv * QS * G;
 // Device lengths (a compiled step) are not checked on the host: clamped to the cache here.
 #if LATHE_ROPE
-const uint ctx = min(uint(pos[0]) + 1, rows);
+// Query b's new token is at pos[b] (one query: b = 0); its QKV row is LATHE_QKV_ROW values after
+// query b - 1's (the blocks' batched token_block; 0 where there is one query).
+#ifndef LATHE_QKV_ROW
+#define LATHE_QKV_ROW 0u
+#endif
+const uint q_pos = uint(pos[b]);
+const auto qkv_b = qkv + b * (LATHE_QKV_ROW);
+const uint ctx = min(q_pos + 1, rows * uint(LATHE_PAGED ? BS : 1));
 #else
 const uint ctx = min(uint(lens[b]), rows * uint(LATHE_PAGED ? BS : 1));
 #endif
@@ -46,7 +53,7 @@ const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
 // lanes' waits and a SIMD-group barrier).
 uint k_issued = 0, k_read = 0;  // rounds copied and rounds scored; a round's slot: its number % K_SLOTS
 #if LATHE_ROPE
-const bool k_early = uint(pos[0]) < t_begin || uint(pos[0]) >= t_end;
+const bool k_early = q_pos < t_begin || q_pos >= t_end;
 #else
 const bool k_early = true;
 #endif
@@ -57,12 +64,12 @@ if (K_SLOTS > 0 && k_early && t_begin < t_end) {
 #if LATHE_ROPE
 {
   // Pair i of a head turns by pos * freq_scale * inv_freq(i) (rope_kv_write.metal's angles).
-  const float p = float(pos[0]) * rope_scalars[1];
+  const float p = float(q_pos) * rope_scalars[1];
 #if LATHE_HEAD_NORM
   // Qwen3's per-head RMSNorm first: 1 / RMS of each of the G query heads (norm_s[g]) and of the
   // kv head's K (norm_s[G]), a SIMD group a head; the weights then scale each pair.
   for (uint r = simd; r <= G; r += NSIMD) {
-    const auto src = qkv + (r < G ? hg * G + r : n_heads + h) * D;
+    const auto src = qkv_b + (r < G ? hg * G + r : n_heads + h) * D;
     float ss = 0.0f;
     for (uint i = lane; i < D; i += 32) ss += float(src[i]) * float(src[i]);
     ss = simd_sum(ss);
@@ -80,8 +87,8 @@ if (K_SLOTS > 0 && k_early && t_begin < t_end) {
     const float angle = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, i, rope_scalars[0]);
     const float c = cos(angle), sn = sin(angle);
     const uint i0 = rope_first<D, NEOX>(i), i1 = rope_second<D, NEOX>(i);
-    const float a = float(qkv[(hg * G + g) * D + i0]) * Q_NORM(g, i0);
-    const float bq = float(qkv[(hg * G + g) * D + i1]) * Q_NORM(g, i1);
+    const float a = float(qkv_b[(hg * G + g) * D + i0]) * Q_NORM(g, i0);
+    const float bq = float(qkv_b[(hg * G + g) * D + i1]) * Q_NORM(g, i1);
     const float q0 = (a * c - bq * sn) * scale[0], q1 = (a * sn + bq * c) * scale[0];
     q_s[g * D + i0] = q0;
     q_s[g * D + i1] = q1;
@@ -90,21 +97,34 @@ if (K_SLOTS > 0 && k_early && t_begin < t_end) {
       qh_s[g * QST + i1] = half(q1);
     }
   }
-  const uint row_at = uint(pos[0]);
+  const uint row_at = q_pos;
   if (row_at >= t_begin && row_at < t_end) {  // this threadgroup reads the new row: write it first
+#if LATHE_PAGED
+    // row_at's slot: offset row_at % BS of block table[b, row_at / BS] (K_ROW's and V's layouts)
+    const uint slot_block = uint(table[cb * rows + row_at / BS]) * n_kv + h, slot_at = row_at % BS;
+    auto k_row = writable(k_cache) + (slot_block * DV * BS + slot_at) * 8;
+    auto v_row = writable(v_cache) + slot_block * D * BS + slot_at;
+#define K_NEW(i) k_row[((i) / 8) * BS * 8 + (i) % 8]
+#define V_NEW(e) v_row[(e) * BS]
+#else
     auto k_row = writable(k_cache) + (h * rows + row_at) * D;
     auto v_row = writable(v_cache) + (h * rows + row_at) * D;
-    const auto k_src = qkv + (n_heads + h) * D;
-    const auto v_src = qkv + (n_heads + n_kv + h) * D;
+#define K_NEW(i) k_row[i]
+#define V_NEW(e) v_row[e]
+#endif
+    const auto k_src = qkv_b + (n_heads + h) * D;
+    const auto v_src = qkv_b + (n_heads + n_kv + h) * D;
     for (uint i = tid; i < D / 2; i += NT) {
       const float angle = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, i, rope_scalars[0]);
       const float c = cos(angle), sn = sin(angle);
       const uint i0 = rope_first<D, NEOX>(i), i1 = rope_second<D, NEOX>(i);
       const float a = float(k_src[i0]) * K_NORM(i0), bk = float(k_src[i1]) * K_NORM(i1);
-      k_row[i0] = half(a * c - bk * sn);
-      k_row[i1] = half(a * sn + bk * c);
+      K_NEW(i0) = half(a * c - bk * sn);
+      K_NEW(i1) = half(a * sn + bk * c);
     }
-    for (uint e = tid; e < D; e += NT) v_row[e] = v_src[e];
+    for (uint e = tid; e < D; e += NT) V_NEW(e) = v_src[e];
+#undef K_NEW
+#undef V_NEW
   }
 #undef Q_NORM
 #undef K_NORM

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from kernels import attention, backends, gemv, loop, options, rope
+from kernels import attention, backends, gemv, loop, options, paged, rope
 from kernels.gemv import Packed
 from kernels.runtime import KernelSpec, Launch, constant, depends, launch, resident, resident_groups
 
@@ -113,10 +113,11 @@ LLAMA = LayerKind()
 
 @functools.cache
 def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False,
-          types: tuple[tuple[int, int, int], ...] = (), kind: LayerKind = LLAMA) -> KernelSpec:
+          types: tuple[tuple[int, int, int], ...] = (), kind: LayerKind = LLAMA, paged_kv: bool = False) -> KernelSpec:
     """`types`: (kind, type A, type B) of each GEMV (block format codes, layer_block.metal's
     Q_<kind>_A and _B), V among them where the QKV phase's V rows are a matrix of their own;
-    `kind`: what the layers compute (token_block's)."""
+    `kind`: what the layers compute (token_block's); `paged_kv`: the caches are the paged pool's
+    layers, read and written through the input `table` (token_block's batch form)."""
     kinds = {(first + j) % 5 for j in range(phases)}
     ffn, attn = UP in kinds, QKV in kinds
     qkv_split = any(kind == V for kind, _, _ in types)
@@ -128,7 +129,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     if attn:
         inputs += (("attn_norm", "w_qkv", "qkv_dims") + (("w_v", "v_dims") if qkv_split else ())
                    + tuple(f"k_cache_{i}" for i in range(caches))
-                   + tuple(f"v_cache_{i}" for i in range(caches)) + ("pos", "inv_freqs", "rope_scalars", "dims", "scale")
+                   + tuple(f"v_cache_{i}" for i in range(caches)) + ("pos",) + (("table",) if paged_kv else ())
+                   + ("inv_freqs", "rope_scalars", "dims", "scale")
                    + (("q_norms", "k_norms") if head_norm else ()) + (("counters",) if split else ()) + ("w_o", "o_dims"))
         outputs += ("qkv", "attn_out", "x_out") + (("part_out", "part_ml") if split else ())
     if mixed:
@@ -159,10 +161,11 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
             for i in reversed(range(caches - 1)):
                 chain = f"((l) == {i} ? {kv}_cache_{i} : {chain})"
             prelude += f"#define LATHE_{kv.upper()}_CACHE(l) {chain}\n"
-        prelude += (f"#define LATHE_PAGED 0\n#define LATHE_ROPE 1\n#define LATHE_SPLIT {int(split)}\n"
+        prelude += (f"#define LATHE_PAGED {int(paged_kv)}\n#define LATHE_ROPE 1\n#define LATHE_SPLIT {int(split)}\n"
                     f"#define LATHE_MERGE {int(split)}\n#define LATHE_HEAD_NORM {int(head_norm)}")
     layers = "" if name != "token_block" else f"_{phases}"
-    return KernelSpec(f"lathe_{name}{layers}{'_norm' if head_norm else ''}{'_split' if split else ''}{gemma}{typed}",
+    return KernelSpec(f"lathe_{name}{layers}{'_paged' if paged_kv else ''}{'_norm' if head_norm else ''}"
+                      f"{'_split' if split else ''}{gemma}{typed}",
                       "blocks/layer_block.metal", inputs, outputs, prelude=prelude,
                       threadgroup_bytes=functools.partial(_threadgroup_bytes, attn=attn, head_norm=head_norm,
                                                           split=split, post_norms=kind.post_norms),
@@ -294,13 +297,25 @@ class _Attention:
     arrays and give every layer's caches)."""
 
     def __init__(self, x, attn_norm, eps, w_qkv, w_o, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
-                 k_norm, counters, split_from, w_v=None, wide=False):
-        attention._fp16("k_cache", k_cache)
-        attention._fp16("v_cache", v_cache)
-        if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
-            raise ValueError(f"k_cache and v_cache must both be [Hkv, max_seq, D], got "
-                             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-        n_kv, max_seq, head_dim = k_cache.shape
+                 k_norm, counters, split_from, w_v=None, wide=False, table=None):
+        batch, block_size = x.shape[0], 0
+        if table is None:  # one token, a contiguous cache
+            attention._fp16("k_cache", k_cache)
+            attention._fp16("v_cache", v_cache)
+            if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
+                raise ValueError(f"k_cache and v_cache must both be [Hkv, max_seq, D], got "
+                                 f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+            n_kv, max_seq, head_dim = k_cache.shape
+        else:  # a token of each of `batch` sequences over the paged pool, their positions on the device
+            _, n_kv, head_dim, block_size = paged.pool_shape(k_cache, v_cache)
+            if not isinstance(table, mx.array) or table.dtype != mx.int32 or table.ndim != 2 \
+                    or table.shape[0] != batch:
+                raise ValueError(f"table must be int32 [{batch}, max_blocks] (a row a token of x), got "
+                                 f"{getattr(table, 'dtype', type(table))} {getattr(table, 'shape', '')}")
+            if not isinstance(pos, mx.array) or pos.dtype != mx.int32 or tuple(pos.shape) != (batch,):
+                raise ValueError(f"with a table, pos must be int32 [{batch}] on the device (a position a "
+                                 f"sequence), got {getattr(pos, 'dtype', type(pos))} {getattr(pos, 'shape', '')}")
+            max_seq = table.shape[1] * block_size
         if head_dim not in attention.HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {attention.HEAD_DIMS}, got {head_dim}")
         if n_heads < n_kv or n_heads % n_kv:
@@ -309,18 +324,20 @@ class _Attention:
         n_qkv = (n_heads + 2 * n_kv) * head_dim
         n_qk = n_qkv if w_v is None else (n_heads + n_kv) * head_dim  # w_v: V's rows apart
         _packed("w_qkv" if w_v is None else "w_qkv ([q; k], w_v apart)", w_qkv, n_qk, d_model)
-        gemv.check_gemv_args(x, w_qkv, w_qkv.qtype, n_qk, d_model, max_m=1, wide_x=wide)
+        gemv.check_gemv_args(x, w_qkv, w_qkv.qtype, n_qk, d_model, max_m=1 if table is None else gemv.MAX_M,
+                             wide_x=wide)
         if w_v is not None:
             _packed("w_v", w_v, n_kv * head_dim, d_model)
         _packed("w_o", w_o, d_model, n_heads * head_dim)
         gemv._check_norm(attn_norm, eps, d_model)
         head_norm = q_norm is not None or k_norm is not None
         self.norms = attention._head_norms(q_norm, k_norm, eps if head_norm else None, head_dim)
-        self.pos = rope._pos_array(pos, 1, max_seq)
-        self.__dict__.update(norm=attn_norm, w_qkv=w_qkv, w_o=w_o, k_caches=[k_cache], v_caches=[v_cache],
+        self.pos = rope._pos_array(pos, 1, max_seq) if table is None else pos
+        self.__dict__.update(table=table, block_size=block_size, batch=batch, norm=attn_norm, w_qkv=w_qkv, w_o=w_o, k_caches=[k_cache], v_caches=[v_cache],
                              n_heads=n_heads, n_kv=n_kv, head_dim=head_dim, theta=theta, neox=neox, counters=counters,
                              d=d_model, n_qkv=n_qkv, q_norm=q_norm, k_norm=k_norm, split_from=split_from,
                              longest=pos + 1 if isinstance(pos, int) else max_seq, max_seq=max_seq, raw_pos=pos,
+                             rows=max_seq if table is None else table.shape[1],  # the kernel's dims[1]
                              qkv_data=w_qkv.data, o_data=w_o.data, w_v=w_v, n_qk=n_qk,
                              v_data=None if w_v is None else w_v.data,
                              # token_block's, where its layers say (LayerKind): a table a layer, a
@@ -408,23 +425,24 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         a = attn
         group, chunk = a.n_heads // a.n_kv, s * 32
         partition, split, parts, qs = attention_layout(s)
-        attn_tickets = parts * a.n_kv * qs
+        attn_tickets = parts * a.n_kv * qs * a.batch
         inputs += [a.norm, a.qkv_data, _Dims(QKV, a.n_qk, a.d)]
         if a.w_v is not None:
             inputs += [a.v_data, _Dims(V, a.n_kv * a.head_dim, a.d)]
-        inputs += [*a.k_caches, *a.v_caches, a.pos,
+        inputs += [*a.k_caches, *a.v_caches, a.pos, *([a.table] if a.table is not None else []),
                    rope._table(a.head_dim, a.theta, None) if a.inv_freqs is None else a.inv_freqs,
                    constant((float(a.theta), 1.0, float(eps)), mx.float32),
-                   constant((a.n_kv, a.max_seq, partition, parts, 1)), constant((float(a.scale),), mx.float32),
+                   constant((a.n_kv, a.rows, partition, parts, 1)), constant((float(a.scale),), mx.float32),
                    *a.norms]
         if split:
-            counters = attention.merge_counters(a.n_kv * qs) if a.counters is None else a.counters
-            attention._check_counters(counters, a.n_kv * qs)
+            counters = attention.merge_counters(a.n_kv * qs * a.batch) if a.counters is None else a.counters
+            attention._check_counters(counters, a.n_kv * qs * a.batch)
             inputs.append(counters)
         inputs += [a.o_data, _Dims(O, a.d, a.n_heads * a.head_dim)]
-        outputs += [((1, a.n_qkv), mx.float16), ((1, a.n_heads, a.head_dim), mx.float16), ((1, a.d), stream)]
+        b = a.batch
+        outputs += [((b, a.n_qkv), mx.float16), ((b, a.n_heads, a.head_dim), mx.float16), ((b, a.d), stream)]
         if split:
-            outputs += [((1, a.n_heads, parts, a.head_dim), mx.float32), ((1, a.n_heads, parts, 2), mx.float32)]
+            outputs += [((b, a.n_heads, parts, a.head_dim), mx.float32), ((b, a.n_heads, parts, 2), mx.float32)]
         slots = options.get("block_k_slots")
         if slots is None:  # auto: where the merge's 64 partitions leave a ticket several chunks (NOTES.md)
             slots = 2 if a.longest > attention.MERGE_PARTS * chunk else 0
@@ -437,7 +455,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                                          backends.threadgroup_memory() - _gemv_bytes(m, geo.xchunk, s)
                                          - (4 * a.d if layer_kind.post_norms else 0))
         mma = int(mma and slots > 0)
-        consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=0,
+        consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=a.block_size,
                       NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, MMA=mma,
                       ROPE_STRIDE=0 if a.inv_freqs is None or a.inv_freqs.ndim == 1 else a.head_dim // 2)
         if split:
@@ -454,7 +472,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         inputs.append(qkv_bias)
         consts["QKV_BIAS_STRIDE"] = qkv_bias.shape[1]
     caches = len(attn.k_caches) if attn else 1
-    spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind)
+    spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind,
+                 bool(attn and attn.table is not None))
 
     def at(geo: BlockGeometry) -> Launch:  # the launch with geo's tickets
         tickets = {kind: g[2] for kind, g in geo.gemvs.items()}
@@ -583,7 +602,8 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
                 neox: bool = False, queue: mx.array | None = None, counters: mx.array | None = None,
                 split_from: int = attention.SPLIT_FROM, layer_kind: LayerKind = LLAMA,
                 inv_freqs: mx.array | None = None, scale: float | None = None,
-                windows: list[int] | None = None) -> tuple[mx.array, list[mx.array], list[mx.array]]:
+                windows: list[int] | None = None, table: mx.array | None = None
+                ) -> tuple[mx.array, list[mx.array], list[mx.array]]:
     """A decode token through every layer in one launch (the seeds' persistent kernel): each
     layer's attention block, then its FFN block, as phases of one queue (block_queue(5 * layers)).
     x [1, d_model] (the embedded token) -> (the residual stream after the last layer, k_caches,
@@ -594,7 +614,16 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     (`windows`, one a layer, 0: none); a GELU gate; a softcap of the scores. Qwen2's layers:
     layer_kind.qkv_bias and weights.qkv_bias, added in the QKV phase. inv_freqs: a RoPE
     table float32 [D / 2], or one a layer [layers, D / 2] (else the base `theta`'s); scale: the
-    attention's (default 1 / sqrt(D))."""
+    attention's (default 1 / sqrt(D)).
+
+    The batch form (`table` given): a decode token of each of M = 1..gemv.MAX_M sequences over
+    the paged pool (continuous batching's decode step, harness.program.batch_forward): x [M,
+    d_model], pos int32 [M] (each token's position) and table int32 [M, max_blocks] (each
+    sequence's blocks) on the device, k_caches / v_caches each layer's pool (kernels.paged's
+    layouts); each GEMV phase runs its M rows over one read of the weights, the attention phase
+    a task a (partition, head group, sequence), K and V of token b written at its slot in its
+    own blocks. The kernel clamps a position to its table's blocks; the caller checks the
+    table's entries. Not with Gemma's post-block norms (one stream row)."""
     w, layers, post = weights, weights.layers, layer_kind.post_norms
     if post and (w.post_attn_norm is None or w.post_ffn_norm is None):
         raise ValueError("post-block norms need the stacks' post_attn_norm and post_ffn_norm")
@@ -609,8 +638,13 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     if len(k_caches) != layers or len(v_caches) != layers:
         raise ValueError(f"token_block takes a K and a V cache for each of the {layers} layers, got "
                          f"{len(k_caches)} and {len(v_caches)}")
-    if x.shape[0] != 1:
-        raise ValueError(f"token_block takes one token (x [1, d_model]), got {tuple(x.shape)}")
+    if table is None and x.shape[0] != 1:
+        raise ValueError(f"token_block takes one token (x [1, d_model]; a batch's tokens with a table), got "
+                         f"{tuple(x.shape)}")
+    if table is not None and post:
+        raise ValueError("token_block's batch form (a table) runs layers without post-block norms")
+    if table is not None and not backends.cross_group_waits():
+        raise ValueError("token_block's batch form (a table) runs in one launch only (waits between threadgroups)")
     mats = (w.w_qkv, w.w_o, w.w_gate_up, w.w_down) + ((w.w_v,) if w.w_v is not None else ())
     if any(s.layers != layers for s in mats):
         raise ValueError(f"token_block's stacks must have {layers} layers each, got {[s.layers for s in mats]}")
@@ -619,16 +653,17 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     if any(n.ndim != 2 or n.shape[0] != layers for n in norms) or (
             post and any(tuple(n.shape) != tuple(w.attn_norm.shape) or n.dtype != mx.float16 for n in norms[-2:])):
         raise ValueError(f"token_block's norms must be [{layers}, width], got {[tuple(n.shape) for n in norms]}")
-    for c in (*k_caches, *v_caches):
-        if tuple(c.shape) != tuple(k_caches[0].shape) or c.dtype != k_caches[0].dtype:
-            raise ValueError(f"every layer's cache must be {k_caches[0].dtype} {tuple(k_caches[0].shape)}, got "
-                             f"{c.dtype} {tuple(c.shape)}")
+    for caches in (k_caches, v_caches):
+        for c in caches:
+            if tuple(c.shape) != tuple(caches[0].shape) or c.dtype != caches[0].dtype:
+                raise ValueError(f"every layer's cache must be {caches[0].dtype} {tuple(caches[0].shape)}, got "
+                                 f"{c.dtype} {tuple(c.shape)}")
     head = (w.q_norm[0], w.k_norm[0]) if w.q_norm is not None else (None, None)
     # each half checked on layer 0 (the others share its shapes), then given every layer's arrays
     v_of = (lambda i: w.w_v.layer(i)) if w.w_v is not None else (lambda i: None)  # noqa: E731
     ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), wide=post)
     attn = _Attention(x, w.attn_norm[0], eps, w.w_qkv.layer(0), w.w_o.layer(0), k_caches[0], v_caches[0], pos,
-                      n_heads, theta, neox, *head, counters, split_from, v_of(0), wide=post)
+                      n_heads, theta, neox, *head, counters, split_from, v_of(0), wide=post, table=table)
     d = attn.head_dim // 2
     if inv_freqs is not None and (inv_freqs.dtype != mx.float32 or tuple(inv_freqs.shape) not in ((d,), (layers, d))):
         raise ValueError(f"inv_freqs must be float32 [{d}] or [{layers}, {d}], got {inv_freqs.dtype} "

@@ -100,6 +100,12 @@ const uint qkv_tickets = uint(qkv_dims[2]) + uint(v_dims[2]);  // Q and K's rows
 const uint qkv_tickets = uint(qkv_dims[2]);
 #endif
 const uint attn_tickets = uint(block_dims[1]);
+// values of a token's QKV row (q, k, v): the QKV phase's Y stride, and the attention's row of query b
+#if QKV_SPLIT
+const uint qkv_row = uint(qkv_dims[0]) + uint(v_dims[0]);
+#else
+const uint qkv_row = uint(qkv_dims[0]);
+#endif
 const uint o_tickets = uint(o_dims[2]);
 #else
 const uint qkv_tickets = 0, attn_tickets = 0, o_tickets = 0;
@@ -243,6 +249,7 @@ for (;;) {
       auto bias = qkv_bias + layer * QKV_BIAS_STRIDE;  // this layer's [q; k; v] biases
 #define GEMV_BIAS bias
 #endif
+#define GEMV_Y_STRIDE qkv_row  // M tokens' rows of [q; k; v] (V's written after Q and K's)
 #if QKV_SPLIT
       if (group >= uint(qkv_dims[2])) {  // V's rows: a matrix (and type) of their own, after Q and K's
         auto w = w_v + size_t(layer) * W_V_STRIDE;
@@ -275,6 +282,7 @@ for (;;) {
 #ifdef GEMV_BIAS
 #undef GEMV_BIAS
 #endif
+#undef GEMV_Y_STRIDE
 #undef GEMV_BEFORE_X
 #undef POST_ADD
 #undef LATHE_X32
@@ -309,8 +317,10 @@ for (;;) {
 #undef LATHE_RESIDUAL
     } else {
       PHASE_WAIT(j)
-      const uint head_groups = uint(dims[0]) * QS;  // tasks a partition: kv heads x QS
-      const uint part = group / head_groups, hg = group % head_groups, b = 0;
+      // a query's tasks: its partitions' (dims[3]; 1 unsplit), each kv heads x QS; query b of the
+      // M tokens (a batch's sequences, paged: token_block's table form) after query b - 1's
+      const uint head_groups = uint(dims[0]) * QS, per_query = head_groups * uint(dims[3]);
+      const uint b = group / per_query, part = group % per_query / head_groups, hg = group % head_groups;
       auto out = attn_out;
       auto k_cache = LATHE_K_CACHE(layer);
       auto v_cache = LATHE_V_CACHE(layer);
@@ -323,7 +333,9 @@ for (;;) {
       auto k_norm = k_norms + layer * HEAD_NORM_STRIDE;
 #endif
       {
+#define LATHE_QKV_ROW qkv_row
 #include "attention/decode_rows.metal"
+#undef LATHE_QKV_ROW
       }
 #undef LATHE_WINDOW
     }
