@@ -154,6 +154,10 @@ DECLARED = (
            "(one step in flight, as the decode loop's compiled-pipelined mode; a decode-only step takes its ids "
            "from the last step's argmax); off: every step's tokens read before the next is built "
            "(harness/program/batch_forward.py)"),
+    Option("serve_mega_up_to", 8, _count,
+           "lathe serve, megafused variant: a decode-only step of up to this many sequences runs token_block "
+           "launches of 4 sequences each (every weight read once a launch); a larger one fused's plan, whose "
+           "GEMMs read the weights once for the whole batch (harness/program/batch_forward.py)"),
     Option("attn_query_split", 64, _count,
            "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
     Option("pad_constants", True, _flag,

@@ -311,7 +311,7 @@ class PagedBatchKernels(_Tokens):
                           order=mx.array(np.argsort(np.asarray(grouped)).astype(np.int32)))
         mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
         env = {"token": host_tokens(tokens)}
-        if self.mega and not prefill:  # decode tokens (a copy-on-write step, or serve_compiled off)
+        if self.mega and not prefill and t <= options.get("serve_mega_up_to"):  # (copies, or serve_compiled off)
             logits = self._mega_replay(env, t, self._step["positions"], self._step["table"])["logits"]
         else:
             logits = self._replay(env, t)["logits"]
@@ -396,7 +396,7 @@ class PagedBatchKernels(_Tokens):
                               decode=[(row, None) for row in range(batch)], decode_rows=None, order=None,
                               ends=mx.arange(batch, dtype=mx.int32))
             try:
-                if self.mega:
+                if self.mega and batch <= options.get("serve_mega_up_to"):
                     return (self._mega_replay({"token": ids}, batch, positions, table)["logits"], *d.k, *d.v)
                 return (self._replay({"token": ids}, batch)["logits"], *d.k, *d.v)
             finally:
