@@ -376,6 +376,8 @@ def test_a_megafused_decode_step_is_token_block_launches_of_four(models, preset)
     assert len(blocks) == 2 and all("_paged" in j.spec.name for j in blocks)
     assert len(names) <= 6, names  # embed, 2 token_block, the head's norm and GEMM (6 rows: qmm)
     assert not any(n.startswith(("lathe_paged_attention", "lathe_rope", "lathe_head_norm")) for n in names)
+    queues = [id(dict(zip(j.spec.inputs, j.inputs))["queue"]) for j in blocks]
+    assert queues[0] != queues[1]  # a step's launches share no queue (nothing orders them)
     for j, rows in zip(blocks, (range(0, 4), range(4, 6))):
         got = dict(zip(j.spec.inputs, j.inputs))
         assert np.array(got["pos"]).tolist() == [lengths[r] for r in rows]

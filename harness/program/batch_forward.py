@@ -272,7 +272,20 @@ class PagedBatchKernels(_Tokens):
             mx.eval(d.stacks.qkv_bias)
         self.variant = "megafused/paged"
         self.mega_rows = gemv.MAX_M  # sequences a token_block launch takes: more go in launches of as many
-        self.mega_counters = attention.merge_counters(c.n_heads * self.mega_rows)
+        # a queue and merge counters for each launch of a step: nothing orders a step's launches
+        # (their sequences' rows are apart; MLX may run them at once), so none may share them
+        self._mega_sites: list[tuple[mx.array, mx.array]] = []
+
+    def _mega_site(self, i: int) -> tuple[mx.array, mx.array]:
+        """The queue and merge counters of a step's i-th token_block launch (a step's launches of
+        one place run in order from one step to the next: each takes the last step's tokens)."""
+        from kernels import attention, blocks
+
+        c = self.d.config
+        while len(self._mega_sites) <= i:
+            self._mega_sites.append((blocks.block_queue(5 * c.n_layers),
+                                     attention.merge_counters(c.n_heads * self.mega_rows)))
+        return self._mega_sites[i]
 
     def __call__(self, work: list[Work]) -> dict:
         return self._tokens(work, self.kd.loop.argmax(self.forward(work)))  # every row's, one launch
@@ -417,13 +430,13 @@ class PagedBatchKernels(_Tokens):
                 step.run(self.d, env, t, 0) if swap is None else swap(self, step, env)
             elif not layers_done:
                 x, outs = env["x"], []
-                for at in range(0, t, self.mega_rows):
+                for launch_, at in enumerate(range(0, t, self.mega_rows)):
                     rows = slice(at, min(t, at + self.mega_rows))
+                    queue, counters = self._mega_site(launch_)
                     out, d.k, d.v = blocks.token_block(
                         x[rows], d.stacks, c.eps, d.stacks.w_qkv.qtypes[0], d.k, d.v, positions[rows],
-                        n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox, queue=d.token_queue,
-                        counters=self.mega_counters, layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs,
-                        scale=d.scale, table=table[rows])
+                        n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox, queue=queue, counters=counters,
+                        layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs, scale=d.scale, table=table[rows])
                     outs.append(out)
                 env["x"] = outs[0] if len(outs) == 1 else mx.concatenate(outs)
                 layers_done = True
