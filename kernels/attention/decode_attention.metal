@@ -35,7 +35,9 @@
 // threadgroup rotates its G query heads into q_s, and the one whose tokens include pos rotates
 // K and copies V of its kv head into cache row pos before any of its threads reads that row
 // (its K and V come back through the cache, rounded to fp16 as every other row's; with QS > 1
-// each of the QS threadgroups writes the same bytes). The context is pos + 1 tokens.
+// each of the QS threadgroups writes the same bytes). The context is pos + 1 tokens. (The blocks'
+// token_block runs this form over B queries of the paged pool too: query b at pos[b], its QKV row
+// LATHE_QKV_ROW values after query b - 1's, its new row written at its slot through its table.)
 // Constants: D, G, QS, NSIMD, BS (paged block size; 0 contiguous), VPREF (V vectors a SIMD group
 // loads at a time, the attn_v_prefetch option), KSLOTS (k_slots: K's slots of threadgroup memory),
 // MMA (use_mma: 0 or 1), KROW (the attn_k_copy option's row: 1), MLOADS

@@ -71,8 +71,10 @@
 // o_dims; QKV_SPLIT: w_v, v_dims; mixed types: layer_types (uint32 [layers of the launch]);
 // POST_NORMS: post_attn_norm, post_ffn_norm (fp16, as the norms); LAYER_WINDOWS: windows (int32
 // [layers]); QKV_BIAS: qkv_bias (fp16 [layers, QKV_BIAS_STRIDE]). Outputs: FFN: act [M, F],
-// x_mid [M, d_model]; ATTN: qkv, attn_out [1, Hq, D], x_out [1, d_model], part_out and part_ml
-// (split); POST_NORMS: blk [1, d_model] (x_in, x_mid and x_out float32).
+// x_mid [M, d_model]; ATTN: qkv [M, n_qkv], attn_out [M, Hq, D], x_out [M, d_model], part_out and
+// part_ml (split); POST_NORMS: blk [1, d_model] (x_in, x_mid and x_out float32). M > 1 with ATTN:
+// token_block's batch form, LATHE_PAGED 1: query b of the M tokens is sequence b's, at pos[b],
+// its blocks in row b of the input `table`, the caches each layer's paged pool.
 #include "gemv/v3_tiles.metal"
 #if ATTN
 #define LATHE_K_SLOTS KSLOTS  // K through threadgroup memory (the block_k_slots option; 0: registers)
