@@ -235,6 +235,23 @@ def _layer_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
     return CheckCase("blocks", "layer_block", variant, shape, run)
 
 
+def _layers(rng: np.random.Generator, qtype: str, mix: Mix, layers: int, d_model: int, f: int,
+            heads: tuple[int, int], head_dim: int, head_norm: bool):
+    """`layers` layers' matrices, repacked ([{"gate_up", "down", "qkv", "o"(, "v")}] a layer) and
+    as float64, and their norms ({"attn", "ffn"(, "q", "k")}: [layers, width])."""
+    w, w64 = [], []
+    for i in range(layers):
+        (dev, f64), (attn_dev, attn_f64) = (_ffn_mats(rng, qtype, mix, i, d_model, f),
+                                            _attention_mats(rng, qtype, mix, i, d_model, heads, head_dim))
+        w.append({**dev, **attn_dev})
+        w64.append({**f64, **attn_f64})
+    norms = {name: np.stack([_gamma(rng, d_model) for _ in range(layers)]) for name in ("attn", "ffn")}
+    if head_norm:
+        norms.update({name: np.stack([_gamma(rng, head_dim, np.float32) for _ in range(layers)])
+                      for name in ("q", "k")})
+    return w, w64, norms
+
+
 def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
                 neox: bool, layers: int, pos: int, device_pos: bool = False, split_from: int | None = None,
                 mix: Mix = (), gemma: tuple[int, float] | None = None, bias: bool = False) -> CheckCase:
@@ -263,16 +280,7 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
     scale = (1.5 * head_dim) ** -0.5 if gemma else None
 
     def run(rng: np.random.Generator) -> list[Comparison]:
-        w, w64 = [], []
-        for i in range(layers):
-            (dev, f64), (attn_dev, attn_f64) = (_ffn_mats(rng, qtype, mix, i, d_model, f),
-                                                _attention_mats(rng, qtype, mix, i, d_model, heads, head_dim))
-            w.append({**dev, **attn_dev})
-            w64.append({**f64, **attn_f64})
-        norms = {name: np.stack([_gamma(rng, d_model) for _ in range(layers)]) for name in ("attn", "ffn")}
-        if head_norm:
-            norms.update({name: np.stack([_gamma(rng, head_dim, np.float32) for _ in range(layers)])
-                          for name in ("q", "k")})
+        w, w64, norms = _layers(rng, qtype, mix, layers, d_model, f, heads, head_dim, head_norm)
         if gemma:
             norms.update({name: np.stack([_gamma(rng, d_model) for _ in range(layers)])
                           for name in ("post_attn", "post_ffn")})
@@ -360,16 +368,7 @@ def _batch_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], 
     batch = len(positions)
 
     def run(rng: np.random.Generator) -> list[Comparison]:
-        w, w64 = [], []
-        for i in range(layers):
-            (dev, f64), (attn_dev, attn_f64) = (_ffn_mats(rng, qtype, mix, i, d_model, f),
-                                                _attention_mats(rng, qtype, mix, i, d_model, heads, head_dim))
-            w.append({**dev, **attn_dev})
-            w64.append({**f64, **attn_f64})
-        norms = {name: np.stack([_gamma(rng, d_model) for _ in range(layers)]) for name in ("attn", "ffn")}
-        if head_norm:
-            norms.update({name: np.stack([_gamma(rng, head_dim, np.float32) for _ in range(layers)])
-                          for name in ("q", "k")})
+        w, w64, norms = _layers(rng, qtype, mix, layers, d_model, f, heads, head_dim, head_norm)
         stack = lambda name: Stack([m[name] for m in w]) if name in w[0] else None  # noqa: E731
         n_qkv = (n_heads + 2 * n_kv) * head_dim
         biases = (rng.standard_normal((layers, n_qkv)) * 0.5).astype(np.float16) if bias else None
