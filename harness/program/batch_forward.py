@@ -263,7 +263,7 @@ class PagedBatchKernels(_Tokens):
     def _stack_for_mega(self) -> None:
         """token_block's stacks of fused's repacked matrices (their views kept for the prompts'
         plan: no second copy), the biases stacked, and merge counters for MAX_M sequences."""
-        from kernels import attention, gemv
+        from kernels import gemv
 
         d, c = self.d, self.d.config
         d._stack_layers()
@@ -277,8 +277,8 @@ class PagedBatchKernels(_Tokens):
         self._mega_sites: list[tuple[mx.array, mx.array]] = []
 
     def _mega_site(self, i: int) -> tuple[mx.array, mx.array]:
-        """The queue and merge counters of a step's i-th token_block launch (a step's launches of
-        one place run in order from one step to the next: each takes the last step's tokens)."""
+        """The queue and merge counters of a step's i-th token_block launch, made once: the i-th
+        launches of successive steps may share them, being ordered by the tokens each step reads."""
         from kernels import attention, blocks
 
         c = self.d.config
@@ -286,6 +286,11 @@ class PagedBatchKernels(_Tokens):
             self._mega_sites.append((blocks.block_queue(5 * c.n_layers),
                                      attention.merge_counters(c.n_heads * self.mega_rows)))
         return self._mega_sites[i]
+
+    def _runs_mega(self, t: int) -> bool:
+        """Whether a decode-only step of t sequences runs token_block's batch form (megafused,
+        up to serve_mega_up_to of them), not the plan's layers."""
+        return self.mega and t <= options.get("serve_mega_up_to")
 
     def __call__(self, work: list[Work]) -> dict:
         return self._tokens(work, self.kd.loop.argmax(self.forward(work)))  # every row's, one launch
@@ -324,7 +329,7 @@ class PagedBatchKernels(_Tokens):
                           order=mx.array(np.argsort(np.asarray(grouped)).astype(np.int32)))
         mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
         env = {"token": host_tokens(tokens)}
-        if self.mega and not prefill and t <= options.get("serve_mega_up_to"):  # (copies, or serve_compiled off)
+        if not prefill and self._runs_mega(t):  # decode tokens here: a copy on write, or serve_compiled off
             logits = self._mega_replay(env, t, self._step["positions"], self._step["table"])["logits"]
         else:
             logits = self._replay(env, t)["logits"]
@@ -409,7 +414,7 @@ class PagedBatchKernels(_Tokens):
                               decode=[(row, None) for row in range(batch)], decode_rows=None, order=None,
                               ends=mx.arange(batch, dtype=mx.int32))
             try:
-                if self.mega and batch <= options.get("serve_mega_up_to"):
+                if self._runs_mega(batch):
                     return (self._mega_replay({"token": ids}, batch, positions, table)["logits"], *d.k, *d.v)
                 return (self._replay({"token": ids}, batch)["logits"], *d.k, *d.v)
             finally:

@@ -334,8 +334,8 @@ class _Attention:
         head_norm = q_norm is not None or k_norm is not None
         self.norms = attention._head_norms(q_norm, k_norm, eps if head_norm else None, head_dim)
         self.pos = rope._pos_array(pos, 1, max_seq) if table is None else pos
-        self.__dict__.update(table=table, block_size=block_size, batch=batch, norm=attn_norm, w_qkv=w_qkv, w_o=w_o, k_caches=[k_cache], v_caches=[v_cache],
-                             n_heads=n_heads, n_kv=n_kv, head_dim=head_dim, theta=theta, neox=neox, counters=counters,
+        self.__dict__.update(table=table, block_size=block_size, batch=batch, norm=attn_norm, w_qkv=w_qkv, w_o=w_o,
+                             k_caches=[k_cache], v_caches=[v_cache], n_heads=n_heads, n_kv=n_kv, head_dim=head_dim, theta=theta, neox=neox, counters=counters,
                              d=d_model, n_qkv=n_qkv, q_norm=q_norm, k_norm=k_norm, split_from=split_from,
                              longest=pos + 1 if isinstance(pos, int) else max_seq, max_seq=max_seq, raw_pos=pos,
                              rows=max_seq if table is None else table.shape[1],  # the kernel's dims[1]
