@@ -283,7 +283,10 @@ def test_mma_launches_aim_at_a_smaller_grid(jobs):
     (4, 16, 64, 4),
     (4, 24, 64, 2),    # 48 fits, 96 would not
     (8, 8, 64, 8),
-    (6, 8, 64, 2),     # powers of two that divide the group
+    (6, 8, 64, 6),     # any divisor of the group, not only powers of two
+    (6, 16, 64, 3),
+    (7, 4, 64, 7),     # Qwen2.5-7B: 4 KV heads of 7 query heads -> 28 threadgroups of one
+    (7, 16, 64, 1),    # 112 would pass the limit: 7 has no smaller divisor
     (1, 8, 64, 1),     # no grouping: nothing to split
     (4, 8, 0, 1),      # switched off (LATHE_ATTN_QUERY_SPLIT=0)
 ])

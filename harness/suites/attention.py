@@ -389,6 +389,15 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         if small and pos > 16:
             continue
         cases.append(_rope_decode_case(pos, heads, d, True, split, dev, head_norm=True))
+    # query heads a kv head that no power of two divides (Qwen2.5-7B's 7, Qwen2.5-1.5B's 6): QS is
+    # any divisor of the group, a threadgroup one or a few of the heads
+    for ctx, heads, split in ((17, (28, 4), False), (700, (28, 4), True), (513, (12, 2), True)):
+        if not (small and ctx > 17):
+            cases.append(_contiguous_case(split, [ctx], heads, 128, ctx + 3))
+    if not small:
+        cases.append(_paged_case("v2", [513, 17], (28, 4), 128, 16))
+        cases.append(_rope_decode_case(900, (12, 2), 128, True, True, False))
+    cases.append(_rope_decode_case(40, (28, 4), 128, True, False, True))
     # the partitions merged in the launch (the default) and by a combine launch; sequences ending
     # in a partition's first token, and partitions past a shorter sequence's end (empty)
     for lens, heads, d in (([4097], (32, 8), 128), ([129, 1200, 3], (16, 8), 64), ([700], (8, 8), 256)):

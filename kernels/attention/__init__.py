@@ -228,15 +228,14 @@ def auto_partition(longest: int, grids: int, split_grid: int = SPLIT_GRID) -> in
 
 
 def query_split(group: int, threadgroups: int, most: int | None = None) -> int:
-    """Threadgroups that share a kv head's `group` query heads (decode_attention.metal's QS): a
-    power of two dividing the group, doubled while the grid of `threadgroups` (one per kv head,
-    partition and sequence) times it stays within `most` (the attn_query_split option when not
-    given)."""
+    """Threadgroups that share a kv head's `group` query heads (decode_attention.metal's QS): the
+    largest divisor of the group for which the grid of `threadgroups` (one per kv head, partition
+    and sequence) times it stays within `most` (the attn_query_split option when not given). Any
+    divisor, not only powers of two: Qwen2.5-7B's 7 query heads a kv head would otherwise stay in
+    one threadgroup of 7 heads, 4 threadgroups a layer, whose registers (G * D / 32 sums a lane)
+    then set the megafused launch's for every phase (kernels/loop/NOTES.md)."""
     most = options.get("attn_query_split") if most is None else most
-    qs = 1
-    while group % (2 * qs) == 0 and threadgroups * 2 * qs <= most:
-        qs *= 2
-    return qs
+    return max(qs for qs in range(1, group + 1) if group % qs == 0 and (qs == 1 or threadgroups * qs <= most))
 
 
 # 8-token V vectors a SIMD group takes of a chunk of NSIMD * 32 tokens (decode_tiles.metal's VPS): 4
