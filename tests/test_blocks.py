@@ -348,3 +348,11 @@ def test_x_is_staged_in_chunks_where_the_row_does_not_fit_beside_attention():
     assert xchunk < 18944 and xchunk % 2048 == 0 and used <= threadgroup_memory()
     assert launch(3584, 18944, 28, 4)[0] == 18944
     assert launch(4096, 14336, 32, 8)[0] == 14336
+
+
+@pytest.mark.parametrize("group, want", [(1, 1), (4, 1), (7, 7), (6, 2), (8, 2), (5, 5)])
+def test_a_blocks_attention_threadgroup_takes_at_most_four_query_heads(group, want):
+    """Its sums set the registers of the whole launch (kernels.blocks.BLOCK_HEADS), so a group of
+    more heads is shared out over a divisor of it, whatever the grid (a context split in many
+    partitions included)."""
+    assert blocks.heads_split(group) == want

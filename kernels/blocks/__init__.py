@@ -205,6 +205,19 @@ def _packed(name: str, w, n: int, k: int) -> None:
     gemv._check_packed(w, w.qtype, n, k)
 
 
+# The most query heads a threadgroup of a block's attention phase takes: its sums (G x D / 32 a
+# lane) set the registers of the whole launch, every GEMV phase included. Qwen2.5-7B's 7 heads in
+# one threadgroup took token_block to 166 registers (3 threadgroups an SM against 4) and its
+# decode at depth 4096 from 328.7 to 257.8 tok/s; Llama-3-8B's 4 split further lost (332 -> 309).
+BLOCK_HEADS = 4
+
+
+def heads_split(group: int) -> int:
+    """The fewest threadgroups (a divisor of the group) that share a kv head's `group` query heads
+    in a block's attention phase so that each takes at most BLOCK_HEADS of them."""
+    return min(qs for qs in range(1, group + 1) if group % qs == 0 and group // qs <= BLOCK_HEADS)
+
+
 @dataclass(frozen=True)
 class BlockGeometry:
     """A block launch's geometry: one threadgroup size (NSIMD SIMD groups) and one X' staging
@@ -389,7 +402,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         partition = max(-(-partition // chunk) * chunk, -(-a.longest // (attention.MERGE_PARTS * chunk)) * chunk)
         split = a.longest > partition and a.longest > a.split_from
         parts = -(-a.longest // partition) if split else 1
-        return partition, split, parts, attention.query_split(a.n_heads // a.n_kv, a.n_kv * parts)
+        group = a.n_heads // a.n_kv
+        return partition, split, parts, max(attention.query_split(group, a.n_kv * parts), heads_split(group))
 
     def reserved(s: int) -> int:
         """Threadgroup bytes beside the GEMVs' staging: the stream row (post-norms) and the
