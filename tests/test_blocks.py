@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kernels import blocks, gemv, options
+from kernels import blocks, gemv
 from reference import kquant
 from reference.quant import quantize
 
@@ -325,11 +325,10 @@ def test_the_blocks_attention_takes_k_slots_past_one_chunk_a_ticket():
 
 
 def test_x_is_staged_in_chunks_where_the_row_does_not_fit_beside_attention():
-    """Qwen2.5-7B's widths (down's K = 18944) with its 7 query heads a kv head in one threadgroup
-    (attn_query_split=0): all of X' beside attention's arrays would pass the 48 KiB a CUDA
-    threadgroup may declare, so token_block stages it in chunks of 2048 values (its spec counts
-    the bytes). By default a threadgroup takes one of the 7 heads, and the row fits whole, as
-    Llama-3-8B's layer (K = 14336) does."""
+    """A down row past what fits beside attention's arrays (K = 24576 at 2.25 bytes a value of X'
+    passes the 48 KiB a CUDA threadgroup may declare): token_block stages X' in chunks of 2048
+    values (its spec counts the bytes). Qwen2.5-7B's (K = 18944) fits whole beside one query head a
+    threadgroup (kernels.blocks.heads_split), as Llama-3-8B's layer (K = 14336) does."""
     from kernels.backends import threadgroup_memory
     from kernels.runtime import recording
 
@@ -343,9 +342,8 @@ def test_x_is_staged_in_chunks_where_the_row_does_not_fit_beside_attention():
         (job,) = rec.jobs
         return job.constants["XCHUNK"], job.spec.threadgroup_bytes(job.constants)
 
-    with options.use(attn_query_split=0):
-        xchunk, used = launch(3584, 18944, 28, 4)
-    assert xchunk < 18944 and xchunk % 2048 == 0 and used <= threadgroup_memory()
+    xchunk, used = launch(512, 24576, 4, 2)
+    assert xchunk < 24576 and xchunk % 2048 == 0 and used <= threadgroup_memory()
     assert launch(3584, 18944, 28, 4)[0] == 18944
     assert launch(4096, 14336, 32, 8)[0] == 14336
 

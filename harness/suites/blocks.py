@@ -254,8 +254,7 @@ def _layers(rng: np.random.Generator, qtype: str, mix: Mix, layers: int, d_model
 
 def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
                 neox: bool, layers: int, pos: int, device_pos: bool = False, split_from: int | None = None,
-                mix: Mix = (), gemma: tuple[int, float] | None = None, bias: bool = False,
-                opts: dict | None = None) -> CheckCase:
+                mix: Mix = (), gemma: tuple[int, float] | None = None, bias: bool = False) -> CheckCase:
     """token_block: `layers` layers of one decode token in one launch (stacked weights, a cache
     pair a layer) against the references of each layer's attention and FFN blocks in turn, the
     residual stream stored as fp16 between blocks as the kernel stores it; every layer's K and V
@@ -267,8 +266,7 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
     post-block norms, a GELU gate, even layers sliding over `window` positions at RoPE base 10000
     and the others global at THETA (a table a layer), an attention scale of its own, and scores
     softcapped where softcap > 0 (Gemma 2). bias: Qwen2's Q, K and V biases a layer (fp16, the
-    size of the projection's outputs), added in the QKV phase. opts: options the launches run under."""
-    from kernels import options
+    size of the projection's outputs), added in the QKV phase."""
     from kernels.attention import SPLIT_FROM
     from kernels.blocks import LLAMA, LayerKind, LayerStacks, Stack, block_queue, token_block
     from kernels.runtime import poisoned_outputs
@@ -305,7 +303,7 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
             x = (rng.standard_normal((1, d_model)) * (d_model ** 0.5 if gemma else 1)).astype(
                 np.float32 if gemma else np.float16)
             at = mx.array(np.array([pos], np.int32)) if device_pos else pos
-            with poisoned_outputs(), options.use(**(opts or {})):
+            with poisoned_outputs():
                 x_out, k_new, v_new = token_block(
                     mx.array(x), stacks, EPS, qtype, [mx.array(kc) for kc, _ in caches],
                     [mx.array(vc) for _, vc in caches], at, n_heads=n_heads, theta=THETA, neox=neox, queue=queue,
@@ -344,7 +342,6 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
         variant += f" gemma window={window}" + (f" softcap={softcap:g}" if softcap else "")
     if bias:
         variant += " qkv-bias"
-    variant += "".join(f" {k}={v}" for k, v in (opts or {}).items())
     shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, layers=layers, pos=pos)
     return CheckCase("blocks", "token_block", variant, shape, run)
 
@@ -534,12 +531,12 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         cases.append(_token_case("q5_k", 1024, 3072, (16, 8), 128, True, True, 3, 40,
                                  mix=(("v", 2, "q6_k"), ("down", 2, "q6_k"), ("down", 0, "q6_k"))))
     cases += _batch_token_cases(small)
-    # Qwen2.5-7B's widths on the llama layer: 7 query heads a kv head, one a threadgroup (QS = 7);
-    # and all 7 in one threadgroup (attn_query_split=0), whose arrays leave down's row (K = 18944)
-    # no room: X' staged in chunks
+    # Qwen2.5-7B's widths on the llama layer: 7 query heads a kv head, one a threadgroup (QS = 7,
+    # kernels.blocks.heads_split), down's row (K = 18944) whole beside them; and a down row past
+    # the threadgroup's bytes (K = 24576): X' staged in chunks
     if not small:
         cases.append(_token_case("q4_0", 3584, 18944, (28, 4), 128, False, False, 2, 40))
-        cases.append(_token_case("q4_0", 3584, 18944, (28, 4), 128, False, False, 2, 40, opts={"attn_query_split": 0}))
+    cases.append(_token_case("q4_0", 512, 24576, (4, 2), 128, False, False, 2, 40))
     # Qwen2's layers: Q, K and V biases in the QKV phase (Qwen2.5-0.5B's widths, NeoX pairs), and
     # with V's rows a matrix of their own (its biases after Q and K's)
     cases.append(_token_case("q8_0", 896, 4864, (14, 2), 64, False, True, 2, 30, device_pos=True, bias=True))
