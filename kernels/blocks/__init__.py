@@ -273,6 +273,7 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
     for kind in order:
         n, k = gemvs[kind]
         r, p = per_kind[kind]
+        p = min(p, gemv.TUNING["BLOCK_P"] or p)
         tickets = -(-n // (r * s))
         cap = gemv.TUNING["V3_MAX_GROUPS"]
         if not cap:

@@ -98,10 +98,13 @@ ROWS_PER_THREADGROUP = 4  # v1: SIMD groups (rows) per threadgroup
 # BLOCK_NSIMD: SIMD groups a threadgroup of a decoder block (kernels.blocks, one threadgroup size
 # for all of a launch's phases) with block_geometry=per_gemv; 0: by the launch's GEMVs
 # (kernels.blocks.block_geometry).
+# BLOCK_P: the most 16-byte loads a lane issues per row before using any (v3's P) in a decoder
+# block's GEMV phases; 0: each GEMV's own. A block launch takes its hungriest phase's registers
+# for all of them (kernels/loop/NOTES.md).
 TUNING = {**{q: {"R": 2, "NSIMD": 8, "SLOTS": 0, "V3_R": 0, "V3_NSIMD": 0, "V3_P": 0} for q in V3_QTYPES},
           "MIN_GROUPS": 256, "MAX_GROUPS": 396, "SEAM_SLOTS": 2, "SEAM_GROUPS": 264,
-          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112, "BLOCK_NSIMD": 0, "V3_K_SHAPES": 1,
-          "DEQUANT_SPLIT": 4}
+          "SEAM_PREFETCH": 1, "V3_MAX_GROUPS": 0, "SEAM_V3_WARPS": 2112, "BLOCK_NSIMD": 0, "BLOCK_P": 0,
+          "V3_K_SHAPES": 1, "DEQUANT_SPLIT": 4}
 _TUNING_DEFAULTS = copy.deepcopy(TUNING)
 SMEM_BUDGET = backends.THREADGROUP_MEMORY["cuda"]  # CUDA's; launches size against the target's
 
@@ -329,7 +332,7 @@ def v2_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None,
 
 
 SHARED_KNOBS = ("MIN_GROUPS", "MAX_GROUPS", "SEAM_SLOTS", "SEAM_GROUPS", "SEAM_PREFETCH", "V3_MAX_GROUPS",
-                "SEAM_V3_WARPS", "BLOCK_NSIMD", "V3_K_SHAPES", "DEQUANT_SPLIT")
+                "SEAM_V3_WARPS", "BLOCK_NSIMD", "BLOCK_P", "V3_K_SHAPES", "DEQUANT_SPLIT")
 
 
 def parse_tuning(text: str) -> dict[str, int]:
