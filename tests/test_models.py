@@ -179,3 +179,13 @@ def test_unsupported_tensor_type_names_the_supported_ones(tmp_path, tiny):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     with pytest.raises(GGUFError, match=r"blk.0.attn_q.weight has type MXFP4; supported: .*Q4_0"):
         load_gguf(tmp_path / "mxfp4.gguf")
+
+
+def test_the_writer_in_processes_writes_the_threads_bytes(tmp_path):
+    """write_random_gguf(processes=n): the K mixes' tensors made in spawned processes (their
+    quantizer holds the GIL) are the same bytes as in threads, each tensor from its own stream."""
+    from harness.program.models import write_random_gguf
+
+    threads = write_random_gguf(tmp_path / "threads.gguf", "tiny-llama", "q4_k_m")
+    processes = write_random_gguf(tmp_path / "processes.gguf", "tiny-llama", "q4_k_m", processes=2)
+    assert threads.read_bytes() == processes.read_bytes() and len(threads.read_bytes()) > 100_000

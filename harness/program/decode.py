@@ -20,7 +20,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from harness.program.models import PRESETS, Model, load_gguf, write_random_gguf
+from harness.program.models import K_MIXES, PRESETS, Model, load_gguf, write_random_gguf
 from harness.program.plan import Step, distinct_layers, plan_table
 from harness.program.sampling import Sampler
 from kernels import options
@@ -514,7 +514,11 @@ def model_file(name: str, qtype: str = "q8_0", seed: int = 0) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         tmp = path.with_suffix(".tmp")
-        write_random_gguf(tmp, name, qtype, seed)
+        # a large K mix in processes (write_random_gguf: its quantizer holds the GIL): an 8B file
+        # then takes minutes on 16 cores, not the quarter hour of one
+        c = PRESETS[name]
+        large = qtype in K_MIXES and c.n_layers * c.d_model * (2 * c.d_model + 3 * c.ff) > (1 << 28)
+        write_random_gguf(tmp, name, qtype, seed, processes=min(16, os.cpu_count() or 1) if large else 0)
         tmp.replace(path)  # complete files only: a run cut short leaves no half-written model
     return path
 
