@@ -388,8 +388,8 @@ def _batch_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], 
             for i in range(layers):  # layer 0's rows as _paged_state wrote them, the others' fresh
                 if i:
                     k_pool, v_pool = np.full_like(k_pool, np.nan), np.full_like(v_pool, np.nan)
-                    for b, pos in enumerate(at[at > 0]):
-                        b = int(np.flatnonzero(at > 0)[b])
+                    for b in np.flatnonzero(at > 0):
+                        pos = int(at[b])
                         t = np.arange(pos)
                         ref_attention.reshape_and_cache(
                             k_pool, v_pool, rng.standard_normal((pos, n_kv, head_dim)).astype(np.float16),
