@@ -45,6 +45,13 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
                "prefill_tok_s", "decode_tok_s", "ms_per_token",
                "dispatches_per_token", "pct_roofline", "round", "x_llama_cpp", "peer_build", "error"],
     "peak": ["nbytes"],
+    # inside a megafused token (harness.tools.block_timeline): a row a phase kind (QKV .. DOWN;
+    # medians over layers and tokens; us: its span, us_min / us_max over its phases) and one for
+    # the whole launch (phase "token"); lag: the signal's way from the phase before, body: once
+    # let go, tail: the slowest tickets past the median one, work / wait: a ticket's, share: of the
+    # token's time
+    "timeline": ["model", "qtype", "depth", "phase", "layers", "tickets", "lag_us", "body_us", "tail_us",
+                 "work_us", "wait_us", "share"],
     # lathe quality: a text's perplexity per variant (and llama.cpp's, variant "llama.cpp"), each
     # GPU variant's KL divergence from the reference and top-token agreement on the same tokens;
     # us: a chunk's evaluation, wall time; x_llama_cpp: ppl over llama.cpp's ppl of the same run

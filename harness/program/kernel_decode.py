@@ -820,7 +820,8 @@ def _run_token_block(d, env, t, pos):
                                             n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
                                             queue=d.token_queue, counters=d.attn_counters[0],
                                             layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs, scale=d.scale,
-                                            windows=d.windows if d.layer_kind.windows else None)
+                                            windows=d.windows if d.layer_kind.windows else None,
+                                            timeline=d.timeline)
 
 
 def _run_cache_write(n, i, d, env, t, pos):
@@ -920,6 +921,9 @@ class KernelDecoder:
         self.fused, self.paged = variant in ("fused", "megafused"), kv == "paged"
         self.mega = variant == "megafused"
         self.span = options.get("mega_span") if self.mega else None  # its stacks are built for it
+        # a list, where token_block's launches should stamp their tickets (harness.tools.block_timeline):
+        # each uncompiled step's launch appends its kernels.blocks.BlockTimeline
+        self.timeline: list | None = None
         if self.mega and (self.paged or overflow or not repacked()):
             raise ValueError("the megafused variant runs over the contiguous cache, without circular overflow, "
                              "on repacked weights (the repack option)")

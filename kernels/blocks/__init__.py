@@ -114,11 +114,13 @@ LLAMA = LayerKind()
 
 @functools.cache
 def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False,
-          types: tuple[tuple[int, int, int], ...] = (), kind: LayerKind = LLAMA, paged_kv: bool = False) -> KernelSpec:
+          types: tuple[tuple[int, int, int], ...] = (), kind: LayerKind = LLAMA, paged_kv: bool = False,
+          timeline: bool = False) -> KernelSpec:
     """`types`: (kind, type A, type B) of each GEMV (block format codes, layer_block.metal's
     Q_<kind>_A and _B), V among them where the QKV phase's V rows are a matrix of their own;
     `kind`: what the layers compute (token_block's); `paged_kv`: the caches are the paged pool's
-    layers, read and written through the input `table` (token_block's batch form)."""
+    layers, read and written through the input `table` (token_block's batch form); `timeline`:
+    each ticket stamped into the output `stamps` (BlockTimeline)."""
     kinds = {(first + j) % 5 for j in range(phases)}
     ffn, attn = UP in kinds, QKV in kinds
     qkv_split = any(kind == V for kind, _, _ in types)
@@ -143,12 +145,14 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
         inputs += ("windows",)
     if kind.qkv_bias:
         inputs += ("qkv_bias",)
+    if timeline:
+        outputs += ("stamps",)
     name = {(0, 3): "attention_block", (3, 2): "ffn_block", (3, 5): "layer_block"}.get((first, phases), "token_block")
     prelude = f"#define FFN {int(ffn)}\n#define ATTN {int(attn)}\n#define QKV_SPLIT {int(qkv_split)}\n"
     capped, cap_line = attention._softcap_prelude(kind.softcap)
     prelude += (f"#define POST_NORMS {int(kind.post_norms)}\n#define LAYER_WINDOWS {int(kind.windows)}\n"
                 f"#define LATHE_ACT {loop.ACTIVATIONS[kind.activation]}\n{cap_line}\n"
-                f"#define QKV_BIAS {int(kind.qkv_bias)}\n")
+                f"#define QKV_BIAS {int(kind.qkv_bias)}\n" + ("#define TIMELINE 1\n" if timeline else ""))
     gemma = (("_post" if kind.post_norms else "") + ("_win" if kind.windows else "")
              + ("" if kind.activation == "silu" else f"_{kind.activation}") + capped
              + ("_bias" if kind.qkv_bias else ""))
@@ -166,7 +170,7 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
                     f"#define LATHE_MERGE {int(split)}\n#define LATHE_HEAD_NORM {int(head_norm)}")
     layers = "" if name != "token_block" else f"_{phases}"
     return KernelSpec(f"lathe_{name}{layers}{'_paged' if paged_kv else ''}{'_norm' if head_norm else ''}"
-                      f"{'_split' if split else ''}{gemma}{typed}",
+                      f"{'_split' if split else ''}{gemma}{typed}{'_timeline' if timeline else ''}",
                       "blocks/layer_block.metal", inputs, outputs, prelude=prelude,
                       threadgroup_bytes=functools.partial(_threadgroup_bytes, attn=attn, head_norm=head_norm,
                                                           split=split, post_norms=kind.post_norms),
@@ -373,13 +377,29 @@ class _Dims:
 _GRID = object()  # where the launch's (threadgroups, attention tickets) input goes
 
 
+@dataclass(frozen=True)
+class BlockTimeline:
+    """A block launch's own record of its tickets (`timeline=` of token_block): `stamps` uint32
+    [tickets, 3, 3], a row a ticket in claim order, then the last phase's groups; each row's three
+    stamps (claimed, its wait for the phase before over, its outputs written) each hold
+    %globaltimer's low 32 bits (ns), the SM's %clock (cycles) and the SM (timeline_stamp in
+    cuda_compat.h). `kinds` and `tickets`: each phase's kind (QKV .. DOWN) and ticket count, in
+    phase order. harness.tools.block_timeline reads it."""
+
+    stamps: mx.array
+    kinds: tuple[int, ...]
+    tickets: tuple[int, ...]
+
+
 def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None, attn: _Attention | None,
             queue: mx.array | None, strides: dict[str, int] | None = None, layer_kind: LayerKind = LLAMA,
-            post_norms: tuple[mx.array, mx.array] | None = None, qkv_bias: mx.array | None = None) -> list[mx.array]:
+            post_norms: tuple[mx.array, mx.array] | None = None, qkv_bias: mx.array | None = None,
+            timeline: list | None = None) -> list[mx.array]:
     """layer_block.metal over `phases` phases from kind `first` (the halves given hold each
     kind's arrays; `strides`: bytes between layers of each stacked input, token_block's;
     `layer_kind` and `post_norms` (post_attention_norm, post_ffw_norm stacked): token_block's
-    layers): its outputs in the spec's order."""
+    layers): its outputs in the spec's order. `timeline`: a list that gets the launch's
+    BlockTimeline (its tickets stamped; CUDA only)."""
     queue = block_queue(phases) if queue is None else queue
     _check_queue(queue, phases)
     m = x.shape[0]
@@ -489,22 +509,35 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         consts["QKV_BIAS_STRIDE"] = qkv_bias.shape[1]
     caches = len(attn.k_caches) if attn else 1
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind,
-                 bool(attn and attn.table is not None))
+                 bool(attn and attn.table is not None), timeline is not None)
+    kinds = tuple((first + j) % 5 for j in range(phases))
+
+    def phase_tickets(geo: BlockGeometry) -> tuple[int, ...]:  # each phase's (layer_block.metal's kind_tickets)
+        tickets = {kind: g[2] for kind, g in geo.gemvs.items()}
+        of_kind = {QKV: tickets.get(QKV, 0) + tickets.get(V, 0), ATTN: attn_tickets, O: tickets.get(O, 0),
+                   UP: tickets.get(UP, 0), DOWN: tickets.get(DOWN, 0)}
+        return tuple(of_kind[kind] for kind in kinds)
 
     def at(geo: BlockGeometry) -> Launch:  # the launch with geo's tickets
         tickets = {kind: g[2] for kind, g in geo.gemvs.items()}
         launched = max(tickets.values())
         filled = [gemv._dims(i.n, i.k, tickets[i.kind]) if isinstance(i, _Dims)
                   else constant((launched, attn_tickets)) if i is _GRID else i for i in inputs]
-        return Launch(spec, filled, outputs, (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts)
+        stamped = [((sum(phase_tickets(geo)), 3, 3), mx.uint32)] if timeline is not None else []
+        return Launch(spec, filled, outputs + stamped, (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts)
 
     job = at(geo)
     if options.get("block_grid") == "resident":
         # the tickets are inputs, not the module: its occupancy sizes them (cached per module)
         fit = resident_groups(job)
         if fit:
-            job = at(block_geometry(qtype, m, gemvs, last, fit, held))
-    return launch(job)
+            geo = block_geometry(qtype, m, gemvs, last, fit, held)
+            job = at(geo)
+    out = launch(job)
+    if timeline is not None:
+        timeline.append(BlockTimeline(out[-1], kinds, phase_tickets(geo)))
+        out = out[:-1]
+    return out
 
 
 def _launch_types(per_layer: dict[int, tuple[str, ...]], layers: int, first: int
@@ -618,7 +651,7 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
                 neox: bool = False, queue: mx.array | None = None, counters: mx.array | None = None,
                 split_from: int = attention.SPLIT_FROM, layer_kind: LayerKind = LLAMA,
                 inv_freqs: mx.array | None = None, scale: float | None = None,
-                windows: list[int] | None = None, table: mx.array | None = None
+                windows: list[int] | None = None, table: mx.array | None = None, timeline: list | None = None
                 ) -> tuple[mx.array, list[mx.array], list[mx.array]]:
     """A decode token through every layer in one launch (the seeds' persistent kernel): each
     layer's attention block, then its FFN block, as phases of one queue (block_queue(5 * layers)).
@@ -639,7 +672,10 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     layouts); each GEMV phase runs its M rows over one read of the weights, the attention phase
     a task a (partition, head group, sequence), K and V of token b written at its slot in its
     own blocks. The kernel clamps a position to its table's blocks; the caller checks the
-    table's entries. Not with Gemma's post-block norms (one stream row)."""
+    table's entries. Not with Gemma's post-block norms (one stream row).
+
+    timeline: a list that gets the launch's BlockTimeline, each ticket stamped as it runs
+    (harness.tools.block_timeline); CUDA only (%globaltimer), where the launch is one."""
     w, layers, post = weights, weights.layers, layer_kind.post_norms
     if post and (w.post_attn_norm is None or w.post_ffn_norm is None):
         raise ValueError("post-block norms need the stacks' post_attn_norm and post_ffn_norm")
@@ -661,6 +697,9 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
         raise ValueError("token_block's batch form (a table) runs layers without post-block norms")
     if table is not None and not backends.cross_group_waits():
         raise ValueError("token_block's batch form (a table) runs in one launch only (waits between threadgroups)")
+    if timeline is not None and not backends.cross_group_waits():
+        raise ValueError("a timeline stamps token_block's one launch on CUDA (%globaltimer); on Metal its phases "
+                         "run as separate launches, and no timer is read in a kernel")
     mats = (w.w_qkv, w.w_o, w.w_gate_up, w.w_down) + ((w.w_v,) if w.w_v is not None else ())
     if any(s.layers != layers for s in mats):
         raise ValueError(f"token_block's stacks must have {layers} layers each, got {[s.layers for s in mats]}")
@@ -720,7 +759,7 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
         raise ValueError(f"qkv_bias must be float16 [{layers}, {attn.n_qkv}], got {w.qkv_bias.dtype} "
                          f"{tuple(w.qkv_bias.shape)}")
     out = _launch(x, eps, qtype, QKV, 5 * layers, ffn, attn, queue, strides, layer_kind,
-                  (w.post_attn_norm, w.post_ffn_norm) if post else None, w.qkv_bias)
+                  (w.post_attn_norm, w.post_ffn_norm) if post else None, w.qkv_bias, timeline)
     if post:  # the stream after the last attention block, and the last FFN's output: its post-norm
         x_out = loop.post_norm_add(out[-1], w.post_ffn_norm[layers - 1], eps, out[4])
     else:

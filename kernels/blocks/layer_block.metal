@@ -48,6 +48,10 @@
 // tickets claimed, each phase but the last done, threadgroups out, each on a 256-byte line of its
 // own. One queue (and one set of merge counters) per launch in flight, and launches that share
 // one ordered by their data.
+// TIMELINE (kernels.blocks' timeline=True; CUDA only): thread 0 of each ticket stamps it three times
+// (timeline_stamp: ns, cycles, SM) into the output stamps, uint32 [tickets, 3, 3], a row a ticket
+// in claim order and then the last phase's groups: when it was claimed, when its wait for the
+// phase before was over, and when its outputs were written (before its signal).
 // Block types: each GEMV's matrix has its own (blocks/typed_rows.metal): Q_<kind>_A, and
 // Q_<kind>_B for the layers whose bit <kind> is set in layer_types[layer] (a word a layer of the
 // launch; Q_<kind>_B == Q_<kind>_A and no layer_types where every layer has one type). QKV_SPLIT
@@ -123,6 +127,12 @@ threadgroup uint4 x_post_words[K_QKV / 4];
 const auto x_post = threadgroup_view<float>(x_post_words);  // the stream this phase stages (float)
 #endif
 #define DONE(j) (queue + (1 + (j)) * QUEUE_STRIDE)  // phase j's tickets done
+#if TIMELINE
+#define STAMP(i) \
+  if (tid == 0) timeline_stamp(stamps + (stamp_row * 3 + (i)) * 3);
+#else
+#define STAMP(i)
+#endif
 
 // The residual stream a phase of this kind at phase j reads (QKV, UP) or adds (O, DOWN).
 #if FFN && ATTN
@@ -137,7 +147,8 @@ const auto x_post = threadgroup_view<float>(x_post_words);  // the stream this p
   if ((j) > 0) {                                                                                \
     if (tid == 0) grid_wait(DONE((j) - 1), kind_tickets[(FIRST + (j) - 1) % 5]);                \
     threadgroup_barrier(mem_flags::mem_device);  /* all of the phase before is visible */       \
-  }
+  }                                                                                             \
+  STAMP(1)
 
 for (;;) {
   if (tid == 0) ticket = grid_ticket(claimed);
@@ -158,6 +169,10 @@ for (;;) {
   const uint layer = (FIRST + j) / 5;
   const bool last = j == PHASES - 1;
   const bool writer = group == 0;  // POST_NORMS: the threadgroup that writes the phase's stream row
+#if TIMELINE
+  const uint stamp_row = t < claimable ? t : claimable + group;
+#endif
+  STAMP(0)
   if (kind == UP || kind == DOWN) {
 #if FFN
     const auto gamma = ffn_norm + layer * NORM_STRIDE;
@@ -343,10 +358,18 @@ for (;;) {
     }
 #endif
   }
-  if (last) break;
+  if (last) {
+#if TIMELINE
+    threadgroup_barrier(mem_flags::mem_device);  // the stamp after every thread's outputs
+#endif
+    STAMP(2)
+    break;
+  }
   threadgroup_barrier(mem_flags::mem_device);  // this ticket's outputs are written
+  STAMP(2)
   if (tid == 0) grid_signal(DONE(j));
 }
+#undef STAMP
 #undef PHASE_WAIT
 #undef STREAM_IN
 #undef DONE

@@ -397,6 +397,21 @@ __device__ __forceinline__ void grid_reset(const uint* counter, uint count) {
   for (uint i = 0; i < count; ++i) atomicExch(const_cast<uint*>(counter) + i, 0u);
 }
 
+// timeline_stamp(at): three words of "now" for a launch's own timeline (token_block's stamps,
+// harness.tools.block_timeline): %globaltimer's low 32 bits (ns, one clock for every SM, but on
+// some GPUs it only moves every microsecond), %clock (this SM's cycles: fine-grained, its own
+// origin) and %smid, so that the host can line each SM's cycles up with the shared nanoseconds.
+__device__ __forceinline__ void timeline_stamp(uint* at) {
+  unsigned long long ns;
+  uint cycles, sm;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  asm volatile("mov.u32 %0, %%clock;" : "=r"(cycles));
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  at[0] = uint(ns);
+  at[1] = cycles;
+  at[2] = sm;
+}
+
 // prefetch_l2(p, begin, bytes, lane, lanes): bytes [begin, begin + bytes) of p brought into the
 // L2 cache ahead of their loads, one 128-byte line an instruction (prefetch.global.L2: nothing
 // waits for it), the `lanes` callers taking lines in turn. A hint; lathe.h's Metal twin does

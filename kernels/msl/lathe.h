@@ -81,6 +81,13 @@ LATHE_FN void async_wait() {}
 // prefetch_l2: cuda_compat.h's hint that bytes of p will be read soon; Metal has no prefetch.
 template <typename T>
 LATHE_FN void prefetch_l2(const device T* p, size_t begin, size_t bytes, uint lane, uint lanes) {}
+// timeline_stamp: cuda_compat.h's three words of "now"; MSL has no global timer that a kernel
+// reads, so kernels.blocks refuses a timeline on Metal and this twin writes zeros.
+LATHE_FN void timeline_stamp(device uint* at) {
+  at[0] = 0u;
+  at[1] = 0u;
+  at[2] = 0u;
+}
 // grid_ticket / grid_signal / grid_wait / grid_reset: counters shared by the threadgroups of a
 // launch (cuda_compat.h has the CUDA twins and their contract). Device-scope fences need MSL 3.2
 // (atomic_thread_fence with thread_scope_device). Not run on Metal: this project has no Apple GPU.

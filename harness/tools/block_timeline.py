@@ -1,0 +1,284 @@
+"""Inside a megafused token: token_block's own record of its tickets, phase by phase.
+
+    python -m harness.tools.block_timeline qwen3-0.6b --qtype q8_0
+    python -m harness.tools.block_timeline llama3-8b --qtype q4_0 --depth 4096 --tokens 5 --png gantt.png
+    python -m harness.tools.block_timeline llama3-8b --set block_prefetch=off --raw stamps.npz
+
+A megafused token is one launch (kernels.blocks.token_block): CUPTI sees one kernel and Nsight
+Compute one set of counters, so neither says where inside it the time goes. With a timeline, thread
+0 of each ticket stamps it three times as it runs (layer_block.metal's TIMELINE): when it was
+claimed, when its wait for the phase before was over, and when its outputs were written (just
+before its signal). Each stamp holds the GPU's %globaltimer (ns, one clock for all SMs, which on
+some GPUs moves only every microsecond), the SM's %clock (cycles, fine, but each SM its own) and
+the SM; `align` puts every stamp on one nanosecond axis: the timer itself where it is fine, else
+each SM's cycles fitted to the timer's nanoseconds.
+
+Each phase of the token (a layer's QKV, ATTN, O, UP, DOWN) then gives:
+- span: its last ticket done less the last of the phase before: its share of the token (the spans
+  add up to the launch);
+- lag: its first ticket let go less the last done before it: the signal's way from the last
+  producer to the first consumer (an atomic to the L2, a poll, a barrier);
+- body: its last done less its first let go: the phase's own time once it may start;
+- tail: its last done less its median done: how long the slowest tickets run past the typical one;
+- work and wait: a ticket's time from let go to done, and from claimed to let go (medians).
+By kind, the medians over layers and tokens, and the GEMV phases' weights over their span (GB/s,
+% of the copy peak measured in the same process). The rows go to results/<device>/timeline.csv;
+`--png` draws the tickets by SM over time (the whole token and its first layers).
+
+The tokens are decoded uncompiled (the step mode, whose launches are the compiled ones'), after a
+prompt of `depth` + 16 tokens and a few tokens of warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+KIND_NAMES = ("QKV", "ATTN", "O", "UP", "DOWN")  # kernels.blocks' phase kinds, in their order
+FINE_NS = 100  # a timer moving in steps of at most this many ns is used as it is (no cycle fit)
+
+
+def _signed(values: np.ndarray, origin) -> np.ndarray:
+    """uint32 values less `origin`, as signed int64 (32-bit counters that may wrap once)."""
+    d = (values.astype(np.int64) - np.int64(origin)) % (1 << 32)
+    return np.where(d >= 1 << 31, d - (1 << 32), d)
+
+
+def timer_step(ns: np.ndarray) -> float:
+    """The smallest step between distinct readings of the timer: its resolution, as seen."""
+    steps = np.diff(np.unique(ns))
+    return float(steps.min()) if steps.size else 0.0
+
+
+def align(stamps: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Stamps uint32 [rows, 3, 3] (BlockTimeline) -> (ns [rows, 3] float64 from the first ticket's
+    claim, info). Where the global timer moves in steps of at most FINE_NS it is used as it is;
+    else each SM's cycles are fitted to the timer's readings (least squares, ns = a + b cycles, the
+    timer's floor taken as the middle of its step), which keeps the cycles' resolution on the
+    timer's common axis. info: the timer's step, how the stamps were aligned, the fit's residual."""
+    stamps = np.asarray(stamps)
+    if stamps.ndim != 3 or stamps.shape[1:] != (3, 3):
+        raise ValueError(f"stamps must be [tickets, 3, 3], got {stamps.shape}")
+    ns = _signed(stamps[:, :, 0], stamps[0, 0, 0]).astype(np.float64)
+    step = timer_step(ns)
+    info = {"timer_step_ns": step, "aligned_by": "globaltimer", "fit_rms_ns": 0.0}
+    if step <= FINE_NS:
+        return ns - ns.min(), info
+    out = np.empty_like(ns)
+    sms = stamps[:, 0, 2]
+    residuals = []
+    for sm in np.unique(sms):
+        rows = sms == sm
+        cycles = _signed(stamps[rows, :, 1], stamps[rows, 0, 1][0]).astype(np.float64)
+        x, y = cycles.ravel(), ns[rows].ravel() + step / 2
+        if np.ptp(x) == 0:
+            out[rows] = ns[rows] + step / 2
+            continue
+        b, a = np.polyfit(x, y, 1)
+        out[rows] = a + b * cycles
+        residuals.append(y - (a + b * x))
+    info.update(aligned_by="cycles fitted to the timer, per SM",
+                fit_rms_ns=float(np.sqrt(np.mean(np.concatenate(residuals) ** 2))) if residuals else 0.0)
+    return out - out.min(), info
+
+
+def phase_rows(tickets) -> list[slice]:
+    """Each phase's rows of the stamps: the claimed phases' tickets in claim order (phase order),
+    then the last phase's groups (layer_block.metal's stamp_row)."""
+    edges = np.concatenate([[0], np.cumsum(tickets)])
+    return [slice(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def phase_table(ns: np.ndarray, kinds, tickets) -> list[dict]:
+    """A row a phase (module doc): kind, layer, tickets and the times in us."""
+    if len(kinds) != len(tickets) or sum(tickets) != ns.shape[0]:
+        raise ValueError(f"{sum(tickets)} tickets for {ns.shape[0]} stamped rows")
+    first = kinds[0]
+    out, before = [], float(ns[:, 0].min())  # the first phase's "phase before": the launch's first claim
+    for j, (kind, rows) in enumerate(zip(kinds, phase_rows(tickets))):
+        claimed, let_go, done = ns[rows, 0], ns[rows, 1], ns[rows, 2]
+        last = float(done.max())
+        out.append(dict(phase=j, kind=KIND_NAMES[kind], layer=(first + j) // 5, tickets=int(claimed.size),
+                        span_us=(last - before) / 1e3, lag_us=(float(let_go.min()) - before) / 1e3,
+                        body_us=(last - float(let_go.min())) / 1e3, tail_us=(last - float(np.median(done))) / 1e3,
+                        work_us=float(np.median(done - let_go)) / 1e3,
+                        wait_us=float(np.median(let_go - claimed)) / 1e3, end_us=last / 1e3))
+        before = last
+    return out
+
+
+def by_kind(phases: list[dict], bytes_of: dict[str, float], peak_gbs: float | None) -> list[dict]:
+    """Each kind's medians over its phases (all layers, all tokens), its share of the tokens'
+    time, and its bytes (a layer's weights; ATTN: the KV read) over its median span."""
+    total = sum(p["span_us"] for p in phases)
+    out = []
+    for kind in KIND_NAMES:
+        mine = [p for p in phases if p["kind"] == kind]
+        if not mine:
+            continue
+        spans = np.array([p["span_us"] for p in mine])
+        row = {key: float(np.median([p[key] for p in mine]))
+               for key in ("span_us", "lag_us", "body_us", "tail_us", "work_us", "wait_us")}
+        row.update(kind=kind, phases=len(mine), tickets=int(np.median([p["tickets"] for p in mine])),
+                   span_min_us=float(spans.min()), span_max_us=float(spans.max()), share=float(spans.sum() / total))
+        nbytes = bytes_of.get(kind)
+        row["bytes"] = nbytes
+        row["gbs"] = nbytes / (row["span_us"] * 1e3) if nbytes else None
+        row["pct_peak"] = 100 * row["gbs"] / peak_gbs if row["gbs"] and peak_gbs else None
+        out.append(row)
+    return out
+
+
+def print_summary(title: str, kinds: list[dict], token_us: list[float], info: dict) -> None:
+    print(f"{title}: token_block {np.median(token_us):.1f} us a token (median of {len(token_us)}); stamps "
+          f"aligned by {info['aligned_by']} (timer step {info['timer_step_ns']:.0f} ns, fit rms "
+          f"{info['fit_rms_ns']:.0f} ns)")
+    print(f"  {'kind':5s} {'span':>7s} {'lag':>6s} {'body':>7s} {'tail':>6s} {'work':>7s} {'wait':>7s} "
+          f"{'share':>6s} {'tickets':>7s} {'GB/s':>7s} {'%peak':>6s}   (us, medians over phases)")
+    for k in kinds:
+        gbs = f"{k['gbs']:7.0f}" if k["gbs"] else f"{'':7s}"
+        pct = f"{k['pct_peak']:6.1f}" if k["pct_peak"] else f"{'':6s}"
+        print(f"  {k['kind']:5s} {k['span_us']:7.2f} {k['lag_us']:6.2f} {k['body_us']:7.2f} {k['tail_us']:6.2f} "
+              f"{k['work_us']:7.2f} {k['wait_us']:7.2f} {100 * k['share']:5.1f}% {k['tickets']:7d} {gbs} {pct}")
+    lag = sum(k["lag_us"] * k["phases"] for k in kinds) / max(1, len(token_us))
+    print(f"  lags add up to {lag:.1f} us a token ({100 * lag / np.median(token_us):.1f}%)")
+
+
+def gantt(ns: np.ndarray, stamps: np.ndarray, kinds, tickets, path: Path, title: str, layers: int = 2) -> Path:
+    """Each ticket a bar on its SM's line from let go to done (a thin grey one from claimed to let
+    go), coloured by kind: the whole token above, its first `layers` layers below."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"QKV": "tab:blue", "ATTN": "tab:orange", "O": "tab:green", "UP": "tab:red", "DOWN": "tab:purple"}
+    sm = stamps[:, 0, 2].astype(int)
+    fig, axes = plt.subplots(2, 1, figsize=(14, 9))
+    rows = phase_rows(tickets)
+    cut = rows[min(len(rows), 5 * layers) - 1].stop
+    for ax, upto in zip(axes, (ns.shape[0], cut)):
+        for kind, sl in zip(kinds, rows):
+            if sl.start >= upto:
+                break
+            t, s = ns[sl] / 1e3, sm[sl]
+            ax.hlines(s, t[:, 0], t[:, 1], colors="0.8", linewidth=0.6)
+            ax.hlines(s, t[:, 1], t[:, 2], colors=colours[KIND_NAMES[kind]], linewidth=1.6)
+        ax.set_xlabel("us from the launch's first claim")
+        ax.set_ylabel("SM")
+    axes[0].set_title(f"{title}: token_block's tickets (grey: claimed, waiting; colour: running)")
+    axes[1].set_title(f"its first {layers} layers")
+    axes[0].legend(handles=[plt.Line2D([], [], color=c, label=k) for k, c in colours.items()], loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _kind_bytes(decoder, position: int) -> dict[str, float]:
+    """A layer's bytes of each phase kind (the mean over layers): the GEMVs' weights, ATTN's K and
+    V read at `position`."""
+    s, c = decoder.stacks, decoder.config
+    mean = lambda stack: float(np.mean([stack.layer(i).data.nbytes for i in range(stack.layers)]))  # noqa: E731
+    qkv = mean(s.w_qkv) + (mean(s.w_v) if s.w_v is not None else 0.0)
+    return {"QKV": qkv, "O": mean(s.w_o), "UP": mean(s.w_gate_up), "DOWN": mean(s.w_down),
+            "ATTN": 2.0 * c.n_kv_heads * c.head_dim * 2 * (position + 1)}
+
+
+def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png: Path | None,
+        write: bool) -> list[dict]:
+    import mlx.core as mx
+
+    from harness.peak import measure_peak
+    from harness.program.decode import make_decoder, model_file
+    from harness.program.models import load_gguf
+    from harness.results import append_rows, results_dir, run_metadata
+    from kernels import runtime
+
+    runtime.require_gpu()
+    model = load_gguf(model_file(preset, qtype))
+    c = model.config
+    decoder = make_decoder(model, depth + 16 + tokens + 8, "megafused")
+    if decoder.span != "token":
+        raise SystemExit("block_timeline reads token_block's launch: mega_span=token (the default)")
+    prompt = np.random.default_rng(0).integers(0, c.vocab, depth + 16)
+    token = decoder.greedy(decoder.forward(prompt))
+
+    def step(token):
+        nxt = decoder.greedy(decoder.forward(token))
+        mx.eval(nxt)
+        return nxt
+
+    for _ in range(3):  # warm-up: compiles and first uses
+        token = step(token)
+    decoder.timeline = []
+    for _ in range(tokens):
+        token = step(token)
+    timelines, decoder.timeline = decoder.timeline, None
+    if not timelines:
+        raise SystemExit("no token_block launch was stamped")
+    peak = measure_peak().gbs
+    phases, token_us, info, kept = [], [], None, {}
+    for i, tl in enumerate(timelines):
+        stamps = np.array(tl.stamps)
+        ns, info = align(stamps)
+        table = phase_table(ns, tl.kinds, tl.tickets)
+        phases += table
+        token_us.append(table[-1]["end_us"])
+        kept[f"stamps_{i}"] = stamps
+    position = depth + 16 + 3 + tokens // 2
+    kinds = by_kind(phases, _kind_bytes(decoder, position), peak)
+    title = f"{preset} {qtype} d{depth}"
+    print_summary(title, kinds, token_us, info)
+    if raw:
+        np.savez_compressed(raw, kinds=np.array(timelines[0].kinds), tickets=np.array(timelines[0].tickets), **kept)
+        print(f"wrote {raw}")
+    if png:
+        ns, _ = align(kept["stamps_0"])
+        print(f"wrote {gantt(ns, kept['stamps_0'], timelines[0].kinds, timelines[0].tickets, png, title)}")
+    meta = run_metadata()
+    weights = sum(k["bytes"] for k in kinds if k["kind"] != "ATTN") * c.n_layers
+    common = dict(benchmark="block-timeline", kernel="token_block", variant="megafused",
+                  backend=runtime.backend(), device=runtime.device_name(), peak_gbs=peak, model=preset,
+                  qtype=qtype, depth=depth, layers=c.n_layers, **meta)
+    rows = [dict(common, us=k["span_us"], us_min=k["span_min_us"], us_max=k["span_max_us"], gbs=k["gbs"],
+                 pct_peak=k["pct_peak"], bytes=k["bytes"], phase=k["kind"], tickets=k["tickets"],
+                 lag_us=k["lag_us"], body_us=k["body_us"], tail_us=k["tail_us"], work_us=k["work_us"],
+                 wait_us=k["wait_us"], share=k["share"], repeats=len(token_us)) for k in kinds]
+    tok = float(np.median(token_us))
+    rows.append(dict(common, us=tok, us_min=min(token_us), us_max=max(token_us), gbs=weights / (tok * 1e3),
+                     pct_peak=100 * weights / (tok * 1e3) / peak, bytes=weights, phase="token",
+                     tickets=sum(timelines[0].tickets), repeats=len(token_us),
+                     lag_us=sum(k["lag_us"] * k["phases"] for k in kinds) / len(token_us), share=1.0,
+                     body_us=None, tail_us=None, work_us=None, wait_us=None))
+    if write:
+        path = append_rows(results_dir(Path(__file__).resolve().parents[2], runtime.device_name()) / "timeline.csv",
+                           "timeline", rows)
+        print(f"wrote {path}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kernels import options
+
+    p = argparse.ArgumentParser(prog="python -m harness.tools.block_timeline", description=__doc__.split("\n")[0])
+    p.add_argument("preset", help="a preset (decode's), a real model or a GGUF file")
+    p.add_argument("--qtype", default="q8_0")
+    p.add_argument("--depth", type=int, default=0, help="tokens in the cache before the 16-token prompt")
+    p.add_argument("--tokens", type=int, default=5, help="stamped decode tokens")
+    p.add_argument("--raw", type=Path, help="the stamps of every token, as .npz")
+    p.add_argument("--png", type=Path, help="the tickets by SM over time")
+    p.add_argument("--no-write", action="store_true", help="print only (no timeline.csv rows)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE[,...]",
+                   help="experiment options (`lathe options`), recorded in the rows")
+    args = p.parse_args(argv)
+    with options.use(**options.parse(",".join(args.set))):
+        run(args.preset, args.qtype, args.depth, args.tokens, args.raw, args.png, not args.no_write)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""token_block's timeline (harness.tools.block_timeline): the stamps' arithmetic on made-up tickets
+(CPU), and on the GPU a stamped launch that computes what an unstamped one does, its tickets in
+phase order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.tools.block_timeline import align, by_kind, phase_rows, phase_table, timer_step
+
+CLOCK_GHZ = 1.98
+
+
+def _made_up(kinds, tickets, step_ns=1000, lag=700.0, seed=0):
+    """True times of made-up tickets (ns from 0) and their stamps as the kernel writes them: a timer
+    moving in steps of `step_ns` from near 2^32 (so that it wraps), two SMs whose cycle counters
+    start apart (one wraps too)."""
+    rng = np.random.default_rng(seed)
+    rows, start = [], 0.0
+    for n in tickets:
+        claim = start - 900 + rng.uniform(0, 400, n)
+        let_go = start + rng.uniform(0, 300, n)
+        done = let_go + rng.uniform(800, 2500, n)
+        rows.append(np.stack([claim, let_go, done], axis=1))
+        start = done.max() + lag
+    true = np.concatenate(rows)
+    true -= true.min()
+    sms = rng.integers(0, 2, true.shape[0])
+    timer = np.floor((true + (1 << 32) - 5_000) / step_ns) * step_ns
+    cycles = true * CLOCK_GHZ + np.where(sms == 0, 123_456.0, (1 << 32) - 2_000.0)[:, None]
+    stamps = np.zeros((true.shape[0], 3, 3), np.uint32)
+    stamps[:, :, 0] = (timer.astype(np.int64) % (1 << 32)).astype(np.uint32)
+    stamps[:, :, 1] = (np.floor(cycles).astype(np.int64) % (1 << 32)).astype(np.uint32)
+    stamps[:, :, 2] = sms[:, None]
+    return true, stamps
+
+
+KINDS = tuple(j % 5 for j in range(10))  # two layers
+TICKETS = (40, 8, 24, 60, 30, 40, 8, 24, 60, 30)
+
+
+def test_a_coarse_timer_is_refined_by_each_sms_cycles():
+    true, stamps = _made_up(KINDS, TICKETS, step_ns=1000)
+    ns, info = align(stamps)
+    assert info["timer_step_ns"] == 1000 and info["aligned_by"].startswith("cycles")
+    # one axis for both SMs, to well under the timer's step (its floor is the error of one reading)
+    assert np.abs((ns - ns.min()) - (true - true.min())).max() < 100
+
+
+def test_a_fine_timer_is_taken_as_it_is():
+    true, stamps = _made_up(KINDS, TICKETS, step_ns=1)
+    ns, info = align(stamps)
+    assert info["aligned_by"] == "globaltimer"
+    assert np.abs(ns - np.floor(true)).max() <= 1
+
+
+def test_phases_split_the_launch_and_their_spans_add_up():
+    true, _ = _made_up(KINDS, TICKETS, lag=700.0)
+    table = phase_table(true, KINDS, TICKETS)
+    assert [p["kind"] for p in table] == ["QKV", "ATTN", "O", "UP", "DOWN"] * 2
+    assert [p["layer"] for p in table] == [0] * 5 + [1] * 5
+    assert sum(p["span_us"] for p in table) == pytest.approx(true[:, 2].max() / 1e3)
+    for j, (p, rows) in enumerate(zip(table, phase_rows(TICKETS))):
+        assert p["tickets"] == TICKETS[j]
+        assert p["body_us"] == pytest.approx((true[rows, 2].max() - true[rows, 1].min()) / 1e3)
+        if j:  # every let-go of a made-up phase is 0..300 ns past its start, lag ns after the last done
+            assert 0.7 <= p["lag_us"] <= 1.0
+    kinds = by_kind(table, {"UP": 2e6}, peak_gbs=4000.0)
+    up = next(k for k in kinds if k["kind"] == "UP")
+    assert up["phases"] == 2 and up["gbs"] == pytest.approx(2e6 / (up["span_us"] * 1e3))
+    assert sum(k["share"] for k in kinds) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="tickets"):
+        phase_table(true[:-1], KINDS, TICKETS)
+
+
+def test_the_timer_step_is_its_smallest_move():
+    assert timer_step(np.array([0.0, 1000.0, 1000.0, 3000.0])) == 1000.0
+    with pytest.raises(ValueError, match=r"\[tickets, 3, 3\]"):
+        align(np.zeros((4, 3), np.uint32))
+
+
+@pytest.mark.gpu
+def test_a_stamped_token_block_computes_what_an_unstamped_one_does(tmp_path):
+    """A megafused step with its tickets stamped gives the logits of one without, and its stamps
+    are those of a launch whose phases wait for each other: each ticket let go after its claim and
+    done after that, and no phase's ticket let go before the phase before it was done."""
+    import mlx.core as mx
+
+    from harness.program.kernel_decode import KernelDecoder
+    from harness.program.models import load_gguf, write_random_gguf
+    from reference import rel_err
+
+    model = load_gguf(write_random_gguf(tmp_path / "tiny-qwen3.gguf", "tiny-qwen3", "q8_0", seed=3))
+    prompt = np.random.default_rng(1).integers(0, model.config.vocab, 16)
+    logits = []
+    for stamped in (False, True):
+        d = KernelDecoder(model, 32, "megafused")
+        token = d.greedy(d.forward(prompt))
+        d.timeline = [] if stamped else None
+        logits.append(np.array(d.forward(token).astype(mx.float32)))
+        if stamped:
+            (tl,) = d.timeline
+    assert rel_err(logits[1], logits[0]) < 1e-6
+    stamps = np.array(tl.stamps)
+    assert stamps.shape == (sum(tl.tickets), 3, 3) and len(tl.kinds) == 5 * model.config.n_layers
+    ns, info = align(stamps)
+    slack = 2 * info["fit_rms_ns"] + 64  # the alignment's own error across SMs
+    assert (np.diff(ns, axis=1) >= -slack).all()
+    for before, after in zip(phase_rows(tl.tickets)[:-1], phase_rows(tl.tickets)[1:]):
+        assert ns[after, 1].min() >= ns[before, 2].max() - slack
+    table = phase_table(ns, tl.kinds, tl.tickets)
+    assert sum(p["span_us"] for p in table) == pytest.approx(ns[:, 2].max() / 1e3)
