@@ -51,7 +51,7 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
     # let go, tail: the slowest tickets past the median one, work / wait: a ticket's, share: of the
     # token's time
     "timeline": ["model", "qtype", "depth", "phase", "layers", "tickets", "lag_us", "body_us", "tail_us",
-                 "work_us", "wait_us", "share"],
+                 "work_us", "wait_us", "share", "round"],
     # lathe quality: a text's perplexity per variant (and llama.cpp's, variant "llama.cpp"), each
     # GPU variant's KL divergence from the reference and top-token agreement on the same tokens;
     # us: a chunk's evaluation, wall time; x_llama_cpp: ppl over llama.cpp's ppl of the same run

@@ -163,6 +163,27 @@ def test_a_resident_fit_caps_each_claimed_phase(shape, fit):
             assert tickets == min(plain.gemvs[kind][2], fit)
 
 
+@pytest.mark.parametrize("below", [64, 256, 100_000])
+@pytest.mark.parametrize("shape", LAYERS)
+def test_narrow_phases_halve_their_rows_until_they_have_the_tickets(shape, below):
+    """block_narrow: a GEMV phase (not gate|up) with fewer tickets than asked halves its rows a
+    SIMD group until it has them or takes one row; its tickets are then its row groups, every row
+    covered; the others keep theirs."""
+    d, n_qkv, hd, f = shape
+    gemvs = {blocks.UP: (2 * f, d), blocks.DOWN: (d, f), blocks.QKV: (n_qkv, d), blocks.O: (d, hd)}
+    plain = blocks.block_geometry("q8_0", 1, gemvs, blocks.DOWN)
+    narrow = blocks._narrowed(plain, gemvs, below)
+    assert narrow.gemvs[blocks.UP] == plain.gemvs[blocks.UP]
+    for kind, (n, _) in gemvs.items():
+        (r0, p0, t0), (r, p, t) = plain.gemvs[kind], narrow.gemvs[kind]
+        assert p == p0
+        if kind == blocks.UP or t0 >= below:
+            assert (r, t) == (r0, t0)
+        else:
+            assert r < r0 and (t >= below or r == 1) and r0 % r == 0
+            assert t == -(-n // (r * plain.simds))
+
+
 def test_block_nsimd_sets_the_threadgroup_size():
     from kernels import options
 

@@ -189,19 +189,23 @@ def _kind_bytes(decoder, position: int) -> dict[str, float]:
 
 
 def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png: Path | None,
-        write: bool) -> list[dict]:
+        write: bool, settings: list[dict] | None = None, rounds: int = 1) -> list[dict]:
+    """Stamp `tokens` decode tokens under each of `settings` (option sets, default: the options
+    as they are), in `rounds` alternated rounds on one decoder; print each one's summary and the
+    token's time side by side, and write their rows."""
     import mlx.core as mx
 
     from harness.peak import measure_peak
     from harness.program.decode import make_decoder, model_file
     from harness.program.models import load_gguf
     from harness.results import append_rows, results_dir, run_metadata
-    from kernels import runtime
+    from kernels import options, runtime
 
     runtime.require_gpu()
+    settings = settings or [{}]
     model = load_gguf(model_file(preset, qtype))
     c = model.config
-    decoder = make_decoder(model, depth + 16 + tokens + 8, "megafused")
+    decoder = make_decoder(model, depth + 16 + rounds * len(settings) * (tokens + 2) + 8, "megafused")
     if decoder.span != "token":
         raise SystemExit("block_timeline reads token_block's launch: mega_span=token (the default)")
     prompt = np.random.default_rng(0).integers(0, c.vocab, depth + 16)
@@ -212,52 +216,73 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
         mx.eval(nxt)
         return nxt
 
-    for _ in range(3):  # warm-up: compiles and first uses
-        token = step(token)
-    decoder.timeline = []
-    for _ in range(tokens):
-        token = step(token)
-    timelines, decoder.timeline = decoder.timeline, None
-    if not timelines:
-        raise SystemExit("no token_block launch was stamped")
     peak = measure_peak().gbs
-    phases, token_us, info, kept = [], [], None, {}
-    for i, tl in enumerate(timelines):
-        stamps = np.array(tl.stamps)
-        ns, info = align(stamps)
-        table = phase_table(ns, tl.kinds, tl.tickets)
-        phases += table
-        token_us.append(table[-1]["end_us"])
-        kept[f"stamps_{i}"] = stamps
-    position = depth + 16 + 3 + tokens // 2
-    kinds = by_kind(phases, _kind_bytes(decoder, position), peak)
-    title = f"{preset} {qtype} d{depth}"
-    print_summary(title, kinds, token_us, info)
-    if raw:
-        np.savez_compressed(raw, kinds=np.array(timelines[0].kinds), tickets=np.array(timelines[0].tickets), **kept)
-        print(f"wrote {raw}")
-    if png:
-        ns, _ = align(kept["stamps_0"])
-        print(f"wrote {gantt(ns, kept['stamps_0'], timelines[0].kinds, timelines[0].tickets, png, title)}")
-    meta = run_metadata()
-    weights = sum(k["bytes"] for k in kinds if k["kind"] != "ATTN") * c.n_layers
-    common = dict(benchmark="block-timeline", kernel="token_block", variant="megafused",
-                  backend=runtime.backend(), device=runtime.device_name(), peak_gbs=peak, model=preset,
-                  qtype=qtype, depth=depth, layers=c.n_layers, **meta)
-    rows = [dict(common, us=k["span_us"], us_min=k["span_min_us"], us_max=k["span_max_us"], gbs=k["gbs"],
-                 pct_peak=k["pct_peak"], bytes=k["bytes"], phase=k["kind"], tickets=k["tickets"],
-                 lag_us=k["lag_us"], body_us=k["body_us"], tail_us=k["tail_us"], work_us=k["work_us"],
-                 wait_us=k["wait_us"], share=k["share"], repeats=len(token_us)) for k in kinds]
-    tok = float(np.median(token_us))
-    rows.append(dict(common, us=tok, us_min=min(token_us), us_max=max(token_us), gbs=weights / (tok * 1e3),
-                     pct_peak=100 * weights / (tok * 1e3) / peak, bytes=weights, phase="token",
-                     tickets=sum(timelines[0].tickets), repeats=len(token_us),
-                     lag_us=sum(k["lag_us"] * k["phases"] for k in kinds) / len(token_us), share=1.0,
-                     body_us=None, tail_us=None, work_us=None, wait_us=None))
+    rows, times = [], {}
+    for round_ in range(1, rounds + 1):
+        for i, opts in enumerate(settings):
+            with options.use(**opts):
+                for _ in range(2):  # warm-up: compiles and first uses
+                    token = step(token)
+                decoder.timeline = []
+                for _ in range(tokens):
+                    token = step(token)
+                timelines, decoder.timeline = decoder.timeline, None
+                if not timelines:
+                    raise SystemExit("no token_block launch was stamped")
+                phases, token_us, info, kept = [], [], None, {}
+                for j, tl in enumerate(timelines):
+                    stamps = np.array(tl.stamps)
+                    ns, info = align(stamps)
+                    table = phase_table(ns, tl.kinds, tl.tickets)
+                    phases += table
+                    token_us.append(table[-1]["end_us"])
+                    kept[f"stamps_{j}"] = stamps
+                kinds = by_kind(phases, _kind_bytes(decoder, decoder.pos - tokens // 2), peak)
+                label = options.describe(opts) or "defaults"
+                title = f"{preset} {qtype} d{depth}, {label}, round {round_}"
+                print_summary(title, kinds, token_us, info)
+                times.setdefault(label, []).append(float(np.median(token_us)))
+                tag = f"-{i}" if len(settings) > 1 else ""
+                if raw and round_ == 1:
+                    path = raw.with_name(f"{raw.stem}{tag}{raw.suffix}")
+                    np.savez_compressed(path, kinds=np.array(timelines[0].kinds),
+                                        tickets=np.array(timelines[0].tickets), **kept)
+                    print(f"wrote {path}")
+                if png and round_ == 1:
+                    path = png.with_name(f"{png.stem}{tag}{png.suffix}")
+                    ns, _ = align(kept["stamps_0"])
+                    print(f"wrote {gantt(ns, kept['stamps_0'], timelines[0].kinds, timelines[0].tickets, path, title)}")
+                rows += _rows(kinds, token_us, timelines[0], c, peak, preset, qtype, depth, run_metadata(), round_)
+    if len(settings) > 1 or rounds > 1:
+        print(f"{preset} {qtype} d{depth}: token_block us a token (median of {tokens}), by round:")
+        for label, ts in times.items():
+            print(f"  {label:60s} " + " ".join(f"{t:8.1f}" for t in ts))
     if write:
         path = append_rows(results_dir(Path(__file__).resolve().parents[2], runtime.device_name()) / "timeline.csv",
                            "timeline", rows)
         print(f"wrote {path}")
+    return rows
+
+
+def _rows(kinds: list[dict], token_us: list[float], timeline, config, peak: float, preset: str, qtype: str,
+          depth: int, meta: dict, round_: int) -> list[dict]:
+    """timeline.csv's rows of one stamped run: a kind each, and the token's."""
+    from kernels import runtime
+
+    weights = sum(k["bytes"] for k in kinds if k["kind"] != "ATTN") * config.n_layers
+    common = dict(benchmark="block-timeline", kernel="token_block", variant="megafused",
+                  backend=runtime.backend(), device=runtime.device_name(), peak_gbs=peak, model=preset,
+                  qtype=qtype, depth=depth, layers=config.n_layers, repeats=len(token_us), round=round_, **meta)
+    rows = [dict(common, us=k["span_us"], us_min=k["span_min_us"], us_max=k["span_max_us"], gbs=k["gbs"],
+                 pct_peak=k["pct_peak"], bytes=k["bytes"], phase=k["kind"], tickets=k["tickets"],
+                 lag_us=k["lag_us"], body_us=k["body_us"], tail_us=k["tail_us"], work_us=k["work_us"],
+                 wait_us=k["wait_us"], share=k["share"]) for k in kinds]
+    tok = float(np.median(token_us))
+    rows.append(dict(common, us=tok, us_min=min(token_us), us_max=max(token_us), gbs=weights / (tok * 1e3),
+                     pct_peak=100 * weights / (tok * 1e3) / peak, bytes=weights, phase="token",
+                     tickets=sum(timeline.tickets), share=1.0,
+                     lag_us=sum(k["lag_us"] * k["phases"] for k in kinds) / len(token_us),
+                     body_us=None, tail_us=None, work_us=None, wait_us=None))
     return rows
 
 
@@ -274,9 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-write", action="store_true", help="print only (no timeline.csv rows)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE[,...]",
                    help="experiment options (`lathe options`), recorded in the rows")
+    p.add_argument("--ab", action="append", default=[], metavar="NAME=VALUE[,...]",
+                   help="an option set to stamp beside the others (give it more than once; '' for --set's "
+                        "alone), alternated over --rounds on one decoder")
+    p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args(argv)
+    settings = [options.parse(text) for text in args.ab] or None
     with options.use(**options.parse(",".join(args.set))):
-        run(args.preset, args.qtype, args.depth, args.tokens, args.raw, args.png, not args.no_write)
+        run(args.preset, args.qtype, args.depth, args.tokens, args.raw, args.png, not args.no_write, settings,
+            args.rounds)
     return 0
 
 

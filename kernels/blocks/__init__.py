@@ -293,6 +293,22 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
     return BlockGeometry(s, xchunk, out)
 
 
+def _narrowed(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]], below: int) -> BlockGeometry:
+    """block_narrow: each GEMV phase but gate|up (whose SwiGLU pairs rows) with fewer than `below`
+    tickets halves its rows a SIMD group until it has that many or takes one: a small phase
+    (Qwen3-0.6B's O and down, 64 tickets of 16 rows) lasts one ticket's latency, while the launch's
+    other threadgroups idle through it. Its tickets are then its row groups (not capped)."""
+    out = dict(geo.gemvs)
+    for kind, (r, p, tickets) in geo.gemvs.items():
+        if kind == UP:
+            continue
+        while r > 1 and tickets < below:
+            r //= 2
+            tickets = -(-gemvs[kind][0] // (r * geo.simds))
+        out[kind] = (r, p, tickets)
+    return BlockGeometry(geo.simds, geo.xchunk, out)
+
+
 class _FFN:
     """The FFN half's arguments, checked (one layer's; token_block's stacks replace the arrays)."""
 
@@ -436,16 +452,25 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         return post + attention.decode_threadgroup_bytes((attn.n_heads // attn.n_kv) // qs, attn.head_dim, s,
                                                          bool(attn.norms), split)
 
-    geo, held = block_geometry(qtype, m, gemvs, last), 0
+    narrow = options.get("block_narrow")
+
+    def geometry(fit: int | None = None) -> BlockGeometry:
+        g = block_geometry(qtype, m, gemvs, last, fit, held)
+        return _narrowed(g, gemvs, narrow) if narrow else g
+
+    held = 0
+    geo = geometry()
     if _gemv_bytes(m, geo.xchunk, geo.simds) + reserved(geo.simds) > backends.threadgroup_memory():
         held = reserved(geo.simds)  # (NSIMD does not depend on the budget: geo.simds stays)
-        geo = block_geometry(qtype, m, gemvs, last, reserved=held)
+        geo = geometry()
     s = geo.simds
     strides = {"W_QKV_STRIDE": 0, "W_O_STRIDE": 0, "W_UP_STRIDE": 0, "W_DOWN_STRIDE": 0, "NORM_STRIDE": 0,
                "HEAD_NORM_STRIDE": 0, **({"W_V_STRIDE": 0} if V in gemvs else {}), **(strides or {})}
     inputs, consts = [], dict(QTYPE=gemv.block_format(qtype)[0], M=m, NSIMD=s, XCHUNK=geo.xchunk, FIRST=first,
                               PHASES=phases, PREFETCH=bool(options.get("block_prefetch")),
                               L2_AHEAD=bool(options.get("block_l2_ahead")), **strides)
+    if attn:  # the attention phase's cached rows into the L2 before its wait (contiguous caches)
+        consts["ATTN_AHEAD"] = bool(options.get("block_attn_ahead")) and attn.table is None
     for kind in geo.gemvs:
         consts.update({f"R_{_KIND_NAMES[kind]}": geo.gemvs[kind][0], f"P_{_KIND_NAMES[kind]}": geo.gemvs[kind][1]})
     types, layer_types = _launch_types({**(ffn.types if ffn else {}), **(attn.types if attn else {})},
@@ -531,7 +556,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         # the tickets are inputs, not the module: its occupancy sizes them (cached per module)
         fit = resident_groups(job)
         if fit:
-            geo = block_geometry(qtype, m, gemvs, last, fit, held)
+            geo = geometry(fit)
             job = at(geo)
     out = launch(job)
     if timeline is not None:

@@ -19,6 +19,8 @@
 // its group g once the queue is empty. This needs running threadgroups to keep being scheduled
 // while others spin, which NVIDIA GPUs give resident blocks; Metal promises no such thing, so
 // kernels.blocks runs the phases as separate launches there (kernels.backends.cross_group_waits).
+// ATTN_AHEAD: the attention phase asks the L2 for its cached K and V rows before its wait (the
+// contiguous caches; the block_attn_ahead option).
 // PREFETCH: a GEMV phase issues its first weights before it waits on the phase before (they need
 // nothing of it: v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip; L2_AHEAD
 // (with PREFETCH): it also asks the L2 for the rest of its ticket's rows, so the DRAM keeps
@@ -333,7 +335,6 @@ for (;;) {
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
     } else {
-      PHASE_WAIT(j)
       // a query's tasks: its partitions' (dims[3]; 1 unsplit), each kv heads x QS; query b of the
       // M tokens (a batch's sequences, paged: token_block's table form) after query b - 1's
       const uint head_groups = uint(dims[0]) * QS, per_query = head_groups * uint(dims[3]);
@@ -345,6 +346,28 @@ for (;;) {
 #if LAYER_WINDOWS
 #define LATHE_WINDOW uint(windows[layer])
 #endif
+#if !LATHE_PAGED
+      if (ATTN_AHEAD) {
+        // The ticket's cached K and V rows of the tokens before this one (decode_rows' t_begin ..
+        // t_end short of the new row) into the L2 while it waits: earlier launches wrote them, so
+        // they need nothing of the QKV phase, and its first loads then find them there.
+        const uint rows_a = uint(dims[1]), q_at = uint(pos[b]), ctx_a = min(q_at + 1, rows_a);
+#if LAYER_WINDOWS
+        const uint win_a = uint(windows[layer]);
+#else
+        const uint win_a = 0u;
+#endif
+        const uint from_a = (win_a > 0 && ctx_a > win_a ? ctx_a - win_a : 0u) & ~7u;
+        const uint lo = LATHE_SPLIT ? min(ctx_a, from_a + part * uint(dims[2])) : from_a;
+        const uint hi = min(min(LATHE_SPLIT ? min(ctx_a, lo + uint(dims[2])) : ctx_a, q_at), rows_a);
+        if (hi > lo) {
+          const size_t at = (size_t(hg / QS) * rows_a + lo) * D * 2, bytes = size_t(hi - lo) * D * 2;
+          prefetch_l2(k_cache, at, bytes, tid, NT);
+          prefetch_l2(v_cache, at, bytes, tid, NT);
+        }
+      }
+#endif
+      PHASE_WAIT(j)
 #if LATHE_HEAD_NORM
       auto q_norm = q_norms + layer * HEAD_NORM_STRIDE;
       auto k_norm = k_norms + layer * HEAD_NORM_STRIDE;
