@@ -172,13 +172,13 @@ DECLARED = (
     Option("block_l2_ahead", False, _flag,
            "with block_prefetch: the blocks' GEMV phases also ask the L2 cache for the rest of their rows "
            "before the wait (prefetch.global.L2; nothing on Metal)"),
-    Option("block_attn_ahead", False, _flag,
+    Option("block_attn_ahead", True, _flag,
            "the blocks' attention phase asks the L2 cache for its head's cached K and V rows (the tokens "
-           "before this one's) before it waits on the QKV phase (prefetch.global.L2; contiguous cache; "
-           "nothing on Metal)"),
-    Option("block_narrow", 0, _count,
-           "the blocks' GEMV phases (not gate|up) whose rows give fewer than this many tickets at the launch's "
-           "rows a SIMD group take 1 row a SIMD group instead (more, lighter tickets; 0: never)"),
+           "before this one's) before it waits on the QKV phase (prefetch.global.L2; a contiguous cache and "
+           "an unsplit context; nothing on Metal; kernels/loop/NOTES.md)"),
+    Option("block_narrow", 256, _count,
+           "the blocks' GEMV phases (not gate|up) with fewer tickets than this halve their rows a SIMD group "
+           "until they have that many or take one row (0: never; kernels/loop/NOTES.md)"),
     Option("block_k_slots", None, _auto_or_count,
            "the blocks' attention phase: K rows through threadgroup memory in at most this many slots (fewer "
            "where the launch's threadgroup memory cannot hold them: none in Llama-3-8B's token block), as "

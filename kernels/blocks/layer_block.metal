@@ -20,7 +20,7 @@
 // while others spin, which NVIDIA GPUs give resident blocks; Metal promises no such thing, so
 // kernels.blocks runs the phases as separate launches there (kernels.backends.cross_group_waits).
 // ATTN_AHEAD: the attention phase asks the L2 for its cached K and V rows before its wait (the
-// contiguous caches; the block_attn_ahead option).
+// contiguous caches, an unsplit context; the block_attn_ahead option).
 // PREFETCH: a GEMV phase issues its first weights before it waits on the phase before (they need
 // nothing of it: v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip; L2_AHEAD
 // (with PREFETCH): it also asks the L2 for the rest of its ticket's rows, so the DRAM keeps
@@ -346,11 +346,13 @@ for (;;) {
 #if LAYER_WINDOWS
 #define LATHE_WINDOW uint(windows[layer])
 #endif
-#if !LATHE_PAGED
+#if !LATHE_PAGED && !LATHE_SPLIT
       if (ATTN_AHEAD) {
         // The ticket's cached K and V rows of the tokens before this one (decode_rows' t_begin ..
         // t_end short of the new row) into the L2 while it waits: earlier launches wrote them, so
-        // they need nothing of the QKV phase, and its first loads then find them there.
+        // they need nothing of the QKV phase, and its first loads then find them there. Not where
+        // the launch splits the context: 264 tickets' prefetches then slowed the QKV phase they
+        // overlap and the attention itself (Qwen3-0.6B at 4096 tokens; kernels/loop/NOTES.md).
         const uint rows_a = uint(dims[1]), q_at = uint(pos[b]), ctx_a = min(q_at + 1, rows_a);
 #if LAYER_WINDOWS
         const uint win_a = uint(windows[layer]);
@@ -358,8 +360,7 @@ for (;;) {
         const uint win_a = 0u;
 #endif
         const uint from_a = (win_a > 0 && ctx_a > win_a ? ctx_a - win_a : 0u) & ~7u;
-        const uint lo = LATHE_SPLIT ? min(ctx_a, from_a + part * uint(dims[2])) : from_a;
-        const uint hi = min(min(LATHE_SPLIT ? min(ctx_a, lo + uint(dims[2])) : ctx_a, q_at), rows_a);
+        const uint lo = from_a, hi = min(ctx_a, q_at);
         if (hi > lo) {
           const size_t at = (size_t(hg / QS) * rows_a + lo) * D * 2, bytes = size_t(hi - lo) * D * 2;
           prefetch_l2(k_cache, at, bytes, tid, NT);
