@@ -132,6 +132,11 @@ def by_kind(phases: list[dict], bytes_of: dict[str, float], peak_gbs: float | No
     return out
 
 
+def lags_a_token(kinds: list[dict], tokens: int) -> float:
+    """The phases' lags of one token, added up (us): what the signals between phases cost it."""
+    return sum(k["lag_us"] * k["phases"] for k in kinds) / max(1, tokens)
+
+
 def print_summary(title: str, kinds: list[dict], token_us: list[float], info: dict) -> None:
     print(f"{title}: token_block {np.median(token_us):.1f} us a token (median of {len(token_us)}); stamps "
           f"aligned by {info['aligned_by']} (timer step {info['timer_step_ns']:.0f} ns, fit rms "
@@ -143,7 +148,7 @@ def print_summary(title: str, kinds: list[dict], token_us: list[float], info: di
         pct = f"{k['pct_peak']:6.1f}" if k["pct_peak"] else f"{'':6s}"
         print(f"  {k['kind']:5s} {k['span_us']:7.2f} {k['lag_us']:6.2f} {k['body_us']:7.2f} {k['tail_us']:6.2f} "
               f"{k['work_us']:7.2f} {k['wait_us']:7.2f} {100 * k['share']:5.1f}% {k['tickets']:7d} {gbs} {pct}")
-    lag = sum(k["lag_us"] * k["phases"] for k in kinds) / max(1, len(token_us))
+    lag = lags_a_token(kinds, len(token_us))
     print(f"  lags add up to {lag:.1f} us a token ({100 * lag / np.median(token_us):.1f}%)")
 
 
@@ -281,7 +286,7 @@ def _rows(kinds: list[dict], token_us: list[float], timeline, config, peak: floa
     rows.append(dict(common, us=tok, us_min=min(token_us), us_max=max(token_us), gbs=weights / (tok * 1e3),
                      pct_peak=100 * weights / (tok * 1e3) / peak, bytes=weights, phase="token",
                      tickets=sum(timeline.tickets), share=1.0,
-                     lag_us=sum(k["lag_us"] * k["phases"] for k in kinds) / len(token_us),
+                     lag_us=lags_a_token(kinds, len(token_us)),
                      body_us=None, tail_us=None, work_us=None, wait_us=None))
     return rows
 
