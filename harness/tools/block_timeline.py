@@ -222,7 +222,10 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
         return nxt
 
     peak = measure_peak().gbs
-    rows, times = [], {}
+    # Every stamped launch's arrays are held to the end: once the host has read a buffer, MLX's
+    # allocator may hand it to a later launch, whose first writes then wait on the pages' way back
+    # to the GPU (managed memory). Stamped again, such tokens showed phases of 50-250 us.
+    rows, times, held = [], {}, []
     for round_ in range(1, rounds + 1):
         for i, opts in enumerate(settings):
             with options.use(**opts):
@@ -234,6 +237,7 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                 timelines, decoder.timeline = decoder.timeline, None
                 if not timelines:
                     raise SystemExit("no token_block launch was stamped")
+                held += timelines
                 phases, token_us, info, kept = [], [], None, {}
                 for j, tl in enumerate(timelines):
                     stamps = np.array(tl.stamps)
