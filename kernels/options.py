@@ -167,6 +167,10 @@ DECLARED = (
     Option("mega_span", "token", _one_of("token", "layer"),
            "megafused decode: a whole token's layers in one launch (token: kernels.blocks.token_block) "
            "or one launch a layer (layer: layer_block)"),
+    Option("mega_kv_stacked", True, _flag,
+           "megafused decode (mega_span=token): every layer's K cache in one array and every layer's V in "
+           "another, so the compiled step takes and returns 2 caches, not 2 x layers (the host's time a "
+           "token: kernels/loop/NOTES.md)"),
     Option("block_prefetch", True, _flag,
            "the blocks' GEMV phases issue their first weights before waiting on the phase before"),
     Option("block_l2_ahead", False, _flag,

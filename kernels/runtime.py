@@ -519,6 +519,19 @@ def reshaped(a: mx.array, shape: tuple[int, ...], what: str) -> mx.array:
     return out
 
 
+def layer_views(stack: mx.array, what: str) -> list[mx.array]:
+    """stack[i] for each i of a stack of caches to be written in place (every layer's K in one
+    array): `stack` is checked (require_whole), and each view, a slice of its first axis that
+    shares its buffer, is known whole with it, so writing through one checks nothing more (a
+    check would evaluate the stack: a wait a layer)."""
+    require_whole(stack, what)
+    views = [stack[i] for i in range(stack.shape[0])]
+    if _known_whole(stack):
+        for view in views:
+            _mark_whole(view)
+    return views
+
+
 def launch(job: Launch) -> list[mx.array]:
     if len(job.inputs) != len(job.spec.inputs):
         raise ValueError(f"{job.spec.name}: {len(job.inputs)} inputs for {job.spec.inputs}")

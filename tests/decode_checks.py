@@ -38,7 +38,7 @@ def wraps_like_the_window(decoder, model, prompt, mode: str, laps: int = 2) -> N
     must equal the float64 forward pass whose attention sees only the last max_seq positions
     (RoPE at absolute positions), `laps` times around the cache. mode "eager" goes through
     forward(), "compiled" through the decoder's compiled step (the position as an array)."""
-    rows, n = decoder.max_seq, model.config.n_layers
+    rows = decoder.max_seq
     fn = decoder.compiled_step() if mode == "compiled" else None
     ours = np.array(decoder.forward(prompt))[-1]
     want, cache = forward(model, prompt, window=rows)
@@ -50,8 +50,9 @@ def wraps_like_the_window(decoder, model, prompt, mode: str, laps: int = 2) -> N
             ours = np.array(decoder.forward([token]))[-1]
         else:
             logits, *caches = fn(mx.array([token], dtype=mx.int32), mx.array([decoder.pos], dtype=mx.int32),
-                                 *decoder.k, *decoder.v)
-            decoder.k, decoder.v, decoder.pos = list(caches[:n]), list(caches[n:]), decoder.pos + 1
+                                 *decoder.cache_arrays())
+            decoder.take_caches(caches)
+            decoder.pos += 1
             ours = np.array(logits)[-1]
         step, cache = forward(model, [token], cache, window=rows)
         want = step[-1]

@@ -375,3 +375,34 @@ def test_a_blocks_attention_threadgroup_takes_at_most_four_query_heads(group, wa
     more heads is shared out over a divisor of it, whatever the grid (a context split in many
     partitions included)."""
     assert blocks.heads_split(group) == want
+
+
+@pytest.mark.parametrize("target", ["cuda", "metal"])
+def test_token_block_takes_every_layers_cache_in_one_stack(target):
+    """mega_kv_stacked: K and V of every layer each in one array [layers, Hkv, max_seq, D]. On
+    CUDA the launch takes the two stacks as its only cache inputs and reads layer l at l * Hkv *
+    max_seq * D (decode attention's dims); on Metal each layer's phases write a view of the
+    stack. Either way the stacks come back, ordered after the writes (launches recorded, no GPU)."""
+    from kernels.runtime import recording
+
+    k, v = (mx.zeros((2, HKV, 16, HD), mx.float16) for _ in "kv")
+    with recording(target) as rec:
+        x, k_out, v_out = blocks.token_block(mx.zeros((1, D), mx.float16), _stacks(), 1e-6, "q8_0", k, v, 3,
+                                             n_heads=HQ)
+    assert tuple(k_out.shape) == tuple(v_out.shape) == (2, HKV, 16, HD) and tuple(x.shape) == (1, D)
+    if target == "cuda":
+        (job,) = rec.jobs
+        inputs = dict(zip(job.spec.inputs, job.inputs))
+        assert inputs["k_cache_0"] is k and inputs["v_cache_0"] is v and "k_cache_1" not in inputs
+        assert "_stacked" in job.spec.name and job.spec.in_place == ("k_cache_0", "v_cache_0")
+        assert "#define LATHE_K_CACHE(l) (k_cache_0 + size_t(l) * uint(dims[0]) * uint(dims[1]) * D)" in job.spec.prelude
+        assert np.array(inputs["dims"])[:2].tolist() == [HKV, 16]
+    else:  # each layer's attention launch writes a view of layer l's rows
+        written = [j for j in rec.jobs if "k_cache" in j.spec.inputs]
+        assert len(written) == 2
+        for job in written:
+            assert tuple(dict(zip(job.spec.inputs, job.inputs))["k_cache"].shape[-3:]) == (HKV, 16, HD)
+    with recording(target), pytest.raises(ValueError, match="both be lists"):
+        blocks.token_block(mx.zeros((1, D), mx.float16), _stacks(), 1e-6, "q8_0", k, [v[0], v[1]], 3, n_heads=HQ)
+    with recording(target), pytest.raises(ValueError, match=r"stacked k_caches must be \[2, Hkv"):
+        blocks.token_block(mx.zeros((1, D), mx.float16), _stacks(), 1e-6, "q8_0", k[:1], v[:1], 3, n_heads=HQ)

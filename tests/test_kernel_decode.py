@@ -152,6 +152,39 @@ def test_megafused_plan_is_one_launch_a_token(models, preset):
         c, True, packed=True, phase="prompt")
 
 
+@pytest.mark.parametrize("stacked", [True, False])
+def test_megafused_holds_each_caches_layers_in_one_array(models, stacked):
+    """mega_kv_stacked: a megafused decoder keeps every layer's K in one array [layers, Hkv,
+    max_seq, D] and its V in another. A prompt (fused's plan, a layer at a time) writes views of
+    them, the stacks after it are ordered after those writes, and a decode token's token_block
+    (so its compiled step) takes and returns 2 caches, not 2 x layers (launches recorded, CPU)."""
+    import mlx.core as mx
+
+    from harness.program.kernel_decode import StackedCaches
+    from kernels.runtime import index, recording
+
+    m = models["tiny-qwen3", "q8_0"]
+    c = m.config
+    with options.use(mega_kv_stacked=stacked):
+        d = KernelDecoder(m, 64, "megafused")
+    assert isinstance(d.k, StackedCaches) == stacked and len(d.cache_arrays()) == (2 if stacked else 2 * c.n_layers)
+    before = d.cache_arrays()[0]
+    with recording() as rec:
+        d.forward(np.arange(PROMPT) % c.vocab)
+        written = [j for j in rec.jobs if any(n.startswith("k_cache") for n in j.spec.inputs)]
+        assert len(written) >= c.n_layers and all(
+            tuple(dict(zip(j.spec.inputs, j.inputs))["k_cache"].shape[-3:]) == (c.n_kv_heads, 64, c.head_dim)
+            for j in written)
+        assert d.cache_arrays()[0] is not before  # the cache after the prompt's writes (the stack: ordered after)
+        rec.jobs.clear()
+        d.layers(mx.zeros((1,), mx.int32), 1, index(PROMPT))
+    (token,) = [j for j in rec.jobs if "token_block" in j.spec.name]
+    caches = [n for n in token.spec.inputs if n.startswith(("k_cache", "v_cache"))]
+    assert len(caches) == (2 if stacked else 2 * c.n_layers) and ("_stacked" in token.spec.name) == stacked
+    if stacked:
+        assert tuple(d.cache_arrays()[0].shape) == (c.n_layers, c.n_kv_heads, 64, c.head_dim)
+
+
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_megafused_plan_is_one_launch_a_layer(models, preset):
     """megafused: a decode token is layer 0's attention block, then a layer block for each layer
@@ -357,17 +390,18 @@ def test_compiled_step_logits_match_the_eager_step(models, monkeypatch, variant,
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     eager, compiled = KernelDecoder(m, 64, variant, kv), KernelDecoder(m, 64, variant, kv)
     eager.forward(prompt), compiled.forward(prompt)  # left lazy: compiled_step evaluates its inputs
-    fn, n = compiled.compiled_step(), m.config.n_layers
+    fn = compiled.compiled_step()
     for token in np.random.default_rng().integers(0, m.config.vocab, 8):
         want = np.array(eager.forward([int(token)]))
         pos = mx.array([compiled.pos], dtype=mx.int32)
-        logits, *caches = fn(mx.array([int(token)], dtype=mx.int32), pos, *compiled.k, *compiled.v)
-        compiled.k, compiled.v, compiled.pos = caches[:n], caches[n:], compiled.pos + 1
+        logits, *caches = fn(mx.array([int(token)], dtype=mx.int32), pos, *compiled.cache_arrays())
+        compiled.take_caches(caches)
+        compiled.pos += 1
         assert rel_err(np.array(logits), want) <= 1e-3
         # greedy: our argmax kernel over the fp16 logits of the compiled step, as generate() reads them
         assert logits.dtype == mx.float16 and compiled.greedy(logits).tolist() == [int(np.argmax(np.array(logits)[-1]))]
     assert all(np.array_equal(np.array(a), np.array(b), equal_nan=True)  # paged: unwritten slots NaN
-               for a, b in zip(eager.k + eager.v, compiled.k + compiled.v))
+               for a, b in zip(eager.cache_arrays(), compiled.cache_arrays()))
 
 
 @pytest.mark.gpu
@@ -393,7 +427,7 @@ def test_compiled_prompt_matches_the_eager_prompt(models, variant, kv, logits):
                 assert rel_err(got, want) <= 1e-3, (attempt, length)
             assert compiled.pos == eager.pos == PROMPT + 5
             assert all(np.array_equal(np.array(a), np.array(b), equal_nan=True)
-                       for a, b in zip(eager.k + eager.v, compiled.k + compiled.v))
+                       for a, b in zip(eager.cache_arrays(), compiled.cache_arrays()))
             assert sorted(compiled._compiled_prompts) == [(5, PROMPT), (PROMPT, 0)]  # traced once each
 
 

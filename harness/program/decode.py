@@ -80,6 +80,15 @@ class ReferenceDecoder:
         self.v = [mx.zeros(shape, self.dtype) for _ in range(c.n_layers)]
         self.pos = 0
 
+    def cache_arrays(self) -> list[mx.array]:
+        """The caches as a compiled step takes and returns them: every layer's K, then every V."""
+        return [*self.k, *self.v]
+
+    def take_caches(self, arrays) -> None:
+        """The caches from what a compiled step returned (cache_arrays' form)."""
+        arrays = list(arrays)
+        self.k, self.v = arrays[: len(arrays) // 2], arrays[len(arrays) // 2:]
+
     def _norm(self, x: mx.array, name: str) -> mx.array:
         return mx.fast.rms_norm(x, self.w[name].astype(x.dtype), self.config.eps)
 
@@ -421,14 +430,14 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
                 mx.eval(token)
     elif mode in ("compiled", "compiled-pipelined"):
         pipelined = mode == "compiled-pipelined"
-        fn, layers = decoder.compiled_step(ordered=pipelined), decoder.config.n_layers
+        fn = decoder.compiled_step(ordered=pipelined)
 
         def queue(token: mx.array) -> mx.array:  # the next token, through the compiled step
             if decoder.pos >= decoder.max_seq and not decoder.overflow:
                 raise ValueError(f"the cache of {decoder.max_seq} is full")
             pos = index(decoder.pos)  # a view into a resident table: no host write a token
-            logits, *caches = fn(token.reshape(1).astype(mx.int32), pos, *decoder.k, *decoder.v)
-            decoder.k, decoder.v = caches[:layers], caches[layers:]
+            logits, *caches = fn(token.reshape(1).astype(mx.int32), pos, *decoder.cache_arrays())
+            decoder.take_caches(caches)
             decoder.pos += 1
             return pick(logits)
 

@@ -58,7 +58,7 @@ from harness.program.models import Model
 from reference import formats
 from reference.model import layer_rope
 from kernels import attention, backends, blocks, gemv, loop, options, rope
-from kernels.runtime import index, prepare, recording, resident
+from kernels.runtime import depends, index, layer_views, prepare, recording, resident
 
 VARIANTS = ("unfused", "fused", "megafused")
 KV_LAYOUTS = ("contiguous", "paged")
@@ -813,15 +813,51 @@ def _run_ffn_block(i, d, env, t, pos):
                                 queue=d.block_queues[0])
 
 
+class StackedCaches:
+    """Every layer's K (or V) cache in one array [layers, Hkv, max_seq, D] (megafused's, option
+    mega_kv_stacked): token_block takes the stack as one input, so a compiled decode step takes
+    and returns two caches instead of 2 x layers, each of which MLX's replay and encoding cost
+    host time (kernels/loop/NOTES.md). The plan steps that run a layer at a time (a prompt)
+    index it as the list of caches: layer i is a view of the stack (its buffer), and a layer
+    written in place is kept, so that `whole()` orders the stack after those writes."""
+
+    def __init__(self, stack: mx.array):
+        self.stack = stack
+        self._layers: list[mx.array] | None = None
+        self._written: list[mx.array] = []
+
+    def __len__(self) -> int:
+        return self.stack.shape[0]
+
+    def __getitem__(self, i: int) -> mx.array:
+        if self._layers is None:
+            self._layers = layer_views(self.stack, "a stacked cache")
+        return self._layers[i]
+
+    def __setitem__(self, i: int, cache: mx.array) -> None:
+        self[i]  # noqa: B018 (the views, made once)
+        self._layers[i] = cache  # the view after a write in place: the same bytes
+        self._written.append(cache)
+
+    def whole(self) -> mx.array:
+        """The stack, ordered after every layer written through its view."""
+        if self._written:
+            self.stack, self._layers, self._written = depends(self.stack, self._written), None, []
+        return self.stack
+
+
 def _run_token_block(d, env, t, pos):
-    """Every layer of a decode token in one launch, on the decoder's stacked weights."""
+    """Every layer of a decode token in one launch, on the decoder's stacked weights (and, with
+    mega_kv_stacked, its stacked caches)."""
     c = d.config
-    env["x"], d.k, d.v = blocks.token_block(env["x"], d.stacks, c.eps, d.stacks.w_qkv.qtypes[0], d.k, d.v, pos,
+    k, v = (d.k.whole(), d.v.whole()) if d.stacked else (d.k, d.v)
+    env["x"], k, v = blocks.token_block(env["x"], d.stacks, c.eps, d.stacks.w_qkv.qtypes[0], k, v, pos,
                                             n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
                                             queue=d.token_queue, counters=d.attn_counters[0],
                                             layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs, scale=d.scale,
                                             windows=d.windows if d.layer_kind.windows else None,
                                             timeline=d.timeline)
+    d.k, d.v = (StackedCaches(k), StackedCaches(v)) if d.stacked else (k, v)
 
 
 def _run_cache_write(n, i, d, env, t, pos):
@@ -921,6 +957,8 @@ class KernelDecoder:
         self.fused, self.paged = variant in ("fused", "megafused"), kv == "paged"
         self.mega = variant == "megafused"
         self.span = options.get("mega_span") if self.mega else None  # its stacks are built for it
+        # every layer's K (and V) cache in one array, which token_block reads at each layer's offset
+        self.stacked = self.span == "token" and bool(options.get("mega_kv_stacked"))
         # a list, where token_block's launches should stamp their tickets (harness.tools.block_timeline):
         # each uncompiled step's launch appends its kernels.blocks.BlockTimeline
         self.timeline: list | None = None
@@ -1077,7 +1115,7 @@ class KernelDecoder:
         compiled. Constants follow the token count (the fused GEMVs' rows, the prompt's
         kernels), so forward() prepares each new length it meets (at its position: a few
         kernels also change with the cache's length, and compile at their first launch)."""
-        held = list(self.k), list(self.v)  # the recorded steps replace cache entries with zeros
+        held = self.cache_arrays()  # the recorded steps replace cache entries with zeros
         try:
             with recording() as rec:
                 for t in tokens:
@@ -1088,7 +1126,7 @@ class KernelDecoder:
                     for dtype in (mx.float16, mx.float32):
                         self.greedy(mx.zeros((1, self.config.vocab), dtype))
         finally:
-            self.k, self.v = held
+            self.take_caches(held)
         self._prepared.update(tokens or (1,))
         compiled, _ = prepare(rec.jobs)  # a kernel that fails to compile fails at its launch
         return compiled
@@ -1098,13 +1136,13 @@ class KernelDecoder:
         rather than run. A plan step may make more than one: attention past SPLIT_FROM tokens,
         the split launch and its combine. `device_pos`: the position as a compiled step passes
         it (an array: attention's grid is then sized for max_seq, not for pos)."""
-        held = list(self.k), list(self.v)  # the recorded steps replace cache entries with zeros
+        held = self.cache_arrays()  # the recorded steps replace cache entries with zeros
         try:
             with recording() as rec:
                 logits = self.layers(mx.zeros((1,), mx.int32), 1, index(pos) if device_pos else pos)
                 self.greedy(logits)
         finally:
-            self.k, self.v = held
+            self.take_caches(held)
         return len(rec.jobs)
 
     def _concat(self, fused_name: str, parts: tuple[str, ...]) -> None:
@@ -1142,11 +1180,30 @@ class KernelDecoder:
             k_shape, v_shape = (blocks, c.n_kv_heads, d // 8, BLOCK_SIZE, 8), (blocks, c.n_kv_heads, d, BLOCK_SIZE)
             self.k = [mx.full(k_shape, float("nan"), mx.float16) for _ in range(c.n_layers)]
             self.v = [mx.full(v_shape, float("nan"), mx.float16) for _ in range(c.n_layers)]
+        elif self.stacked:
+            shape = (c.n_layers, c.n_kv_heads, self.max_seq, c.head_dim)
+            self.k, self.v = StackedCaches(mx.zeros(shape, mx.float16)), StackedCaches(mx.zeros(shape, mx.float16))
         else:
             shape = (c.n_kv_heads, self.max_seq, c.head_dim)
             self.k = [mx.zeros(shape, mx.float16) for _ in range(c.n_layers)]
             self.v = [mx.zeros(shape, mx.float16) for _ in range(c.n_layers)]
         self.pos = 0
+
+    def cache_arrays(self) -> list[mx.array]:
+        """The caches as a compiled step takes and returns them (generate(), the tools): every
+        layer's K then every layer's V, or the two stacks (mega_kv_stacked)."""
+        if self.stacked:
+            return [self.k.whole(), self.v.whole()]
+        return [*self.k, *self.v]
+
+    def take_caches(self, arrays) -> None:
+        """The caches from what a compiled step returned (cache_arrays' form)."""
+        arrays = list(arrays)
+        if self.stacked:
+            self.k, self.v = StackedCaches(arrays[0]), StackedCaches(arrays[1])
+        else:
+            half = len(arrays) // 2
+            self.k, self.v = arrays[:half], arrays[half:]
 
     def _slots(self, pos, t: int):
         """Paged slots (block * BLOCK_SIZE + offset) of positions pos .. pos+t-1: host ints, or
@@ -1184,7 +1241,7 @@ class KernelDecoder:
             # this step's kernels after those in-place writes (kernels.rope.Rotated): finish
             # them first. Free when they are done (step mode); a device token (pipelined,
             # chained) is ordered by its data.
-            mx.eval(self.k, self.v)
+            mx.eval(self.cache_arrays())
         logits = self.layers(ids, t, self.pos).astype(mx.float32)
         self.pos += t
         return logits
@@ -1210,32 +1267,31 @@ class KernelDecoder:
             # checked here: ids on the device that fall outside the table give zero rows
             raise ValueError(f"token ids must be integers in 0..{vocab - 1}")
         ids = mx.array(host.astype(np.int32))
-        t, pos, n = ids.size, self.pos, self.config.n_layers
+        t, pos = ids.size, self.pos
         self._admit(t)
         fn = self._compiled_prompts.get((t, pos))
         if fn is None:
             if len(self._compiled_prompts) >= 8:  # each holds its traced graph
                 self._compiled_prompts.pop(next(iter(self._compiled_prompts)))
             fn = self._compiled_prompts[t, pos] = mx.compile(self._over_caches(t, pos))
-        mx.eval(self.k, self.v)  # host tokens: order after pending in-place writes (forward())
-        logits, *caches = fn(ids, *self.k, *self.v)
-        self.k, self.v = caches[:n], caches[n:]
+        mx.eval(self.cache_arrays())  # host tokens: order after pending in-place writes (forward())
+        logits, *caches = fn(ids, *self.cache_arrays())
+        self.take_caches(caches)
         self.pos += t
         return logits.astype(mx.float32)
 
     def _over_caches(self, t: int, pos: int | None = None):
-        """layers() as a function of its caches for mx.compile: (ids, [pos,] *k caches, *v caches)
-        -> (logits, *k caches, *v caches), the caches inputs and outputs rather than state the
-        trace would capture. pos: fixed here (a prompt's), or None to take it as an argument
-        (a decode step's int32[1])."""
-        n = self.config.n_layers
+        """layers() as a function of its caches for mx.compile: (ids, [pos,] *caches) -> (logits,
+        *caches), the caches (cache_arrays' form) inputs and outputs rather than state the trace
+        would capture. pos: fixed here (a prompt's), or None to take it as an argument (a
+        decode step's int32[1])."""
 
         def over(ids, *rest):
             at, caches = (rest[0], rest[1:]) if pos is None else (pos, rest)
             held = self.k, self.v
-            self.k, self.v = list(caches[:n]), list(caches[n:])
+            self.take_caches(caches)
             try:
-                return (self.layers(ids.reshape(-1), t, at), *self.k, *self.v)
+                return (self.layers(ids.reshape(-1), t, at), *self.cache_arrays())
             finally:
                 self.k, self.v = held
 
@@ -1247,8 +1303,8 @@ class KernelDecoder:
         return loop.argmax(logits[-1:])
 
     def compiled_step(self, ordered: bool = False):
-        """One decode step as an mx.compile'd function of (token, pos, *k caches, *v caches) ->
-        (logits, *k caches, *v caches), traced once per decoder, the logits fp16 as the output
+        """One decode step as an mx.compile'd function of (token, pos, *caches) -> (logits,
+        *caches), the caches in cache_arrays' form, traced once per decoder, the logits fp16 as the output
         head writes them (forward() returns them as float32): the position is an int32[1]
         array, so the RoPE + KV write and attention read it on the device, and attention's grid
         is sized for max_seq (kernels.attention.flash_decode). Host work per token is one call.

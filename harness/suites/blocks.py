@@ -254,9 +254,10 @@ def _layers(rng: np.random.Generator, qtype: str, mix: Mix, layers: int, d_model
 
 def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
                 neox: bool, layers: int, pos: int, device_pos: bool = False, split_from: int | None = None,
-                mix: Mix = (), gemma: tuple[int, float] | None = None, bias: bool = False) -> CheckCase:
+                mix: Mix = (), gemma: tuple[int, float] | None = None, bias: bool = False,
+                stacked: bool = False) -> CheckCase:
     """token_block: `layers` layers of one decode token in one launch (stacked weights, a cache
-    pair a layer) against the references of each layer's attention and FFN blocks in turn, the
+    pair a layer, or with `stacked` every layer's K in one array and V in another) against the references of each layer's attention and FFN blocks in turn, the
     residual stream stored as fp16 between blocks as the kernel stores it; every layer's K and V
     rows and untouched rows as _attention_case; launched twice on one queue. Rounding (fp16
     intermediates, X' staged as int16) compounds through the layers: layer i's rows and the output
@@ -304,9 +305,11 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
                 np.float32 if gemma else np.float16)
             at = mx.array(np.array([pos], np.int32)) if device_pos else pos
             with poisoned_outputs():
+                k_in, v_in = ([mx.array(kc) for kc, _ in caches], [mx.array(vc) for _, vc in caches])
+                if stacked:
+                    k_in, v_in = mx.array(np.stack([kc for kc, _ in caches])), mx.array(np.stack([vc for _, vc in caches]))
                 x_out, k_new, v_new = token_block(
-                    mx.array(x), stacks, EPS, qtype, [mx.array(kc) for kc, _ in caches],
-                    [mx.array(vc) for _, vc in caches], at, n_heads=n_heads, theta=THETA, neox=neox, queue=queue,
+                    mx.array(x), stacks, EPS, qtype, k_in, v_in, at, n_heads=n_heads, theta=THETA, neox=neox, queue=queue,
                     split_from=SPLIT_FROM if split_from is None else split_from, layer_kind=kind,
                     inv_freqs=tables, scale=scale, windows=windows if gemma else None)
                 mx.eval(x_out, k_new, v_new, queue)
@@ -342,6 +345,8 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
         variant += f" gemma window={window}" + (f" softcap={softcap:g}" if softcap else "")
     if bias:
         variant += " qkv-bias"
+    if stacked:
+        variant += " stacked-kv"
     shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, layers=layers, pos=pos)
     return CheckCase("blocks", "token_block", variant, shape, run)
 
@@ -515,6 +520,12 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         cases.append(_token_case("q4_0", 1024, 3072, (16, 8), 128, True, True, 2, 700, split_from=0))
         cases.append(_token_case("q4_0", 4096, 14336, (32, 8), 128, False, False, 2, 40))
     cases.append(_token_case("q8_0", 160, 96, (4, 2), 64, False, True, 4, 7))
+    # every layer's K in one array and V in another (mega_kv_stacked, the megafused decoder's):
+    # layer l read and written at its offset, unsplit and split
+    d, hq, hkv, hd, norm, neox = MODELS["qwen3-0.6b"]
+    cases.append(_token_case("q8_0", d, FFN["qwen3-0.6b"][1], (hq, hkv), hd, norm, neox, 3, 30, device_pos=True,
+                             stacked=True))
+    cases.append(_token_case("q4_0", 1024, 3072, (16, 8), 128, True, True, 3, 700, split_from=0, stacked=True))
     cases.append(_token_case("q4_0", 96, 4128, (2, 1), 256, True, True, 1, 2))
     # llama.cpp's K mixes (Q4_K_M, Q5_K_M): attn_v and ffn_down Q6_K in some layers only, V's rows
     # a matrix of their own; a K-quant beside Q4_0 too (every type but Q8_0 stages X' alike)

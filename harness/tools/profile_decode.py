@@ -83,8 +83,8 @@ def run(preset: str, qtype: str, variant: str, mode: str, tokens: int, marked: b
         if fn is None:
             logits = decoder.forward(token)
         else:
-            logits, *caches = fn(token, index(decoder.pos), *decoder.k, *decoder.v)
-            decoder.k, decoder.v = caches[: c.n_layers], caches[c.n_layers:]
+            logits, *caches = fn(token, index(decoder.pos), *decoder.cache_arrays())
+            decoder.take_caches(caches)
             decoder.pos += 1
         nxt = decoder.greedy(logits)
         mx.eval(nxt)
@@ -199,14 +199,14 @@ def run_pipelined(preset: str, qtype: str, variant: str, tokens: int,
     decoder = make_decoder(model, depth + 16 + tokens + 16, variant)
     prompt = np.random.default_rng(0).integers(0, c.vocab, depth + 16)
     token = decoder.greedy(decoder.forward(prompt))
-    mx.eval(token, decoder.k, decoder.v)
+    mx.eval(token, decoder.cache_arrays())
     fn = decoder.compiled_step(ordered=True)
     parts = defaultdict(list)
 
     def queue(token):
         t0 = time.perf_counter()
-        logits, *caches = fn(token, index(decoder.pos), *decoder.k, *decoder.v)
-        decoder.k, decoder.v = caches[: c.n_layers], caches[c.n_layers:]
+        logits, *caches = fn(token, index(decoder.pos), *decoder.cache_arrays())
+        decoder.take_caches(caches)
         decoder.pos += 1
         nxt = decoder.greedy(logits)
         t1 = time.perf_counter()
@@ -322,7 +322,7 @@ def _time_prompts(decoder, label: str, prompt: int, repeats: int, depth: int, ti
 
     rng = np.random.default_rng(0)  # the same cache and prompt for every setting
     if depth:
-        mx.eval(decoder.forward(rng.integers(0, decoder.config.vocab, depth)), decoder.k, decoder.v)
+        mx.eval(decoder.forward(rng.integers(0, decoder.config.vocab, depth)), decoder.cache_arrays())
     ids = rng.integers(0, decoder.config.vocab, prompt)
     parts = defaultdict(list)
     tokens: list[int] = []

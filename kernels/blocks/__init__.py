@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from kernels import attention, backends, gemv, loop, options, paged, rope
+from kernels import attention, backends, gemv, loop, options, paged, rope, runtime
 from kernels.gemv import Packed
 from kernels.runtime import KernelSpec, Launch, constant, depends, launch, resident, resident_groups
 
@@ -115,12 +115,13 @@ LLAMA = LayerKind()
 @functools.cache
 def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False,
           types: tuple[tuple[int, int, int], ...] = (), kind: LayerKind = LLAMA, paged_kv: bool = False,
-          timeline: bool = False) -> KernelSpec:
+          timeline: bool = False, stacked: bool = False) -> KernelSpec:
     """`types`: (kind, type A, type B) of each GEMV (block format codes, layer_block.metal's
     Q_<kind>_A and _B), V among them where the QKV phase's V rows are a matrix of their own;
     `kind`: what the layers compute (token_block's); `paged_kv`: the caches are the paged pool's
     layers, read and written through the input `table` (token_block's batch form); `timeline`:
-    each ticket stamped into the output `stamps` (BlockTimeline)."""
+    each ticket stamped into the output `stamps` (BlockTimeline); `stacked`: one K and one V cache
+    input holding every layer's [layers, Hkv, max_seq, D] (layer l at l * Hkv * max_seq * D)."""
     kinds = {(first + j) % 5 for j in range(phases)}
     ffn, attn = UP in kinds, QKV in kinds
     qkv_split = any(kind == V for kind, _, _ in types)
@@ -160,16 +161,20 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
                        for kind, a, b in types)
     typed = "_" + "_".join(f"{_KIND_NAMES[kind].lower()}{a}{b if b != a else ''}" for kind, a, b in types)
     if attn:
-        # layer l's caches: the only ones, or the l-th of the launch's
+        # layer l's caches: the only ones, the l-th of the launch's, or layer l of a stack (dims[0]
+        # kv heads of dims[1] rows: decode attention's dims)
         for kv in "kv":
             chain = f"{kv}_cache_{caches - 1}"
             for i in reversed(range(caches - 1)):
                 chain = f"((l) == {i} ? {kv}_cache_{i} : {chain})"
+            if stacked:
+                chain = f"({kv}_cache_0 + size_t(l) * uint(dims[0]) * uint(dims[1]) * D)"
             prelude += f"#define LATHE_{kv.upper()}_CACHE(l) {chain}\n"
         prelude += (f"#define LATHE_PAGED {int(paged_kv)}\n#define LATHE_ROPE 1\n#define LATHE_SPLIT {int(split)}\n"
                     f"#define LATHE_MERGE {int(split)}\n#define LATHE_HEAD_NORM {int(head_norm)}")
     layers = "" if name != "token_block" else f"_{phases}"
-    return KernelSpec(f"lathe_{name}{layers}{'_paged' if paged_kv else ''}{'_norm' if head_norm else ''}"
+    return KernelSpec(f"lathe_{name}{layers}{'_paged' if paged_kv else ''}{'_stacked' if stacked else ''}"
+                      f"{'_norm' if head_norm else ''}"
                       f"{'_split' if split else ''}{gemma}{typed}{'_timeline' if timeline else ''}",
                       "blocks/layer_block.metal", inputs, outputs, prelude=prelude,
                       threadgroup_bytes=functools.partial(_threadgroup_bytes, attn=attn, head_norm=head_norm,
@@ -533,8 +538,9 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         inputs.append(qkv_bias)
         consts["QKV_BIAS_STRIDE"] = qkv_bias.shape[1]
     caches = len(attn.k_caches) if attn else 1
+    stacked = bool(attn and attn.table is None and attn.k_caches[0].ndim == 4)
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind,
-                 bool(attn and attn.table is not None), timeline is not None)
+                 bool(attn and attn.table is not None), timeline is not None, stacked)
     kinds = tuple((first + j) % 5 for j in range(phases))
 
     def phase_tickets(geo: BlockGeometry) -> tuple[int, ...]:  # each phase's (layer_block.metal's kind_tickets)
@@ -671,18 +677,21 @@ class LayerStacks:
         return self.w_qkv.layers
 
 
-def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_caches: list[mx.array],
-                v_caches: list[mx.array], pos: int | mx.array, *, n_heads: int, theta: float = 10000.0,
+def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_caches: list[mx.array] | mx.array,
+                v_caches: list[mx.array] | mx.array, pos: int | mx.array, *, n_heads: int, theta: float = 10000.0,
                 neox: bool = False, queue: mx.array | None = None, counters: mx.array | None = None,
                 split_from: int = attention.SPLIT_FROM, layer_kind: LayerKind = LLAMA,
                 inv_freqs: mx.array | None = None, scale: float | None = None,
                 windows: list[int] | None = None, table: mx.array | None = None, timeline: list | None = None
-                ) -> tuple[mx.array, list[mx.array], list[mx.array]]:
+                ) -> tuple[mx.array, list[mx.array] | mx.array, list[mx.array] | mx.array]:
     """A decode token through every layer in one launch (the seeds' persistent kernel): each
     layer's attention block, then its FFN block, as phases of one queue (block_queue(5 * layers)).
     x [1, d_model] (the embedded token) -> (the residual stream after the last layer, k_caches,
     v_caches), K and V of layer l written at row pos of k_caches[l] / v_caches[l] in place (the
     returned caches are ordered after the writes). The other arguments are attention_block's.
+    k_caches / v_caches: a list of each layer's [Hkv, max_seq, D], or every layer's in one array
+    [layers, Hkv, max_seq, D] (returned as given): two inputs and outputs instead of 2 x layers,
+    which a compiled decode step replays and MLX encodes at a cost of host time for each array.
     Gemma's layers (layer_kind): post_norms, x and the result float32, weights.post_attn_norm and
     post_ffn_norm given (the last post-norm is a second launch, loop.post_norm_add); windows
     (`windows`, one a layer, 0: none); a GELU gate; a softcap of the scores. Qwen2's layers:
@@ -712,7 +721,20 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
         raise ValueError(f"windowed layers need a window >= 0 for each of the {layers} layers, got {windows}")
     if layer_kind.qkv_bias != (w.qkv_bias is not None):
         raise ValueError("Q/K/V biases need both the layer kind's qkv_bias and the stacks' qkv_bias")
-    if len(k_caches) != layers or len(v_caches) != layers:
+    stacked = isinstance(k_caches, mx.array)
+    if stacked != isinstance(v_caches, mx.array):
+        raise ValueError("k_caches and v_caches must both be lists of a cache a layer, or both stacked arrays")
+    if stacked:
+        if table is not None:
+            raise ValueError("token_block's batch form (a table) takes each layer's pool in a list")
+        for name, c in (("k_caches", k_caches), ("v_caches", v_caches)):
+            if c.ndim != 4 or c.shape[0] != layers:
+                raise ValueError(f"stacked {name} must be [{layers}, Hkv, max_seq, D] (a layer each), got "
+                                 f"{tuple(c.shape)}")
+        if tuple(v_caches.shape) != tuple(k_caches.shape):
+            raise ValueError(f"stacked k_caches and v_caches must have one shape, got {tuple(k_caches.shape)} and "
+                             f"{tuple(v_caches.shape)}")
+    elif len(k_caches) != layers or len(v_caches) != layers:
         raise ValueError(f"token_block takes a K and a V cache for each of the {layers} layers, got "
                          f"{len(k_caches)} and {len(v_caches)}")
     if table is None and x.shape[0] != 1:
@@ -733,7 +755,7 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     if any(n.ndim != 2 or n.shape[0] != layers for n in norms) or (
             post and any(tuple(n.shape) != tuple(w.attn_norm.shape) or n.dtype != mx.float16 for n in norms[-2:])):
         raise ValueError(f"token_block's norms must be [{layers}, width], got {[tuple(n.shape) for n in norms]}")
-    for caches in (k_caches, v_caches):
+    for caches in ((k_caches, v_caches) if not stacked else ()):
         for c in caches:
             if tuple(c.shape) != tuple(caches[0].shape) or c.dtype != caches[0].dtype:
                 raise ValueError(f"every layer's cache must be {caches[0].dtype} {tuple(caches[0].shape)}, got "
@@ -756,6 +778,12 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
         raise ValueError("token_block's phases apart (no waits between threadgroups here) run the llama / qwen3 "
                          "layer at its base's RoPE and 1 / sqrt(D) only")
     if not backends.cross_group_waits():
+        if stacked:  # layer views of the stacks, written in place, then the stacks ordered after them
+            views = [runtime.layer_views(c, f"token_block's {n}") for n, c in (("k_caches", k_caches),
+                                                                            ("v_caches", v_caches))]
+            x, k_new, v_new = token_block(x, weights, eps, qtype, *views, pos, n_heads=n_heads, theta=theta,
+                                          neox=neox, queue=queue, counters=counters, split_from=split_from)
+            return x, depends(k_caches, k_new), depends(v_caches, v_new)
         k_caches, v_caches = list(k_caches), list(v_caches)
         for i in range(layers):
             attn = _Attention(x, w.attn_norm[i], eps, w.w_qkv.layer(i), w.w_o.layer(i), k_caches[i],
@@ -771,7 +799,7 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     attn.types = {QKV: w.w_qkv.qtypes, O: w.w_o.qtypes}
     if w.w_v is not None:
         attn.v_data, attn.types[V] = w.w_v.data, w.w_v.qtypes
-    attn.k_caches, attn.v_caches = list(k_caches), list(v_caches)
+    attn.k_caches, attn.v_caches = ([k_caches], [v_caches]) if stacked else (list(k_caches), list(v_caches))
     if head[0] is not None:
         attn.norms = (w.q_norm, w.k_norm)
     strides = dict(W_QKV_STRIDE=w.w_qkv.stride, W_O_STRIDE=w.w_o.stride, W_UP_STRIDE=w.w_gate_up.stride,
@@ -789,6 +817,9 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
         x_out = loop.post_norm_add(out[-1], w.post_ffn_norm[layers - 1], eps, out[4])
     else:
         x_out = out[1]
+    if stacked:
+        k_caches, v_caches = depends([k_caches, v_caches], [x_out])
+        return x_out, k_caches, v_caches
     caches = depends([*k_caches, *v_caches], [x_out])
     return x_out, caches[:layers], caches[layers:]
 
