@@ -183,6 +183,9 @@ DECLARED = (
     Option("block_narrow", 256, _count,
            "the blocks' GEMV phases (not gate|up) with fewer tickets than this halve their rows a SIMD group "
            "until they have that many or take one row (0: never; kernels/loop/NOTES.md)"),
+    Option("block_balance", False, _flag,
+           "the blocks' GEMV phases (not gate|up) whose tickets stream row groups halve their rows a SIMD "
+           "group while that lowers the most rows any SIMD group takes (kernels/loop/NOTES.md)"),
     Option("block_k_slots", None, _auto_or_count,
            "the blocks' attention phase: K rows through threadgroup memory in at most this many slots (fewer "
            "where the launch's threadgroup memory cannot hold them: none in Llama-3-8B's token block), as "

@@ -406,3 +406,30 @@ def test_token_block_takes_every_layers_cache_in_one_stack(target):
         blocks.token_block(mx.zeros((1, D), mx.float16), _stacks(), 1e-6, "q8_0", k, [v[0], v[1]], 3, n_heads=HQ)
     with recording(target), pytest.raises(ValueError, match=r"stacked k_caches must be \[2, Hkv"):
         blocks.token_block(mx.zeros((1, D), mx.float16), _stacks(), 1e-6, "q8_0", k[:1], v[:1], 3, n_heads=HQ)
+
+
+@pytest.mark.parametrize("shape", LAYERS)
+@pytest.mark.parametrize("qtype", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("fit", [None, 264, 528])
+def test_block_balance_lowers_the_most_rows_a_simd_group_streams(shape, qtype, fit):
+    """block_balance: a capped GEMV phase (its SIMD groups streaming row groups) takes fewer rows a
+    row group where that lowers the most rows any SIMD group takes, never more; gate|up, whose
+    rows pair, and uncapped phases keep theirs. Llama-3-8B's QKV at the H200's fit (528 tickets of
+    4 SIMD groups): 2 rows of 3072 groups give some SIMD groups 4 rows, 1 row of 6144 at most 3."""
+    d, n_qkv, hd, f = shape
+    gemvs = {blocks.UP: (2 * f, d), blocks.DOWN: (d, f), blocks.QKV: (n_qkv, d), blocks.O: (d, hd)}
+    geo = blocks.block_geometry(qtype, 1, gemvs, blocks.DOWN, fit)
+    even = blocks._balanced(geo, gemvs)
+
+    def most(g, kind):
+        r, _, tickets = g.gemvs[kind]
+        return r * -(-(-(-gemvs[kind][0] // r)) // (tickets * g.simds))
+
+    for kind, (r, p, tickets) in geo.gemvs.items():
+        r2, p2, tickets2 = even.gemvs[kind]
+        assert (p2, tickets2) == (p, tickets) and r2 <= r and most(even, kind) <= most(geo, kind)
+        if kind == blocks.UP or tickets * r * geo.simds >= gemvs[kind][0]:
+            assert r2 == r
+    if shape == LAYERS[2] and fit == 528:
+        assert geo.gemvs[blocks.QKV][0] == 2 and even.gemvs[blocks.QKV][0] == 1
+        assert (most(geo, blocks.QKV), most(even, blocks.QKV)) == (4, 3)

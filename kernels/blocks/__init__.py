@@ -314,6 +314,30 @@ def _narrowed(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]], below: int)
     return BlockGeometry(geo.simds, geo.xchunk, out)
 
 
+def _balanced(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]]) -> BlockGeometry:
+    """block_balance: a GEMV phase (not gate|up) whose tickets are capped streams its row groups,
+    SIMD group g taking g, g + stride, ... (stride: its tickets x NSIMD), so the phase lasts as
+    long as the SIMD groups with the most rows. Its rows a SIMD group are halved while that
+    lowers the most rows any SIMD group takes: Llama-3-8B's QKV (6144 rows over 528 tickets of 4)
+    takes 4 rows in some SIMD groups and 2 in others at R = 2, at most 3 at R = 1 (its 3.2 us
+    tail, kernels/loop/NOTES.md). Tickets stay as they are (the cap is the resident fit)."""
+    out = dict(geo.gemvs)
+    for kind, (r, p, tickets) in geo.gemvs.items():
+        n = gemvs[kind][0]
+        if kind == UP or tickets * r * geo.simds >= n:  # gate|up pairs rows; uncapped: a row group each
+            continue
+        stride = tickets * geo.simds
+
+        def most(rows: int) -> int:  # the most rows a SIMD group takes at `rows` a row group
+            groups = -(-n // rows)
+            return rows * -(-groups // stride)
+
+        while r > 1 and most(r // 2) < most(r):
+            r //= 2
+        out[kind] = (r, p, tickets)
+    return BlockGeometry(geo.simds, geo.xchunk, out)
+
+
 class _FFN:
     """The FFN half's arguments, checked (one layer's; token_block's stacks replace the arrays)."""
 
@@ -457,11 +481,12 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         return post + attention.decode_threadgroup_bytes((attn.n_heads // attn.n_kv) // qs, attn.head_dim, s,
                                                          bool(attn.norms), split)
 
-    narrow = options.get("block_narrow")
+    narrow, balance = options.get("block_narrow"), options.get("block_balance")
 
     def geometry(fit: int | None = None) -> BlockGeometry:
         g = block_geometry(qtype, m, gemvs, last, fit, held)
-        return _narrowed(g, gemvs, narrow) if narrow else g
+        g = _narrowed(g, gemvs, narrow) if narrow else g
+        return _balanced(g, gemvs) if balance else g
 
     held = 0
     geo = geometry()
