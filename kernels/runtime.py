@@ -520,12 +520,13 @@ def reshaped(a: mx.array, shape: tuple[int, ...], what: str) -> mx.array:
 
 
 def layer_views(stack: mx.array, what: str) -> list[mx.array]:
-    """stack[i] for each i of a stack of caches to be written in place (every layer's K in one
-    array): `stack` is checked (require_whole), and each view, a slice of its first axis that
+    """Layer i's rows of a stack of caches to be written in place (every layer's K in one array),
+    for each i: `stack` is checked (require_whole), and each view, a slice of its first axis that
     shares its buffer, is known whole with it, so writing through one checks nothing more (a
-    check would evaluate the stack: a wait a layer)."""
+    check would evaluate the stack: a wait a layer). A slice, reshaped: MLX's `stack[i]` is a
+    gather, a copy, and a kernel's writes into a copy never reach the stack."""
     require_whole(stack, what)
-    views = [stack[i] for i in range(stack.shape[0])]
+    views = [stack[i:i + 1].reshape(stack.shape[1:]) for i in range(stack.shape[0])]
     if _known_whole(stack):
         for view in views:
             _mark_whole(view)

@@ -433,3 +433,20 @@ def test_block_balance_lowers_the_most_rows_a_simd_group_streams(shape, qtype, f
     if shape == LAYERS[2] and fit == 528:
         assert geo.gemvs[blocks.QKV][0] == 2 and even.gemvs[blocks.QKV][0] == 1
         assert (most(geo, blocks.QKV), most(even, blocks.QKV)) == (4, 3)
+
+
+def test_a_stacks_layer_views_share_its_bytes():
+    """kernels.runtime.layer_views: layer i of a stack of caches is a view of the stack's buffer at
+    i x a layer's bytes (a kernel writing through it writes the stack), where MLX's `stack[i]` is
+    a gather into a copy of its own (the buffers' addresses, on the CPU)."""
+    from kernels.runtime import layer_views
+
+    stack = mx.zeros((3, HKV, 16, HD), mx.float16)
+    mx.eval(stack)
+
+    def address(a):
+        return np.asarray(memoryview(a)).__array_interface__["data"][0]
+
+    layer = HKV * 16 * HD * 2
+    assert [address(v) - address(stack) for v in layer_views(stack, "stack")] == [0, layer, 2 * layer]
+    assert address(stack[1]) - address(stack) != layer  # the gather MLX makes of an integer index

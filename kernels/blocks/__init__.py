@@ -789,7 +789,10 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     # each half checked on layer 0 (the others share its shapes), then given every layer's arrays
     v_of = (lambda i: w.w_v.layer(i)) if w.w_v is not None else (lambda i: None)  # noqa: E731
     ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), wide=post)
-    attn = _Attention(x, w.attn_norm[0], eps, w.w_qkv.layer(0), w.w_o.layer(0), k_caches[0], v_caches[0], pos,
+    # (a stack's layer 0 as a slice: its shape for the checks, not a gather's copy)
+    k0, v0 = (k_caches[:1].reshape(k_caches.shape[1:]), v_caches[:1].reshape(v_caches.shape[1:])) if stacked else (
+        k_caches[0], v_caches[0])
+    attn = _Attention(x, w.attn_norm[0], eps, w.w_qkv.layer(0), w.w_o.layer(0), k0, v0, pos,
                       n_heads, theta, neox, *head, counters, split_from, v_of(0), wide=post, table=table)
     d = attn.head_dim // 2
     if inv_freqs is not None and (inv_freqs.dtype != mx.float32 or tuple(inv_freqs.shape) not in ((d,), (layers, d))):
