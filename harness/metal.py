@@ -244,19 +244,23 @@ def written_in_place(source: str, name: str = "kernel.metal") -> set[str]:
     """The kernel's parameters that it writes through (`writable(p)`, lathe.h), read from clang's
     AST of `source` (a kernel as metal_source writes it), so only the code that the preprocessor
     keeps counts: a parameter behind a local variable (`auto k_cache = LATHE_K_CACHE(l)`) counts
-    as the parameters its initializer names. Needs the libclang package."""
+    as the parameters its initializer names, but not one read for a value (`dims[0]` in a stack's
+    layer offset, `k_cache_0 + l * dims[0] * ...`). Needs the libclang package."""
     import clang.cindex as ci
 
     tu = _parse(_THREADGROUP_VAR.sub(lambda m: f"{m.group(1)}static {m.group(2)}", source), name)
 
     def parameters(cursor, depth: int = 0) -> set[str]:
         found = set()
-        for d in cursor.walk_preorder():
-            ref = d.referenced if d.kind == ci.CursorKind.DECL_REF_EXPR else None
-            if ref is not None and ref.kind == ci.CursorKind.PARM_DECL:
-                found.add(ref.spelling)
-            elif ref is not None and ref.kind == ci.CursorKind.VAR_DECL and depth < 3:
-                found |= parameters(ref, depth + 1)
+        if cursor.kind == ci.CursorKind.ARRAY_SUBSCRIPT_EXPR:  # a value read, not the pointer written
+            return found
+        ref = cursor.referenced if cursor.kind == ci.CursorKind.DECL_REF_EXPR else None
+        if ref is not None and ref.kind == ci.CursorKind.PARM_DECL:
+            found.add(ref.spelling)
+        elif ref is not None and ref.kind == ci.CursorKind.VAR_DECL and depth < 3:
+            found |= parameters(ref, depth + 1)
+        for child in cursor.get_children():
+            found |= parameters(child, depth)
         return found
 
     written: set[str] = set()
