@@ -705,7 +705,7 @@ class LayerStacks:
 def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_caches: list[mx.array] | mx.array,
                 v_caches: list[mx.array] | mx.array, pos: int | mx.array, *, n_heads: int, theta: float = 10000.0,
                 neox: bool = False, queue: mx.array | None = None, counters: mx.array | None = None,
-                split_from: int = attention.SPLIT_FROM, layer_kind: LayerKind = LLAMA,
+                split_from: int | None = None, layer_kind: LayerKind = LLAMA,
                 inv_freqs: mx.array | None = None, scale: float | None = None,
                 windows: list[int] | None = None, table: mx.array | None = None, timeline: list | None = None
                 ) -> tuple[mx.array, list[mx.array] | mx.array, list[mx.array] | mx.array]:
@@ -736,6 +736,9 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     timeline: a list that gets the launch's BlockTimeline, each ticket stamped as it runs
     (harness.tools.block_timeline); CUDA only (%globaltimer), where the launch is one."""
     w, layers, post = weights, weights.layers, layer_kind.post_norms
+    # past this many tokens the attention phase splits the context (block_split_from): unsplit, it
+    # is one ticket a kv head (Qwen3-0.6B: 16 of 528 threadgroups) walking every chunk in turn
+    split_from = options.get("block_split_from") if split_from is None else split_from
     if post and (w.post_attn_norm is None or w.post_ffn_norm is None):
         raise ValueError("post-block norms need the stacks' post_attn_norm and post_ffn_norm")
     if post and x.dtype != mx.float32:
