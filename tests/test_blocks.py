@@ -450,3 +450,20 @@ def test_a_stacks_layer_views_share_its_bytes():
     layer = HKV * 16 * HD * 2
     assert [address(v) - address(stack) for v in layer_views(stack, "stack")] == [0, layer, 2 * layer]
     assert address(stack[1]) - address(stack) != layer  # the gather MLX makes of an integer index
+
+
+@pytest.mark.parametrize("split_from, split", [(None, False), (256, True), (2048, False)])
+def test_block_split_from_sets_where_token_blocks_attention_splits(split_from, split):
+    """block_split_from: token_block's attention phase splits a context past this many tokens
+    (and past one partition) over tickets merged in the launch; unsplit it is one ticket a kv
+    head. At 1000 tokens the default (2048) keeps it whole (launches recorded, no GPU)."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    kv = [mx.zeros((HKV, 1100, HD), mx.float16) for _ in range(2)]
+    with options.use(**({} if split_from is None else {"block_split_from": split_from})), recording() as rec:
+        blocks.token_block(mx.zeros((1, D), mx.float16), _stacks(), 1e-6, "q8_0", kv, list(kv), 1000, n_heads=HQ)
+    (job,) = rec.jobs
+    assert ("_split" in job.spec.name) == split
+    parts = np.array(dict(zip(job.spec.inputs, job.inputs))["dims"])[3]
+    assert (parts > 1) == split
