@@ -18,6 +18,8 @@ Each phase of the token (a layer's QKV, ATTN, O, UP, DOWN) then gives:
   add up to the launch);
 - lag: its first ticket let go less the last done before it: the signal's way from the last
   producer to the first consumer (an atomic to the L2, a poll, a barrier);
+- start: its median ticket let go less the last done before it: the lag, and for a ticket claimed
+  after the phase before was done, its threadgroup's way from its last done to this claim;
 - body: its last done less its first let go: the phase's own time once it may start;
 - tail: its last done less its median done: how long the slowest tickets run past the typical one;
 - work and wait: a ticket's time from let go to done, and from claimed to let go (medians).
@@ -104,6 +106,7 @@ def phase_table(ns: np.ndarray, kinds, tickets) -> list[dict]:
         out.append(dict(phase=j, kind=KIND_NAMES[kind], layer=(first + j) // 5, tickets=int(claimed.size),
                         span_us=(last - before) / 1e3, lag_us=(float(let_go.min()) - before) / 1e3,
                         body_us=(last - float(let_go.min())) / 1e3, tail_us=(last - float(np.median(done))) / 1e3,
+                        start_us=(float(np.median(let_go)) - before) / 1e3,
                         work_us=float(np.median(done - let_go)) / 1e3,
                         wait_us=float(np.median(let_go - claimed)) / 1e3, end_us=last / 1e3))
         before = last
@@ -121,7 +124,7 @@ def by_kind(phases: list[dict], bytes_of: dict[str, float], peak_gbs: float | No
             continue
         spans = np.array([p["span_us"] for p in mine])
         row = {key: float(np.median([p[key] for p in mine]))
-               for key in ("span_us", "lag_us", "body_us", "tail_us", "work_us", "wait_us")}
+               for key in ("span_us", "lag_us", "start_us", "body_us", "tail_us", "work_us", "wait_us")}
         row.update(kind=kind, phases=len(mine), tickets=int(np.median([p["tickets"] for p in mine])),
                    span_min_us=float(spans.min()), span_max_us=float(spans.max()), share=float(spans.sum() / total))
         nbytes = bytes_of.get(kind)
@@ -141,12 +144,13 @@ def print_summary(title: str, kinds: list[dict], token_us: list[float], info: di
     print(f"{title}: token_block {np.median(token_us):.1f} us a token (median of {len(token_us)}); stamps "
           f"aligned by {info['aligned_by']} (timer step {info['timer_step_ns']:.0f} ns, fit rms "
           f"{info['fit_rms_ns']:.0f} ns)")
-    print(f"  {'kind':5s} {'span':>7s} {'lag':>6s} {'body':>7s} {'tail':>6s} {'work':>7s} {'wait':>7s} "
+    print(f"  {'kind':5s} {'span':>7s} {'lag':>6s} {'start':>6s} {'body':>7s} {'tail':>6s} {'work':>7s} {'wait':>7s} "
           f"{'share':>6s} {'tickets':>7s} {'GB/s':>7s} {'%peak':>6s}   (us, medians over phases)")
     for k in kinds:
         gbs = f"{k['gbs']:7.0f}" if k["gbs"] else f"{'':7s}"
         pct = f"{k['pct_peak']:6.1f}" if k["pct_peak"] else f"{'':6s}"
-        print(f"  {k['kind']:5s} {k['span_us']:7.2f} {k['lag_us']:6.2f} {k['body_us']:7.2f} {k['tail_us']:6.2f} "
+        print(f"  {k['kind']:5s} {k['span_us']:7.2f} {k['lag_us']:6.2f} {k['start_us']:6.2f} {k['body_us']:7.2f} "
+              f"{k['tail_us']:6.2f} "
               f"{k['work_us']:7.2f} {k['wait_us']:7.2f} {100 * k['share']:5.1f}% {k['tickets']:7d} {gbs} {pct}")
     lag = lags_a_token(kinds, len(token_us))
     print(f"  lags add up to {lag:.1f} us a token ({100 * lag / np.median(token_us):.1f}%)")
@@ -284,14 +288,14 @@ def _rows(kinds: list[dict], token_us: list[float], timeline, config, peak: floa
                   qtype=qtype, depth=depth, layers=config.n_layers, repeats=len(token_us), round=round_, **meta)
     rows = [dict(common, us=k["span_us"], us_min=k["span_min_us"], us_max=k["span_max_us"], gbs=k["gbs"],
                  pct_peak=k["pct_peak"], bytes=k["bytes"], phase=k["kind"], tickets=k["tickets"],
-                 lag_us=k["lag_us"], body_us=k["body_us"], tail_us=k["tail_us"], work_us=k["work_us"],
-                 wait_us=k["wait_us"], share=k["share"]) for k in kinds]
+                 lag_us=k["lag_us"], start_us=k["start_us"], body_us=k["body_us"], tail_us=k["tail_us"],
+                 work_us=k["work_us"], wait_us=k["wait_us"], share=k["share"]) for k in kinds]
     tok = float(np.median(token_us))
     rows.append(dict(common, us=tok, us_min=min(token_us), us_max=max(token_us), gbs=weights / (tok * 1e3),
                      pct_peak=100 * weights / (tok * 1e3) / peak, bytes=weights, phase="token",
                      tickets=sum(timeline.tickets), share=1.0,
                      lag_us=lags_a_token(kinds, len(token_us)),
-                     body_us=None, tail_us=None, work_us=None, wait_us=None))
+                     start_us=None, body_us=None, tail_us=None, work_us=None, wait_us=None))
     return rows
 
 
