@@ -406,7 +406,8 @@ class _Attention:
                              v_data=None if w_v is None else w_v.data,
                              # token_block's, where its layers say (LayerKind): a table a layer, a
                              # scale from the file, each layer's window
-                             inv_freqs=None, scale=head_dim ** -0.5, windows=None)
+                             inv_freqs=None, scale=head_dim ** -0.5, windows=None,
+                             stacked=False)  # token_block's: every layer's cache in one array
         self.types = {QKV: (w_qkv.qtype,), O: (w_o.qtype,), **({V: (w_v.qtype,)} if w_v is not None else {})}
 
 
@@ -563,7 +564,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         inputs.append(qkv_bias)
         consts["QKV_BIAS_STRIDE"] = qkv_bias.shape[1]
     caches = len(attn.k_caches) if attn else 1
-    stacked = bool(attn and attn.table is None and attn.k_caches[0].ndim == 4)
+    stacked = bool(attn and attn.stacked)
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind,
                  bool(attn and attn.table is not None), timeline is not None, stacked)
     kinds = tuple((first + j) % 5 for j in range(phases))
@@ -833,6 +834,7 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     if w.w_v is not None:
         attn.v_data, attn.types[V] = w.w_v.data, w.w_v.qtypes
     attn.k_caches, attn.v_caches = ([k_caches], [v_caches]) if stacked else (list(k_caches), list(v_caches))
+    attn.stacked = stacked
     if head[0] is not None:
         attn.norms = (w.q_norm, w.k_norm)
     strides = dict(W_QKV_STRIDE=w.w_qkv.stride, W_O_STRIDE=w.w_o.stride, W_UP_STRIDE=w.w_gate_up.stride,
