@@ -264,12 +264,14 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
                repeat: int = 1, depth: int | str = 0, write: bool | None = None,
                variant: str = "reference", kv: str = "contiguous", ctx: int | None = None,
                peer: str | None = None, rounds: int | None = None, past_context: bool = False,
-               out_rows: list | None = None) -> int:
+               out_rows: list | None = None, ab: list[str] | None = None) -> int:
     """Greedy decode of a GGUF model or preset for each variant, mode and depth given
     (comma-separated lists, as llama-bench's): a llama-bench-like table; on a GPU (or with
     write=True) its rows appended to results/<device>/decode.csv, with the roofline at the peak
     measured here. `peer="llama.cpp"`: llama-bench on the same file, alternated with lathe's rows
-    for `rounds` rounds (default 2), each lathe row's x_llama_cpp from that run's llama.cpp row."""
+    for `rounds` rounds (default 2), each lathe row's x_llama_cpp from that run's llama.cpp row.
+    `ab`: option sets ('' the run's own), each variant timed under each in every round (alternated,
+    the `options` column naming the set)."""
     from harness.anchors import llama_cpp_tok_s
     from harness.decode_bench import decode_row, run_decode
     from harness.peers import HOW_TO_GET, VARIANT, LlamaBench, find_llama_bench, pair_with_peer
@@ -282,8 +284,11 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     rounds = rounds or (2 if bench else 1)
     write = has_gpu() if write is None else write
     peak = _peak().gbs if has_gpu() else None
+    from kernels import options
+
+    arms = [options.parse(text) for text in ab] if ab else None
     rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant, kv, ctx,
-                      rounds=rounds, peer=bench, past_context=past_context)
+                      rounds=rounds, peer=bench, past_context=past_context, arms=arms)
     if not rows:
         print(f"lathe decode: no variant among {variant} runs with kv {kv} (reference, megafused: contiguous only)")
         return 2
@@ -291,7 +296,8 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     device = device_name() if has_gpu() else "cpu"
     shown = pd.DataFrame(rows).drop(columns=["prompt", "gen", "repeat", "size_mb", "params_m",
                                              "backend", "weight_mb", "kv_mb", "ms_per_token_min", "ms_per_token_max",
-                                             "peer_build", "depth", *(["round"] if rounds == 1 else [])],
+                                             "peer_build", "depth", *(["round"] if rounds == 1 else []),
+                                             *([] if arms else ["options"])],
                                     errors="ignore")
     peer_rows = [r for r in rows if r["variant"] == VARIANT]
     if out_rows is not None:
@@ -521,6 +527,9 @@ def _parser() -> argparse.ArgumentParser:
     dec.add_argument("--ctx", type=int, default=None,
                      help="KV cache rows (default depth + prompt + gen); fewer: decode wraps around "
                           "(circular overflow; contiguous cache only)")
+    dec.add_argument("--ab", action="append", default=None, metavar="NAME=VALUE[,...]",
+                     help="an option set to time each variant under (repeat for several; '' = the run's own "
+                          "options): the sets alternate within each round, the peer after them")
     dec.add_argument("--past-context", action="store_true",
                      help="allow depth + prompt + gen past the model's trained context (a speed measurement "
                           "only, as llama-bench's -d allows: Llama-3-8B's 8192 and depth 16384)")
@@ -752,7 +761,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "decode":
         return cmd_decode(args.model, args.qtype, args.prompt, args.gen, args.seed, args.mode,
                           args.repeat, args.depth, args.write, args.variant, args.kv, args.ctx,
-                          args.peer, args.rounds, args.past_context)
+                          args.peer, args.rounds, args.past_context, ab=args.ab)
     if args.command == "serve":
         return cmd_serve(args.model, args.qtype, args.batch, args.prompt, args.gen, args.shared, args.mixed,
                          args.seed, args.variant, args.peer, args.rounds, args.write)

@@ -16,6 +16,7 @@ import numpy as np
 from harness.program.decode import (KV_LAYOUTS, MODES, VARIANTS, _backend, generate, make_decoder, model_file,
                             prompt_forward)
 from harness.program.models import Model, file_type_name, load_gguf, tensor_shapes
+from kernels import options
 
 
 def traffic(model: Model, position: float) -> tuple[int, int]:
@@ -41,7 +42,8 @@ def _peak_memory() -> int | None:
 def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, modes=("step",),
                repeat: int = 1, depth=0, peak_gbs: float | None = None,
                variants=("reference",), kv=("contiguous",), ctx: int | None = None,
-               rounds: int = 1, peer=None, past_context: bool = False) -> list[dict]:
+               rounds: int = 1, peer=None, past_context: bool = False,
+               arms: list[dict] | None = None) -> list[dict]:
     """llama-bench's matrix: load (or make) the model once; for each variant build its decoder
     once, and for each depth (one or several, as llama-bench's -d) and mode, per repetition,
     prefill `depth` + `prompt` random tokens and greedily generate `gen`, timed apart (a warm-up
@@ -59,6 +61,10 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     depths and repeats, after lathe's rows in each of `rounds` rounds (lathe, llama.cpp, lathe,
     llama.cpp, ...: drift between the two shows as a difference between rounds). Every row
     names its round; a decoder is kept across rounds when it is the only one, else rebuilt.
+
+    `arms` (option sets, as `--ab`): each kernel variant runs once under each set in every round,
+    its decoder built and timed inside it, so the sets alternate on one machine with the peer
+    between rounds; each row's `options` names its set (over the run's own options).
     """
     from harness import peers
 
@@ -95,28 +101,36 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                   params_m=round(params / 1e6, 1), repeat=repeat)
     rows = []
     # the reference and megafused variants take the contiguous cache only
-    pairs = [(v, k) for v in variants for k in layouts if v not in ("reference", "megafused") or k == "contiguous"]
+    pairs = [(v, k, i) for v in variants for k in layouts if v not in ("reference", "megafused") or k == "contiguous"
+             for i in range(len(arms or [{}]))]
+    arms = arms or [{}]
     kept = {}  # the one decoder of a single-variant matrix (and its breakdown), across rounds
     failed: dict[tuple[str, str], str] = {}  # (variant, layout) -> why it did not run
     for rnd in range(1, rounds + 1):
         tag = dict(round=rnd) if rounds > 1 or peer else {}
-        for variant, layout in pairs:
+        for variant, layout, arm in pairs:
             done = len(rows)
             try:
-                if (variant, layout) in failed:
-                    raise _Failed(failed[(variant, layout)])
-                _time_variant(rows, kept, model, name, qtype, variant, layout, tokens, depths, modes, prompt, gen,
-                              repeat, ctx, wrap, peak_gbs, common, tag, len(pairs))
+                if (variant, layout, arm) in failed:
+                    raise _Failed(failed[(variant, layout, arm)])
+                with options.use(**arms[arm]):
+                    _time_variant(rows, kept, model, name, qtype, variant, layout, tokens, depths, modes, prompt,
+                                  gen, repeat, ctx, wrap, peak_gbs, dict(common, options=options.describe()), tag,
+                                  len(pairs))
             except Exception as exc:  # noqa: BLE001 - a variant that fails is a row; the matrix goes on
                 why = str(exc) if isinstance(exc, _Failed) or str(exc).startswith(type(exc).__name__) \
                     else f"{type(exc).__name__}: {exc}"
                 if len(pairs) == 1 and peer is None:  # nothing else to run: the error itself, as before
                     raise
-                if (variant, layout) not in failed:
-                    print(f"lathe decode: {variant}{'/paged' if layout == 'paged' else ''} failed, the matrix goes "
+                if (variant, layout, arm) not in failed:
+                    print(f"lathe decode: {variant}{'/paged' if layout == 'paged' else ''}"
+                          f"{' (' + options.describe(arms[arm]) + ')' if arms[arm] else ''} failed, the matrix goes "
                           f"on: {why}", file=sys.stderr, flush=True)
-                failed[(variant, layout)] = why
-                rows.extend(_error_rows(rows[done:], common, variant, layout, depths, modes, prompt, gen, tag, why))
+                failed[(variant, layout, arm)] = why
+                with options.use(**arms[arm]):
+                    arm_common = dict(common, options=options.describe())
+                rows.extend(_error_rows(rows[done:], arm_common, variant, layout, depths, modes, prompt, gen, tag,
+                                        why))
                 gc.collect()
         if peer is not None:
             began = time.perf_counter()
@@ -166,7 +180,8 @@ def _time_variant(rows: list, kept: dict, model, name: str, qtype: str, variant:
                              mode=mode, **timed, **split, **tag,
                              dispatches_per_token=dispatches_per_token(decoder, at, mode),
                              **roofline(weights, kv_bytes, timed["decode_tok_s"], peak_gbs)))
-            print(f"decode {name} {qtype} d{d} {rows[-1]['variant']} {mode}{_round(tag)}: "
+            arm = f" ({common['options']})" if common.get("options") else ""
+            print(f"decode {name} {qtype} d{d} {rows[-1]['variant']}{arm} {mode}{_round(tag)}: "
                   f"{rows[-1]['decode_tok_s']} tok/s; {rows[-1].pop('_elapsed'):.1f} s (warm-up "
                   f"{rows[-1]['compile_s']:.1f}), decoder built in {built:.1f} s", file=sys.stderr, flush=True)
             built = 0.0
@@ -291,6 +306,8 @@ def decode_row(run: dict, peak_gbs: float | None, device: str, meta: dict) -> di
     it reads). A variant that failed keeps its error and no timings."""
     from harness.peers import VARIANT
 
+    if "options" in run and run["variant"] != VARIANT:  # the options its arm ran under (run_decode's arms)
+        meta = dict(meta, options=run["options"])
     if run.get("error"):
         return dict(benchmark="decode", kernel=run["model"], variant=run["variant"], backend=run["backend"],
                     device=device, us=None, gbs=None, pct_peak=None, peak_gbs=peak_gbs, bytes=None,

@@ -126,6 +126,25 @@ def test_decode_over_several_depths():
         run_decode("tiny-llama", "q8_0", 4, 3, depth="0,8", ctx=10)
 
 
+def test_decode_arms_alternate_option_sets(monkeypatch):
+    """--ab: each variant is timed under each option set in every round, the set in effect while
+    it runs (and only then), and each row (and its decode.csv row) names its set."""
+    from harness import decode_bench
+    from kernels import options
+
+    seen, timed = [], decode_bench._time_mode
+    monkeypatch.setattr(decode_bench, "_time_mode",
+                        lambda *a, **k: (seen.append(options.get("attn_partition")), timed(*a, **k))[1])
+    before = options.describe()
+    rows = decode_bench.run_decode("tiny-llama", "q8_0", 4, 2, rounds=2,
+                                   arms=[{}, options.parse("attn_partition=128")])
+    assert [(r["round"], r["options"]) for r in rows] == [(1, before), (1, "attn_partition=128"),
+                                                          (2, before), (2, "attn_partition=128")]
+    assert seen == [options.get("attn_partition"), 128] * 2 and options.describe() == before
+    row = decode_bench.decode_row(rows[1], None, "cpu", dict(git_sha="x", options="ignored"))
+    assert row["options"] == "attn_partition=128"
+
+
 def test_traffic_counts_the_stored_weights(tmp_path, monkeypatch):
     """Weight bytes per token: every stored matrix once (one embedding row unless tied), so
     close to the file size; KV bytes grow with the position."""
