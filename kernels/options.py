@@ -183,9 +183,10 @@ DECLARED = (
     Option("block_narrow", 256, _count,
            "the blocks' GEMV phases (not gate|up) with fewer tickets than this halve their rows a SIMD group "
            "until they have that many or take one row (0: never; kernels/loop/NOTES.md)"),
-    Option("block_split_from", 2048, _count,
+    Option("block_split_from", 512, _count,
            "token_block's attention phase splits contexts longer than this (and than one partition) over "
-           "tickets, merged in the launch (2048: the standalone attention's threshold; kernels/loop/NOTES.md)"),
+           "tickets, merged in the launch (512: Qwen3's token at 1024 tokens in half the time of the "
+           "unsplit walk; at 128 the split lost 1.6%: kernels/loop/NOTES.md)"),
     Option("block_balance", False, _flag,
            "the blocks' GEMV phases (not gate|up) whose tickets stream row groups halve their rows a SIMD "
            "group while that lowers the most rows any SIMD group takes (kernels/loop/NOTES.md)"),

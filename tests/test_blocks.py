@@ -452,11 +452,12 @@ def test_a_stacks_layer_views_share_its_bytes():
     assert address(stack[1]) - address(stack) != layer  # the gather MLX makes of an integer index
 
 
-@pytest.mark.parametrize("split_from, split", [(None, False), (256, True), (2048, False)])
+@pytest.mark.parametrize("split_from, split", [(None, True), (256, True), (2048, False)])
 def test_block_split_from_sets_where_token_blocks_attention_splits(split_from, split):
     """block_split_from: token_block's attention phase splits a context past this many tokens
     (and past one partition) over tickets merged in the launch; unsplit it is one ticket a kv
-    head. At 1000 tokens the default (2048) keeps it whole (launches recorded, no GPU)."""
+    head. At 1000 tokens the default (512) splits it, 2048 keeps it whole (launches recorded, no
+    GPU)."""
     from kernels import options
     from kernels.runtime import recording
 

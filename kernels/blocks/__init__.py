@@ -739,8 +739,8 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     w, layers, post = weights, weights.layers, layer_kind.post_norms
     # past this many tokens the attention phase splits the context (block_split_from): unsplit, it
     # is one ticket a kv head (Qwen3-0.6B: 16 of 528 threadgroups) walking every chunk in turn, 42 us
-    # a layer at 1024 tokens against 17 split at 4096 (kernels/loop/NOTES.md); a lower default awaits
-    # its measurement
+    # a layer at 1024 tokens against 17 split at 4096; split from 512, the 1024-token layer takes 14
+    # (kernels/loop/NOTES.md)
     split_from = options.get("block_split_from") if split_from is None else split_from
     if post and (w.post_attn_norm is None or w.post_ffn_norm is None):
         raise ValueError("post-block norms need the stacks' post_attn_norm and post_ffn_norm")
