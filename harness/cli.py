@@ -277,6 +277,7 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     from harness.peers import HOW_TO_GET, VARIANT, LlamaBench, find_llama_bench, pair_with_peer
     from harness.plots import decode_plot
     from harness.results import run_metadata
+    from kernels import options
     from kernels.runtime import device_name, has_gpu
 
     print(backend_line())
@@ -284,8 +285,6 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     rounds = rounds or (2 if bench else 1)
     write = has_gpu() if write is None else write
     peak = _peak().gbs if has_gpu() else None
-    from kernels import options
-
     arms = [options.parse(text) for text in ab] if ab else None
     rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant, kv, ctx,
                       rounds=rounds, peer=bench, past_context=past_context, arms=arms)

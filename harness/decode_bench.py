@@ -101,11 +101,15 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                   params_m=round(params / 1e6, 1), repeat=repeat)
     rows = []
     # the reference and megafused variants take the contiguous cache only
-    pairs = [(v, k, i) for v in variants for k in layouts if v not in ("reference", "megafused") or k == "contiguous"
-             for i in range(len(arms or [{}]))]
     arms = arms or [{}]
+    pairs = [(v, k, i) for v in variants for k in layouts if v not in ("reference", "megafused") or k == "contiguous"
+             for i in range(len(arms))]
+    described = []  # each arm's options column: the run's own with the arm's changes
+    for arm in arms:
+        with options.use(**arm):
+            described.append(options.describe())
     kept = {}  # the one decoder of a single-variant matrix (and its breakdown), across rounds
-    failed: dict[tuple[str, str], str] = {}  # (variant, layout) -> why it did not run
+    failed: dict[tuple[str, str, int], str] = {}  # (variant, layout, arm) -> why it did not run
     for rnd in range(1, rounds + 1):
         tag = dict(round=rnd) if rounds > 1 or peer else {}
         for variant, layout, arm in pairs:
@@ -115,7 +119,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                     raise _Failed(failed[(variant, layout, arm)])
                 with options.use(**arms[arm]):
                     _time_variant(rows, kept, model, name, qtype, variant, layout, tokens, depths, modes, prompt,
-                                  gen, repeat, ctx, wrap, peak_gbs, dict(common, options=options.describe()), tag,
+                                  gen, repeat, ctx, wrap, peak_gbs, dict(common, options=described[arm]), tag,
                                   len(pairs))
             except Exception as exc:  # noqa: BLE001 - a variant that fails is a row; the matrix goes on
                 why = str(exc) if isinstance(exc, _Failed) or str(exc).startswith(type(exc).__name__) \
@@ -127,10 +131,8 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
                           f"{' (' + options.describe(arms[arm]) + ')' if arms[arm] else ''} failed, the matrix goes "
                           f"on: {why}", file=sys.stderr, flush=True)
                 failed[(variant, layout, arm)] = why
-                with options.use(**arms[arm]):
-                    arm_common = dict(common, options=options.describe())
-                rows.extend(_error_rows(rows[done:], arm_common, variant, layout, depths, modes, prompt, gen, tag,
-                                        why))
+                rows.extend(_error_rows(rows[done:], dict(common, options=described[arm]), variant, layout, depths,
+                                        modes, prompt, gen, tag, why))
                 gc.collect()
         if peer is not None:
             began = time.perf_counter()
