@@ -143,6 +143,25 @@ def test_block_geometry_covers_every_row(shape, qtype, m, mode):
             assert geo.gemvs[kind][:2] == (r + (r % 2 if kind == blocks.UP else 0), p)
 
 
+@pytest.mark.parametrize("qtype", ["q4_k", "q5_k", "q6_k", "q4_0", "q8_0"])
+def test_k_quant_launches_cap_their_loads_in_flight(qtype):
+    """A K-quant launch's GEMV phases take at most K_BLOCK_P loads a row in flight (their own v3 P
+    is 4: the launch's registers past 128); other types keep their own; gemv_tuning's BLOCK_P,
+    when given, sets every launch's."""
+    from kernels import options
+
+    d, n_qkv, hd, f = LAYERS[2]
+    gemvs = {blocks.UP: (2 * f, d), blocks.DOWN: (d, f), blocks.QKV: (n_qkv, d), blocks.O: (d, hd)}
+    own = max(gemv.v3_geometry(qtype, 1, n, k)[2] for n, k in gemvs.values())
+    ps = {g[1] for g in blocks.block_geometry(qtype, 1, gemvs, blocks.DOWN).gemvs.values()}
+    if qtype in gemv.K_QTYPES:
+        assert own > blocks.K_BLOCK_P and ps == {blocks.K_BLOCK_P}
+    else:
+        assert max(ps) == gemv.v3_geometry(qtype, 1, *gemvs[blocks.UP])[2]
+    with options.use(gemv_tuning="BLOCK_P=1"):
+        assert {g[1] for g in blocks.block_geometry(qtype, 1, gemvs, blocks.DOWN).gemvs.values()} == {1}
+
+
 @pytest.mark.parametrize("fit", [132, 396, 528, 10_000])
 @pytest.mark.parametrize("shape", LAYERS)
 def test_a_resident_fit_caps_each_claimed_phase(shape, fit):

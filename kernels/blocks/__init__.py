@@ -238,6 +238,13 @@ class BlockGeometry:
     gemvs: dict[int, tuple[int, int, int]]  # kind -> (R, P, tickets)
 
 
+# A K-quant launch's GEMV phases issue at most this many 16-byte loads a row before using any (v3's
+# P, 4 on their own): at 4 the 8B Q4_K_M token takes 156 registers (3 threadgroups an SM), at 2 it
+# takes 125 (4), and megafused decodes 334-335 tok/s against 287 (H200, 936068b; kernels/loop/NOTES.md).
+# gemv_tuning's BLOCK_P, when given, sets every launch's instead.
+K_BLOCK_P = 2
+
+
 def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: int,
                    fit: int | None = None, reserved: int = 0) -> BlockGeometry:
     """The geometry of a launch of the GEMVs `gemvs` (kind -> its matrix's N, K; UP's N is 2F,
@@ -282,7 +289,7 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
     for kind in order:
         n, k = gemvs[kind]
         r, p = per_kind[kind]
-        p = min(p, gemv.TUNING["BLOCK_P"] or p)
+        p = min(p, gemv.TUNING["BLOCK_P"] or (K_BLOCK_P if qtype in gemv.K_QTYPES else p))
         tickets = -(-n // (r * s))
         cap = gemv.TUNING["V3_MAX_GROUPS"]
         if not cap:
