@@ -171,6 +171,9 @@ DECLARED = (
            "megafused decode (mega_span=token): every layer's K cache in one array and every layer's V in "
            "another, so the compiled step takes and returns 2 caches, not 2 x layers (the host's time a "
            "token: kernels/loop/NOTES.md)"),
+    Option("block_signal_apart", False, _flag,
+           "the blocks' threadgroups signal a ticket done from another thread than the one that claims the "
+           "next, so the signal's wait for the ticket's writes overlaps the claim (kernels/loop/NOTES.md)"),
     Option("block_prefetch", True, _flag,
            "the blocks' GEMV phases issue their first weights before waiting on the phase before"),
     Option("block_l2_ahead", False, _flag,

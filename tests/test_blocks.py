@@ -487,3 +487,17 @@ def test_block_split_from_sets_where_token_blocks_attention_splits(split_from, s
     assert ("_split" in job.spec.name) == split
     parts = np.array(dict(zip(job.spec.inputs, job.inputs))["dims"])[3]
     assert (parts > 1) == split
+
+
+@pytest.mark.parametrize("apart", [False, True])
+def test_block_signal_apart_is_the_launchs_constant(apart):
+    """block_signal_apart: layer_block.metal's SIGNAL_APART, a ticket's done signalled by another
+    thread than the next claim's (a constant of the module: both forms compiled apart; launches
+    recorded)."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    with options.use(block_signal_apart=apart), recording() as rec:
+        _token()
+    (job,) = rec.jobs
+    assert job.constants["SIGNAL_APART"] is apart

@@ -506,6 +506,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                "HEAD_NORM_STRIDE": 0, **({"W_V_STRIDE": 0} if V in gemvs else {}), **(strides or {})}
     inputs, consts = [], dict(QTYPE=gemv.block_format(qtype)[0], M=m, NSIMD=s, XCHUNK=geo.xchunk, FIRST=first,
                               PHASES=phases, PREFETCH=bool(options.get("block_prefetch")),
+                              SIGNAL_APART=bool(options.get("block_signal_apart")),
                               L2_AHEAD=bool(options.get("block_l2_ahead")), **strides)
     if attn:  # the attention phase's cached rows into the L2 before its wait (contiguous caches)
         consts["ATTN_AHEAD"] = bool(options.get("block_attn_ahead")) and attn.table is None

@@ -21,6 +21,11 @@
 // kernels.blocks runs the phases as separate launches there (kernels.backends.cross_group_waits).
 // ATTN_AHEAD: the attention phase asks the L2 for its cached K and V rows before its wait (the
 // contiguous caches, an unsplit context; the block_attn_ahead option).
+// SIGNAL_APART: the thread of another SIMD group than the claimer's signals a ticket done. The
+// signal's release waits for the ticket's writes to drain (about a DRAM round trip) before its
+// atomic goes out; from thread 0 that wait came before the next claim's own round trip (the 8B's
+// tickets were claimed 1.2-3 us after their threadgroup's last was done). Apart, the two overlap,
+// and the claim order (after this ticket is finished) is as before.
 // PREFETCH: a GEMV phase issues its first weights before it waits on the phase before (they need
 // nothing of it: v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip; L2_AHEAD
 // (with PREFETCH): it also asks the L2 for the rest of its ticket's rows, so the DRAM keeps
@@ -61,7 +66,7 @@
 // tickets are those of w_qkv ([q; k], qkv_dims) and then w_v's (v_dims, types Q_V_A / Q_V_B, bit
 // V_BIT, W_V_STRIDE, R_V, P_V), V's rows written after Q and K's in qkv.
 // Constants: FIRST, PHASES, ROPE_STRIDE, v3's QTYPE, M, NSIMD and XCHUNK (the launch's: one threadgroup size,
-// one X' staging, which every GEMV's type shares), PREFETCH, L2_AHEAD, each GEMV's K, R and P (its own rows
+// one X' staging, which every GEMV's type shares), SIGNAL_APART, PREFETCH, L2_AHEAD, each GEMV's K, R and P (its own rows
 // a SIMD group and loads in flight, kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F),
 // K_QKV (d_model), K_O (n_heads * D), R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O,
 // W_QKV_STRIDE, W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN
@@ -391,7 +396,8 @@ for (;;) {
   }
   threadgroup_barrier(mem_flags::mem_device);  // this ticket's outputs are written
   STAMP(2)
-  if (tid == 0) grid_signal(DONE(j));
+  // (the claimer, thread 0, goes on to its next claim; SIGNAL_APART: the signaller is thread 32)
+  if (tid == (SIGNAL_APART && NT > 32 ? 32u : 0u)) grid_signal(DONE(j));
 }
 #undef STAMP
 #undef PHASE_WAIT
