@@ -158,6 +158,10 @@ DECLARED = (
            "lathe serve, megafused variant: a decode-only step of up to this many sequences runs token_block "
            "launches of 4 sequences each (every weight read once a launch); a larger one fused's plan, whose "
            "GEMMs read the weights once for the whole batch (harness/program/batch_forward.py)"),
+    Option("serve_mega_together", False, _flag,
+           "lathe serve, megafused variant: a step's token_block launches (of 4 sequences each) take the pool "
+           "as the step found it and 1 / launches of the GPU's threadgroups each, so that they run at once "
+           "(off: one after another, each over the whole GPU; harness/program/batch_forward.py)"),
     Option("attn_query_split", 64, _count,
            "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
     Option("pad_constants", True, _flag,

@@ -392,3 +392,40 @@ def test_a_megafused_decode_step_is_token_block_launches_of_four(models, preset)
     with recording() as rec:
         forward.forward(prompt + work[:2])
     assert not any(j.spec.name.startswith("lathe_token_block") for j in rec.jobs)
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_a_megafused_steps_launches_together_take_the_pool_as_found_and_split_the_gpu(models, monkeypatch, together):
+    """serve_mega_together (CPU, launches recorded): a step of 6 sequences' two token_block
+    launches both read the pool the step found, each sized to half the threadgroups the GPU holds
+    (a resident fit of 8 stood in for the device's: gate|up's claimed tickets at most 4); off, the
+    second reads the first's pool and both take the whole fit."""
+    from harness.program.batch_forward import PagedBatchKernels
+    from kernels import blocks, options
+    from kernels.runtime import recording
+
+    model = models["tiny-llama"]
+    pool = KVPool(num_blocks=24, block_size=16)
+    with recording():
+        forward = PagedBatchKernels(model, "megafused", pool, 128)
+    rng = np.random.default_rng(6)
+    lengths = [3, 17, 40, 1, 16, 9]
+    for i, n in enumerate(lengths):
+        pool.add(i, [int(t) for t in rng.integers(0, model.config.vocab, n)])
+        pool.append(i, int(rng.integers(model.config.vocab)))
+    work = [Work(Request(i, [], 1), [int(rng.integers(model.config.vocab))], n, pool.table(i), [])
+            for i, n in enumerate(lengths)]
+    monkeypatch.setattr(blocks, "resident_groups", lambda job: 8)
+    found = forward.d.k[0]
+    with recording() as rec, options.use(serve_compiled=False, serve_mega_together=together):
+        forward.forward(work)
+    jobs = [j for j in rec.jobs if j.spec.name.startswith("lathe_token_block")]
+    assert len(jobs) == 2
+    pools = [dict(zip(j.spec.inputs, j.inputs))["k_cache_0"] for j in jobs]
+    groups = [int(np.array(dict(zip(j.spec.inputs, j.inputs))["up_dims"])[2]) for j in jobs]
+    assert pools[0] is found
+    if together:
+        assert pools[1] is found and max(groups) <= 4
+        assert forward.d.k[0] is not found  # the step's pool comes after both launches' writes
+    else:
+        assert pools[1] is not found and min(groups) > 4

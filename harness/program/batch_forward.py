@@ -427,22 +427,34 @@ class PagedBatchKernels(_Tokens):
         every layer of t sequences' tokens in token_block's batch form, a launch a mega_rows of
         them (each launch reads every weight once; the caches order one after the last)."""
         from kernels import blocks
+        from kernels.runtime import depends
 
         d, c, layers_done = self.d, self.d.config, False
+        starts = range(0, t, self.mega_rows)
+        # serve_mega_together: the launches take the caches as the step found them and split the
+        # GPU between them, so that they run at once; else each takes the last one's caches (and
+        # the whole GPU), and they run one after another
+        together = len(starts) > 1 and options.get("serve_mega_together")
         for step in self.d.plan_for(t):
             if step.layer is None:
                 swap = self._swaps.get(step.op)
                 step.run(self.d, env, t, 0) if swap is None else swap(self, step, env)
             elif not layers_done:
-                x, outs = env["x"], []
-                for launch_, at in enumerate(range(0, t, self.mega_rows)):
+                x, outs, k, v = env["x"], [], d.k, d.v
+                for launch_, at in enumerate(starts):
                     rows = slice(at, min(t, at + self.mega_rows))
                     queue, counters = self._mega_site(launch_)
-                    out, d.k, d.v = blocks.token_block(
-                        x[rows], d.stacks, c.eps, d.stacks.w_qkv.qtypes[0], d.k, d.v, positions[rows],
+                    out, k_out, v_out = blocks.token_block(
+                        x[rows], d.stacks, c.eps, d.stacks.w_qkv.qtypes[0], k, v, positions[rows],
                         n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox, queue=queue, counters=counters,
-                        layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs, scale=d.scale, table=table[rows])
+                        layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs, scale=d.scale, table=table[rows],
+                        share=len(starts) if together else 1)
+                    if not together:
+                        k, v = k_out, v_out
                     outs.append(out)
+                if together:  # the pools written by every launch (in place): ordered after all of them
+                    k, v = depends(k, outs), depends(v, outs)
+                d.k, d.v = k, v
                 env["x"] = outs[0] if len(outs) == 1 else mx.concatenate(outs)
                 layers_done = True
         return env

@@ -447,12 +447,13 @@ class BlockTimeline:
 def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None, attn: _Attention | None,
             queue: mx.array | None, strides: dict[str, int] | None = None, layer_kind: LayerKind = LLAMA,
             post_norms: tuple[mx.array, mx.array] | None = None, qkv_bias: mx.array | None = None,
-            timeline: list | None = None) -> list[mx.array]:
+            timeline: list | None = None, share: int = 1) -> list[mx.array]:
     """layer_block.metal over `phases` phases from kind `first` (the halves given hold each
     kind's arrays; `strides`: bytes between layers of each stacked input, token_block's;
     `layer_kind` and `post_norms` (post_attention_norm, post_ffw_norm stacked): token_block's
     layers): its outputs in the spec's order. `timeline`: a list that gets the launch's
-    BlockTimeline (its tickets stamped; CUDA only)."""
+    BlockTimeline (its tickets stamped; CUDA only). `share`: launches meant to run at once, each
+    sized to 1 / share of the threadgroups the GPU holds (block_grid=resident)."""
     queue = block_queue(phases) if queue is None else queue
     _check_queue(queue, phases)
     m = x.shape[0]
@@ -596,6 +597,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         # the tickets are inputs, not the module: its occupancy sizes them (cached per module)
         fit = resident_groups(job)
         if fit:
+            fit = max(1, fit // share)
             geo = geometry(fit)
             job = at(geo)
     out = launch(job)
@@ -716,8 +718,8 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
                 neox: bool = False, queue: mx.array | None = None, counters: mx.array | None = None,
                 split_from: int | None = None, layer_kind: LayerKind = LLAMA,
                 inv_freqs: mx.array | None = None, scale: float | None = None,
-                windows: list[int] | None = None, table: mx.array | None = None, timeline: list | None = None
-                ) -> tuple[mx.array, list[mx.array] | mx.array, list[mx.array] | mx.array]:
+                windows: list[int] | None = None, table: mx.array | None = None, timeline: list | None = None,
+                share: int = 1) -> tuple[mx.array, list[mx.array] | mx.array, list[mx.array] | mx.array]:
     """A decode token through every layer in one launch (the seeds' persistent kernel): each
     layer's attention block, then its FFN block, as phases of one queue (block_queue(5 * layers)).
     x [1, d_model] (the embedded token) -> (the residual stream after the last layer, k_caches,
@@ -743,7 +745,11 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     table's entries. Not with Gemma's post-block norms (one stream row).
 
     timeline: a list that gets the launch's BlockTimeline, each ticket stamped as it runs
-    (harness.tools.block_timeline); CUDA only (%globaltimer), where the launch is one."""
+    (harness.tools.block_timeline); CUDA only (%globaltimer), where the launch is one.
+
+    share: how many token_block launches of the batch form the caller runs at once (a step's
+    launches over disjoint sequences, none taking another's caches): each is sized to 1 / share
+    of the threadgroups the GPU holds, so that all of them are resident together."""
     w, layers, post = weights, weights.layers, layer_kind.post_norms
     # past this many tokens the attention phase splits the context (block_split_from): unsplit, it
     # is one ticket a kv head (Qwen3-0.6B: 16 of 528 threadgroups) walking every chunk in turn, 42 us
@@ -779,6 +785,8 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     if table is None and x.shape[0] != 1:
         raise ValueError(f"token_block takes one token (x [1, d_model]; a batch's tokens with a table), got "
                          f"{tuple(x.shape)}")
+    if share < 1 or (share > 1 and table is None):
+        raise ValueError(f"share must be at least 1, and above 1 only in the batch form (a table), got {share}")
     if table is not None and post:
         raise ValueError("token_block's batch form (a table) runs layers without post-block norms")
     if table is not None and not backends.cross_group_waits():
@@ -855,7 +863,7 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
         raise ValueError(f"qkv_bias must be float16 [{layers}, {attn.n_qkv}], got {w.qkv_bias.dtype} "
                          f"{tuple(w.qkv_bias.shape)}")
     out = _launch(x, eps, qtype, QKV, 5 * layers, ffn, attn, queue, strides, layer_kind,
-                  (w.post_attn_norm, w.post_ffn_norm) if post else None, w.qkv_bias, timeline)
+                  (w.post_attn_norm, w.post_ffn_norm) if post else None, w.qkv_bias, timeline, share)
     if post:  # the stream after the last attention block, and the last FFN's output: its post-norm
         x_out = loop.post_norm_add(out[-1], w.post_ffn_norm[layers - 1], eps, out[4])
     else:
