@@ -161,7 +161,8 @@ DECLARED = (
     Option("serve_mega_together", False, _flag,
            "lathe serve, megafused variant: a step's token_block launches (of 4 sequences each) take the pool "
            "as the step found it and 1 / launches of the GPU's threadgroups each, so that they run at once "
-           "(off: one after another, each over the whole GPU; harness/program/batch_forward.py)"),
+           "(off: one after another, each over the whole GPU; measured slower at 6 and 8 sequences, so off: "
+           "kernels/loop/NOTES.md)"),
     Option("attn_query_split", 64, _count,
            "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
     Option("pad_constants", True, _flag,
@@ -175,9 +176,10 @@ DECLARED = (
            "megafused decode (mega_span=token): every layer's K cache in one array and every layer's V in "
            "another, so the compiled step takes and returns 2 caches, not 2 x layers (the host's time a "
            "token: kernels/loop/NOTES.md)"),
-    Option("block_signal_apart", False, _flag,
+    Option("block_signal_apart", True, _flag,
            "the blocks' threadgroups signal a ticket done from another thread than the one that claims the "
-           "next, so the signal's wait for the ticket's writes overlaps the claim (kernels/loop/NOTES.md)"),
+           "next, so the signal's wait for the ticket's writes overlaps the claim (Qwen3-0.6B's token 1.3-1.9% "
+           "shorter; kernels/loop/NOTES.md)"),
     Option("block_prefetch", True, _flag,
            "the blocks' GEMV phases issue their first weights before waiting on the phase before"),
     Option("block_l2_ahead", False, _flag,
