@@ -203,8 +203,8 @@ DECLARED = (
            "the blocks' attention phase: K rows through threadgroup memory in at most this many slots (fewer "
            "where the launch's threadgroup memory cannot hold them: none in Llama-3-8B's token block), as "
            "decode attention's attn_k_slots (0: loaded into registers; 1; 2: the next round's copies during "
-           "this one's products); auto: 2 where a ticket walks several chunks (contexts past 64 one-chunk "
-           "partitions, 8192 tokens at 4 SIMD groups), else 0 (kernels/attention/NOTES.md)"),
+           "this one's products); auto: 2 where the launch splits the context (block_split_from), else 0 "
+           "(kernels/loop/NOTES.md)"),
     Option("block_attn_mma", True, _flag,
            "with block_k_slots: the blocks' attention phase scores and takes P.V on SIMD-group matrices "
            "where the form allows (<= 8 heads a threadgroup, D a multiple of 32 up to 32 NSIMD), as attn_mma"),
