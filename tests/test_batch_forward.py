@@ -345,29 +345,40 @@ def test_megafused_batch_refuses_the_layers_its_batch_form_does_not_take(models,
         make_batch_forward(models[preset], "megafused", KVPool(num_blocks=8, block_size=16), 64)
 
 
+SIX = [3, 17, 40, 1, 16, 9]  # the cached tokens of six sequences a megafused decode step takes
+
+
+def _six_decoding(model, seed: int):
+    """A megafused batch forward (made with its launches recorded) over a pool holding six
+    sequences of SIX tokens and each one's next token: (forward, pool, the step's work, the rng)."""
+    from harness.program.batch_forward import PagedBatchKernels
+    from kernels.runtime import recording
+
+    pool = KVPool(num_blocks=24, block_size=16)
+    with recording():
+        forward = PagedBatchKernels(model, "megafused", pool, 128)
+    rng = np.random.default_rng(seed)
+    work = []
+    for i, n in enumerate(SIX):
+        pool.add(i, [int(t) for t in rng.integers(0, model.config.vocab, n)])
+        token = int(rng.integers(model.config.vocab))
+        pool.append(i, token)  # the token's row in the pool
+        work.append(Work(Request(i, [], 1), [token], n, pool.table(i), []))
+    return forward, pool, work, rng
+
+
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 def test_a_megafused_decode_step_is_token_block_launches_of_four(models, preset):
     """megafused's decode-only step of 6 sequences (launches recorded, CPU): the embedding, two
     token_block launches over the paged pool (sequences 0-3, then 4-5: each its rows of x, of the
     positions and of the table) and the head; no layer's own launches. A step with a prompt runs
     fused's plan (no token_block)."""
-    from harness.program.batch_forward import PagedBatchKernels
     from kernels import options
     from kernels.runtime import recording
 
     model = models[preset]
-    pool = KVPool(num_blocks=24, block_size=16)
-    with recording():
-        forward = PagedBatchKernels(model, "megafused", pool, 128)
-    rng = np.random.default_rng(5)
-    lengths = [3, 17, 40, 1, 16, 9]
-    for i, n in enumerate(lengths):
-        pool.add(i, [int(t) for t in rng.integers(0, model.config.vocab, n)])
-    work = [Work(Request(i, [], 1), [int(rng.integers(model.config.vocab))], n, pool.table(i), [])
-            for i, n in enumerate(lengths)]
-    for i, n in enumerate(lengths):  # each token's row in the pool
-        pool.append(i, work[i].tokens[0])
-    work = [Work(w.request, w.tokens, w.start, pool.table(w.request.id), []) for w in work]
+    forward, pool, work, rng = _six_decoding(model, 5)
+    lengths = SIX
     with recording() as rec, options.use(serve_compiled=False):  # (a compiled step's inputs are its tracers)
         logits = forward.forward(work)
     assert logits.shape == (6, model.config.vocab)
@@ -400,21 +411,10 @@ def test_a_megafused_steps_launches_together_take_the_pool_as_found_and_split_th
     launches both read the pool the step found, each sized to half the threadgroups the GPU holds
     (a resident fit of 8 stood in for the device's: gate|up's claimed tickets at most 4); off, the
     second reads the first's pool and both take the whole fit."""
-    from harness.program.batch_forward import PagedBatchKernels
     from kernels import blocks, options
     from kernels.runtime import recording
 
-    model = models["tiny-llama"]
-    pool = KVPool(num_blocks=24, block_size=16)
-    with recording():
-        forward = PagedBatchKernels(model, "megafused", pool, 128)
-    rng = np.random.default_rng(6)
-    lengths = [3, 17, 40, 1, 16, 9]
-    for i, n in enumerate(lengths):
-        pool.add(i, [int(t) for t in rng.integers(0, model.config.vocab, n)])
-        pool.append(i, int(rng.integers(model.config.vocab)))
-    work = [Work(Request(i, [], 1), [int(rng.integers(model.config.vocab))], n, pool.table(i), [])
-            for i, n in enumerate(lengths)]
+    forward, _, work, _ = _six_decoding(models["tiny-llama"], 6)
     monkeypatch.setattr(blocks, "resident_groups", lambda job: 8)
     found = forward.d.k[0]
     with recording() as rec, options.use(serve_compiled=False, serve_mega_together=together):
