@@ -150,8 +150,8 @@ def print_summary(title: str, kinds: list[dict], token_us: list[float], info: di
         gbs = f"{k['gbs']:7.0f}" if k["gbs"] else f"{'':7s}"
         pct = f"{k['pct_peak']:6.1f}" if k["pct_peak"] else f"{'':6s}"
         print(f"  {k['kind']:5s} {k['span_us']:7.2f} {k['lag_us']:6.2f} {k['start_us']:6.2f} {k['body_us']:7.2f} "
-              f"{k['tail_us']:6.2f} "
-              f"{k['work_us']:7.2f} {k['wait_us']:7.2f} {100 * k['share']:5.1f}% {k['tickets']:7d} {gbs} {pct}")
+              f"{k['tail_us']:6.2f} {k['work_us']:7.2f} {k['wait_us']:7.2f} {100 * k['share']:5.1f}% "
+              f"{k['tickets']:7d} {gbs} {pct}")
     lag = lags_a_token(kinds, len(token_us))
     print(f"  lags add up to {lag:.1f} us a token ({100 * lag / np.median(token_us):.1f}%)")
 
