@@ -425,7 +425,8 @@ class PagedBatchKernels(_Tokens):
     def _mega_replay(self, env: dict, t: int, positions: mx.array, table: mx.array) -> dict:
         """A decode-only step on the megafused variant: the plan's embedding and head as fused's,
         every layer of t sequences' tokens in token_block's batch form, a launch a mega_rows of
-        them (each launch reads every weight once; the caches order one after the last)."""
+        them (each launch reads every weight once; the caches order one after the last, unless
+        serve_mega_together runs them at once)."""
         from kernels import blocks
         from kernels.runtime import depends
 
