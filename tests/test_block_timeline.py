@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.tools.block_timeline import align, by_kind, phase_rows, phase_table, timer_step
+from harness.tools.block_timeline import (IN_TIME, INSIDE, align, attention_inside, by_kind, phase_rows, phase_table,
+                                          timer_step)
 
 CLOCK_GHZ = 1.98
 
@@ -76,8 +77,29 @@ def test_phases_split_the_launch_and_their_spans_add_up():
 
 def test_the_timer_step_is_its_smallest_move():
     assert timer_step(np.array([0.0, 1000.0, 1000.0, 3000.0])) == 1000.0
-    with pytest.raises(ValueError, match=r"\[tickets, 3, 3\]"):
+    with pytest.raises(ValueError, match=r"\[tickets, 3 or 6, 3\]"):
         align(np.zeros((4, 3), np.uint32))
+    with pytest.raises(ValueError, match=r"\[tickets, 3 or 6, 3\]"):
+        align(np.zeros((4, 4, 3), np.uint32))
+
+
+def test_an_attention_tickets_marks_split_its_work():
+    """The marks inside an attention ticket (stamps 3-5, taken between let go and done) split its
+    work into INSIDE's intervals, over the attention phases' tickets only; they add up to its work.
+    A made-up coarse timer is refined into them as into the others (six stamps a row)."""
+    true3, _ = _made_up(KINDS, TICKETS, step_ns=1)
+    rng = np.random.default_rng(4)
+    work = true3[:, 2] - true3[:, 1]
+    cuts = np.sort(rng.uniform(0.05, 0.95, (true3.shape[0], 3)), axis=1)
+    true = np.concatenate([true3, true3[:, 1:2] + cuts * work[:, None]], axis=1)  # columns 0, 1, 2, 3, 4, 5
+    inside = attention_inside(true, KINDS, TICKETS)
+    attn = np.concatenate([true[r] for k, r in zip(KINDS, phase_rows(TICKETS)) if k == 1])
+    assert set(inside) == set(INSIDE) and all(v.size == attn.shape[0] for v in inside.values())
+    assert np.allclose(sum(inside.values()), attn[:, 2] - attn[:, 1])
+    assert np.allclose(inside["query"], attn[:, 3] - attn[:, 1])
+    assert np.allclose(inside["out"], attn[:, 2] - attn[:, 5])
+    assert attention_inside(true3, KINDS, TICKETS) == {}  # three stamps a row: no marks
+    assert list(IN_TIME) == [0, 1, 3, 4, 5, 2]
 
 
 @pytest.mark.gpu
@@ -103,10 +125,10 @@ def test_a_stamped_token_block_computes_what_an_unstamped_one_does(tmp_path):
             (tl,) = d.timeline
     assert rel_err(logits[1], logits[0]) < 1e-6
     stamps = np.array(tl.stamps)
-    assert stamps.shape == (sum(tl.tickets), 3, 3) and len(tl.kinds) == 5 * model.config.n_layers
+    assert stamps.shape == (sum(tl.tickets), len(IN_TIME), 3) and len(tl.kinds) == 5 * model.config.n_layers
     ns, info = align(stamps)
     slack = 2 * info["fit_rms_ns"] + 64  # the alignment's own error across SMs
-    assert (np.diff(ns, axis=1) >= -slack).all()
+    assert (np.diff(ns[:, list(IN_TIME)], axis=1) >= -slack).all()  # each row's stamps in the order taken
     for before, after in zip(phase_rows(tl.tickets)[:-1], phase_rows(tl.tickets)[1:]):
         assert ns[after, 1].min() >= ns[before, 2].max() - slack
     table = phase_table(ns, tl.kinds, tl.tickets)

@@ -24,7 +24,11 @@ Each phase of the token (a layer's QKV, ATTN, O, UP, DOWN) then gives:
 - tail: its last done less its median done: how long the slowest tickets run past the typical one;
 - work and wait: a ticket's time from let go to done, and from claimed to let go (medians).
 By kind, the medians over layers and tokens, and the GEMV phases' weights over their span (GB/s,
-% of the copy peak measured in the same process). The rows go to results/<device>/timeline.csv;
+% of the copy peak measured in the same process). Inside an attention ticket three more stamps
+(decode_rows.metal's marks) split its work: `query` (let go to its query ready: the head norm,
+RoPE and the new K/V row), `scores` (to its first chunk's scores: K's loads and the products),
+`chunks` (to its last chunk's P.V: the softmax, P.V and any later chunks) and `out` (to done: the
+SIMD groups' sums, the output and, split, the partials' merge), medians over its tickets. The rows go to results/<device>/timeline.csv;
 `--png` draws the tickets by SM over time (the whole token and its first layers).
 
 The tokens are decoded uncompiled (the step mode, whose launches are the compiled ones'), after a
@@ -55,15 +59,21 @@ def timer_step(ns: np.ndarray) -> float:
     return float(steps.min()) if steps.size else 0.0
 
 
+# The stamps of a row in the order they are taken (kernels.blocks.TIMELINE_STAMPS): claimed, let
+# go, the attention's three marks inside, done
+IN_TIME = (0, 1, 3, 4, 5, 2)
+INSIDE = ("query", "scores", "chunks", "out")  # the intervals between IN_TIME's stamps from let go
+
+
 def align(stamps: np.ndarray) -> tuple[np.ndarray, dict]:
-    """Stamps uint32 [rows, 3, 3] (BlockTimeline) -> (ns [rows, 3] float64 from the first ticket's
-    claim, info). Where the global timer moves in steps of at most FINE_NS it is used as it is;
+    """Stamps uint32 [rows, S, 3] (BlockTimeline; S = 3, or 6 with the attention's marks inside)
+    -> (ns [rows, S] float64 from the first ticket's claim, info). Where the global timer moves in steps of at most FINE_NS it is used as it is;
     else each SM's cycles are fitted to the timer's readings (least squares, ns = a + b cycles, the
     timer's floor taken as the middle of its step), which keeps the cycles' resolution on the
     timer's common axis. info: the timer's step, how the stamps were aligned, the fit's residual."""
     stamps = np.asarray(stamps)
-    if stamps.ndim != 3 or stamps.shape[1:] != (3, 3):
-        raise ValueError(f"stamps must be [tickets, 3, 3], got {stamps.shape}")
+    if stamps.ndim != 3 or stamps.shape[1] not in (3, len(IN_TIME)) or stamps.shape[2] != 3:
+        raise ValueError(f"stamps must be [tickets, 3 or {len(IN_TIME)}, 3], got {stamps.shape}")
     ns = _signed(stamps[:, :, 0], stamps[0, 0, 0]).astype(np.float64)
     step = timer_step(ns)
     info = {"timer_step_ns": step, "aligned_by": "globaltimer", "fit_rms_ns": 0.0}
@@ -113,6 +123,17 @@ def phase_table(ns: np.ndarray, kinds, tickets) -> list[dict]:
     return out
 
 
+def attention_inside(ns: np.ndarray, kinds, tickets) -> dict[str, np.ndarray]:
+    """Each attention ticket's work split at its marks (INSIDE's intervals, ns), over every
+    attention phase of the launch; empty where the stamps have no marks."""
+    if ns.shape[1] < len(IN_TIME):
+        return {}
+    rows = [r for kind, r in zip(kinds, phase_rows(tickets)) if KIND_NAMES[kind] == "ATTN"]
+    at = np.concatenate([ns[r] for r in rows]) if rows else np.zeros((0, ns.shape[1]))
+    ordered = at[:, list(IN_TIME)]
+    return {name: ordered[:, i + 2] - ordered[:, i + 1] for i, name in enumerate(INSIDE)}
+
+
 def by_kind(phases: list[dict], bytes_of: dict[str, float], peak_gbs: float | None) -> list[dict]:
     """Each kind's medians over its phases (all layers, all tokens), its share of the tokens'
     time, and its bytes (a layer's weights; ATTN: the KV read) over its median span."""
@@ -140,7 +161,8 @@ def lags_a_token(kinds: list[dict], tokens: int) -> float:
     return sum(k["lag_us"] * k["phases"] for k in kinds) / max(1, tokens)
 
 
-def print_summary(title: str, kinds: list[dict], token_us: list[float], info: dict) -> None:
+def print_summary(title: str, kinds: list[dict], token_us: list[float], info: dict,
+                  inside: dict[str, np.ndarray] | None = None) -> None:
     print(f"{title}: token_block {np.median(token_us):.1f} us a token (median of {len(token_us)}); stamps "
           f"aligned by {info['aligned_by']} (timer step {info['timer_step_ns']:.0f} ns, fit rms "
           f"{info['fit_rms_ns']:.0f} ns)")
@@ -154,6 +176,9 @@ def print_summary(title: str, kinds: list[dict], token_us: list[float], info: di
               f"{k['tickets']:7d} {gbs} {pct}")
     lag = lags_a_token(kinds, len(token_us))
     print(f"  lags add up to {lag:.1f} us a token ({100 * lag / np.median(token_us):.1f}%)")
+    if inside and all(v.size for v in inside.values()):
+        print("  ATTN inside (us, medians over its tickets): "
+              + ", ".join(f"{name} {np.median(v) / 1e3:.2f}" for name, v in inside.items()))
 
 
 def gantt(ns: np.ndarray, stamps: np.ndarray, kinds, tickets, path: Path, title: str, layers: int = 2) -> Path:
@@ -242,10 +267,12 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                 if not timelines:
                     raise SystemExit("no token_block launch was stamped")
                 held += timelines
-                phases, token_us, info, kept = [], [], None, {}
+                phases, token_us, info, kept, inside = [], [], None, {}, {}
                 for j, tl in enumerate(timelines):
                     stamps = np.array(tl.stamps)
                     ns, info = align(stamps)
+                    for name, v in attention_inside(ns, tl.kinds, tl.tickets).items():
+                        inside[name] = np.concatenate([inside.get(name, np.zeros(0)), v])
                     table = phase_table(ns, tl.kinds, tl.tickets)
                     phases += table
                     token_us.append(table[-1]["end_us"])
@@ -253,7 +280,7 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                 kinds = by_kind(phases, _kind_bytes(decoder, decoder.pos - tokens // 2), peak)
                 label = options.describe(opts) or "defaults"
                 title = f"{preset} {qtype} d{depth}, {label}, round {round_}"
-                print_summary(title, kinds, token_us, info)
+                print_summary(title, kinds, token_us, info, inside)
                 times.setdefault(label, []).append(float(np.median(token_us)))
                 tag = f"-{i}" if len(settings) > 1 else ""
                 if raw and round_ == 1:

@@ -3,6 +3,11 @@
 // a claimed ticket in the blocks of kernels/blocks), the inputs, and decode_tiles.metal's
 // declarations. It starts by writing threadgroup memory: an includer that runs it more than once
 // puts a threadgroup barrier between the runs.
+// LATHE_MARK(i): an includer's stamp of where a ticket is (the blocks' timeline: 0 the query
+// ready, 1 the first chunk's scores, 2 the last chunk's P.V); nothing otherwise.
+#ifndef LATHE_MARK
+#define LATHE_MARK(i)
+#endif
 const uint h = hg / QS;  // the kv head of query heads hg*G .. hg*G+G-1
 const uint n_kv = uint(dims[0]);
 const uint rows = uint(dims[1]);  // S (contiguous) or MAXB (paged)
@@ -155,6 +160,7 @@ uint4 zero4;
 zero4.x = zero4.y = zero4.z = zero4.w = 0u;
 // (LATHE_ROPE: the new cache row, written above, is read by other threads of this threadgroup.)
 threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+LATHE_MARK(0)
 for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   const uint cn = min(CH, t_end - c0);
   // This SIMD group's V words of its first VPF vectors of the chunk, issued before the K loads:
@@ -273,6 +279,9 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (c0 == t_begin) {
+    LATHE_MARK(1)
+  }
 
   // Online softmax, a SIMD group a query head: new max, rescale factor, exp, running sum.
   for (uint g = simd; g < G; g += NSIMD) {
@@ -403,6 +412,10 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);  // p_s is rewritten by the next chunk
 }
+if (t_begin >= t_end) {  // an empty partition: no chunk marked its scores
+  LATHE_MARK(1)
+}
+LATHE_MARK(2)
 
 // The SIMD groups' sums, one after another into sum_s.
 for (uint w = 0; w < (USE_MMA ? MMA_TG : NSIMD); ++w) {

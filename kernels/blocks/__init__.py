@@ -153,7 +153,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     capped, cap_line = attention._softcap_prelude(kind.softcap)
     prelude += (f"#define POST_NORMS {int(kind.post_norms)}\n#define LAYER_WINDOWS {int(kind.windows)}\n"
                 f"#define LATHE_ACT {loop.ACTIVATIONS[kind.activation]}\n{cap_line}\n"
-                f"#define QKV_BIAS {int(kind.qkv_bias)}\n" + ("#define TIMELINE 1\n" if timeline else ""))
+                f"#define QKV_BIAS {int(kind.qkv_bias)}\n"
+                + (f"#define TIMELINE 1\n#define TIMELINE_STAMPS {TIMELINE_STAMPS}\n" if timeline else ""))
     gemma = (("_post" if kind.post_norms else "") + ("_win" if kind.windows else "")
              + ("" if kind.activation == "silu" else f"_{kind.activation}") + capped
              + ("_bias" if kind.qkv_bias else ""))
@@ -430,14 +431,22 @@ class _Dims:
 _GRID = object()  # where the launch's (threadgroups, attention tickets) input goes
 
 
+# Stamps a ticket of a timeline: claimed, its wait over, its outputs written; then inside an
+# attention ticket its query ready (head norm, RoPE, the new K/V row), its first chunk's scores
+# and its last chunk's P.V (decode_rows.metal's LATHE_MARK), all before the third; the other
+# tickets stamp those three just before it. In time: 0, 1, 3, 4, 5, 2.
+TIMELINE_STAMPS = 6
+
+
 @dataclass(frozen=True)
 class BlockTimeline:
     """A block launch's own record of its tickets (`timeline=` of token_block): `stamps` uint32
-    [tickets, 3, 3], a row a ticket in claim order, then the last phase's groups; each row's three
-    stamps (claimed, its wait for the phase before over, its outputs written) each hold
-    %globaltimer's low 32 bits (ns), the SM's %clock (cycles) and the SM (timeline_stamp in
-    cuda_compat.h). `kinds` and `tickets`: each phase's kind (QKV .. DOWN) and ticket count, in
-    phase order. harness.tools.block_timeline reads it."""
+    [tickets, TIMELINE_STAMPS, 3], a row a ticket in claim order, then the last phase's groups;
+    each row's stamps (claimed, its wait for the phase before over, its outputs written, then an
+    attention ticket's three marks inside: TIMELINE_STAMPS above) each hold %globaltimer's low 32
+    bits (ns), the SM's %clock (cycles) and the SM (timeline_stamp in cuda_compat.h). `kinds` and
+    `tickets`: each phase's kind (QKV .. DOWN) and ticket count, in phase order.
+    harness.tools.block_timeline reads it."""
 
     stamps: mx.array
     kinds: tuple[int, ...]
@@ -590,7 +599,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         launched = max(tickets.values())
         filled = [gemv._dims(i.n, i.k, tickets[i.kind]) if isinstance(i, _Dims)
                   else constant((launched, attn_tickets)) if i is _GRID else i for i in inputs]
-        stamped = [((sum(phase_tickets(geo)), 3, 3), mx.uint32)] if timeline is not None else []
+        stamped = [((sum(phase_tickets(geo)), TIMELINE_STAMPS, 3), mx.uint32)] if timeline is not None else []
         return Launch(spec, filled, outputs + stamped, (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts)
 
     job = at(geo)

@@ -55,10 +55,12 @@
 // tickets claimed, each phase but the last done, threadgroups out, each on a 256-byte line of its
 // own. One queue (and one set of merge counters) per launch in flight, and launches that share
 // one ordered by their data.
-// TIMELINE (kernels.blocks' timeline=True; CUDA only): thread 0 of each ticket stamps it three times
-// (timeline_stamp: ns, cycles, SM) into the output stamps, uint32 [tickets, 3, 3], a row a ticket
-// in claim order and then the last phase's groups: when it was claimed, when its wait for the
-// phase before was over, and when its outputs were written (before its signal).
+// TIMELINE (kernels.blocks' timeline=True; CUDA only): thread 0 of each ticket stamps it
+// (timeline_stamp: ns, cycles, SM) into the output stamps, uint32 [tickets, TIMELINE_STAMPS, 3], a
+// row a ticket in claim order and then the last phase's groups: when it was claimed, when its wait
+// for the phase before was over, and when its outputs were written (before its signal); then an
+// attention ticket's marks inside (decode_rows' LATHE_MARK: query ready, first scores, last P.V),
+// which the other tickets fill just before their third. In time: stamps 0, 1, 3, 4, 5, 2.
 // Block types: each GEMV's matrix has its own (blocks/typed_rows.metal): Q_<kind>_A, and
 // Q_<kind>_B for the layers whose bit <kind> is set in layer_types[layer] (a word a layer of the
 // launch; Q_<kind>_B == Q_<kind>_A and no layer_types where every layer has one type). QKV_SPLIT
@@ -136,7 +138,8 @@ const auto x_post = threadgroup_view<float>(x_post_words);  // the stream this p
 #define DONE(j) (queue + (1 + (j)) * QUEUE_STRIDE)  // phase j's tickets done
 #if TIMELINE
 #define STAMP(i) \
-  if (tid == 0) timeline_stamp(stamps + (stamp_row * 3 + (i)) * 3);
+  if (tid == 0) timeline_stamp(stamps + (stamp_row * TIMELINE_STAMPS + (i)) * 3);
+#define LATHE_MARK(i) STAMP(3 + (i))  // decode_rows.metal's marks inside an attention ticket
 #else
 #define STAMP(i)
 #endif
@@ -391,15 +394,24 @@ for (;;) {
 #if TIMELINE
     threadgroup_barrier(mem_flags::mem_device);  // the stamp after every thread's outputs
 #endif
+    if (kind != ATTN_ROWS) {  // no marks inside: the row filled, in time order, before its last
+      STAMP(3) STAMP(4) STAMP(5)
+    }
     STAMP(2)
     break;
   }
   threadgroup_barrier(mem_flags::mem_device);  // this ticket's outputs are written
+  if (kind != ATTN_ROWS) {
+    STAMP(3) STAMP(4) STAMP(5)
+  }
   STAMP(2)
   // (the claimer, thread 0, goes on to its next claim; SIGNAL_APART: the signaller is thread 32)
   if (tid == (SIGNAL_APART && NT > 32 ? 32u : 0u)) grid_signal(DONE(j));
 }
 #undef STAMP
+#ifdef LATHE_MARK
+#undef LATHE_MARK
+#endif
 #undef PHASE_WAIT
 #undef STREAM_IN
 #undef DONE
