@@ -269,7 +269,7 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                 held += timelines
                 phases, token_us, info, kept, inside = [], [], None, {}, {}
                 for j, tl in enumerate(timelines):
-                    stamps = np.array(tl.stamps)
+                    stamps = tl.array()
                     ns, info = align(stamps)
                     for name, v in attention_inside(ns, tl.kinds, tl.tickets).items():
                         inside[name] = np.concatenate([inside.get(name, np.zeros(0)), v])

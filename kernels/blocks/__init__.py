@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from kernels import attention, backends, gemv, loop, options, paged, rope, runtime
 from kernels.gemv import Packed
@@ -434,7 +435,7 @@ _GRID = object()  # where the launch's (threadgroups, attention tickets) input g
 # Stamps a ticket of a timeline: claimed, its wait over, its outputs written; then inside an
 # attention ticket its query ready (head norm, RoPE, the new K/V row), its first chunk's scores
 # and its last chunk's P.V (decode_rows.metal's LATHE_MARK), all before the third; the other
-# tickets stamp those three just before it. In time: 0, 1, 3, 4, 5, 2.
+# tickets leave those three unwritten (BlockTimeline.array fills them). In time: 0, 1, 3, 4, 5, 2.
 TIMELINE_STAMPS = 6
 
 
@@ -451,6 +452,18 @@ class BlockTimeline:
     stamps: mx.array
     kinds: tuple[int, ...]
     tickets: tuple[int, ...]
+
+    def array(self) -> np.ndarray:
+        """The stamps as numpy [tickets, TIMELINE_STAMPS, 3], every row whole: the tickets of the
+        phases but the attention's leave the marks inside unwritten (six stamps a ticket cost
+        Qwen3-0.6B's stamped token about 5%), so theirs take the third stamp's value, the one
+        that follows them in time (intervals of zero)."""
+        stamps = np.array(self.stamps)
+        edges = np.cumsum((0,) + tuple(self.tickets))
+        for kind, begin, end in zip(self.kinds, edges[:-1], edges[1:]):
+            if kind != ATTN:
+                stamps[begin:end, 3:] = stamps[begin:end, 2:3]
+        return stamps
 
 
 def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None, attn: _Attention | None,

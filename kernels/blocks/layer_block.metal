@@ -59,8 +59,9 @@
 // (timeline_stamp: ns, cycles, SM) into the output stamps, uint32 [tickets, TIMELINE_STAMPS, 3], a
 // row a ticket in claim order and then the last phase's groups: when it was claimed, when its wait
 // for the phase before was over, and when its outputs were written (before its signal); then an
-// attention ticket's marks inside (decode_rows' LATHE_MARK: query ready, first scores, last P.V),
-// which the other tickets fill just before their third. In time: stamps 0, 1, 3, 4, 5, 2.
+// attention ticket's marks inside (decode_rows' LATHE_MARK: query ready, first scores, last P.V;
+// in time: stamps 0, 1, 3, 4, 5, 2). The other tickets leave those three unwritten (each stamp
+// costs; the reader fills them from the third).
 // Block types: each GEMV's matrix has its own (blocks/typed_rows.metal): Q_<kind>_A, and
 // Q_<kind>_B for the layers whose bit <kind> is set in layer_types[layer] (a word a layer of the
 // launch; Q_<kind>_B == Q_<kind>_A and no layer_types where every layer has one type). QKV_SPLIT
@@ -394,16 +395,10 @@ for (;;) {
 #if TIMELINE
     threadgroup_barrier(mem_flags::mem_device);  // the stamp after every thread's outputs
 #endif
-    if (kind != ATTN_ROWS) {  // no marks inside: the row filled, in time order, before its last
-      STAMP(3) STAMP(4) STAMP(5)
-    }
     STAMP(2)
     break;
   }
   threadgroup_barrier(mem_flags::mem_device);  // this ticket's outputs are written
-  if (kind != ATTN_ROWS) {
-    STAMP(3) STAMP(4) STAMP(5)
-  }
   STAMP(2)
   // (the claimer, thread 0, goes on to its next claim; SIGNAL_APART: the signaller is thread 32)
   if (tid == (SIGNAL_APART && NT > 32 ? 32u : 0u)) grid_signal(DONE(j));
