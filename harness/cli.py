@@ -333,17 +333,19 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
 
 def cmd_serve(model: str, qtype: str, batches: str, prompt: int, gen: int, shared: int = 0, mixed: bool = False,
               seed: int = 0, variant: str = "reference", peer: str | None = None, rounds: int | None = None,
-              write: bool | None = None) -> int:
+              write: bool | None = None, ab: list[str] | None = None) -> int:
     """Many sequences at once (harness.serve_bench): each batch size's requests through continuous
     batching over one paged pool, per variant; with `peer="llama.cpp"` llama-batched-bench on the
-    same file and batch sizes, alternated for `rounds` rounds (default 2). Rows to
-    results/<device>/serve.csv (the default on a GPU) and serve.png."""
+    same file and batch sizes, alternated for `rounds` rounds (default 2). `ab`: option sets ('' the
+    run's own), each variant served under each in every round, the `options` column naming the set.
+    Rows to results/<device>/serve.csv (the default on a GPU) and serve.png."""
     from harness.peers import BATCHED_HOW_TO_GET, LlamaBatchedBench, find_llama_batched_bench
     from harness.plots import serve_plot
     from harness.program.decode import model_file
     from harness.program.models import file_type_name, load_gguf
     from harness.results import run_metadata
     from harness.serve_bench import Workload, run_matrix
+    from kernels import options
     from kernels.runtime import backend, device_name, has_gpu
 
     print(backend_line())
@@ -357,8 +359,9 @@ def cmd_serve(model: str, qtype: str, batches: str, prompt: int, gen: int, share
     common = dict(kernel=model, backend=backend(), device=device, peak_gbs=None, **run_metadata(),
                   model=model, qtype=file_type_name(loaded))
     rounds = rounds or (2 if bench else 1)
-    rows = run_matrix(path, loaded, workloads, [v.strip() for v in variant.split(",")], rounds, common, bench)
-    shown = pd.DataFrame(rows)[[c for c in ("variant", "batch", "round", "tok_s", "decode_tok_s", "prefill_tok_s",
+    arms = [options.parse(text) for text in ab] if ab else None
+    rows = run_matrix(path, loaded, workloads, [v.strip() for v in variant.split(",")], rounds, common, bench, arms)
+    shown = pd.DataFrame(rows)[[c for c in ("variant", *(["options"] if arms else []), "batch", "round", "tok_s", "decode_tok_s", "prefill_tok_s",
                                             "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99",
                                             "occupancy_max", "preempted", "x_llama_cpp", "error")
                                 if any(r.get(c) is not None for r in rows)]]
@@ -566,11 +569,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="prompt and generation lengths drawn from [half, all], arrivals spread over the first steps")
     srv.add_argument("--variant", default="reference",
                      help="reference (MLX built-ins), unfused, fused or megafused (lathe's kernels, a GPU; megafused: a "
-                          "decode step's layers in token_block launches of up to 4 sequences); comma-separated")
+                          "decode step's layers in token_block launches of up to serve_mega_rows sequences); "
+                          "comma-separated")
     srv.add_argument("--peer", choices=("llama.cpp",), default=None,
                      help="llama-batched-bench on the same file and batch sizes in this run ($LLAMA_BATCHED_BENCH, "
                           "beside llama-bench, or PATH)")
     srv.add_argument("--rounds", type=int, default=None, help="rounds (default 2 with --peer, else 1)")
+    srv.add_argument("--ab", action="append", default=None, metavar="NAME=VALUE[,...]",
+                     help="an option set to serve each variant under (repeat for several; '' = the run's own "
+                          "options): the sets follow each other within each round, the peer after them")
     srv.add_argument("--seed", type=int, default=0)
     srv.add_argument("--write", dest="write", action="store_true", default=None,
                      help="append to results/<device>/serve.csv (the default on a GPU)")
@@ -763,7 +770,7 @@ def _run(args: argparse.Namespace) -> int:
                           args.peer, args.rounds, args.past_context, ab=args.ab)
     if args.command == "serve":
         return cmd_serve(args.model, args.qtype, args.batch, args.prompt, args.gen, args.shared, args.mixed,
-                         args.seed, args.variant, args.peer, args.rounds, args.write)
+                         args.seed, args.variant, args.peer, args.rounds, args.write, ab=args.ab)
     if args.command == "compile":
         if args.metal:
             return cmd_compile_metal(args.family, args.match)

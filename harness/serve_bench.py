@@ -26,6 +26,7 @@ import numpy as np
 
 from harness.program.kv_pool import KVPool
 from harness.program.serve import Request, Scheduler, Work
+from kernels import options
 
 BLOCK_SIZE = 16  # rows a block of the pool (vLLM's default, as the kernel variants' paged cache)
 
@@ -156,28 +157,37 @@ def pair_with_peer(rows: list[dict]) -> list[dict]:
 
 
 def run_matrix(path, model, workloads: list[Workload], variants: list[str], rounds: int, common: dict,
-               peer=None) -> list[dict]:
+               peer=None, arms: list[dict] | None = None) -> list[dict]:
     """Every variant at every workload, then (with `peer`, a LlamaBatchedBench) llama-batched-bench
     on the same file at the same batch sizes, in `rounds` rounds. A variant that fails keeps its
-    error in its rows and the others go on."""
+    error in its rows and the others go on. `arms` (option sets, as decode's `--ab`): each variant
+    runs under each set in every round, one after another, the `options` column naming the set."""
     from harness.program.batch_forward import make_batch_forward
 
+    arms = arms or [{}]
+    described = []  # each arm's options column: the run's own with the arm's changes
+    for arm in arms:
+        with options.use(**arm):
+            described.append(options.describe())
     rows = []
     for rnd in range(1, rounds + 1):
         for variant in variants:
-            for w in workloads:
-                base = dict(common, variant=variant, batch=w.batch, prompt=w.prompt, gen=w.gen, shared=w.shared,
-                            mixed=int(w.mixed), round=rnd if rounds > 1 or peer else None)
-                try:
-                    pool = w.pool()
-                    forward = make_batch_forward(model, variant, pool, w.prompt + w.gen)
-                    # untimed first: the kernels this batch's shapes launch compile here, not in the timing
-                    warm = Workload(w.batch, w.prompt, min(w.gen, 2), w.shared, w.mixed, w.seed + 1)
-                    serve(forward, pool, warm.requests(model.config.vocab), w.batch)
-                    served = serve(forward, pool, w.requests(model.config.vocab), w.batch)
-                    rows.append(serve_row(base, served.summary()))
-                except Exception as exc:  # noqa: BLE001 - recorded in its row; the matrix goes on
-                    rows.append(dict(serve_row(base, {}), error=f"{type(exc).__name__}: {exc}"))
+            for arm, label in zip(arms, described):
+                for w in workloads:
+                    base = dict(common, variant=variant, batch=w.batch, prompt=w.prompt, gen=w.gen, shared=w.shared,
+                                mixed=int(w.mixed), round=rnd if rounds > 1 or peer else None,
+                                **({"options": label} if len(arms) > 1 or arm else {}))
+                    try:
+                        with options.use(**arm):
+                            pool = w.pool()
+                            forward = make_batch_forward(model, variant, pool, w.prompt + w.gen)
+                            # untimed first: the kernels this batch's shapes launch compile here, not in the timing
+                            warm = Workload(w.batch, w.prompt, min(w.gen, 2), w.shared, w.mixed, w.seed + 1)
+                            serve(forward, pool, warm.requests(model.config.vocab), w.batch)
+                            served = serve(forward, pool, w.requests(model.config.vocab), w.batch)
+                        rows.append(serve_row(base, served.summary()))
+                    except Exception as exc:  # noqa: BLE001 - recorded in its row; the matrix goes on
+                        rows.append(dict(serve_row(base, {}), error=f"{type(exc).__name__}: {exc}"))
         if peer is not None:
             same = [w for w in workloads if not w.shared and not w.mixed]
             for prompt, gen in dict.fromkeys((w.prompt, w.gen) for w in same):

@@ -156,10 +156,14 @@ DECLARED = (
            "(harness/program/batch_forward.py)"),
     Option("serve_mega_up_to", 8, _count,
            "lathe serve, megafused variant: a decode-only step of up to this many sequences runs token_block "
-           "launches of 4 sequences each (every weight read once a launch); a larger one fused's plan, whose "
+           "launches of serve_mega_rows sequences each (every weight read once a launch); a larger one fused's plan, whose "
            "GEMMs read the weights once for the whole batch (harness/program/batch_forward.py)"),
+    Option("serve_mega_rows", 4, _count,
+           "lathe serve, megafused variant: the sequences a token_block launch of a decode-only step takes "
+           "(1..8, kernels.blocks.BATCH_ROWS; its GEMV phases run that many rows over one read of the weights); "
+           "more go in launches of as many (harness/program/batch_forward.py)"),
     Option("serve_mega_together", False, _flag,
-           "lathe serve, megafused variant: a step's token_block launches (of 4 sequences each) take the pool "
+           "lathe serve, megafused variant: a step's token_block launches (of serve_mega_rows each) take the pool "
            "as the step found it and 1 / launches of the GPU's threadgroups each, so that they run at once "
            "(off: one after another, each over the whole GPU; measured slower at 6 and 8 sequences, so off: "
            "kernels/loop/NOTES.md)"),

@@ -405,6 +405,28 @@ def test_a_megafused_decode_step_is_token_block_launches_of_four(models, preset)
     assert not any(j.spec.name.startswith("lathe_token_block") for j in rec.jobs)
 
 
+@pytest.mark.parametrize("rows, launches", [(8, [range(0, 6)]), (2, [range(0, 2), range(2, 4), range(4, 6)])])
+def test_serve_mega_rows_sets_the_sequences_a_token_block_launch_takes(models, rows, launches):
+    """serve_mega_rows (CPU, launches recorded): the step of six sequences as launches of that many
+    (8: one launch over all six, the batch form's most; 2: three), each its own rows and queue;
+    past kernels.blocks.BATCH_ROWS the forward is refused when it is made."""
+    from harness.program.batch_forward import PagedBatchKernels
+    from kernels import options
+    from kernels.runtime import recording
+
+    model = models["tiny-qwen3"]
+    with options.use(serve_mega_rows=rows):
+        forward, _, work, _ = _six_decoding(model, 7)
+    with recording() as rec, options.use(serve_compiled=False):
+        assert forward.forward(work).shape == (6, model.config.vocab)
+    jobs = [j for j in rec.jobs if j.spec.name.startswith("lathe_token_block")]
+    assert [np.array(dict(zip(j.spec.inputs, j.inputs))["pos"]).tolist() for j in jobs] == \
+        [[SIX[r] for r in want] for want in launches]
+    assert len({id(dict(zip(j.spec.inputs, j.inputs))["queue"]) for j in jobs}) == len(launches)
+    with options.use(serve_mega_rows=9), pytest.raises(ValueError, match=r"serve_mega_rows must be 1\.\.8"):
+        PagedBatchKernels(model, "megafused", KVPool(num_blocks=8, block_size=16), 64)
+
+
 @pytest.mark.parametrize("together", [False, True])
 def test_a_megafused_steps_launches_together_take_the_pool_as_found_and_split_the_gpu(models, monkeypatch, together):
     """serve_mega_together (CPU, launches recorded): a step of 6 sequences' two token_block

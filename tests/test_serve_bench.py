@@ -129,3 +129,28 @@ def test_the_matrix_pairs_each_round_with_its_peer_and_records_a_failing_variant
     df = read_results(csv)
     assert len(df) == 12 and set(df.variant) == {"reference", "nonesuch", "llama.cpp"}
     assert serve_plot(df, tmp_path / "serve.png", "test").stat().st_size > 0
+
+
+def test_the_matrix_serves_each_variant_under_each_option_set(tiny, monkeypatch):
+    """run_matrix's arms (serve's --ab): each round serves the variant under every set in turn, the
+    set in force while it runs and named in its rows' options column; the run's own options after."""
+    import harness.serve_bench as sb
+    from kernels import options
+
+    path, model = tiny
+    seen = []
+    real = sb.serve
+
+    def spy(forward, pool, requests, batch):
+        seen.append(options.get("serve_mega_rows"))
+        return real(forward, pool, requests, batch)
+
+    monkeypatch.setattr(sb, "serve", spy)
+    common = dict(kernel="tiny", backend="cpu", device="cpu", peak_gbs=None, mlx_version="x", git_sha="abc",
+                  date="2026-11-27T00:00:00Z", options="", model="tiny", qtype="Q8_0")
+    arms = [{}, options.parse("serve_mega_rows=8")]
+    rows = run_matrix(path, model, [Workload(2, 8, 3)], ["reference"], 2, common, None, arms)
+    assert seen == [4, 4, 8, 8] * 2  # a warm-up and a timed serve a set, the sets in turn, each round
+    assert [r["options"] for r in rows] == ["", "serve_mega_rows=8"] * 2
+    assert [r["round"] for r in rows] == [1, 1, 2, 2] and not any(r.get("error") for r in rows)
+    assert options.get("serve_mega_rows") == 4

@@ -262,8 +262,8 @@ class PagedBatchKernels(_Tokens):
 
     def _stack_for_mega(self) -> None:
         """token_block's stacks of fused's repacked matrices (their views kept for the prompts'
-        plan: no second copy), the biases stacked, and merge counters for MAX_M sequences."""
-        from kernels import gemv
+        plan: no second copy), the biases stacked, and merge counters for serve_mega_rows sequences."""
+        from kernels import blocks
 
         d, c = self.d, self.d.config
         d._stack_layers()
@@ -271,7 +271,11 @@ class PagedBatchKernels(_Tokens):
             d.stacks.qkv_bias = mx.stack(d.bias)
             mx.eval(d.stacks.qkv_bias)
         self.variant = "megafused/paged"
-        self.mega_rows = gemv.MAX_M  # sequences a token_block launch takes: more go in launches of as many
+        # sequences a token_block launch takes (serve_mega_rows): more go in launches of as many
+        self.mega_rows = options.get("serve_mega_rows")
+        if not 1 <= self.mega_rows <= blocks.BATCH_ROWS:
+            raise ValueError(f"serve_mega_rows must be 1..{blocks.BATCH_ROWS} (token_block's batch form), "
+                             f"got {self.mega_rows}")
         # a queue and merge counters for each launch of a step: nothing orders a step's launches
         # (their sequences' rows are apart; MLX may run them at once), so none may share them
         self._mega_sites: list[tuple[mx.array, mx.array]] = []
@@ -516,7 +520,7 @@ BATCH_VARIANTS = ("reference", "unfused", "fused", "megafused")
 def make_batch_forward(model, variant: str, pool: KVPool, max_seq: int):
     """The batched forward of a variant over `pool` (sequences up to max_seq tokens): MLX
     built-ins (reference), or lathe's kernels one per op (unfused), fused, or megafused (a GPU:
-    a decode-only step's layers in token_block launches of up to gemv.MAX_M sequences, prompts
+    a decode-only step's layers in token_block launches of up to serve_mega_rows sequences, prompts
     on fused's plan)."""
     if variant not in BATCH_VARIANTS:
         raise ValueError(f"variant {variant!r} has no batched forward (these do: {', '.join(BATCH_VARIANTS)})")

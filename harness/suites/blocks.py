@@ -459,23 +459,31 @@ def _batch_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], 
 
 def _batch_token_cases(small: bool) -> list[CheckCase]:
     """token_block's batch form over the paged pool (serve's decode step), where it runs (one
-    launch: kernels.backends.cross_group_waits; Metal has no batch form): up to gemv.MAX_M
-    sequences at their own positions (one at 0), the models' layers, a split, a K mix with V apart
-    and biases, tails."""
+    launch: kernels.backends.cross_group_waits; Metal has no batch form): up to
+    kernels.blocks.BATCH_ROWS sequences at their own positions (one at 0), the models' layers, a
+    split, a K mix with V apart and biases, tails (odd batches among them)."""
     from kernels import backends
 
     if not backends.cross_group_waits():
         return []
     d, hq, hkv, hd, norm, neox = MODELS["qwen3-0.6b"]
     cases = [_batch_token_case("q8_0", d, FFN["qwen3-0.6b"][1], (hq, hkv), hd, norm, neox, 2, (30, 0, 17, 45)),
+             _batch_token_case("q8_0", d, FFN["qwen3-0.6b"][1], (hq, hkv), hd, norm, neox, 2,
+                               (30, 0, 17, 45, 130, 5, 64, 221)),
              _batch_token_case("q8_0", 160, 96, (4, 2), 64, False, True, 2, (7, 0), block_size=32)]
     if not small:
         d, hq, hkv, hd, norm, neox = MODELS["llama3.2-1b"]
         cases.append(_batch_token_case("q4_0", d, FFN["llama3.2-1b"][1], (hq, hkv), hd, norm, neox, 2, (5, 33, 16)))
         d, hq, hkv, hd, norm, neox = MODELS["llama3-8b"]
         cases.append(_batch_token_case("q4_0", d, FFN["llama3-8b"][1], (hq, hkv), hd, norm, neox, 1, (40, 100, 3, 17)))
+        cases.append(_batch_token_case("q4_0", d, FFN["llama3-8b"][1], (hq, hkv), hd, norm, neox, 1,
+                                       (40, 100, 3, 17, 0, 61, 250, 9)))
         cases.append(_batch_token_case("q4_0", 1024, 3072, (16, 8), 128, True, True, 2, (700, 3, 1500), split_from=0))
+        cases.append(_batch_token_case("q4_0", 1024, 3072, (16, 8), 128, True, True, 2, (700, 3, 1500, 33, 260),
+                                       split_from=0))
         cases.append(_batch_token_case("q4_k", 256, 512, (4, 2), 64, False, True, 2, (9, 20, 2, 40),
+                                       mix=(("v", 1, "q6_k"),), bias=True))
+        cases.append(_batch_token_case("q4_k", 256, 512, (4, 2), 64, False, True, 2, (9, 20, 2, 40, 77, 1, 13),
                                        mix=(("v", 1, "q6_k"),), bias=True))
     return cases
 

@@ -42,6 +42,9 @@ from kernels import attention, backends, gemv, loop, options, paged, rope, runti
 from kernels.gemv import Packed
 from kernels.runtime import KernelSpec, Launch, constant, depends, launch, resident, resident_groups
 
+# Sequences the batch form takes in one launch: its GEMV phases run v3_rows at M rows (registers
+# NVRTC gives the paged module, sm_90: 187-204 at 4 rows, 200-213 at 8, 2 threadgroups an SM either way)
+BATCH_ROWS = 8
 QUEUE_STRIDE = 64  # words between a launch's counters: each on a 256-byte line of its own
 STRIDE_ALIGN = 256  # bytes between layers' matrices in a Stack: every layer's 16-byte loads aligned
 QKV, ATTN, O, UP, DOWN = range(5)  # the phase kinds of a layer, in their order (layer_block.metal)
@@ -350,12 +353,12 @@ def _balanced(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]]) -> BlockGeo
 class _FFN:
     """The FFN half's arguments, checked (one layer's; token_block's stacks replace the arrays)."""
 
-    def __init__(self, x, ffn_norm, eps, w_gate_up, w_down, wide=False):
+    def __init__(self, x, ffn_norm, eps, w_gate_up, w_down, wide=False, max_m=gemv.MAX_M):
         if not isinstance(w_gate_up, Packed):
             raise ValueError(f"w_gate_up must be repacked weights (kernels.gemv.repack), got {type(w_gate_up).__name__}")
         d_model, n_up = x.shape[-1], w_gate_up.n
         _packed("w_gate_up", w_gate_up, n_up, d_model)
-        gemv.check_gemv_args(x, w_gate_up, w_gate_up.qtype, n_up, d_model, wide_x=wide)
+        gemv.check_gemv_args(x, w_gate_up, w_gate_up.qtype, n_up, d_model, max_m=max_m, wide_x=wide)
         if n_up % 2:
             raise ValueError(f"w_gate_up must be [gate; up], an even number of rows, got {n_up}")
         _packed("w_down", w_down, d_model, n_up // 2)
@@ -397,7 +400,7 @@ class _Attention:
         n_qkv = (n_heads + 2 * n_kv) * head_dim
         n_qk = n_qkv if w_v is None else (n_heads + n_kv) * head_dim  # w_v: V's rows apart
         _packed("w_qkv" if w_v is None else "w_qkv ([q; k], w_v apart)", w_qkv, n_qk, d_model)
-        gemv.check_gemv_args(x, w_qkv, w_qkv.qtype, n_qk, d_model, max_m=1 if table is None else gemv.MAX_M,
+        gemv.check_gemv_args(x, w_qkv, w_qkv.qtype, n_qk, d_model, max_m=1 if table is None else BATCH_ROWS,
                              wide_x=wide)
         if w_v is not None:
             _packed("w_v", w_v, n_kv * head_dim, d_model)
@@ -758,7 +761,7 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     table float32 [D / 2], or one a layer [layers, D / 2] (else the base `theta`'s); scale: the
     attention's (default 1 / sqrt(D)).
 
-    The batch form (`table` given): a decode token of each of M = 1..gemv.MAX_M sequences over
+    The batch form (`table` given): a decode token of each of M = 1..BATCH_ROWS sequences over
     the paged pool (continuous batching's decode step, harness.program.batch_forward): x [M,
     d_model], pos int32 [M] (each token's position) and table int32 [M, max_blocks] (each
     sequence's blocks) on the device, k_caches / v_caches each layer's pool (kernels.paged's
@@ -833,7 +836,8 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     head = (w.q_norm[0], w.k_norm[0]) if w.q_norm is not None else (None, None)
     # each half checked on layer 0 (the others share its shapes), then given every layer's arrays
     v_of = (lambda i: w.w_v.layer(i)) if w.w_v is not None else (lambda i: None)  # noqa: E731
-    ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), wide=post)
+    ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), wide=post,
+               max_m=gemv.MAX_M if table is None else BATCH_ROWS)
     # (a stack's layer 0 as a slice: its shape for the checks, not a gather's copy)
     k0, v0 = (k_caches[:1].reshape(k_caches.shape[1:]), v_caches[:1].reshape(v_caches.shape[1:])) if stacked else (
         k_caches[0], v_caches[0])
