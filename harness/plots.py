@@ -292,31 +292,51 @@ def quality_plot(df: pd.DataFrame, path: str | Path, title: str) -> Path:
     return Path(path)
 
 
-def serve_plot(df: pd.DataFrame, out_path: str | Path, title: str) -> Path:
-    """Many sequences at once: decode tok/s (all sequences together) against the batch size, a
-    line per (model, qtype, prompt + gen) and variant from the newest run that measured it, the
-    rounds' mean with their range; llama-batched-bench's in grey."""
+def _not_grey(i: int) -> str:
+    """Matplotlib's i-th cycle colour, its grey (C7) skipped: grey is the peer's."""
+    i %= 9
+    return f"C{i + (i >= 7)}"
+
+
+def serve_lines(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
+    """serve_plot's lines: {(model, qtype, prompt, gen, variant, option set): its rows}, a model's
+    rows of the newest commit that served it, each batch size from the newest run that measured it
+    (all its rounds); the option set is `lathe serve --ab`'s (the peer's is '')."""
     keys = ["model", "qtype", "prompt", "gen"]
     _require(df, [*keys, "variant", "batch", "decode_tok_s", "shared", "mixed"], "serve_plot")
     data = df[(df.shared.fillna(0) == 0) & (df.mixed.fillna(0) == 0)].dropna(subset=["decode_tok_s"])
-    data = _newest_run_per(data, [*keys, "variant"])
+    arm = (data["options"] if "options" in data else pd.Series("", index=data.index)).fillna("").astype(str)
+    data = data.assign(arm=arm.where(data.variant != "llama.cpp", ""))  # the peer runs under no option set
+    if "git_sha" in data and "date" in data:
+        newest = data.groupby(keys, dropna=False)["date"].transform("max")
+        sha = data.git_sha.where(data.date == newest).groupby([data[k] for k in keys], dropna=False).transform("first")
+        data = data[data.git_sha == sha]
+    data = _newest_run_per(data, [*keys, "variant", "arm", "batch"])
+    return {key: rows for key, rows in data.groupby([*keys, "variant", "arm"], sort=True)}
+
+
+def serve_plot(df: pd.DataFrame, out_path: str | Path, title: str) -> Path:
+    """Many sequences at once: decode tok/s (all sequences together) against the batch size, a
+    line per serve_lines' key, the rounds' mean with their range; llama-batched-bench's in grey."""
+    lines = serve_lines(df)
     fig, ax = plt.subplots(figsize=(7.5, 5.0))
-    for gi, ((model, qtype, prompt, gen), grp) in enumerate(data.groupby(keys, sort=True)):
-        for vi, (variant, rows) in enumerate(grp.groupby("variant", sort=True)):
-            by_batch = rows.groupby("batch").decode_tok_s
-            mean, low, high = by_batch.mean(), by_batch.min(), by_batch.max()
-            peer = variant == "llama.cpp"
-            ax.errorbar(mean.index, mean.values, yerr=[mean - low, high - mean], marker="o", capsize=3,
-                        color="0.4" if peer else f"C{(gi * 4 + vi) % 10}", linestyle="--" if peer else "-",
-                        label=f"{model} {qtype} pp{int(prompt)}+tg{int(gen)}: {variant}")
+    models = sorted({key[:4] for key in lines})
+    for i, ((model, qtype, prompt, gen, variant, options), rows) in enumerate(lines.items()):
+        by_batch = rows.groupby("batch").decode_tok_s
+        mean, low, high = by_batch.mean(), by_batch.min(), by_batch.max()
+        peer = variant == "llama.cpp"
+        ax.errorbar(mean.index, mean.values, yerr=[mean - low, high - mean], marker="o", capsize=3,
+                    color="0.4" if peer else _not_grey(i + models.index((model, qtype, prompt, gen))),
+                    linestyle="--" if peer else "-",
+                    label=f"{model} {qtype} pp{int(prompt)}+tg{int(gen)}: {variant}" + (f" ({options})" if options else ""))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequences at once (batch)")
     ax.set_ylabel("decode tok/s, all sequences")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
-    _say_if_runs_mix(fig, data)
+    ax.legend(fontsize="x-small", loc="upper left")
+    _say_if_runs_mix(fig, pd.concat(lines.values()) if lines else pd.DataFrame())
     fig.tight_layout()
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -196,22 +196,28 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused", "megafused/4"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models, preset, variant):
+def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models, preset, variant, request):
     """lathe's kernels under continuous batching (shared prefixes, preemptions, batches of 1-5
     and prompts of 1-48 tokens): each step's logits of each sequence within 1e-2 of the float64
     model's on that sequence's own tokens, its greedy token the model's where the top-2 margin is
     clear, and its tokens the same variant's decoding it alone up to the first unclear margin
     (megafused: fused's alone, the paged decoder's). megafused's decode steps of 5 sequences are
-    two token_block launches (4 and 1)."""
+    one token_block launch (serve_mega_rows 8), or two (4 and 1) as megafused/4."""
     from harness.program.batch_forward import PagedBatchKernels
     from harness.program.kernel_decode import KernelDecoder
+    from kernels import options
     import mlx.core as mx
 
     from reference import rel_err
     from reference.model import forward as float64
 
+    variant, _, rows = variant.partition("/")
+    if rows:  # for the whole test, the forward made below included
+        held = options.use(serve_mega_rows=int(rows))
+        held.__enter__()
+        request.addfinalizer(lambda: held.__exit__(None, None, None))
     if variant == "megafused" and preset in MEGA_REFUSED:
         pytest.skip("the megafused batch variant refuses this layer (test_megafused_batch_refuses_...)")
     model = models[preset]
@@ -377,7 +383,8 @@ def test_a_megafused_decode_step_is_token_block_launches_of_four(models, preset)
     from kernels.runtime import recording
 
     model = models[preset]
-    forward, pool, work, rng = _six_decoding(model, 5)
+    with options.use(serve_mega_rows=4):
+        forward, pool, work, rng = _six_decoding(model, 5)
     lengths = SIX
     with recording() as rec, options.use(serve_compiled=False):  # (a compiled step's inputs are its tracers)
         logits = forward.forward(work)
@@ -436,7 +443,8 @@ def test_a_megafused_steps_launches_together_take_the_pool_as_found_and_split_th
     from kernels import blocks, options
     from kernels.runtime import recording
 
-    forward, _, work, _ = _six_decoding(models["tiny-llama"], 6)
+    with options.use(serve_mega_rows=4):
+        forward, _, work, _ = _six_decoding(models["tiny-llama"], 6)
     monkeypatch.setattr(blocks, "resident_groups", lambda job: 8)
     found = forward.d.k[0]
     with recording() as rec, options.use(serve_compiled=False, serve_mega_together=together):

@@ -118,35 +118,44 @@ def test_only_attention_tickets_mark_inside_and_the_others_rows_are_filled():
     assert (got[attn] == raw[attn]).all()
     assert (got[others, :3] == raw[others, :3]).all()
     assert all((got[others, i] == raw[others, 2]).all() for i in (3, 4, 5))
+    three = raw[:, :3].copy()  # no marks (block_timeline_marks off): the rows as stamped
+    assert (BlockTimeline(mx.array(three), kinds, tickets).array() == three).all()
 
 
 @pytest.mark.gpu
-def test_a_stamped_token_block_computes_what_an_unstamped_one_does(tmp_path):
+@pytest.mark.parametrize("marks", [False, True])
+def test_a_stamped_token_block_computes_what_an_unstamped_one_does(tmp_path, marks):
     """A megafused step with its tickets stamped gives the logits of one without, and its stamps
     are those of a launch whose phases wait for each other: each ticket let go after its claim and
-    done after that, and no phase's ticket let go before the phase before it was done."""
+    done after that (with block_timeline_marks, the attention's marks between), and no phase's
+    ticket let go before the phase before it was done."""
     import mlx.core as mx
 
     from harness.program.kernel_decode import KernelDecoder
     from harness.program.models import load_gguf, write_random_gguf
+    from kernels import options
     from reference import rel_err
 
     model = load_gguf(write_random_gguf(tmp_path / "tiny-qwen3.gguf", "tiny-qwen3", "q8_0", seed=3))
     prompt = np.random.default_rng(1).integers(0, model.config.vocab, 16)
     logits = []
-    for stamped in (False, True):
-        d = KernelDecoder(model, 32, "megafused")
-        token = d.greedy(d.forward(prompt))
-        d.timeline = [] if stamped else None
-        logits.append(np.array(d.forward(token).astype(mx.float32)))
-        if stamped:
-            (tl,) = d.timeline
+    with options.use(block_timeline_marks=marks):
+        for stamped in (False, True):
+            d = KernelDecoder(model, 32, "megafused")
+            token = d.greedy(d.forward(prompt))
+            d.timeline = [] if stamped else None
+            logits.append(np.array(d.forward(token).astype(mx.float32)))
+            if stamped:
+                (tl,) = d.timeline
     assert rel_err(logits[1], logits[0]) < 1e-6
     stamps = tl.array()
-    assert stamps.shape == (sum(tl.tickets), len(IN_TIME), 3) and len(tl.kinds) == 5 * model.config.n_layers
+    order = list(IN_TIME) if marks else [0, 1, 2]
+    assert stamps.shape == (sum(tl.tickets), len(order), 3) and len(tl.kinds) == 5 * model.config.n_layers
     ns, info = align(stamps)
     slack = 2 * info["fit_rms_ns"] + 64  # the alignment's own error across SMs
-    assert (np.diff(ns[:, list(IN_TIME)], axis=1) >= -slack).all()  # each row's stamps in the order taken
+    assert (np.diff(ns[:, order], axis=1) >= -slack).all()  # each row's stamps in the order taken
+    inside = attention_inside(ns, tl.kinds, tl.tickets)
+    assert (set(inside) == set(INSIDE) and all((v >= -slack).all() for v in inside.values())) if marks else not inside
     for before, after in zip(phase_rows(tl.tickets)[:-1], phase_rows(tl.tickets)[1:]):
         assert ns[after, 1].min() >= ns[before, 2].max() - slack
     table = phase_table(ns, tl.kinds, tl.tickets)

@@ -502,3 +502,21 @@ def test_block_signal_apart_is_the_launchs_constant(apart):
         _token()
     (job,) = rec.jobs
     assert job.constants["SIGNAL_APART"] is apart
+
+
+@pytest.mark.parametrize("marks, stamps", [(False, 3), (True, blocks.TIMELINE_STAMPS)])
+def test_a_timeline_stamps_three_times_a_ticket_or_six_with_the_marks(monkeypatch, marks, stamps):
+    """token_block's timeline (launches recorded, the CUDA path stood in): each ticket's row takes
+    3 stamps, or TIMELINE_STAMPS with block_timeline_marks (the module compiled with them, under a
+    name of its own); BlockTimeline gets the launch's kinds and tickets."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    monkeypatch.setattr(blocks.backends, "cross_group_waits", lambda: True)
+    timeline = []
+    with options.use(block_timeline_marks=marks), recording() as rec:
+        _token(timeline=timeline)
+    (job,) = rec.jobs
+    assert f"#define TIMELINE_STAMPS {stamps}\n" in job.spec.prelude and job.spec.name.endswith(f"_timeline{stamps}")
+    (tl,) = timeline
+    assert tuple(tl.stamps.shape) == (sum(tl.tickets), stamps, 3) and len(tl.kinds) == len(tl.tickets) == 10

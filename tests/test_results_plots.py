@@ -330,3 +330,30 @@ def test_plots_say_when_their_rows_come_from_several_runs(tmp_path, monkeypatch)
     plots.bandwidth_plot(mixed, "seq", tmp_path / "b.png", "t")
     plots.fused_unfused_plot(mixed, "seq", tmp_path / "c.png", "t", baseline_variant="unfused")
     assert len(notes) == 2 and all("rows of 2 runs" in n and "fff0000" in n and "abc1234" in n for n in notes)
+
+
+def test_serve_lines_take_a_models_newest_commit_each_batch_newest_run_and_each_option_set():
+    """serve_plot's lines: a model's rows of its newest commit only (an older commit's batch 64 is
+    left out), each batch from the newest run that has it (both rounds), a line per option set of
+    `lathe serve --ab`, the peer's under none."""
+    def row(sha, date, variant, batch, tok_s, options="", round_=1, model="m"):
+        return dict(model=model, qtype="Q8_0", prompt=128, gen=128, shared=0, mixed=0, variant=variant,
+                    batch=batch, decode_tok_s=tok_s, options=options, git_sha=sha, date=date, round=round_)
+
+    df = pd.DataFrame([
+        row("old", "2026-11-28T00:00:00Z", "fused", 64, 1.0),
+        row("new", "2026-11-29T01:00:00Z", "megafused", 8, 10.0),
+        row("new", "2026-11-29T02:00:00Z", "megafused", 8, 20.0),
+        row("new", "2026-11-29T02:00:00Z", "megafused", 8, 22.0, round_=2),
+        row("new", "2026-11-29T02:00:00Z", "megafused", 8, 30.0, options="serve_mega_rows=8"),
+        row("new", "2026-11-29T01:00:00Z", "megafused", 1, 5.0),
+        row("new", "2026-11-29T02:00:00Z", "llama.cpp", 8, 15.0, options="serve_mega_rows=8"),
+        row("x", "2026-11-20T00:00:00Z", "fused", 8, 7.0, model="other"),
+    ])
+    lines = plots.serve_lines(df)
+    mega = lines[("m", "Q8_0", 128, 128, "megafused", "")]
+    assert sorted(mega.decode_tok_s) == [5.0, 20.0, 22.0]
+    assert list(lines[("m", "Q8_0", 128, 128, "megafused", "serve_mega_rows=8")].decode_tok_s) == [30.0]
+    assert list(lines[("m", "Q8_0", 128, 128, "llama.cpp", "")].decode_tok_s) == [15.0]
+    assert list(lines[("other", "Q8_0", 128, 128, "fused", "")].decode_tok_s) == [7.0]
+    assert not any(key[4] == "fused" and key[0] == "m" for key in lines)  # the old commit's row

@@ -148,9 +148,9 @@ def test_the_matrix_serves_each_variant_under_each_option_set(tiny, monkeypatch)
     monkeypatch.setattr(sb, "serve", spy)
     common = dict(kernel="tiny", backend="cpu", device="cpu", peak_gbs=None, mlx_version="x", git_sha="abc",
                   date="2026-11-27T00:00:00Z", options="", model="tiny", qtype="Q8_0")
-    arms = [{}, options.parse("serve_mega_rows=8")]
+    arms = [{}, options.parse("serve_mega_rows=2")]
     rows = run_matrix(path, model, [Workload(2, 8, 3)], ["reference"], 2, common, None, arms)
-    assert seen == [4, 4, 8, 8] * 2  # a warm-up and a timed serve a set, the sets in turn, each round
-    assert [r["options"] for r in rows] == ["", "serve_mega_rows=8"] * 2
+    assert seen == [8, 8, 2, 2] * 2  # a warm-up and a timed serve a set, the sets in turn, each round
+    assert [r["options"] for r in rows] == ["", "serve_mega_rows=2"] * 2
     assert [r["round"] for r in rows] == [1, 1, 2, 2] and not any(r.get("error") for r in rows)
-    assert options.get("serve_mega_rows") == 4
+    assert options.get("serve_mega_rows") == 8

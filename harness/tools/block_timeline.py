@@ -24,11 +24,13 @@ Each phase of the token (a layer's QKV, ATTN, O, UP, DOWN) then gives:
 - tail: its last done less its median done: how long the slowest tickets run past the typical one;
 - work and wait: a ticket's time from let go to done, and from claimed to let go (medians).
 By kind, the medians over layers and tokens, and the GEMV phases' weights over their span (GB/s,
-% of the copy peak measured in the same process). Inside an attention ticket three more stamps
-(decode_rows.metal's marks) split its work: `query` (let go to its query ready: the head norm,
-RoPE and the new K/V row), `scores` (to its first chunk's scores: K's loads and the products),
-`chunks` (to its last chunk's P.V: the softmax, P.V and any later chunks) and `out` (to done: the
-SIMD groups' sums, the output and, split, the partials' merge), medians over its tickets. The rows go to results/<device>/timeline.csv;
+% of the copy peak measured in the same process). With `--set block_timeline_marks=on`, three
+more stamps inside an attention ticket (decode_rows.metal's marks) split its work: `query` (let go
+to its query ready: the head norm, RoPE and the new K/V row), `scores` (to its first chunk's
+scores: K's loads and the products), `chunks` (to its last chunk's P.V: the softmax, P.V and any
+later chunks) and `out` (to done: the SIMD groups' sums, the output and, split, the partials'
+merge), medians over its tickets; the marks lie on the attention phase's path and slow it (Qwen3's
+token about 5% at depth 0). The rows go to results/<device>/timeline.csv;
 `--png` draws the tickets by SM over time (the whole token and its first layers).
 
 The tokens are decoded uncompiled (the step mode, whose launches are the compiled ones'), after a

@@ -119,12 +119,13 @@ LLAMA = LayerKind()
 @functools.cache
 def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False,
           types: tuple[tuple[int, int, int], ...] = (), kind: LayerKind = LLAMA, paged_kv: bool = False,
-          timeline: bool = False, stacked: bool = False) -> KernelSpec:
+          timeline: int = 0, stacked: bool = False) -> KernelSpec:
     """`types`: (kind, type A, type B) of each GEMV (block format codes, layer_block.metal's
     Q_<kind>_A and _B), V among them where the QKV phase's V rows are a matrix of their own;
     `kind`: what the layers compute (token_block's); `paged_kv`: the caches are the paged pool's
     layers, read and written through the input `table` (token_block's batch form); `timeline`:
-    each ticket stamped into the output `stamps` (BlockTimeline); `stacked`: one K and one V cache
+    each ticket stamped this many times (0: none; 3; TIMELINE_STAMPS: the attention's marks inside)
+    into the output `stamps` (BlockTimeline); `stacked`: one K and one V cache
     input holding every layer's [layers, Hkv, max_seq, D] (layer l at l * Hkv * max_seq * D)."""
     kinds = {(first + j) % 5 for j in range(phases)}
     ffn, attn = UP in kinds, QKV in kinds
@@ -158,7 +159,7 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     prelude += (f"#define POST_NORMS {int(kind.post_norms)}\n#define LAYER_WINDOWS {int(kind.windows)}\n"
                 f"#define LATHE_ACT {loop.ACTIVATIONS[kind.activation]}\n{cap_line}\n"
                 f"#define QKV_BIAS {int(kind.qkv_bias)}\n"
-                + (f"#define TIMELINE 1\n#define TIMELINE_STAMPS {TIMELINE_STAMPS}\n" if timeline else ""))
+                + (f"#define TIMELINE 1\n#define TIMELINE_STAMPS {timeline}\n" if timeline else ""))
     gemma = (("_post" if kind.post_norms else "") + ("_win" if kind.windows else "")
              + ("" if kind.activation == "silu" else f"_{kind.activation}") + capped
              + ("_bias" if kind.qkv_bias else ""))
@@ -180,7 +181,7 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     layers = "" if name != "token_block" else f"_{phases}"
     return KernelSpec(f"lathe_{name}{layers}{'_paged' if paged_kv else ''}{'_stacked' if stacked else ''}"
                       f"{'_norm' if head_norm else ''}"
-                      f"{'_split' if split else ''}{gemma}{typed}{'_timeline' if timeline else ''}",
+                      f"{'_split' if split else ''}{gemma}{typed}{f'_timeline{timeline}' if timeline else ''}",
                       "blocks/layer_block.metal", inputs, outputs, prelude=prelude,
                       threadgroup_bytes=functools.partial(_threadgroup_bytes, attn=attn, head_norm=head_norm,
                                                           split=split, post_norms=kind.post_norms),
@@ -435,19 +436,22 @@ class _Dims:
 _GRID = object()  # where the launch's (threadgroups, attention tickets) input goes
 
 
-# Stamps a ticket of a timeline: claimed, its wait over, its outputs written; then inside an
-# attention ticket its query ready (head norm, RoPE, the new K/V row), its first chunk's scores
-# and its last chunk's P.V (decode_rows.metal's LATHE_MARK), all before the third; the other
-# tickets leave those three unwritten (BlockTimeline.array fills them). In time: 0, 1, 3, 4, 5, 2.
+# Stamps a ticket of a timeline: claimed, its wait over, its outputs written; then, with option
+# block_timeline_marks, inside an attention ticket its query ready (head norm, RoPE, the new K/V
+# row), its first chunk's scores and its last chunk's P.V (decode_rows.metal's LATHE_MARK), all
+# before the third; the other tickets leave those three unwritten (BlockTimeline.array fills
+# them). In time: 0, 1, 3, 4, 5, 2. The marks are on the attention phase's path: they cost
+# Qwen3-0.6B's stamped token about 5% at depth 0 (kernels/loop/NOTES.md).
 TIMELINE_STAMPS = 6
 
 
 @dataclass(frozen=True)
 class BlockTimeline:
     """A block launch's own record of its tickets (`timeline=` of token_block): `stamps` uint32
-    [tickets, TIMELINE_STAMPS, 3], a row a ticket in claim order, then the last phase's groups;
-    each row's stamps (claimed, its wait for the phase before over, its outputs written, then an
-    attention ticket's three marks inside: TIMELINE_STAMPS above) each hold %globaltimer's low 32
+    [tickets, 3 or TIMELINE_STAMPS, 3], a row a ticket in claim order, then the last phase's
+    groups; each row's stamps (claimed, its wait for the phase before over, its outputs written;
+    with block_timeline_marks an attention ticket's three marks inside: TIMELINE_STAMPS above)
+    each hold %globaltimer's low 32
     bits (ns), the SM's %clock (cycles) and the SM (timeline_stamp in cuda_compat.h). `kinds` and
     `tickets`: each phase's kind (QKV .. DOWN) and ticket count, in phase order.
     harness.tools.block_timeline reads it."""
@@ -457,11 +461,13 @@ class BlockTimeline:
     tickets: tuple[int, ...]
 
     def array(self) -> np.ndarray:
-        """The stamps as numpy [tickets, TIMELINE_STAMPS, 3], every row whole: the tickets of the
-        phases but the attention's leave the marks inside unwritten (six stamps a ticket cost
-        Qwen3-0.6B's stamped token about 5%), so theirs take the third stamp's value, the one
-        that follows them in time (intervals of zero)."""
+        """The stamps as numpy [tickets, 3 or TIMELINE_STAMPS, 3], every row whole: with the
+        marks inside (block_timeline_marks), the tickets of the phases but the attention's leave
+        them unwritten (a stamp costs), so theirs take the third stamp's value, the one that
+        follows them in time (intervals of zero)."""
         stamps = np.array(self.stamps)
+        if stamps.shape[1] <= 3:
+            return stamps
         edges = np.cumsum((0,) + tuple(self.tickets))
         for kind, begin, end in zip(self.kinds, edges[:-1], edges[1:]):
             if kind != ATTN:
@@ -600,8 +606,10 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         consts["QKV_BIAS_STRIDE"] = qkv_bias.shape[1]
     caches = len(attn.k_caches) if attn else 1
     stacked = bool(attn and attn.stacked)
+    # a ticket's stamps (none without a timeline): claimed, let go, done; and the attention's marks
+    stamps = 0 if timeline is None else TIMELINE_STAMPS if options.get("block_timeline_marks") else 3
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind,
-                 bool(attn and attn.table is not None), timeline is not None, stacked)
+                 bool(attn and attn.table is not None), stamps, stacked)
     kinds = tuple((first + j) % 5 for j in range(phases))
 
     def phase_tickets(geo: BlockGeometry) -> tuple[int, ...]:  # each phase's (layer_block.metal's kind_tickets)
@@ -615,7 +623,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         launched = max(tickets.values())
         filled = [gemv._dims(i.n, i.k, tickets[i.kind]) if isinstance(i, _Dims)
                   else constant((launched, attn_tickets)) if i is _GRID else i for i in inputs]
-        stamped = [((sum(phase_tickets(geo)), TIMELINE_STAMPS, 3), mx.uint32)] if timeline is not None else []
+        stamped = [((sum(phase_tickets(geo)), stamps, 3), mx.uint32)] if stamps else []
         return Launch(spec, filled, outputs + stamped, (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts)
 
     job = at(geo)

@@ -58,10 +58,10 @@
 // TIMELINE (kernels.blocks' timeline=True; CUDA only): thread 0 of each ticket stamps it
 // (timeline_stamp: ns, cycles, SM) into the output stamps, uint32 [tickets, TIMELINE_STAMPS, 3], a
 // row a ticket in claim order and then the last phase's groups: when it was claimed, when its wait
-// for the phase before was over, and when its outputs were written (before its signal); then an
-// attention ticket's marks inside (decode_rows' LATHE_MARK: query ready, first scores, last P.V;
-// in time: stamps 0, 1, 3, 4, 5, 2). The other tickets leave those three unwritten (each stamp
-// costs; the reader fills them from the third).
+// for the phase before was over, and when its outputs were written (before its signal); with
+// TIMELINE_STAMPS 6 (block_timeline_marks), then an attention ticket's marks inside (decode_rows'
+// LATHE_MARK: query ready, first scores, last P.V; in time: stamps 0, 1, 3, 4, 5, 2). The other
+// tickets leave those three unwritten (each stamp costs; the reader fills them from the third).
 // Block types: each GEMV's matrix has its own (blocks/typed_rows.metal): Q_<kind>_A, and
 // Q_<kind>_B for the layers whose bit <kind> is set in layer_types[layer] (a word a layer of the
 // launch; Q_<kind>_B == Q_<kind>_A and no layer_types where every layer has one type). QKV_SPLIT
@@ -140,7 +140,9 @@ const auto x_post = threadgroup_view<float>(x_post_words);  // the stream this p
 #if TIMELINE
 #define STAMP(i) \
   if (tid == 0) timeline_stamp(stamps + (stamp_row * TIMELINE_STAMPS + (i)) * 3);
+#if TIMELINE_STAMPS > 3
 #define LATHE_MARK(i) STAMP(3 + (i))  // decode_rows.metal's marks inside an attention ticket
+#endif
 #else
 #define STAMP(i)
 #endif
