@@ -49,9 +49,11 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
     # medians over layers and tokens; us: its span, us_min / us_max over its phases) and one for
     # the whole launch (phase "token"); lag: the signal's way from the phase before, body: once
     # let go, tail: the slowest tickets past the median one, work / wait: a ticket's, share: of the
-    # token's time, start: the median ticket's let-go past the phase before (added after 6ffc3b9)
+    # token's time, start: the median ticket's let-go past the phase before (added after 6ffc3b9);
+    # sequences: a serve step's (token_block's batch form over the paged pool), empty for one
+    # sequence over the contiguous cache (added after acfb0b7)
     "timeline": ["model", "qtype", "depth", "phase", "layers", "tickets", "lag_us", "body_us", "tail_us",
-                 "work_us", "wait_us", "share", "round", "start_us"],
+                 "work_us", "wait_us", "share", "round", "start_us", "sequences"],
     # lathe quality: a text's perplexity per variant (and llama.cpp's, variant "llama.cpp"), each
     # GPU variant's KL divergence from the reference and top-token agreement on the same tokens;
     # us: a chunk's evaluation, wall time; x_llama_cpp: ppl over llama.cpp's ppl of the same run
@@ -70,7 +72,8 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
 # Columns a row may leave out; they are written as empty cells.
 OPTIONAL_COLUMNS: frozenset[str] = frozenset(
     {"rel_err", "compile_s", "host_us", "gpu_us", "gpu_kernels", "flops", "launches", "repeats", "us_min", "us_max",
-     "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options", "tokens", "pos", "error", "start_us"}
+     "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options", "tokens", "pos", "error", "start_us",
+     "sequences"}
 )
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.

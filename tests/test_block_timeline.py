@@ -160,3 +160,30 @@ def test_a_stamped_token_block_computes_what_an_unstamped_one_does(tmp_path, mar
         assert ns[after, 1].min() >= ns[before, 2].max() - slack
     table = phase_table(ns, tl.kinds, tl.tickets)
     assert sum(p["span_us"] for p in table) == pytest.approx(ns[:, 2].max() / 1e3)
+
+
+def test_a_batch_step_is_one_stamped_token_block_launch_over_the_paged_pool(tmp_path, monkeypatch):
+    """--batch (launches recorded, the CUDA path stood in): BatchSteps prefills each sequence
+    alone, then a stamped step of all of them is one token_block launch of the batch form (paged,
+    a timeline), each sequence at its own next position; past serve_mega_rows (a step of several
+    launches) it is refused."""
+    from harness.program.models import load_gguf, write_random_gguf
+    from harness.tools.block_timeline import BatchSteps
+    from kernels import backends, options
+    from kernels.runtime import recording
+
+    monkeypatch.setattr(backends, "cross_group_waits", lambda: True)
+    model = load_gguf(write_random_gguf(tmp_path / "tiny-qwen3.gguf", "tiny-qwen3", "q8_0", seed=3))
+    with recording() as rec:
+        seqs = BatchSteps(model, 3, 5, 64)
+        assert seqs.pos == 5
+        done = len(rec.jobs)
+        seqs.timeline = []
+        seqs.step()
+    (tl,) = seqs.timeline
+    stamped = [j for j in rec.jobs[done:] if j.spec.name.startswith("lathe_token_block")]
+    assert len(stamped) == 1 and "_paged" in stamped[0].spec.name and stamped[0].spec.name.endswith("_timeline3")
+    assert np.array(dict(zip(stamped[0].spec.inputs, stamped[0].inputs))["pos"]).tolist() == [5, 5, 5]
+    assert len(tl.kinds) == 5 * model.config.n_layers and seqs.pos == 6
+    with options.use(serve_mega_rows=2), pytest.raises(ValueError, match="one token_block launch"):
+        BatchSteps(model, 3, 5, 64)

@@ -236,6 +236,9 @@ class PagedBatchKernels(_Tokens):
         self.d.k = [mx.full(k_shape, float("nan"), mx.float16) for _ in range(c.n_layers)]
         self.d.v = [mx.full(v_shape, float("nan"), mx.float16) for _ in range(c.n_layers)]
         self._step: dict = {}
+        # megafused: a list that gets each decode step's token_block launches' BlockTimelines
+        # (harness.tools.block_timeline --batch; such steps are not compiled), or None
+        self.timeline: list | None = None
         self.max_blocks = -(-max_seq // pool.block_size)
         self._compiled: dict[tuple[int, int], object] = {}  # decode-only steps, by (batch, table width)
 
@@ -304,7 +307,8 @@ class PagedBatchKernels(_Tokens):
         d, bs = self.d, self.pool.block_size
         if not work:
             raise ValueError("a step needs at least one sequence")
-        if options.get("serve_compiled") and all(len(w.tokens) == 1 and not w.copies for w in work):
+        stamped = self.timeline is not None  # a stamped step is built eagerly (its launches are the compiled one's)
+        if options.get("serve_compiled") and not stamped and all(len(w.tokens) == 1 and not w.copies for w in work):
             return self._decode_step(work)
         for w in work:  # copy-on-write first: the whole block, every layer
             for src, dst in w.copies:
@@ -453,7 +457,7 @@ class PagedBatchKernels(_Tokens):
                         x[rows], d.stacks, c.eps, d.stacks.w_qkv.qtypes[0], k, v, positions[rows],
                         n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox, queue=queue, counters=counters,
                         layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs, scale=d.scale, table=table[rows],
-                        share=len(starts) if together else 1)
+                        share=len(starts) if together else 1, timeline=self.timeline)
                     if not together:
                         k, v = k_out, v_out
                     outs.append(out)

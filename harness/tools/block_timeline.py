@@ -3,6 +3,7 @@
     python -m harness.tools.block_timeline qwen3-0.6b --qtype q8_0
     python -m harness.tools.block_timeline llama3-8b --qtype q4_0 --depth 4096 --tokens 5 --png gantt.png
     python -m harness.tools.block_timeline llama3-8b --set block_prefetch=off --raw stamps.npz
+    python -m harness.tools.block_timeline qwen3-0.6b --batch 8 --depth 128   # serve's step of 8
 
 A megafused token is one launch (kernels.blocks.token_block): CUPTI sees one kernel and Nsight
 Compute one set of counters, so neither says where inside it the time goes. With a timeline, thread
@@ -34,7 +35,9 @@ token about 5% at depth 0). The rows go to results/<device>/timeline.csv;
 `--png` draws the tickets by SM over time (the whole token and its first layers).
 
 The tokens are decoded uncompiled (the step mode, whose launches are the compiled ones'), after a
-prompt of `depth` + 16 tokens and a few tokens of warm-up.
+prompt of `depth` + 16 tokens and a few tokens of warm-up. `--batch N` stamps `lathe serve
+--variant megafused`'s decode step instead: N sequences, each after its own prompt, through
+token_block's batch form over the paged pool (one launch a step; rows with `sequences` N).
 """
 
 from __future__ import annotations
@@ -214,25 +217,120 @@ def gantt(ns: np.ndarray, stamps: np.ndarray, kinds, tickets, path: Path, title:
     return path
 
 
-def _kind_bytes(decoder, position: int) -> dict[str, float]:
-    """A layer's bytes of each phase kind (the mean over layers): the GEMVs' weights, ATTN's K and
-    V read at `position`."""
+def _kind_bytes(decoder, position: int, sequences: int = 1) -> dict[str, float]:
+    """A layer's bytes of each phase kind (the mean over layers): the GEMVs' weights (read once
+    for all the launch's sequences), ATTN's K and V read at `position` by each sequence."""
     s, c = decoder.stacks, decoder.config
     mean = lambda stack: float(np.mean([stack.layer(i).data.nbytes for i in range(stack.layers)]))  # noqa: E731
     qkv = mean(s.w_qkv) + (mean(s.w_v) if s.w_v is not None else 0.0)
     return {"QKV": qkv, "O": mean(s.w_o), "UP": mean(s.w_gate_up), "DOWN": mean(s.w_down),
-            "ATTN": 2.0 * c.n_kv_heads * c.head_dim * 2 * (position + 1)}
+            "ATTN": 2.0 * c.n_kv_heads * c.head_dim * 2 * (position + 1) * sequences}
+
+
+class BatchSteps:
+    """`batch` sequences decoded together as `lathe serve --variant megafused` decodes them: the
+    megafused batch forward (token_block's batch form over one paged pool, a launch a step for up
+    to serve_mega_rows sequences), each sequence after its own prompt of `prompt` random tokens
+    (prefilled alone, on fused's plan). step() runs one decode step of all of them, built eagerly
+    (a stamped step is not compiled; its launches are the compiled step's), and waits for it;
+    `timeline` is the forward's (a list gets each launch's BlockTimeline)."""
+
+    def __init__(self, model, batch: int, prompt: int, max_seq: int, seed: int = 0):
+        import mlx.core as mx
+
+        from harness.program.batch_forward import PagedBatchKernels
+        from harness.program.kernel_decode import BLOCK_SIZE
+        from harness.program.kv_pool import KVPool
+        from harness.program.serve import Request, Work
+        from kernels import options
+
+        if not 1 <= batch <= options.get("serve_mega_rows"):
+            raise ValueError(f"a stamped batch step is one token_block launch: 1..serve_mega_rows "
+                             f"({options.get('serve_mega_rows')}) sequences, got {batch}")
+        self.pool = KVPool(num_blocks=batch * -(-max_seq // BLOCK_SIZE), block_size=BLOCK_SIZE)
+        self.forward = PagedBatchKernels(model, "megafused", self.pool, max_seq)
+        self.decoder, self._work = self.forward.d, Work
+        rng = np.random.default_rng(seed)
+        self.requests, self.last = [], []
+        for i in range(batch):
+            tokens = [int(t) for t in rng.integers(0, model.config.vocab, prompt)]
+            placed = self.pool.add(i, tokens)
+            request = Request(i, tokens, max_seq)
+            logits = self.forward.forward([Work(request, tokens[placed.prefilled:], placed.prefilled, placed.table,
+                                                placed.copies, prefill=True)])
+            self.requests.append(request)
+            self.last.append(int(np.array(mx.argmax(logits[0]))))
+
+    @property
+    def pos(self) -> int:
+        """The tokens cached a sequence (each has as many)."""
+        return self.pool.length(self.requests[0].id)
+
+    @property
+    def timeline(self) -> list | None:
+        return self.forward.timeline
+
+    @timeline.setter
+    def timeline(self, value: list | None) -> None:
+        self.forward.timeline = value
+
+    def step(self) -> None:
+        import mlx.core as mx
+
+        from kernels import options
+
+        work = []
+        for request, token in zip(self.requests, self.last):
+            start = self.pool.length(request.id)
+            placed = self.pool.append(request.id, token)
+            work.append(self._work(request, [token], start, placed.table, placed.copies))
+        with options.use(serve_compiled=False):
+            picked = mx.argmax(self.forward.forward(work), axis=-1)
+        self.last = [int(t) for t in np.array(picked).tolist()]
+
+
+class OneSequence:
+    """One sequence decoded by the megafused decoder over the contiguous cache (token_block's
+    launch a token, uncompiled: the step mode), after a prompt of `prompt` random tokens; step()
+    decodes a token and waits for it; `timeline` is the decoder's."""
+
+    def __init__(self, model, prompt: int, max_seq: int, seed: int = 0):
+        from harness.program.decode import make_decoder
+
+        self.decoder = make_decoder(model, max_seq, "megafused")
+        if self.decoder.span != "token":
+            raise SystemExit("block_timeline reads token_block's launch: mega_span=token (the default)")
+        tokens = np.random.default_rng(seed).integers(0, model.config.vocab, prompt)
+        self.token = self.decoder.greedy(self.decoder.forward(tokens))
+
+    @property
+    def pos(self) -> int:
+        return self.decoder.pos
+
+    @property
+    def timeline(self) -> list | None:
+        return self.decoder.timeline
+
+    @timeline.setter
+    def timeline(self, value: list | None) -> None:
+        self.decoder.timeline = value
+
+    def step(self) -> None:
+        import mlx.core as mx
+
+        self.token = self.decoder.greedy(self.decoder.forward(self.token))
+        mx.eval(self.token)
 
 
 def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png: Path | None,
-        write: bool, settings: list[dict] | None = None, rounds: int = 1) -> list[dict]:
+        write: bool, settings: list[dict] | None = None, rounds: int = 1, batch: int = 0) -> list[dict]:
     """Stamp `tokens` decode tokens under each of `settings` (option sets, default: the options
     as they are), in `rounds` alternated rounds on one decoder; print each one's summary and the
-    token's time side by side, and write their rows."""
-    import mlx.core as mx
-
+    token's time side by side, and write their rows. `batch`: that many sequences decoded together
+    as serve's megafused step (BatchSteps: token_block's batch form over the paged pool), each
+    after its own prompt; 0: one sequence over the contiguous cache (OneSequence)."""
     from harness.peak import measure_peak
-    from harness.program.decode import make_decoder, model_file
+    from harness.program.decode import model_file
     from harness.program.models import load_gguf
     from harness.results import append_rows, results_dir, run_metadata
     from kernels import options, runtime
@@ -241,17 +339,9 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
     settings = settings or [{}]
     model = load_gguf(model_file(preset, qtype))
     c = model.config
-    decoder = make_decoder(model, depth + 16 + rounds * len(settings) * (tokens + 2) + 8, "megafused")
-    if decoder.span != "token":
-        raise SystemExit("block_timeline reads token_block's launch: mega_span=token (the default)")
-    prompt = np.random.default_rng(0).integers(0, c.vocab, depth + 16)
-    token = decoder.greedy(decoder.forward(prompt))
-
-    def step(token):
-        nxt = decoder.greedy(decoder.forward(token))
-        mx.eval(nxt)
-        return nxt
-
+    max_seq = depth + 16 + rounds * len(settings) * (tokens + 2) + 8
+    seqs = BatchSteps(model, batch, depth + 16, max_seq) if batch else OneSequence(model, depth + 16, max_seq)
+    decoder = seqs.decoder
     peak = measure_peak().gbs
     # Every stamped launch's arrays are held to the end: once the host has read a buffer, MLX's
     # allocator may hand it to a later launch, whose first writes then wait on the pages' way back
@@ -261,11 +351,11 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
         for i, opts in enumerate(settings):
             with options.use(**opts):
                 for _ in range(2):  # warm-up: compiles and first uses
-                    token = step(token)
-                decoder.timeline = []
+                    seqs.step()
+                seqs.timeline = []
                 for _ in range(tokens):
-                    token = step(token)
-                timelines, decoder.timeline = decoder.timeline, None
+                    seqs.step()
+                timelines, seqs.timeline = seqs.timeline, None
                 if not timelines:
                     raise SystemExit("no token_block launch was stamped")
                 held += timelines
@@ -279,9 +369,9 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                     phases += table
                     token_us.append(table[-1]["end_us"])
                     kept[f"stamps_{j}"] = stamps
-                kinds = by_kind(phases, _kind_bytes(decoder, decoder.pos - tokens // 2), peak)
+                kinds = by_kind(phases, _kind_bytes(decoder, seqs.pos - tokens // 2, max(batch, 1)), peak)
                 label = options.describe(opts) or "defaults"
-                title = f"{preset} {qtype} d{depth}, {label}, round {round_}"
+                title = f"{preset} {qtype} d{depth}{f' x{batch} sequences' if batch else ''}, {label}, round {round_}"
                 print_summary(title, kinds, token_us, info, inside)
                 times.setdefault(label, []).append(float(np.median(token_us)))
                 tag = f"-{i}" if len(settings) > 1 else ""
@@ -294,9 +384,11 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                     path = png.with_name(f"{png.stem}{tag}{png.suffix}")
                     ns, _ = align(kept["stamps_0"])
                     print(f"wrote {gantt(ns, kept['stamps_0'], timelines[0].kinds, timelines[0].tickets, path, title)}")
-                rows += _rows(kinds, token_us, timelines[0], c, peak, preset, qtype, depth, run_metadata(), round_)
+                rows += _rows(kinds, token_us, timelines[0], c, peak, preset, qtype, depth, run_metadata(), round_,
+                              batch)
     if len(settings) > 1 or rounds > 1:
-        print(f"{preset} {qtype} d{depth}: token_block us a token (median of {tokens}), by round:")
+        print(f"{preset} {qtype} d{depth}{f' x{batch} sequences' if batch else ''}: token_block us a step "
+              f"(median of {tokens}), by round:")
         for label, ts in times.items():
             print(f"  {label:60s} " + " ".join(f"{t:8.1f}" for t in ts))
     if write:
@@ -307,14 +399,16 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
 
 
 def _rows(kinds: list[dict], token_us: list[float], timeline, config, peak: float, preset: str, qtype: str,
-          depth: int, meta: dict, round_: int) -> list[dict]:
-    """timeline.csv's rows of one stamped run: a kind each, and the token's."""
+          depth: int, meta: dict, round_: int, batch: int = 0) -> list[dict]:
+    """timeline.csv's rows of one stamped run: a kind each, and the token's (batch: the step's of
+    that many sequences, variant megafused/paged)."""
     from kernels import runtime
 
     weights = sum(k["bytes"] for k in kinds if k["kind"] != "ATTN") * config.n_layers
-    common = dict(benchmark="block-timeline", kernel="token_block", variant="megafused",
+    common = dict(benchmark="block-timeline", kernel="token_block", variant="megafused/paged" if batch else "megafused",
                   backend=runtime.backend(), device=runtime.device_name(), peak_gbs=peak, model=preset,
-                  qtype=qtype, depth=depth, layers=config.n_layers, repeats=len(token_us), round=round_, **meta)
+                  qtype=qtype, depth=depth, layers=config.n_layers, repeats=len(token_us), round=round_,
+                  sequences=batch or None, **meta)
     rows = [dict(common, us=k["span_us"], us_min=k["span_min_us"], us_max=k["span_max_us"], gbs=k["gbs"],
                  pct_peak=k["pct_peak"], bytes=k["bytes"], phase=k["kind"], tickets=k["tickets"],
                  lag_us=k["lag_us"], start_us=k["start_us"], body_us=k["body_us"], tail_us=k["tail_us"],
@@ -345,11 +439,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="an option set to stamp beside the others (give it more than once; '' for --set's "
                         "alone), alternated over --rounds on one decoder")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--batch", type=int, default=0,
+                   help="sequences decoded together as lathe serve's megafused step (token_block's batch form "
+                        "over the paged pool, one launch: up to serve_mega_rows), each after its own prompt of "
+                        "--depth + 16 tokens; 0: one sequence over the contiguous cache")
     args = p.parse_args(argv)
     settings = [options.parse(text) for text in args.ab] or None
     with options.use(**options.parse(",".join(args.set))):
         run(args.preset, args.qtype, args.depth, args.tokens, args.raw, args.png, not args.no_write, settings,
-            args.rounds)
+            args.rounds, args.batch)
     return 0
 
 
