@@ -227,7 +227,23 @@ def _kind_bytes(decoder, position: int, sequences: int = 1) -> dict[str, float]:
             "ATTN": 2.0 * c.n_kv_heads * c.head_dim * 2 * (position + 1) * sequences}
 
 
-class BatchSteps:
+class _Steps:
+    """What run() stamps: `decoder` (its stacks and config), `pos`, step(), and `timeline`, the
+    list that `_stamped` (the object whose token_block launches are stamped) appends each
+    launch's BlockTimeline to, or None."""
+
+    _stamped: object
+
+    @property
+    def timeline(self) -> list | None:
+        return self._stamped.timeline
+
+    @timeline.setter
+    def timeline(self, value: list | None) -> None:
+        self._stamped.timeline = value
+
+
+class BatchSteps(_Steps):
     """`batch` sequences decoded together as `lathe serve --variant megafused` decodes them: the
     megafused batch forward (token_block's batch form over one paged pool, a launch a step for up
     to serve_mega_rows sequences), each sequence after its own prompt of `prompt` random tokens
@@ -249,7 +265,7 @@ class BatchSteps:
                              f"({options.get('serve_mega_rows')}) sequences, got {batch}")
         self.pool = KVPool(num_blocks=batch * -(-max_seq // BLOCK_SIZE), block_size=BLOCK_SIZE)
         self.forward = PagedBatchKernels(model, "megafused", self.pool, max_seq)
-        self.decoder, self._work = self.forward.d, Work
+        self.decoder, self._work, self._stamped = self.forward.d, Work, self.forward
         rng = np.random.default_rng(seed)
         self.requests, self.last = [], []
         for i in range(batch):
@@ -266,14 +282,6 @@ class BatchSteps:
         """The tokens cached a sequence (each has as many)."""
         return self.pool.length(self.requests[0].id)
 
-    @property
-    def timeline(self) -> list | None:
-        return self.forward.timeline
-
-    @timeline.setter
-    def timeline(self, value: list | None) -> None:
-        self.forward.timeline = value
-
     def step(self) -> None:
         import mlx.core as mx
 
@@ -289,7 +297,7 @@ class BatchSteps:
         self.last = [int(t) for t in np.array(picked).tolist()]
 
 
-class OneSequence:
+class OneSequence(_Steps):
     """One sequence decoded by the megafused decoder over the contiguous cache (token_block's
     launch a token, uncompiled: the step mode), after a prompt of `prompt` random tokens; step()
     decodes a token and waits for it; `timeline` is the decoder's."""
@@ -297,7 +305,7 @@ class OneSequence:
     def __init__(self, model, prompt: int, max_seq: int, seed: int = 0):
         from harness.program.decode import make_decoder
 
-        self.decoder = make_decoder(model, max_seq, "megafused")
+        self.decoder = self._stamped = make_decoder(model, max_seq, "megafused")
         if self.decoder.span != "token":
             raise SystemExit("block_timeline reads token_block's launch: mega_span=token (the default)")
         tokens = np.random.default_rng(seed).integers(0, model.config.vocab, prompt)
@@ -306,14 +314,6 @@ class OneSequence:
     @property
     def pos(self) -> int:
         return self.decoder.pos
-
-    @property
-    def timeline(self) -> list | None:
-        return self.decoder.timeline
-
-    @timeline.setter
-    def timeline(self, value: list | None) -> None:
-        self.decoder.timeline = value
 
     def step(self) -> None:
         import mlx.core as mx
