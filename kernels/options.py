@@ -161,7 +161,7 @@ DECLARED = (
     Option("serve_mega_rows", 8, _count,
            "lathe serve, megafused variant: the sequences a token_block launch of a decode-only step takes "
            "(1..8, kernels.blocks.BATCH_ROWS; its GEMV phases run that many rows over one read of the weights); "
-           "more go in launches of as many (8: Qwen3-0.6B's steps of 6 and 8 sequences 27-37% faster than "
+           "more go in launches of as many (8: Qwen3-0.6B's steps of 6 and 8 sequences 26-38% faster than "
            "at 4 on an H200; harness/program/batch_forward.py)"),
     Option("serve_mega_together", False, _flag,
            "lathe serve, megafused variant: a step's token_block launches (of serve_mega_rows each) take the pool "
@@ -213,7 +213,7 @@ DECLARED = (
     Option("block_timeline_marks", False, _flag,
            "harness.tools.block_timeline: stamp three marks inside each attention ticket (its query ready, "
            "first scores, last P.V) beside a ticket's three; they lie on the attention phase's path and cost "
-           "Qwen3-0.6B's stamped token about 5% at depth 0 (kernels/loop/NOTES.md)"),
+           "Qwen3-0.6B's stamped token about 7% at depth 0 on an H200 (kernels/loop/NOTES.md)"),
     Option("block_attn_mma", True, _flag,
            "with block_k_slots: the blocks' attention phase scores and takes P.V on SIMD-group matrices "
            "where the form allows (<= 8 heads a threadgroup, D a multiple of 32 up to 32 NSIMD), as attn_mma"),

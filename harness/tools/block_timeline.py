@@ -31,7 +31,7 @@ to its query ready: the head norm, RoPE and the new K/V row), `scores` (to its f
 scores: K's loads and the products), `chunks` (to its last chunk's P.V: the softmax, P.V and any
 later chunks) and `out` (to done: the SIMD groups' sums, the output and, split, the partials'
 merge), medians over its tickets; the marks lie on the attention phase's path and slow it (Qwen3's
-token about 5% at depth 0). The rows go to results/<device>/timeline.csv;
+token about 7% at depth 0). The rows go to results/<device>/timeline.csv;
 `--png` draws the tickets by SM over time (the whole token and its first layers).
 
 The tokens are decoded uncompiled (the step mode, whose launches are the compiled ones'), after a

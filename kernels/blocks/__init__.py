@@ -441,7 +441,7 @@ _GRID = object()  # where the launch's (threadgroups, attention tickets) input g
 # row), its first chunk's scores and its last chunk's P.V (decode_rows.metal's LATHE_MARK), all
 # before the third; the other tickets leave those three unwritten (BlockTimeline.array fills
 # them). In time: 0, 1, 3, 4, 5, 2. The marks are on the attention phase's path: they cost
-# Qwen3-0.6B's stamped token about 5% at depth 0 (kernels/loop/NOTES.md).
+# Qwen3-0.6B's stamped token about 7% at depth 0 on an H200 (kernels/loop/NOTES.md).
 TIMELINE_STAMPS = 6
 
 
@@ -451,10 +451,9 @@ class BlockTimeline:
     [tickets, 3 or TIMELINE_STAMPS, 3], a row a ticket in claim order, then the last phase's
     groups; each row's stamps (claimed, its wait for the phase before over, its outputs written;
     with block_timeline_marks an attention ticket's three marks inside: TIMELINE_STAMPS above)
-    each hold %globaltimer's low 32
-    bits (ns), the SM's %clock (cycles) and the SM (timeline_stamp in cuda_compat.h). `kinds` and
-    `tickets`: each phase's kind (QKV .. DOWN) and ticket count, in phase order.
-    harness.tools.block_timeline reads it."""
+    each hold %globaltimer's low 32 bits (ns), the SM's %clock (cycles) and the SM
+    (timeline_stamp in cuda_compat.h). `kinds` and `tickets`: each phase's kind (QKV .. DOWN)
+    and ticket count, in phase order. harness.tools.block_timeline reads it."""
 
     stamps: mx.array
     kinds: tuple[int, ...]
