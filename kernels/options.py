@@ -214,6 +214,11 @@ DECLARED = (
            "harness.tools.block_timeline: stamp three marks inside each attention ticket (its query ready, "
            "first scores, last P.V) beside a ticket's three; they lie on the attention phase's path and cost "
            "Qwen3-0.6B's stamped token about 7% at depth 0 on an H200 (kernels/loop/NOTES.md)"),
+    Option("block_v_straight", True, _flag,
+           "the blocks' paged attention phase (token_block's batch form, lathe serve --variant megafused) loads a "
+           "chunk's V vectors as one straight run, those past the chunk from its first vector (unused); off: "
+           "each behind a branch, which took the paged token_block to 181 registers against 128 (NVRTC sm_90, "
+           "Qwen3-0.6B: 2 threadgroups an SM against 4)"),
     Option("block_attn_mma", True, _flag,
            "with block_k_slots: the blocks' attention phase scores and takes P.V on SIMD-group matrices "
            "where the form allows (<= 8 heads a threadgroup, D a multiple of 32 up to 32 NSIMD), as attn_mma"),

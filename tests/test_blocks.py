@@ -520,3 +520,20 @@ def test_a_timeline_stamps_three_times_a_ticket_or_six_with_the_marks(monkeypatc
     assert f"#define TIMELINE_STAMPS {stamps}\n" in job.spec.prelude and job.spec.name.endswith(f"_timeline{stamps}")
     (tl,) = timeline
     assert tuple(tl.stamps.shape) == (sum(tl.tickets), stamps, 3) and len(tl.kinds) == len(tl.tickets) == 10
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_batch_forms_straight_v_loads_follow_their_option(on):
+    """block_v_straight reaches the paged batch form's attention phase (VSTRAIGHT, read by
+    decode_tiles.metal's paged LOAD_V_GROUP); the launch is otherwise the same (launches recorded)."""
+    from harness.suites.attention import _paged_state
+    from kernels import options
+    from kernels.runtime import recording
+
+    pos = [5, 20, 0]
+    k_pool, v_pool, table = _paged_state(np.random.default_rng(2), [p + 1 for p in pos], HKV, HD, 16)
+    with options.use(block_v_straight=on), recording() as rec:
+        blocks.token_block(mx.zeros((len(pos), D), mx.float16), _stacks(1), 1e-6, "q8_0", [mx.array(k_pool)],
+                           [mx.array(v_pool)], mx.array(np.array(pos, np.int32)), n_heads=HQ, table=mx.array(table))
+    (job,) = rec.jobs
+    assert "_paged" in job.spec.name and job.constants["VSTRAIGHT"] is on and job.constants["M"] == len(pos)

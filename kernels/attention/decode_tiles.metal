@@ -95,14 +95,21 @@ constexpr uint VM_FIRST = VM * VPF / VPS;      // ... loaded at the chunk's star
   }
 #endif
 // The V words of vectors k0 .. k0 + VPF - 1 of this SIMD group into vw (none past the chunk's
-// tokens; the contiguous layout's rows past the context are not loaded either).
+// tokens; the contiguous layout's rows past the context are not loaded either). Paged, with
+// LATHE_V_STRAIGHT (the blocks' block_v_straight option): a vector past the chunk loads the
+// chunk's first one instead, unused (P.V skips it), so the loads are one straight run. Behind a
+// branch each, ptxas gave the paged token_block 181 registers against 128 (Qwen3-0.6B, sm_90);
+// the paged decode kernel goes the other way (122 against 132), so it keeps the branches.
+#ifndef LATHE_V_STRAIGHT
+#define LATHE_V_STRAIGHT 0
+#endif
 #if LATHE_PAGED
 #define LOAD_V_GROUP(k0)                                                                        \
   LATHE_UNROLL                                                                                  \
   for (uint k = 0; k < VPF; ++k) {                                                              \
     const uint vi_ = simd + ((k0) + k) * NSIMD;                                                 \
-    if (vi_ * 8 < cn) {                                                                         \
-      const uint t0_ = c0 + vi_ * 8;                                                            \
+    if (LATHE_V_STRAIGHT || vi_ * 8 < cn) {                                                     \
+      const uint t0_ = vi_ * 8 < cn ? c0 + vi_ * 8 : c0;                                        \
       const uint v0_ = (uint(table[cb * rows + t0_ / BS]) * n_kv + h) * D * BS + t0_ % BS;      \
       LATHE_UNROLL                                                                              \
       for (uint i = 0; i < ROWS; ++i) vw[k][i] = load_wide<uint4>(v_cache, (v0_ + lane_dim(lane, i) * BS) / 8); \

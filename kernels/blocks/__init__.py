@@ -588,7 +588,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                                          - (4 * a.d if layer_kind.post_norms else 0))
         mma = int(mma and slots > 0)
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=a.block_size,
-                      NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, MMA=mma,
+                      NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, MMA=mma, VSTRAIGHT=bool(options.get("block_v_straight")),
                       ROPE_STRIDE=0 if a.inv_freqs is None or a.inv_freqs.ndim == 1 else a.head_dim // 2)
         if split:
             consts.update(MLOADS=attention.merge_loads(parts))
