@@ -104,10 +104,7 @@ def run_decode(name: str, qtype: str, prompt: int, gen: int, seed: int = 0, mode
     arms = arms or [{}]
     pairs = [(v, k, i) for v in variants for k in layouts if v not in ("reference", "megafused") or k == "contiguous"
              for i in range(len(arms))]
-    described = []  # each arm's options column: the run's own with the arm's changes
-    for arm in arms:
-        with options.use(**arm):
-            described.append(options.describe())
+    described = [options.describe_under(arm) for arm in arms]  # each arm's options column
     kept = {}  # the one decoder of a single-variant matrix (and its breakdown), across rounds
     failed: dict[tuple[str, str, int], str] = {}  # (variant, layout, arm) -> why it did not run
     for rnd in range(1, rounds + 1):

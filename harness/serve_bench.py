@@ -165,18 +165,14 @@ def run_matrix(path, model, workloads: list[Workload], variants: list[str], roun
     from harness.program.batch_forward import make_batch_forward
 
     arms = arms or [{}]
-    described = []  # each arm's options column: the run's own with the arm's changes
-    for arm in arms:
-        with options.use(**arm):
-            described.append(options.describe())
     rows = []
     for rnd in range(1, rounds + 1):
         for variant in variants:
-            for arm, label in zip(arms, described):
+            for arm in arms:
                 for w in workloads:
                     base = dict(common, variant=variant, batch=w.batch, prompt=w.prompt, gen=w.gen, shared=w.shared,
                                 mixed=int(w.mixed), round=rnd if rounds > 1 or peer else None,
-                                **({"options": label} if len(arms) > 1 or arm else {}))
+                                options=options.describe_under(arm))
                     try:
                         with options.use(**arm):
                             pool = w.pool()

@@ -302,6 +302,12 @@ def describe(values: dict[str, Any] | None = None) -> str:
     return ",".join(f"{n}={OPTIONS[n].show(v)}" for n, v in values.items())
 
 
+def describe_under(changes: dict[str, Any]) -> str:
+    """describe() of the options in force with `changes` made (an --ab arm's `options` column)."""
+    with use(**changes):
+        return describe()
+
+
 def table() -> str:
     """Every option: its value now, its default and what it does (`lathe options`)."""
     width = max(len(n) for n in OPTIONS)

@@ -54,3 +54,12 @@ def test_the_readme_lists_every_option():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     for o in options.DECLARED:
         assert f"| `{o.name}` | {o.show(o.default)} |" in readme, o.name
+
+
+def test_an_arms_options_column_is_the_run_s_own_with_its_changes():
+    """describe_under: the options in force with an --ab arm's changes made, and nothing changed
+    after."""
+    with options.use(serve_mega_rows=2):
+        assert options.describe_under({"block_prefetch": False}) == "serve_mega_rows=2,block_prefetch=off"
+        assert options.describe_under({}) == options.describe() == "serve_mega_rows=2"
+    assert options.describe() == ""

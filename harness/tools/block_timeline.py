@@ -265,7 +265,7 @@ class BatchSteps(_Steps):
                              f"({options.get('serve_mega_rows')}) sequences, got {batch}")
         self.pool = KVPool(num_blocks=batch * -(-max_seq // BLOCK_SIZE), block_size=BLOCK_SIZE)
         self.forward = PagedBatchKernels(model, "megafused", self.pool, max_seq)
-        self.decoder, self._work, self._stamped = self.forward.d, Work, self.forward
+        self.decoder, self._stamped = self.forward.d, self.forward
         rng = np.random.default_rng(seed)
         self.requests, self.last = [], []
         for i in range(batch):
@@ -285,13 +285,14 @@ class BatchSteps(_Steps):
     def step(self) -> None:
         import mlx.core as mx
 
+        from harness.program.serve import Work
         from kernels import options
 
         work = []
         for request, token in zip(self.requests, self.last):
             start = self.pool.length(request.id)
             placed = self.pool.append(request.id, token)
-            work.append(self._work(request, [token], start, placed.table, placed.copies))
+            work.append(Work(request, [token], start, placed.table, placed.copies))
         with options.use(serve_compiled=False):
             picked = mx.argmax(self.forward.forward(work), axis=-1)
         self.last = [int(t) for t in np.array(picked).tolist()]
