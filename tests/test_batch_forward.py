@@ -196,7 +196,8 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused", "megafused/4"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused", "megafused/serve_mega_rows=4",
+                                     "megafused/serve_mega_extra=0"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models, preset, variant, request):
     """lathe's kernels under continuous batching (shared prefixes, preemptions, batches of 1-5
@@ -204,7 +205,8 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
     model's on that sequence's own tokens, its greedy token the model's where the top-2 margin is
     clear, and its tokens the same variant's decoding it alone up to the first unclear margin
     (megafused: fused's alone, the paged decoder's). megafused's decode steps of 5 sequences are
-    one token_block launch (serve_mega_rows 8), or two (4 and 1) as megafused/4."""
+    one token_block launch (serve_mega_rows 8), or two (4 and 1) with serve_mega_rows=4, or fused's
+    plan with serve_mega_extra=0 (every step past one sequence)."""
     from harness.program.batch_forward import PagedBatchKernels
     from harness.program.kernel_decode import KernelDecoder
     from kernels import options
@@ -213,9 +215,10 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
     from reference import rel_err
     from reference.model import forward as float64
 
-    variant, _, rows = variant.partition("/")
-    if rows:  # for the whole test, the forward made below included
-        held = options.use(serve_mega_rows=int(rows))
+    variant, _, setting = variant.partition("/")
+    if setting:  # for the whole test, the forward made below included
+        name, _, value = setting.partition("=")
+        held = options.use(**{name: int(value)})
         held.__enter__()
         request.addfinalizer(lambda: held.__exit__(None, None, None))
     if variant == "megafused" and preset in MEGA_REFUSED:
@@ -432,6 +435,28 @@ def test_serve_mega_rows_sets_the_sequences_a_token_block_launch_takes(models, r
     assert len({id(dict(zip(j.spec.inputs, j.inputs))["queue"]) for j in jobs}) == len(launches)
     with options.use(serve_mega_rows=9), pytest.raises(ValueError, match=r"serve_mega_rows must be 1\.\.8"):
         PagedBatchKernels(model, "megafused", KVPool(num_blocks=8, block_size=16), 64)
+
+
+@pytest.mark.parametrize("extra, token_blocks", [(4000, [1, 1]), (0, [1, 0])])
+def test_serve_mega_extra_sends_a_step_past_it_to_fuseds_plan(models, extra, token_blocks):
+    """serve_mega_extra (CPU, launches recorded): a step of 1 sequence always runs token_block's
+    batch form (it adds no products); a step of 6 adds 5 x the layers' weights, within the
+    default's 4000 million for a tiny model and past 0, which runs fused's plan (no token_block)."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    model = models["tiny-qwen3"]
+    forward, _, work, _ = _six_decoding(model, 3)
+    c = model.config
+    per_layer = ((c.n_heads + 2 * c.n_kv_heads) * c.head_dim * c.d_model + c.d_model * c.n_heads * c.head_dim
+                 + 3 * c.ff * c.d_model)
+    assert forward.d.stacks.values == c.n_layers * per_layer
+    got = []
+    for step in (work[:1], work):
+        with recording() as rec, options.use(serve_compiled=False, serve_mega_extra=extra):
+            assert forward.forward(step).shape == (len(step), c.vocab)
+        got.append(sum(j.spec.name.startswith("lathe_token_block") for j in rec.jobs))
+    assert got == token_blocks
 
 
 @pytest.mark.parametrize("together", [False, True])

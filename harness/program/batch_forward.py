@@ -296,8 +296,11 @@ class PagedBatchKernels(_Tokens):
 
     def _runs_mega(self, t: int) -> bool:
         """Whether a decode-only step of t sequences runs token_block's batch form (megafused,
-        up to serve_mega_up_to of them), not the plan's layers."""
-        return self.mega and t <= options.get("serve_mega_up_to")
+        up to serve_mega_up_to of them, while the products the other t - 1 add stay within
+        serve_mega_extra), not the plan's layers."""
+        if not self.mega or t > options.get("serve_mega_up_to"):
+            return False
+        return (t - 1) * self.d.stacks.values <= options.get("serve_mega_extra") * 1_000_000
 
     def __call__(self, work: list[Work]) -> dict:
         return self._tokens(work, self.kd.loop.argmax(self.forward(work)))  # every row's, one launch

@@ -745,6 +745,13 @@ class LayerStacks:
     def layers(self) -> int:
         return self.w_qkv.layers
 
+    @property
+    def values(self) -> int:
+        """The weights a token's pass through every layer multiplies (one dot product term each):
+        what token_block's batch form repeats for each more sequence it takes."""
+        mats = (self.w_qkv, self.w_o, self.w_gate_up, self.w_down) + ((self.w_v,) if self.w_v else ())
+        return sum(s.n * s.k * s.layers for s in mats)
+
 
 def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_caches: list[mx.array] | mx.array,
                 v_caches: list[mx.array] | mx.array, pos: int | mx.array, *, n_heads: int, theta: float = 10000.0,
