@@ -163,12 +163,12 @@ DECLARED = (
            "(1..8, kernels.blocks.BATCH_ROWS; its GEMV phases run that many rows over one read of the weights); "
            "more go in launches of as many (8: Qwen3-0.6B's steps of 6 and 8 sequences 26-38% faster than "
            "at 4 on an H200; harness/program/batch_forward.py)"),
-    Option("serve_mega_extra", 4000, _count,
+    Option("serve_mega_extra", 8000, _count,
            "lathe serve, megafused variant: millions of weight products a decode-only step of t sequences may "
            "add to one sequence's in token_block's batch form, (t - 1) x the layers' weights; a step past it runs "
-           "fused's plan. The batch form's GEMVs multiply each weight once a sequence on the CUDA cores, fused's "
-           "GEMMs on tensor cores: Qwen3-0.6B's 8 sequences (3083) gain, Llama-3-8B's 8 (48854) took 14 ms a step "
-           "against fused's 5 on an H200 (harness/program/batch_forward.py)"),
+           "fused's plan. The batch form multiplies each weight once a sequence on the CUDA cores, fused's GEMMs "
+           "on tensor cores: on an H200 Qwen3-0.6B's 8 sequences (3083) and Llama-3-8B's 2 (6979) were faster in "
+           "the batch form, the 8B's 4 (20937) and 8 slower (harness/program/batch_forward.py)"),
     Option("serve_mega_together", False, _flag,
            "lathe serve, megafused variant: a step's token_block launches (of serve_mega_rows each) take the pool "
            "as the step found it and 1 / launches of the GPU's threadgroups each, so that they run at once "

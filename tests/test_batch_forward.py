@@ -437,11 +437,11 @@ def test_serve_mega_rows_sets_the_sequences_a_token_block_launch_takes(models, r
         PagedBatchKernels(model, "megafused", KVPool(num_blocks=8, block_size=16), 64)
 
 
-@pytest.mark.parametrize("extra, token_blocks", [(4000, [1, 1]), (0, [1, 0])])
+@pytest.mark.parametrize("extra, token_blocks", [(None, [1, 1]), (0, [1, 0])])
 def test_serve_mega_extra_sends_a_step_past_it_to_fuseds_plan(models, extra, token_blocks):
     """serve_mega_extra (CPU, launches recorded): a step of 1 sequence always runs token_block's
     batch form (it adds no products); a step of 6 adds 5 x the layers' weights, within the
-    default's 4000 million for a tiny model and past 0, which runs fused's plan (no token_block)."""
+    default (8000 million) for a tiny model and past 0, which runs fused's plan (no token_block)."""
     from kernels import options
     from kernels.runtime import recording
 
@@ -453,7 +453,7 @@ def test_serve_mega_extra_sends_a_step_past_it_to_fuseds_plan(models, extra, tok
     assert forward.d.stacks.values == c.n_layers * per_layer
     got = []
     for step in (work[:1], work):
-        with recording() as rec, options.use(serve_compiled=False, serve_mega_extra=extra):
+        with recording() as rec, options.use(serve_compiled=False, **({} if extra is None else {"serve_mega_extra": extra})):
             assert forward.forward(step).shape == (len(step), c.vocab)
         got.append(sum(j.spec.name.startswith("lathe_token_block") for j in rec.jobs))
     assert got == token_blocks

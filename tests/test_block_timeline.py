@@ -166,7 +166,7 @@ def test_a_batch_step_is_one_stamped_token_block_launch_over_the_paged_pool(tmp_
     """--batch (launches recorded, the CUDA path stood in): BatchSteps prefills each sequence
     alone, then a stamped step of all of them is one token_block launch of the batch form (paged,
     a timeline), each sequence at its own next position; past serve_mega_rows (a step of several
-    launches) it is refused."""
+    launches) or past serve_mega_extra (a step on fused's plan) it is refused."""
     from harness.program.models import load_gguf, write_random_gguf
     from harness.tools.block_timeline import BatchSteps
     from kernels import backends, options
@@ -186,4 +186,6 @@ def test_a_batch_step_is_one_stamped_token_block_launch_over_the_paged_pool(tmp_
     assert np.array(dict(zip(stamped[0].spec.inputs, stamped[0].inputs))["pos"]).tolist() == [5, 5, 5]
     assert len(tl.kinds) == 5 * model.config.n_layers and seqs.pos == 6
     with options.use(serve_mega_rows=2), pytest.raises(ValueError, match="one token_block launch"):
+        BatchSteps(model, 3, 5, 64)
+    with options.use(serve_mega_extra=0), recording(), pytest.raises(ValueError, match="runs fused's plan"):
         BatchSteps(model, 3, 5, 64)

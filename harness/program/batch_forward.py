@@ -294,7 +294,7 @@ class PagedBatchKernels(_Tokens):
                                      attention.merge_counters(c.n_heads * self.mega_rows)))
         return self._mega_sites[i]
 
-    def _runs_mega(self, t: int) -> bool:
+    def runs_mega(self, t: int) -> bool:
         """Whether a decode-only step of t sequences runs token_block's batch form (megafused,
         up to serve_mega_up_to of them, while the products the other t - 1 add stay within
         serve_mega_extra), not the plan's layers."""
@@ -340,7 +340,7 @@ class PagedBatchKernels(_Tokens):
                           order=mx.array(np.argsort(np.asarray(grouped)).astype(np.int32)))
         mx.eval(d.k, d.v)  # host tokens: nothing orders this step after the last one's in-place writes
         env = {"token": host_tokens(tokens)}
-        if not prefill and self._runs_mega(t):  # decode tokens here: a copy on write, or serve_compiled off
+        if not prefill and self.runs_mega(t):  # decode tokens here: a copy on write, or serve_compiled off
             logits = self._mega_replay(env, t, self._step["positions"], self._step["table"])["logits"]
         else:
             logits = self._replay(env, t)["logits"]
@@ -425,7 +425,7 @@ class PagedBatchKernels(_Tokens):
                               decode=[(row, None) for row in range(batch)], decode_rows=None, order=None,
                               ends=mx.arange(batch, dtype=mx.int32))
             try:
-                if self._runs_mega(batch):
+                if self.runs_mega(batch):
                     return (self._mega_replay({"token": ids}, batch, positions, table)["logits"], *d.k, *d.v)
                 return (self._replay({"token": ids}, batch)["logits"], *d.k, *d.v)
             finally:

@@ -265,6 +265,11 @@ class BatchSteps(_Steps):
                              f"({options.get('serve_mega_rows')}) sequences, got {batch}")
         self.pool = KVPool(num_blocks=batch * -(-max_seq // BLOCK_SIZE), block_size=BLOCK_SIZE)
         self.forward = PagedBatchKernels(model, "megafused", self.pool, max_seq)
+        if not self.forward.runs_mega(batch):  # else the steps run fused's plan: nothing to stamp
+            raise ValueError(f"serve's megafused step of {batch} {model.config.arch} sequences runs fused's plan, "
+                             f"not token_block: past serve_mega_up_to ({options.get('serve_mega_up_to')}) or "
+                             f"serve_mega_extra ({options.get('serve_mega_extra')} million products; this model "
+                             f"adds {self.forward.d.stacks.values / 1e6:.0f} a sequence); --set either higher")
         self.decoder, self._stamped = self.forward.d, self.forward
         rng = np.random.default_rng(seed)
         self.requests, self.last = [], []
