@@ -363,7 +363,7 @@ def cmd_serve(model: str, qtype: str, batches: str, prompt: int, gen: int, share
     rows = run_matrix(path, loaded, workloads, [v.strip() for v in variant.split(",")], rounds, common, bench, arms)
     shown = pd.DataFrame(rows)[[c for c in ("variant", *(["options"] if arms else []), "batch", "round", "tok_s", "decode_tok_s", "prefill_tok_s",
                                             "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99",
-                                            "occupancy_max", "preempted", "x_llama_cpp", "error")
+                                            "occupancy_max", "preempted", "mega_steps", "x_llama_cpp", "error")
                                 if any(r.get(c) is not None for r in rows)]]
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(shown.to_string(index=False))

@@ -63,17 +63,20 @@ SHAPE_COLUMNS: dict[str, list[str]] = {
     # common to all; mixed 1: lengths and arrivals drawn, see Workload) generating `gen` each;
     # tok_s over the whole run, decode_tok_s over the decode-only steps (llama-batched-bench's
     # S_TG), prefill_tok_s over the steps that ran prompts (its S_PP); time to first token and
-    # per output token in ms; occupancy: the share of the pool's blocks held
+    # per output token in ms; occupancy: the share of the pool's blocks held; mega_steps: the share
+    # of decode-only steps the megafused variant ran in token_block's batch form, not fused's plan
+    # (serve_mega_up_to, serve_mega_extra), empty for the other variants (added after 39eb34a)
     "serve": ["model", "qtype", "batch", "prompt", "gen", "shared", "mixed", "steps", "tok_s", "decode_tok_s",
               "prefill_tok_s", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99",
-              "occupancy_max", "occupancy_mean", "preempted", "round", "x_llama_cpp", "peer_build", "error"],
+              "occupancy_max", "occupancy_mean", "preempted", "round", "x_llama_cpp", "peer_build", "error",
+              "mega_steps"],
 }
 
 # Columns a row may leave out; they are written as empty cells.
 OPTIONAL_COLUMNS: frozenset[str] = frozenset(
     {"rel_err", "compile_s", "host_us", "gpu_us", "gpu_kernels", "flops", "launches", "repeats", "us_min", "us_max",
      "dispatches_per_token", "round", "x_llama_cpp", "peer_build", "options", "tokens", "pos", "error", "start_us",
-     "sequences"}
+     "sequences", "mega_steps"}
 )
 
 # Text columns: read back as str so e.g. a sha like "1234567" stays text.

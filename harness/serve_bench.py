@@ -14,7 +14,9 @@ Per run (one row of results/<device>/serve.csv):
   computed over the time of the steps that ran any (its S_PP);
 - time to first token (from a request's arrival step to the end of the step that gave its first
   token) and time per output token (its later tokens' time over their count), median and p99;
-- the pool's occupancy (share of its blocks held), the most and the mean over the steps.
+- the pool's occupancy (share of its blocks held), the most and the mean over the steps;
+- megafused: the share of its decode-only steps that ran token_block's batch form (mega_steps; the
+  others ran fused's plan: serve_mega_up_to, serve_mega_extra).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Served:
     steps: list[tuple[float, float, int, int, bool]]  # (start, end, prompt tokens run, tokens run, decode only)
     occupancy: list[float]
     lag: int = 0  # a step's tokens are read at the end of the step `lag` steps later (pipelined: 1)
+    mega: list[bool] | None = None  # megafused: whether each decode-only step ran token_block's batch form
 
     def summary(self) -> dict:
         t0 = self.steps[0][0]
@@ -100,7 +103,8 @@ class Served:
             ttft_ms_median=pct(ttft, 50), ttft_ms_p99=pct(ttft, 99),
             tpot_ms_median=pct(tpot, 50), tpot_ms_p99=pct(tpot, 99),
             occupancy_max=max(self.occupancy), occupancy_mean=float(np.mean(self.occupancy)),
-            preempted=sum(r.preempted for r in self.requests))
+            preempted=sum(r.preempted for r in self.requests),
+            mega_steps=float(np.mean(self.mega)) if self.mega else None)
 
 
 def serve(forward, pool: KVPool, requests: list[Request], max_batch: int) -> Served:
@@ -111,7 +115,8 @@ def serve(forward, pool: KVPool, requests: list[Request], max_batch: int) -> Ser
     sched = Scheduler(pool, max_batch)
     for r in requests:
         sched.submit(r)
-    steps, occupancy = [], []
+    steps, occupancy, mega = [], [], []
+    runs_mega = getattr(forward, "runs_mega", None) if getattr(forward, "mega", False) else None
     while not sched.idle():
         start = time.perf_counter()
         work: list[Work] = sched.step(forward)
@@ -119,11 +124,13 @@ def serve(forward, pool: KVPool, requests: list[Request], max_batch: int) -> Ser
         prompt = sum(len(w.tokens) for w in work if w.prefill)
         steps.append((start, end, prompt, sum(len(w.tokens) for w in work), bool(work) and not prompt))
         occupancy.append(pool.occupancy())
+        if runs_mega is not None and steps[-1][4]:
+            mega.append(runs_mega(len(work)))
     sched.settle()
     if steps:
         start, _, *rest = steps[-1]
         steps[-1] = (start, time.perf_counter(), *rest)
-    return Served(requests, steps, occupancy, getattr(forward, "lag", 0))
+    return Served(requests, steps, occupancy, getattr(forward, "lag", 0), mega if runs_mega is not None else None)
 
 
 # ---- a run of the matrix: rows of serve.csv ----------------------------------------------------------
@@ -135,7 +142,7 @@ def serve_row(common: dict, summary: dict) -> dict:
                 bytes=None, steps=summary.get("steps"),
                 **{k: (None if summary.get(k) is None else round(float(summary[k]), 3)) for k in (
                     "tok_s", "decode_tok_s", "prefill_tok_s", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median",
-                    "tpot_ms_p99", "occupancy_max", "occupancy_mean")},
+                    "tpot_ms_p99", "occupancy_max", "occupancy_mean", "mega_steps")},
                 preempted=summary.get("preempted"))
 
 

@@ -50,6 +50,33 @@ def test_a_run_measures_its_steps(tiny):
         assert r.output == generate(ReferenceDecoder(model, 64), r.prompt, 6).generated
 
 
+def test_a_megafused_run_counts_its_steps_in_the_batch_form(tiny):
+    """mega_steps: the share of decode-only steps a megafused forward ran in token_block's batch
+    form (its runs_mega at the step's batch), not fused's plan; none for another variant."""
+    path, model = tiny
+    w = Workload(6, 10, 8, mixed=True, seed=2)  # sequences start and stop at their own steps
+    pool = w.pool(block_size=4)
+    inner = make_batch_forward(model, "reference", pool, 16)
+    decode_batches = []
+
+    class Megafused:  # the reference's tokens, with megafused's plan choice: the batch form up to 3
+        mega, lag = True, 0
+
+        @staticmethod
+        def runs_mega(t):
+            return t <= 3
+
+        def __call__(self, work):
+            if all(not x.prefill for x in work):
+                decode_batches.append(len(work))
+            return inner(work)
+
+    s = serve(Megafused(), pool, w.requests(model.config.vocab), 6).summary()
+    assert len(set(decode_batches)) > 1
+    assert s["mega_steps"] == pytest.approx(np.mean([t <= 3 for t in decode_batches]))
+    assert serve(inner, pool, w.requests(model.config.vocab), 6).summary()["mega_steps"] is None
+
+
 def test_a_pipelined_run_times_each_token_from_when_it_is_read():
     """Pipelined (lag 1), a step's tokens are read at the end of the next step: time to first
     token and per output token count from there, the last step's from the end of the run; a
