@@ -115,8 +115,9 @@ def serve(forward, pool: KVPool, requests: list[Request], max_batch: int) -> Ser
     sched = Scheduler(pool, max_batch)
     for r in requests:
         sched.submit(r)
-    steps, occupancy, mega = [], [], []
-    runs_mega = getattr(forward, "runs_mega", None) if getattr(forward, "mega", False) else None
+    steps, occupancy = [], []
+    runs_mega = forward.runs_mega if getattr(forward, "mega", False) else None
+    mega = [] if runs_mega else None  # megafused: each decode-only step's plan
     while not sched.idle():
         start = time.perf_counter()
         work: list[Work] = sched.step(forward)
@@ -124,13 +125,13 @@ def serve(forward, pool: KVPool, requests: list[Request], max_batch: int) -> Ser
         prompt = sum(len(w.tokens) for w in work if w.prefill)
         steps.append((start, end, prompt, sum(len(w.tokens) for w in work), bool(work) and not prompt))
         occupancy.append(pool.occupancy())
-        if runs_mega is not None and steps[-1][4]:
+        if runs_mega and steps[-1][4]:
             mega.append(runs_mega(len(work)))
     sched.settle()
     if steps:
         start, _, *rest = steps[-1]
         steps[-1] = (start, time.perf_counter(), *rest)
-    return Served(requests, steps, occupancy, getattr(forward, "lag", 0), mega if runs_mega is not None else None)
+    return Served(requests, steps, occupancy, getattr(forward, "lag", 0), mega)
 
 
 # ---- a run of the matrix: rows of serve.csv ----------------------------------------------------------
