@@ -575,12 +575,15 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         if split:
             outputs += [((b, a.n_heads, parts, a.head_dim), mx.float32), ((b, a.n_heads, parts, 2), mx.float32)]
         slots = options.get("block_k_slots")
-        if slots is None:  # auto: wherever the context is split (Qwen3-0.6B 2-3% faster end to end at
-            # 1024 and 4096 tokens on an H200; unsplit, at depth 0, registers were 3.8% faster: NOTES.md)
-            slots = 2 if split else 0
+        auto_unsplit = slots is None and not split
+        if slots is None:  # auto: 2 wherever the context is split (Qwen3-0.6B 2-3% faster end to end at
+            # 1024 and 4096 tokens on an H200), else 1 without the MMA form (a ticket's K in one round
+            # trip at the registers' occupancy; the MMA form's registers lost 3.8% there: NOTES.md)
+            slots = 2 if split else 1
         if slots not in (0, 1, 2):
             raise ValueError(f"block_k_slots must be 0, 1 or 2, got {slots}")
-        mma = bool(options.get("block_attn_mma")) and slots > 0 and attention.mma_form(group // qs, a.head_dim, s)
+        mma = (bool(options.get("block_attn_mma")) and not auto_unsplit and slots > 0
+               and attention.mma_form(group // qs, a.head_dim, s))
         # at most `slots`: fewer where the launch's threadgroup memory cannot hold them beside the
         # GEMV phases' (a slot is 4 KiB a SIMD group)
         slots = attention.slots_that_fit(slots, group // qs, a.head_dim, s, bool(a.norms), split, mma,
