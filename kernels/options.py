@@ -142,6 +142,10 @@ DECLARED = (
            "qmm (5..64 rows), K from 4096: split K over threadgroups (at most 8 parts, a second launch adding "
            "them) until a launch has this many threadgroups, half as many past 32 rows (0: never split; the "
            "sweep of a397c5c, kernels/gemv/NOTES.md)"),
+    Option("paged_qkv_rows", True, _flag,
+           "the paged RoPE + K/V write (serve's batched steps, the paged decode loop) reads Q, K and V from the "
+           "fused QKV projection's rows (rope_paged_qkv_write); off: from MLX slices of it, which MLX copies "
+           "before the launch where they hold more than one row (3 launches a layer; kernels/loop/NOTES.md)"),
     Option("prompt_compiled", True, _flag,
            "kernel variants, compiled modes: a prompt through an mx.compile'd forward traced once per "
            "(length, position), as the decode step is (off: the eager forward; kernels/attention/NOTES.md)"),

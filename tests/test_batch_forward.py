@@ -188,6 +188,9 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
     assert sum(n.startswith("lathe_paged_attention") for n in names) == layers  # the two decode tokens, one launch
     assert sum(n.startswith("lathe_paged_prefill") for n in names) == 2 * layers
     writes = [j for j in rec.jobs if j.spec.name == write]
+    # fused: Q, K and V read from the QKV projection's rows (paged_qkv_rows), not slices MLX would copy
+    q, k, v = (writes[0].inputs[writes[0].spec.inputs.index(n)] for n in "qkv")
+    assert (q is k is v) == (variant == "fused")
     slots = np.array(writes[0].inputs[writes[0].spec.inputs.index("slots")])
     t = sum(len(w.tokens) for w in work)
     want = np.concatenate([np.asarray(w.table)[np.arange(w.start, w.start + len(w.tokens)) // 16] * 16
@@ -196,8 +199,8 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused", "megafused/serve_mega_rows=4",
-                                     "megafused/serve_mega_extra=0"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "fused/paged_qkv_rows=off", "megafused",
+                                     "megafused/serve_mega_rows=4", "megafused/serve_mega_extra=0"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models, preset, variant, request):
     """lathe's kernels under continuous batching (shared prefixes, preemptions, batches of 1-5
@@ -206,7 +209,8 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
     clear, and its tokens the same variant's decoding it alone up to the first unclear margin
     (megafused: fused's alone, the paged decoder's). megafused's decode steps of 5 sequences are
     one token_block launch (serve_mega_rows 8), or two (4 and 1) with serve_mega_rows=4, or fused's
-    plan with serve_mega_extra=0 (every step past one sequence)."""
+    plan with serve_mega_extra=0 (every step past one sequence). paged_qkv_rows=off: the RoPE + K/V
+    write from MLX slices of the fused QKV, not its rows."""
     from harness.program.batch_forward import PagedBatchKernels
     from harness.program.kernel_decode import KernelDecoder
     from kernels import options
@@ -217,8 +221,7 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
 
     variant, _, setting = variant.partition("/")
     if setting:  # for the whole test, the forward made below included
-        name, _, value = setting.partition("=")
-        held = options.use(**{name: int(value)})
+        held = options.use(**options.parse(setting))
         held.__enter__()
         request.addfinalizer(lambda: held.__exit__(None, None, None))
     if variant == "megafused" and preset in MEGA_REFUSED:

@@ -117,3 +117,27 @@ def paged(blocks=4, n_kv=HKV, d=D, bs=16):
 def test_rope_paged_kv_write_refuses_before_launch(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: kr.rope_paged_qkv_write(h(3, (HQ + 2 * HKV) * D), *caches(), [0, 1, 2], [0, 1, 2], n_heads=HQ),
+         "paged pool"),
+        (lambda: kr.rope_paged_qkv_write(h(3, (HQ + HKV) * D), *paged(), [0, 1, 2], [0, 1, 2], n_heads=HQ),
+         "qkv must be"),
+        (lambda: kr.rope_paged_qkv_write(h(3, (7 + 2 * HKV) * D), *paged(), [0, 1, 2], [0, 1, 2], n_heads=7),
+         "heads"),
+        (lambda: kr.rope_paged_qkv_write(h(3, (HQ + 2 * HKV) * D), *paged(), [0, 1, 2], [0, 1, 64], n_heads=HQ),
+         r"slots must be in 0..63"),
+        (lambda: kr.rope_paged_qkv_write(h(3, (HQ + 2 * HKV) * D), *paged(), [0, 1], [0, 1, 2], n_heads=HQ),
+         "3 tokens but 2 positions"),
+        (lambda: kr.rope_paged_qkv_write(h(3, (HQ + 2 * HKV) * D), *paged(), [0, 1, 2], [0, 1, 2], n_heads=HQ,
+                                         neox=True, q_norm=mx.ones((D,))), "both q_norm and k_norm"),
+        (lambda: kr.rope_paged_qkv_write(h(3, (HQ + 2 * HKV) * 32), *paged(d=32), [0, 1, 2], [0, 1, 2], n_heads=HQ,
+                                         neox=True, q_norm=mx.ones((32,)), k_norm=mx.ones((32,))), "multiple of 64"),
+    ],
+)
+def test_rope_paged_qkv_write_refuses_before_launch(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

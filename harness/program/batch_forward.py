@@ -489,12 +489,8 @@ class PagedBatchKernels(_Tokens):
         if step.reads[0] not in ("q", "qkv"):
             return
         d, i, st = self.d, step.layer, self._step
-        q, k, v = self.kd._heads_of(d, env, st["t"])
-        rot = self.kd.rope.rope_paged_kv_write(q, k, v, d.k[i], d.v[i], st["positions"], st["slots"],
-                                               theta=d.thetas[i], inv_freq=d.inv_freqs[i], neox=d.config.neox,
-                                               **(self.kd._head_norms(d, i) if step.op == "rope_kv_write" else {}))
-        d.k[i], d.v[i] = rot.k_cache, rot.v_cache
-        env["q"], env["written"] = rot.q, rot.written
+        self.kd.paged_rope_kv_write(d, i, env, st["t"], st["positions"], st["slots"],
+                                    self.kd._head_norms(d, i) if step.op == "rope_kv_write" else {})
 
     def _kv_write(self, step, env):
         pass  # written with RoPE (_rope)

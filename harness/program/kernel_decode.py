@@ -880,12 +880,22 @@ def _run_wrapping_attention(i, d, env, t, pos):
 
 def _run_rope_paged_kv_write(i, d, env, t, pos):
     """RoPE of t tokens at pos.. with their K and V written at their slots of the paged pool."""
-    q, k, v = _heads_of(d, env, t)
     on_device = isinstance(pos, mx.array)  # a compiled step's position: one token
     positions = pos.reshape(1) if on_device else np.arange(pos, pos + t)
     slots = d._slots(pos, t).reshape(-1).astype(mx.int32) if on_device else d._slots(pos, t)
-    rot = rope.rope_paged_kv_write(q, k, v, d.k[i], d.v[i], positions, slots, theta=d.thetas[i],
-                                   inv_freq=d.inv_freqs[i], neox=d.config.neox, **_head_norms(d, i))
+    paged_rope_kv_write(d, i, env, t, positions, slots, _head_norms(d, i))
+
+
+def paged_rope_kv_write(d, i, env, t, positions, slots, norms: dict) -> None:
+    """Layer i's RoPE + K/V write of t tokens into the paged pool, Q left in env: from the fused
+    QKV projection's rows where env has them (option paged_qkv_rows), else from Q, K and V."""
+    if "qkv" in env and "q" not in env and options.get("paged_qkv_rows"):
+        rot = rope.rope_paged_qkv_write(env["qkv"], d.k[i], d.v[i], positions, slots, n_heads=d.config.n_heads,
+                                        theta=d.thetas[i], inv_freq=d.inv_freqs[i], neox=d.config.neox, **norms)
+    else:
+        q, k, v = _heads_of(d, env, t)
+        rot = rope.rope_paged_kv_write(q, k, v, d.k[i], d.v[i], positions, slots, theta=d.thetas[i],
+                                       inv_freq=d.inv_freqs[i], neox=d.config.neox, **norms)
     d.k[i], d.v[i] = rot.k_cache, rot.v_cache
     env["q"], env["written"] = rot.q, rot.written
 

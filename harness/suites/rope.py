@@ -178,11 +178,12 @@ def _kv_case(kernel: str, variant: str, s: Shape, *, neox: bool, norm: bool) -> 
     return CheckCase("rope", label, variant, s.row(), run)
 
 
-def _paged_kv_case(s: Shape, *, neox: bool, device_ids: bool, norm: bool = False) -> CheckCase:
+def _paged_kv_case(s: Shape, *, neox: bool, device_ids: bool, norm: bool = False, fused: bool = False) -> CheckCase:
     """rope_paged_kv_write: a batch's tokens at arbitrary positions into scattered slots of a
     block pool (vLLM's layouts, blocks of 16), every other row left bit for bit; position ids and
     slots from the host (checked there) or the device (device_ids); `norm`: Qwen3's per-head
-    RMSNorm of Q and K first (q_norm, k_norm)."""
+    RMSNorm of Q and K first (q_norm, k_norm); `fused`: rope_paged_qkv_write, Q, K and V read
+    from one fused QKV projection's rows."""
     import kernels.rope as kr
     from kernels.runtime import poisoned_outputs
 
@@ -201,9 +202,13 @@ def _paged_kv_case(s: Shape, *, neox: bool, device_ids: bool, norm: bool = False
         ids = (mx.array(positions), mx.array(slots)) if device_ids else (positions, slots)
         qn, kn = _norm_weight(rng, d), _norm_weight(rng, d)
         norms = dict(q_norm=mx.array(qn), k_norm=mx.array(kn), eps=EPS) if norm else {}
+        kw = dict(theta=s.theta, freq_scale=s.freq_scale, neox=neox, **norms)
         with poisoned_outputs():
-            res = kr.rope_paged_kv_write(mx.array(q), mx.array(k), mx.array(v), k_cache, v_cache, *ids,
-                                         theta=s.theta, freq_scale=s.freq_scale, neox=neox, **norms)
+            if fused:
+                res = kr.rope_paged_qkv_write(mx.array(np.concatenate([q, k, v], axis=1)), k_cache, v_cache, *ids,
+                                              n_heads=hq, **kw)
+            else:
+                res = kr.rope_paged_kv_write(mx.array(q), mx.array(k), mx.array(v), k_cache, v_cache, *ids, **kw)
             mx.eval(res)
         # the pool as rows [blocks * BS, Hkv, D]
         k_rows = np.array(res.k_cache.transpose(0, 3, 1, 2, 4).reshape(blocks * bs, hkv, d))
@@ -224,7 +229,8 @@ def _paged_kv_case(s: Shape, *, neox: bool, device_ids: bool, norm: bool = False
             exact("v rows of other slots", (v_rows[others].view(np.uint16) == v_before[others]).all(), True),
         ]
 
-    return CheckCase("rope", "rope_paged_kv_write", ("head norms, " if norm else "") + ("neox" if neox else "pairs")
+    return CheckCase("rope", "rope_paged_qkv_write" if fused else "rope_paged_kv_write",
+                     ("head norms, " if norm else "") + ("neox" if neox else "pairs")
                      + (", device ids" if device_ids else ""), s.row(), run)
 
 
@@ -260,6 +266,10 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         cases.append(_paged_kv_case(s, neox=True, device_ids=True))
         if s.head_dim % 64 == 0:  # Qwen3's head norms in the same launch
             cases.append(_paged_kv_case(s, neox=True, device_ids=bool(s.seq % 2), norm=True))
+        # the fused QKV projection's rows read at a stride and offsets (serve's batched steps)
+        cases.append(_paged_kv_case(s, neox=s.head_dim % 64 == 0, device_ids=True, norm=s.head_dim % 64 == 0,
+                                    fused=True))
+        cases.append(_paged_kv_case(s, neox=False, device_ids=False, fused=True))
     for s in shapes_()[1::3]:  # the MLX built-in peer path, so that benchmarks compare like with like
         for neox, norm in ((False, False), (True, True)):
             cases.append(_kv_case("mlx", "peer", s, neox=neox, norm=norm))

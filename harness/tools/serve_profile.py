@@ -130,17 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=32, help="decode steps timed (and as many traced)")
     p.add_argument("--variant", default="fused")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top", type=int, default=5, help="kernels named a row, those of most GPU time first")
     p.add_argument("--timeline", help="keep the last batch's Chrome trace here")
     p.add_argument("--set", default="", metavar="NAME=VALUE[,...]", help="experiment options (`lathe options`)")
     a = p.parse_args(argv)
-    if a.steps < 1 or a.prompt < 1:
-        p.error("--steps and --prompt must be at least 1")
+    if a.steps < 1 or a.prompt < 1 or a.top < 1:
+        p.error("--steps, --prompt and --top must be at least 1")
     print(backend_line())
     if not gpu_trace.available():
         print("no GPU trace here (it needs a CUDA backend and PyTorch's profiler): wall times only")
     model = load_gguf(model_file(a.model, a.qtype, a.seed))
     with options.use(**options.parse(a.set)):
-        rows = [profile_batch(model, a.variant, int(b), a.prompt, a.steps, a.seed, timeline=a.timeline)
+        rows = [profile_batch(model, a.variant, int(b), a.prompt, a.steps, a.seed, a.top, a.timeline)
                 for b in str(a.batch).split(",")]
     with pd.option_context("display.width", 250, "display.max_colwidth", 200):
         print(pd.DataFrame(rows).to_string(index=False))

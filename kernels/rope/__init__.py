@@ -295,6 +295,30 @@ def rope_paged_kv_write(q, k, v, k_cache, v_cache, positions, slots, *, theta=10
     One launch for what RoPE of q, RoPE of k and reshape_and_cache do in three. With q_norm and
     k_norm (float32 [D]; NeoX, D a multiple of 64): Qwen3's per-head RMSNorm of Q and K first, in
     the same launch (head_norm_rope_kv_write.metal)."""
+    _, n_kv, head_dim, _ = pool_shape(k_cache, v_cache)
+    _check_head_dim(head_dim, multiple=64 if q_norm is not None or k_norm is not None else 4)
+    seq, n_heads = q.shape[0], _head_count("q", q, head_dim)
+    _check_heads(n_heads, n_kv)
+    rows = [_separate(name, a, heads, head_dim, seq) for name, a, heads in
+            (("q", q, n_heads), ("k", k, n_kv), ("v", v, n_kv))]
+    return _paged_write(rows, n_heads, k_cache, v_cache, positions, slots, theta=theta, freq_scale=freq_scale,
+                        freqs=freqs, inv_freq=inv_freq, neox=neox, q_norm=q_norm, k_norm=k_norm, eps=eps)
+
+
+def rope_paged_qkv_write(qkv, k_cache, v_cache, positions, slots, *, n_heads, **kw) -> Rotated:
+    """rope_paged_kv_write reading Q, K and V where a fused QKV projection left them:
+    qkv[T, (n_heads + 2 n_kv) * D], Q then K then V heads a row. No slices of it, so no copies: MLX
+    copies a column slice of more than one row (not row-contiguous) before a launch that takes it,
+    three launches a layer in a batched step (kernels/loop/NOTES.md)."""
+    _, n_kv, head_dim, _ = pool_shape(k_cache, v_cache)
+    _check_head_dim(head_dim, multiple=64 if kw.get("q_norm") is not None or kw.get("k_norm") is not None else 4)
+    _check_heads(n_heads, n_kv)
+    return _paged_write(_fused_qkv(qkv, n_heads, n_kv, head_dim), n_heads, k_cache, v_cache, positions, slots, **kw)
+
+
+def _paged_write(rows, n_heads, k_cache, v_cache, positions, slots, *, theta=10000.0, freq_scale=1.0,
+                 freqs="table", inv_freq=None, neox=False, q_norm=None, k_norm=None, eps=1e-6) -> Rotated:
+    """The paged RoPE + K/V write's launch, Q, K and V given as rows (array, stride, offset)."""
     blocks, n_kv, head_dim, block_size = pool_shape(k_cache, v_cache)
     norm = q_norm is not None or k_norm is not None
     if norm:
@@ -304,14 +328,9 @@ def rope_paged_kv_write(q, k, v, k_cache, v_cache, positions, slots, *, theta=10
             if not isinstance(w, mx.array) or w.dtype != mx.float32 or w.shape != (head_dim,):
                 raise ValueError(f"{name} must be float32[{head_dim}], got {getattr(w, 'dtype', type(w))}"
                                  f"{getattr(w, 'shape', '')}")
-    _check_head_dim(head_dim, multiple=64 if norm else 4)
     _check_freqs(freqs)
-    seq = q.shape[0]
+    seq = rows[0].array.shape[0]
     _check_seq(seq)
-    n_heads = _head_count("q", q, head_dim)
-    _check_heads(n_heads, n_kv)
-    rows = [_separate(name, a, heads, head_dim, seq) for name, a, heads in
-            (("q", q, n_heads), ("k", k, n_kv), ("v", v, n_kv))]
     ids = []
     for name, a in (("positions", positions), ("slots", slots)):
         if isinstance(a, mx.array):
