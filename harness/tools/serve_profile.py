@@ -111,7 +111,8 @@ def profile_batch(model, variant: str, batch: int, prompt: int, steps: int, seed
     heaviest = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
     return dict(row, gpu_busy_ms=round(busy / steps / 1e3, 3), busy_pct=round(100 * busy / span, 1),
                 launches=round(len(kernels) / steps, 1),
-                top=", ".join(f"{name[:40]} {us / steps:.0f} us" for name, us in heaviest))
+                top=", ".join(f"{name.removeprefix('mlx::core::cu::custom_kernel_')[:48]} {us / steps:.0f} us"
+                            for name, us in heaviest))
 
 
 def main(argv: list[str] | None = None) -> int:
