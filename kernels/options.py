@@ -146,6 +146,10 @@ DECLARED = (
            "the paged RoPE + K/V write (serve's batched steps, the paged decode loop) reads Q, K and V from the "
            "fused QKV projection's rows (rope_paged_qkv_write); off: from MLX slices of it, which MLX copies "
            "before the launch where they hold more than one row (3 launches a layer; kernels/loop/NOTES.md)"),
+    Option("serve_rope_attention", True, _flag,
+           "lathe serve, a step of decode tokens only on fused's plan: each layer's RoPE, K/V write and paged "
+           "attention in one launch (kernels.attention.paged_rope_attention); off: rope_paged_qkv_write, "
+           "then paged_attention (kernels/loop/NOTES.md)"),
     Option("prompt_compiled", True, _flag,
            "kernel variants, compiled modes: a prompt through an mx.compile'd forward traced once per "
            "(length, position), as the decode step is (off: the eager forward; kernels/attention/NOTES.md)"),

@@ -28,7 +28,32 @@ def paged(**kw):
     return lambda: at.paged_attention(args["q"], k, v, args["table"], args["lens"], args["scale"])
 
 
+def qkv16(b=1, h=H, kv=KV, d=D):
+    return mx.zeros((b, (h + 2 * kv) * d), mx.float16)
+
+
+def paged_rope(**kw):
+    args = dict(qkv=qkv16(), caches=pools(), table=[[0, 1]], positions=[19], scale=0.125, n_heads=H)
+    args.update(kw)
+    k, v = args.pop("caches")
+    return lambda: at.paged_rope_attention(args.pop("qkv"), k, v, args.pop("table"), args.pop("positions"),
+                                           args.pop("scale"), **args)
+
+
 BAD = [
+    (paged_rope(table=[[0, 7]]), "row 0 points outside the 4 blocks"),
+    (paged_rope(positions=[32]), "within the table's 32 tokens"),
+    (paged_rope(positions=[-1]), "within the table's"),
+    (paged_rope(positions=[1, 2]), "within the table's"),
+    (paged_rope(qkv=qkv16(kv=1)), r"qkv must be \[B, \(n_heads \+ 2 \* n_kv\) \* D = 768\]"),
+    (paged_rope(qkv=qkv16(b=2)), r"block_table must be \[2, max_blocks\] \(a row a sequence\)"),
+    (paged_rope(n_heads=7), "multiple of the pool's 2 kv heads"),
+    (paged_rope(qkv=mx.zeros((1, (H + 2 * KV) * D), mx.float32)), "float16"),
+    (paged_rope(caches=pools(d=48), qkv=qkv16(d=48)), "head_dim must be one of"),
+    (paged_rope(table=mx.array([[0, 1]], dtype=mx.int32), positions=mx.array([3], dtype=mx.uint32)),
+     r"positions must be int32\[1\]"),
+    (paged_rope(table=mx.array([0, 1], dtype=mx.int32)), r"block_table must be int32\[1, max_blocks\]"),
+    (paged_rope(q_norm=mx.ones((D,))), "head norms take q_norm, k_norm and eps together"),
     (paged(table=[[0, 7]]), "outside the 4 blocks"),
     (paged(table=[[0, -1]]), "outside"),
     (paged(lens=[33]), r"context lengths must be in 1..32"),
@@ -345,6 +370,24 @@ def test_paged_device_form_sizes_the_grid_for_the_table(jobs):
     at.paged_attention(q16(), k, v, table, lens, 0.125)
     assert len(jobs) == 1 and jobs[0].grid == (20 * 32 * at.NSIMD, KV, 1)  # 2560 tokens: 20 partitions
     assert jobs[0].inputs[3] is lens and jobs[0].inputs[4] is table
+
+
+def test_paged_rope_attention_writes_through_the_table_in_one_launch(jobs):
+    """paged_rope_attention (launches recorded): one launch over the batch, its QKV rows, the
+    positions and the table as given on the device, the pools written in place; host ids checked
+    and moved to the device; the grid sized for the longest position (host) or the table (device)."""
+    k, v = pools(nb=40)
+    table, positions = mx.arange(40, dtype=mx.int32).reshape(2, 20), mx.array([5, 300], dtype=mx.int32)
+    qkv = qkv16(b=2)
+    out, k2, v2 = at.paged_rope_attention(qkv, k, v, table, positions, 0.125, n_heads=H, split_from=0)
+    assert len(jobs) == 2 and jobs[0].spec.name.startswith("lathe_paged_rope_attention_split")  # and the combine
+    given = dict(zip(jobs[0].spec.inputs, jobs[0].inputs))
+    assert given["qkv"] is qkv and given["pos"] is positions and given["table"] is table
+    assert jobs[0].spec.written_in_place == (1, 2) and jobs[0].grid[2] == 2
+    assert out.shape == (2, H, D) and k2.shape == k.shape and v2.shape == v.shape
+    jobs.clear()
+    at.paged_rope_attention(qkv16(b=2), k, v, np.arange(40).reshape(2, 20), [5, 17], 0.125, n_heads=H)
+    assert len(jobs) == 1 and jobs[0].spec.name.startswith("lathe_paged_rope_attention_whole")  # 18 tokens: one partition
 
 
 @pytest.mark.gpu

@@ -199,8 +199,8 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["unfused", "fused", "fused/paged_qkv_rows=off", "megafused",
-                                     "megafused/serve_mega_rows=4", "megafused/serve_mega_extra=0"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "fused/paged_qkv_rows=off", "fused/serve_rope_attention=off",
+                                     "megafused", "megafused/serve_mega_rows=4", "megafused/serve_mega_extra=0"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models, preset, variant, request):
     """lathe's kernels under continuous batching (shared prefixes, preemptions, batches of 1-5
@@ -210,7 +210,8 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
     (megafused: fused's alone, the paged decoder's). megafused's decode steps of 5 sequences are
     one token_block launch (serve_mega_rows 8), or two (4 and 1) with serve_mega_rows=4, or fused's
     plan with serve_mega_extra=0 (every step past one sequence). paged_qkv_rows=off: the RoPE + K/V
-    write from MLX slices of the fused QKV, not its rows."""
+    write from MLX slices of the fused QKV, not its rows; serve_rope_attention=off: fused's decode-only
+    steps with the paged write apart from paged_attention."""
     from harness.program.batch_forward import PagedBatchKernels
     from harness.program.kernel_decode import KernelDecoder
     from kernels import options
@@ -360,15 +361,15 @@ def test_megafused_batch_refuses_the_layers_its_batch_form_does_not_take(models,
 SIX = [3, 17, 40, 1, 16, 9]  # the cached tokens of six sequences a megafused decode step takes
 
 
-def _six_decoding(model, seed: int):
-    """A megafused batch forward (made with its launches recorded) over a pool holding six
+def _six_decoding(model, seed: int, variant: str = "megafused"):
+    """A batch forward of `variant` (made with its launches recorded) over a pool holding six
     sequences of SIX tokens and each one's next token: (forward, pool, the step's work, the rng)."""
     from harness.program.batch_forward import PagedBatchKernels
     from kernels.runtime import recording
 
     pool = KVPool(num_blocks=24, block_size=16)
     with recording():
-        forward = PagedBatchKernels(model, "megafused", pool, 128)
+        forward = PagedBatchKernels(model, variant, pool, 128)
     rng = np.random.default_rng(seed)
     work = []
     for i, n in enumerate(SIX):
@@ -377,6 +378,36 @@ def _six_decoding(model, seed: int):
         pool.append(i, token)  # the token's row in the pool
         work.append(Work(Request(i, [], 1), [token], n, pool.table(i), []))
     return forward, pool, work, rng
+
+
+@pytest.mark.parametrize("on", [True, False])
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-gemma3"])
+def test_a_fused_decode_step_ropes_in_its_attention_launch(models, preset, on):
+    """serve_rope_attention (CPU, launches recorded): fused's decode-only step of 6 sequences runs
+    each layer's RoPE, K/V write and attention as one paged_rope_attention launch over the step's
+    QKV rows, positions and block tables; off, the paged write, then paged_attention. (A step with
+    a prompt keeps them apart: test_the_kernel_batch_launches_one_attention_for_the_decode_tokens.)"""
+    from kernels import options
+    from kernels.runtime import recording
+
+    model = models[preset]
+    c = model.config
+    forward, _, work, _ = _six_decoding(model, 5, "fused")
+    with recording() as rec, options.use(serve_compiled=False, serve_rope_attention=on):
+        assert forward.forward(work).shape == (len(work), c.vocab)
+    names = [j.spec.name for j in rec.jobs]
+    together = [j for j in rec.jobs if "rope_attention" in j.spec.name]
+    assert len(together) == (c.n_layers if on else 0)
+    assert sum(n.endswith("kv_write_paged") for n in names) == (0 if on else c.n_layers)
+    assert sum(n.startswith("lathe_paged_attention") for n in names) == (0 if on else c.n_layers)
+    if on:
+        given = dict(zip(together[0].spec.inputs, together[0].inputs))
+        assert given["qkv"].shape == (len(work), (c.n_heads + 2 * c.n_kv_heads) * c.head_dim)
+        assert np.array(given["pos"]).tolist() == [w.start for w in work]
+        table = np.array(given["table"])
+        for row, w in zip(table, work):
+            assert row[:len(w.table)].tolist() == list(w.table)
+        assert ("q_norm" in given) == bool(c.head_norm)
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])

@@ -489,15 +489,28 @@ class PagedBatchKernels(_Tokens):
         if step.reads[0] not in ("q", "qkv"):
             return
         d, i, st = self.d, step.layer, self._step
-        self.kd.paged_rope_kv_write(d, i, env, st["t"], st["positions"], st["slots"],
-                                    self.kd._head_norms(d, i) if step.op == "rope_kv_write" else {})
+        norms = self.kd._head_norms(d, i) if step.op == "rope_kv_write" else {}
+        if (not st["prefill"] and "qkv" in env and "q" not in env and step.op == "rope_kv_write"
+                and options.get("serve_rope_attention")):
+            env["rope_in_attention"] = norms  # a decode-only step: _attention's launch does it
+            return
+        self.kd.paged_rope_kv_write(d, i, env, st["t"], st["positions"], st["slots"], norms)
 
     def _kv_write(self, step, env):
         pass  # written with RoPE (_rope)
 
     def _attention(self, step, env):
         d, i, st = self.d, step.layer, self._step
-        attention, q = self.kd.attention, env["q"]
+        attention = self.kd.attention
+        norms = env.pop("rope_in_attention", None)
+        if norms is not None:  # every token a sequence's next: RoPE, K/V write and attention, one launch
+            o, d.k[i], d.v[i] = attention.paged_rope_attention(
+                env["qkv"], d.k[i], d.v[i], st["table"], st["positions"], d.scale, n_heads=d.config.n_heads,
+                theta=d.thetas[i], inv_freq=d.inv_freqs[i], neox=d.config.neox, window=d.windows[i],
+                softcap=d.config.attn_softcap, **norms)
+            self.kd._end_layer_attention(env, o.reshape(st["t"], -1))
+            return
+        q = env["q"]
         parts = []  # the decode tokens' rows, then each prompt's, put back in token order below
         if st["decode"]:
             parts.append(attention.paged_attention(q[st["decode_rows"]] if st["prefill"] else q, d.k[i], d.v[i],

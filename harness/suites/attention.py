@@ -295,6 +295,65 @@ def _rope_decode_case(pos: int, heads: tuple[int, int], head_dim: int, neox: boo
     return CheckCase("attention", "rope_flash_decode", variant, shape, run)
 
 
+def _paged_rope_case(lens: list[int], heads: tuple[int, int], head_dim: int, block_size: int, neox: bool,
+                     device_ids: bool, head_norm: bool = False, opts: dict | None = None) -> CheckCase:
+    """paged_rope_attention: sequence b's new token at position lens[b] - 1, its QKV row one of a
+    batch's, over a pool holding its tokens before (the new token's slot NaN: written before it is
+    read), against float64 RoPE and attention; the new K and V at their slots, every other slot
+    of the pool unchanged bit for bit. `device_ids`: positions and table as device arrays (a
+    compiled step's form); split_from 0, so contexts past a partition take the split launch."""
+    from kernels import options
+    from kernels.attention import paged_rope_attention
+    from kernels.runtime import poisoned_outputs
+    from reference import rope as ref_rope
+
+    n_heads, n_kv = heads
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        k_pool, v_pool, table = _paged_state(rng, lens, n_kv, head_dim, block_size)
+        positions = np.asarray(lens, np.int32) - 1
+        slots = table[np.arange(len(lens)), positions // block_size] * block_size + positions % block_size
+        k_pool[slots // block_size, :, :, slots % block_size, :] = np.nan  # the new tokens' slots
+        v_pool[slots // block_size, :, :, slots % block_size] = np.nan
+        # the pools as rows [blocks * BS, Hkv, D], row = slot
+        k_rows = k_pool.transpose(0, 3, 1, 2, 4).reshape(-1, n_kv, head_dim)
+        v_rows = v_pool.transpose(0, 3, 1, 2).reshape(-1, n_kv, head_dim)
+        qkv = rng.standard_normal((len(lens), (n_heads + 2 * n_kv) * head_dim)).astype(np.float16)
+        theta, scale = 1000000.0, head_dim ** -0.5
+        norms = [rng.uniform(0.5, 1.5, head_dim).astype(np.float32) for _ in range(2)] if head_norm else [None, None]
+        ids = (mx.array(table), mx.array(positions)) if device_ids else (table, positions)
+        with poisoned_outputs(), options.use(**(opts or {})):
+            out, k_new, v_new = paged_rope_attention(
+                mx.array(qkv), mx.array(k_pool), mx.array(v_pool), *ids, scale, n_heads=n_heads, theta=theta,
+                neox=neox, split_from=0, eps=1e-6 if head_norm else None,
+                **{n: mx.array(w) for n, w in zip(("q_norm", "k_norm"), norms) if w is not None})
+            mx.eval(out, k_new, v_new)
+        k_got = np.array(k_new).transpose(0, 3, 1, 2, 4).reshape(-1, n_kv, head_dim)
+        v_got = np.array(v_new).transpose(0, 3, 1, 2).reshape(-1, n_kv, head_dim)
+        others = np.setdiff1d(np.arange(k_got.shape[0]), slots)
+        checks = [exact("K other slots untouched", k_got[others].view(np.uint16), k_rows[others].view(np.uint16)),
+                  exact("V other slots untouched", v_got[others].view(np.uint16), v_rows[others].view(np.uint16))]
+        out = np.array(out)
+        for b, n in enumerate(lens):
+            q, k, v = np.split(qkv[b], [n_heads * head_dim, (n_heads + n_kv) * head_dim])
+            room_k, room_v = (np.zeros((n_kv, n, head_dim), np.float16) for _ in range(2))
+            q_rot, k_want, v_want = ref_rope.rope_kv_write(
+                q.reshape(1, n_heads, head_dim), k.reshape(1, n_kv, head_dim), v.reshape(1, n_kv, head_dim),
+                room_k, room_v, n - 1, theta=theta, neox=neox, q_norm=norms[0], k_norm=norms[1], eps=1e-6)
+            checks += [compare(f"sequence {b}: K at its slot (rotated)", k_got[slots[b]], k_want[:, n - 1], 1e-3),
+                       exact(f"sequence {b}: V at its slot", v_got[slots[b]], v_want[:, n - 1].astype(np.float16))]
+            keys, values = ref.paged_tokens(k_pool, v_pool, table[b], n - 1)
+            keys = np.concatenate([keys, k_want[:, n - 1][None]])
+            values = np.concatenate([values, v_want[:, n - 1][None]])
+            checks.append(compare(f"sequence {b} ({n} tokens)", out[b], ref.attend(q_rot[0], keys, values, scale), TOL))
+        return checks
+
+    shape = dict(ctx="/".join(map(str, lens)), heads=f"{n_heads}/{n_kv}", D=head_dim, bs=block_size)
+    variant = (("head-norm " if head_norm else "") + ("neox" if neox else "pairs")
+               + (", device ids" if device_ids else "") + _named(opts))
+    return CheckCase("attention", "paged_rope_attention", variant, shape, run)
+
+
 def check_cases(small: bool = False) -> list[CheckCase]:
     from kernels import native
 
@@ -461,6 +520,19 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     # the paged kernel's partitions merged in its launch
     if not small:
         cases.append(_paged_case("v2", [4100, 2049, 600], (32, 8), 128, 16, {"attn_combine": "last_group"}))
+    # a batch's decode tokens over the pool with their RoPE and K/V writes (serve's steps):
+    # Qwen3's heads and norms, first tokens and block edges; Llama's pairs from host ids; D 64
+    # and 256; split contexts merged by a launch or by the last threadgroup; the MMA form
+    cases.append(_paged_rope_case([1, 17, 130, 16], (16, 8), 128, 16, True, True, head_norm=True))
+    cases.append(_paged_rope_case([5, 129, 600], (32, 8), 128, 16, False, False))
+    cases.append(_paged_rope_case([3, 64, 65], (32, 8), 64, 32, True, True))
+    if not small:
+        cases.append(_paged_rope_case([40, 300], (8, 4), 256, 16, True, True, head_norm=True))
+        cases.append(_paged_rope_case([4100, 1000, 33], (32, 8), 128, 16, False, True))
+        cases.append(_paged_rope_case([4100, 1000, 33], (16, 8), 128, 16, True, True, head_norm=True,
+                                      opts={"attn_combine": "last_group"}))
+        cases.append(_paged_rope_case([1, 37, 259], (16, 8), 128, 16, True, True, head_norm=True,
+                                      opts={"attn_mma": "on"}))
     cases.append(_reshape_case(37, 8, 128, 16))
     cases.append(_reshape_case(64, 4, 64, 32))
     return cases

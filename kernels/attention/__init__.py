@@ -103,9 +103,9 @@ def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, hea
     only): Qwen3's per-head RMSNorm of Q and K before they turn; `window` (> 0): a sliding-window
     layer's, each query over its last `window` positions only; `softcap` (> 0): scores c * tanh(s / c)."""
     capped, cap_line = _softcap_prelude(softcap)
-    if rope:  # the QKV row and its position in place of q, lens and the ordering token
-        inputs = ("qkv", "k_cache", "v_cache", "pos", "inv_freq", "rope_scalars", "dims", "scale") + (
-            ("q_norm", "k_norm") if head_norm else ())
+    if rope:  # the QKV rows and their positions in place of q, lens and the ordering token
+        inputs = ("qkv", "k_cache", "v_cache", "pos") + (("table",) if paged else ()) + (
+            "inv_freq", "rope_scalars", "dims", "scale") + (("q_norm", "k_norm") if head_norm else ())
     else:
         inputs = ("q", "k_cache", "v_cache", "lens") + (("table",) if paged else ()) + (
             "dims", "scale", "after")
@@ -120,7 +120,9 @@ def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, hea
     return KernelSpec(name, "attention/decode_attention.metal", inputs, outputs,
                       prelude=f"#define LATHE_PAGED {int(paged)}\n#define LATHE_SPLIT {int(split)}\n"
                               f"#define LATHE_ROPE {int(rope)}\n#define LATHE_MERGE {int(merge)}\n"
-                              f"#define LATHE_HEAD_NORM {int(head_norm)}\n#define LATHE_WINDOW {int(window)}\n{cap_line}",
+                              f"#define LATHE_HEAD_NORM {int(head_norm)}\n#define LATHE_WINDOW {int(window)}\n{cap_line}"
+                              # a batch's QKV rows, query b's a row after query b - 1's (paged_rope_attention)
+                              + ("\n#define LATHE_QKV_ROW ((n_heads + 2u * n_kv) * uint(D))" if rope and paged else ""),
                       threadgroup_bytes=functools.partial(_decode_threadgroup_bytes, head_norm=head_norm,
                                                           merge=merge),
                       in_place=("k_cache", "v_cache") if rope else ())  # rope: the new K and V rows
@@ -335,8 +337,10 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
         raise ValueError(f"window must be >= 0 (0: none), got {window}")
     if window:
         longest = min(longest, window + CHUNK_MULTIPLE - 1)
-    # rope: one token, q the flat QKV row, k_cache [1, Hkv, S, D]
-    batch, n_heads, head_dim = (1, n_kv * group, k_cache.shape[-1]) if rope is not None else q.shape
+    # rope: a token a sequence, q their QKV rows, lens their positions; the contiguous cache
+    # [1, Hkv, S, D], the paged pool's V [blocks, Hkv, D, BS]
+    batch, n_heads, head_dim = ((lens.shape[0], n_kv * group, v_cache.shape[2] if paged else k_cache.shape[-1])
+                                if rope is not None else q.shape)
     head_norm = bool(rope and rope[3])
     if partition is None:  # the attn_partition option, else sized for the grid (and the form)
         partition = options.get("attn_partition") or auto_partition(longest, n_kv * batch, split_grid(
@@ -363,8 +367,9 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
                      KSLOTS=k_slots(group // qs, head_dim, head_norm, merge))
     constants["MMA"] = use_mma(group // qs, head_dim, constants["KSLOTS"], head_norm, merge)
     constants["KROW"] = k_copy_rows(constants["MMA"], paged, parts * n_kv * qs * batch)
-    if rope is not None:  # q is the QKV row, lens the position (rope_flash_decode)
-        inputs = [q, k_cache, v_cache, lens, *rope[:2], dims, _scale(float(scale)), *rope[3]]
+    if rope is not None:  # q is the QKV rows, lens the positions (rope_flash_decode, paged_rope_attention)
+        inputs = [q, k_cache, v_cache, lens, *((table,) if paged else ()), *rope[:2], dims, _scale(float(scale)),
+                  *rope[3]]
         constants.update(rope[2])
     else:
         inputs = [q, k_cache, v_cache, lens]
@@ -530,6 +535,77 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     v_one = reshaped(v_cache, (1, *v_cache.shape), "rope_flash_decode: v_cache")
     out = _run(False, split, qkv.reshape(-1), k_one, v_one, pos_arr, longest, None,
                max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from,
+               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True), norms), counters=counters, window=window,
+               softcap=softcap)
+    k_cache, v_cache = depends([k_cache, v_cache], [out])
+    return out, k_cache, v_cache
+
+
+def paged_rope_attention(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, block_table, positions,
+                         scale: float, *, n_heads: int, theta: float = 10000.0, freq_scale: float = 1.0,
+                         inv_freq: mx.array | None = None, neox: bool = False, partition: int | None = None,
+                         split_from: int = SPLIT_FROM, counters: mx.array | None = None,
+                         q_norm: mx.array | None = None, k_norm: mx.array | None = None, eps: float | None = None,
+                         window: int = 0, softcap: float = 0.0) -> tuple[mx.array, mx.array, mx.array]:
+    """A decode token a sequence over vLLM's paged pool, its RoPE, K/V write and attention in one
+    launch (a launch a layer fewer than kernels.rope.rope_paged_qkv_write then paged_attention):
+    qkv[B, (n_heads + 2 n_kv) * D] the fused projection's unrotated rows, sequence b's new token at
+    positions[b], its K (rotated) and V written at offset positions[b] % BS of block
+    block_table[b, positions[b] / BS], and attending to its tokens 0..positions[b]. The threadgroup
+    whose tokens hold the new row writes it before it reads it (rope_flash_decode's form, the
+    one token_block's batch form runs). Returns (out[B, n_heads, D], k_cache, v_cache), the pools
+    ordered after the writes. positions and block_table: host ints (checked here) or int32[B] and
+    int32[B, max_blocks] on the device (a compiled step: the caller checked the table's entries;
+    a position past the table's blocks is clamped, as paged_attention's lengths). q_norm, k_norm
+    (f32[D]) and eps: Qwen3's per-head RMSNorm of Q and K before they turn."""
+    from kernels import rope as rope_kernels
+
+    blocks, n_kv, head_dim, block_size = _pool(k_cache, v_cache)
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    if n_heads < n_kv or n_heads % n_kv:
+        raise ValueError(f"n_heads ({n_heads}) must be a multiple of the pool's {n_kv} kv heads")
+    _fp16("qkv", qkv)
+    width = (n_heads + 2 * n_kv) * head_dim
+    if qkv.ndim != 2 or qkv.shape[1] != width:
+        raise ValueError(f"qkv must be [B, (n_heads + 2 * n_kv) * D = {width}], got {tuple(qkv.shape)}")
+    batch = qkv.shape[0]
+    if isinstance(block_table, mx.array):
+        if block_table.dtype != mx.int32 or block_table.ndim != 2 or block_table.shape[0] != batch:
+            raise ValueError(f"block_table must be int32[{batch}, max_blocks], got {block_table.dtype}"
+                             f"{tuple(block_table.shape)}")
+        table = None
+    else:
+        table = _host_ints("block_table", block_table, 2)
+        if table.shape[0] != batch:
+            raise ValueError(f"block_table must be [{batch}, max_blocks] (a row a sequence), got {table.shape}")
+    rows = block_table.shape[1] if table is None else table.shape[1]
+    if isinstance(positions, mx.array):
+        if positions.dtype != mx.int32 or tuple(positions.shape) != (batch,):
+            raise ValueError(f"positions must be int32[{batch}], got {positions.dtype}{tuple(positions.shape)}")
+        pos, longest = positions, rows * block_size
+    else:
+        host = _host_ints("positions", positions, 1)
+        if host.shape != (batch,) or host.min() < 0 or host.max() >= rows * block_size:
+            raise ValueError(f"positions must be {batch} positions within the table's {rows * block_size} tokens, "
+                             f"got {host.tolist()}")
+        pos, longest = _device_ints(host), int(host.max()) + 1
+        if table is not None:  # the blocks each sequence's tokens up to its new one use
+            for b, p in enumerate(host):
+                used = table[b, : int(p) // block_size + 1]
+                if used.min() < 0 or used.max() >= blocks:
+                    raise ValueError(f"block_table row {b} points outside the {blocks} blocks of the pool")
+    if table is not None:
+        if isinstance(positions, mx.array) and (table.min() < 0 or table.max() >= blocks):
+            raise ValueError(f"block_table points outside the {blocks} blocks of the pool")
+        block_table = table_constant(table)
+        if block_table.dtype != mx.int32:
+            block_table = block_table.astype(mx.int32)
+    norms = _head_norms(q_norm, k_norm, eps, head_dim)
+    freqs = rope_kernels._table(head_dim, theta, inv_freq)
+    scalars = constant((float(theta), float(freq_scale), float(eps or 0.0)), mx.float32)
+    out = _run(True, True, qkv, k_cache, v_cache, pos, longest, block_table, rows, n_kv, n_heads // n_kv, scale,
+               partition, block_size, None, split_from=split_from,
                rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True), norms), counters=counters, window=window,
                softcap=softcap)
     k_cache, v_cache = depends([k_cache, v_cache], [out])
