@@ -140,6 +140,32 @@ def test_a_step_past_its_table_is_refused(models):
         forward.forward([Work(Request("x", [1] * 5, 1), [1] * 5, 0, [0], [])])
 
 
+def test_decode_slots_are_each_sequences_slots_of():
+    """decode_slots (a decode-only step's slots from its table array) against slots_of a sequence
+    at a time, over tables of different lengths padded to one width, positions on block edges;
+    a table too short for its token refused, by request."""
+    from harness.program.batch_forward import PagedBatchKernels, decode_slots, slots_of
+
+    rng, bs = np.random.default_rng(3), 16
+    work = []
+    for i, start in enumerate([0, 15, 16, 17, 255, 40, 31, 32]):
+        blocks = [int(b) for b in rng.permutation(200)[: start // bs + 1 + int(rng.integers(0, 3))]]
+        work.append(Work(Request(i, [1], 1), [1], start, blocks, []))
+    table = PagedBatchKernels._table(work, 32)
+    starts = np.array([w.start for w in work], np.int32)
+    want = np.concatenate([slots_of(w, bs, w.start) for w in work])
+    got = decode_slots(work, table, starts, bs)
+    assert got.dtype == np.int32 and (got == want).all()
+    work[5] = Work(Request("short", [1], 1), [1], 48, work[5].table[:3], [])
+    with pytest.raises(ValueError, match="request 'short': 1 token at 48 with 3 blocks of 16"):
+        decode_slots(work, PagedBatchKernels._table(work, 32), np.array([w.start for w in work], np.int32), bs)
+
+
+def test_a_requests_token_reads_its_prompt_then_its_output():
+    r = Request("r", [5, 6, 7], 4, output=[8, 9])
+    assert [r.token(i) for i in range(5)] == r.prompt + r.output
+
+
 def _mixed_step(pool, vocab):
     """Two decode tokens (one after a long prompt) and two prompts, one after a shared prefix."""
     rng = np.random.default_rng(5)

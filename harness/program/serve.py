@@ -42,6 +42,10 @@ class Request:
     finished_step: int | None = None
     preempted: int = 0  # times it gave its blocks back
 
+    def token(self, i: int):
+        """Token i of its prompt and then its output, without joining the two."""
+        return self.prompt[i] if i < len(self.prompt) else self.output[i - len(self.prompt)]
+
 
 @dataclass
 class Work:
@@ -118,7 +122,7 @@ class Scheduler:
         for r in self.running:
             if r.id not in admitted:  # its last token, whose row the pool gave it last step
                 n = self.pool.length(r.id)
-                work.append(Work(r, [(r.prompt + r.output)[n - 1]], n - 1, self.pool.table(r.id),
+                work.append(Work(r, [r.token(n - 1)], n - 1, self.pool.table(r.id),
                                  self._copies.pop(r.id, [])))
         self.step_count += 1
         if not work:
