@@ -407,7 +407,7 @@ def _six_decoding(model, seed: int, variant: str = "megafused"):
 
 
 @pytest.mark.parametrize("on", [True, False])
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3", "tiny-gemma3"])
+@pytest.mark.parametrize("preset", PRESETS)
 def test_a_fused_decode_step_ropes_in_its_attention_launch(models, preset, on):
     """serve_rope_attention (CPU, launches recorded): fused's decode-only step of 6 sequences runs
     each layer's RoPE, K/V write and attention as one paged_rope_attention launch over the step's
