@@ -47,7 +47,7 @@ BAD = [
     (paged_rope(positions=[1, 2]), "within the table's"),
     (paged_rope(qkv=qkv16(kv=1)), r"qkv must be \[B, \(n_heads \+ 2 \* n_kv\) \* D = 768\]"),
     (paged_rope(qkv=qkv16(b=2)), r"block_table must be \[2, max_blocks\] \(a row a sequence\)"),
-    (paged_rope(n_heads=7), "multiple of the pool's 2 kv heads"),
+    (paged_rope(n_heads=7), "multiple of the 2 kv heads"),
     (paged_rope(qkv=mx.zeros((1, (H + 2 * KV) * D), mx.float32)), "float16"),
     (paged_rope(caches=pools(d=48), qkv=qkv16(d=48)), "head_dim must be one of"),
     (paged_rope(table=mx.array([[0, 1]], dtype=mx.int32), positions=mx.array([3], dtype=mx.uint32)),

@@ -517,26 +517,17 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
         raise ValueError(f"k_cache and v_cache must both be [Hkv, max_seq, D], got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     n_kv, max_seq, head_dim = k_cache.shape
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    if n_heads < n_kv or n_heads % n_kv:
-        raise ValueError(f"n_heads ({n_heads}) must be a multiple of the cache's {n_kv} kv heads")
-    _fp16("qkv", qkv)
-    width = (n_heads + 2 * n_kv) * head_dim
+    width, rope = _rope_form(qkv, n_heads, n_kv, head_dim, theta, freq_scale, inv_freq, neox, q_norm, k_norm, eps)
     if qkv.size != width or qkv.ndim > 2 or (qkv.ndim == 2 and qkv.shape[0] != 1):
         raise ValueError(f"qkv must be one token's [(n_heads + 2 * n_kv) * D = {width}], got {tuple(qkv.shape)}")
-    norms = _head_norms(q_norm, k_norm, eps, head_dim)
     pos_arr = rope_kernels._pos_array(pos, 1, max_seq)
-    freqs = rope_kernels._table(head_dim, theta, inv_freq)
-    scalars = constant((float(theta), float(freq_scale), float(eps or 0.0)), mx.float32)
     longest = pos + 1 if isinstance(pos, int) else max_seq  # sizes the grid, as flash_decode's
     # the caches as a batch of one, written in place (the new token's K and V rows)
     k_one = reshaped(k_cache, (1, *k_cache.shape), "rope_flash_decode: k_cache")
     v_one = reshaped(v_cache, (1, *v_cache.shape), "rope_flash_decode: v_cache")
     out = _run(False, split, qkv.reshape(-1), k_one, v_one, pos_arr, longest, None,
                max_seq, n_kv, n_heads // n_kv, scale, partition, 0, None, split_from=split_from,
-               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True), norms), counters=counters, window=window,
-               softcap=softcap)
+               rope=rope, counters=counters, window=window, softcap=softcap)
     k_cache, v_cache = depends([k_cache, v_cache], [out])
     return out, k_cache, v_cache
 
@@ -558,15 +549,8 @@ def paged_rope_attention(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, bl
     int32[B, max_blocks] on the device (a compiled step: the caller checked the table's entries;
     a position past the table's blocks is clamped, as paged_attention's lengths). q_norm, k_norm
     (f32[D]) and eps: Qwen3's per-head RMSNorm of Q and K before they turn."""
-    from kernels import rope as rope_kernels
-
     blocks, n_kv, head_dim, block_size = _pool(k_cache, v_cache)
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    if n_heads < n_kv or n_heads % n_kv:
-        raise ValueError(f"n_heads ({n_heads}) must be a multiple of the pool's {n_kv} kv heads")
-    _fp16("qkv", qkv)
-    width = (n_heads + 2 * n_kv) * head_dim
+    width, rope = _rope_form(qkv, n_heads, n_kv, head_dim, theta, freq_scale, inv_freq, neox, q_norm, k_norm, eps)
     if qkv.ndim != 2 or qkv.shape[1] != width:
         raise ValueError(f"qkv must be [B, (n_heads + 2 * n_kv) * D = {width}], got {tuple(qkv.shape)}")
     batch = qkv.shape[0]
@@ -601,15 +585,29 @@ def paged_rope_attention(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, bl
         block_table = table_constant(table)
         if block_table.dtype != mx.int32:
             block_table = block_table.astype(mx.int32)
-    norms = _head_norms(q_norm, k_norm, eps, head_dim)
-    freqs = rope_kernels._table(head_dim, theta, inv_freq)
-    scalars = constant((float(theta), float(freq_scale), float(eps or 0.0)), mx.float32)
     out = _run(True, True, qkv, k_cache, v_cache, pos, longest, block_table, rows, n_kv, n_heads // n_kv, scale,
-               partition, block_size, None, split_from=split_from,
-               rope=(freqs, scalars, dict(NEOX=neox, FREQ_TABLE=True), norms), counters=counters, window=window,
+               partition, block_size, None, split_from=split_from, rope=rope, counters=counters, window=window,
                softcap=softcap)
     k_cache, v_cache = depends([k_cache, v_cache], [out])
     return out, k_cache, v_cache
+
+
+def _rope_form(qkv: mx.array, n_heads: int, n_kv: int, head_dim: int, theta: float, freq_scale: float,
+               inv_freq: mx.array | None, neox: bool, q_norm: mx.array | None, k_norm: mx.array | None,
+               eps: float | None) -> tuple[int, tuple]:
+    """What the rope form's launches share, checked: (a QKV row's values, _run's `rope` argument:
+    the frequency table, the scalars theta, freq_scale and eps, the constants, the head norms)."""
+    from kernels import rope as rope_kernels
+
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    if n_heads < n_kv or n_heads % n_kv:
+        raise ValueError(f"n_heads ({n_heads}) must be a multiple of the {n_kv} kv heads")
+    _fp16("qkv", qkv)
+    norms = _head_norms(q_norm, k_norm, eps, head_dim)
+    scalars = constant((float(theta), float(freq_scale), float(eps or 0.0)), mx.float32)
+    return ((n_heads + 2 * n_kv) * head_dim,
+            (rope_kernels._table(head_dim, theta, inv_freq), scalars, dict(NEOX=neox, FREQ_TABLE=True), norms))
 
 
 def _head_norms(q_norm: mx.array | None, k_norm: mx.array | None, eps: float | None,
