@@ -296,9 +296,7 @@ def rope_paged_kv_write(q, k, v, k_cache, v_cache, positions, slots, *, theta=10
     k_norm (float32 [D]; NeoX, D a multiple of 64): Qwen3's per-head RMSNorm of Q and K first, in
     the same launch (head_norm_rope_kv_write.metal)."""
     _, n_kv, head_dim, _ = pool_shape(k_cache, v_cache)
-    _check_head_dim(head_dim, multiple=64 if q_norm is not None or k_norm is not None else 4)
     seq, n_heads = q.shape[0], _head_count("q", q, head_dim)
-    _check_heads(n_heads, n_kv)
     rows = [_separate(name, a, heads, head_dim, seq) for name, a, heads in
             (("q", q, n_heads), ("k", k, n_kv), ("v", v, n_kv))]
     return _paged_write(rows, n_heads, k_cache, v_cache, positions, slots, theta=theta, freq_scale=freq_scale,
@@ -311,8 +309,6 @@ def rope_paged_qkv_write(qkv, k_cache, v_cache, positions, slots, *, n_heads, **
     copies a column slice of more than one row (not row-contiguous) before a launch that takes it,
     three launches a layer in a batched step (kernels/loop/NOTES.md)."""
     _, n_kv, head_dim, _ = pool_shape(k_cache, v_cache)
-    _check_head_dim(head_dim, multiple=64 if kw.get("q_norm") is not None or kw.get("k_norm") is not None else 4)
-    _check_heads(n_heads, n_kv)
     return _paged_write(_fused_qkv(qkv, n_heads, n_kv, head_dim), n_heads, k_cache, v_cache, positions, slots, **kw)
 
 
@@ -321,6 +317,8 @@ def _paged_write(rows, n_heads, k_cache, v_cache, positions, slots, *, theta=100
     """The paged RoPE + K/V write's launch, Q, K and V given as rows (array, stride, offset)."""
     blocks, n_kv, head_dim, block_size = pool_shape(k_cache, v_cache)
     norm = q_norm is not None or k_norm is not None
+    _check_head_dim(head_dim, multiple=64 if norm else 4)
+    _check_heads(n_heads, n_kv)
     if norm:
         if q_norm is None or k_norm is None or not neox:
             raise ValueError("the head norms take both q_norm and k_norm, with NeoX RoPE (Qwen3's)")
