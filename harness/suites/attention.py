@@ -736,6 +736,13 @@ def bench_cases(quick: bool = False) -> list:
     for model in ("llama3-8b",) if quick else BENCH_MODELS:
         for ctx in (8192,) if quick else BENCH_CONTEXTS:
             cases += [_bench(kernel, model, 1, ctx, chained=True) for kernel in ("flash_decode", "paged_v2", "mlx.sdpa")]
+    if not quick:
+        # a serve step's short contexts (lathe serve's 128 + 128 tokens: 129..256 a sequence), each call
+        # waiting for the one before: the paged walk against the contiguous cache at the same lengths
+        for model in BENCH_MODELS:
+            for batch in (8, 32):
+                cases += [_bench(kernel, model, batch, 256, chained=True, mixed=True)
+                          for kernel in ("flash_decode", "paged_v1", "mlx.sdpa")]
     from kernels import native
 
     # the wgmma kernel where it runs (Hopper), beside the portable one
