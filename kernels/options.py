@@ -204,6 +204,12 @@ DECLARED = (
     Option("block_l2_ahead", False, _flag,
            "with block_prefetch: the blocks' GEMV phases also ask the L2 cache for the rest of their rows "
            "before the wait (prefetch.global.L2; nothing on Metal)"),
+    Option("block_x_items", None, _auto_or_count,
+           "the blocks' GEMV phases stage X' (gemv/x_stage.metal) this many items (16 values of a row) a thread a "
+           "pass, every item's loads out before the first is used (one a pass waited an L2 round trip a pass: 8 "
+           "for the batch form's 8 rows of K = 2048); auto: 2 past 4 rows (NVRTC sm_90: the 8-row paged token "
+           "block 156 registers against 152, 3 threadgroups an SM either way), 1 otherwise (2 took Qwen3's "
+           "token block from 4 threadgroups an SM to 3; kernels/loop/NOTES.md)"),
     Option("block_attn_ahead", True, _flag,
            "the blocks' attention phase asks the L2 cache for its head's cached K and V rows (the tokens "
            "before this one's) before it waits on the QKV phase (prefetch.global.L2; a contiguous cache and "

@@ -107,6 +107,18 @@ def test_token_block_rejects_bad_arguments_before_launch(call, message):
     assert not rec.jobs
 
 
+@pytest.mark.parametrize("items", [0, 9])
+def test_token_block_refuses_x_items_outside_1_to_8_before_launch(items):
+    """block_x_items 0 would never end the staging's loop: refused by name, nothing launched."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    with options.use(block_x_items=items), recording() as rec, \
+            pytest.raises(ValueError, match="block_x_items must be 1..8"):
+        _token()
+    assert not rec.jobs
+
+
 # (d_model, n_qkv, heads x head_dim, F) of the models the loop runs: Qwen3-0.6B, Llama-3.2-1B, 8B
 LAYERS = [(1024, 4096, 2048, 3072), (2048, 3072, 2048, 8192), (4096, 6144, 4096, 14336)]
 

@@ -15,6 +15,9 @@
 #ifndef LATHE_X32
 #define LATHE_X32 0
 #endif
+#ifndef X_STAGE_ITEMS
+#define X_STAGE_ITEMS 1  // items a thread a pass (the includer's constant: the x_stage_items option)
+#endif
 // X_EIGHT(p, i, e): values 8i .. 8i + 7 of p into float e[8]; p half, or float where LATHE_X32
 // (v3's RMSNorm prologue over a float32 residual stream: Gemma's passes fp16's range).
 #if LATHE_X32
@@ -40,15 +43,20 @@
 {
 #if LATHE_PROLOGUE == 1
   if (cb0 == 0) {
-    // RMSNorm needs the mean square of each whole row of X first.
-    for (uint m = 0; m < uint(M); ++m) {
-      float ss = 0.0f;
-      for (uint i = tid; i < k / 8; i += NT) {
+    // RMSNorm needs the mean square of each whole row of X first. Every row's loads go out
+    // together, and the sums meet after: a row at a time waited an L2 round trip (and two
+    // barriers) a row, M of them before the first value was staged.
+    float ss[M];
+    LATHE_UNROLL for (uint m = 0; m < uint(M); ++m) ss[m] = 0.0f;
+    for (uint i = tid; i < k / 8; i += NT) {
+      LATHE_UNROLL for (uint m = 0; m < uint(M); ++m) {
         float e[8];
         X_EIGHT(x + m * k, i, e);
-        for (uint j = 0; j < 8; ++j) ss += e[j] * e[j];
+        for (uint j = 0; j < 8; ++j) ss[m] += e[j] * e[j];
       }
-      const float total = threadgroup_sum<NSIMD>(ss, scratch, simd, lane);
+    }
+    LATHE_UNROLL for (uint m = 0; m < uint(M); ++m) {
+      const float total = threadgroup_sum<NSIMD>(ss[m], scratch, simd, lane);
       if (tid == 0) inv_rms[m] = rsqrt(total / float(k) + eps[0]);
     }
   }
@@ -59,20 +67,25 @@
   threadgroup_barrier(mem_flags::mem_threadgroup);
   const uint cnb = min(uint(XCHUNK / 32), nb - cb0);
   const uint halves = M * cnb * 2;
-  for (uint base = 0; base < halves; base += NT) {
-    const uint i = base + tid;
-    const uint m = i / (cnb * 2);
-    const uint e = (i % (cnb * 2)) * 16;  // first value of the item within the chunk
-    float v[16] = {};
-    float amax = 0.0f;
-    if (i < halves) {
+  // X_STAGE_ITEMS items a thread a pass: each item's loads from a valid address (an item past
+  // the end reads the last one's and stores nothing), so that none sits behind a branch and all
+  // of a pass's go out before the first is used. One item a pass, M rows of a long K took an L2
+  // round trip each pass (8 for the batch form's 8 rows of K = 2048).
+  for (uint base = 0; base < halves; base += X_STAGE_ITEMS * NT) {
+    float v[X_STAGE_ITEMS][16];
+    float amax[X_STAGE_ITEMS];
+    LATHE_UNROLL for (uint u = 0; u < X_STAGE_ITEMS; ++u) {
+      const uint i = min(base + u * NT + tid, halves - 1);
+      const uint m = i / (cnb * 2);
+      const uint e = (i % (cnb * 2)) * 16;  // first value of the item within the chunk
       const uint k0 = cb0 * 32 + e;
 #if LATHE_PROLOGUE == 2
       const auto src = x + m * 2 * k;  // gate; up follows K values later
 #else
       const auto src = x + m * k;
 #endif
-      for (uint q = 0; q < 2; ++q) {
+      amax[u] = 0.0f;
+      LATHE_UNROLL for (uint q = 0; q < 2; ++q) {
         float xe[8];
         X_EIGHT(src, k0 / 8 + q, xe);
 #if LATHE_PROLOGUE == 1
@@ -82,7 +95,7 @@
         const uint4 u4 = load_wide<uint4>(src + k, k0 / 8 + q);
         const uint uw[4] = {u4.x, u4.y, u4.z, u4.w};
 #endif
-        for (uint j = 0; j < 4; ++j) {
+        LATHE_UNROLL for (uint j = 0; j < 4; ++j) {
           float a = xe[2 * j], b = xe[2 * j + 1];
 #if LATHE_PROLOGUE == 1
           const half2 gm = as_type<half2>(sw[j]);
@@ -93,30 +106,35 @@
           a = gate_act<LATHE_ACT>(a) * float(uh.x);
           b = gate_act<LATHE_ACT>(b) * float(uh.y);
 #endif
-          v[q * 8 + 2 * j] = a;
-          v[q * 8 + 2 * j + 1] = b;
-          amax = max(amax, max(fabs(a), fabs(b)));
+          v[u][q * 8 + 2 * j] = a;
+          v[u][q * 8 + 2 * j + 1] = b;
+          amax[u] = max(amax[u], max(fabs(a), fabs(b)));
         }
       }
     }
-    // The block's two halves meet: one scale for the block.
-    amax = max(amax, simd_shuffle_xor(amax, 1));
-    const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-    int sum = 0;
-    if (i < halves) {
+    LATHE_UNROLL for (uint u = 0; u < X_STAGE_ITEMS; ++u) {
+      const uint i = base + u * NT + tid;
+      const uint m = min(i, halves - 1) / (cnb * 2);
+      const uint e = (min(i, halves - 1) % (cnb * 2)) * 16;
+      // The block's two halves meet: one scale for the block (i and i ^ 1 both in or both out).
+      const float block_max = max(amax[u], simd_shuffle_xor(amax[u], 1));
+      const float inv = block_max > 0.0f ? 32767.0f / block_max : 0.0f;
+      int sum = 0;
       uint packed[8];
-      for (uint j = 0; j < 8; ++j) {
-        const int a = int(rint(v[2 * j] * inv)), b = int(rint(v[2 * j + 1] * inv));
+      LATHE_UNROLL for (uint j = 0; j < 8; ++j) {
+        const int a = int(rint(v[u][2 * j] * inv)), b = int(rint(v[u][2 * j + 1] * inv));
         sum += a + b;
         packed[j] = (uint(a) & 0xffffu) | (uint(b) << 16);
       }
-      X_STORE(m, e, packed);
-    }
-    sum += simd_shuffle_xor(sum, 1);
-    if (i < halves && i % 2 == 0) {
-      const uint blk = m * (XCHUNK / 32) + e / 32;
-      x_scale[blk] = amax / 32767.0f;
-      x_sum[blk] = sum;
+      if (i < halves) {
+        X_STORE(m, e, packed);
+      }
+      sum += simd_shuffle_xor(sum, 1);
+      if (i < halves && i % 2 == 0) {
+        const uint blk = m * (XCHUNK / 32) + e / 32;
+        x_scale[blk] = block_max / 32767.0f;
+        x_sum[blk] = sum;
+      }
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
