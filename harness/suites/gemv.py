@@ -626,7 +626,10 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              (16, 4097, 4128, True, dict(ks=4)), (9, 1000, 1024, False, dict(ks=3)),
              (33, 4097, 4128, False, dict(ks=2, nb=4, wn=2, wk=2)), (64, 4096, 14336, True, dict(ks=8)),
              # the next super-chunk's weights loaded ahead (pf): past the end of K, and of a part of K
-             (16, 4097, 4128, False, dict(pf=1, wk=2)), (33, 4097, 4128, True, dict(pf=1, ks=3, nb=4, wn=2, wk=1))]
+             (16, 4097, 4128, False, dict(pf=1, wk=2)), (33, 4097, 4128, True, dict(pf=1, ks=3, nb=4, wn=2, wk=1)),
+             # 8 row blocks a SIMD group (the sweep's widest): tails of N and K, split K
+             (16, 4097, 4128, True, dict(nb=8, wn=1, wk=2)), (5, 1000, 1024, False, dict(nb=8, wn=2, wk=1)),
+             (16, 4096, 14336, False, dict(nb=8, wn=1, wk=2, ks=4))]
 
 
 # qmm fused as the GEMVs are: the RMSNorm prologue, the gated epilogue (act(gate) * up of a
@@ -1106,7 +1109,10 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
 # so that few row blocks still fill the GPU, while each threadgroup reads X only for its part),
 # and PF (1: the next super-chunk's weights loaded before this one's products; a397c5c's SU 2,
 # two super-chunks a pass, won once in ten: its second super-chunk loaded after the first's
-# products, PTX showed).
+# products, PTX showed). NB 8 (each load of X shared by 64 rows of W, twice NB 4's) was never
+# swept before: NVRTC gives it 132-136 registers at 16 rows (Q4_0; 7 threadgroups of 2 SIMD
+# groups an SM, 14 warps, against NB 4's 5 of 4, 20 warps), and decoding a row block just before
+# its products, not every block first, saves none (132 against 136: ptxas interleaves them).
 # X is read by each lane straight from memory (no staging): X's traffic from L2 is (threadgroups
 # of rows) x M x K x 2 bytes, the weights' N x K x 0.5625 (Q4_0), so at 16 rows a threadgroup of
 # 32 rows reads more X than W. At a short prompt's and a batch's row counts on the 8B's O, gate+up
@@ -1117,7 +1123,8 @@ QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8)
              for nb, wn, wk in ((1, 4, 2), (1, 8, 1), (2, 2, 2), (2, 2, 4), (2, 4, 1), (2, 4, 2), (2, 8, 1),
                                 (4, 2, 1), (4, 2, 2), (4, 4, 1))] + \
     [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=1) for ks in (1, 2, 4) for nb, wn, wk in ((2, 4, 1), (2, 4, 2), (2, 8, 1),
-                                                                                  (4, 2, 1))]
+                                                                                  (4, 2, 1))] + \
+    [dict(nb=8, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8) for wn, wk in ((1, 2), (1, 4), (2, 1), (2, 2))]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
                     # Qwen3-0.6B's QKV, O, gate+up and down (Q8_0), whose rule is 10cb374's knobs
                     # unsplit on end-to-end rows that the a397c5c sweep (QKV and down only, without
