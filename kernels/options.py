@@ -204,6 +204,10 @@ DECLARED = (
     Option("block_l2_ahead", False, _flag,
            "with block_prefetch: the blocks' GEMV phases also ask the L2 cache for the rest of their rows "
            "before the wait (prefetch.global.L2; nothing on Metal)"),
+    Option("gemv_x_items", 1, _count,
+           "the v3 GEMVs (the fused loop's, 1-4 rows) stage X' (gemv/x_stage.metal) this many items (16 values of "
+           "a row) a thread a pass, every item's loads out before the first is used (block_x_items' twin; "
+           "kernels/loop/NOTES.md)"),
     Option("block_x_items", None, _auto_or_count,
            "the blocks' GEMV phases stage X' (gemv/x_stage.metal) this many items (16 values of a row) a thread a "
            "pass, every item's loads out before the first is used (one a pass waited an L2 round trip a pass: 8 "

@@ -679,7 +679,10 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
     if swiglu_out and r % 2:  # small matrices halve R to 1: keep a pair
         r, s, p, xchunk = v3_geometry(qtype, m, n, k, r + 1, s, p)
     groups = _v3_groups(qtype, n, k, r, s, xchunk, knobs.get("max_groups"))
-    consts = dict(QTYPE=block_format(qtype)[0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk)
+    items = options.get("gemv_x_items")
+    if not 1 <= items <= 8:  # (0 would never end the staging's loop)
+        raise ValueError(f"gemv_x_items must be 1..8 (X' items a thread stages a pass), got {items}")
+    consts = dict(QTYPE=block_format(qtype)[0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk, XITEMS=items)
     launched, n_y, pair = groups, n_out, []
     if w_b is not None:  # W_B's rows after W's: its own R, P and grid at the launch's NSIMD (and X')
         r_b, _, p_b, _ = v3_geometry(w_b.qtype, m, w_b.n, k, None, s)
