@@ -150,6 +150,11 @@ DECLARED = (
            "lathe serve, a step of decode tokens only on fused's plan: each layer's RoPE, K/V write and paged "
            "attention in one launch (kernels.attention.paged_rope_attention); off: rope_paged_qkv_write, "
            "then paged_attention (kernels/loop/NOTES.md)"),
+    Option("serve_split_from", 2048, _count,
+           "lathe serve, fused's plan: a decode step's attention splits the table's tokens into partitions "
+           "(flash decode) where the table holds more than this many, as the decode loop's does past 2048; "
+           "0 splits serve's short contexts too (129-256 tokens: a kv head's whole context a threadgroup, "
+           "6% occupancy at 8 sequences; kernels/attention/NOTES.md)"),
     Option("prompt_compiled", True, _flag,
            "kernel variants, compiled modes: a prompt through an mx.compile'd forward traced once per "
            "(length, position), as the decode step is (off: the eager forward; kernels/attention/NOTES.md)"),

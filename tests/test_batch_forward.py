@@ -436,6 +436,32 @@ def test_a_fused_decode_step_ropes_in_its_attention_launch(models, preset, on):
         assert ("q_norm" in given) == bool(c.head_norm)
 
 
+@pytest.mark.parametrize("combine", ["launch", "last_group"])
+@pytest.mark.parametrize("rope_attention", [True, False])
+def test_serve_split_from_splits_a_decode_steps_short_contexts(models, rope_attention, combine):
+    """serve_split_from 0 (CPU, launches recorded): fused's decode-only step of six sequences of
+    at most 41 tokens splits each layer's attention into partitions (of 16 tokens here: the auto
+    partition is whole chunks of 128, past these tables), merged by a launch of its own or by the
+    last threadgroup of each head group (attn_combine); the default (2048) keeps one threadgroup
+    a kv head's whole context, as before."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    model = models["tiny-qwen3"]
+    n_layers = model.config.n_layers
+    forward, _, work, _ = _six_decoding(model, 5, "fused")
+    for split_from, split in ((2048, False), (0, True)):
+        with recording() as rec, options.use(serve_compiled=False, serve_rope_attention=rope_attention,
+                                             serve_split_from=split_from, attn_combine=combine,
+                                             attn_partition=16):
+            forward.forward(work)
+        combines = [j for j in rec.jobs if "combine" in j.spec.name]
+        attn = [j for j in rec.jobs if "attention" in j.spec.name and "combine" not in j.spec.name]
+        assert len(attn) == n_layers and all(("rope" in j.spec.name) == rope_attention for j in attn)
+        assert all(("part_out" in j.spec.outputs) == split for j in attn)
+        assert len(combines) == (n_layers if split and combine == "launch" else 0)
+
+
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 def test_a_megafused_decode_step_is_token_block_launches_of_four(models, preset):
     """megafused's decode-only step of 6 sequences (launches recorded, CPU): the embedding, two

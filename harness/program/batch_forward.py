@@ -522,7 +522,7 @@ class PagedBatchKernels(_Tokens):
             o, d.k[i], d.v[i] = attention.paged_rope_attention(
                 env["qkv"], d.k[i], d.v[i], st["table"], st["positions"], d.scale, n_heads=d.config.n_heads,
                 theta=d.thetas[i], inv_freq=d.inv_freqs[i], neox=d.config.neox, window=d.windows[i],
-                softcap=d.config.attn_softcap, **norms)
+                softcap=d.config.attn_softcap, split_from=options.get("serve_split_from"), **norms)
             self.kd._end_layer_attention(env, o.reshape(st["t"], -1))
             return
         q = env["q"]
@@ -530,7 +530,8 @@ class PagedBatchKernels(_Tokens):
         if st["decode"]:
             parts.append(attention.paged_attention(q[st["decode_rows"]] if st["prefill"] else q, d.k[i], d.v[i],
                                                    st["table"], st["lens"], d.scale, after=env["written"],
-                                                   window=d.windows[i], softcap=d.config.attn_softcap))
+                                                   window=d.windows[i], softcap=d.config.attn_softcap,
+                                                   split_from=options.get("serve_split_from")))
         for at, w in st["prefill"]:
             parts.append(attention.prefill_attention(q[at:at + len(w.tokens)], d.k[i], d.v[i], w.start, d.scale,
                                                      block_table=w.table, after=env["written"], window=d.windows[i],
