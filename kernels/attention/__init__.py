@@ -433,16 +433,22 @@ def paged_attention(q: mx.array, k_cache: mx.array, v_cache: mx.array, block_tab
     if lens.min() < 1 or lens.max() > table.shape[1] * block_size:
         raise ValueError(f"context lengths must be in 1..{table.shape[1] * block_size} (the blocks "
                          f"given: {table.shape[1]} of {block_size}), got {lens.min()}..{lens.max()}")
-    for b, n in enumerate(lens):
-        used = table[b, : -(-int(n) // block_size)]
-        if used.min() < 0 or used.max() >= blocks:
-            raise ValueError(f"block_table row {b} points outside the {blocks} blocks of the pool")
+    _rows_inside(table, lens, block_size, blocks)
     table_dev = block_table if isinstance(block_table, mx.array) else table_constant(table)
     if table_dev.dtype != mx.int32:
         table_dev = table_dev.astype(mx.int32)
     return _run(True, version == "v2", q, k_cache, v_cache, _device_ints(lens), int(lens.max()),
                 table_dev, table.shape[1], n_kv, group, scale, partition, block_size, after,
                 split_from=split_from, counters=counters, window=window, softcap=softcap)
+
+
+def _rows_inside(table: np.ndarray, lens, block_size: int, blocks: int) -> None:
+    """Each host table row's blocks that its sequence's lens[b] tokens use point inside the
+    pool's `blocks`, or a ValueError names the row."""
+    for b, n in enumerate(lens):
+        used = table[b, : -(-int(n) // block_size)]
+        if used.min() < 0 or used.max() >= blocks:
+            raise ValueError(f"block_table row {b} points outside the {blocks} blocks of the pool")
 
 
 def visible_tokens(written: int, max_seq: int, overflow: bool = True) -> int:
@@ -575,10 +581,7 @@ def paged_rope_attention(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, bl
                              f"got {host.tolist()}")
         pos, longest = _device_ints(host), int(host.max()) + 1
         if table is not None:  # the blocks each sequence's tokens up to its new one use
-            for b, p in enumerate(host):
-                used = table[b, : int(p) // block_size + 1]
-                if used.min() < 0 or used.max() >= blocks:
-                    raise ValueError(f"block_table row {b} points outside the {blocks} blocks of the pool")
+            _rows_inside(table, host + 1, block_size, blocks)
     if table is not None:
         if isinstance(positions, mx.array) and (table.min() < 0 or table.max() >= blocks):
             raise ValueError(f"block_table points outside the {blocks} blocks of the pool")
