@@ -61,9 +61,10 @@ def test_a_recorded_launch_gets_lathe_h_and_its_whole_body():
     assert "#include <metal_stdlib>" in src and "__CUDACC__" not in src.split("[[kernel]]")[0]
     assert '#include "' not in src  # every part of the body pasted in
     assert "const device uint8_t* w [[buffer(1)]]" in src and "const constant int32_t* dims" in src
-    k = "custom_kernel_lathe_gemv_v3__0_1_1_1_1_256_256_float16_t_uint8_t_int32_tc_float16_t"
-    assert f"template <int QTYPE, int M, int R, int NSIMD, int P, int K, int XCHUNK>\n[[kernel]] void {k}(" in src
-    assert src.endswith(f"decltype({k}<0, 1, 1, 1, 1, 256, 256>) {k}<0, 1, 1, 1, 1, 256, 256>;\n")
+    k = "custom_kernel_lathe_gemv_v3__0_1_1_1_1_256_256_1_float16_t_uint8_t_int32_tc_float16_t"
+    assert f"template <int QTYPE, int M, int R, int NSIMD, int P, int K, int XCHUNK, int XITEMS>\n[[kernel]] void {k}(" \
+        in src
+    assert src.endswith(f"decltype({k}<0, 1, 1, 1, 1, 256, 256, 1>) {k}<0, 1, 1, 1, 1, 256, 256, 1>;\n")
 
 
 def _mlx_strings() -> list[str]:
