@@ -535,16 +535,11 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     s = geo.simds
     strides = {"W_QKV_STRIDE": 0, "W_O_STRIDE": 0, "W_UP_STRIDE": 0, "W_DOWN_STRIDE": 0, "NORM_STRIDE": 0,
                "HEAD_NORM_STRIDE": 0, **({"W_V_STRIDE": 0} if V in gemvs else {}), **(strides or {})}
-    items = options.get("block_x_items")
-    if items is None:  # auto: the option's text says why
-        items = 2 if m > 4 else 1
-    if not 1 <= items <= 8:  # (0 would never end the staging's loop)
-        raise ValueError(f"block_x_items must be 1..8 (X' items a thread stages a pass), got {items}")
     inputs, consts = [], dict(QTYPE=gemv.block_format(qtype)[0], M=m, NSIMD=s, XCHUNK=geo.xchunk, FIRST=first,
                               PHASES=phases, PREFETCH=bool(options.get("block_prefetch")),
                               SIGNAL_APART=bool(options.get("block_signal_apart")),
-                              L2_AHEAD=bool(options.get("block_l2_ahead")), XITEMS=items,
-                              **strides)
+                              L2_AHEAD=bool(options.get("block_l2_ahead")),
+                              XITEMS=gemv.x_stage_items("block_x_items", m), **strides)
     if attn:  # the attention phase's cached rows into the L2 before its wait (contiguous caches)
         consts["ATTN_AHEAD"] = bool(options.get("block_attn_ahead")) and attn.table is None
     for kind in geo.gemvs:

@@ -655,6 +655,17 @@ def _v3_groups(qtype: str, n: int, k: int, r: int, s: int, xchunk: int, cap: int
     return min(groups, cap) if cap and xchunk >= k else groups
 
 
+def x_stage_items(option: str, rows: int) -> int:
+    """x_stage.metal's X_STAGE_ITEMS (X' items a thread stages a pass) from `option` (gemv_x_items,
+    block_x_items); unset (auto): 2 past 4 rows of X, else 1 (block_x_items' text says why)."""
+    items = options.get(option)
+    if items is None:
+        items = 2 if rows > 4 else 1
+    if not 1 <= items <= 8:  # (0 would never end the staging's loop)
+        raise ValueError(f"{option} must be 1..8 (X' items a thread stages a pass), got {items}")
+    return items
+
+
 def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: str, n: int, k: int,
         knobs: dict, residual: mx.array | None = None, swiglu_out: bool = False,
         w_b: Packed | None = None, activation: str = "silu") -> mx.array:
@@ -679,10 +690,8 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
     if swiglu_out and r % 2:  # small matrices halve R to 1: keep a pair
         r, s, p, xchunk = v3_geometry(qtype, m, n, k, r + 1, s, p)
     groups = _v3_groups(qtype, n, k, r, s, xchunk, knobs.get("max_groups"))
-    items = options.get("gemv_x_items")
-    if not 1 <= items <= 8:  # (0 would never end the staging's loop)
-        raise ValueError(f"gemv_x_items must be 1..8 (X' items a thread stages a pass), got {items}")
-    consts = dict(QTYPE=block_format(qtype)[0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk, XITEMS=items)
+    consts = dict(QTYPE=block_format(qtype)[0], M=m, R=r, NSIMD=s, P=p, K=k, XCHUNK=xchunk,
+                  XITEMS=x_stage_items("gemv_x_items", m))
     launched, n_y, pair = groups, n_out, []
     if w_b is not None:  # W_B's rows after W's: its own R, P and grid at the launch's NSIMD (and X')
         r_b, _, p_b, _ = v3_geometry(w_b.qtype, m, w_b.n, k, None, s)

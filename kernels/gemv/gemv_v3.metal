@@ -20,9 +20,10 @@
 // into fp32 sums; Q4_0's -8 is taken off as 8 * the block's sum of X' ints. A SIMD sum ends a row.
 //
 // Constants: QTYPE, M (rows of X, 1..4), R, NSIMD, P, K (a multiple of 32), XCHUNK (a multiple of
-// 32, at most K rounded up), XITEMS (x_stage.metal's items a thread a pass: the gemv_x_items option). Inputs: x, w (the repacked bytes), dims (int32: N, K, threadgroups
-// launched); prologue 1 adds gamma (half, K) and eps (float, 1); LATHE_RESIDUAL adds residual
-// (half, [M, N]) to Y before its one rounding. LATHE_EPILOGUE 1 (SwiGLU out, v3_rows.metal): W is
+// 32, at most K rounded up), XITEMS (x_stage.metal's items a thread a pass: the gemv_x_items
+// option). Inputs: x, w (the repacked bytes), dims (int32: N, K, threadgroups launched);
+// prologue 1 adds gamma (half, K) and eps (float, 1); LATHE_RESIDUAL adds residual (half, [M, N])
+// to Y before its one rounding. LATHE_EPILOGUE 1 (SwiGLU out, v3_rows.metal): W is
 // [gate; up] and Y [M, N / 2] is silu(gate) * up of the two products, rounded once, so that the
 // down projection that follows stages a plain X' (no exp, half the bytes).
 //

@@ -16,7 +16,7 @@
 #define LATHE_X32 0
 #endif
 #ifndef X_STAGE_ITEMS
-#define X_STAGE_ITEMS 1  // items a thread a pass (the includer's constant: the x_stage_items option)
+#define X_STAGE_ITEMS 1  // items a thread a pass (the includer's: gemv_x_items, block_x_items)
 #endif
 // X_EIGHT(p, i, e): values 8i .. 8i + 7 of p into float e[8]; p half, or float where LATHE_X32
 // (v3's RMSNorm prologue over a float32 residual stream: Gemma's passes fp16's range).
