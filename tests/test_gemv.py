@@ -340,7 +340,7 @@ def test_the_qmm_sweep_times_each_knob_that_fits():
             fit = []
             for knobs in QMM_SWEEP:
                 try:
-                    qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"])
+                    qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"], xs=knobs.get("xs", 0))
                     fit.append(qmm_sweep_label(knobs))
                 except ValueError as err:
                     assert "threadgroup memory" in str(err)
@@ -463,6 +463,50 @@ def test_a_split_qmm_covers_k_and_writes_each_partial_sum_once(m, n, k, ks, nb, 
                                 if row < m and col + h < n_out:
                                     written[split, row, at + h] += 1
     assert (written == 1).all()
+
+
+@pytest.mark.parametrize("m, k, wk, nt, ks", [(5, 4128, 1, 256, 1), (16, 4096, 1, 256, 1), (20, 4128, 2, 256, 1),
+                                               (64, 4096, 1, 256, 1), (9, 96, 4, 256, 1), (16, 14336, 1, 128, 3)])
+def test_staged_x_pieces_are_the_ones_each_lane_would_load(m, k, wk, nt, ks):
+    """qmm.metal's XS, modelled on the host: in every round, QMM_STAGE_X's copies put each 16-byte
+    piece of X where the lanes of SIMD group (ks) read it back, so that a lane gets the very
+    piece it loads unstaged (row m, chunk 4s + c/2, piece q) wherever the row and chunk lie
+    inside M and K; each piece of a buffer is written once a round; and on CUDA's lanes the 8
+    lanes of a 16-byte phase (2 rows, 4 chunks) meet 8 different bank quads."""
+    mp = -(-m // 16) * 16
+    row_pieces = 16 * wk + 2
+    chunks_k = k // 32
+    for split, (k_begin, k_end) in enumerate(
+            [(p * kspl, min(k, p * kspl + kspl)) for kspl in [gemv.qmm_splits(k, ks)[1]] for p in range(ks)]):
+        rounds = (-(-(k_end - k_begin) // 128) + wk - 1) // wk
+        for t in range(rounds):
+            staged = {}
+            for u in range(mp * 16 * wk):  # the threads' copies, any order
+                row, in_row = divmod(u, 16 * wk)
+                sc, chunk, q = in_row // 16, (in_row // 4) % 4, in_row % 4
+                g = (k_begin // 128 + t * wk + sc) * 4 + chunk
+                source = (min(row, m - 1) * k) // 8 + (g * 4 + q if g < chunks_k else q)
+                at = row * row_pieces + sc * 16 + chunk * 4 + (q ^ ((chunk >> 1) & 1))
+                assert at not in staged and at < mp * row_pieces
+                staged[at] = source
+            for group in range(wk):
+                s = k_begin // 128 + group + t * wk
+                for lane in range(32):
+                    r, c = lane >> 2, 2 * (lane & 3)  # cuda_compat.h's sg8x8_row / col
+                    chunk_of_row = 4 * s + c // 2
+                    for row in range(r, mp, 8):
+                        live = row < m and chunk_of_row < chunks_k and s * 128 < k_end
+                        for q in range(4):
+                            at = group * 16 + (c // 2) * 4 + row * row_pieces + (q ^ ((c // 4) & 1))
+                            if live:
+                                assert staged[at] == (row * k) // 8 + chunk_of_row * 4 + q
+            for phase in range(4):  # the bank quads (16 bytes: 4 banks) of one 16-byte load's phases
+                for q in range(4):
+                    quads = set()
+                    for lane in range(8 * phase, 8 * phase + 8):
+                        r, c = lane >> 2, 2 * (lane & 3)
+                        quads.add((r * row_pieces + (c // 2) * 4 + (q ^ ((c // 4) & 1))) % 8)
+                    assert len(quads) == 8
 
 
 @pytest.mark.parametrize("m, n, k, fill, knobs, parts", [

@@ -629,7 +629,14 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              (16, 4097, 4128, False, dict(pf=1, wk=2)), (33, 4097, 4128, True, dict(pf=1, ks=3, nb=4, wn=2, wk=1)),
              # 8 row blocks a SIMD group (the sweep's widest): tails of N and K, split K
              (16, 4097, 4128, True, dict(nb=8, wn=1, wk=2)), (5, 1000, 1024, False, dict(nb=8, wn=2, wk=1)),
-             (16, 4096, 14336, False, dict(nb=8, wn=1, wk=2, ks=4))]
+             (16, 4096, 14336, False, dict(nb=8, wn=1, wk=2, ks=4)),
+             # X staged for the threadgroup (xs buffers): tails of M (rows copied from the last),
+             # of N and K (a last round of one chunk, past it zeros), WK groups in a round, split
+             # K (rounds of a part), 64 rows in 2 buffers, the weights ahead as well
+             (5, 4097, 4128, False, dict(xs=2, nb=2, wn=8, wk=1)), (16, 4097, 4128, True, dict(xs=3, nb=4, wn=8, wk=1)),
+             (20, 1000, 4128, False, dict(xs=2, nb=2, wn=4, wk=2)), (16, 4096, 14336, True, dict(xs=4, nb=4, wn=4, wk=1, ks=3)),
+             (64, 4097, 4096, False, dict(xs=2, nb=2, wn=8, wk=1)), (9, 33, 96, True, dict(xs=2, nb=1, wn=2, wk=4)),
+             (16, 4097, 4128, False, dict(xs=2, pf=1, nb=4, wn=8, wk=1))]
 
 
 # qmm fused as the GEMVs are: the RMSNorm prologue, the gated epilogue (act(gate) * up of a
@@ -643,7 +650,10 @@ QMM_FUSED_CASES = [("rmsnorm", None, 5, 33, 96, None), ("rmsnorm+gated", "silu",
                    # split K: the prologue over all of K in each part, the gated epilogue after the sum
                    ("rmsnorm+gated", "silu", 20, 2 * 1001, 4128, dict(ks=3)),
                    ("rmsnorm", None, 16, 4097, 4128, dict(ks=4)), ("gated", "gelu", 16, 2 * 515, 2048, dict(ks=2)),
-                   ("rmsnorm+gated", "silu", 20, 2 * 1001, 4128, dict(pf=1, ks=2))]
+                   ("rmsnorm+gated", "silu", 20, 2 * 1001, 4128, dict(pf=1, ks=2)),
+                   # the prologue and the gated epilogue over staged X
+                   ("rmsnorm+gated", "silu", 16, 2 * 1001, 4128, dict(xs=2, nb=2, wn=8, wk=1)),
+                   ("rmsnorm", None, 33, 4097, 4128, dict(xs=3, nb=4, wn=4, wk=1, ks=2))]
 
 
 def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: int, knobs: dict | None) -> CheckCase:
@@ -700,7 +710,7 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_gate_up_swiglu_case(qtype, m, f, fit(k), norm, knobs))
     for m in (5, 16) if small else (5, 16, 512):
         cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128)))))
-    for m, n, k, residual, knobs in QMM_CASES[:2] + QMM_CASES[11:12] if small else QMM_CASES:
+    for m, n, k, residual, knobs in QMM_CASES[:2] + QMM_CASES[11:12] + QMM_CASES[20:21] if small else QMM_CASES:
         cases.append(_gemv_case("qmm", qtype, m, n, fit(k), residual, knobs))
     for kind, act, m, n, k, knobs in QMM_FUSED_CASES[:2] + QMM_FUSED_CASES[8:9] if small else QMM_FUSED_CASES:
         cases.append(_qmm_fused_case(kind, act, qtype, m, n, fit(k), knobs))
@@ -1115,7 +1125,9 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
 # its products, not every block first, saves none (132 against 136: ptxas interleaves them).
 # X is read by each lane straight from memory (no staging): X's traffic from L2 is (threadgroups
 # of rows) x M x K x 2 bytes, the weights' N x K x 0.5625 (Q4_0), so at 16 rows a threadgroup of
-# 32 rows reads more X than W. At a short prompt's and a batch's row counts on the 8B's O, gate+up
+# 32 rows reads more X than W. XS (2 or 3 buffers) stages X for the threadgroup instead: with 8
+# SIMD groups across N, X comes from L2 once for 128-256 rows of W and no SIMD group reads it from
+# L1, where its loads were most of the sectors (e04a574's profile). At a short prompt's and a batch's row counts on the 8B's O, gate+up
 # and down shapes and Qwen3-0.6B's four; M = 16 first (the GEMM's 16-row target). Timed by
 # gpu_us, each call alone (harness/timing.py: the rounds' side-by-side calls had hidden what
 # threadgroups a launch leaves idle, a12307b)
@@ -1124,7 +1136,9 @@ QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8)
                                 (4, 2, 1), (4, 2, 2), (4, 4, 1))] + \
     [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=1) for ks in (1, 2, 4) for nb, wn, wk in ((2, 4, 1), (2, 4, 2), (2, 8, 1),
                                                                                   (4, 2, 1))] + \
-    [dict(nb=8, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8) for wn, wk in ((1, 2), (1, 4), (2, 1), (2, 2))]
+    [dict(nb=8, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8) for wn, wk in ((1, 2), (1, 4), (2, 1), (2, 2))] + \
+    [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0, xs=xs) for xs in (2, 3) for ks in (1, 2, 4)
+     for nb, wn, wk in ((2, 8, 1), (4, 8, 1), (4, 4, 1), (2, 4, 2), (4, 4, 2))]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
                     # Qwen3-0.6B's QKV, O, gate+up and down (Q8_0), whose rule is 10cb374's knobs
                     # unsplit on end-to-end rows that the a397c5c sweep (QKV and down only, without
@@ -1136,17 +1150,17 @@ QMM_SWEEP_ROWS = (16, 64)
 def qmm_sweep_label(knobs: dict) -> str:
     """A qmm sweep row's variant: its knobs, KS only where K is split."""
     return "qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs) + (f"-KS{knobs['ks']}" if knobs["ks"] > 1 else "") + \
-        ("-PF1" if knobs.get("pf") else "")
+        ("-PF1" if knobs.get("pf") else "") + (f"-XS{knobs['xs']}" if knobs.get("xs") else "")
 
 
 def _qmm_sweep() -> list[BenchCase]:
-    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.][-PF1]') where they fit the threadgroup
+    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.][-PF1][-XS.]') where they fit the threadgroup
     memory, at QMM_SWEEP_ROWS rows."""
     from kernels.gemv import qmm, qmm_geometry
 
     def fits(m, n, k, knobs) -> bool:
         try:
-            qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"])
+            qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"], xs=knobs.get("xs", 0))
             return True
         except ValueError:
             return False

@@ -940,14 +940,17 @@ def _qmm_spec(residual: bool, norm: bool = False, activation: str | None = None)
                       threadgroup_bytes=_qmm_threadgroup_bytes(norm))
 
 
-def qmm_smem_bytes(mp: int, nb: int, wn: int, wk: int, norm: bool = False) -> int:
+def qmm_smem_bytes(mp: int, nb: int, wn: int, wk: int, norm: bool = False, xs: int = 0) -> int:
     """qmm.metal's threadgroup arrays: the partial sums of the WK - 1 groups that hand theirs to the
-    first (X is not staged: each lane loads its own); with the RMSNorm prologue, each row's 1 / rms."""
-    return 4 * max(1, (wk - 1) * wn * nb * (mp // 8) * 64) + (4 * mp if norm else 0)
+    first; with the RMSNorm prologue, each row's 1 / rms; with xs buffers of staged X, each MP rows
+    of WK super-chunks (16 pieces of 16 bytes each) and 2 pieces of padding a row (unstaged, the
+    array's one piece)."""
+    staged = (xs * mp * (16 * wk + 2) if xs else 1) * 16
+    return 4 * max(1, (wk - 1) * wn * nb * (mp // 8) * 64) + (4 * mp if norm else 0) + staged
 
 
 def _qmm_threadgroup_bytes(norm: bool):
-    return lambda c: qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"], norm)
+    return lambda c: qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"], norm, c["XS"])
 
 
 _QMM = {(residual, norm, act): _qmm_spec(residual, norm, act) for residual in (False, True) for norm in (False, True)
@@ -990,8 +993,8 @@ def qmm_splits(k: int, ks: int) -> tuple[int, int]:
 
 def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
     """qmm's knobs for M rows and an [N, K] matrix: 8 * NB * WN rows of W a threadgroup, WK SIMD
-    groups along K in it, PF the weights loaded a super-chunk ahead, SPLIT whether K is split
-    (qmm_parts).
+    groups along K in it, PF the weights loaded a super-chunk ahead, XS X's staged buffers (0:
+    unstaged), SPLIT whether K is split (qmm_parts).
 
     - K from 4096 (the 8B's): NB 4, WN 2, WK 2, split. The sweep of a397c5c (H100, each call
       alone, 16 and 64 rows) put it first by geometric mean at both row counts: 10.0 us for 16
@@ -1004,8 +1007,8 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
       sweep had none of its gated or normed forms; to be swept at its own shapes
       (kernels/gemv/NOTES.md)."""
     if k < 4096:
-        return dict(NB=2, WN=2, WK=4, PF=0, SPLIT=0)
-    return dict(NB=4, WN=2, WK=2, PF=0, SPLIT=1)
+        return dict(NB=2, WN=2, WK=4, PF=0, XS=0, SPLIT=0)
+    return dict(NB=4, WN=2, WK=2, PF=0, XS=0, SPLIT=1)
 
 
 def qmm_parts(groups: int, m: int = 16) -> int:
@@ -1020,16 +1023,17 @@ def qmm_parts(groups: int, m: int = 16) -> int:
 
 @_per_budget
 def qmm_geometry(m: int, n: int, k: int, nb: int | None = None, wn: int | None = None, wk: int | None = None,
-                 *, norm: bool = False, budget: int) -> tuple[int, int, int, int]:
+                 *, norm: bool = False, xs: int = 0, budget: int) -> tuple[int, int, int, int]:
     """(MP, NB, WN, WK) of a qmm launch: M rounded up to 16 and the knobs (qmm_by_shape's where not
-    given), whose partial sums must fit the threadgroup memory budget."""
+    given), whose partial sums (and xs buffers of staged X) must fit the threadgroup memory budget."""
     shaped = qmm_by_shape(m, n, k)
     nb, wn, wk = nb or shaped["NB"], wn or shaped["WN"], wk or shaped["WK"]
     if 32 * wn * wk > 1024:
         raise ValueError(f"WN * WK = {wn * wk} SIMD groups: a threadgroup takes at most 32")
     mp = -(-m // 16) * 16
-    if qmm_smem_bytes(mp, nb, wn, wk, norm) > budget:
-        raise ValueError(f"qmm: M={m} with NB={nb}, WN={wn}, WK={wk} does not fit {budget} bytes of threadgroup memory")
+    if qmm_smem_bytes(mp, nb, wn, wk, norm, xs) > budget:
+        raise ValueError(f"qmm: M={m} with NB={nb}, WN={wn}, WK={wk}" + (f", XS={xs}" if xs else "") +
+                         f" does not fit {budget} bytes of threadgroup memory")
     return mp, nb, wn, wk
 
 
@@ -1040,20 +1044,25 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     block type), on SIMD-group matrices (qmm.metal). `gamma` (fp16 [K]) and `eps`: X RMS-normed
     first (RMSNorm(X) * gamma), in the same launch. `activation` ("silu", "gelu"): W is a fused
     [gate; up] matrix (N = 2F rows) and Y = act(X @ gate^T) * (X @ up^T), [M, F]. Launch knobs:
-    nb, wn, wk, ks, pf (qmm_by_shape's where not given; gated, an even nb); ks > 1 splits K over ks
-    threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal); pf 1
-    loads the next super-chunk's weights (Q4_0, Q8_0) before this one's products."""
+    nb, wn, wk, ks, pf, xs (qmm_by_shape's where not given; gated, an even nb); ks > 1 splits K over
+    ks threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal); pf 1
+    loads the next super-chunk's weights (Q4_0, Q8_0) before this one's products; xs 2..4 stages X
+    in that many threadgroup buffers for all the threadgroup's SIMD groups (0: each lane loads its
+    own from device memory)."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
         raise ValueError("qmm takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
-    unknown = set(knobs) - {"nb", "wn", "wk", "ks", "pf"}
+    unknown = set(knobs) - {"nb", "wn", "wk", "ks", "pf", "xs"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, pf")
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, pf, xs")
     shaped = qmm_by_shape(m, n, k)
     pf = shaped["PF"] if knobs.get("pf") is None else knobs["pf"]
     if pf not in (0, 1):
         raise ValueError(f"pf (the next super-chunk's weights loaded ahead) must be 0 or 1, got {pf}")
+    xs = shaped["XS"] if knobs.get("xs") is None else knobs["xs"]
+    if xs not in (0, 2, 3, 4):  # a buffer being filled while one is read: at least 2
+        raise ValueError(f"xs (X's staged buffers) must be 0, 2, 3 or 4, got {xs}")
     norm, gated = gamma is not None, activation is not None
     if norm:
         _check_norm(gamma, 0.0 if eps is None else eps, k)
@@ -1066,14 +1075,14 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     if residual is not None:
         _check_residual(residual, m, n_out)
     mp, nb, wn, wk = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb"), knobs.get("wn"),
-                                  knobs.get("wk"), norm=norm)
+                                  knobs.get("wk"), norm=norm, xs=xs)
     if gated and nb % 2:
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
     ks = knobs.get("ks")
     ks, kspl = qmm_splits(k, (qmm_parts(groups, m) if shaped["SPLIT"] else 1) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
-    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, K=k)
+    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, XS=xs, K=k)
     if ks == 1:
         (y,) = launch(Launch(_QMM[residual is not None, norm, activation],
                              [*inputs, *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],

@@ -29,12 +29,23 @@
 // on, so a lane holds the gate and the up sums of the same outputs (act: gate_act<LATHE_ACT>, in
 // float32 before Y's one rounding).
 //
+// XS > 0 stages X in threadgroup memory for all of a threadgroup's SIMD groups (XS buffers, each a
+// round of WK super-chunks of MP rows, filled by cp.async XS - 1 rounds ahead, one barrier a
+// round), so that X comes from L2 once a threadgroup rather than once a SIMD group from L1: at
+// 16 rows X was 8 M of the 10 M L1 sectors of the 8B's gate+up, read at 18 of each 32 bytes
+// (e04a574). Each lane reads back the same 16-byte pieces it would have loaded; a row's pieces
+// sit 2 pieces (32 bytes) past a whole bank line from the row before, and piece q of chunk c
+// goes to q ^ (c / 2 & 1), so that the 8 lanes of a 16-byte phase (2 rows, 4 chunks) meet 8
+// different bank quads. Rows past M copy row M - 1 and chunks past K chunk 0 (finite values;
+// the lanes zero them as they read). Every SIMD group takes the same number of rounds (those
+// past its part of K read zeros), since each round ends at a barrier.
+//
 // LATHE_SPLIT splits K over KS threadgroups a row block (grid.y; KSPL values of K each, a multiple
 // of 128), so that a matrix of few row blocks still fills the GPU. Each writes its float32 sums
 // to part [KS, M, N] (all N rows of W: gated, gate's and up's), and qmm_reduce.metal adds the KS
 // partial sums and applies the epilogue (act(gate) * up, the residual) in a second launch.
 //
-// Constants: QTYPE, M, MP, NB, WN, WK, PF, K (a multiple of 32); LATHE_SPLIT: KS, KSPL. Inputs: x
+// Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, K (a multiple of 32); LATHE_SPLIT: KS, KSPL. Inputs: x
 // (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half [K]), eps
 // (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding. Output: y (half
 // [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]).
@@ -59,6 +70,25 @@ const uint k_begin = split * uint(KSPL), k_end = min(uint(K), k_begin + uint(KSP
 #else
 const uint k_begin = 0, k_end = K;
 #endif
+// XS: the rounds every SIMD group takes (WK super-chunks a round), X's buffers in 16-byte pieces
+constexpr uint XS_ROW = 16 * WK + 2;  // a row's pieces in a buffer: WK super-chunks and 2 of padding
+constexpr uint XS_BUF = MP * XS_ROW;
+constexpr uint XS_N = XS > 0 ? XS : 1;  // the buffers' count in the unstaged kernel's dead code
+const uint rounds = ((k_end - k_begin + 127) / 128 + WK - 1) / WK;
+threadgroup uint4 x_staged[XS > 0 ? XS * XS_BUF : 1];
+// round t's X into buffer t % XS, a piece a thread at a time (none past the last round)
+#define QMM_STAGE_X(T)                                                                                 \
+  if ((T) < rounds) {                                                                                  \
+    LATHE_UNROLL for (uint u_ = simd * 32 + lane; u_ < MP * 16 * WK; u_ += NT) {                      \
+      const uint row_ = u_ / (16 * WK), in_row_ = u_ % (16 * WK), sc_ = in_row_ / 16;                 \
+      const uint chunk_ = (in_row_ / 4) % 4, q_ = in_row_ % 4;                                         \
+      const uint g_ = (k_begin / 128 + (T) * WK + sc_) * 4 + chunk_;                                   \
+      const uint from_ = (min(row_, uint(M) - 1) * K) / 8 + (g_ < CHUNKS_K ? g_ * 4 + q_ : q_);        \
+      const uint to_ = ((T) % XS_N) * XS_BUF + row_ * XS_ROW + sc_ * 16 + chunk_ * 4;                 \
+      async_copy_wide(&x_staged[to_ + (q_ ^ (chunk_ >> 1))], x, from_);                                \
+    }                                                                                                  \
+  }                                                                                                    \
+  async_commit();
 
 #if LATHE_NORM
 threadgroup float inv_rms[MP];
@@ -106,9 +136,23 @@ const uint s_first = k_begin / 128 + ks;
 if (AHEAD) {
   QMM_RAW_W(s_first)
 }
-for (uint s = s_first; s * 128 < k_end; s += WK) {
+if (XS > 0) {
+  LATHE_UNROLL for (uint t = 0; t + 1 < XS; ++t) {
+    QMM_STAGE_X(t)
+  }
+}
+// unstaged, a SIMD group's own super-chunks of its part; staged, the threadgroup's rounds
+for (uint s = s_first, t = 0; XS ? t < rounds : s * 128 < k_end; s += WK, ++t) {
   const uint chunk_of_row = 4 * s + c / 2;
-  const bool k_inside = chunk_of_row < CHUNKS_K;  // K is whole chunks: a chunk is all in or all out
+  // K is whole chunks: a chunk is all in or all out (and a staged round's past this part of K out)
+  const bool k_inside = chunk_of_row < CHUNKS_K && (XS == 0 || s * 128 < k_end);
+  uint x_buf = 0;
+  if (XS > 0) {
+    async_wait<(XS > 1 ? XS - 2 : 0)>();  // this thread's copies of round t are in ...
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // ... everyone's, and round t - 1 is read
+    QMM_STAGE_X(t + XS - 1)  // into round t - 1's buffer
+    x_buf = (t % XS_N) * XS_BUF + ks * 16 + (c / 2) * 4;
+  }
   uint4 cq[NB][QW];  // this super-chunk's raw W (Q4_0, Q8_0)
   ushort cd[NB];
   if (QTYPE <= 1) {
@@ -181,7 +225,7 @@ for (uint s = s_first; s * 128 < k_end; s += WK) {
       const bool live = m < M && k_inside;
       const uint at = live ? (m * K) / 8 + x_chunk : 0u;
       LATHE_UNROLL for (uint q = 0; q < 4; ++q) {
-        const uint4 v = load_wide<uint4>(x, at + q);
+        const uint4 v = XS > 0 ? x_staged[x_buf + m * XS_ROW + (q ^ (c / 4))] : load_wide<uint4>(x, at + q);
         xw[h][4 * q] = live ? v.x : 0u, xw[h][4 * q + 1] = live ? v.y : 0u;
         xw[h][4 * q + 2] = live ? v.z : 0u, xw[h][4 * q + 3] = live ? v.w : 0u;
       }
@@ -208,6 +252,7 @@ for (uint s = s_first; s * 128 < k_end; s += WK) {
   }
 }
 #undef QMM_RAW_W
+#undef QMM_STAGE_X
 
 // The WK groups of a row block add up in threadgroup memory; the first writes Y.
 if (WK > 1) {
