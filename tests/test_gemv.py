@@ -374,6 +374,37 @@ def test_linear_takes_qmm_for_a_short_prompts_rows(m, qmm_on, launched):
         assert job.grid[:2] == (groups * 32 * wn * wk, gemv.qmm_parts(groups, m)) and job.constants["KS"] > 1
 
 
+@pytest.mark.parametrize("m, k, staged, want", [
+    (16, 4096, 2, dict(NB=4, WN=8, WK=1, XS=2)), (16, 4096, 3, dict(NB=4, WN=8, WK=1, XS=3)),
+    (64, 4096, 3, dict(NB=2, WN=8, WK=1, XS=2)),  # 3 buffers of 64 rows past 48 KiB: 2
+    (9, 1024, 2, dict(NB=4, WN=8, WK=1, XS=2))])  # Qwen3's K: unsplit, as its rule
+def test_qmm_x_staged_option_takes_the_staged_knobs(m, k, staged, want):
+    """Option qmm_x_staged: qmm_by_shape's staged geometry, launched as such, with fewer buffers
+    where they would not fit; the knobs are passed to the cached geometry, so that turning the
+    option on and off in one process launches each. Recorded, not run."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    w = _zero_packed("q4_0", 4096, k)
+    for setting, expected in ((staged, want), (0, gemv.qmm_by_shape(m, 4096, k))):
+        with options.use(qmm_x_staged=setting), recording() as rec:
+            gemv.qmm(mx.zeros((m, k), mx.float16), w, "q4_0", 4096, k)
+        job = rec.jobs[0]
+        assert {key: job.constants[key] for key in ("NB", "WN", "WK", "XS")} == \
+            {key: expected[key] for key in ("NB", "WN", "WK", "XS")}
+        assert job.spec.threadgroup_bytes(job.constants) <= 48 * 1024
+        groups = -(-4096 // (8 * expected["NB"] * expected["WN"]))
+        assert ("KS" in job.constants) == (k >= 4096 and gemv.qmm_parts(groups, m) > 1)
+
+
+def test_the_qmm_x_staged_option_refuses_one_buffer():
+    """One buffer could not be filled while another is read: refused when the option is parsed."""
+    from kernels import options
+
+    with pytest.raises(ValueError, match="2..4 buffers"):
+        options.parse("qmm_x_staged=1")
+
+
 def test_qmm_refuses_what_it_does_not_take():
     """Before any launch: more than QMM_MAX_M rows, GGUF blocks, an unknown knob, a residual of
     another shape."""

@@ -1005,7 +1005,16 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
       16-token prompt fell from 1.16-1.18x llama-bench (a397c5c) to 0.76-1.08x (8db493e), and to
       0.84-0.90x unsplit (1885abc); its 64-token prompt rose (0.99-1.02x to 1.17-1.39x). The
       sweep had none of its gated or normed forms; to be swept at its own shapes
-      (kernels/gemv/NOTES.md)."""
+      (kernels/gemv/NOTES.md).
+    - Option qmm_x_staged (n > 0): X staged in n buffers for 8 SIMD groups across N (NB 4 up to 16
+      rows, 2 past them, as their registers allow; n lowered to what fits 48 KiB), split as the
+      rule splits. Not measured yet: the sweep's XS rows are to say which knobs it should be."""
+    staged = options.get("qmm_x_staged")
+    if staged:
+        nb, mp = (4 if m <= 16 else 2), -(-m // 16) * 16
+        while staged > 2 and qmm_smem_bytes(mp, nb, 8, 1, True, staged) > 48 * 1024:
+            staged -= 1
+        return dict(NB=nb, WN=8, WK=1, PF=0, XS=staged, SPLIT=int(k >= 4096))
     if k < 4096:
         return dict(NB=2, WN=2, WK=4, PF=0, XS=0, SPLIT=0)
     return dict(NB=4, WN=2, WK=2, PF=0, XS=0, SPLIT=1)
@@ -1074,8 +1083,10 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     n_out = n // 2 if gated else n
     if residual is not None:
         _check_residual(residual, m, n_out)
-    mp, nb, wn, wk = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb"), knobs.get("wn"),
-                                  knobs.get("wk"), norm=norm, xs=xs)
+    # the rule's knobs passed as they are: qmm_geometry is cached by its arguments, the rule reads
+    # an option (qmm_x_staged)
+    mp, nb, wn, wk = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb") or shaped["NB"],
+                                  knobs.get("wn") or shaped["WN"], knobs.get("wk") or shaped["WK"], norm=norm, xs=xs)
     if gated and nb % 2:
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
