@@ -406,8 +406,8 @@ def test_the_qmm_x_staged_option_refuses_one_buffer():
 
 
 def test_qmm_refuses_what_it_does_not_take():
-    """Before any launch: more than QMM_MAX_M rows, GGUF blocks, an unknown knob, a residual of
-    another shape."""
+    """Before any launch: more than QMM_MAX_M rows, GGUF blocks, an unknown knob or one out of its
+    range, staged X past the threadgroup memory, a residual of another shape."""
     w = _zero_packed("q8_0", 64, 256)
     x = mx.zeros((8, 256), mx.float16)
     with pytest.raises(ValueError, match="M in 1..64"):
@@ -420,6 +420,12 @@ def test_qmm_refuses_what_it_does_not_take():
         gemv.qmm(x, w, "q8_0", 64, 256, ks=0)
     with pytest.raises(ValueError, match="pf .* must be 0 or 1"):
         gemv.qmm(x, w, "q8_0", 64, 256, pf=2)
+    with pytest.raises(ValueError, match="xs .* must be 0, 2, 3 or 4"):
+        gemv.qmm(x, w, "q8_0", 64, 256, xs=1)
+    with pytest.raises(ValueError, match="wst .* must be 0 or 1"):
+        gemv.qmm(x, w, "q8_0", 64, 256, wst=2)
+    with pytest.raises(ValueError, match="XS=3 does not fit"):  # 3 buffers of 64 rows past 48 KiB
+        gemv.qmm(mx.zeros((64, 256), mx.float16), w, "q8_0", 64, 256, xs=3, nb=2, wn=8, wk=1)
     with pytest.raises(ValueError, match="residual"):
         gemv.qmm(x, w, "q8_0", 64, 256, residual=mx.zeros((8, 63), mx.float16))
     # the RMSNorm prologue and the gated epilogue

@@ -633,10 +633,14 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              # X staged for the threadgroup (xs buffers): tails of M (rows copied from the last),
              # of N and K (a last round of one chunk, past it zeros), WK groups in a round, split
              # K (rounds of a part), 64 rows in 2 buffers, the weights ahead as well
-             (5, 4097, 4128, False, dict(xs=2, nb=2, wn=8, wk=1)), (16, 4097, 4128, True, dict(xs=3, nb=4, wn=8, wk=1)),
-             (20, 1000, 4128, False, dict(xs=2, nb=2, wn=4, wk=2)), (16, 4096, 14336, True, dict(xs=4, nb=4, wn=4, wk=1, ks=3)),
+             (5, 4097, 4128, False, dict(xs=2, nb=2, wn=8, wk=1)),
+             (16, 4097, 4128, True, dict(xs=3, nb=4, wn=8, wk=1)),
+             (20, 1000, 4128, False, dict(xs=2, nb=2, wn=4, wk=2)),
+             (16, 4096, 14336, True, dict(xs=4, nb=4, wn=4, wk=1, ks=3)),
              (64, 4097, 4096, False, dict(xs=2, nb=2, wn=8, wk=1)), (9, 33, 96, True, dict(xs=2, nb=1, wn=2, wk=4)),
-             (16, 4097, 4128, False, dict(xs=2, pf=1, nb=4, wn=8, wk=1))]
+             (16, 4097, 4128, False, dict(xs=2, pf=1, nb=4, wn=8, wk=1)),
+             # W's loads evict-first (wst), unstaged and staged
+             (33, 4097, 4128, True, dict(wst=1)), (16, 4096, 4096, False, dict(wst=1, xs=2, nb=4, wn=8, wk=1))]
 
 
 # qmm fused as the GEMVs are: the RMSNorm prologue, the gated epilogue (act(gate) * up of a
@@ -1127,10 +1131,12 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
 # of rows) x M x K x 2 bytes, the weights' N x K x 0.5625 (Q4_0), so at 16 rows a threadgroup of
 # 32 rows reads more X than W. XS (2 or 3 buffers) stages X for the threadgroup instead: with 8
 # SIMD groups across N, X comes from L2 once for 128-256 rows of W and no SIMD group reads it from
-# L1, where its loads were most of the sectors (e04a574's profile). At a short prompt's and a batch's row counts on the 8B's O, gate+up
-# and down shapes and Qwen3-0.6B's four; M = 16 first (the GEMM's 16-row target). Timed by
-# gpu_us, each call alone (harness/timing.py: the rounds' side-by-side calls had hidden what
-# threadgroups a launch leaves idle, a12307b)
+# L1, where its loads were most of the sectors (e04a574's profile). WST 1 loads W evict-first, so
+# that W, read once, does not push X's lines out of L1 (X's hits were 74% at 16 rows). At a short
+# prompt's and a batch's row counts on the 8B's O, gate+up and down shapes and Qwen3-0.6B's
+# four; M = 16 first (the GEMM's 16-row target). Timed by gpu_us, each call alone
+# (harness/timing.py: the rounds' side-by-side calls had hidden what threadgroups a launch leaves
+# idle, a12307b)
 QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8)
              for nb, wn, wk in ((1, 4, 2), (1, 8, 1), (2, 2, 2), (2, 2, 4), (2, 4, 1), (2, 4, 2), (2, 8, 1),
                                 (4, 2, 1), (4, 2, 2), (4, 4, 1))] + \
@@ -1138,7 +1144,9 @@ QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8)
                                                                                   (4, 2, 1))] + \
     [dict(nb=8, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8) for wn, wk in ((1, 2), (1, 4), (2, 1), (2, 2))] + \
     [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0, xs=xs) for xs in (2, 3) for ks in (1, 2, 4)
-     for nb, wn, wk in ((2, 8, 1), (4, 8, 1), (4, 4, 1), (2, 4, 2), (4, 4, 2))]
+     for nb, wn, wk in ((2, 8, 1), (4, 8, 1), (4, 4, 1), (2, 4, 2), (4, 4, 2))] + \
+    [dict(nb=4, wn=2, wk=2, ks=ks, pf=0, wst=1) for ks in (1, 2, 4, 8)] + \
+    [dict(nb=nb, wn=8, wk=1, ks=ks, pf=0, xs=2, wst=1) for ks in (1, 2) for nb in (2, 4)]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
                     # Qwen3-0.6B's QKV, O, gate+up and down (Q8_0), whose rule is 10cb374's knobs
                     # unsplit on end-to-end rows that the a397c5c sweep (QKV and down only, without
@@ -1150,11 +1158,12 @@ QMM_SWEEP_ROWS = (16, 64)
 def qmm_sweep_label(knobs: dict) -> str:
     """A qmm sweep row's variant: its knobs, KS only where K is split."""
     return "qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs) + (f"-KS{knobs['ks']}" if knobs["ks"] > 1 else "") + \
-        ("-PF1" if knobs.get("pf") else "") + (f"-XS{knobs['xs']}" if knobs.get("xs") else "")
+        ("-PF1" if knobs.get("pf") else "") + (f"-XS{knobs['xs']}" if knobs.get("xs") else "") + \
+        ("-WST1" if knobs.get("wst") else "")
 
 
 def _qmm_sweep() -> list[BenchCase]:
-    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.][-PF1][-XS.]') where they fit the threadgroup
+    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.][-PF1][-XS.][-WST1]') where they fit the threadgroup
     memory, at QMM_SWEEP_ROWS rows."""
     from kernels.gemv import qmm, qmm_geometry
 

@@ -1057,14 +1057,14 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     ks threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal); pf 1
     loads the next super-chunk's weights (Q4_0, Q8_0) before this one's products; xs 2..4 stages X
     in that many threadgroup buffers for all the threadgroup's SIMD groups (0: each lane loads its
-    own from device memory)."""
+    own from device memory); wst 1 loads Q4_0's and Q8_0's weights evict-first (load_stream)."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
         raise ValueError("qmm takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
-    unknown = set(knobs) - {"nb", "wn", "wk", "ks", "pf", "xs"}
+    unknown = set(knobs) - {"nb", "wn", "wk", "ks", "pf", "xs", "wst"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, pf, xs")
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, pf, xs, wst")
     shaped = qmm_by_shape(m, n, k)
     pf = shaped["PF"] if knobs.get("pf") is None else knobs["pf"]
     if pf not in (0, 1):
@@ -1072,6 +1072,9 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     xs = shaped["XS"] if knobs.get("xs") is None else knobs["xs"]
     if xs not in (0, 2, 3, 4):  # a buffer being filled while one is read: at least 2
         raise ValueError(f"xs (X's staged buffers) must be 0, 2, 3 or 4, got {xs}")
+    wst = knobs.get("wst") or 0
+    if wst not in (0, 1):
+        raise ValueError(f"wst (W's loads evict-first) must be 0 or 1, got {wst}")
     norm, gated = gamma is not None, activation is not None
     if norm:
         _check_norm(gamma, 0.0 if eps is None else eps, k)
@@ -1093,7 +1096,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     ks = knobs.get("ks")
     ks, kspl = qmm_splits(k, (qmm_parts(groups, m) if shaped["SPLIT"] else 1) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
-    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, XS=xs, K=k)
+    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, XS=xs, WST=wst, K=k)
     if ks == 1:
         (y,) = launch(Launch(_QMM[residual is not None, norm, activation],
                              [*inputs, *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],

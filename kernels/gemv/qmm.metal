@@ -45,10 +45,10 @@
 // to part [KS, M, N] (all N rows of W: gated, gate's and up's), and qmm_reduce.metal adds the KS
 // partial sums and applies the epilogue (act(gate) * up, the residual) in a second launch.
 //
-// Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, K (a multiple of 32); LATHE_SPLIT: KS, KSPL. Inputs: x
-// (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half [K]), eps
-// (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding. Output: y (half
-// [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]).
+// Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, WST, K (a multiple of 32); LATHE_SPLIT: KS, KSPL.
+// Inputs: x (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half
+// [K]), eps (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding.
+// Output: y (half [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]).
 constexpr uint MB = MP / 8;             // blocks of 8 rows of X
 constexpr uint REDUCE = (WK - 1) * WN * NB * MB * 64;  // the partial sums of groups s / WN > 0
 constexpr uint CHUNKS_K = K / 32;
@@ -113,6 +113,9 @@ LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
   LATHE_UNROLL for (uint mb = 0; mb < MB; ++mb) acc[j][mb] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
 }
 
+// WST 1: W's loads (Q4_0, Q8_0) evict-first (load_stream): read once, they need not push X's lines
+// out of L1, where X is read again by every SIMD group (e04a574: X's L1 hits 74% at 16 rows).
+#define QMM_LOAD_W(T, I) (WST ? load_stream<T>(w, I) : load_wide<T>(w, I))
 // Q4_0 and Q8_0: W's raw words (a chunk's quants, QW 16-byte words, and its fp16 d) of super-chunk
 // S for this lane and each row block, into wq / wd. Branch-free: a row or chunk outside (past N,
 // past K, past this launch's part of K) loads chunk 0 and gets d = 0, so the NB blocks' loads
@@ -123,9 +126,9 @@ constexpr uint QW = QTYPE == 0 ? 1u : 2u;
     const uint chunk_ = 4 * (S) + c / 2, out_ = row0 + 8 * (j % NBO) + r;                              \
     const bool in_ = out_ < n_out && chunk_ < CHUNKS_K && (S) * 128 < k_end;                           \
     const uint blk_ = in_ ? ((j < NBO ? 0u : n_out) + out_) * CHUNKS_K + chunk_ : 0u;                  \
-    const ushort d_ = load_wide<ushort>(w, chunks * (QW * 8) + blk_);                                  \
+    const ushort d_ = QMM_LOAD_W(ushort, chunks * (QW * 8) + blk_);                                   \
     wd[j] = in_ ? d_ : ushort(0);                                                                      \
-    LATHE_UNROLL for (uint u = 0; u < QW; ++u) wq[j][u] = load_wide<uint4>(w, blk_ * QW + u);          \
+    LATHE_UNROLL for (uint u = 0; u < QW; ++u) wq[j][u] = QMM_LOAD_W(uint4, blk_ * QW + u);           \
   }
 // PF 1 (Q4_0, Q8_0): the next super-chunk's raw W is loaded before this one's products, so that
 // it is in flight while they are taken (registers for one more super-chunk of W).
@@ -252,6 +255,7 @@ for (uint s = s_first, t = 0; XS ? t < rounds : s * 128 < k_end; s += WK, ++t) {
   }
 }
 #undef QMM_RAW_W
+#undef QMM_LOAD_W
 #undef QMM_STAGE_X
 
 // The WK groups of a row block add up in threadgroup memory; the first writes Y.

@@ -69,6 +69,12 @@ template <typename W, typename T>
 __device__ __forceinline__ void store_wide(T* p, uint i, W w) {
   lathe_wide<W>::store(p, i, w);
 }
+// load_stream: load_wide for data read once (a GEMM's weights), evict-first in L1 and L2
+// (ld.global.cs), so that the lines other loads reuse stay (lathe.h: a plain load on Metal).
+template <typename W, typename T>
+__device__ __forceinline__ W load_stream(const T* p, uint i) {
+  return __ldcs(reinterpret_cast<const W*>(p) + i);
+}
 
 // threadgroup_view<W>(p): a threadgroup array seen as elements of another type (Metal needs the
 // address space in the cast; lathe.h has that twin).

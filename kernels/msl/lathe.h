@@ -38,6 +38,13 @@ template <typename W, typename T>
 LATHE_FN void store_wide(threadgroup T* p, uint i, W w) {
   ((threadgroup W*)p)[i] = w;
 }
+// load_stream: load_wide for data read once (a GEMM's weights), which on CUDA is marked evict-first
+// (ld.global.cs) so that it does not push out of L1 what the other loads use again; on Metal a
+// plain load.
+template <typename W, typename T>
+LATHE_FN W load_stream(const device T* p, uint i) {
+  return ((const device W*)p)[i];
+}
 // threadgroup_view<W>(p): a threadgroup array seen as elements of another type.
 template <typename W, typename T>
 LATHE_FN threadgroup W* threadgroup_view(threadgroup T* p) {
