@@ -34,10 +34,12 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def _staged_buffers(text: str) -> int:
+def _staged_buffers(text: str) -> int | str:
+    if text.strip().lower() == "auto":
+        return "auto"
     value = _count(text)
     if value not in (0, 2, 3, 4):
-        raise ValueError(f"expected 0 (off) or 2..4 buffers, got {text!r}")
+        raise ValueError(f"expected auto, 0 (off) or 2..4 buffers, got {text!r}")
     return value
 
 
@@ -149,10 +151,11 @@ DECLARED = (
            "qmm (5..64 rows), K from 4096: split K over threadgroups (at most 8 parts, a second launch adding "
            "them) until a launch has this many threadgroups, half as many past 32 rows (0: never split; the "
            "sweep of a397c5c, kernels/gemv/NOTES.md)"),
-    Option("qmm_x_staged", 0, _staged_buffers,
-           "qmm (5..64 rows): X staged in threadgroup memory in this many buffers (2..4) for 8 SIMD groups "
-           "across N, which then read it from there rather than each from L1 (qmm's knob xs; 0: unstaged, "
-           "qmm_by_shape's rule; kernels/gemv/NOTES.md)"),
+    Option("qmm_x_staged", "auto", _staged_buffers,
+           "qmm (5..64 rows): X staged in threadgroup memory for all the threadgroup's SIMD groups, which then "
+           "read it from there rather than each from L1 (qmm's knob xs): auto, in 2 buffers from 17 rows on "
+           "matrices of 4096 x 14336 weights and more (the 8B's gate+up and down); 0: never; 2..4: on every "
+           "shape, in that many buffers (qmm_by_shape; kernels/gemv/NOTES.md)"),
     Option("paged_qkv_rows", True, _flag,
            "the paged RoPE + K/V write (serve's batched steps, the paged decode loop) reads Q, K and V from the "
            "fused QKV projection's rows (rope_paged_qkv_write); off: from MLX slices of it, which MLX copies "

@@ -374,27 +374,33 @@ def test_linear_takes_qmm_for_a_short_prompts_rows(m, qmm_on, launched):
         assert job.grid[:2] == (groups * 32 * wn * wk, gemv.qmm_parts(groups, m)) and job.constants["KS"] > 1
 
 
-@pytest.mark.parametrize("m, k, staged, want", [
-    (16, 4096, 2, dict(NB=4, WN=8, WK=1, XS=2)), (16, 4096, 3, dict(NB=4, WN=8, WK=1, XS=3)),
-    (64, 4096, 3, dict(NB=2, WN=8, WK=1, XS=2)),  # 3 buffers of 64 rows past 48 KiB: 2
-    (9, 1024, 2, dict(NB=4, WN=8, WK=1, XS=2))])  # Qwen3's K: unsplit, as its rule
-def test_qmm_x_staged_option_takes_the_staged_knobs(m, k, staged, want):
-    """Option qmm_x_staged: qmm_by_shape's staged geometry, launched as such, with fewer buffers
-    where they would not fit; the knobs are passed to the cached geometry, so that turning the
-    option on and off in one process launches each. Recorded, not run."""
+@pytest.mark.parametrize("m, n, k, staged, want", [
+    (16, 4096, 4096, 2, dict(NB=4, WN=4, WK=1, XS=2)), (16, 4096, 4096, 3, dict(NB=4, WN=4, WK=1, XS=3)),
+    (64, 4096, 4096, 3, dict(NB=4, WN=4, WK=1, XS=2)),  # 3 buffers of 64 rows past 48 KiB: 2
+    (32, 4096, 14336, 4, dict(NB=2, WN=8, WK=1, XS=4)),  # K the longer: 8 SIMD groups across N
+    (9, 4096, 1024, 2, dict(NB=4, WN=4, WK=1, XS=2))])  # Qwen3's K: unsplit, as its rule
+def test_qmm_x_staged_option_takes_the_staged_knobs(m, n, k, staged, want):
+    """Option qmm_x_staged forced on: qmm_by_shape's staged geometry on any shape, launched as such,
+    with fewer buffers where they would not fit; then 0 (never staged): the unstaged rule. The
+    knobs are passed to the cached geometry, so that turning the option on and off in one process
+    launches each. Recorded, not run."""
     from kernels import options
     from kernels.runtime import recording
 
-    w = _zero_packed("q4_0", 4096, k)
-    for setting, expected in ((staged, want), (0, gemv.qmm_by_shape(m, 4096, k))):
+    w = _zero_packed("q4_0", n, k)
+    for setting in (staged, 0):
         with options.use(qmm_x_staged=setting), recording() as rec:
-            gemv.qmm(mx.zeros((m, k), mx.float16), w, "q4_0", 4096, k)
+            gemv.qmm(mx.zeros((m, k), mx.float16), w, "q4_0", n, k)
+            expected = want if setting else dict(gemv.qmm_by_shape(m, n, k))
         job = rec.jobs[0]
         assert {key: job.constants[key] for key in ("NB", "WN", "WK", "XS")} == \
             {key: expected[key] for key in ("NB", "WN", "WK", "XS")}
         assert job.spec.threadgroup_bytes(job.constants) <= 48 * 1024
-        groups = -(-4096 // (8 * expected["NB"] * expected["WN"]))
-        assert ("KS" in job.constants) == (k >= 4096 and gemv.qmm_parts(groups, m) > 1)
+        groups = -(-n // (8 * expected["NB"] * expected["WN"]))
+        split = k >= 4096 and gemv.qmm_parts(groups, m, expected["WN"] * expected["WK"]) > 1
+        assert ("KS" in job.constants) == split
+        if not setting:
+            assert expected["XS"] == 0
 
 
 def test_the_qmm_x_staged_option_refuses_one_buffer():
@@ -551,9 +557,17 @@ def test_staged_x_pieces_are_the_ones_each_lane_would_load(m, k, wk, nt, ks):
     (16, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 8),  # the 8B's: 64 row blocks, 512 threadgroups
     (64, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 4),  # past 32 rows half the threadgroups
     (16, 28672, 4096, 512, dict(NB=4, WN=2, WK=2), 1),  # enough row blocks already
-    (16, 4096, 4096, 0, dict(NB=4, WN=2, WK=2), 1)])  # qmm_fill 0: never split
+    (16, 4096, 4096, 0, dict(NB=4, WN=2, WK=2), 1),  # qmm_fill 0: never split
+    (16, 4096, 14336, 512, dict(NB=4, WN=2, WK=2, XS=0), 8),  # staged from 17 rows only
+    (64, 4096, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0), 4),  # below 4096 x 14336 weights: unstaged
+    # the 8B's gate+up and down past 16 rows: staged X (a5c36c6's sweep); 8 SIMD groups a
+    # threadgroup count twice toward qmm_fill (32 row blocks of 4096 x 14336: 4 parts)
+    (64, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2), 1),
+    (64, 4096, 14336, 512, dict(NB=2, WN=8, WK=1, XS=2), 4),
+    (32, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2), 2)])
 def test_qmm_knobs_by_shape(m, n, k, fill, knobs, parts):
-    """qmm_by_shape's two arms and qmm_fill's split, as launched. Recorded, not run."""
+    """qmm_by_shape's arms and qmm_fill's split, as launched (option qmm_x_staged at its default,
+    auto). Recorded, not run."""
     from kernels import options
     from kernels.runtime import recording
 

@@ -1175,7 +1175,9 @@ def _qmm_sweep() -> list[BenchCase]:
             return False
 
     def settings(qtype, m, n, k):
-        return [(qmm_sweep_label(knobs), knobs) for knobs in QMM_SWEEP if fits(m, n, k, knobs)]
+        # xs 0 where not swept: the rule (option qmm_x_staged, auto) stages X on the largest shapes
+        return [(qmm_sweep_label(knobs), dict(knobs, xs=knobs.get("xs", 0))) for knobs in QMM_SWEEP
+                if fits(m, n, k, knobs)]
 
     # a row count at a time, over every shape: a sweep cut short by its time limit has the first
     return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm, _packed_once, settings, QMM_SWEEP_SHAPES, rows=(m,))]

@@ -1006,27 +1006,37 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
       0.84-0.90x unsplit (1885abc); its 64-token prompt rose (0.99-1.02x to 1.17-1.39x). The
       sweep had none of its gated or normed forms; to be swept at its own shapes
       (kernels/gemv/NOTES.md).
-    - Option qmm_x_staged (n > 0): X staged in n buffers for 8 SIMD groups across N (NB 4 up to 16
-      rows, 2 past them, as their registers allow; n lowered to what fits 48 KiB), split as the
-      rule splits. Not measured yet: the sweep's XS rows are to say which knobs it should be."""
+    - M from 17 on the 8B's two largest matrices (N * K from 4096 * 14336: gate+up, down): X
+      staged in 2 buffers for the threadgroup (XS), 4 SIMD groups across N (NB 4) where N >= K,
+      8 (NB 2) where K is the longer, split as above. The sweep of a5c36c6 (H200, 64 rows, GPU
+      time): 92.8 us for the 28672 x 4096 Q4_0 against the rule's 111.1, 60.9 against 68.7 for
+      4096 x 14336; staged lost on the 4096 x 4096 (22.3 against 19.5), on every Qwen3 shape and
+      on all but the largest at 16 rows (kernels/gemv/NOTES.md).
+    - Option qmm_x_staged: auto (the above), 0 (never staged), n (2..4: staged on every shape,
+      n buffers, lowered to what fits 48 KiB)."""
     staged = options.get("qmm_x_staged")
+    if staged == "auto":
+        staged = 2 if m > 16 and n * k >= 4096 * 14336 else 0
     if staged:
-        nb, mp = (4 if m <= 16 else 2), -(-m // 16) * 16
-        while staged > 2 and qmm_smem_bytes(mp, nb, 8, 1, True, staged) > 48 * 1024:
+        (nb, wn), mp = ((4, 4) if n >= k else (2, 8)), -(-m // 16) * 16
+        while staged > 2 and qmm_smem_bytes(mp, nb, wn, 1, True, staged) > 48 * 1024:
             staged -= 1
-        return dict(NB=nb, WN=8, WK=1, PF=0, XS=staged, SPLIT=int(k >= 4096))
+        return dict(NB=nb, WN=wn, WK=1, PF=0, XS=staged, SPLIT=int(k >= 4096))
     if k < 4096:
         return dict(NB=2, WN=2, WK=4, PF=0, XS=0, SPLIT=0)
     return dict(NB=4, WN=2, WK=2, PF=0, XS=0, SPLIT=1)
 
 
-def qmm_parts(groups: int, m: int = 16) -> int:
+def qmm_parts(groups: int, m: int = 16, simd_groups: int = 4) -> int:
     """The parts K is split into for a launch of `groups` row blocks of M rows (the qmm_fill
     option): enough threadgroups for qmm_fill (half of it past 32 rows, whose threadgroups each
-    take four times the products), at most 8 parts; 1 (no split) where qmm_fill is 0."""
+    take four times the products), at most 8 parts; 1 (no split) where qmm_fill is 0. qmm_fill
+    counts threadgroups of the rule's 4 SIMD groups: one of 8 (the staged geometry's 2 x 8)
+    counts twice, as it keeps twice the warps busy."""
     fill = options.get("qmm_fill")
     if m > 32:
         fill //= 2
+    groups = max(1, groups * simd_groups // 4)
     return max(1, min(8, fill // groups)) if fill else 1
 
 
@@ -1094,7 +1104,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
     ks = knobs.get("ks")
-    ks, kspl = qmm_splits(k, (qmm_parts(groups, m) if shaped["SPLIT"] else 1) if ks is None else ks)
+    ks, kspl = qmm_splits(k, (qmm_parts(groups, m, wn * wk) if shaped["SPLIT"] else 1) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
     constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, XS=xs, WST=wst, K=k)
     if ks == 1:
