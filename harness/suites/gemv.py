@@ -640,7 +640,9 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              (64, 4097, 4096, False, dict(xs=2, nb=2, wn=8, wk=1)), (9, 33, 96, True, dict(xs=2, nb=1, wn=2, wk=4)),
              (16, 4097, 4128, False, dict(xs=2, pf=1, nb=4, wn=8, wk=1)),
              # W's loads evict-first (wst), unstaged and staged
-             (33, 4097, 4128, True, dict(wst=1)), (16, 4096, 4096, False, dict(wst=1, xs=2, nb=4, wn=8, wk=1))]
+             (33, 4097, 4128, True, dict(wst=1)), (16, 4096, 4096, False, dict(wst=1, xs=2, nb=4, wn=8, wk=1)),
+             # the rule's staged down projection past 16 rows (qmm_x_staged auto): 8 SIMD groups, 4 parts
+             (64, 4096, 14336, True, None)]
 
 
 # qmm fused as the GEMVs are: the RMSNorm prologue, the gated epilogue (act(gate) * up of a
@@ -657,7 +659,10 @@ QMM_FUSED_CASES = [("rmsnorm", None, 5, 33, 96, None), ("rmsnorm+gated", "silu",
                    ("rmsnorm+gated", "silu", 20, 2 * 1001, 4128, dict(pf=1, ks=2)),
                    # the prologue and the gated epilogue over staged X
                    ("rmsnorm+gated", "silu", 16, 2 * 1001, 4128, dict(xs=2, nb=2, wn=8, wk=1)),
-                   ("rmsnorm", None, 33, 4097, 4128, dict(xs=3, nb=4, wn=4, wk=1, ks=2))]
+                   ("rmsnorm", None, 33, 4097, 4128, dict(xs=3, nb=4, wn=4, wk=1, ks=2)),
+                   # the rule's staged gate+up past 16 rows (qmm_x_staged auto): unsplit at 64, 2 parts at 32
+                   ("rmsnorm+gated", "silu", 64, 2 * 14336, 4096, None),
+                   ("rmsnorm+gated", "silu", 32, 2 * 14336, 4096, None)]
 
 
 def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: int, knobs: dict | None) -> CheckCase:
