@@ -153,7 +153,7 @@ DECLARED = (
            "sweep of a397c5c, kernels/gemv/NOTES.md)"),
     Option("qmm_x_staged", "auto", _staged_buffers,
            "qmm (5..64 rows): X staged in threadgroup memory for all the threadgroup's SIMD groups, which then "
-           "read it from there rather than each from L1 (qmm's knob xs): auto, in 2 buffers from 17 rows on "
+           "read it from there rather than each from L1 (qmm's knob xs): auto, in 2 buffers from 33 rows on "
            "matrices of 4096 x 14336 weights and more (the 8B's gate+up and down); 0: never; 2..4: on every "
            "shape, in that many buffers (qmm_by_shape; kernels/gemv/NOTES.md)"),
     Option("paged_qkv_rows", True, _flag,

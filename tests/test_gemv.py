@@ -558,13 +558,14 @@ def test_staged_x_pieces_are_the_ones_each_lane_would_load(m, k, wk, nt, ks):
     (64, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 4),  # past 32 rows half the threadgroups
     (16, 28672, 4096, 512, dict(NB=4, WN=2, WK=2), 1),  # enough row blocks already
     (16, 4096, 4096, 0, dict(NB=4, WN=2, WK=2), 1),  # qmm_fill 0: never split
-    (16, 4096, 14336, 512, dict(NB=4, WN=2, WK=2, XS=0), 8),  # staged from 17 rows only
+    (16, 4096, 14336, 512, dict(NB=4, WN=2, WK=2, XS=0), 8),  # staged from 33 rows only
     (64, 4096, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0), 4),  # below 4096 x 14336 weights: unstaged
-    # the 8B's gate+up and down past 16 rows: staged X (a5c36c6's sweep); 8 SIMD groups a
+    # the 8B's gate+up and down past 32 rows: staged X (a5c36c6's sweep); 8 SIMD groups a
     # threadgroup count twice toward qmm_fill (32 row blocks of 4096 x 14336: 4 parts)
     (64, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2), 1),
     (64, 4096, 14336, 512, dict(NB=2, WN=8, WK=1, XS=2), 4),
-    (32, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2), 2)])
+    (32, 28672, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0), 1),  # 32 rows: the rule (level end to end)
+    (33, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2), 1)])
 def test_qmm_knobs_by_shape(m, n, k, fill, knobs, parts):
     """qmm_by_shape's arms and qmm_fill's split, as launched (option qmm_x_staged at its default,
     auto). Recorded, not run."""

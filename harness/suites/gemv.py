@@ -641,7 +641,7 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              (16, 4097, 4128, False, dict(xs=2, pf=1, nb=4, wn=8, wk=1)),
              # W's loads evict-first (wst), unstaged and staged
              (33, 4097, 4128, True, dict(wst=1)), (16, 4096, 4096, False, dict(wst=1, xs=2, nb=4, wn=8, wk=1)),
-             # the rule's staged down projection past 16 rows (qmm_x_staged auto): 8 SIMD groups, 4 parts
+             # the rule's staged down projection past 32 rows (qmm_x_staged auto): 8 SIMD groups, 4 parts
              (64, 4096, 14336, True, None)]
 
 
@@ -660,7 +660,7 @@ QMM_FUSED_CASES = [("rmsnorm", None, 5, 33, 96, None), ("rmsnorm+gated", "silu",
                    # the prologue and the gated epilogue over staged X
                    ("rmsnorm+gated", "silu", 16, 2 * 1001, 4128, dict(xs=2, nb=2, wn=8, wk=1)),
                    ("rmsnorm", None, 33, 4097, 4128, dict(xs=3, nb=4, wn=4, wk=1, ks=2)),
-                   # the rule's staged gate+up past 16 rows (qmm_x_staged auto): unsplit at 64, 2 parts at 32
+                   # the rule's staged gate+up past 32 rows (qmm_x_staged auto): unsplit; at 32 rows unstaged
                    ("rmsnorm+gated", "silu", 64, 2 * 14336, 4096, None),
                    ("rmsnorm+gated", "silu", 32, 2 * 14336, 4096, None)]
 

@@ -1006,17 +1006,18 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
       0.84-0.90x unsplit (1885abc); its 64-token prompt rose (0.99-1.02x to 1.17-1.39x). The
       sweep had none of its gated or normed forms; to be swept at its own shapes
       (kernels/gemv/NOTES.md).
-    - M from 17 on the 8B's two largest matrices (N * K from 4096 * 14336: gate+up, down): X
+    - M from 33 on the 8B's two largest matrices (N * K from 4096 * 14336: gate+up, down): X
       staged in 2 buffers for the threadgroup (XS), 4 SIMD groups across N (NB 4) where N >= K,
       8 (NB 2) where K is the longer, split as above. The sweep of a5c36c6 (H200, 64 rows, GPU
       time): 92.8 us for the 28672 x 4096 Q4_0 against the rule's 111.1, 60.9 against 68.7 for
       4096 x 14336; staged lost on the 4096 x 4096 (22.3 against 19.5), on every Qwen3 shape and
-      on all but the largest at 16 rows (kernels/gemv/NOTES.md).
+      on all but the largest at 16 rows. The 8B's serve (d4bb708, one session): decode 5-8% faster
+      at 64 sequences, level at 32, so 32 rows keep the rule (kernels/gemv/NOTES.md).
     - Option qmm_x_staged: auto (the above), 0 (never staged), n (2..4: staged on every shape,
       n buffers, lowered to what fits 48 KiB)."""
     staged = options.get("qmm_x_staged")
     if staged == "auto":
-        staged = 2 if m > 16 and n * k >= 4096 * 14336 else 0
+        staged = 2 if m > 32 and n * k >= 4096 * 14336 else 0
     if staged:
         (nb, wn), mp = ((4, 4) if n >= k else (2, 8)), -(-m // 16) * 16
         while staged > 2 and qmm_smem_bytes(mp, nb, wn, 1, True, staged) > 48 * 1024:
