@@ -8,7 +8,7 @@ kernels/gemv/NOTES.md and the closing notes quote), a row per matrix and row cou
   rows);
 - `% peak`: the bytes a call must move (W, X and Y) over the GPU time, as a share of the copy peak
   measured in the same process, for the rule and for the best;
-- the target (issue 60): at M = 16, >= 80% on the 8B's shapes (K from 4096), by the rule.
+- the GEMM's target: at M = 16, >= 80% on the 8B's shapes (K from 4096), by the rule.
 """
 
 from __future__ import annotations
