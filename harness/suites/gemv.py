@@ -1139,7 +1139,10 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
 # L1, where its loads were most of the sectors (e04a574's profile). WST 1 loads W evict-first, so
 # that W, read once, does not push X's lines out of L1 (X's hits were 74% at 16 rows). At a short
 # prompt's and a batch's row counts on the 8B's O, gate+up and down shapes and Qwen3-0.6B's
-# four; M = 16 first (the GEMM's 16-row target). Timed by gpu_us, each call alone
+# four; M = 16 first (the GEMM's 16-row target). a5c36c6's sweep made XS 2 the rule on the 8B's
+# gate+up and down past 32 rows, and its profile found the warps waiting on W's loads: PF 1 and
+# NB 8 over staged X ask whether more of W in flight a warp pays (NVRTC, Q4_0: NB 8 XS 2 146-153
+# registers at 16 rows, 255 with spills at 64), and 32 rows place the staged rule's start. Timed by gpu_us, each call alone
 # (harness/timing.py: the rounds' side-by-side calls had hidden what threadgroups a launch leaves
 # idle, a12307b)
 QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8)
@@ -1151,13 +1154,15 @@ QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8)
     [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0, xs=xs) for xs in (2, 3) for ks in (1, 2, 4)
      for nb, wn, wk in ((2, 8, 1), (4, 8, 1), (4, 4, 1), (2, 4, 2), (4, 4, 2))] + \
     [dict(nb=4, wn=2, wk=2, ks=ks, pf=0, wst=1) for ks in (1, 2, 4, 8)] + \
-    [dict(nb=nb, wn=8, wk=1, ks=ks, pf=0, xs=2, wst=1) for ks in (1, 2) for nb in (2, 4)]
+    [dict(nb=nb, wn=8, wk=1, ks=ks, pf=0, xs=2, wst=1) for ks in (1, 2) for nb in (2, 4)] + \
+    [dict(nb=nb, wn=wn, wk=1, ks=ks, pf=1, xs=2) for ks in (1, 2, 4) for nb, wn in ((4, 4), (2, 8))] + \
+    [dict(nb=8, wn=wn, wk=1, ks=ks, pf=0, xs=2) for ks in (1, 2, 4) for wn in (2, 4)]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
                     # Qwen3-0.6B's QKV, O, gate+up and down (Q8_0), whose rule is 10cb374's knobs
                     # unsplit on end-to-end rows that the a397c5c sweep (QKV and down only, without
                     # NB2-WN2-WK4) could not rank
                     ("q8_0", 4096, 1024), ("q8_0", 1024, 2048), ("q8_0", 6144, 1024), ("q8_0", 1024, 3072))
-QMM_SWEEP_ROWS = (16, 64)
+QMM_SWEEP_ROWS = (16, 32, 64)
 
 
 def qmm_sweep_label(knobs: dict) -> str:
