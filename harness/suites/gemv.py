@@ -1158,6 +1158,8 @@ QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8)
     [dict(nb=nb, wn=wn, wk=1, ks=ks, pf=1, xs=2) for ks in (1, 2, 4) for nb, wn in ((4, 4), (2, 8))] + \
     [dict(nb=8, wn=wn, wk=1, ks=ks, pf=0, xs=2) for ks in (1, 2, 4) for wn in (2, 4)]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
+                    # the 8B's QKV and head: the head past 32 rows is staged by the rule, unswept
+                    ("q4_0", 6144, 4096), ("q4_0", 128256, 4096),
                     # Qwen3-0.6B's QKV, O, gate+up and down (Q8_0), whose rule is 10cb374's knobs
                     # unsplit on end-to-end rows that the a397c5c sweep (QKV and down only, without
                     # NB2-WN2-WK4) could not rank
