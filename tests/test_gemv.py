@@ -329,23 +329,26 @@ def test_a_pair_refuses_what_one_launch_cannot_hold(qtype, qtype_b, k_b, extra, 
 def test_the_qmm_sweep_times_each_knob_that_fits():
     """`lathe bench gemv --sweep`'s qmm rows (no GPU needed to list them): every NB, WN, WK of
     QMM_SWEEP at each shape and row count, but those past the threadgroup memory, which the
-    geometry refuses by name."""
+    geometry refuses by name, and staged X below K = 4096."""
     from harness.suites.gemv import QMM_SWEEP, QMM_SWEEP_ROWS, QMM_SWEEP_SHAPES, _qmm_sweep, qmm_sweep_label
-    from kernels.gemv import qmm_geometry
+    from kernels.gemv import block_format, qmm_geometry, qmm_ring_words
 
     cases = _qmm_sweep()
     assert len({c.label for c in cases}) == len(cases)
-    for _, n, k in QMM_SWEEP_SHAPES:
+    for qtype, n, k in QMM_SWEEP_SHAPES:
         for m in QMM_SWEEP_ROWS:
             fit = []
             for knobs in QMM_SWEEP:
                 try:
-                    qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"], xs=knobs.get("xs", 0))
+                    qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"], xs=knobs.get("xs", 0),
+                                 w_ring=qmm_ring_words(block_format(qtype)[0], knobs.get("wr", 0)))
                     fit.append(qmm_sweep_label(knobs))
                 except ValueError as err:
                     assert "threadgroup memory" in str(err)
+            if k < 4096:  # Qwen3's shapes: staged X not swept
+                fit = [label for label in fit if "-XS" not in label]
             listed = [c.variant for c in cases if (c.shape["M"], c.shape["N"], c.shape["K"]) == (m, n, k)]
-            assert listed == fit and len(fit) > len(QMM_SWEEP) // 2
+            assert listed == fit and len(fit) > len([kn for kn in QMM_SWEEP if not kn.get("xs")]) // 2
 
 
 @pytest.mark.parametrize("m, qmm_on, launched", [
@@ -413,7 +416,8 @@ def test_the_qmm_x_staged_option_refuses_one_buffer():
 
 def test_qmm_refuses_what_it_does_not_take():
     """Before any launch: more than QMM_MAX_M rows, GGUF blocks, an unknown knob or one out of its
-    range, staged X past the threadgroup memory, a residual of another shape."""
+    range, staged X (or W's ring) past the threadgroup memory, W's ring without X's rounds or with
+    pf, a residual of another shape."""
     w = _zero_packed("q8_0", 64, 256)
     x = mx.zeros((8, 256), mx.float16)
     with pytest.raises(ValueError, match="M in 1..64"):
@@ -432,6 +436,14 @@ def test_qmm_refuses_what_it_does_not_take():
         gemv.qmm(x, w, "q8_0", 64, 256, wst=2)
     with pytest.raises(ValueError, match="XS=3 does not fit"):  # 3 buffers of 64 rows past 48 KiB
         gemv.qmm(mx.zeros((64, 256), mx.float16), w, "q8_0", 64, 256, xs=3, nb=2, wn=8, wk=1)
+    with pytest.raises(ValueError, match="wr .* must be 0 or 1"):
+        gemv.qmm(x, w, "q8_0", 64, 256, xs=2, wr=2)
+    with pytest.raises(ValueError, match="wr 1 rides X's staged rounds"):  # no rounds to ride
+        gemv.qmm(x, w, "q8_0", 64, 256, wr=1, xs=0)
+    with pytest.raises(ValueError, match="wr 1 rides X's staged rounds"):  # W ahead twice over
+        gemv.qmm(x, w, "q8_0", 64, 256, wr=1, xs=2, pf=1)
+    with pytest.raises(ValueError, match="XS=3, WR=1 does not fit"):  # Q8_0's ring of 3 slots, 256 threads
+        gemv.qmm(mx.zeros((16, 256), mx.float16), w, "q8_0", 64, 256, xs=3, wr=1, nb=4, wn=4, wk=2)
     with pytest.raises(ValueError, match="residual"):
         gemv.qmm(x, w, "q8_0", 64, 256, residual=mx.zeros((8, 63), mx.float16))
     # the RMSNorm prologue and the gated epilogue
@@ -447,6 +459,25 @@ def test_qmm_refuses_what_it_does_not_take():
         gemv.qmm(x, w, "q8_0", 64, 256, activation="silu", residual=mx.zeros((8, 32), mx.float16))
     with pytest.raises(ValueError, match="nb must be even"):
         gemv.qmm(x, w, "q8_0", 64, 256, activation="silu", nb=1)
+
+
+@pytest.mark.parametrize("qtype, words", [("q4_0", 1), ("q8_0", 2), ("q4_k", 0)])
+def test_qmm_w_ring_takes_threadgroup_memory_for_q4_0_and_q8_0_only(qtype, words):
+    """wr 1: XS (here 2) slots of each thread's NB chunks of W (16 bytes a word: Q4_0 1 a chunk, Q8_0 2) and
+    their d words, counted in the launch's threadgroup memory; the other block types load W as
+    without it (the kernel's W_RING is off for them) and take none. Recorded, not run."""
+    from kernels.runtime import recording
+
+    k = 256 if qtype == "q4_k" else 4128
+    with recording() as rec:
+        gemv.qmm(mx.zeros((16, k), mx.float16), _zero_packed(qtype, 1000, k), qtype, 1000, k,
+                 xs=2, wr=1, nb=4, wn=4, wk=1)
+    job = rec.jobs[0]
+    c = job.constants
+    assert c["WR"] == 1 and gemv.qmm_ring_words(c["QTYPE"], c["WR"]) == words
+    without = gemv.qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"], False, c["XS"])
+    ring = 2 * 4 * 128 * (16 * words + 4) - (16 + 4) if words else 0  # less the arrays' one element
+    assert job.spec.threadgroup_bytes(c) == without + ring <= 48 * 1024
 
 
 def test_qmm_gated_launches_gate_and_up_in_one_threadgroup():

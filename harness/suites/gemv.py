@@ -642,7 +642,14 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              # W's loads evict-first (wst), unstaged and staged
              (33, 4097, 4128, True, dict(wst=1)), (16, 4096, 4096, False, dict(wst=1, xs=2, nb=4, wn=8, wk=1)),
              # the rule's staged down projection past 32 rows (qmm_x_staged auto): 8 SIMD groups, 4 parts
-             (64, 4096, 14336, True, None)]
+             (64, 4096, 14336, True, None),
+             # W through a ring on X's rounds (wr; Q4_0 and Q8_0, the other types as without it): tails
+             # of N, K and M, WK groups in a round, split K, 3 buffers, a whole 4096 x 14336; the third
+             # fits Metal's 32 KiB (the small set's, which `lathe compile --metal` reads)
+             (16, 4097, 4128, False, dict(xs=2, wr=1, nb=4, wn=4, wk=1)),
+             (20, 1000, 4128, True, dict(xs=3, wr=1, nb=2, wn=4, wk=2, ks=2)),
+             (5, 33, 96, False, dict(xs=2, wr=1, nb=1, wn=4, wk=1)),
+             (16, 4096, 14336, True, dict(xs=2, wr=1, nb=2, wn=8, wk=1, ks=4))]
 
 
 # qmm fused as the GEMVs are: the RMSNorm prologue, the gated epilogue (act(gate) * up of a
@@ -662,7 +669,9 @@ QMM_FUSED_CASES = [("rmsnorm", None, 5, 33, 96, None), ("rmsnorm+gated", "silu",
                    ("rmsnorm", None, 33, 4097, 4128, dict(xs=3, nb=4, wn=4, wk=1, ks=2)),
                    # the rule's staged gate+up past 32 rows (qmm_x_staged auto): unsplit; at 32 rows unstaged
                    ("rmsnorm+gated", "silu", 64, 2 * 14336, 4096, None),
-                   ("rmsnorm+gated", "silu", 32, 2 * 14336, 4096, None)]
+                   ("rmsnorm+gated", "silu", 32, 2 * 14336, 4096, None),
+                   # W's ring under the prologue and the gated epilogue
+                   ("rmsnorm+gated", "silu", 16, 2 * 1001, 4128, dict(xs=2, wr=1, nb=4, wn=4, wk=1))]
 
 
 def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: int, knobs: dict | None) -> CheckCase:
@@ -719,7 +728,8 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_gate_up_swiglu_case(qtype, m, f, fit(k), norm, knobs))
     for m in (5, 16) if small else (5, 16, 512):
         cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128)))))
-    for m, n, k, residual, knobs in QMM_CASES[:2] + QMM_CASES[11:12] + QMM_CASES[20:21] if small else QMM_CASES:
+    for m, n, k, residual, knobs in QMM_CASES[:2] + QMM_CASES[11:12] + QMM_CASES[20:21] + QMM_CASES[32:33] if small \
+            else QMM_CASES:
         cases.append(_gemv_case("qmm", qtype, m, n, fit(k), residual, knobs))
     for kind, act, m, n, k, knobs in QMM_FUSED_CASES[:2] + QMM_FUSED_CASES[8:9] if small else QMM_FUSED_CASES:
         cases.append(_qmm_fused_case(kind, act, qtype, m, n, fit(k), knobs))
@@ -1156,7 +1166,9 @@ QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8)
     [dict(nb=4, wn=2, wk=2, ks=ks, pf=0, wst=1) for ks in (1, 2, 4, 8)] + \
     [dict(nb=nb, wn=8, wk=1, ks=ks, pf=0, xs=2, wst=1) for ks in (1, 2) for nb in (2, 4)] + \
     [dict(nb=nb, wn=wn, wk=1, ks=ks, pf=1, xs=2) for ks in (1, 2, 4) for nb, wn in ((4, 4), (2, 8))] + \
-    [dict(nb=8, wn=wn, wk=1, ks=ks, pf=0, xs=2) for ks in (1, 2, 4) for wn in (2, 4)]
+    [dict(nb=8, wn=wn, wk=1, ks=ks, pf=0, xs=2) for ks in (1, 2, 4) for wn in (2, 4)] + \
+    [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0, xs=xs, wr=1) for xs in (2, 3) for ks in (1, 2, 4)
+     for nb, wn, wk in ((4, 4, 1), (2, 8, 1), (2, 4, 2), (4, 4, 2))]
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
                     # the 8B's QKV and head: the head past 32 rows is staged by the rule, unswept
                     ("q4_0", 6144, 4096), ("q4_0", 128256, 4096),
@@ -1171,25 +1183,27 @@ def qmm_sweep_label(knobs: dict) -> str:
     """A qmm sweep row's variant: its knobs, KS only where K is split."""
     return "qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs) + (f"-KS{knobs['ks']}" if knobs["ks"] > 1 else "") + \
         ("-PF1" if knobs.get("pf") else "") + (f"-XS{knobs['xs']}" if knobs.get("xs") else "") + \
-        ("-WST1" if knobs.get("wst") else "")
+        ("-WST1" if knobs.get("wst") else "") + ("-WR1" if knobs.get("wr") else "")
 
 
 def _qmm_sweep() -> list[BenchCase]:
-    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.][-PF1][-XS.][-WST1]') where they fit the threadgroup
+    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.][-PF1][-XS.][-WST1][-WR1]') where they fit the threadgroup
     memory, at QMM_SWEEP_ROWS rows."""
-    from kernels.gemv import qmm, qmm_geometry
+    from kernels.gemv import block_format, qmm, qmm_geometry, qmm_ring_words
 
-    def fits(m, n, k, knobs) -> bool:
+    def fits(qtype, m, n, k, knobs) -> bool:
         try:
-            qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"], xs=knobs.get("xs", 0))
+            qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"], xs=knobs.get("xs", 0),
+                         w_ring=qmm_ring_words(block_format(qtype)[0], knobs.get("wr", 0)))
             return True
         except ValueError:
             return False
 
     def settings(qtype, m, n, k):
-        # xs 0 where not swept: the rule (option qmm_x_staged, auto) stages X on the largest shapes
+        # xs 0 where not swept: the rule (option qmm_x_staged, auto) stages X on the largest shapes;
+        # staged X only from K = 4096 (a5c36c6: 3-60% slower on every Qwen3 shape)
         return [(qmm_sweep_label(knobs), dict(knobs, xs=knobs.get("xs", 0))) for knobs in QMM_SWEEP
-                if fits(m, n, k, knobs)]
+                if fits(qtype, m, n, k, knobs) and (k >= 4096 or not knobs.get("xs"))]
 
     # a row count at a time, over every shape: a sweep cut short by its time limit has the first
     return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm, _packed_once, settings, QMM_SWEEP_SHAPES, rows=(m,))]

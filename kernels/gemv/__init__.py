@@ -940,17 +940,27 @@ def _qmm_spec(residual: bool, norm: bool = False, activation: str | None = None)
                       threadgroup_bytes=_qmm_threadgroup_bytes(norm))
 
 
-def qmm_smem_bytes(mp: int, nb: int, wn: int, wk: int, norm: bool = False, xs: int = 0) -> int:
+def qmm_smem_bytes(mp: int, nb: int, wn: int, wk: int, norm: bool = False, xs: int = 0, w_ring: int = 0) -> int:
     """qmm.metal's threadgroup arrays: the partial sums of the WK - 1 groups that hand theirs to the
     first; with the RMSNorm prologue, each row's 1 / rms; with xs buffers of staged X, each MP rows
     of WK super-chunks (16 pieces of 16 bytes each) and 2 pieces of padding a row (unstaged, the
-    array's one piece)."""
+    array's one piece); W's ring (knob wr, with xs) of `w_ring` 16-byte words a chunk (Q4_0 1,
+    Q8_0 2; 0: no ring): xs slots of each thread's NB chunks and the 4-byte words of their d
+    (without it, the arrays' one element each)."""
     staged = (xs * mp * (16 * wk + 2) if xs else 1) * 16
-    return 4 * max(1, (wk - 1) * wn * nb * (mp // 8) * 64) + (4 * mp if norm else 0) + staged
+    ring = xs * nb * 32 * wn * wk * (16 * w_ring + 4) if w_ring and xs else 16 + 4
+    return 4 * max(1, (wk - 1) * wn * nb * (mp // 8) * 64) + (4 * mp if norm else 0) + staged + ring
+
+
+def qmm_ring_words(qtype_code: int, wr: int) -> int:
+    """W's 16-byte words a chunk in qmm's ring: Q4_0 (code 0) 1, Q8_0 (code 1) 2; 0 where the
+    launch has no ring (wr 0, or another block type, whose loads stay as they are)."""
+    return (1 if qtype_code == 0 else 2) if wr and qtype_code <= 1 else 0
 
 
 def _qmm_threadgroup_bytes(norm: bool):
-    return lambda c: qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"], norm, c["XS"])
+    return lambda c: qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"], norm, c["XS"],
+                                    qmm_ring_words(c["QTYPE"], c["WR"]))
 
 
 _QMM = {(residual, norm, act): _qmm_spec(residual, norm, act) for residual in (False, True) for norm in (False, True)
@@ -1043,17 +1053,18 @@ def qmm_parts(groups: int, m: int = 16, simd_groups: int = 4) -> int:
 
 @_per_budget
 def qmm_geometry(m: int, n: int, k: int, nb: int | None = None, wn: int | None = None, wk: int | None = None,
-                 *, norm: bool = False, xs: int = 0, budget: int) -> tuple[int, int, int, int]:
+                 *, norm: bool = False, xs: int = 0, w_ring: int = 0, budget: int) -> tuple[int, int, int, int]:
     """(MP, NB, WN, WK) of a qmm launch: M rounded up to 16 and the knobs (qmm_by_shape's where not
-    given), whose partial sums (and xs buffers of staged X) must fit the threadgroup memory budget."""
+    given), whose partial sums (and xs buffers of staged X, W's ring of `w_ring` words a chunk) must
+    fit the threadgroup memory budget."""
     shaped = qmm_by_shape(m, n, k)
     nb, wn, wk = nb or shaped["NB"], wn or shaped["WN"], wk or shaped["WK"]
     if 32 * wn * wk > 1024:
         raise ValueError(f"WN * WK = {wn * wk} SIMD groups: a threadgroup takes at most 32")
     mp = -(-m // 16) * 16
-    if qmm_smem_bytes(mp, nb, wn, wk, norm, xs) > budget:
+    if qmm_smem_bytes(mp, nb, wn, wk, norm, xs, w_ring) > budget:
         raise ValueError(f"qmm: M={m} with NB={nb}, WN={wn}, WK={wk}" + (f", XS={xs}" if xs else "") +
-                         f" does not fit {budget} bytes of threadgroup memory")
+                         (", WR=1" if w_ring else "") + f" does not fit {budget} bytes of threadgroup memory")
     return mp, nb, wn, wk
 
 
@@ -1068,14 +1079,16 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     ks threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal); pf 1
     loads the next super-chunk's weights (Q4_0, Q8_0) before this one's products; xs 2..4 stages X
     in that many threadgroup buffers for all the threadgroup's SIMD groups (0: each lane loads its
-    own from device memory); wst 1 loads Q4_0's and Q8_0's weights evict-first (load_stream)."""
+    own from device memory); wst 1 loads Q4_0's and Q8_0's weights evict-first (load_stream); wr 1
+    (with xs, not with pf) brings Q4_0's and Q8_0's weights through a ring in threadgroup memory
+    on X's rounds, xs - 1 super-chunks ahead."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
         raise ValueError("qmm takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
-    unknown = set(knobs) - {"nb", "wn", "wk", "ks", "pf", "xs", "wst"}
+    unknown = set(knobs) - {"nb", "wn", "wk", "ks", "pf", "xs", "wst", "wr"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, pf, xs, wst")
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, pf, xs, wst, wr")
     shaped = qmm_by_shape(m, n, k)
     pf = shaped["PF"] if knobs.get("pf") is None else knobs["pf"]
     if pf not in (0, 1):
@@ -1086,6 +1099,12 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     wst = knobs.get("wst") or 0
     if wst not in (0, 1):
         raise ValueError(f"wst (W's loads evict-first) must be 0 or 1, got {wst}")
+    wr = knobs.get("wr") or 0
+    if wr not in (0, 1):
+        raise ValueError(f"wr (W through a ring on X's rounds) must be 0 or 1, got {wr}")
+    if wr and (not xs or pf):
+        raise ValueError(f"wr 1 rides X's staged rounds ahead of the products: it takes xs 2..4 and pf 0, "
+                         f"got xs {xs}, pf {pf}")
     norm, gated = gamma is not None, activation is not None
     if norm:
         _check_norm(gamma, 0.0 if eps is None else eps, k)
@@ -1100,14 +1119,15 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     # the rule's knobs passed as they are: qmm_geometry is cached by its arguments, the rule reads
     # an option (qmm_x_staged)
     mp, nb, wn, wk = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb") or shaped["NB"],
-                                  knobs.get("wn") or shaped["WN"], knobs.get("wk") or shaped["WK"], norm=norm, xs=xs)
+                                  knobs.get("wn") or shaped["WN"], knobs.get("wk") or shaped["WK"], norm=norm, xs=xs,
+                                  w_ring=qmm_ring_words(block_format(qtype)[0], wr))
     if gated and nb % 2:
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
     ks = knobs.get("ks")
     ks, kspl = qmm_splits(k, (qmm_parts(groups, m, wn * wk) if shaped["SPLIT"] else 1) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
-    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, XS=xs, WST=wst, K=k)
+    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, XS=xs, WST=wst, WR=wr, K=k)
     if ks == 1:
         (y,) = launch(Launch(_QMM[residual is not None, norm, activation],
                              [*inputs, *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],

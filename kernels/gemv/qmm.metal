@@ -40,12 +40,19 @@
 // the lanes zero them as they read). Every SIMD group takes the same number of rounds (those
 // past its part of K read zeros), since each round ends at a barrier.
 //
+// WR 1 (Q4_0, Q8_0; with XS) brings W's raw words through threadgroup memory on X's rounds: each
+// lane copies its own chunk of each row block (and the 4-byte word holding its d) by cp.async in
+// the same group as round t's X, XS - 1 rounds ahead, into a ring slot no other lane reads, and
+// reads it back after the round's wait. So XS - 1 super-chunks of W are in flight a lane without
+// registers holding them: at a5c36c6 the most sampled instruction was W's first use, and PF 1
+// (registers) and a per-lane ring without staged X (an H100 session) had only moved that wait.
+//
 // LATHE_SPLIT splits K over KS threadgroups a row block (grid.y; KSPL values of K each, a multiple
 // of 128), so that a matrix of few row blocks still fills the GPU. Each writes its float32 sums
 // to part [KS, M, N] (all N rows of W: gated, gate's and up's), and qmm_reduce.metal adds the KS
 // partial sums and applies the epilogue (act(gate) * up, the residual) in a second launch.
 //
-// Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, WST, K (a multiple of 32); LATHE_SPLIT: KS, KSPL.
+// Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, WST, WR, K (a multiple of 32); LATHE_SPLIT: KS, KSPL.
 // Inputs: x (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half
 // [K]), eps (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding.
 // Output: y (half [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]).
@@ -76,8 +83,33 @@ constexpr uint XS_BUF = MP * XS_ROW;
 constexpr uint XS_N = XS > 0 ? XS : 1;  // the buffers' count in the unstaged kernel's dead code
 const uint rounds = ((k_end - k_begin + 127) / 128 + WK - 1) / WK;
 threadgroup uint4 x_staged[XS > 0 ? XS * XS_BUF : 1];
+// WR: W's ring, slot (round % XS, row block j, word u) a uint4 a thread (tid: consecutive threads
+// consecutive 16 bytes), and the word holding each block's d
+constexpr uint QW = QTYPE == 0 ? 1u : 2u;  // a Q4_0 chunk's quants: one 16-byte word; Q8_0's: two
+constexpr bool W_RING = WR > 0 && XS > 0 && QTYPE <= 1;
+threadgroup uint4 w_ring[W_RING ? XS * NB * QW * NT : 1];
+threadgroup uint w_ring_d[W_RING ? XS * NB * NT : 1];
+const uint tid = simd * 32 + lane;
+// W's block (row, chunk) of row block j for this lane in super-chunk S, and whether it is inside
+// (a row past N, a chunk past K or past this launch's part of K: chunk 0, and d = 0)
+#define QMM_W_INSIDE(S, J) (row0 + 8 * ((J) % NBO) + r < n_out && 4 * (S) + c / 2 < CHUNKS_K && (S) * 128 < k_end)
+#define QMM_W_BLOCK(S, J)                                                                              \
+  (QMM_W_INSIDE(S, J) ? (((J) < NBO ? 0u : n_out) + row0 + 8 * ((J) % NBO) + r) * CHUNKS_K + 4 * (S) + c / 2 : 0u)
+// WR: super-chunk S's raw W of this lane into ring slot SLOT (d: the 4-byte word that holds it;
+// the d array starts 16-byte aligned, so block b's d is half b % 2 of word (d's start + b) / 2)
+#define QMM_RING_W(S, SLOT)                                                                            \
+  LATHE_UNROLL for (uint j_ = 0; j_ < NB; ++j_) {                                                      \
+    const uint blk_ = QMM_W_BLOCK(S, j_), at_ = (SLOT) * NB + j_;                                      \
+    async_copy_word(&w_ring_d[at_ * NT + tid], w, (chunks * (QW * 8) + blk_) / 2);                     \
+    LATHE_UNROLL for (uint u_ = 0; u_ < QW; ++u_) {                                                    \
+      async_copy_wide(&w_ring[(at_ * QW + u_) * NT + tid], w, blk_ * QW + u_);                         \
+    }                                                                                                  \
+  }
 // round t's X into buffer t % XS, a piece a thread at a time (none past the last round)
 #define QMM_STAGE_X(T)                                                                                 \
+  if (W_RING && (T) < rounds) {                                                                        \
+    QMM_RING_W(s_first + (T) * WK, (T) % XS_N)                                                         \
+  }                                                                                                    \
   if ((T) < rounds) {                                                                                  \
     LATHE_UNROLL for (uint u_ = simd * 32 + lane; u_ < MP * 16 * WK; u_ += NT) {                      \
       const uint row_ = u_ / (16 * WK), in_row_ = u_ % (16 * WK), sc_ = in_row_ / 16;                 \
@@ -120,14 +152,11 @@ LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
 // S for this lane and each row block, into wq / wd. Branch-free: a row or chunk outside (past N,
 // past K, past this launch's part of K) loads chunk 0 and gets d = 0, so the NB blocks' loads
 // form one straight run that the compiler can issue before any is used.
-constexpr uint QW = QTYPE == 0 ? 1u : 2u;
 #define QMM_RAW_W(S)                                                                                   \
   LATHE_UNROLL for (uint j = 0; j < NB; ++j) {                                                         \
-    const uint chunk_ = 4 * (S) + c / 2, out_ = row0 + 8 * (j % NBO) + r;                              \
-    const bool in_ = out_ < n_out && chunk_ < CHUNKS_K && (S) * 128 < k_end;                           \
-    const uint blk_ = in_ ? ((j < NBO ? 0u : n_out) + out_) * CHUNKS_K + chunk_ : 0u;                  \
+    const uint blk_ = QMM_W_BLOCK(S, j);                                                               \
     const ushort d_ = QMM_LOAD_W(ushort, chunks * (QW * 8) + blk_);                                   \
-    wd[j] = in_ ? d_ : ushort(0);                                                                      \
+    wd[j] = QMM_W_INSIDE(S, j) ? d_ : ushort(0);                                                       \
     LATHE_UNROLL for (uint u = 0; u < QW; ++u) wq[j][u] = QMM_LOAD_W(uint4, blk_ * QW + u);           \
   }
 // PF 1 (Q4_0, Q8_0): the next super-chunk's raw W is loaded before this one's products, so that
@@ -158,7 +187,13 @@ for (uint s = s_first, t = 0; XS ? t < rounds : s * 128 < k_end; s += WK, ++t) {
   }
   uint4 cq[NB][QW];  // this super-chunk's raw W (Q4_0, Q8_0)
   ushort cd[NB];
-  if (QTYPE <= 1) {
+  if (W_RING) {  // this lane's own slot of round t, in since the wait above
+    LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
+      const uint at = (t % XS_N) * NB + j, dw = w_ring_d[at * NT + tid];
+      cd[j] = QMM_W_INSIDE(s, j) ? ushort(QMM_W_BLOCK(s, j) % 2 ? dw >> 16 : dw & 0xffffu) : ushort(0);
+      LATHE_UNROLL for (uint u = 0; u < QW; ++u) cq[j][u] = w_ring[(at * QW + u) * NT + tid];
+    }
+  } else if (QTYPE <= 1) {
     if (!AHEAD) {
       QMM_RAW_W(s)
     }
@@ -257,6 +292,9 @@ for (uint s = s_first, t = 0; XS ? t < rounds : s * 128 < k_end; s += WK, ++t) {
 #undef QMM_RAW_W
 #undef QMM_LOAD_W
 #undef QMM_STAGE_X
+#undef QMM_RING_W
+#undef QMM_W_BLOCK
+#undef QMM_W_INSIDE
 
 // The WK groups of a row block add up in threadgroup memory; the first writes Y.
 if (WK > 1) {

@@ -144,6 +144,14 @@ __device__ __forceinline__ void async_copy_wide_l1(uint4* dst, const T* src, uin
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(to),
                "l"(reinterpret_cast<const uint4*>(src) + i));
 }
+// async_copy_word: one 4-byte word (element i of src viewed as uint) into *dst the same way
+// (cp.async.ca: 4-byte copies go through the L1).
+template <typename T>
+__device__ __forceinline__ void async_copy_word(uint* dst, const T* src, uint i) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to),
+               "l"(reinterpret_cast<const uint*>(src) + i));
+}
 __device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void async_wait() {

@@ -72,7 +72,7 @@ LATHE_FN uint byte_perm(uint x, uint y, uint s) {
   }
   return r;
 }
-// async_copy_wide / async_copy_wide_l1 / async_commit / async_wait<N>: cuda_compat.h's copies into
+// async_copy_wide / async_copy_wide_l1 / async_copy_word / async_commit / async_wait<N>: cuda_compat.h's copies into
 // threadgroup memory that bypass registers; here a plain 16-byte copy, complete when the call returns.
 template <typename T>
 LATHE_FN void async_copy_wide(threadgroup uint4* dst, const device T* src, uint i) {
@@ -81,6 +81,11 @@ LATHE_FN void async_copy_wide(threadgroup uint4* dst, const device T* src, uint 
 template <typename T>
 LATHE_FN void async_copy_wide_l1(threadgroup uint4* dst, const device T* src, uint i) {
   *dst = ((const device uint4*)src)[i];
+}
+// async_copy_word: one 4-byte word (element i of src viewed as uint) the same way.
+template <typename T>
+LATHE_FN void async_copy_word(threadgroup uint* dst, const device T* src, uint i) {
+  *dst = ((const device uint*)src)[i];
 }
 LATHE_FN void async_commit() {}
 template <int N>
