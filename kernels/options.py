@@ -154,8 +154,10 @@ DECLARED = (
     Option("qmm_x_staged", "auto", _staged_buffers,
            "qmm (5..64 rows): X staged in threadgroup memory for all the threadgroup's SIMD groups, which then "
            "read it from there rather than each from L1 (qmm's knob xs): auto, in 2 buffers from 33 rows on "
-           "matrices of 4096 x 14336 weights and more (the 8B's gate+up and down); 0: never; 2..4: on every "
-           "shape, in that many buffers (qmm_by_shape; kernels/gemv/NOTES.md)"),
+           "matrices of 4096 x 14336 weights and more (the 8B's gate+up, down, head), and for Q4_0 and Q8_0 on "
+           "every K from 4096 past 32 rows (W a super-chunk ahead, pf) and from 17 rows on the largest (W "
+           "through a ring, wr); 0: never; 2..4: on every shape, in that many buffers, without pf or wr "
+           "(qmm_by_shape; kernels/gemv/NOTES.md)"),
     Option("paged_qkv_rows", True, _flag,
            "the paged RoPE + K/V write (serve's batched steps, the paged decode loop) reads Q, K and V from the "
            "fused QKV projection's rows (rope_paged_qkv_write); off: from MLX slices of it, which MLX copies "

@@ -371,7 +371,8 @@ def test_linear_takes_qmm_for_a_short_prompts_rows(m, qmm_on, launched):
     assert tuple(j.spec.name.removesuffix("_residual") for j in rec.jobs) == launched
     if launched[0] == "lathe_qmm_split":
         job, reduce = rec.jobs
-        mp, nb, wn, wk = gemv.qmm_geometry(m, 4104, 4096)
+        shaped = gemv.qmm_by_shape(m, 4104, 4096, "q4_k")
+        mp, nb, wn, wk = gemv.qmm_geometry(m, 4104, 4096, shaped["NB"], shaped["WN"], shaped["WK"])
         groups = -(-4104 // (8 * nb * wn))
         assert reduce.spec.name == "lathe_qmm_reduce_residual" and job.constants["MP"] == mp
         assert job.grid[:2] == (groups * 32 * wn * wk, gemv.qmm_parts(groups, m)) and job.constants["KS"] > 1
@@ -394,7 +395,7 @@ def test_qmm_x_staged_option_takes_the_staged_knobs(m, n, k, staged, want):
     for setting in (staged, 0):
         with options.use(qmm_x_staged=setting), recording() as rec:
             gemv.qmm(mx.zeros((m, k), mx.float16), w, "q4_0", n, k)
-            expected = want if setting else dict(gemv.qmm_by_shape(m, n, k))
+            expected = want if setting else dict(gemv.qmm_by_shape(m, n, k, "q4_0"))
         job = rec.jobs[0]
         assert {key: job.constants[key] for key in ("NB", "WN", "WK", "XS")} == \
             {key: expected[key] for key in ("NB", "WN", "WK", "XS")}
@@ -583,28 +584,35 @@ def test_staged_x_pieces_are_the_ones_each_lane_would_load(m, k, wk, nt, ks):
                     assert len(quads) == 8
 
 
-@pytest.mark.parametrize("m, n, k, fill, knobs, parts", [
-    (16, 1024, 3072, 512, dict(NB=2, WN=2, WK=4), 1),  # Qwen3-0.6B's K: 10cb374's knobs, one launch
-    (16, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 8),  # the 8B's: 64 row blocks, 512 threadgroups
-    (64, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 4),  # past 32 rows half the threadgroups
-    (16, 28672, 4096, 512, dict(NB=4, WN=2, WK=2), 1),  # enough row blocks already
-    (16, 4096, 4096, 0, dict(NB=4, WN=2, WK=2), 1),  # qmm_fill 0: never split
-    (16, 4096, 14336, 512, dict(NB=4, WN=2, WK=2, XS=0), 8),  # staged from 33 rows only
-    (64, 4096, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0), 4),  # below 4096 x 14336 weights: unstaged
-    # the 8B's gate+up and down past 32 rows: staged X (a5c36c6's sweep); 8 SIMD groups a
-    # threadgroup count twice toward qmm_fill (32 row blocks of 4096 x 14336: 4 parts)
-    (64, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2), 1),
-    (64, 4096, 14336, 512, dict(NB=2, WN=8, WK=1, XS=2), 4),
-    (32, 28672, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0), 1),  # 32 rows: the rule (level end to end)
-    (33, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2), 1)])
-def test_qmm_knobs_by_shape(m, n, k, fill, knobs, parts):
+@pytest.mark.parametrize("m, n, k, fill, knobs, parts, qtype", [
+    (16, 1024, 3072, 512, dict(NB=2, WN=2, WK=4), 1, "q4_0"),  # Qwen3-0.6B's K: 10cb374's knobs, one launch
+    (16, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 8, "q4_0"),  # the 8B's: 64 row blocks, 512 threadgroups
+    (64, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 4, "q6_k"),  # past 32 rows half the threadgroups
+    (16, 28672, 4096, 512, dict(NB=4, WN=2, WK=2), 1, "q4_0"),  # enough row blocks already
+    (16, 4096, 4096, 0, dict(NB=4, WN=2, WK=2), 1, "q4_0"),  # qmm_fill 0: never split
+    (16, 4096, 14336, 512, dict(NB=4, WN=2, WK=2, XS=0), 8, "q4_0"),  # 16 rows: never staged
+    (32, 4096, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0), 8, "q4_0"),  # below 4096 x 14336 weights: staged past 32 rows only
+    # Q4_0 and Q8_0 past 32 rows, K from 4096: staged X, W a super-chunk ahead (d1c7394's sweep); 8
+    # SIMD groups a threadgroup count twice toward qmm_fill; W fetched ahead: at most 4 parts
+    (64, 4096, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2, PF=1, WR=0), 4, "q4_0"),
+    (64, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2, PF=1, WR=0), 1, "q4_0"),
+    (64, 4096, 14336, 512, dict(NB=2, WN=8, WK=1, XS=2, PF=1, WR=0), 4, "q4_0"),
+    (33, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2, PF=1), 1, "q4_0"),
+    # 17 to 32 rows of the largest: staged X, W through the ring, half of qmm_fill (unsplit here)
+    (32, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2, PF=0, WR=1), 1, "q4_0"),
+    (17, 4096, 14336, 512, dict(NB=2, WN=8, WK=1, XS=2, PF=0, WR=1), 4, "q4_0"),
+    # the K-quants (W not fetched ahead): staged past 32 rows on the largest only, as a5c36c6's rule
+    (64, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2, PF=0, WR=0), 1, "q4_k"),
+    (64, 4096, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0), 4, "q4_k"),
+    (32, 28672, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0, WR=0), 1, "q6_k")])
+def test_qmm_knobs_by_shape(m, n, k, fill, knobs, parts, qtype):
     """qmm_by_shape's arms and qmm_fill's split, as launched (option qmm_x_staged at its default,
     auto). Recorded, not run."""
     from kernels import options
     from kernels.runtime import recording
 
     with options.use(qmm_fill=fill), recording() as rec:
-        gemv.qmm(mx.zeros((m, k), mx.float16), _zero_packed("q4_0", n, k), "q4_0", n, k)
+        gemv.qmm(mx.zeros((m, k), mx.float16), _zero_packed(qtype, n, k), qtype, n, k)
     job = rec.jobs[0]
     assert {key: job.constants[key] for key in knobs} == knobs
     assert job.constants.get("KS", 1) == parts and len(rec.jobs) == (2 if parts > 1 else 1)

@@ -647,9 +647,11 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              # of N, K and M, WK groups in a round, split K, 3 buffers, a whole 4096 x 14336; the third
              # fits Metal's 32 KiB (the small set's, which `lathe compile --metal` reads)
              (16, 4097, 4128, False, dict(xs=2, wr=1, nb=4, wn=4, wk=1)),
-             (20, 1000, 4128, True, dict(xs=3, wr=1, nb=2, wn=4, wk=2, ks=2)),
+             (20, 1000, 4128, True, dict(xs=2, wr=1, nb=2, wn=4, wk=2, ks=2)),
              (5, 33, 96, False, dict(xs=2, wr=1, nb=1, wn=4, wk=1)),
-             (16, 4096, 14336, True, dict(xs=2, wr=1, nb=2, wn=8, wk=1, ks=4))]
+             (16, 4096, 14336, True, dict(xs=2, wr=1, nb=2, wn=8, wk=1, ks=4)),
+             # the rule's down with its residual at 32 rows (Q4_0, Q8_0: W's ring, 4 parts)
+             (32, 4096, 14336, True, None)]
 
 
 # qmm fused as the GEMVs are: the RMSNorm prologue, the gated epilogue (act(gate) * up of a
@@ -667,9 +669,12 @@ QMM_FUSED_CASES = [("rmsnorm", None, 5, 33, 96, None), ("rmsnorm+gated", "silu",
                    # the prologue and the gated epilogue over staged X
                    ("rmsnorm+gated", "silu", 16, 2 * 1001, 4128, dict(xs=2, nb=2, wn=8, wk=1)),
                    ("rmsnorm", None, 33, 4097, 4128, dict(xs=3, nb=4, wn=4, wk=1, ks=2)),
-                   # the rule's staged gate+up past 32 rows (qmm_x_staged auto): unsplit; at 32 rows unstaged
+                   # the rule's staged gate+up (qmm_x_staged auto), unsplit: past 32 rows W a super-chunk
+                   # ahead (Q4_0, Q8_0), at 32 rows W through the ring (the K-quants unstaged); the QKV's
+                   # 6144 x 4096 past 32 rows (Q4_0, Q8_0 staged, 4 parts)
                    ("rmsnorm+gated", "silu", 64, 2 * 14336, 4096, None),
                    ("rmsnorm+gated", "silu", 32, 2 * 14336, 4096, None),
+                   ("rmsnorm", None, 64, 6144, 4096, None),
                    # W's ring under the prologue and the gated epilogue
                    ("rmsnorm+gated", "silu", 16, 2 * 1001, 4128, dict(xs=2, wr=1, nb=4, wn=4, wk=1))]
 
@@ -1200,9 +1205,11 @@ def _qmm_sweep() -> list[BenchCase]:
             return False
 
     def settings(qtype, m, n, k):
-        # xs 0 where not swept: the rule (option qmm_x_staged, auto) stages X on the largest shapes;
-        # staged X only from K = 4096 (a5c36c6: 3-60% slower on every Qwen3 shape)
-        return [(qmm_sweep_label(knobs), dict(knobs, xs=knobs.get("xs", 0))) for knobs in QMM_SWEEP
+        # pf, xs and wr 0 where not swept: the rule (option qmm_x_staged, auto) stages X, and fetches
+        # W ahead, on the 8B's shapes; staged X only from K = 4096 (a5c36c6: 3-60% slower on every
+        # Qwen3 shape)
+        return [(qmm_sweep_label(knobs), dict(knobs, pf=knobs.get("pf", 0), xs=knobs.get("xs", 0), wr=knobs.get("wr", 0)))
+                for knobs in QMM_SWEEP
                 if fits(qtype, m, n, k, knobs) and (k >= 4096 or not knobs.get("xs"))]
 
     # a row count at a time, over every shape: a sweep cut short by its time limit has the first

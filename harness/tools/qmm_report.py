@@ -20,16 +20,17 @@ from harness.report import run_main
 TARGET_PCT = 80.0
 
 
-def rule_label(m: int, n: int, k: int) -> str:
-    """The sweep's label of what qmm launches unasked for M rows of an [N, K] matrix today."""
+def rule_label(qtype: str, m: int, n: int, k: int) -> str:
+    """The sweep's label of what qmm launches unasked for M rows of a `qtype` [N, K] matrix today."""
     from harness.suites.gemv import qmm_sweep_label
     from kernels.gemv import qmm_by_shape, qmm_parts, qmm_splits
 
-    shaped = qmm_by_shape(m, n, k)
+    shaped = qmm_by_shape(m, n, k, qtype)
     groups = -(-n // (8 * shaped["NB"] * shaped["WN"]))
-    parts = qmm_parts(groups, m, shaped["WN"] * shaped["WK"]) if shaped["SPLIT"] else 1
+    ahead = bool(shaped["PF"] or shaped["WR"])
+    parts = qmm_parts(groups, m, shaped["WN"] * shaped["WK"], ahead) if shaped["SPLIT"] else 1
     return qmm_sweep_label(dict(nb=shaped["NB"], wn=shaped["WN"], wk=shaped["WK"], ks=qmm_splits(k, parts)[0],
-                                pf=shaped["PF"], xs=shaped["XS"]))
+                                pf=shaped["PF"], xs=shaped["XS"], wr=shaped["WR"]))
 
 
 def sweep_table(run: pd.DataFrame) -> pd.DataFrame:
@@ -39,7 +40,7 @@ def sweep_table(run: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (kernel, m, n, k), shape in rows.groupby(["kernel", "M", "N", "K"]):
         by = shape.groupby("variant")[["gpu_us", "pct"]].median().sort_values("gpu_us")
-        label = rule_label(m, n, k)
+        label = rule_label(kernel.removeprefix("gemv_"), m, n, k)
         rule = by.loc[label] if label in by.index else None
         judged = m == 16 and k >= 4096
         out.append({"kernel": kernel, "M": m, "N": n, "K": k, "rule": label,

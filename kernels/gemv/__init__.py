@@ -1001,10 +1001,10 @@ def qmm_splits(k: int, ks: int) -> tuple[int, int]:
     return -(-k // kspl), kspl
 
 
-def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
-    """qmm's knobs for M rows and an [N, K] matrix: 8 * NB * WN rows of W a threadgroup, WK SIMD
-    groups along K in it, PF the weights loaded a super-chunk ahead, XS X's staged buffers (0:
-    unstaged), SPLIT whether K is split (qmm_parts).
+def qmm_by_shape(m: int, n: int, k: int, qtype: str) -> dict[str, int]:
+    """qmm's knobs for M rows of a `qtype` [N, K] matrix: 8 * NB * WN rows of W a threadgroup, WK
+    SIMD groups along K in it, PF the weights loaded a super-chunk ahead, XS X's staged buffers (0:
+    unstaged), WR W through a ring on X's rounds, SPLIT whether K is split (qmm_parts).
 
     - K from 4096 (the 8B's): NB 4, WN 2, WK 2, split. The sweep of a397c5c (H100, each call
       alone, 16 and 64 rows) put it first by geometric mean at both row counts: 10.0 us for 16
@@ -1013,52 +1013,57 @@ def qmm_by_shape(m: int, n: int, k: int) -> dict[str, int]:
       0.72-0.74x llama-bench (a397c5c) to 1.38-1.46x and 0.97-1.03x (8db493e).
     - Shorter K (Qwen3-0.6B's 1024-3072): 10cb374's knobs, no split. With the 8B's knobs its
       16-token prompt fell from 1.16-1.18x llama-bench (a397c5c) to 0.76-1.08x (8db493e), and to
-      0.84-0.90x unsplit (1885abc); its 64-token prompt rose (0.99-1.02x to 1.17-1.39x). The
-      sweep had none of its gated or normed forms; to be swept at its own shapes
-      (kernels/gemv/NOTES.md).
-    - M from 33 on the 8B's two largest matrices (N * K from 4096 * 14336: gate+up, down): X
-      staged in 2 buffers for the threadgroup (XS), 4 SIMD groups across N (NB 4) where N >= K,
-      8 (NB 2) where K is the longer, split as above. The sweep of a5c36c6 (H200, 64 rows, GPU
-      time): 92.8 us for the 28672 x 4096 Q4_0 against the rule's 111.1, 60.9 against 68.7 for
-      4096 x 14336; staged lost on the 4096 x 4096 (22.3 against 19.5), on every Qwen3 shape and
-      on all but the largest at 16 rows. The 8B's serve (d4bb708, one session): decode 5-8% faster
-      at 64 sequences, level at 32, so 32 rows keep the rule (kernels/gemv/NOTES.md).
+      0.84-0.90x unsplit (1885abc); its 64-token prompt rose (0.99-1.02x to 1.17-1.39x).
+    - X staged in 2 buffers for the threadgroup (XS), 4 SIMD groups across N (NB 4) where N >= K,
+      8 (NB 2) where K is the longer, on the 8B's two largest matrices (N * K from 4096 * 14336:
+      gate+up, down, the head) past 32 rows (a5c36c6, d4bb708: 64 sequences 3-8% faster end to end).
+      Q4_0 and Q8_0 (whose weights can be fetched ahead) stage more: past 32 rows on every matrix
+      of K from 4096, with PF 1; from 17 to 32 rows on the largest, with W's ring (WR 1). The sweep of
+      d1c7394 (H200, GPU time, each call alone), Q4_0, us against the unstaged rule: 64 rows 74.4
+      against 92.9 staged without PF (28672 x 4096), 49.7 against 57.1 (4096 x 14336), 25.3 against
+      31.8 (6144 x 4096), 19.0 against 19.4 (4096 x 4096), 290 against 359 (128256 x 4096); 32 rows
+      with the ring 50.0 against 64.2, 32.8 against 43.7, 184 against 224; 32 rows of the smaller
+      two and 16 rows of any stay unstaged (level or slower staged; kernels/gemv/NOTES.md).
     - Option qmm_x_staged: auto (the above), 0 (never staged), n (2..4: staged on every shape,
-      n buffers, lowered to what fits 48 KiB)."""
-    staged = options.get("qmm_x_staged")
+      n buffers, lowered to what fits 48 KiB, without PF or the ring)."""
+    staged, ahead = options.get("qmm_x_staged"), block_format(qtype)[0] <= 1  # Q4_0, Q8_0: pf and wr apply
+    pf = wr = 0
     if staged == "auto":
-        staged = 2 if m > 32 and n * k >= 4096 * 14336 else 0
+        largest = n * k >= 4096 * 14336
+        staged = 2 if (m > 32 and (largest or (ahead and k >= 4096))) or (m > 16 and largest and ahead) else 0
+        pf, wr = int(ahead and m > 32), int(ahead and m <= 32)
     if staged:
         (nb, wn), mp = ((4, 4) if n >= k else (2, 8)), -(-m // 16) * 16
         while staged > 2 and qmm_smem_bytes(mp, nb, wn, 1, True, staged) > 48 * 1024:
             staged -= 1
-        return dict(NB=nb, WN=wn, WK=1, PF=0, XS=staged, SPLIT=int(k >= 4096))
+        return dict(NB=nb, WN=wn, WK=1, PF=pf, XS=staged, WR=wr, SPLIT=int(k >= 4096))
     if k < 4096:
-        return dict(NB=2, WN=2, WK=4, PF=0, XS=0, SPLIT=0)
-    return dict(NB=4, WN=2, WK=2, PF=0, XS=0, SPLIT=1)
+        return dict(NB=2, WN=2, WK=4, PF=0, XS=0, WR=0, SPLIT=0)
+    return dict(NB=4, WN=2, WK=2, PF=0, XS=0, WR=0, SPLIT=1)
 
 
-def qmm_parts(groups: int, m: int = 16, simd_groups: int = 4) -> int:
+def qmm_parts(groups: int, m: int = 16, simd_groups: int = 4, ahead: bool = False) -> int:
     """The parts K is split into for a launch of `groups` row blocks of M rows (the qmm_fill
     option): enough threadgroups for qmm_fill (half of it past 32 rows, whose threadgroups each
-    take four times the products), at most 8 parts; 1 (no split) where qmm_fill is 0. qmm_fill
-    counts threadgroups of the rule's 4 SIMD groups: one of 8 (the staged geometry's 2 x 8)
-    counts twice, as it keeps twice the warps busy."""
+    take four times the products, or where W is fetched ahead (`ahead`: pf or wr), whose
+    threadgroups keep more loads in flight), at most 8 parts (4 where ahead); 1 (no split) where
+    qmm_fill is 0. qmm_fill counts threadgroups of the rule's 4 SIMD groups: one of 8 (the staged
+    geometry's 2 x 8) counts twice, as it keeps twice the warps busy. The sweep of d1c7394 (1, 2
+    and 4 parts where W is fetched ahead): 32 rows of 28672 x 4096 with W's ring unsplit 50.0 us,
+    2 parts 55.4; 64 rows with PF 1 of 4096 x 4096 and 6144 x 4096 fastest in 4 parts."""
     fill = options.get("qmm_fill")
-    if m > 32:
+    if m > 32 or ahead:
         fill //= 2
     groups = max(1, groups * simd_groups // 4)
-    return max(1, min(8, fill // groups)) if fill else 1
+    return max(1, min(4 if ahead else 8, fill // groups)) if fill else 1
 
 
 @_per_budget
-def qmm_geometry(m: int, n: int, k: int, nb: int | None = None, wn: int | None = None, wk: int | None = None,
-                 *, norm: bool = False, xs: int = 0, w_ring: int = 0, budget: int) -> tuple[int, int, int, int]:
-    """(MP, NB, WN, WK) of a qmm launch: M rounded up to 16 and the knobs (qmm_by_shape's where not
-    given), whose partial sums (and xs buffers of staged X, W's ring of `w_ring` words a chunk) must
-    fit the threadgroup memory budget."""
-    shaped = qmm_by_shape(m, n, k)
-    nb, wn, wk = nb or shaped["NB"], wn or shaped["WN"], wk or shaped["WK"]
+def qmm_geometry(m: int, n: int, k: int, nb: int, wn: int, wk: int, *, norm: bool = False, xs: int = 0,
+                 w_ring: int = 0, budget: int) -> tuple[int, int, int, int]:
+    """(MP, NB, WN, WK) of a qmm launch: M rounded up to 16 and the knobs, whose partial sums (and
+    xs buffers of staged X, W's ring of `w_ring` words a chunk) must fit the threadgroup memory
+    budget."""
     if 32 * wn * wk > 1024:
         raise ValueError(f"WN * WK = {wn * wk} SIMD groups: a threadgroup takes at most 32")
     mp = -(-m // 16) * 16
@@ -1089,7 +1094,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     unknown = set(knobs) - {"nb", "wn", "wk", "ks", "pf", "xs", "wst", "wr"}
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, pf, xs, wst, wr")
-    shaped = qmm_by_shape(m, n, k)
+    shaped = qmm_by_shape(m, n, k, qtype)
     pf = shaped["PF"] if knobs.get("pf") is None else knobs["pf"]
     if pf not in (0, 1):
         raise ValueError(f"pf (the next super-chunk's weights loaded ahead) must be 0 or 1, got {pf}")
@@ -1099,7 +1104,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     wst = knobs.get("wst") or 0
     if wst not in (0, 1):
         raise ValueError(f"wst (W's loads evict-first) must be 0 or 1, got {wst}")
-    wr = knobs.get("wr") or 0
+    wr = shaped["WR"] if knobs.get("wr") is None else knobs["wr"]
     if wr not in (0, 1):
         raise ValueError(f"wr (W through a ring on X's rounds) must be 0 or 1, got {wr}")
     if wr and (not xs or pf):
@@ -1125,7 +1130,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
     ks = knobs.get("ks")
-    ks, kspl = qmm_splits(k, (qmm_parts(groups, m, wn * wk) if shaped["SPLIT"] else 1) if ks is None else ks)
+    ks, kspl = qmm_splits(k, (qmm_parts(groups, m, wn * wk, bool(pf or wr)) if shaped["SPLIT"] else 1) if ks is None else ks)
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
     constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, XS=xs, WST=wst, WR=wr, K=k)
     if ks == 1:
