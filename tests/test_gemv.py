@@ -584,6 +584,21 @@ def test_staged_x_pieces_are_the_ones_each_lane_would_load(m, k, wk, nt, ks):
                     assert len(quads) == 8
 
 
+def test_qmm_knobs_given_take_no_staging_from_the_rule():
+    """A geometry given (nb, wn or wk) launches unstaged unless xs, pf or wr are given too: the
+    rule's staging and W ahead belong to its own geometry (4096 x 4096 past 32 rows would else
+    stage X for knobs whose threadgroup memory it does not fit). Recorded, not run."""
+    from kernels.runtime import recording
+
+    w = _zero_packed("q4_0", 4096, 4096)
+    with recording() as rec:
+        gemv.qmm(mx.zeros((33, 4096), mx.float16), w, "q4_0", 4096, 4096, nb=4, wn=2, wk=2)
+        gemv.qmm(mx.zeros((33, 4096), mx.float16), w, "q4_0", 4096, 4096, ks=2)
+    given, rule = rec.jobs[0], rec.jobs[-2]
+    assert (given.constants["XS"], given.constants["PF"], given.constants["WR"]) == (0, 0, 0)
+    assert (rule.constants["NB"], rule.constants["XS"], rule.constants["PF"], rule.constants["KS"]) == (4, 2, 1, 2)
+
+
 @pytest.mark.parametrize("m, n, k, fill, knobs, parts, qtype", [
     (16, 1024, 3072, 512, dict(NB=2, WN=2, WK=4), 1, "q4_0"),  # Qwen3-0.6B's K: 10cb374's knobs, one launch
     (16, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 8, "q4_0"),  # the 8B's: 64 row blocks, 512 threadgroups
@@ -604,7 +619,10 @@ def test_staged_x_pieces_are_the_ones_each_lane_would_load(m, k, wk, nt, ks):
     # the K-quants (W not fetched ahead): staged past 32 rows on the largest only, as a5c36c6's rule
     (64, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2, PF=0, WR=0), 1, "q4_k"),
     (64, 4096, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0), 4, "q4_k"),
-    (32, 28672, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0, WR=0), 1, "q6_k")])
+    (32, 28672, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0, WR=0), 1, "q6_k"),
+    # Q8_0's ring (two words a chunk) past 48 KiB at 32 rows: the unstaged rule
+    (32, 28672, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0, WR=0), 1, "q8_0"),
+    (64, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2, PF=1), 1, "q8_0")])
 def test_qmm_knobs_by_shape(m, n, k, fill, knobs, parts, qtype):
     """qmm_by_shape's arms and qmm_fill's split, as launched (option qmm_x_staged at its default,
     auto). Recorded, not run."""

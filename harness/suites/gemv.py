@@ -647,7 +647,7 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              # of N, K and M, WK groups in a round, split K, 3 buffers, a whole 4096 x 14336; the third
              # fits Metal's 32 KiB (the small set's, which `lathe compile --metal` reads)
              (16, 4097, 4128, False, dict(xs=2, wr=1, nb=4, wn=4, wk=1)),
-             (20, 1000, 4128, True, dict(xs=2, wr=1, nb=2, wn=4, wk=2, ks=2)),
+             (20, 1000, 4128, True, dict(xs=2, wr=1, nb=2, wn=4, wk=1, ks=2)),
              (5, 33, 96, False, dict(xs=2, wr=1, nb=1, wn=4, wk=1)),
              (16, 4096, 14336, True, dict(xs=2, wr=1, nb=2, wn=8, wk=1, ks=4)),
              # the rule's down with its residual at 32 rows (Q4_0, Q8_0: W's ring, 4 parts)

@@ -1026,14 +1026,17 @@ def qmm_by_shape(m: int, n: int, k: int, qtype: str) -> dict[str, int]:
       two and 16 rows of any stay unstaged (level or slower staged; kernels/gemv/NOTES.md).
     - Option qmm_x_staged: auto (the above), 0 (never staged), n (2..4: staged on every shape,
       n buffers, lowered to what fits 48 KiB, without PF or the ring)."""
-    staged, ahead = options.get("qmm_x_staged"), block_format(qtype)[0] <= 1  # Q4_0, Q8_0: pf and wr apply
-    pf = wr = 0
+    code = block_format(qtype)[0]
+    staged, ahead = options.get("qmm_x_staged"), code <= 1  # Q4_0, Q8_0: pf and wr apply
+    (nb, wn), mp, pf, wr = ((4, 4) if n >= k else (2, 8)), -(-m // 16) * 16, 0, 0
     if staged == "auto":
         largest = n * k >= 4096 * 14336
-        staged = 2 if (m > 32 and (largest or (ahead and k >= 4096))) or (m > 16 and largest and ahead) else 0
-        pf, wr = int(ahead and m > 32), int(ahead and m <= 32)
+        # W's ring beside 2 buffers of X, the prologue's sums with them (Q8_0's ring, twice Q4_0's,
+        # does not fit 48 KiB at 32 rows: those launches keep the unstaged rule)
+        ring = ahead and m <= 32 and qmm_smem_bytes(mp, nb, wn, 1, True, 2, qmm_ring_words(code, 1)) <= 48 * 1024
+        staged = 2 if (m > 32 and (largest or (ahead and k >= 4096))) or (m > 16 and largest and ring) else 0
+        pf, wr = int(ahead and m > 32), int(ring)
     if staged:
-        (nb, wn), mp = ((4, 4) if n >= k else (2, 8)), -(-m // 16) * 16
         while staged > 2 and qmm_smem_bytes(mp, nb, wn, 1, True, staged) > 48 * 1024:
             staged -= 1
         return dict(NB=nb, WN=wn, WK=1, PF=pf, XS=staged, WR=wr, SPLIT=int(k >= 4096))
@@ -1080,7 +1083,8 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     block type), on SIMD-group matrices (qmm.metal). `gamma` (fp16 [K]) and `eps`: X RMS-normed
     first (RMSNorm(X) * gamma), in the same launch. `activation` ("silu", "gelu"): W is a fused
     [gate; up] matrix (N = 2F rows) and Y = act(X @ gate^T) * (X @ up^T), [M, F]. Launch knobs:
-    nb, wn, wk, ks, pf, xs (qmm_by_shape's where not given; gated, an even nb); ks > 1 splits K over
+    nb, wn, wk, ks, pf, xs, wr (qmm_by_shape's where not given, pf, xs and wr 0 where nb, wn or wk
+    is; gated, an even nb); ks > 1 splits K over
     ks threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal); pf 1
     loads the next super-chunk's weights (Q4_0, Q8_0) before this one's products; xs 2..4 stages X
     in that many threadgroup buffers for all the threadgroup's SIMD groups (0: each lane loads its
@@ -1095,6 +1099,8 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: nb, wn, wk, ks, pf, xs, wst, wr")
     shaped = qmm_by_shape(m, n, k, qtype)
+    if any(knobs.get(key) for key in ("nb", "wn", "wk")):  # the rule's staging and W ahead go with its geometry
+        shaped = dict(shaped, PF=0, XS=0, WR=0)
     pf = shaped["PF"] if knobs.get("pf") is None else knobs["pf"]
     if pf not in (0, 1):
         raise ValueError(f"pf (the next super-chunk's weights loaded ahead) must be 0 or 1, got {pf}")
