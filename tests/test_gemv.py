@@ -622,7 +622,9 @@ def test_qmm_knobs_given_take_no_staging_from_the_rule():
     (32, 28672, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0, WR=0), 1, "q6_k"),
     # Q8_0's ring (two words a chunk) past 48 KiB at 32 rows: the unstaged rule
     (32, 28672, 4096, 512, dict(NB=4, WN=2, WK=2, XS=0, WR=0), 1, "q8_0"),
-    (64, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2, PF=1), 1, "q8_0")])
+    (64, 28672, 4096, 512, dict(NB=4, WN=4, WK=1, XS=2, PF=1), 1, "q8_0"),
+    # a head of short K (Qwen3's 151936 x 1024): staged past 32 rows, W not ahead (not swept)
+    (64, 151936, 1024, 512, dict(NB=4, WN=4, WK=1, XS=2, PF=0), 1, "q8_0")])
 def test_qmm_knobs_by_shape(m, n, k, fill, knobs, parts, qtype):
     """qmm_by_shape's arms and qmm_fill's split, as launched (option qmm_x_staged at its default,
     auto). Recorded, not run."""

@@ -1035,7 +1035,8 @@ def qmm_by_shape(m: int, n: int, k: int, qtype: str) -> dict[str, int]:
         # does not fit 48 KiB at 32 rows: those launches keep the unstaged rule)
         ring = ahead and m <= 32 and qmm_smem_bytes(mp, nb, wn, 1, True, 2, qmm_ring_words(code, 1)) <= 48 * 1024
         staged = 2 if (m > 32 and (largest or (ahead and k >= 4096))) or (m > 16 and largest and ring) else 0
-        pf, wr = int(ahead and m > 32), int(ring)
+        # pf only from K = 4096, as swept: Qwen3's head (151936 x 1024) keeps d1c7394's staged X alone
+        pf, wr = int(ahead and m > 32 and k >= 4096), int(ring)
     if staged:
         while staged > 2 and qmm_smem_bytes(mp, nb, wn, 1, True, staged) > 48 * 1024:
             staged -= 1
