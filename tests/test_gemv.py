@@ -636,3 +636,19 @@ def test_qmm_knobs_by_shape(m, n, k, fill, knobs, parts, qtype):
     job = rec.jobs[0]
     assert {key: job.constants[key] for key in knobs} == knobs
     assert job.constants.get("KS", 1) == parts and len(rec.jobs) == (2 if parts > 1 else 1)
+
+
+def test_the_qmm_rule_stages_only_what_the_backend_holds():
+    """Metal's 32 KiB does not hold 2 buffers of 64 rows of staged X (36 KiB): the unstaged rule
+    there, where CUDA's 48 KiB stages; 48 rows (27 KiB) stage on both; 32 rows with W's ring (38
+    KiB) on CUDA only. Recorded, not run."""
+    from kernels.runtime import recording
+
+    w = _zero_packed("q4_0", 28672, 4096)
+    for target, m, staged in (("cuda", 64, 2), ("metal", 64, 0), ("metal", 33, 2), ("cuda", 32, 2),
+                              ("metal", 32, 0)):
+        with recording(target=target) as rec:
+            gemv.qmm(mx.zeros((m, 4096), mx.float16), w, "q4_0", 28672, 4096)
+        job = rec.jobs[0]
+        assert job.constants["XS"] == staged and job.spec.threadgroup_bytes(job.constants) <= (
+            32 if target == "metal" else 48) * 1024

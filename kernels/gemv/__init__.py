@@ -1025,21 +1025,23 @@ def qmm_by_shape(m: int, n: int, k: int, qtype: str) -> dict[str, int]:
       with the ring 50.0 against 64.2, 32.8 against 43.7, 184 against 224; 32 rows of the smaller
       two and 16 rows of any stay unstaged (level or slower staged; kernels/gemv/NOTES.md).
     - Option qmm_x_staged: auto (the above), 0 (never staged), n (2..4: staged on every shape,
-      n buffers, lowered to what fits 48 KiB, without PF or the ring)."""
-    code = block_format(qtype)[0]
+      n buffers, lowered to what fits the backend's threadgroup memory, without PF or the ring).
+      Where 2 buffers do not fit (Metal's 32 KiB at 64 rows), the unstaged rule."""
+    code, budget = block_format(qtype)[0], backends.threadgroup_memory()
     staged, ahead = options.get("qmm_x_staged"), code <= 1  # Q4_0, Q8_0: pf and wr apply
     (nb, wn), mp, pf, wr = ((4, 4) if n >= k else (2, 8)), -(-m // 16) * 16, 0, 0
     if staged == "auto":
         largest = n * k >= 4096 * 14336
         # W's ring beside 2 buffers of X, the prologue's sums with them (Q8_0's ring, twice Q4_0's,
         # does not fit 48 KiB at 32 rows: those launches keep the unstaged rule)
-        ring = ahead and m <= 32 and qmm_smem_bytes(mp, nb, wn, 1, True, 2, qmm_ring_words(code, 1)) <= 48 * 1024
+        ring = ahead and m <= 32 and qmm_smem_bytes(mp, nb, wn, 1, True, 2, qmm_ring_words(code, 1)) <= budget
         staged = 2 if (m > 32 and (largest or (ahead and k >= 4096))) or (m > 16 and largest and ring) else 0
         # pf only from K = 4096, as swept: Qwen3's head (151936 x 1024) keeps d1c7394's staged X alone
         pf, wr = int(ahead and m > 32 and k >= 4096), int(ring)
-    if staged:
-        while staged > 2 and qmm_smem_bytes(mp, nb, wn, 1, True, staged) > 48 * 1024:
-            staged -= 1
+    while staged > 2 and qmm_smem_bytes(mp, nb, wn, 1, True, staged) > budget:
+        staged -= 1
+    # staged X past the budget (Metal's 32 KiB at 64 rows): the unstaged rule
+    if staged and qmm_smem_bytes(mp, nb, wn, 1, True, staged) <= budget:
         return dict(NB=nb, WN=wn, WK=1, PF=pf, XS=staged, WR=wr, SPLIT=int(k >= 4096))
     if k < 4096:
         return dict(NB=2, WN=2, WK=4, PF=0, XS=0, WR=0, SPLIT=0)
