@@ -23,13 +23,13 @@ TARGET_PCT = 80.0
 def rule_label(qtype: str, m: int, n: int, k: int) -> str:
     """The sweep's label of what qmm launches unasked for M rows of a `qtype` [N, K] matrix today."""
     from harness.suites.gemv import qmm_sweep_label
-    from kernels.gemv import qmm_by_shape, qmm_parts, qmm_splits
+    from kernels.gemv import qmm_by_shape, qmm_split_k
 
     shaped = qmm_by_shape(m, n, k, qtype)
     groups = -(-n // (8 * shaped["NB"] * shaped["WN"]))
-    ahead = bool(shaped["PF"] or shaped["WR"])
-    parts = qmm_parts(groups, m, shaped["WN"] * shaped["WK"], ahead) if shaped["SPLIT"] else 1
-    return qmm_sweep_label(dict(nb=shaped["NB"], wn=shaped["WN"], wk=shaped["WK"], ks=qmm_splits(k, parts)[0],
+    ks, _ = qmm_split_k(k, groups, m, shaped["WN"] * shaped["WK"], bool(shaped["PF"] or shaped["WR"]),
+                        bool(shaped["SPLIT"]))
+    return qmm_sweep_label(dict(nb=shaped["NB"], wn=shaped["WN"], wk=shaped["WK"], ks=ks,
                                 pf=shaped["PF"], xs=shaped["XS"], wr=shaped["WR"]))
 
 

@@ -1064,6 +1064,13 @@ def qmm_parts(groups: int, m: int = 16, simd_groups: int = 4, ahead: bool = Fals
     return max(1, min(4 if ahead else 8, fill // groups)) if fill else 1
 
 
+def qmm_split_k(k: int, groups: int, m: int, simd_groups: int, ahead: bool, split: bool,
+                ks: int | None = None) -> tuple[int, int]:
+    """(KS, KSPL) of a qmm launch of `groups` row blocks: `ks` parts where given, else qmm_parts'
+    where the rule splits K (`split`; `ahead`: the launch fetches W ahead, pf or wr), else one."""
+    return qmm_splits(k, ks if ks is not None else qmm_parts(groups, m, simd_groups, ahead) if split else 1)
+
+
 @_per_budget
 def qmm_geometry(m: int, n: int, k: int, nb: int, wn: int, wk: int, *, norm: bool = False, xs: int = 0,
                  w_ring: int = 0, budget: int) -> tuple[int, int, int, int]:
@@ -1138,8 +1145,7 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     if gated and nb % 2:
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
-    ks = knobs.get("ks")
-    ks, kspl = qmm_splits(k, (qmm_parts(groups, m, wn * wk, bool(pf or wr)) if shaped["SPLIT"] else 1) if ks is None else ks)
+    ks, kspl = qmm_split_k(k, groups, m, wn * wk, bool(pf or wr), bool(shaped["SPLIT"]), knobs.get("ks"))
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
     constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, XS=xs, WST=wst, WR=wr, K=k)
     if ks == 1:
