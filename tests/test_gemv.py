@@ -600,7 +600,9 @@ def test_qmm_knobs_given_take_no_staging_from_the_rule():
 
 
 @pytest.mark.parametrize("m, n, k, fill, knobs, parts, qtype", [
-    (16, 1024, 3072, 512, dict(NB=2, WN=2, WK=4), 1, "q4_0"),  # Qwen3-0.6B's K: 10cb374's knobs, one launch
+    (16, 4096, 1024, 512, dict(NB=2, WN=2, WK=4), 1, "q4_0"),  # Qwen3-0.6B's K: 10cb374's knobs, one launch
+    (16, 1024, 3072, 512, dict(NB=2, WN=2, WK=4), 8, "q8_0"),  # from K 2048 split: 32 row blocks of 8 groups
+    (64, 1024, 2048, 512, dict(NB=2, WN=2, WK=4), 4, "q8_0"),
     (16, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 8, "q4_0"),  # the 8B's: 64 row blocks, 512 threadgroups
     (64, 4096, 4096, 512, dict(NB=4, WN=2, WK=2), 4, "q6_k"),  # past 32 rows half the threadgroups
     (16, 28672, 4096, 512, dict(NB=4, WN=2, WK=2), 1, "q4_0"),  # enough row blocks already

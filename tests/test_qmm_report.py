@@ -23,7 +23,8 @@ def test_rule_labels_follow_qmm_by_shape():
     assert rule_label("q4_0", 64, 28672, 4096) == "qmm NB4-WN4-WK1-PF1-XS2"  # W ahead past 32 rows
     assert rule_label("q4_0", 64, 4096, 14336) == "qmm NB2-WN8-WK1-KS4-PF1-XS2"
     assert rule_label("q4_k", 64, 28672, 4096) == "qmm NB4-WN4-WK1-XS2"  # K-quants: neither
-    assert rule_label("q8_0", 16, 1024, 3072) == "qmm NB2-WN2-WK4"  # Qwen3's K: unsplit
+    assert rule_label("q8_0", 16, 1024, 3072) == "qmm NB2-WN2-WK4-KS8"  # Qwen3's K: split from 2048
+    assert rule_label("q8_0", 16, 4096, 1024) == "qmm NB2-WN2-WK4"
 
 
 def test_sweep_table_reads_the_rule_and_the_best_against_the_peak():

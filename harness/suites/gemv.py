@@ -651,7 +651,9 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              (5, 33, 96, False, dict(xs=2, wr=1, nb=1, wn=4, wk=1)),
              (16, 4096, 14336, True, dict(xs=2, wr=1, nb=2, wn=8, wk=1, ks=4)),
              # the rule's down with its residual at 32 rows (Q4_0, Q8_0: W's ring, 4 parts)
-             (32, 4096, 14336, True, None)]
+             (32, 4096, 14336, True, None),
+             # the rule's split from K = 2048 (Qwen3's down and O with their residual)
+             (32, 1024, 3072, True, None), (64, 1024, 2048, True, None)]
 
 
 # qmm fused as the GEMVs are: the RMSNorm prologue, the gated epilogue (act(gate) * up of a

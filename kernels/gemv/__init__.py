@@ -1013,7 +1013,10 @@ def qmm_by_shape(m: int, n: int, k: int, qtype: str) -> dict[str, int]:
       0.72-0.74x llama-bench (a397c5c) to 1.38-1.46x and 0.97-1.03x (8db493e).
     - Shorter K (Qwen3-0.6B's 1024-3072): 10cb374's knobs, no split. With the 8B's knobs its
       16-token prompt fell from 1.16-1.18x llama-bench (a397c5c) to 0.76-1.08x (8db493e), and to
-      0.84-0.90x unsplit (1885abc); its 64-token prompt rose (0.99-1.02x to 1.17-1.39x).
+      0.84-0.90x unsplit (1885abc); its 64-token prompt rose (0.99-1.02x to 1.17-1.39x). K split
+      (qmm_fill's parts) from K = 2048 with those knobs: the sweep of d1c7394 (H200, Q8_0) took
+      Qwen3's 1024-row O and down from 8.4 and 11.3 us to 6.1-6.3 and 7.1 at 32 rows, from 13.7
+      and 19.4 to 8.2 and 10.3 at 64; its 4096 and 6144 x 1024 matrices are fastest unsplit.
     - X staged in 2 buffers for the threadgroup (XS), 4 SIMD groups across N (NB 4) where N >= K,
       8 (NB 2) where K is the longer, on the 8B's two largest matrices (N * K from 4096 * 14336:
       gate+up, down, the head) past 32 rows (a5c36c6, d4bb708: 64 sequences 3-8% faster end to end).
@@ -1043,8 +1046,8 @@ def qmm_by_shape(m: int, n: int, k: int, qtype: str) -> dict[str, int]:
     # staged X past the budget (Metal's 32 KiB at 64 rows): the unstaged rule
     if staged and qmm_smem_bytes(mp, nb, wn, 1, True, staged) <= budget:
         return dict(NB=nb, WN=wn, WK=1, PF=pf, XS=staged, WR=wr, SPLIT=int(k >= 4096))
-    if k < 4096:
-        return dict(NB=2, WN=2, WK=4, PF=0, XS=0, WR=0, SPLIT=0)
+    if k < 4096:  # split where K holds 16 super-chunks or more (Qwen3's O and down, 1024 rows)
+        return dict(NB=2, WN=2, WK=4, PF=0, XS=0, WR=0, SPLIT=int(k >= 2048))
     return dict(NB=4, WN=2, WK=2, PF=0, XS=0, WR=0, SPLIT=1)
 
 
