@@ -125,11 +125,12 @@ def record_in_parallel(families: list[str], small: bool, match: str | None = Non
 
 def core_calls() -> list:
     """Launches that belong to no family, and a kernel that no small check case launches: the
-    compat probes, the peak's copy kernel and the unfused path's cache_read, as cases with a
+    compat probes, the peak's copy kernel, the unfused path's cache_read and the GEMM's load-order
+    probe (gemv.w_order_probe, one call an order), as cases with a
     run(rng) method like a family's check cases."""
     import mlx.core as mx
 
-    from kernels import compat, rope
+    from kernels import compat, gemv, rope
     from kernels.bandwidth import copy16
 
     class Call:
@@ -144,6 +145,9 @@ def core_calls() -> list:
         Call(lambda: compat.simdgroup_matrix(mx.zeros((16, 16), mx.float16), mx.zeros((8, 8)), 3, 5)),
         Call(lambda: copy16(mx.zeros((64,), mx.uint32))),
         Call(lambda: rope.cache_read(mx.zeros((2, 8, 64), mx.float16), 1, 3, mx.zeros((1,), mx.uint32))),
+        *(Call(lambda order=order, nb=nb, depth=depth: gemv.w_order_probe(
+            mx.zeros((64 * 32 * 4,), mx.uint32), 64, 32, order=order, nb=nb, depth=depth, groups=1))
+          for order, nb, depth in (("qmm", 4, 2), ("rows", 2, 1), ("interleaved", 2, 4))),
     ]
 
 

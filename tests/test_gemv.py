@@ -654,3 +654,50 @@ def test_the_qmm_rule_stages_only_what_the_backend_holds():
         job = rec.jobs[0]
         assert job.constants["XS"] == staged and job.spec.threadgroup_bytes(job.constants) <= (
             32 if target == "metal" else 48) * 1024
+
+# ---- w_order_probe: W's loads in a GEMM's order, alone ---------------------------------------------------
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(order="diagonal"), "order must be one of"),
+    (dict(order="qmm", nb=3), "nb 1, 2, 4 or 8"),
+    (dict(order="qmm", depth=3), "depth must be"), (dict(order="qmm", nb=8, depth=4), "within 48 KiB"),
+    (dict(order="rows", groups=-1), "groups >= 0")])
+def test_w_order_probe_refuses_bad_knobs(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        gemv.w_order_probe(mx.zeros((64 * 32 * 4,), mx.uint32), 64, 32, **kwargs)
+
+
+def test_w_order_probe_refuses_a_buffer_of_another_shape():
+    with pytest.raises(ValueError, match="w must be uint32"):
+        gemv.w_order_probe(mx.zeros((64 * 32 * 4,), mx.uint16), 64, 32, order="qmm")
+    with pytest.raises(ValueError, match="whole runs of 32 words"):
+        gemv.w_order_probe(mx.zeros((64 * 16 * 4,), mx.uint32), 64, 16, order="qmm")
+
+
+@pytest.mark.parametrize("nb, groups, warps", [(4, 0, 8), (1, 0, 32), (4, 2, 8), (2, 1, 4)])
+def test_w_order_probe_launches_its_grid(nb, groups, warps):
+    """One block group a SIMD group (groups 0), or GROUPS threadgroups of 4 striding; the output a
+    uint32 a lane. Recorded, not run."""
+    from kernels.runtime import recording
+
+    with recording() as rec:
+        gemv.w_order_probe(mx.zeros((256 * 64 * 4,), mx.uint32), 256, 64, order="interleaved", nb=nb, groups=groups)
+    job = rec.jobs[0]
+    assert job.grid == (warps * 32, 1, 1) and job.threadgroup == (128, 1, 1)
+    assert job.outputs[0][0] == (warps * 32,) and gemv.w_order_probe_warps(256, nb, groups) == warps
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", sorted(gemv.W_ORDERS))
+@pytest.mark.parametrize("nb, depth, groups", [(4, 1, 0), (4, 4, 3), (1, 2, 0), (8, 2, 1)])
+def test_w_order_probe_reads_every_word_once(order, nb, depth, groups):
+    """Every order reads each word once: the XOR of the lanes' outputs is the XOR of the matrix (a
+    word missed or read twice changes it), on fresh random words, a grid striding or not."""
+    if not __import__("kernels.runtime", fromlist=["has_gpu"]).has_gpu():
+        pytest.skip("no GPU backend")
+    rng = np.random.default_rng(7)
+    n, chunks_k = 320, 64  # 40 blocks of 8 rows: a last group of fewer than 4 SIMD groups' items
+    words = rng.integers(0, 2 ** 32, n * chunks_k * 4, dtype=np.uint64).astype(np.uint32)
+    out = np.array(gemv.w_order_probe(mx.array(words), n, chunks_k, order=order, nb=nb, depth=depth, groups=groups))
+    assert np.bitwise_xor.reduce(out) == np.bitwise_xor.reduce(words)
+    words[rng.integers(0, words.size)] ^= 1  # and the check can fail
+    assert np.bitwise_xor.reduce(out) != np.bitwise_xor.reduce(words)

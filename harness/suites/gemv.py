@@ -1218,10 +1218,47 @@ def _qmm_sweep() -> list[BenchCase]:
     return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm, _packed_once, settings, QMM_SWEEP_SHAPES, rows=(m,))]
 
 
+# w_order_probe's settings on the 8B's gate+up quants (28672 x 4096 Q4_0: 58.7 MB, past L2): each
+# order at qmm's NB 4 with 1, 2 and 4 super-chunks in flight a lane, in the grid of one block group
+# a SIMD group (G0) and capped at 264 and 528 threadgroups of 4 SIMD groups (2 and 4 an SM on 132
+# SMs: qmm's 16-row grid holds about 3.4 warps a scheduler, 13 an SM)
+W_PROBE_SHAPE = (28672, 4096 // 32)
+W_PROBE_SWEEP = [dict(order=o, nb=4, depth=d, groups=g) for o in ("qmm", "rows", "interleaved")
+                 for d in (1, 2, 4) for g in (0, 264, 528)]
+
+
+def _w_order_probe_cases() -> list[BenchCase]:
+    """w_order_probe (benchmark gemv-probe, variant '<order> NB.-D.-G.'): the bytes of W over GPU
+    time, as a share of the copy peak, for each load order; its check is the XOR of the words."""
+    from kernels.gemv import w_order_probe
+
+    n, chunks_k = W_PROBE_SHAPE
+    words = n * chunks_k * 4
+
+    def make():  # 32 random bits a word, from two 16-bit draws (randint's own are coarser past 2**24)
+        halves = [mx.random.randint(0, 1 << 16, (words,), dtype=mx.uint32) for _ in range(2)]
+        return {"w": (halves[0] << 16) | halves[1]}
+
+    cases = []
+    for knobs in W_PROBE_SWEEP:
+        def step(st, knobs=knobs):
+            return [w_order_probe(st["w"], n, chunks_k, **knobs)]
+
+        def verify(step=step):
+            st = make()
+            got = np.bitwise_xor.reduce(np.array(step(st)[0]))
+            return 0.0 if got == np.bitwise_xor.reduce(np.array(st["w"])) else 1.0
+
+        label = "{order} NB{nb}-D{depth}-G{groups}".format(**knobs)
+        cases.append(BenchCase("gemv", "gemv-probe", "w_order_probe", label, dict(N=n, K=chunks_k * 32), make,
+                               step, words * 4, 0, words * 4, verify))
+    return cases
+
+
 def sweep_cases() -> list[BenchCase]:
     """v2's launch knobs (R rows per SIMD group, NSIMD SIMD groups per threadgroup) where they
     fit in threadgroup memory, then v3's (V3_SWEEP, variant 'v3 R.-NSIMD.-P.-G.'), then qmm's
-    (QMM_SWEEP, at 16, 32 and 64 rows)."""
+    (QMM_SWEEP, at 16, 32 and 64 rows), then w_order_probe's (W_PROBE_SWEEP)."""
     from kernels.gemv import SMEM_BUDGET, gemv_v2, gemv_v3, v2_smem_bytes
 
     def v2_settings(qtype, m, n, k):
@@ -1232,7 +1269,7 @@ def sweep_cases() -> list[BenchCase]:
         return [("v3 R{rows}-NSIMD{simds}-P{depth}-G{max_groups}".format(**knobs), knobs) for knobs in V3_SWEEP]
 
     return (_sweep(gemv_v2, _weights_once, v2_settings) + _sweep(gemv_v3, _packed_once, v3_settings)
-            + _sweep(gemv_v3, _packed_once, v3_settings, K_SWEEP_SHAPES) + _qmm_sweep())
+            + _sweep(gemv_v3, _packed_once, v3_settings, K_SWEEP_SHAPES) + _qmm_sweep() + _w_order_probe_cases())
 
 
 def plots(df: pd.DataFrame, out_dir: Path, peak_gbs: float) -> list[Path]:

@@ -1165,6 +1165,44 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     return y
 
 
+# ---- a probe: how the memory system serves W's loads in a GEMM's order ----------------------------------
+_W_ORDER_PROBE = KernelSpec("lathe_w_order_probe", "gemv/w_order_probe.metal", ("w",), ("out",),
+                            threadgroup_bytes=lambda c: (c["DEPTH"] + 1) * c["NB"] * 128 * 16)
+W_ORDERS = {"qmm": 0, "rows": 1, "interleaved": 2}  # w_order_probe.metal's ORDER
+
+
+def w_order_probe_warps(n: int, nb: int, groups: int) -> int:
+    """The SIMD groups a w_order_probe launch takes: GROUPS threadgroups of 4, or one block group each."""
+    return 4 * (groups or -(-(n // (8 * nb)) // 4))
+
+
+def w_order_probe(w: mx.array, n: int, chunks_k: int, *, order: str, nb: int = 4, depth: int = 1,
+                  groups: int = 0) -> mx.array:
+    """Read `w` (uint32 [n * chunks_k * 4]: N rows of chunks_k 16-byte words, the repacked Q4_0
+    quants' shape) once in a GEMM's load order and XOR it, a uint32 a lane (w_order_probe.metal):
+    `order` "qmm" (qmm's fragments: 8 rows x 64 bytes an instruction), "rows" (the v3 GEMV's: 512
+    bytes of one row) or "interleaved" (a block's 8 rows a super-chunk at a time: 512 bytes, one
+    run); `nb` blocks of 8 rows a SIMD group, `depth` super-chunks of them in flight a lane (cp.async
+    into threadgroup memory, (depth + 1) * nb * 2 KiB a threadgroup, within the backend's budget),
+    `groups` threadgroups of 4 SIMD groups striding over the blocks (0: one
+    each). A measurement of the loads alone; the XOR of the output is the XOR of w."""
+    if order not in W_ORDERS:
+        raise ValueError(f"order must be one of {sorted(W_ORDERS)}, got {order!r}")
+    if w.dtype != mx.uint32 or w.ndim != 1 or w.size != n * chunks_k * 4:
+        raise ValueError(f"w must be uint32 [{n * chunks_k * 4}] ({n} rows of {chunks_k} 16-byte words), "
+                         f"got {w.dtype} {list(w.shape)}")
+    if nb not in (1, 2, 4, 8) or n % (8 * nb) or chunks_k % 32:
+        raise ValueError(f"the probe takes nb 1, 2, 4 or 8, N a multiple of 8 * nb and whole runs of 32 words a "
+                         f"row, got nb {nb}, N {n}, {chunks_k} words a row")
+    if depth not in (1, 2, 4) or (depth + 1) * nb > 24 or groups < 0:
+        raise ValueError(f"depth must be 1, 2 or 4, its ring of (depth + 1) * nb * 2 KiB within 48 KiB, groups >= 0; "
+                         f"got depth {depth}, nb {nb}, groups {groups}")
+    warps = w_order_probe_warps(n, nb, groups)
+    (out,) = launch(Launch(_W_ORDER_PROBE, [w], [((warps * 32,), mx.uint32)], (warps * 32, 1, 1), (128, 1, 1),
+                           dict(ORDER=W_ORDERS[order], NB=nb, DEPTH=depth, GROUPS=groups, N=n, CHUNKS_K=chunks_k)))
+    return out
+
+
 # ---- any M, fused projections -----------------------------------------------------------------------
 def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
            residual: mx.array | None = None) -> mx.array:
