@@ -347,8 +347,16 @@ def test_the_qmm_sweep_times_each_knob_that_fits():
                     assert "threadgroup memory" in str(err)
             if k < 4096:  # Qwen3's shapes: staged X not swept
                 fit = [label for label in fit if "-XS" not in label]
-            listed = [c.variant for c in cases if (c.shape["M"], c.shape["N"], c.shape["K"]) == (m, n, k)]
+            listed = [c.variant for c in cases if (c.shape["M"], c.shape["N"], c.shape["K"]) == (m, n, k)
+                      and not c.variant.endswith("-R8")]
             assert listed == fit and len(fit) > len([kn for kn in QMM_SWEEP if not kn.get("xs")]) // 2
+    # RowBlocks' rows: each QMM_ROWS8_SWEEP setting that fits, on the 8B's four matrices, each also
+    # on Packed weights
+    from harness.suites.gemv import QMM_ROWS8_SHAPES, QMM_ROWS8_SWEEP
+    rows8 = [c for c in cases if c.variant.endswith("-R8")]
+    assert {(c.kernel.removeprefix("gemv_"), c.shape["N"], c.shape["K"]) for c in rows8} == set(QMM_ROWS8_SHAPES)
+    assert {c.variant.removesuffix("-R8") for c in rows8} == {qmm_sweep_label(kn) for kn in QMM_ROWS8_SWEEP}
+    assert {c.variant.removesuffix("-R8") for c in rows8} <= {c.variant for c in cases}
 
 
 @pytest.mark.parametrize("m, qmm_on, launched", [
@@ -701,3 +709,47 @@ def test_w_order_probe_reads_every_word_once(order, nb, depth, groups):
     assert np.bitwise_xor.reduce(out) == np.bitwise_xor.reduce(words)
     words[rng.integers(0, words.size)] ^= 1  # and the check can fail
     assert np.bitwise_xor.reduce(out) != np.bitwise_xor.reduce(words)
+
+
+# ---- RowBlocks: W's row blocks interleaved for qmm ---------------------------------------------------------
+@pytest.mark.parametrize("qtype, n, k", [("q4_0", 16, 256), ("q8_0", 24, 384)])
+def test_interleave_rows_puts_each_chunk_where_qmm_reads_it(qtype, n, k):
+    """A NumPy model of RowBlocks' index: chunk c of row r (its quants, then its scale) moves to
+    ((r // 8) * K/128 + c // 4) * 32 + (r % 8) * 4 + c % 4; the same bytes, none lost."""
+    rng = np.random.default_rng(3)
+    qb, chunks = (16 if qtype == "q4_0" else 32), n * (k // 32)
+    data = rng.integers(0, 256, chunks * (qb + 2), dtype=np.uint8)
+    out = np.array(gemv.interleave_rows(gemv.Packed(mx.array(data), qtype, n, k)).data)
+    quants, scales = data[:chunks * qb].reshape(n, k // 32, qb), data[chunks * qb:].reshape(n, k // 32, 2)
+    moved_q, moved_s = out[:chunks * qb].reshape(chunks, qb), out[chunks * qb:].reshape(chunks, 2)
+    for r in range(n):
+        for c in range(k // 32):
+            at = ((r // 8) * (k // 128) + c // 4) * 32 + (r % 8) * 4 + c % 4
+            assert (moved_q[at] == quants[r, c]).all() and (moved_s[at] == scales[r, c]).all()
+
+
+def test_interleave_rows_and_qmm_refuse_what_they_do_not_take():
+    w = gemv.Packed(mx.zeros((12 * 4 * 18,), mx.uint8), "q4_0", 12, 128)
+    with pytest.raises(ValueError, match="whole row blocks of 8"):
+        gemv.interleave_rows(w)
+    with pytest.raises(ValueError, match="Q4_0 or Q8_0"):
+        gemv.interleave_rows(_zero_packed("q4_k", 8, 256))
+    rows = gemv.interleave_rows(_zero_packed("q4_0", 8, 256))
+    with pytest.raises(ValueError, match="packed weights are q4_0"):
+        gemv.qmm(mx.zeros((5, 256), mx.float16), rows, "q4_0", 16, 256)
+    with pytest.raises(ValueError, match="w must be uint8 blocks"):  # a GEMV does not take the layout
+        gemv.gemv_v3(mx.zeros((1, 256), mx.float16), rows, "q4_0", 8, 256)
+
+
+def test_qmm_launches_row_blocks_as_rows8():
+    """RowBlocks launch qmm with ROWS8 1 and the same knobs as Packed. Recorded, not run."""
+    from kernels.runtime import recording
+
+    packed = _zero_packed("q4_0", 4096, 4096)
+    with recording() as rec:
+        gemv.qmm(mx.zeros((16, 4096), mx.float16), packed, "q4_0", 4096, 4096)
+        gemv.qmm(mx.zeros((16, 4096), mx.float16), gemv.interleave_rows(packed), "q4_0", 4096, 4096)
+    plain, rows8 = rec.jobs[0], rec.jobs[len(rec.jobs) // 2]
+    assert plain.constants["ROWS8"] == 0 and rows8.constants["ROWS8"] == 1
+    assert {key: v for key, v in plain.constants.items() if key != "ROWS8"} == \
+        {key: v for key, v in rows8.constants.items() if key != "ROWS8"}

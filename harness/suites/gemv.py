@@ -252,13 +252,15 @@ def _gemv_case(version: str, qtype: str, m: int, n: int, k: int, residual: bool 
     from kernels.runtime import poisoned_outputs
 
     fn = {"v1": gemv.gemv_v1, "v2": gemv.gemv_v2, "v3": gemv.gemv_v3, "linear": gemv.linear,
-          "linear v3": gemv.linear, "qmm": gemv.qmm}[version]
+          "linear v3": gemv.linear, "qmm": gemv.qmm, "qmm rows8": gemv.qmm}[version]
     extra = dict(knobs or {})
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         host, dev = _blocks(rng, qtype, n, k)
-        if version.endswith("v3") or version == "qmm":
+        if version.endswith("v3") or version.startswith("qmm"):
             dev = gemv.repack(dev, qtype, n, k)
+        if version == "qmm rows8":  # W's row blocks interleaved (RowBlocks)
+            dev = gemv.interleave_rows(dev)
         x = _x(rng, m, k)
         r = _x(rng, m, n) if residual else None
         with poisoned_outputs():
@@ -654,6 +656,16 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              (32, 4096, 14336, True, None),
              # the rule's split from K = 2048 (Qwen3's down and O with their residual)
              (32, 1024, 3072, True, None), (64, 1024, 2048, True, None)]
+# W as RowBlocks (Q4_0, Q8_0: N whole row blocks of 8, K whole super-chunks): the rule's launches
+# at 5-64 rows (unstaged, staged with W's ring, staged with PF), a gate+up's tail of row blocks
+# in a threadgroup, split K, and the staged knobs given; the first fits Metal's small set
+QMM_ROWS8_CASES = [(5, 1000, 4096, False, dict(nb=2, wn=2, wk=2, ks=2)), (16, 4096, 4096, True, None),
+                   (32, 4096, 14336, True, None), (64, 4104, 4096, False, None), (33, 28672, 4096, True, None),
+                   (16, 1000, 4224, True, dict(xs=2, wr=1, nb=4, wn=4, wk=1)),
+                   (20, 1000, 4224, False, dict(xs=2, pf=1, nb=2, wn=8, wk=1, ks=3))]
+QMM_ROWS8_FUSED_CASES = [("rmsnorm+gated", "silu", 16, 2 * 14336, 4096, None),
+                         ("rmsnorm+gated", "silu", 64, 2 * 1000, 4096, None),
+                         ("rmsnorm+gated", "silu", 16, 2 * 1000, 4224, dict(xs=2, wr=1, nb=4, wn=4, wk=1))]
 
 
 # qmm fused as the GEMVs are: the RMSNorm prologue, the gated epilogue (act(gate) * up of a
@@ -681,10 +693,11 @@ QMM_FUSED_CASES = [("rmsnorm", None, 5, 33, 96, None), ("rmsnorm+gated", "silu",
                    ("rmsnorm+gated", "silu", 16, 2 * 1001, 4128, dict(xs=2, wr=1, nb=4, wn=4, wk=1))]
 
 
-def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: int, knobs: dict | None) -> CheckCase:
+def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: int, knobs: dict | None,
+                    rows8: bool = False) -> CheckCase:
     """qmm with the RMSNorm prologue and/or the gated epilogue against float64: RMSNorm(X) * gamma
-    of fp16 X, then X @ W^T, then act(gate) * up of its halves."""
-    from kernels.gemv import qmm, repack
+    of fp16 X, then X @ W^T, then act(gate) * up of its halves (`rows8`: W as RowBlocks)."""
+    from kernels.gemv import interleave_rows, qmm, repack
     from kernels.runtime import poisoned_outputs
 
     norm = kind.startswith("rmsnorm")
@@ -695,7 +708,9 @@ def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: i
         gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
         extra = dict(gamma=mx.array(gamma), eps=1e-5) if norm else {}
         with poisoned_outputs():
-            y = qmm(mx.array(x), repack(dev, qtype, n, k), qtype, n, k, activation=act, **extra, **(knobs or {}))
+            w = repack(dev, qtype, n, k)
+            y = qmm(mx.array(x), interleave_rows(w) if rows8 else w, qtype, n, k, activation=act, **extra,
+                    **(knobs or {}))
             mx.eval(y)
         x64 = rmsnorm64(x, gamma, 1e-5) if norm else x.astype(np.float64)
         if act is None:
@@ -703,7 +718,8 @@ def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: i
         want = ref_loop.swiglu(x64 @ dequantize(host, qtype, k).astype(np.float64).T, act)
         return [compare(f"{act}(gate) * up", np.array(y).astype(np.float64), want, TOL)]
 
-    variant = kind + (f" ({act})" if act else "") + ("".join(f" {key}={v}" for key, v in (knobs or {}).items()))
+    variant = kind + (f" ({act})" if act else "") + (" rows8" if rows8 else "") + \
+        ("".join(f" {key}={v}" for key, v in (knobs or {}).items()))
     return CheckCase("gemv", f"qmm_{qtype}", variant, dict(M=m, N=n, K=k), run)
 
 
@@ -740,6 +756,11 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_gemv_case("qmm", qtype, m, n, fit(k), residual, knobs))
     for kind, act, m, n, k, knobs in QMM_FUSED_CASES[:2] + QMM_FUSED_CASES[8:9] if small else QMM_FUSED_CASES:
         cases.append(_qmm_fused_case(kind, act, qtype, m, n, fit(k), knobs))
+    if qtype in ("q4_0", "q8_0"):
+        for m, n, k, residual, knobs in QMM_ROWS8_CASES[:1] if small else QMM_ROWS8_CASES:
+            cases.append(_gemv_case("qmm rows8", qtype, m, n, k, residual, knobs))
+        for kind, act, m, n, k, knobs in [] if small else QMM_ROWS8_FUSED_CASES:
+            cases.append(_qmm_fused_case(kind, act, qtype, m, n, k, knobs, rows8=True))
     for m in (3, 9, 16) if small else (3, 9, 16, 512):  # each path of linear(): GEMV, GEMVs + add, addmm
         cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128))),
                                 residual=True))
@@ -1214,8 +1235,35 @@ def _qmm_sweep() -> list[BenchCase]:
                 for knobs in QMM_SWEEP
                 if fits(qtype, m, n, k, knobs) and (k >= 4096 or not knobs.get("xs"))]
 
+    def rows8_settings(qtype, m, n, k):
+        return [(qmm_sweep_label(knobs) + "-R8", dict(knobs, pf=knobs.get("pf", 0), xs=knobs.get("xs", 0),
+                                                      wr=knobs.get("wr", 0)))
+                for knobs in QMM_ROWS8_SWEEP if fits(qtype, m, n, k, knobs)]
+
+    def rows8_once(qtype, *shapes):
+        from kernels.gemv import interleave_rows
+
+        packed = _packed_once(qtype, *shapes)
+        return lambda: [interleave_rows(w) for w in packed()]
+
     # a row count at a time, over every shape: a sweep cut short by its time limit has the first
-    return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm, _packed_once, settings, QMM_SWEEP_SHAPES, rows=(m,))]
+    return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm, _packed_once, settings, QMM_SWEEP_SHAPES, rows=(m,))] + \
+        [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm, rows8_once, rows8_settings, QMM_ROWS8_SHAPES, rows=(m,))]
+
+
+# W as RowBlocks (variant '...-R8'): the 8B's four matrices at the rule's settings and d1c7394's
+# fastest, each also in QMM_SWEEP on Packed weights (`qmm_rows8_match`: both, for `-k`)
+QMM_ROWS8_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336), ("q4_0", 6144, 4096))
+QMM_ROWS8_SWEEP = [dict(nb=4, wn=2, wk=2, ks=ks, pf=0) for ks in (1, 2, 4, 8)] + \
+    [dict(nb=nb, wn=wn, wk=1, ks=ks, pf=0, xs=2, wr=1) for ks in (1, 4) for nb, wn in ((4, 4), (2, 8))] + \
+    [dict(nb=nb, wn=wn, wk=1, ks=ks, pf=1, xs=2) for ks in (1, 4) for nb, wn in ((4, 4), (2, 8))]
+
+
+def qmm_rows8_match() -> str:
+    """`lathe bench gemv --sweep -k` over QMM_ROWS8_SWEEP: its RowBlocks rows and the same settings
+    on Packed weights (whole variant labels, so that no other setting matches)."""
+    labels = [qmm_sweep_label(knobs) for knobs in QMM_ROWS8_SWEEP]
+    return "|".join(f"[{label}{r8}]" for label in labels for r8 in ("", "-R8"))
 
 
 # w_order_probe's settings on the 8B's gate+up quants (28672 x 4096 Q4_0: 58.7 MB, past L2): each

@@ -473,6 +473,40 @@ def repack(w: mx.array, qtype: str, n: int, k: int) -> Packed:
     return Packed(data, qtype, n, k)
 
 
+@dataclass(frozen=True)
+class RowBlocks:
+    """A Q4_0 or Q8_0 matrix's v3 bytes (Packed) with the 8 rows of each row block interleaved a
+    super-chunk (128 values of K) at a time: chunk c of row r at ((r // 8) * K/128 + c // 4) * 32
+    + (r % 8) * 4 + c % 4, the quants and then the scales in that order (interleave_rows). qmm's
+    B fragments then read 512 contiguous bytes an instruction, and a row block's whole K as one
+    run, where the v3 layout gives 8 pieces of 64 bytes 2 KiB apart (kernels/gemv/NOTES.md, "A
+    probe of W's load order"). Only qmm takes it."""
+    data: mx.array  # uint8, flat
+    qtype: str
+    n: int
+    k: int
+
+
+def interleave_rows(w: Packed) -> RowBlocks:
+    """Packed Q4_0 / Q8_0 weights -> RowBlocks: a byte shuffle on the device (the same weights;
+    tests/test_gemv.py against a NumPy model of the index). N must be whole row blocks of 8, K
+    whole super-chunks of 128."""
+    if not isinstance(w, Packed) or w.qtype not in ("q4_0", "q8_0"):
+        raise ValueError(f"interleave_rows takes repacked Q4_0 or Q8_0 weights (Packed), got "
+                         f"{getattr(w, 'qtype', type(w).__name__)}")
+    if w.n % 8 or w.k % 128:
+        raise ValueError(f"interleave_rows takes whole row blocks of 8 and super-chunks of 128: N={w.n}, K={w.k}")
+    quant_bytes = 16 if w.qtype == "q4_0" else 32
+    chunks = w.n * (w.k // 32)
+
+    def shuffled(part: mx.array, width: int) -> mx.array:
+        return part.reshape(w.n // 8, 8, w.k // 128, 4, width).transpose(0, 2, 1, 3, 4).reshape(-1)
+
+    data = mx.concatenate([shuffled(w.data[:chunks * quant_bytes], quant_bytes), shuffled(w.data[chunks * quant_bytes:], 2)])
+    mx.eval(data)
+    return RowBlocks(data, w.qtype, w.n, w.k)
+
+
 REPACK_ROWS = 4096  # rows a step of the K-quants' repack (its temporaries are 4 bytes a weight)
 
 
@@ -1089,11 +1123,11 @@ def qmm_geometry(m: int, n: int, k: int, nb: int, wn: int, wk: int, *, norm: boo
     return mp, nb, wn, wk
 
 
-def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
+def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
         gamma: mx.array | None = None, eps: float | None = None, activation: str | None = None,
         **knobs: int | None) -> mx.array:
     """Y[M, N] = X[M, K] @ W^T (+ residual, fp16 [M, N]) for M up to QMM_MAX_M, W repacked (any v3
-    block type), on SIMD-group matrices (qmm.metal). `gamma` (fp16 [K]) and `eps`: X RMS-normed
+    block type; Q4_0 and Q8_0 also as RowBlocks), on SIMD-group matrices (qmm.metal). `gamma` (fp16 [K]) and `eps`: X RMS-normed
     first (RMSNorm(X) * gamma), in the same launch. `activation` ("silu", "gelu"): W is a fused
     [gate; up] matrix (N = 2F rows) and Y = act(X @ gate^T) * (X @ up^T), [M, F]. Launch knobs:
     nb, wn, wk, ks, pf, xs, wr (qmm_by_shape's where not given, pf, xs and wr 0 where nb, wn or wk
@@ -1104,9 +1138,15 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     own from device memory); wst 1 loads Q4_0's and Q8_0's weights evict-first (load_stream); wr 1
     (with xs, not with pf) brings Q4_0's and Q8_0's weights through a ring in threadgroup memory
     on X's rounds, xs - 1 super-chunks ahead."""
+    rows8 = isinstance(w, RowBlocks)  # the layout of interleave_rows (ROWS8)
+    if rows8:
+        if qtype not in ("q4_0", "q8_0") or n % 8 or k % 128:
+            raise ValueError(f"RowBlocks are Q4_0 or Q8_0 of whole row blocks and super-chunks, got {qtype} N={n} K={k}")
+        _check_packed(w, qtype, n, k)
+        w = Packed(w.data, w.qtype, w.n, w.k)  # the same bytes: Packed's checks hold
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
-        raise ValueError("qmm takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
+        raise ValueError("qmm takes weights repacked by kernels.gemv.repack (Packed, or RowBlocks), not GGUF blocks")
     m = x.shape[0]
     unknown = set(knobs) - {"nb", "wn", "wk", "ks", "pf", "xs", "wst", "wr"}
     if unknown:
@@ -1150,7 +1190,8 @@ def qmm(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.arra
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))
     ks, kspl = qmm_split_k(k, groups, m, wn * wk, bool(pf or wr), bool(shaped["SPLIT"]), knobs.get("ks"))
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
-    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, XS=xs, WST=wst, WR=wr, K=k)
+    constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, XS=xs, WST=wst, WR=wr,
+                     ROWS8=int(rows8), K=k)
     if ks == 1:
         (y,) = launch(Launch(_QMM[residual is not None, norm, activation],
                              [*inputs, *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],

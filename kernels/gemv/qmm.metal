@@ -52,7 +52,8 @@
 // to part [KS, M, N] (all N rows of W: gated, gate's and up's), and qmm_reduce.metal adds the KS
 // partial sums and applies the epilogue (act(gate) * up, the residual) in a second launch.
 //
-// Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, WST, WR, K (a multiple of 32); LATHE_SPLIT: KS, KSPL.
+// Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, WST, WR, ROWS8 (W as RowBlocks: Q4_0 and Q8_0, N a
+// multiple of 8, K of 128), K (a multiple of 32); LATHE_SPLIT: KS, KSPL.
 // Inputs: x (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half
 // [K]), eps (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding.
 // Output: y (half [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]).
@@ -92,9 +93,13 @@ threadgroup uint w_ring_d[W_RING ? XS * NB * NT : 1];
 const uint tid = simd * 32 + lane;
 // W's block (row, chunk) of row block j for this lane in super-chunk S, and whether it is inside
 // (a row past N, a chunk past K or past this launch's part of K: chunk 0, and d = 0)
+// (ROWS8: W as RowBlocks, a row block's 8 rows interleaved a super-chunk at a time, so that the 32
+// lanes' chunks of (row block, super-chunk) are 512 contiguous bytes)
 #define QMM_W_INSIDE(S, J) (row0 + 8 * ((J) % NBO) + r < n_out && 4 * (S) + c / 2 < CHUNKS_K && (S) * 128 < k_end)
+#define QMM_W_INDEX(ROW, S)                                                                            \
+  (ROWS8 ? ((ROW) / 8 * (CHUNKS_K / 4) + (S)) * 32 + (ROW) % 8 * 4 + c / 2 : (ROW) * CHUNKS_K + 4 * (S) + c / 2)
 #define QMM_W_BLOCK(S, J)                                                                              \
-  (QMM_W_INSIDE(S, J) ? (((J) < NBO ? 0u : n_out) + row0 + 8 * ((J) % NBO) + r) * CHUNKS_K + 4 * (S) + c / 2 : 0u)
+  (QMM_W_INSIDE(S, J) ? QMM_W_INDEX(((J) < NBO ? 0u : n_out) + row0 + 8 * ((J) % NBO) + r, S) : 0u)
 // WR: super-chunk S's raw W of this lane into ring slot SLOT (d: the 4-byte word that holds it;
 // the d array starts 16-byte aligned, so block b's d is half b % 2 of word (d's start + b) / 2)
 #define QMM_RING_W(S, SLOT)                                                                            \
@@ -294,6 +299,7 @@ for (uint s = s_first, t = 0; XS ? t < rounds : s * 128 < k_end; s += WK, ++t) {
 #undef QMM_STAGE_X
 #undef QMM_RING_W
 #undef QMM_W_BLOCK
+#undef QMM_W_INDEX
 #undef QMM_W_INSIDE
 
 // The WK groups of a row block add up in threadgroup memory; the first writes Y.
