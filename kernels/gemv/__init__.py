@@ -502,7 +502,8 @@ def interleave_rows(w: Packed) -> RowBlocks:
     def shuffled(part: mx.array, width: int) -> mx.array:
         return part.reshape(w.n // 8, 8, w.k // 128, 4, width).transpose(0, 2, 1, 3, 4).reshape(-1)
 
-    data = mx.concatenate([shuffled(w.data[:chunks * quant_bytes], quant_bytes), shuffled(w.data[chunks * quant_bytes:], 2)])
+    quants, scales = w.data[:chunks * quant_bytes], w.data[chunks * quant_bytes:]
+    data = mx.concatenate([shuffled(quants, quant_bytes), shuffled(scales, 2)])
     mx.eval(data)
     return RowBlocks(data, w.qtype, w.n, w.k)
 
@@ -1127,8 +1128,8 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
         gamma: mx.array | None = None, eps: float | None = None, activation: str | None = None,
         **knobs: int | None) -> mx.array:
     """Y[M, N] = X[M, K] @ W^T (+ residual, fp16 [M, N]) for M up to QMM_MAX_M, W repacked (any v3
-    block type; Q4_0 and Q8_0 also as RowBlocks), on SIMD-group matrices (qmm.metal). `gamma` (fp16 [K]) and `eps`: X RMS-normed
-    first (RMSNorm(X) * gamma), in the same launch. `activation` ("silu", "gelu"): W is a fused
+    block type; Q4_0 and Q8_0 also as RowBlocks), on SIMD-group matrices (qmm.metal). `gamma`
+    (fp16 [K]) and `eps`: X RMS-normed first (RMSNorm(X) * gamma), in the same launch. `activation` ("silu", "gelu"): W is a fused
     [gate; up] matrix (N = 2F rows) and Y = act(X @ gate^T) * (X @ up^T), [M, F]. Launch knobs:
     nb, wn, wk, ks, pf, xs, wr (qmm_by_shape's where not given, pf, xs and wr 0 where nb, wn or wk
     is; gated, an even nb); ks > 1 splits K over
