@@ -143,6 +143,11 @@ DECLARED = (
            "linear() for 5..64 rows of X on repacked weights (a short prompt's projections): the quantized "
            "GEMM (kernels.gemv.qmm: W read once, on SIMD-group matrices); off: GEMV launches of 4 rows "
            "below 16 rows, dequantize + MLX's matmul from there (kernels/gemv/NOTES.md)"),
+    Option("qmm_rows8", False, _flag,
+           "the decoder keeps a second copy of each Q4_0 and Q8_0 matrix as RowBlocks (kernels.gemv."
+           "interleave_rows: a row block's 8 rows interleaved a super-chunk at a time, twice the weights' "
+           "memory), and qmm's launches (5..64 rows: serve's batched steps, short prompts) read it; the GEMVs "
+           "keep the v3 copy (kernels/gemv/NOTES.md, \"RowBlocks\")"),
     Option("qmm_prologue", True, _flag,
            "prompt_qmm's plan: RMSNorm as qmm's prologue (QKV, gate+up; each threadgroup works out every row's "
            "1 / rms over all of K); off: lathe's rmsnorm launch first, then qmm on its output (the gated "

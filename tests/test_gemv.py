@@ -739,6 +739,8 @@ def test_interleave_rows_and_qmm_refuse_what_they_do_not_take():
         gemv.qmm(mx.zeros((5, 256), mx.float16), rows, "q4_0", 16, 256)
     with pytest.raises(ValueError, match="w must be uint8 blocks"):  # a GEMV does not take the layout
         gemv.gemv_v3(mx.zeros((1, 256), mx.float16), rows, "q4_0", 8, 256)
+    with pytest.raises(ValueError, match="RowBlocks go to qmm only"):  # nor linear() for a GEMV's rows
+        gemv.linear(mx.zeros((3, 256), mx.float16), rows, "q4_0", 8, 256)
 
 
 def test_qmm_launches_row_blocks_as_rows8():

@@ -702,3 +702,47 @@ def test_qmm_prologue_option_picks_the_prompts_norm_launches(models, prologue):
     else:
         assert ops.count("rms_norm") == 2 and "linear_swiglu" in ops and "rmsnorm_linear" not in ops
         assert steps[ops.index("linear_swiglu")].launches == ("lathe_qmm_",)
+
+
+@pytest.mark.parametrize("preset, qtype", [("tiny-llama", "q4_0"), ("tiny-qwen3", "q8_0")])
+def test_qmm_rows8_gives_qmm_the_row_blocks_copy(models, monkeypatch, preset, qtype):
+    """Option qmm_rows8: the decoder keeps a RowBlocks copy of each repacked Q4_0 / Q8_0 matrix
+    (a tied head's too), and a 20-token prompt's qmm launches read it (ROWS8 1); off, none is made
+    and they read the v3 copy. Launches recorded (CPU)."""
+    from kernels import gemv
+    from kernels.runtime import recording
+
+    monkeypatch.setitem(options._values, "repack", True)
+    m = models[preset, qtype]
+    for on in (True, False):
+        monkeypatch.setitem(options._values, "qmm_rows8", on)
+        with recording():
+            decoder = KernelDecoder(m, 64, "fused")
+        assert bool(decoder.rows8) == on
+        assert all(isinstance(w, gemv.RowBlocks) and decoder.packed[name].n == w.n for name, w in decoder.rows8.items())
+        with recording() as rec:
+            decoder.forward(np.arange(20) % m.config.vocab)
+        qmm = [j for j in rec.jobs if j.spec.name.startswith("lathe_qmm") and "reduce" not in j.spec.name]
+        assert qmm and all(j.constants["ROWS8"] == int(on) for j in qmm)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset, qtype", [("tiny-llama", "q4_0"), ("tiny-qwen3", "q8_0")])
+def test_qmm_rows8_decodes_the_same_bits(models, monkeypatch, preset, qtype):
+    """RowBlocks only move W's bytes: a 20-token prompt's logits and the next tokens' are the same
+    bits with option qmm_rows8 on as off (qmm's sums in the same order), and decode as float64."""
+    import mlx.core as mx
+
+    if not __import__("kernels.runtime", fromlist=["has_gpu"]).has_gpu():
+        pytest.skip("no GPU backend")
+    monkeypatch.setitem(options._values, "repack", True)
+    m = models[preset, qtype]
+    prompt = np.random.default_rng().integers(0, m.config.vocab, 20)
+    logits = {}
+    for on in (True, False):
+        monkeypatch.setitem(options._values, "qmm_rows8", on)
+        decoder = KernelDecoder(m, 64, "fused")
+        logits[on] = np.array(decoder.forward(prompt).astype(mx.float32))
+    assert np.array_equal(logits[True], logits[False])
+    monkeypatch.setitem(options._values, "qmm_rows8", True)
+    _decodes_as_float64(KernelDecoder(m, PROMPT + STEPS, "fused"), m, prompt[:PROMPT])

@@ -642,7 +642,8 @@ def _run_norm_linear_pair(norm, name, name_b, dst, d, env, t, pos):
 
 def _run_norm_qmm(norm, name, dst, d, env, t, pos):
     n, k = d.nk[name]
-    env[dst] = gemv.qmm(env["x"], d.matrix(name), d.types[name], n, k, gamma=d.g16[norm], eps=d.config.eps)
+    env[dst] = gemv.qmm(env["x"], d.qmm_matrix(name, env["x"].shape[0]), d.types[name], n, k, gamma=d.g16[norm],
+                        eps=d.config.eps)
 
 
 def _run_gate_up_qmm(norm, name, d, env, t, pos):
@@ -650,7 +651,8 @@ def _run_gate_up_qmm(norm, name, d, env, t, pos):
     h (norm None: lathe's rmsnorm ran first)."""
     n, k = d.nk[name]
     normed = dict(gamma=d.g16[norm], eps=d.config.eps) if norm else {}
-    env["a"] = gemv.qmm(env["x" if norm else "h"], d.matrix(name), d.types[name], n, k,
+    x = env["x" if norm else "h"]
+    env["a"] = gemv.qmm(x, d.qmm_matrix(name, x.shape[0]), d.types[name], n, k,
                         activation=d.config.architecture.activation, **normed)
 
 
@@ -1010,6 +1012,13 @@ class KernelDecoder:
                     self.packed[name] = gemv.repack(self.w[name], t, *self.nk[name])
                     if name != "token_embd.weight":
                         del self.w[name]  # the embedding keeps its blocks for the embed kernel
+        # The qmm_rows8 option: qmm's launches read RowBlocks, a second copy made here (the GEMVs
+        # and megafused's stacks keep the v3 one; a tied head's copy too, the embedding its blocks)
+        self.rows8: dict[str, gemv.RowBlocks] = {}
+        if options.get("qmm_rows8"):
+            for name, w in self.packed.items():
+                if w.qtype in ("q4_0", "q8_0") and w.n % 8 == 0 and w.k % 128 == 0:
+                    self.rows8[name] = gemv.interleave_rows(w)
         if self.mega:
             # a launch site's counters: attention_block (layer 0) and the last ffn_block share one,
             # launches ordered by the token's data
@@ -1229,12 +1238,19 @@ class KernelDecoder:
         them, else the GGUF blocks (or fp16 values)."""
         return self.packed.get(name, self.w.get(name))
 
+    def qmm_matrix(self, name: str, m: int) -> mx.array | gemv.Packed | gemv.RowBlocks:
+        """The weights a launch of M rows reads: the RowBlocks copy (option qmm_rows8) where qmm
+        takes those rows (5..QMM_UP_TO, prompt_qmm), else matrix(name)."""
+        if name in self.rows8 and gemv.MAX_M < m <= gemv.QMM_UP_TO and options.get("prompt_qmm"):
+            return self.rows8[name]
+        return self.matrix(name)
+
     def _linear(self, x: mx.array, name: str, residual: mx.array | None = None) -> mx.array:
         n, k = self.nk[name]
         if name in self.f16 and x.shape[0] > FUSED_UP_TO:  # a prompt's rows, on the copy made at load
             return gemv.matmul(x, self.f16[name], residual)
         if self.types[name] in QUANTIZED:
-            return gemv.linear(x, self.matrix(name), self.types[name], n, k, residual=residual)
+            return gemv.linear(x, self.qmm_matrix(name, x.shape[0]), self.types[name], n, k, residual=residual)
         return gemv.matmul(x, self.w[name], residual)
 
     def forward(self, tokens) -> mx.array:

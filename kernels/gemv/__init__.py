@@ -1253,6 +1253,12 @@ def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
     launches of MAX_M rows below BATCHED_FROM, and from there W dequantized to fp16 once and MLX's
     matmul (the prefill path; the crossover was measured: results/<device>/gemv-batched.png), the
     residual added in the same op (mx.addmm: one rounding, one launch fewer than a matmul and an add)."""
+    if isinstance(w, RowBlocks):  # only qmm reads them (and checks them)
+        m = x.shape[0] if isinstance(x, mx.array) and x.ndim == 2 else 0
+        if not (MAX_M < m <= QMM_UP_TO and options.get("prompt_qmm")):
+            raise ValueError(f"RowBlocks go to qmm only: {MAX_M + 1}..{QMM_UP_TO} rows of X with prompt_qmm on, "
+                             f"got {m} rows (the GEMVs and dequantize take Packed)")
+        return qmm(x, w, qtype, n, k, residual=residual)
     check_gemv_args(x, w, qtype, n, k, max_m=None)
     m = x.shape[0]
     if residual is not None and (residual.shape != (m, n) or residual.dtype != mx.float16):
