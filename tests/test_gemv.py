@@ -359,6 +359,18 @@ def test_the_qmm_sweep_times_each_knob_that_fits():
     assert {c.variant.removesuffix("-R8") for c in rows8} <= {c.variant for c in cases}
 
 
+def test_every_sweep_case_names_the_gemv_rows_shape():
+    """results refuses a gemv row without M, N and K: the whole sweep (v2, v3, qmm, the probe)
+    names each, so no run of `lathe bench gemv --sweep` ends at the write."""
+    from harness.results import SHAPE_COLUMNS
+    from harness.suites.gemv import sweep_cases
+
+    cases = sweep_cases()
+    assert any(c.benchmark == "gemv-probe" for c in cases)
+    for case in cases:
+        assert set(SHAPE_COLUMNS["gemv"]) <= set(case.shape), (case.benchmark, case.variant)
+
+
 @pytest.mark.parametrize("m, qmm_on, launched", [
     (3, True, ("lathe_gemv_v3",)),  # a decode's rows: the GEMV
     # a short prompt's: the quantized GEMM, K split (K from 4096: qmm_by_shape) and the parts added

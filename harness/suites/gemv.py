@@ -1298,7 +1298,8 @@ def _w_order_probe_cases() -> list[BenchCase]:
             return 0.0 if got == np.bitwise_xor.reduce(np.array(st["w"])) else 1.0
 
         label = "{order} NB{nb}-D{depth}-G{groups}".format(**knobs)
-        cases.append(BenchCase("gemv", "gemv-probe", "w_order_probe", label, dict(N=n, K=chunks_k * 32), make,
+        # M 0: the probe reads W alone, no rows of X (results.csv's gemv rows need M)
+        cases.append(BenchCase("gemv", "gemv-probe", "w_order_probe", label, dict(M=0, N=n, K=chunks_k * 32), make,
                                step, words * 4, 0, words * 4, verify))
     return cases
 
