@@ -148,10 +148,11 @@ DECLARED = (
            "interleave_rows: a row block's 8 rows interleaved a super-chunk at a time, twice the weights' "
            "memory), and qmm's launches (5..64 rows: serve's batched steps, short prompts) read it; the GEMVs "
            "keep the v3 copy (kernels/gemv/NOTES.md, \"RowBlocks\")"),
-    Option("qmm_prologue", True, _flag,
-           "prompt_qmm's plan: RMSNorm as qmm's prologue (QKV, gate+up; each threadgroup works out every row's "
-           "1 / rms over all of K); off: lathe's rmsnorm launch first, then qmm on its output (the gated "
-           "epilogue kept). At 8db493e the separate launches took less GPU time (kernels/gemv/NOTES.md)"),
+    Option("qmm_prologue", False, _flag,
+           "prompt_qmm's plan: on, RMSNorm as qmm's prologue (QKV, gate+up; each threadgroup works out every "
+           "row's 1 / rms over all of K, reading all of X); off: lathe's rmsnorm launch first, then qmm on its "
+           "output (the gated epilogue kept). The separate launches take less GPU time (8db493e's rows; the "
+           "8B's serve profile at f0d90ef: kernels/loop/NOTES.md)"),
     Option("qmm_fill", 512, _count,
            "qmm (5..64 rows), K from 4096: split K over threadgroups (at most 8 parts, a second launch adding "
            "them) until a launch has this many threadgroups, half as many past 32 rows (0: never split; the "
