@@ -47,6 +47,10 @@ def _auto_or_count(text: str) -> int | None:
     return None if text.strip().lower() in ("auto", "") else _count(text)
 
 
+def _auto_or_flag(text: str) -> bool | str:
+    return "auto" if text.strip().lower() == "auto" else _flag(text)
+
+
 def _one_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = text.strip().lower()
@@ -148,11 +152,13 @@ DECLARED = (
            "interleave_rows: a row block's 8 rows interleaved a super-chunk at a time, twice the weights' "
            "memory), and qmm's launches (5..64 rows: serve's batched steps, short prompts) read it; the GEMVs "
            "keep the v3 copy (kernels/gemv/NOTES.md, \"RowBlocks\")"),
-    Option("qmm_prologue", False, _flag,
+    Option("qmm_prologue", "auto", _auto_or_flag,
            "prompt_qmm's plan: on, RMSNorm as qmm's prologue (QKV, gate+up; each threadgroup works out every "
            "row's 1 / rms over all of K, reading all of X); off: lathe's rmsnorm launch first, then qmm on its "
-           "output (the gated epilogue kept). The separate launches take less GPU time (8db493e's rows; the "
-           "8B's serve profile at f0d90ef: kernels/loop/NOTES.md)"),
+           "output (the gated epilogue kept); auto: on where d_model < 4096, off from there. The 8B's serve at "
+           "32 and 64 sequences took 1.35-1.4x the tok/s off (GPU-bound: the prologue's reads of X); Qwen3's "
+           "fused serve at 8 and 32, host-bound, took 7-58% more on (one launch fewer a norm; kernels/loop/"
+           "NOTES.md, 3bd2061)"),
     Option("qmm_fill", 512, _count,
            "qmm (5..64 rows), K from 4096: split K over threadgroups (at most 8 parts, a second launch adding "
            "them) until a launch has this many threadgroups, half as many past 32 rows (0: never split; the "

@@ -686,18 +686,26 @@ def test_the_caches_are_checked_once_not_every_token(models, monkeypatch, preset
     assert 0 < first <= 2 * m.config.n_layers and len(evaluated) == first
 
 
-@pytest.mark.parametrize("prologue", [True, False])
-def test_qmm_prologue_option_picks_the_prompts_norm_launches(models, prologue):
+@pytest.mark.parametrize("prologue, d_model, fused_norm", [
+    (True, None, True), (False, None, False),
+    ("auto", None, True), ("auto", 4096, False)])  # auto: in the prologue below d_model 4096
+def test_qmm_prologue_option_picks_the_prompts_norm_launches(models, prologue, d_model, fused_norm):
     """A prompt of 5..64 rows (the gemm phase, fused, repacked): RMSNorm as qmm's prologue (QKV
     and gate+up), or with qmm_prologue off lathe's rmsnorm first and qmm on its output, the gated
-    epilogue kept either way. The plan only, no kernel."""
+    epilogue kept either way; auto by d_model. The plan only, no kernel."""
+    import dataclasses
+
+    from harness.program.kernel_decode import QMM_PROLOGUE_BELOW_D
     from kernels import options
 
     c = models["tiny-llama", "q8_0"].config
+    assert c.d_model < QMM_PROLOGUE_BELOW_D
+    if d_model:
+        c = dataclasses.replace(c, d_model=d_model)
     with options.use(qmm_prologue=prologue):
         steps = [s for s in kernel_plan(c, True, phase="gemm", packed=True) if s.layer == 0]
     ops = [s.op for s in steps]
-    if prologue:
+    if fused_norm:
         assert ops.count("rmsnorm_linear") == 1 and "rmsnorm_linear_swiglu" in ops and "rms_norm" not in ops
     else:
         assert ops.count("rms_norm") == 2 and "linear_swiglu" in ops and "rmsnorm_linear" not in ops

@@ -11,6 +11,8 @@ def test_parse_reads_each_kind_and_names_the_option_when_wrong():
     assert options.parse("seams=off, attn-partition=128,attn_query_split=0,gemv_tuning=R=4+NSIMD=4") == dict(
         seams=False, attn_partition=128, attn_query_split=0, gemv_tuning="R=4+NSIMD=4")
     assert options.parse("attn_partition=auto,inline_source=yes") == dict(attn_partition=None, inline_source=True)
+    assert options.parse("qmm_prologue=auto") == dict(qmm_prologue="auto")
+    assert options.parse("qmm_prologue=off") == dict(qmm_prologue=False)
     assert options.parse("") == {}
     for text, said in [("seams", "name=value"), ("seams=2", "option seams"), ("nosuch=1", "unknown option"),
                        ("attn_query_split=-1", "whole number"), ("gemv_tuning=R", "KEY=INT"),

@@ -225,6 +225,19 @@ def phase_of(t: int) -> str:
     return "decode" if t == 1 else "short" if t <= FUSED_UP_TO else "gemm" if t <= gemv.QMM_UP_TO else "prompt"
 
 
+# qmm_prologue auto: RMSNorm in qmm's prologue below this d_model. Each threadgroup reads all of X
+# to work out 1 / rms, so the fused launch costs GPU time with K (the 8B's gate+up: 84 against 50 us
+# a layer at 32 rows); a small model's batched step is host-bound, and the launch it saves counts.
+QMM_PROLOGUE_BELOW_D = 4096
+
+
+def qmm_prologue(c) -> bool:
+    """Whether a batched step's QKV and gate+up on qmm take RMSNorm as its prologue (option
+    qmm_prologue: on, off, or auto by d_model)."""
+    value = options.get("qmm_prologue")
+    return c.d_model < QMM_PROLOGUE_BELOW_D if value == "auto" else bool(value)
+
+
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, seams: bool = False,
                 rope_attention: bool | None = None, types: dict[str, str] | None = None,
                 phase: str = "decode", packed: bool | None = None, mega: bool = False,
@@ -287,7 +300,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     # (an fp16 residual stream: Gemma's float32 one takes the prompt's steps)
     gemm = (phase == "gemm" and fused and packed and options.get("prompt_qmm") and not f16_copies
             and not wide_stream(c))
-    prologue = gemm and options.get("qmm_prologue")  # else lathe's rmsnorm, then qmm on h
+    prologue = gemm and qmm_prologue(c)  # else lathe's rmsnorm, then qmm on h
     wrap = overflow and decode and not paged
     mega = mega and fused and decode and packed and not paged and not wrap
     one_launch = backends.cross_group_waits() if one_launch is None else one_launch
