@@ -325,7 +325,9 @@ def serve_plot(df: pd.DataFrame, out_path: str | Path, title: str) -> Path:
         by_batch = rows.groupby("batch").decode_tok_s
         mean, low, high = by_batch.mean(), by_batch.min(), by_batch.max()
         peer = variant == "llama.cpp"
-        ax.errorbar(mean.index, mean.values, yerr=[mean - low, high - mean], marker="o", capsize=3,
+        # a marker per model: past nine lines the colours come round again
+        ax.errorbar(mean.index, mean.values, yerr=[mean - low, high - mean],
+                    marker="os^Dv"[models.index((model, qtype, prompt, gen)) % 5], capsize=3,
                     color="0.4" if peer else _not_grey(i + models.index((model, qtype, prompt, gen))),
                     linestyle="--" if peer else "-",
                     label=f"{model} {qtype} pp{int(prompt)}+tg{int(gen)}: {variant}" + (f" ({options})" if options else ""))
