@@ -156,7 +156,7 @@ DECLARED = (
            "prompt_qmm's plan: on, RMSNorm as qmm's prologue (QKV, gate+up; each threadgroup works out every "
            "row's 1 / rms over all of K, reading all of X); off: lathe's rmsnorm launch first, then qmm on its "
            "output (the gated epilogue kept); auto: on where d_model < 4096, off from there. The 8B's serve at "
-           "32 and 64 sequences took 1.35-1.4x the tok/s off (GPU-bound: the prologue's reads of X); Qwen3's "
+           "32 and 64 sequences took 1.3-1.4x the tok/s off (GPU-bound: the prologue's reads of X); Qwen3's "
            "fused serve at 8 and 32, host-bound, took 7-58% more on (one launch fewer a norm; kernels/loop/"
            "NOTES.md, 3bd2061)"),
     Option("qmm_fill", 512, _count,
