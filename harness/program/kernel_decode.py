@@ -1254,7 +1254,7 @@ class KernelDecoder:
     def qmm_matrix(self, name: str, m: int) -> mx.array | gemv.Packed | gemv.RowBlocks:
         """The weights a launch of M rows reads: the RowBlocks copy (option qmm_rows8) where qmm
         takes those rows (5..QMM_UP_TO, prompt_qmm), else matrix(name)."""
-        if name in self.rows8 and gemv.MAX_M < m <= gemv.QMM_UP_TO and options.get("prompt_qmm"):
+        if name in self.rows8 and gemv.qmm_takes(m):
             return self.rows8[name]
         return self.matrix(name)
 

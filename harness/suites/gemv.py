@@ -1227,18 +1227,19 @@ def _qmm_sweep() -> list[BenchCase]:
         except ValueError:
             return False
 
-    def settings(qtype, m, n, k):
+    def given(knobs):
         # pf, xs and wr 0 where not swept: the rule (option qmm_x_staged, auto) stages X, and fetches
-        # W ahead, on the 8B's shapes; staged X only from K = 4096 (a5c36c6: 3-60% slower on every
-        # Qwen3 shape)
-        return [(qmm_sweep_label(knobs), dict(knobs, pf=knobs.get("pf", 0), xs=knobs.get("xs", 0), wr=knobs.get("wr", 0)))
-                for knobs in QMM_SWEEP
+        # W ahead, on the 8B's shapes
+        return dict(knobs, pf=knobs.get("pf", 0), xs=knobs.get("xs", 0), wr=knobs.get("wr", 0))
+
+    def settings(qtype, m, n, k):
+        # staged X only from K = 4096 (a5c36c6: 3-60% slower on every Qwen3 shape)
+        return [(qmm_sweep_label(knobs), given(knobs)) for knobs in QMM_SWEEP
                 if fits(qtype, m, n, k, knobs) and (k >= 4096 or not knobs.get("xs"))]
 
     def rows8_settings(qtype, m, n, k):
-        return [(qmm_sweep_label(knobs) + "-R8", dict(knobs, pf=knobs.get("pf", 0), xs=knobs.get("xs", 0),
-                                                      wr=knobs.get("wr", 0)))
-                for knobs in QMM_ROWS8_SWEEP if fits(qtype, m, n, k, knobs)]
+        return [(qmm_sweep_label(knobs) + "-R8", given(knobs)) for knobs in QMM_ROWS8_SWEEP
+                if fits(qtype, m, n, k, knobs)]
 
     def rows8_once(qtype, *shapes):
         from kernels.gemv import interleave_rows

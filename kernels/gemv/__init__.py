@@ -1246,6 +1246,12 @@ def w_order_probe(w: mx.array, n: int, chunks_k: int, *, order: str, nb: int = 4
 
 
 # ---- any M, fused projections -----------------------------------------------------------------------
+def qmm_takes(m: int) -> bool:
+    """Whether linear() gives M rows of X on repacked weights to qmm: MAX_M + 1..QMM_UP_TO rows,
+    with the prompt_qmm option on (the GEMV below, GEMV launches or dequantize + matmul above)."""
+    return MAX_M < m <= QMM_UP_TO and bool(options.get("prompt_qmm"))
+
+
 def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
            residual: mx.array | None = None) -> mx.array:
     """Y = X @ W^T (+ residual, [M, N] fp16) for any M (W GGUF blocks, or Packed): the v2 (v3) GEMV for up to MAX_M rows of X;
@@ -1255,7 +1261,7 @@ def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
     residual added in the same op (mx.addmm: one rounding, one launch fewer than a matmul and an add)."""
     if isinstance(w, RowBlocks):  # only qmm reads them (and checks them)
         m = x.shape[0] if isinstance(x, mx.array) and x.ndim == 2 else 0
-        if not (MAX_M < m <= QMM_UP_TO and options.get("prompt_qmm")):
+        if not qmm_takes(m):
             raise ValueError(f"RowBlocks go to qmm only: {MAX_M + 1}..{QMM_UP_TO} rows of X with prompt_qmm on, "
                              f"got {m} rows (the GEMVs and dequantize take Packed)")
         return qmm(x, w, qtype, n, k, residual=residual)
@@ -1265,7 +1271,7 @@ def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
         raise ValueError(f"residual must be float16 [{m}, {n}], got {residual.dtype} {list(residual.shape)}")
     if m <= MAX_M:
         return gemv(x, w, qtype, n, k, residual=residual)
-    if m <= QMM_UP_TO and isinstance(w, Packed) and options.get("prompt_qmm"):
+    if isinstance(w, Packed) and qmm_takes(m):
         return qmm(x, w, qtype, n, k, residual=residual)
     if m >= BATCHED_FROM:
         return matmul(x, dequantize(w, qtype, n, k), residual)
