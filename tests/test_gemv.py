@@ -341,7 +341,8 @@ def test_the_qmm_sweep_times_each_knob_that_fits():
             for knobs in QMM_SWEEP:
                 try:
                     qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"], xs=knobs.get("xs", 0),
-                                 w_ring=qmm_ring_words(block_format(qtype)[0], knobs.get("wr", 0)))
+                                 w_ring=qmm_ring_words(block_format(qtype)[0], knobs.get("wr", 0)),
+                                 wr=knobs.get("wr", 0))
                     fit.append(qmm_sweep_label(knobs))
                 except ValueError as err:
                     assert "threadgroup memory" in str(err)
@@ -457,12 +458,16 @@ def test_qmm_refuses_what_it_does_not_take():
         gemv.qmm(x, w, "q8_0", 64, 256, wst=2)
     with pytest.raises(ValueError, match="XS=3 does not fit"):  # 3 buffers of 64 rows past 48 KiB
         gemv.qmm(mx.zeros((64, 256), mx.float16), w, "q8_0", 64, 256, xs=3, nb=2, wn=8, wk=1)
-    with pytest.raises(ValueError, match="wr .* must be 0 or 1"):
+    with pytest.raises(ValueError, match="wr .* must be 0 or 1 with xs"):  # on X's rounds: xs - 1 ahead
         gemv.qmm(x, w, "q8_0", 64, 256, xs=2, wr=2)
-    with pytest.raises(ValueError, match="wr 1 rides X's staged rounds"):  # no rounds to ride
-        gemv.qmm(x, w, "q8_0", 64, 256, wr=1, xs=0)
-    with pytest.raises(ValueError, match="wr 1 rides X's staged rounds"):  # W ahead twice over
+    with pytest.raises(ValueError, match=r"wr .* must be 0\.\.4, got 5"):  # its own schedule: 1..4 ahead
+        gemv.qmm(x, w, "q8_0", 64, 256, wr=5, xs=0)
+    with pytest.raises(ValueError, match="wr and pf both fetch W ahead"):  # W ahead twice over
         gemv.qmm(x, w, "q8_0", 64, 256, wr=1, xs=2, pf=1)
+    with pytest.raises(ValueError, match="wr and pf both fetch W ahead"):
+        gemv.qmm(x, w, "q8_0", 64, 256, wr=2, pf=1)
+    with pytest.raises(ValueError, match="WR=4 does not fit"):  # Q8_0's 5 slots of 4 row blocks, 128 threads
+        gemv.qmm(mx.zeros((16, 256), mx.float16), w, "q8_0", 64, 256, wr=4, nb=4, wn=2, wk=2)
     with pytest.raises(ValueError, match="XS=3, WR=1 does not fit"):  # Q8_0's ring of 3 slots, 256 threads
         gemv.qmm(mx.zeros((16, 256), mx.float16), w, "q8_0", 64, 256, xs=3, wr=1, nb=4, wn=4, wk=2)
     with pytest.raises(ValueError, match="residual"):
@@ -499,6 +504,25 @@ def test_qmm_w_ring_takes_threadgroup_memory_for_q4_0_and_q8_0_only(qtype, words
     without = gemv.qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"], False, c["XS"])
     ring = 2 * 4 * 128 * (16 * words + 4) - (16 + 4) if words else 0  # less the arrays' one element
     assert job.spec.threadgroup_bytes(c) == without + ring <= 48 * 1024
+
+
+@pytest.mark.parametrize("qtype, words", [("q4_0", 1), ("q8_0", 2), ("q4_k", 0)])
+@pytest.mark.parametrize("wr", [1, 2, 4])
+def test_qmm_w_ring_on_its_own_schedule_takes_wr_plus_one_slots(qtype, words, wr):
+    """wr 1..4 without xs: W's ring on its own schedule, wr super-chunks ahead in wr + 1 slots of each
+    thread's NB chunks and their d words; unstaged X (no buffers). The other block types take none.
+    Recorded, not run."""
+    from kernels.runtime import recording
+
+    k = 256 if qtype == "q4_k" else 4128
+    with recording() as rec:
+        gemv.qmm(mx.zeros((16, k), mx.float16), _zero_packed(qtype, 1000, k), qtype, 1000, k,
+                 wr=wr, nb=2, wn=2, wk=2)
+    c = rec.jobs[0].constants
+    assert (c["WR"], c["XS"], c["PF"]) == (wr, 0, 0)
+    without = gemv.qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"])
+    ring = (wr + 1) * 2 * 128 * (16 * words + 4) - (16 + 4) if words else 0
+    assert rec.jobs[0].spec.threadgroup_bytes(c) == without + ring <= 48 * 1024
 
 
 def test_qmm_gated_launches_gate_and_up_in_one_threadgroup():

@@ -656,13 +656,24 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              (32, 4096, 14336, True, None),
              # the rule's split from K = 2048 (Qwen3's down and O with their residual)
              (32, 1024, 3072, True, None), (64, 1024, 2048, True, None)]
+# W's ring on its own schedule (wr 1..4 without xs; Q4_0 and Q8_0, the other types as without it):
+# tails of N, K and M, WK groups, split K (a part of 11 super-chunks with 4 ahead: copies past the
+# part), 64 rows; each fits Q8_0's two words a chunk in 48 KiB, the first Metal's 32 KiB
+QMM_DEPTH_CASES = [(5, 33, 96, False, dict(wr=2, nb=1, wn=4, wk=1)),
+                   (16, 4097, 4128, True, dict(wr=3, nb=2, wn=2, wk=2)),
+                   (33, 1000, 4128, False, dict(wr=4, nb=1, wn=2, wk=2, ks=3)),
+                   (16, 4096, 14336, True, dict(wr=2, nb=2, wn=4, wk=1, ks=4)),
+                   (64, 4097, 4096, False, dict(wr=1, nb=2, wn=2, wk=2))]
 # W as RowBlocks (Q4_0, Q8_0: N whole row blocks of 8, K whole super-chunks): the rule's launches
 # at 5-64 rows (unstaged, staged with W's ring, staged with PF), a gate+up's tail of row blocks
 # in a threadgroup, split K, and the staged knobs given; the first fits Metal's small set
 QMM_ROWS8_CASES = [(5, 1000, 4096, False, dict(nb=2, wn=2, wk=2, ks=2)), (16, 4096, 4096, True, None),
                    (32, 4096, 14336, True, None), (64, 4104, 4096, False, None), (33, 28672, 4096, True, None),
                    (16, 1000, 4224, True, dict(xs=2, wr=1, nb=4, wn=4, wk=1)),
-                   (20, 1000, 4224, False, dict(xs=2, pf=1, nb=2, wn=8, wk=1, ks=3))]
+                   (20, 1000, 4224, False, dict(xs=2, pf=1, nb=2, wn=8, wk=1, ks=3)),
+                   # W's ring on its own schedule, 2 and 4 ahead
+                   (16, 28672, 4096, False, dict(wr=2, nb=2, wn=2, wk=2)),
+                   (32, 1000, 4224, True, dict(wr=4, nb=1, wn=2, wk=2, ks=2))]
 QMM_ROWS8_FUSED_CASES = [("rmsnorm+gated", "silu", 16, 2 * 14336, 4096, None),
                          ("rmsnorm+gated", "silu", 64, 2 * 1000, 4096, None),
                          ("rmsnorm+gated", "silu", 16, 2 * 1000, 4224, dict(xs=2, wr=1, nb=4, wn=4, wk=1))]
@@ -751,8 +762,8 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_gate_up_swiglu_case(qtype, m, f, fit(k), norm, knobs))
     for m in (5, 16) if small else (5, 16, 512):
         cases.append(_gemv_case("linear v3", qtype, m, *((33, fit(96)) if small else (4097, fit(4128)))))
-    for m, n, k, residual, knobs in QMM_CASES[:2] + QMM_CASES[11:12] + QMM_CASES[20:21] + QMM_CASES[32:33] if small \
-            else QMM_CASES:
+    for m, n, k, residual, knobs in (QMM_CASES[:2] + QMM_CASES[11:12] + QMM_CASES[20:21] + QMM_CASES[32:33]
+                                     + QMM_DEPTH_CASES[:1] if small else QMM_CASES + QMM_DEPTH_CASES):
         cases.append(_gemv_case("qmm", qtype, m, n, fit(k), residual, knobs))
     for kind, act, m, n, k, knobs in QMM_FUSED_CASES[:2] + QMM_FUSED_CASES[8:9] if small else QMM_FUSED_CASES:
         cases.append(_qmm_fused_case(kind, act, qtype, m, n, fit(k), knobs))
@@ -1183,6 +1194,10 @@ V3_SWEEP = [dict(rows=r, simds=s, depth=p, max_groups=0) for r in (1, 2, 4) for 
 # registers at 16 rows, 255 with spills at 64), and 32 rows place the staged rule's start. Timed by gpu_us, each call alone
 # (harness/timing.py: the rounds' side-by-side calls had hidden what threadgroups a launch leaves
 # idle, a12307b)
+# W's ring on its own schedule (wr 1..4 without staged X): 2 to 4 super-chunks in flight a lane,
+# where w_order_probe's loads alone went from 61% of the copy peak to 84-89% (3bd2061)
+QMM_DEPTH_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0, wr=wr) for ks in (1, 4)
+                   for nb, wn, wk, wrs in ((4, 2, 2, (1, 2, 3)), (4, 4, 1, (2,)), (2, 2, 2, (2, 4))) for wr in wrs]
 QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8)
              for nb, wn, wk in ((1, 4, 2), (1, 8, 1), (2, 2, 2), (2, 2, 4), (2, 4, 1), (2, 4, 2), (2, 8, 1),
                                 (4, 2, 1), (4, 2, 2), (4, 4, 1))] + \
@@ -1196,7 +1211,7 @@ QMM_SWEEP = [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0) for ks in (1, 2, 4, 8)
     [dict(nb=nb, wn=wn, wk=1, ks=ks, pf=1, xs=2) for ks in (1, 2, 4) for nb, wn in ((4, 4), (2, 8))] + \
     [dict(nb=8, wn=wn, wk=1, ks=ks, pf=0, xs=2) for ks in (1, 2, 4) for wn in (2, 4)] + \
     [dict(nb=nb, wn=wn, wk=wk, ks=ks, pf=0, xs=xs, wr=1) for xs in (2, 3) for ks in (1, 2, 4)
-     for nb, wn, wk in ((4, 4, 1), (2, 8, 1), (2, 4, 2), (4, 4, 2))]
+     for nb, wn, wk in ((4, 4, 1), (2, 8, 1), (2, 4, 2), (4, 4, 2))] + QMM_DEPTH_SWEEP
 QMM_SWEEP_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336),
                     # the 8B's QKV and head: the head past 32 rows is staged by the rule, unswept
                     ("q4_0", 6144, 4096), ("q4_0", 128256, 4096),
@@ -1211,18 +1226,18 @@ def qmm_sweep_label(knobs: dict) -> str:
     """A qmm sweep row's variant: its knobs, KS only where K is split."""
     return "qmm NB{nb}-WN{wn}-WK{wk}".format(**knobs) + (f"-KS{knobs['ks']}" if knobs["ks"] > 1 else "") + \
         ("-PF1" if knobs.get("pf") else "") + (f"-XS{knobs['xs']}" if knobs.get("xs") else "") + \
-        ("-WST1" if knobs.get("wst") else "") + ("-WR1" if knobs.get("wr") else "")
+        ("-WST1" if knobs.get("wst") else "") + (f"-WR{knobs['wr']}" if knobs.get("wr") else "")
 
 
 def _qmm_sweep() -> list[BenchCase]:
-    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.][-PF1][-XS.][-WST1][-WR1]') where they fit the threadgroup
+    """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.][-PF1][-XS.][-WST1][-WR.]') where they fit the threadgroup
     memory, at QMM_SWEEP_ROWS rows."""
     from kernels.gemv import block_format, qmm, qmm_geometry, qmm_ring_words
 
     def fits(qtype, m, n, k, knobs) -> bool:
         try:
             qmm_geometry(m, n, k, knobs["nb"], knobs["wn"], knobs["wk"], xs=knobs.get("xs", 0),
-                         w_ring=qmm_ring_words(block_format(qtype)[0], knobs.get("wr", 0)))
+                         w_ring=qmm_ring_words(block_format(qtype)[0], knobs.get("wr", 0)), wr=knobs.get("wr", 0))
             return True
         except ValueError:
             return False
@@ -1257,13 +1272,14 @@ def _qmm_sweep() -> list[BenchCase]:
 QMM_ROWS8_SHAPES = (("q4_0", 4096, 4096), ("q4_0", 28672, 4096), ("q4_0", 4096, 14336), ("q4_0", 6144, 4096))
 QMM_ROWS8_SWEEP = [dict(nb=4, wn=2, wk=2, ks=ks, pf=0) for ks in (1, 2, 4, 8)] + \
     [dict(nb=nb, wn=wn, wk=1, ks=ks, pf=0, xs=2, wr=1) for ks in (1, 4) for nb, wn in ((4, 4), (2, 8))] + \
-    [dict(nb=nb, wn=wn, wk=1, ks=ks, pf=1, xs=2) for ks in (1, 4) for nb, wn in ((4, 4), (2, 8))]
+    [dict(nb=nb, wn=wn, wk=1, ks=ks, pf=1, xs=2) for ks in (1, 4) for nb, wn in ((4, 4), (2, 8))] + QMM_DEPTH_SWEEP
 
 
-def qmm_rows8_match() -> str:
-    """`lathe bench gemv --sweep -k` over QMM_ROWS8_SWEEP: its RowBlocks rows and the same settings
-    on Packed weights (whole variant labels, so that no other setting matches)."""
-    labels = [qmm_sweep_label(knobs) for knobs in QMM_ROWS8_SWEEP]
+def qmm_rows8_match(sweep: list[dict] | None = None) -> str:
+    """`lathe bench gemv --sweep -k` over QMM_ROWS8_SWEEP (or a part of it, `sweep`): its RowBlocks
+    rows and the same settings on Packed weights (whole variant labels, so that no other setting
+    matches)."""
+    labels = [qmm_sweep_label(knobs) for knobs in (QMM_ROWS8_SWEEP if sweep is None else sweep)]
     return "|".join(f"[{label}{r8}]" for label in labels for r8 in ("", "-R8"))
 
 

@@ -975,15 +975,17 @@ def _qmm_spec(residual: bool, norm: bool = False, activation: str | None = None)
                       threadgroup_bytes=_qmm_threadgroup_bytes(norm))
 
 
-def qmm_smem_bytes(mp: int, nb: int, wn: int, wk: int, norm: bool = False, xs: int = 0, w_ring: int = 0) -> int:
+def qmm_smem_bytes(mp: int, nb: int, wn: int, wk: int, norm: bool = False, xs: int = 0, w_ring: int = 0,
+                   wr: int = 1) -> int:
     """qmm.metal's threadgroup arrays: the partial sums of the WK - 1 groups that hand theirs to the
     first; with the RMSNorm prologue, each row's 1 / rms; with xs buffers of staged X, each MP rows
     of WK super-chunks (16 pieces of 16 bytes each) and 2 pieces of padding a row (unstaged, the
-    array's one piece); W's ring (knob wr, with xs) of `w_ring` 16-byte words a chunk (Q4_0 1,
-    Q8_0 2; 0: no ring): xs slots of each thread's NB chunks and the 4-byte words of their d
-    (without it, the arrays' one element each)."""
+    array's one piece); W's ring (knob wr) of `w_ring` 16-byte words a chunk (Q4_0 1, Q8_0 2; 0: no
+    ring): a slot a buffer of X with xs, else wr + 1 slots, each of every thread's NB chunks and
+    the 4-byte words of their d (without it, the arrays' one element each)."""
     staged = (xs * mp * (16 * wk + 2) if xs else 1) * 16
-    ring = xs * nb * 32 * wn * wk * (16 * w_ring + 4) if w_ring and xs else 16 + 4
+    slots = xs or wr + 1
+    ring = slots * nb * 32 * wn * wk * (16 * w_ring + 4) if w_ring else 16 + 4
     return 4 * max(1, (wk - 1) * wn * nb * (mp // 8) * 64) + (4 * mp if norm else 0) + staged + ring
 
 
@@ -995,7 +997,7 @@ def qmm_ring_words(qtype_code: int, wr: int) -> int:
 
 def _qmm_threadgroup_bytes(norm: bool):
     return lambda c: qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"], norm, c["XS"],
-                                    qmm_ring_words(c["QTYPE"], c["WR"]))
+                                    qmm_ring_words(c["QTYPE"], c["WR"]), c["WR"])
 
 
 _QMM = {(residual, norm, act): _qmm_spec(residual, norm, act) for residual in (False, True) for norm in (False, True)
@@ -1111,16 +1113,16 @@ def qmm_split_k(k: int, groups: int, m: int, simd_groups: int, ahead: bool, spli
 
 @_per_budget
 def qmm_geometry(m: int, n: int, k: int, nb: int, wn: int, wk: int, *, norm: bool = False, xs: int = 0,
-                 w_ring: int = 0, budget: int) -> tuple[int, int, int, int]:
+                 w_ring: int = 0, wr: int = 1, budget: int) -> tuple[int, int, int, int]:
     """(MP, NB, WN, WK) of a qmm launch: M rounded up to 16 and the knobs, whose partial sums (and
-    xs buffers of staged X, W's ring of `w_ring` words a chunk) must fit the threadgroup memory
-    budget."""
+    xs buffers of staged X, W's ring of `w_ring` words a chunk, wr ahead without xs) must fit the
+    threadgroup memory budget."""
     if 32 * wn * wk > 1024:
         raise ValueError(f"WN * WK = {wn * wk} SIMD groups: a threadgroup takes at most 32")
     mp = -(-m // 16) * 16
-    if qmm_smem_bytes(mp, nb, wn, wk, norm, xs, w_ring) > budget:
+    if qmm_smem_bytes(mp, nb, wn, wk, norm, xs, w_ring, wr) > budget:
         raise ValueError(f"qmm: M={m} with NB={nb}, WN={wn}, WK={wk}" + (f", XS={xs}" if xs else "") +
-                         (", WR=1" if w_ring else "") + f" does not fit {budget} bytes of threadgroup memory")
+                         (f", WR={wr}" if w_ring else "") + f" does not fit {budget} bytes of threadgroup memory")
     return mp, nb, wn, wk
 
 
@@ -1136,9 +1138,10 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     ks threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal); pf 1
     loads the next super-chunk's weights (Q4_0, Q8_0) before this one's products; xs 2..4 stages X
     in that many threadgroup buffers for all the threadgroup's SIMD groups (0: each lane loads its
-    own from device memory); wst 1 loads Q4_0's and Q8_0's weights evict-first (load_stream); wr 1
-    (with xs, not with pf) brings Q4_0's and Q8_0's weights through a ring in threadgroup memory
-    on X's rounds, xs - 1 super-chunks ahead."""
+    own from device memory); wst 1 loads Q4_0's and Q8_0's weights evict-first (load_stream); wr
+    (not with pf) brings Q4_0's and Q8_0's weights through a ring in threadgroup memory: with xs,
+    wr 1, on X's rounds, xs - 1 super-chunks ahead; without, wr 1..4 super-chunks ahead, each lane
+    waiting for its own copies."""
     rows8 = isinstance(w, RowBlocks)  # the layout of interleave_rows (ROWS8)
     if rows8:
         if qtype not in ("q4_0", "q8_0") or n % 8 or k % 128:
@@ -1165,11 +1168,11 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     if wst not in (0, 1):
         raise ValueError(f"wst (W's loads evict-first) must be 0 or 1, got {wst}")
     wr = shaped["WR"] if knobs.get("wr") is None else knobs["wr"]
-    if wr not in (0, 1):
-        raise ValueError(f"wr (W through a ring on X's rounds) must be 0 or 1, got {wr}")
-    if wr and (not xs or pf):
-        raise ValueError(f"wr 1 rides X's staged rounds ahead of the products: it takes xs 2..4 and pf 0, "
-                         f"got xs {xs}, pf {pf}")
+    if wr not in ((0, 1) if xs else (0, 1, 2, 3, 4)):
+        raise ValueError(f"wr (W through a ring: with xs, 1, on X's rounds; without, 1..4 super-chunks ahead) "
+                         f"must be {'0 or 1 with xs' if xs else '0..4'}, got {wr}")
+    if wr and pf:
+        raise ValueError(f"wr and pf both fetch W ahead: one of them, got wr {wr}, pf {pf}")
     norm, gated = gamma is not None, activation is not None
     if norm:
         _check_norm(gamma, 0.0 if eps is None else eps, k)
@@ -1185,7 +1188,7 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     # an option (qmm_x_staged)
     mp, nb, wn, wk = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb") or shaped["NB"],
                                   knobs.get("wn") or shaped["WN"], knobs.get("wk") or shaped["WK"], norm=norm, xs=xs,
-                                  w_ring=qmm_ring_words(block_format(qtype)[0], wr))
+                                  w_ring=qmm_ring_words(block_format(qtype)[0], wr), wr=wr)
     if gated and nb % 2:
         raise ValueError(f"a gated qmm takes gate and up row blocks in pairs: nb must be even, got {nb}")
     groups = -(-n_out // (8 * (nb // 2 if gated else nb) * wn))

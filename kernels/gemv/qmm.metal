@@ -46,13 +46,17 @@
 // reads it back after the round's wait. So XS - 1 super-chunks of W are in flight a lane without
 // registers holding them: at a5c36c6 the most sampled instruction was W's first use, and PF 1
 // (registers) and a per-lane ring without staged X (an H100 session) had only moved that wait.
+// WR 1..4 without XS: the same ring on its own schedule, WR super-chunks ahead in WR + 1 slots (a
+// commit group a super-chunk; each lane waits for its own copies only, so no barrier). W's loads
+// alone reach 84-89% of the copy peak with 4 super-chunks in flight a lane against 61% with one,
+// in RowBlocks' order (w_order_probe, 3bd2061).
 //
 // LATHE_SPLIT splits K over KS threadgroups a row block (grid.y; KSPL values of K each, a multiple
 // of 128), so that a matrix of few row blocks still fills the GPU. Each writes its float32 sums
 // to part [KS, M, N] (all N rows of W: gated, gate's and up's), and qmm_reduce.metal adds the KS
 // partial sums and applies the epilogue (act(gate) * up, the residual) in a second launch.
 //
-// Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, WST, WR, ROWS8 (W as RowBlocks: Q4_0 and Q8_0, N a
+// Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, WST, WR (0; 1 with XS; 1..4 without), ROWS8 (W as RowBlocks: Q4_0 and Q8_0, N a
 // multiple of 8, K of 128), K (a multiple of 32); LATHE_SPLIT: KS, KSPL.
 // Inputs: x (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half
 // [K]), eps (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding.
@@ -84,12 +88,15 @@ constexpr uint XS_BUF = MP * XS_ROW;
 constexpr uint XS_N = XS > 0 ? XS : 1;  // the buffers' count in the unstaged kernel's dead code
 const uint rounds = ((k_end - k_begin + 127) / 128 + WK - 1) / WK;
 threadgroup uint4 x_staged[XS > 0 ? XS * XS_BUF : 1];
-// WR: W's ring, slot (round % XS, row block j, word u) a uint4 a thread (tid: consecutive threads
-// consecutive 16 bytes), and the word holding each block's d
+// WR: W's ring, slot (super-chunk t % W_SLOTS, row block j, word u) a uint4 a thread (tid:
+// consecutive threads consecutive 16 bytes), and the word holding each block's d. On X's rounds
+// (XS) a slot a buffer; on its own schedule (W_OWN) WR + 1 slots.
 constexpr uint QW = QTYPE == 0 ? 1u : 2u;  // a Q4_0 chunk's quants: one 16-byte word; Q8_0's: two
-constexpr bool W_RING = WR > 0 && XS > 0 && QTYPE <= 1;
-threadgroup uint4 w_ring[W_RING ? XS * NB * QW * NT : 1];
-threadgroup uint w_ring_d[W_RING ? XS * NB * NT : 1];
+constexpr bool W_RING = WR > 0 && QTYPE <= 1;
+constexpr bool W_OWN = W_RING && XS == 0;
+constexpr uint W_SLOTS = XS > 0 ? XS : WR + 1;
+threadgroup uint4 w_ring[W_RING ? W_SLOTS * NB * QW * NT : 1];
+threadgroup uint w_ring_d[W_RING ? W_SLOTS * NB * NT : 1];
 const uint tid = simd * 32 + lane;
 // W's block (row, chunk) of row block j for this lane in super-chunk S, and whether it is inside
 // (a row past N, a chunk past K or past this launch's part of K: chunk 0, and d = 0)
@@ -178,6 +185,12 @@ if (XS > 0) {
     QMM_STAGE_X(t)
   }
 }
+if (W_OWN) {  // the first WR super-chunks (those past this part of K copy chunk 0, unread)
+  LATHE_UNROLL for (uint t = 0; t < WR; ++t) {
+    QMM_RING_W(s_first + t * WK, t)
+    async_commit();
+  }
+}
 // unstaged, a SIMD group's own super-chunks of its part; staged, the threadgroup's rounds
 for (uint s = s_first, t = 0; XS ? t < rounds : s * 128 < k_end; s += WK, ++t) {
   const uint chunk_of_row = 4 * s + c / 2;
@@ -190,11 +203,16 @@ for (uint s = s_first, t = 0; XS ? t < rounds : s * 128 < k_end; s += WK, ++t) {
     QMM_STAGE_X(t + XS - 1)  // into round t - 1's buffer
     x_buf = (t % XS_N) * XS_BUF + ks * 16 + (c / 2) * 4;
   }
+  if (W_OWN) {  // super-chunk t + WR into the slot this lane read at t - 1; then t's copies are in
+    QMM_RING_W(s + WR * WK, (t + WR) % W_SLOTS)
+    async_commit();
+    async_wait<(W_OWN ? WR : 0)>();
+  }
   uint4 cq[NB][QW];  // this super-chunk's raw W (Q4_0, Q8_0)
   ushort cd[NB];
-  if (W_RING) {  // this lane's own slot of round t, in since the wait above
+  if (W_RING) {  // this lane's own slot of super-chunk t, in since the wait above
     LATHE_UNROLL for (uint j = 0; j < NB; ++j) {
-      const uint at = (t % XS_N) * NB + j, dw = w_ring_d[at * NT + tid];
+      const uint at = (t % W_SLOTS) * NB + j, dw = w_ring_d[at * NT + tid];
       cd[j] = QMM_W_INSIDE(s, j) ? ushort(QMM_W_BLOCK(s, j) % 2 ? dw >> 16 : dw & 0xffffu) : ushort(0);
       LATHE_UNROLL for (uint u = 0; u < QW; ++u) cq[j][u] = w_ring[(at * QW + u) * NT + tid];
     }
