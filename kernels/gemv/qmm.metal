@@ -108,9 +108,13 @@ const uint tid = simd * 32 + lane;
 #define QMM_W_BLOCK(S, J)                                                                              \
   (QMM_W_INSIDE(S, J) ? QMM_W_INDEX(((J) < NBO ? 0u : n_out) + row0 + 8 * ((J) % NBO) + r, S) : 0u)
 // WR: super-chunk S's raw W of this lane into ring slot SLOT (d: the 4-byte word that holds it;
-// the d array starts 16-byte aligned, so block b's d is half b % 2 of word (d's start + b) / 2)
+// the d array starts 16-byte aligned, so block b's d is half b % 2 of word (d's start + b) / 2).
+// A block outside is not copied (its slot is read with d = 0): on its own schedule every SIMD group
+// runs WR super-chunks past its part of K, and copies of block 0 from every warp of the grid met
+// at one L2 line (ba98938: 2-3.4x slower, growing with WR and with the split's threadgroups).
 #define QMM_RING_W(S, SLOT)                                                                            \
   LATHE_UNROLL for (uint j_ = 0; j_ < NB; ++j_) {                                                      \
+    if (!QMM_W_INSIDE(S, j_)) continue;                                                                \
     const uint blk_ = QMM_W_BLOCK(S, j_), at_ = (SLOT) * NB + j_;                                      \
     async_copy_word(&w_ring_d[at_ * NT + tid], w, (chunks * (QW * 8) + blk_) / 2);                     \
     LATHE_UNROLL for (uint u_ = 0; u_ < QW; ++u_) {                                                    \
@@ -185,7 +189,7 @@ if (XS > 0) {
     QMM_STAGE_X(t)
   }
 }
-if (W_OWN) {  // the first WR super-chunks (those past this part of K copy chunk 0, unread)
+if (W_OWN) {  // the first WR super-chunks (those past this part of K copy nothing)
   LATHE_UNROLL for (uint t = 0; t < WR; ++t) {
     QMM_RING_W(s_first + t * WK, t)
     async_commit();
