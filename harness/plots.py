@@ -300,16 +300,23 @@ def _not_grey(i: int) -> str:
 
 def serve_lines(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
     """serve_plot's lines: {(model, qtype, prompt, gen, variant, option set): its rows}, a model's
-    rows of the newest commit that served it, each batch size from the newest run that measured it
-    (all its rounds); the option set is `lathe serve --ab`'s (the peer's is '')."""
+    rows of the newest commit that served it beside llama-batched-bench (of the newest commit that
+    served it, where none did: an A/B run without the peer does not hide the ratios' session), each
+    batch size from the newest run that measured it (all its rounds); the option set is `lathe
+    serve --ab`'s (the peer's is '')."""
     keys = ["model", "qtype", "prompt", "gen"]
     _require(df, [*keys, "variant", "batch", "decode_tok_s", "shared", "mixed"], "serve_plot")
     data = df[(df.shared.fillna(0) == 0) & (df.mixed.fillna(0) == 0)].dropna(subset=["decode_tok_s"])
     arm = (data["options"] if "options" in data else pd.Series("", index=data.index)).fillna("").astype(str)
     data = data.assign(arm=arm.where(data.variant != "llama.cpp", ""))  # the peer runs under no option set
     if "git_sha" in data and "date" in data:
-        newest = data.groupby(keys, dropna=False)["date"].transform("max")
-        sha = data.git_sha.where(data.date == newest).groupby([data[k] for k in keys], dropna=False).transform("first")
+        group = [data[k] for k in keys]
+        # a key's candidate rows: those of the commits that ran the peer on it, where any did
+        is_peer = data.variant == "llama.cpp"
+        with_peer = is_peer.groupby([*group, data.git_sha], dropna=False).transform("any")
+        candidate = with_peer | ~with_peer.groupby(group, dropna=False).transform("any")
+        newest = data.date.where(candidate).groupby(group, dropna=False).transform("max")
+        sha = data.git_sha.where(candidate & (data.date == newest)).groupby(group, dropna=False).transform("first")
         data = data[data.git_sha == sha]
     data = _newest_run_per(data, [*keys, "variant", "arm", "batch"])
     return {key: rows for key, rows in data.groupby([*keys, "variant", "arm"], sort=True)}

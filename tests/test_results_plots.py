@@ -357,3 +357,28 @@ def test_serve_lines_take_a_models_newest_commit_each_batch_newest_run_and_each_
     assert list(lines[("m", "Q8_0", 128, 128, "llama.cpp", "")].decode_tok_s) == [15.0]
     assert list(lines[("other", "Q8_0", 128, 128, "fused", "")].decode_tok_s) == [7.0]
     assert not any(key[4] == "fused" and key[0] == "m" for key in lines)  # the old commit's row
+
+
+def test_serve_lines_keep_the_peers_session_past_a_newer_run_without_it():
+    """A newer commit's A/B without llama-batched-bench does not hide the newest commit that ran
+    the peer on that model; a model never served beside the peer keeps its newest commit."""
+    def row(sha, date, variant, batch, tok_s, options="", model="m"):
+        return dict(model=model, qtype="Q4_0", prompt=128, gen=128, shared=0, mixed=0, variant=variant,
+                    batch=batch, decode_tok_s=tok_s, options=options, git_sha=sha, date=date, round=1)
+
+    df = pd.DataFrame([
+        row("peer", "2026-11-30T02:00:00Z", "fused", 8, 2000.0),
+        row("peer", "2026-11-30T02:00:00Z", "fused", 32, 6400.0),
+        row("peer", "2026-11-30T02:00:00Z", "llama.cpp", 8, 1300.0),
+        row("ab", "2026-11-30T03:00:00Z", "fused", 8, 2100.0),
+        row("ab", "2026-11-30T03:00:00Z", "fused", 8, 2300.0, options="qmm_rows8=on"),
+        # the peer ran in a commit of another model only: model n keeps its newest commit
+        row("ab", "2026-11-30T03:00:00Z", "llama.cpp", 8, 900.0, model="o"),
+        row("old", "2026-11-29T00:00:00Z", "fused", 8, 1.0, model="n"),
+        row("ab", "2026-11-30T03:00:00Z", "fused", 8, 2.0, model="n"),
+    ])
+    lines = plots.serve_lines(df)
+    assert sorted(lines[("m", "Q4_0", 128, 128, "fused", "")].decode_tok_s) == [2000.0, 6400.0]
+    assert list(lines[("m", "Q4_0", 128, 128, "llama.cpp", "")].decode_tok_s) == [1300.0]
+    assert ("m", "Q4_0", 128, 128, "fused", "qmm_rows8=on") not in lines
+    assert list(lines[("n", "Q4_0", 128, 128, "fused", "")].decode_tok_s) == [2.0]
