@@ -48,16 +48,17 @@
 // (registers) and a per-lane ring without staged X (an H100 session) had only moved that wait.
 // WR 1..4 without XS: the same ring on its own schedule, WR super-chunks ahead in WR + 1 slots (a
 // commit group a super-chunk; each lane waits for its own copies only, so no barrier). W's loads
-// alone reach 84-89% of the copy peak with 4 super-chunks in flight a lane against 61% with one,
-// in RowBlocks' order (w_order_probe, 3bd2061).
+// alone reach 84-89% of the copy peak with 4 super-chunks in flight a lane against 61% with one
+// (w_order_probe, 3bd2061), but the GEMM with them was level with the rule or slower (b7b02d4):
+// a sweep knob, no rule launches it.
 //
 // LATHE_SPLIT splits K over KS threadgroups a row block (grid.y; KSPL values of K each, a multiple
 // of 128), so that a matrix of few row blocks still fills the GPU. Each writes its float32 sums
 // to part [KS, M, N] (all N rows of W: gated, gate's and up's), and qmm_reduce.metal adds the KS
 // partial sums and applies the epilogue (act(gate) * up, the residual) in a second launch.
 //
-// Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, WST, WR (0; 1 with XS; 1..4 without), ROWS8 (W as RowBlocks: Q4_0 and Q8_0, N a
-// multiple of 8, K of 128), K (a multiple of 32); LATHE_SPLIT: KS, KSPL.
+// Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, WST, WR (0; 1 with XS; 1..4 without), ROWS8 (W as
+// RowBlocks: Q4_0 and Q8_0, N a multiple of 8, K of 128), K (a multiple of 32); LATHE_SPLIT: KS, KSPL.
 // Inputs: x (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half
 // [K]), eps (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding.
 // Output: y (half [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]).
