@@ -1131,17 +1131,17 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
         **knobs: int | None) -> mx.array:
     """Y[M, N] = X[M, K] @ W^T (+ residual, fp16 [M, N]) for M up to QMM_MAX_M, W repacked (any v3
     block type; Q4_0 and Q8_0 also as RowBlocks), on SIMD-group matrices (qmm.metal). `gamma`
-    (fp16 [K]) and `eps`: X RMS-normed first (RMSNorm(X) * gamma), in the same launch. `activation` ("silu", "gelu"): W is a fused
-    [gate; up] matrix (N = 2F rows) and Y = act(X @ gate^T) * (X @ up^T), [M, F]. Launch knobs:
-    nb, wn, wk, ks, pf, xs, wr (qmm_by_shape's where not given, pf, xs and wr 0 where nb, wn or wk
-    is; gated, an even nb); ks > 1 splits K over
-    ks threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal); pf 1
-    loads the next super-chunk's weights (Q4_0, Q8_0) before this one's products; xs 2..4 stages X
-    in that many threadgroup buffers for all the threadgroup's SIMD groups (0: each lane loads its
-    own from device memory); wst 1 loads Q4_0's and Q8_0's weights evict-first (load_stream); wr
-    (not with pf) brings Q4_0's and Q8_0's weights through a ring in threadgroup memory: with xs,
-    wr 1, on X's rounds, xs - 1 super-chunks ahead; without, wr 1..4 super-chunks ahead, each lane
-    waiting for its own copies."""
+    (fp16 [K]) and `eps`: X RMS-normed first (RMSNorm(X) * gamma), in the same launch.
+    `activation` ("silu", "gelu"): W is a fused [gate; up] matrix (N = 2F rows) and Y =
+    act(X @ gate^T) * (X @ up^T), [M, F]. Launch knobs: nb, wn, wk, ks, pf, xs, wr (qmm_by_shape's
+    where not given, pf, xs and wr 0 where nb, wn or wk is; gated, an even nb); ks > 1 splits K
+    over ks threadgroups a row block, whose float32 sums a second launch adds (qmm_reduce.metal);
+    pf 1 loads the next super-chunk's weights (Q4_0, Q8_0) before this one's products; xs 2..4
+    stages X in that many threadgroup buffers for all the threadgroup's SIMD groups (0: each lane
+    loads its own from device memory); wst 1 loads Q4_0's and Q8_0's weights evict-first
+    (load_stream); wr (not with pf) brings Q4_0's and Q8_0's weights through a ring in threadgroup
+    memory: with xs, wr 1, on X's rounds, xs - 1 super-chunks ahead; without, wr 1..4 super-chunks
+    ahead (a sweep knob: no rule launches it), each lane waiting for its own copies."""
     rows8 = isinstance(w, RowBlocks)  # the layout of interleave_rows (ROWS8)
     if rows8:
         if qtype not in ("q4_0", "q8_0") or n % 8 or k % 128:
