@@ -543,6 +543,48 @@ def test_qmm_gated_launches_gate_and_up_in_one_threadgroup():
         gemv.qmm_smem_bytes(c["MP"], c["NB"], c["WN"], c["WK"]) + 4 * c["MP"]
 
 
+@pytest.mark.parametrize("m, n, k, knobs, ks", [(16, 4096, 4096, dict(ks=4), 4), (9, 1024, 96, {}, 1),
+                                                 (64, 4104, 14336, {}, None)])
+def test_qmm_next_norm_adds_the_parts_and_norms_each_row_in_one_launch(m, n, k, knobs, ks):
+    """qmm + residual with next_norm: (Y, H), both [M, N] fp16, from qmm's split launch (K in one part
+    where unsplit) and one adding launch of a threadgroup a row of kernels.loop's rmsnorm NSIMD, no
+    rmsnorm launch. Recorded, not run."""
+    from kernels import loop
+    from kernels.runtime import recording
+
+    with recording() as rec:
+        y, h = gemv.qmm(mx.zeros((m, k), mx.float16), _zero_packed("q4_0", n, k), "q4_0", n, k,
+                        residual=mx.zeros((m, n), mx.float16), next_norm=(mx.ones((n,), mx.float16), 1e-5), **knobs)
+    assert tuple(y.shape) == tuple(h.shape) == (m, n)
+    split, add = rec.jobs
+    assert split.spec.name.startswith("lathe_qmm_split") and add.spec.name == "lathe_qmm_reduce_residual_norm"
+    assert split.constants["KS"] == add.constants["KS"] == (ks or split.constants["KS"])
+    assert add.constants["NSIMD"] == gemv.QMM_REDUCE_NSIMD == loop.NSIMD
+    assert add.grid == (m * 32 * loop.NSIMD, 1, 1) and add.threadgroup == (32 * loop.NSIMD, 1, 1)
+
+
+def test_qmm_next_norm_needs_a_residual_stream():
+    """next_norm normalizes the residual stream: refused without a residual, gated, with N not a
+    multiple of 8 (rmsnorm's 8 values a thread), or with gamma not [N], before any launch."""
+    from kernels.runtime import recording
+
+    x, w, r = mx.zeros((8, 256), mx.float16), _zero_packed("q8_0", 64, 256), mx.zeros((8, 64), mx.float16)
+    norm = (mx.ones((64,), mx.float16), 1e-5)
+    with recording() as rec:
+        with pytest.raises(ValueError, match="next_norm normalizes the residual stream"):
+            gemv.qmm(x, w, "q8_0", 64, 256, next_norm=norm)
+        with pytest.raises(ValueError, match="next_norm normalizes the residual stream"):
+            gemv.qmm(x, w, "q8_0", 64, 256, activation="silu", next_norm=(mx.ones((32,), mx.float16), 1e-5))
+        with pytest.raises(ValueError, match="next_norm normalizes the residual stream"):
+            gemv.qmm(x, _zero_packed("q8_0", 60, 256), "q8_0", 60, 256, residual=mx.zeros((8, 60), mx.float16),
+                     next_norm=(mx.ones((60,), mx.float16), 1e-5))
+        with pytest.raises(ValueError, match=r"gamma must be \[K=64\]"):
+            gemv.qmm(x, w, "q8_0", 64, 256, residual=r, next_norm=(mx.ones((256,), mx.float16), 1e-5))
+        with pytest.raises(ValueError, match="eps must be positive"):
+            gemv.qmm(x, w, "q8_0", 64, 256, residual=r, next_norm=(norm[0], 0.0))
+    assert not rec.jobs
+
+
 def _sg8x8_row(lane: int) -> int:  # lathe.h's
     return ((lane // 4) & 4) + (lane // 2) % 4
 

@@ -734,6 +734,42 @@ def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: i
     return CheckCase("gemv", f"qmm_{qtype}", variant, dict(M=m, N=n, K=k), run)
 
 
+# qmm's residual epilogue writing the next block's RMSNorm as well (next_norm): K in one part (the
+# adding launch after an unsplit qmm), split by the rule (the 8B's O and down at 8, 16 and 64 rows,
+# Qwen3's down) and by hand (tails of K), rows of fewer words than the threadgroup's threads and of
+# more, W's ring over staged X
+QMM_NORM_OUT_CASES = [(5, 32, 96, None), (20, 4104, 4128, dict(ks=1)),
+                      (8, 4096, 4096, None), (16, 4096, 14336, None), (64, 4096, 14336, None),
+                      (9, 1024, 3072, None), (33, 1000, 4128, dict(ks=3)),
+                      (32, 4096, 4096, dict(xs=2, wr=1, nb=4, wn=4, wk=1))]
+
+
+def _qmm_norm_out_case(qtype: str, m: int, n: int, k: int, knobs: dict | None) -> CheckCase:
+    """qmm + residual with next_norm: Y against float64, and H against kernels.loop's rmsnorm
+    launch on that Y bit for bit (the fold changes no number of the decode), and against float64."""
+    from kernels import gemv, loop
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        host, dev = _blocks(rng, qtype, n, k)
+        x, r = _x(rng, m, k), _x(rng, m, n)
+        gamma = rng.uniform(0.5, 1.5, n).astype(np.float16)
+        with poisoned_outputs():
+            y, h = gemv.qmm(mx.array(x), gemv.repack(dev, qtype, n, k), qtype, n, k, residual=mx.array(r),
+                            next_norm=(mx.array(gamma), 1e-5), **(knobs or {}))
+            mx.eval(y, h)
+            launched = loop.rmsnorm(y, mx.array(gamma), 1e-5)
+            mx.eval(launched)
+        want = x.astype(np.float64) @ dequantize(host, qtype, k).astype(np.float64).T + r.astype(np.float64)
+        y64 = np.array(y).astype(np.float64)
+        return [compare("y + residual", y64, want, TOL),
+                exact("h: rmsnorm's launch on y", np.array(h), np.array(launched)),
+                compare("h", np.array(h).astype(np.float64), rmsnorm64(y64, gamma, 1e-5), TOL)]
+
+    shape = dict(M=m, N=n, K=k, **{key.upper(): v for key, v in (knobs or {}).items()})
+    return CheckCase("gemv", f"qmm_{qtype}", "residual + next_norm", shape, run)
+
+
 def _k_shape(k: int) -> int:
     """A check shape's K for the K-quants: rounded up to whole super-blocks."""
     return -(-k // 256) * 256
@@ -767,6 +803,8 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_gemv_case("qmm", qtype, m, n, fit(k), residual, knobs))
     for kind, act, m, n, k, knobs in QMM_FUSED_CASES[:2] + QMM_FUSED_CASES[8:9] if small else QMM_FUSED_CASES:
         cases.append(_qmm_fused_case(kind, act, qtype, m, n, fit(k), knobs))
+    for m, n, k, knobs in QMM_NORM_OUT_CASES[:2] if small else QMM_NORM_OUT_CASES:
+        cases.append(_qmm_norm_out_case(qtype, m, n, fit(k), knobs))
     if qtype in ("q4_0", "q8_0"):
         for m, n, k, residual, knobs in QMM_ROWS8_CASES[:1] if small else QMM_ROWS8_CASES:
             cases.append(_gemv_case("qmm rows8", qtype, m, n, k, residual, knobs))

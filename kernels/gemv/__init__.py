@@ -1026,6 +1026,15 @@ def _qmm_reduce_spec(residual: bool, activation: str | None) -> KernelSpec:
 _QMM_SPLIT = {(norm, gated): _qmm_split_spec(norm, gated) for norm in (False, True) for gated in (False, True)}
 _QMM_REDUCE = {(residual, act): _qmm_reduce_spec(residual, act) for residual in (False, True)
                for act in (None, *ACTIVATIONS) if not (residual and act)}
+# The adding launch that also writes the next block's RMSNorm of the residual stream (next_norm):
+# a threadgroup a row of QMM_REDUCE_NSIMD SIMD groups, kernels.loop's rmsnorm NSIMD, so that its
+# sums are that launch's (kernels.gemv does not import kernels.loop: tests/test_imports.py)
+QMM_REDUCE_NSIMD = 4
+_QMM_REDUCE_NORM = KernelSpec("lathe_qmm_reduce_residual_norm", "gemv/qmm_reduce.metal",
+                              ("part", "dims", "residual", "gamma", "eps"), ("y", "h"),
+                              prelude="#define LATHE_RESIDUAL 1\n#define LATHE_GATED 0\n#define LATHE_ACT 0\n"
+                                      "#define LATHE_NORM_OUT 1",
+                              threadgroup_bytes=lambda c: 4 * c["NSIMD"])
 
 
 def qmm_splits(k: int, ks: int) -> tuple[int, int]:
@@ -1128,7 +1137,8 @@ def qmm_geometry(m: int, n: int, k: int, nb: int, wn: int, wk: int, *, norm: boo
 
 def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
         gamma: mx.array | None = None, eps: float | None = None, activation: str | None = None,
-        **knobs: int | None) -> mx.array:
+        next_norm: tuple[mx.array, float] | None = None,
+        **knobs: int | None) -> mx.array | tuple[mx.array, mx.array]:
     """Y[M, N] = X[M, K] @ W^T (+ residual, fp16 [M, N]) for M up to QMM_MAX_M, W repacked (any v3
     block type; Q4_0 and Q8_0 also as RowBlocks), on SIMD-group matrices (qmm.metal). `gamma`
     (fp16 [K]) and `eps`: X RMS-normed first (RMSNorm(X) * gamma), in the same launch.
@@ -1141,7 +1151,12 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     loads its own from device memory); wst 1 loads Q4_0's and Q8_0's weights evict-first
     (load_stream); wr (not with pf) brings Q4_0's and Q8_0's weights through a ring in threadgroup
     memory: with xs, wr 1, on X's rounds, xs - 1 super-chunks ahead; without, wr 1..4 super-chunks
-    ahead (a sweep knob: no rule launches it), each lane waiting for its own copies."""
+    ahead (a sweep knob: no rule launches it), each lane waiting for its own copies.
+
+    `next_norm` (gamma fp16 [N], eps; with the residual, not gated, N a multiple of 8): Y is the
+    residual stream and qmm returns (Y, H), H = RMSNorm(Y) * gamma as kernels.loop.rmsnorm gives it,
+    bit for bit, written by the launch that adds the parts (K in one part where unsplit): the next
+    block's norm without a launch of its own."""
     rows8 = isinstance(w, RowBlocks)  # the layout of interleave_rows (ROWS8)
     if rows8:
         if qtype not in ("q4_0", "q8_0") or n % 8 or k % 128:
@@ -1184,6 +1199,11 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     n_out = n // 2 if gated else n
     if residual is not None:
         _check_residual(residual, m, n_out)
+    if next_norm is not None:
+        if residual is None or gated or n % 8:
+            raise ValueError(f"next_norm normalizes the residual stream: it takes a residual, no activation and N a "
+                             f"multiple of 8, got residual {residual is not None}, activation {activation!r}, N={n}")
+        _check_norm(next_norm[0], float(next_norm[1]), n)
     # the rule's knobs passed as they are: qmm_geometry is cached by its arguments, the rule reads
     # an option (qmm_x_staged)
     mp, nb, wn, wk = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb") or shaped["NB"],
@@ -1196,7 +1216,7 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     inputs = [x, w.data, _dims(n, k), *((gamma, _eps(float(eps))) if norm else ())]
     constants = dict(QTYPE=block_format(qtype)[0], M=m, MP=mp, NB=nb, WN=wn, WK=wk, PF=pf, XS=xs, WST=wst, WR=wr,
                      ROWS8=int(rows8), K=k)
-    if ks == 1:
+    if ks == 1 and next_norm is None:
         (y,) = launch(Launch(_QMM[residual is not None, norm, activation],
                              [*inputs, *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
                              (groups * 32 * wn * wk, 1, 1), (32 * wn * wk, 1, 1), constants))
@@ -1204,6 +1224,11 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     (part,) = launch(Launch(_QMM_SPLIT[norm, gated], inputs, [((ks, m, n), mx.float32)],
                             (groups * 32 * wn * wk, ks, 1), (32 * wn * wk, 1, 1),
                             dict(constants, KS=ks, KSPL=kspl)))
+    if next_norm is not None:
+        return tuple(launch(Launch(_QMM_REDUCE_NORM, [part, _dims(n, k), residual, next_norm[0],
+                                                      _eps(float(next_norm[1]))], [((m, n), mx.float16)] * 2,
+                                   (m * 32 * QMM_REDUCE_NSIMD, 1, 1), (32 * QMM_REDUCE_NSIMD, 1, 1),
+                                   dict(M=m, KS=ks, NSIMD=QMM_REDUCE_NSIMD))))
     (y,) = launch(Launch(_QMM_REDUCE[residual is not None, activation],
                          [part, _dims(n, k), *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
                          (-(-m * n_out // 256) * 256, 1, 1), (256, 1, 1), dict(M=m, KS=ks)))
