@@ -159,6 +159,11 @@ DECLARED = (
            "32 and 64 sequences took 1.3-1.4x the tok/s off (GPU-bound: the prologue's reads of X); Qwen3's "
            "fused serve at 8 and 32, host-bound, took 7-58% more on (one launch fewer a norm; kernels/loop/"
            "NOTES.md, 3bd2061)"),
+    Option("qmm_norm_after", True, _flag,
+           "prompt_qmm's plan with qmm_prologue off: each RMSNorm that follows O's or down's qmm + residual is "
+           "written by the launch that adds qmm's parts (qmm's next_norm: a threadgroup a row, rmsnorm's sums, "
+           "the same bits), not by an rmsnorm launch of its own; the output norm stays a launch (kernels/loop/"
+           "NOTES.md)"),
     Option("qmm_fill", 512, _count,
            "qmm (5..64 rows), K from 4096: split K over threadgroups (at most 8 parts, a second launch adding "
            "them) until a launch has this many threadgroups, half as many past 32 rows (0: never split; the "

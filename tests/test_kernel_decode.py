@@ -497,6 +497,8 @@ PLAN_CASES += [(preset, "q8_0", variant, "contiguous", False, True) for preset i
 PLAN_CASES += [(preset, qtype, variant, kv, False, True) for preset in ("tiny-llama", "tiny-qwen3")
                for qtype in K_MIXES for variant in ("unfused repacked", "fused repacked without seams")
                for kv in ("contiguous", "paged")]
+PLAN_CASES += [(preset, "q4_0", "fused repacked without seams prologue-off", kv, False, True)  # qmm_norm_after
+               for preset in ("tiny-llama", "tiny-qwen3") for kv in ("contiguous", "paged")]
 PLAN_CASES += [(preset, "q6_k", "fused repacked", "contiguous", False, True)  # one type: seams
                for preset in ("tiny-llama", "tiny-qwen3")]
 PLAN_CASES += [(preset, qtype, variant, "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")
@@ -525,6 +527,7 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, qtype,
     monkeypatch.setitem(options._values, "repack", "repacked" in variant)
     monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
     monkeypatch.setitem(options._values, "prompt_weights", "f16" if "f16-prompt" in variant else "dequantize")
+    monkeypatch.setitem(options._values, "qmm_prologue", False if "prologue-off" in variant else "auto")
     m = models[preset, qtype]
     with recording():  # the decoder's own look-ahead at its kernels, apart from what is checked
         decoder = KernelDecoder(m, 32 if overflow else 64, variant.split()[0], kv, overflow=overflow)
@@ -702,7 +705,7 @@ def test_qmm_prologue_option_picks_the_prompts_norm_launches(models, prologue, d
     assert c.d_model < QMM_PROLOGUE_BELOW_D
     if d_model:
         c = dataclasses.replace(c, d_model=d_model)
-    with options.use(qmm_prologue=prologue):
+    with options.use(qmm_prologue=prologue, qmm_norm_after=False):  # (the norms folded: the test below)
         steps = [s for s in kernel_plan(c, True, phase="gemm", packed=True) if s.layer == 0]
     ops = [s.op for s in steps]
     if fused_norm:
@@ -710,6 +713,31 @@ def test_qmm_prologue_option_picks_the_prompts_norm_launches(models, prologue, d
     else:
         assert ops.count("rms_norm") == 2 and "linear_swiglu" in ops and "rmsnorm_linear" not in ops
         assert steps[ops.index("linear_swiglu")].launches == ("lathe_qmm_",)
+
+
+@pytest.mark.parametrize("prologue, after", [(False, True), (False, False), (True, True)])
+def test_qmm_norm_after_writes_the_layers_norms_in_qmms_adding_launch(models, prologue, after):
+    """qmm_norm_after with qmm_prologue off (the gemm phase): O's and down's qmm + residual write
+    the RMSNorm that follows (ffn_norm; the next layer's attn_norm), so only layer 0's attn_norm
+    and the output norm stay rmsnorm launches; each folded step writes h, which the next
+    projection reads. Off, or with the prologue, nothing is folded. The plan only, no kernel."""
+    c = models["tiny-llama", "q4_0"].config
+    types = {f"blk.{i}.{p}.weight": "q4_0" for i in range(c.n_layers)
+             for p in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+    with options.use(qmm_prologue=prologue, qmm_norm_after=after):
+        steps = kernel_plan(c, True, phase="gemm", packed=True, types=types)
+    ops = [s.op for s in steps]
+    folded = [s for s in steps if s.op == "linear_residual_rmsnorm"]
+    if prologue or not after:
+        assert not folded and ops.count("rms_norm") == (1 if prologue else 2 * c.n_layers + 1)
+        return
+    assert len(folded) == 2 * c.n_layers - 1 and ops.count("rms_norm") == 2
+    assert [s.layer for s in steps if s.op == "rms_norm"] == [0, None]  # layer 0's attn_norm, the output norm
+    for s in folded:
+        assert s.writes == ("x", "h") and s.launches == ("lathe_qmm_split", "lathe_qmm_reduce_residual_norm")
+        after_it = steps[steps.index(s) + 1]
+        assert after_it.reads == ("h",) and s.weights[1] in (f"blk.{s.layer}.ffn_norm.weight",
+                                                             f"blk.{s.layer + 1}.attn_norm.weight")
 
 
 @pytest.mark.parametrize("preset, qtype", [("tiny-llama", "q4_0"), ("tiny-qwen3", "q8_0")])

@@ -301,6 +301,10 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     gemm = (phase == "gemm" and fused and packed and options.get("prompt_qmm") and not f16_copies
             and not wide_stream(c))
     prologue = gemm and qmm_prologue(c)  # else lathe's rmsnorm, then qmm on h
+    # ... where that rmsnorm comes right after O's or down's qmm + residual, in the launch that adds
+    # qmm's parts (qmm's next_norm; the output norm stays a launch: a prompt's head takes its last rows)
+    norm_after = gemm and not prologue and not post and options.get("qmm_norm_after")
+    normed = [None]  # the norm whose output h already holds: the rms_norm step that follows is skipped
     wrap = overflow and decode and not paged
     mega = mega and fused and decode and packed and not paged and not wrap
     one_launch = backends.cross_group_waits() if one_launch is None else one_launch
@@ -318,9 +322,16 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     qmm_launch = ("lathe_qmm",) if packed and options.get("prompt_qmm") else ()
     qmm_shown = f"lathe qmm up to {gemv.QMM_UP_TO} rows, else " if qmm_launch else ""
 
-    def linear(src, dst, name, layer=None, residual=False):
+    def linear(src, dst, name, layer=None, residual=False, next_norm=None):
         """Y = X @ W^T (+ the residual stream, in the GEMV's epilogue where it can, in MLX's
-        matmul (addmm) for a fused prompt)."""
+        matmul (addmm) for a fused prompt); `next_norm`: the norm that follows, taken into qmm's
+        residual epilogue where norm_after."""
+        if quant(name) and residual and norm_after and next_norm:
+            add("linear_residual_rmsnorm", f"lathe qmm{shown(name)} + residual + RMSNorm ({next_norm.split('.')[-2]})",
+                (src, "x"), ("x", "h"), _run_linear_residual_norm, src, name, next_norm, weights=(name, next_norm),
+                layer=layer, launches=("lathe_qmm_split", "lathe_qmm_reduce_residual_norm"))
+            normed[0] = next_norm
+            return
         if quant(name) and residual and fused and small:
             add("linear_residual", f"lathe gemv_{v}{shown(name)} + residual", (src, "x"), ("x",), _run_linear_residual,
                 src, name, weights=(name,), layer=layer, launches=(f"lathe_gemv_{v}_residual",))
@@ -344,11 +355,12 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         if residual:
             add("add", "mx.add", ("x", dst), ("x",), _run_add, dst, layer=layer)
 
-    def block_out(src, dst, name, i, norm):
-        """A block's output projection into the residual stream: in the GEMV's epilogue, or
-        (post_norms) RMS-normed first and added to the float32 stream."""
+    def block_out(src, dst, name, i, norm, next_norm=None):
+        """A block's output projection into the residual stream: in the GEMV's epilogue (with the
+        RMSNorm `next_norm` that follows, where norm_after), or (post_norms) RMS-normed first and
+        added to the float32 stream."""
         if not post:
-            linear(src, dst, name, i, residual=True)
+            linear(src, dst, name, i, residual=True, next_norm=next_norm)
             return
         linear(src, dst, name, i)
         post_norm(dst, norm, i)
@@ -358,7 +370,10 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             norm, weights=(norm,), layer=i, launches=("lathe_post_norm_add",))
 
     def rms_norm(norm, layer=None):
-        """RMSNorm of the residual stream into h."""
+        """RMSNorm of the residual stream into h (none where the step before wrote it: norm_after)."""
+        if normed[0] == norm:
+            normed[0] = None
+            return
         add("rms_norm", "lathe rmsnorm", ("x",), ("h",), _run_rmsnorm, norm, weights=(norm,), layer=layer,
             launches=("lathe_rmsnorm",))
 
@@ -536,8 +551,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                 weights=(b + "ffn_down.weight", nxt[0], nxt[1] if last else f"blk.{i + 1}.attn_qkv (q|k|v)"),
                 layer=i, launches=(f"lathe_seam_{'v3_' if packed else ''}swiglu",))
             continue
-        block_out("o", "attn", b + "attn_output.weight", i, b + "post_attention_norm.weight")
+        block_out("o", "attn", b + "attn_output.weight", i, b + "post_attention_norm.weight", b + "ffn_norm.weight")
         gate_up, down, ffn_norm = b + "ffn_gate_up.weight", b + "ffn_down.weight", b + "post_ffw_norm.weight"
+        after_down = f"blk.{i + 1}.attn_norm.weight" if i + 1 < c.n_layers else None
         if fused and small and quant(gate_up) and packed and options.get("swiglu_at") == "gate_up":
             # SiLU in gate+up's epilogue: down is a plain GEMV over [t, F]
             add("rmsnorm_linear_swiglu", f"lathe rmsnorm_gemv_swiglu_out_v3{shown(gate_up)} ({act_shown})", ("x",),
@@ -570,7 +586,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
         if gemm and quant(gate_up):  # qmm_prologue off: gate+up and act(gate) * up in one qmm launch
             add("linear_swiglu", f"lathe qmm + {act_shown} epilogue{shown(gate_up)}", ("h",), ("a",), _run_gate_up_qmm,
                 None, gate_up, weights=(b + "ffn_gate_up (gate|up)",), layer=i, launches=("lathe_qmm_",))
-            block_out("a", "ffn", down, i, ffn_norm)
+            block_out("a", "ffn", down, i, ffn_norm, after_down)
             continue
         if fused or c.architecture.fused_gate_up:  # a prompt (Phi-3: any step): gate+up, SwiGLU over its rows
             linear("h", "gate_up", gate_up, i)
@@ -635,6 +651,14 @@ def _run_add(src, d, env, t, pos):
 
 def _run_linear_add(src, name, d, env, t, pos):
     env["x"] = d._linear(env[src], name, residual=env["x"])
+
+
+def _run_linear_residual_norm(src, name, norm, d, env, t, pos):
+    """x + X @ W^T on qmm, and h = RMSNorm of that sum by the launch that adds qmm's parts."""
+    n, k = d.nk[name]
+    x = env[src]
+    env["x"], env["h"] = gemv.qmm(x, d.qmm_matrix(name, x.shape[0]), d.types[name], n, k, residual=env["x"],
+                                  next_norm=(d.g16[norm], d.config.eps))
 
 
 def _run_linear_residual(src, name, d, env, t, pos):
