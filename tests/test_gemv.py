@@ -547,8 +547,8 @@ def test_qmm_gated_launches_gate_and_up_in_one_threadgroup():
                                                  (64, 4104, 14336, {}, None)])
 def test_qmm_next_norm_adds_the_parts_and_norms_each_row_in_one_launch(m, n, k, knobs, ks):
     """qmm + residual with next_norm: (Y, H), both [M, N] fp16, from qmm's split launch (K in one part
-    where unsplit) and one adding launch of a threadgroup a row of kernels.loop's rmsnorm NSIMD, no
-    rmsnorm launch. Recorded, not run."""
+    where unsplit) and one adding launch of a threadgroup a row, no rmsnorm launch: kernels.loop's
+    rmsnorm NSIMD up to N = 1024, past it a word a thread up to 32 SIMD groups. Recorded, not run."""
     from kernels import loop
     from kernels.runtime import recording
 
@@ -559,8 +559,10 @@ def test_qmm_next_norm_adds_the_parts_and_norms_each_row_in_one_launch(m, n, k, 
     split, add = rec.jobs
     assert split.spec.name.startswith("lathe_qmm_split") and add.spec.name == "lathe_qmm_reduce_residual_norm"
     assert split.constants["KS"] == add.constants["KS"] == (ks or split.constants["KS"])
-    assert add.constants["NSIMD"] == gemv.QMM_REDUCE_NSIMD == loop.NSIMD
-    assert add.grid == (m * 32 * loop.NSIMD, 1, 1) and add.threadgroup == (32 * loop.NSIMD, 1, 1)
+    nsimd = add.constants["NSIMD"]
+    assert nsimd == {1024: loop.NSIMD, 4096: 16, 4104: 17}[n] and gemv.QMM_REDUCE_NSIMD == loop.NSIMD
+    assert add.grid == (m * 32 * nsimd, 1, 1) and add.threadgroup == (32 * nsimd, 1, 1)
+    assert gemv.qmm_reduce_nsimd(8 * 32 * 40) == 32  # at most 1024 threads
 
 
 def test_qmm_next_norm_needs_a_residual_stream():

@@ -1027,9 +1027,20 @@ _QMM_SPLIT = {(norm, gated): _qmm_split_spec(norm, gated) for norm in (False, Tr
 _QMM_REDUCE = {(residual, act): _qmm_reduce_spec(residual, act) for residual in (False, True)
                for act in (None, *ACTIVATIONS) if not (residual and act)}
 # The adding launch that also writes the next block's RMSNorm of the residual stream (next_norm):
-# a threadgroup a row of QMM_REDUCE_NSIMD SIMD groups, kernels.loop's rmsnorm NSIMD, so that its
-# sums are that launch's (kernels.gemv does not import kernels.loop: tests/test_imports.py)
+# a threadgroup a row, of at least QMM_REDUCE_NSIMD SIMD groups (kernels.loop's rmsnorm NSIMD, so
+# that up to 1024 values a row its sums are that launch's; kernels.gemv does not import
+# kernels.loop: tests/test_imports.py)
 QMM_REDUCE_NSIMD = 4
+
+
+def qmm_reduce_nsimd(n: int) -> int:
+    """The SIMD groups of next_norm's adding launch for rows of N values: one 8-value word a thread
+    up to 32 groups. With rmsnorm's 4 (b98757c, H200) the 8B's steps of 8 took 8.7 us a launch for
+    its 8 threadgroups, each thread's KS parts of 4 words one after another: more than the
+    rmsnorm launch and the adding launch it replaced (kernels/loop/NOTES.md)."""
+    return min(32, max(QMM_REDUCE_NSIMD, -(-(n // 8) // 32)))
+
+
 _QMM_REDUCE_NORM = KernelSpec("lathe_qmm_reduce_residual_norm", "gemv/qmm_reduce.metal",
                               ("part", "dims", "residual", "gamma", "eps"), ("y", "h"),
                               prelude="#define LATHE_RESIDUAL 1\n#define LATHE_GATED 0\n#define LATHE_ACT 0\n"
@@ -1154,9 +1165,10 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     ahead (a sweep knob: no rule launches it), each lane waiting for its own copies.
 
     `next_norm` (gamma fp16 [N], eps; with the residual, not gated, N a multiple of 8): Y is the
-    residual stream and qmm returns (Y, H), H = RMSNorm(Y) * gamma as kernels.loop.rmsnorm gives it,
-    bit for bit, written by the launch that adds the parts (K in one part where unsplit): the next
-    block's norm without a launch of its own."""
+    residual stream and qmm returns (Y, H), H = RMSNorm(Y) * gamma, written by the launch that adds
+    the parts (K in one part where unsplit): the next block's norm without a launch of its own. H is
+    kernels.loop.rmsnorm's bit for bit up to N = 1024 (its threadgroup's layout), within an fp16
+    step past it (more SIMD groups a row: qmm_reduce_nsimd)."""
     rows8 = isinstance(w, RowBlocks)  # the layout of interleave_rows (ROWS8)
     if rows8:
         if qtype not in ("q4_0", "q8_0") or n % 8 or k % 128:
@@ -1225,10 +1237,10 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
                             (groups * 32 * wn * wk, ks, 1), (32 * wn * wk, 1, 1),
                             dict(constants, KS=ks, KSPL=kspl)))
     if next_norm is not None:
+        nsimd = qmm_reduce_nsimd(n)
         return tuple(launch(Launch(_QMM_REDUCE_NORM, [part, _dims(n, k), residual, next_norm[0],
                                                       _eps(float(next_norm[1]))], [((m, n), mx.float16)] * 2,
-                                   (m * 32 * QMM_REDUCE_NSIMD, 1, 1), (32 * QMM_REDUCE_NSIMD, 1, 1),
-                                   dict(M=m, KS=ks, NSIMD=QMM_REDUCE_NSIMD))))
+                                   (m * 32 * nsimd, 1, 1), (32 * nsimd, 1, 1), dict(M=m, KS=ks, NSIMD=nsimd))))
     (y,) = launch(Launch(_QMM_REDUCE[residual is not None, activation],
                          [part, _dims(n, k), *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
                          (-(-m * n_out // 256) * 256, 1, 1), (256, 1, 1), dict(M=m, KS=ks)))

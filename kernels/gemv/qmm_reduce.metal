@@ -6,7 +6,9 @@
 // LATHE_NORM_OUT 1 (with the residual, not gated, N a multiple of 8): Y is the residual stream,
 // and the launch also writes H = RMSNorm(Y) * gamma, the next block's input, so that no rmsnorm
 // launch follows. A threadgroup a row, laid out as rmsnorm.metal's (NSIMD SIMD groups, 8 values a
-// thread a step, the same sums in the same order), so H is that launch's H bit for bit.
+// thread a step, its expressions), NSIMD by N (kernels.gemv.qmm_reduce_nsimd): where it is
+// rmsnorm's, H is that launch's H bit for bit; wider rows take more SIMD groups, whose loads of
+// the KS parts are all in flight at once (the threadgroups are only M), and sum in another order.
 //
 // Constants: M, KS (LATHE_NORM_OUT: NSIMD). Inputs: part (float [KS, M, N]), dims (int32: N, K);
 // LATHE_RESIDUAL: residual (half [M, N_out]); LATHE_NORM_OUT: gamma (half [N]), eps (float[1]).
