@@ -28,3 +28,9 @@ def threadgroup_memory() -> int:
     """The threadgroup memory budget of the launches being made (the GEMVs size their staged X
     against it: kernels.gemv). Without a GPU, CUDA's, as recorded launches are."""
     return THREADGROUP_MEMORY["metal" if runtime.target_backend() == "metal" else "cuda"]
+
+
+def threads_per_threadgroup() -> int:
+    """The most threads a threadgroup of the launches being made may have (launches that size
+    their threadgroups to their work stay within it: qmm's next_norm). Without a GPU, CUDA's."""
+    return THREADS_PER_THREADGROUP["metal" if runtime.target_backend() == "metal" else "cuda"]

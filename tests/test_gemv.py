@@ -549,7 +549,7 @@ def test_qmm_next_norm_adds_the_parts_and_norms_each_row_in_one_launch(m, n, k, 
     """qmm + residual with next_norm: (Y, H), both [M, N] fp16, from qmm's split launch (K in one part
     where unsplit) and one adding launch of a threadgroup a row, no rmsnorm launch: kernels.loop's
     rmsnorm NSIMD up to N = 1024, past it a word a thread up to 32 SIMD groups. Recorded, not run."""
-    from kernels import loop
+    from kernels import backends, loop
     from kernels.runtime import recording
 
     with recording() as rec:
@@ -562,7 +562,10 @@ def test_qmm_next_norm_adds_the_parts_and_norms_each_row_in_one_launch(m, n, k, 
     nsimd = add.constants["NSIMD"]
     assert nsimd == {1024: loop.NSIMD, 4096: 16, 4104: 17}[n] and gemv.QMM_REDUCE_NSIMD == loop.NSIMD
     assert add.grid == (m * 32 * nsimd, 1, 1) and add.threadgroup == (32 * nsimd, 1, 1)
-    assert gemv.qmm_reduce_nsimd(8 * 32 * 40) == 32  # at most 1024 threads
+    assert gemv.qmm_reduce_nsimd(8 * 32 * 40) == 32  # at most 1024 threads on CUDA, 256 on Metal
+    with pytest.MonkeyPatch.context() as mp:  # Metal's 256 threads a threadgroup
+        mp.setattr(backends.runtime, "target_backend", lambda: "metal")
+        assert gemv.qmm_reduce_nsimd(4096) == 8 and gemv.qmm_reduce_nsimd(1024) == loop.NSIMD
 
 
 def test_qmm_next_norm_needs_a_residual_stream():
