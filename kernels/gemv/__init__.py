@@ -1035,9 +1035,10 @@ QMM_REDUCE_NSIMD = 4
 
 def qmm_reduce_nsimd(n: int) -> int:
     """The SIMD groups of next_norm's adding launch for rows of N values: one 8-value word a thread
-    up to the backend's threads a threadgroup (CUDA 32 groups, Metal 8). With rmsnorm's 4 (b98757c, H200) the 8B's steps of 8 took 8.7 us a launch for
-    its 8 threadgroups, each thread's KS parts of 4 words one after another: more than the
-    rmsnorm launch and the adding launch it replaced (kernels/loop/NOTES.md)."""
+    up to the backend's threads a threadgroup (CUDA 32 groups, Metal 8). With rmsnorm's 4 (b98757c,
+    H200) the 8B's steps of 8 took 8.7 us a launch for its 8 threadgroups, each thread's KS parts
+    of 4 words one after another: more than the rmsnorm launch and the adding launch it replaced
+    (kernels/loop/NOTES.md)."""
     return min(backends.threads_per_threadgroup() // 32, max(QMM_REDUCE_NSIMD, -(-(n // 8) // 32)))
 
 
