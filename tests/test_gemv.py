@@ -545,7 +545,7 @@ def test_qmm_gated_launches_gate_and_up_in_one_threadgroup():
 
 @pytest.mark.parametrize("m, n, k, knobs, ks", [(16, 4096, 4096, dict(ks=4), 4), (9, 1024, 96, {}, 1),
                                                  (64, 4104, 14336, {}, None)])
-def test_qmm_next_norm_adds_the_parts_and_norms_each_row_in_one_launch(m, n, k, knobs, ks):
+def test_qmm_next_norm_adds_the_parts_and_norms_each_row_in_one_launch(monkeypatch, m, n, k, knobs, ks):
     """qmm + residual with next_norm: (Y, H), both [M, N] fp16, from qmm's split launch (K in one part
     where unsplit) and one adding launch of a threadgroup a row, no rmsnorm launch: kernels.loop's
     rmsnorm NSIMD up to N = 1024, past it a word a thread up to 32 SIMD groups. Recorded, not run."""
@@ -563,9 +563,8 @@ def test_qmm_next_norm_adds_the_parts_and_norms_each_row_in_one_launch(m, n, k, 
     assert nsimd == {1024: loop.NSIMD, 4096: 16, 4104: 17}[n] and gemv.QMM_REDUCE_NSIMD == loop.NSIMD
     assert add.grid == (m * 32 * nsimd, 1, 1) and add.threadgroup == (32 * nsimd, 1, 1)
     assert gemv.qmm_reduce_nsimd(8 * 32 * 40) == 32  # at most 1024 threads on CUDA, 256 on Metal
-    with pytest.MonkeyPatch.context() as mp:  # Metal's 256 threads a threadgroup
-        mp.setattr(backends.runtime, "target_backend", lambda: "metal")
-        assert gemv.qmm_reduce_nsimd(4096) == 8 and gemv.qmm_reduce_nsimd(1024) == loop.NSIMD
+    monkeypatch.setattr(backends.runtime, "target_backend", lambda: "metal")  # 256 threads a threadgroup
+    assert gemv.qmm_reduce_nsimd(4096) == 8 and gemv.qmm_reduce_nsimd(1024) == loop.NSIMD
 
 
 def test_qmm_next_norm_needs_a_residual_stream():
