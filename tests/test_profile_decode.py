@@ -136,6 +136,26 @@ def test_host_profile_keeps_the_tokens_and_names_the_frames(tmp_path, capsys):
     assert "mlx::core::cu::CommandEncoder::commit\n" in out
 
 
+def test_host_profile_of_serve_keeps_the_scheduler_steps(tmp_path, capsys):
+    """A --serve profile (its file named host-serve-...) keeps the samples under serve_profile's
+    timed steps, a step being the scheduler's; the prompts' admission before them is left out."""
+    from harness.tools import host_profile
+
+    steps = "main (harness/tools/serve_profile.py:150);profile_batch (harness/tools/serve_profile.py:90)"
+    timed = steps + ";_decode_steps (harness/tools/serve_profile.py:75);Scheduler.step (harness/program/serve.py:120)"
+    raw = tmp_path / "host-serve-qwen3-0.6b-fused-8.txt"
+    raw.write_text("\n".join([
+        timed + ";mlx::core::async_eval (libmlx.so);mlx::core::fast::CustomKernel::eval_gpu (libmlx.so) 6",
+        timed + ";PagedBatchKernels._decode_step (harness/program/batch_forward.py:380) 2",
+        steps + ";_admitted (harness/tools/serve_profile.py:50);Scheduler.step (harness/program/serve.py:120) 9",
+    ]) + "\n")
+    host_profile.summarize(raw)
+    out = capsys.readouterr().out
+    assert "8 samples of the loop's tokens" in out
+    assert " 75.0%  mlx::core::fast::CustomKernel::eval_gpu" in out
+    assert " 25.0%  PagedBatchKernels._decode_step (batch_forward.py)" in out
+
+
 def test_prompt_timeline_spans_each_prompt_alone(capsys):
     # Three prompts of (embed 2 us, matmul 20 us, argmax 3 us), 1 us gaps, the host's 100 us
     # between them: a prompt's span is its own kernels and gaps only.

@@ -2,7 +2,11 @@
 frames included, summarized by function.
 
     python -m harness.tools.host_profile llama3-8b --qtype q4_0 --variant fused --tokens 1500 --out DIR
+    python -m harness.tools.host_profile qwen3-0.6b --qtype q8_0 --serve 8 --tokens 1500 --out DIR
     python -m harness.tools.host_profile --summarize DIR/host-llama3-8b-fused.txt
+
+`--serve N` samples `lathe serve`'s decode-only steps of N sequences instead
+(`harness.tools.serve_profile --no-trace`, `--tokens` its steps): a step is one scheduler step.
 
 The first form runs `harness.tools.profile_decode`'s compiled-pipelined loop (module doc there: the
 token's host time split into call, encode and wait) and, once its warm-up is over, samples it
@@ -30,6 +34,7 @@ from pathlib import Path
 
 ROOT = "run_pipelined"  # the timed loop's function in harness.tools.profile_decode
 TOKEN = ("run_pipelined.<locals>.queue", "run_pipelined.<locals>.read")  # a token: queued, read
+SERVE_ROOT, SERVE_TOKEN = "_decode_steps", ("Scheduler.step",)  # --serve: harness.tools.serve_profile's
 WARM_UP = ("compile_trace", "compile_simplify", "nvrtc", "JitModule", "JitCompiler", "trace_impl")  # first tokens
 SPLIT_UNDER = ("run_pipelined.<locals>.queue", "mlx::core::async_eval", "mlx::core::eval_impl", "mlx::core::gpu::eval",
                "mlx::core::fast::CustomKernel::eval_gpu", "mlx::core::cu::CommandEncoder::commit")
@@ -69,15 +74,18 @@ def read_stacks(path: Path) -> list[tuple[list[str], int]]:
 
 def summarize(path: Path, top: int = 25) -> None:
     stacks = read_stacks(path)
+    serve = path.name.startswith("host-serve-")  # record()'s name for a --serve profile
+    root, token = (SERVE_ROOT, SERVE_TOKEN) if serve else (ROOT, TOKEN)
+
     def in_token(frames: list[str]) -> bool:
-        return any(f.startswith(ROOT) for f in frames) and any(f.startswith(TOKEN) for f in frames)
+        return any(f.startswith(root) for f in frames) and any(f.startswith(token) for f in frames)
 
     kept = [(frames, n) for frames, n in stacks
             if in_token(frames) and not any(w in f for f in frames for w in WARM_UP)]
     total = sum(n for _, n in kept)
     dropped = sum(n for frames, n in stacks if in_token(frames)) - total
     if not total:
-        print(f"{path}: no samples of a token under {ROOT}")
+        print(f"{path}: no samples of a token under {root}")
         return
     print(f"{path.name}: {total} samples of the loop's tokens ({dropped} that compiled or traced "
           "left out)")
@@ -109,17 +117,23 @@ def summarize(path: Path, top: int = 25) -> None:
 
 
 def record(preset: str, qtype: str, variant: str, tokens: int, out: Path, rate: int,
-           seconds: int) -> Path:
-    """Run the loop and sample it for `seconds` once its warm-up is over (the model's build and
-    the first tokens' compilation, which sampling with native frames would slow many times)."""
+           seconds: int, serve: int = 0, sets: str = "") -> Path:
+    """Run the loop (`serve`: serve's decode steps of that many sequences) and sample it for
+    `seconds` once its warm-up is over (the model's build and the first tokens' compilation,
+    which sampling with native frames would slow many times)."""
     spy = os.environ.get("PY_SPY") or shutil.which("py-spy")
     if not spy:
         raise SystemExit("py-spy not found: put it on PATH or name it in $PY_SPY")
     out.mkdir(parents=True, exist_ok=True)
-    raw = out / f"host-{preset}-{variant}.txt"
-    child = subprocess.Popen(
-        [sys.executable, "-m", "harness.tools.profile_decode", preset, "--qtype", qtype, "--variant", variant,
-         "--mode", "compiled-pipelined", "--tokens", str(tokens)], stdout=subprocess.PIPE, text=True)
+    if serve:
+        raw = out / f"host-serve-{preset}-{variant}-{serve}.txt"
+        command = ["harness.tools.serve_profile", preset, "--qtype", qtype, "--variant", variant,
+                   "--batch", str(serve), "--steps", str(tokens), "--no-trace", "--set", sets]
+    else:
+        raw = out / f"host-{preset}-{variant}.txt"
+        command = ["harness.tools.profile_decode", preset, "--qtype", qtype, "--variant", variant,
+                   "--mode", "compiled-pipelined", "--tokens", str(tokens)]
+    child = subprocess.Popen([sys.executable, "-m", *command], stdout=subprocess.PIPE, text=True)
     for line in child.stdout:
         print(line, end="", flush=True)
         if line.startswith("timing "):
@@ -148,13 +162,16 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=250, help="samples a second")
     ap.add_argument("--seconds", type=int, default=4, help="how long to sample the timed loop")
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--serve", type=int, default=0, metavar="N",
+                    help="sample lathe serve's decode steps of N sequences, not the decode loop")
+    ap.add_argument("--set", default="", metavar="NAME=VALUE[,...]", help="--serve: experiment options")
     ap.add_argument("--summarize", type=Path, help="read a raw py-spy file instead of recording one")
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
     if a.summarize:
         summarize(a.summarize, a.top)
     elif a.preset:
-        summarize(record(a.preset, a.qtype, a.variant, a.tokens, a.out, a.rate, a.seconds), a.top)
+        summarize(record(a.preset, a.qtype, a.variant, a.tokens, a.out, a.rate, a.seconds, a.serve, a.set), a.top)
     else:
         ap.error("a preset to profile, or --summarize FILE")
 

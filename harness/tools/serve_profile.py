@@ -80,11 +80,13 @@ def _decode_steps(sched, forward, steps: int) -> float:
 
 
 def profile_batch(model, variant: str, batch: int, prompt: int, steps: int, seed: int = 0,
-                  top: int = 5, timeline: str | None = None) -> dict:
-    """One batch size's row (module docstring): the untraced steps' wall time, then the same
-    number of steps under the kernel trace."""
+                  top: int = 5, timeline: str | None = None, trace: bool = True) -> dict:
+    """One batch size's row (module docstring): the untraced steps' wall time, then (`trace`)
+    the same number of steps under the kernel trace."""
     sched, forward = _admitted(model, variant, batch, prompt, steps, seed)
     _decode_steps(sched, forward, 2)  # compiled steps traced and compiled here, not below
+    # the line harness.tools.host_profile waits for before it samples the timed steps
+    print(f"timing {steps} decode steps of {batch} sequences", flush=True)
     timings: dict[str, float] = {}
     forward.timings = timings
     wall = _decode_steps(sched, _Timed(forward, timings), steps)
@@ -95,7 +97,7 @@ def profile_batch(model, variant: str, batch: int, prompt: int, steps: int, seed
     forward_s, encode_s, wait_s = (timings.get(k, 0.0) for k in ("forward", "encode", "wait"))
     row = dict(variant=forward.variant, batch=batch, steps=steps, wall_ms=ms(wall), scheduler_ms=ms(wall - forward_s),
                build_ms=ms(forward_s - encode_s - wait_s), encode_ms=ms(encode_s), wait_ms=ms(wait_s))
-    if not gpu_trace.available():
+    if not trace or not gpu_trace.available():
         return row
     from pathlib import Path
 
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=5, help="kernels named a row, those of most GPU time first")
     p.add_argument("--timeline", help="keep the last batch's Chrome trace here")
     p.add_argument("--set", default="", metavar="NAME=VALUE[,...]", help="experiment options (`lathe options`)")
+    p.add_argument("--no-trace", action="store_true", help="the untraced steps only (host_profile --serve)")
     a = p.parse_args(argv)
     if a.steps < 1 or a.prompt < 1 or a.top < 1:
         p.error("--steps, --prompt and --top must be at least 1")
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no GPU trace here (it needs a CUDA backend and PyTorch's profiler): wall times only")
     model = load_gguf(model_file(a.model, a.qtype, a.seed))
     with options.use(**options.parse(a.set)):
-        rows = [profile_batch(model, a.variant, int(b), a.prompt, a.steps, a.seed, a.top, a.timeline)
+        rows = [profile_batch(model, a.variant, int(b), a.prompt, a.steps, a.seed, a.top, a.timeline,
+                              trace=not a.no_trace)
                 for b in str(a.batch).split(",")]
     with pd.option_context("display.width", 250, "display.max_colwidth", 200):
         print(pd.DataFrame(rows).to_string(index=False))
