@@ -567,6 +567,50 @@ def test_qmm_next_norm_adds_the_parts_and_norms_each_row_in_one_launch(monkeypat
     assert gemv.qmm_reduce_nsimd(4096) == 8 and gemv.qmm_reduce_nsimd(1024) == loop.NSIMD
 
 
+@pytest.mark.parametrize("combine", ["last_group", "launch"])
+def test_qmm_split_adds_its_parts_in_the_launch_where_its_site_counts(monkeypatch, combine):
+    """qmm with K split (Qwen3's down at 8 rows: the rule's 8 parts) and its site's counters: under
+    qmm_combine last_group one launch, the counters in, the parts and Y out; under launch the split
+    launch and the adding one. Without counters, or with next_norm (whose rows need every row
+    block's parts), the adding launch either way. Recorded, not run."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    monkeypatch.setitem(options._values, "qmm_combine", combine)
+    n, k = 1024, 3072
+    x, w, r = mx.zeros((8, k), mx.float16), _zero_packed("q8_0", n, k), mx.zeros((8, n), mx.float16)
+    counters = gemv.qmm_counters(n)
+    with recording() as rec:
+        y = gemv.qmm(x, w, "q8_0", n, k, residual=r, counters=counters)
+    assert tuple(y.shape) == (8, n)
+    if combine == "last_group":
+        (job,) = rec.jobs
+        assert job.spec.name == "lathe_qmm_split_last_residual" and job.constants["KS"] == 8
+        assert dict(zip(job.spec.inputs, job.inputs))["counters"] is counters
+        assert job.grid[1] == 8 and counters.size >= job.grid[0] // job.threadgroup[0]  # a counter a row block
+    else:
+        assert [j.spec.name for j in rec.jobs] == ["lathe_qmm_split", "lathe_qmm_reduce_residual"]
+    with recording() as rec:
+        gemv.qmm(x, w, "q8_0", n, k, residual=r)
+        gemv.qmm(x, w, "q8_0", n, k, residual=r, counters=counters, next_norm=(mx.ones((n,), mx.float16), 1e-5))
+        gemv.qmm(x, w, "q8_0", n, k, residual=r, counters=counters, ks=1)  # unsplit: one launch, no counters
+    assert [j.spec.name for j in rec.jobs] == ["lathe_qmm_split", "lathe_qmm_reduce_residual", "lathe_qmm_split",
+                                               "lathe_qmm_reduce_residual_norm", "lathe_qmm_residual"]
+
+
+def test_qmm_refuses_counters_that_do_not_fit_before_any_launch():
+    """The site's counters must be uint32 with one for each row block of the launch."""
+    from kernels.runtime import recording
+
+    n, k = 1024, 3072
+    x, w = mx.zeros((8, k), mx.float16), _zero_packed("q8_0", n, k)
+    with recording() as rec:
+        for bad in (mx.zeros((n // 8 + 1,), mx.int32), mx.zeros((3,), mx.uint32)):
+            with pytest.raises(ValueError, match="counters must be uint32"):
+                gemv.qmm(x, w, "q8_0", n, k, counters=bad)
+    assert not rec.jobs
+
+
 def test_qmm_next_norm_needs_a_residual_stream():
     """next_norm normalizes the residual stream: refused without a residual, gated, with N not a
     multiple of 8 (rmsnorm's 8 values a thread), or with gamma not [N], before any launch."""

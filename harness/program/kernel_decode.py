@@ -680,7 +680,7 @@ def _run_norm_linear_pair(norm, name, name_b, dst, d, env, t, pos):
 def _run_norm_qmm(norm, name, dst, d, env, t, pos):
     n, k = d.nk[name]
     env[dst] = gemv.qmm(env["x"], d.qmm_matrix(name, env["x"].shape[0]), d.types[name], n, k, gamma=d.g16[norm],
-                        eps=d.config.eps)
+                        eps=d.config.eps, counters=d.qmm_sites.get(name))
 
 
 def _run_gate_up_qmm(norm, name, d, env, t, pos):
@@ -690,7 +690,7 @@ def _run_gate_up_qmm(norm, name, d, env, t, pos):
     normed = dict(gamma=d.g16[norm], eps=d.config.eps) if norm else {}
     x = env["x" if norm else "h"]
     env["a"] = gemv.qmm(x, d.qmm_matrix(name, x.shape[0]), d.types[name], n, k,
-                        activation=d.config.architecture.activation, **normed)
+                        activation=d.config.architecture.activation, counters=d.qmm_sites.get(name), **normed)
 
 
 def _run_norm_gate_up_swiglu(norm, name, d, env, t, pos):
@@ -1056,6 +1056,9 @@ class KernelDecoder:
             for name, w in self.packed.items():
                 if w.qtype in ("q4_0", "q8_0") and w.n % 8 == 0 and w.k % 128 == 0:
                     self.rows8[name] = gemv.interleave_rows(w)
+        # Each repacked matrix's counters for qmm's in-launch adds (qmm_combine): made here, outside
+        # any compiled step's trace; a step's launches on one matrix follow one another
+        self.qmm_sites = {name: gemv.qmm_counters(w.n) for name, w in self.packed.items()}
         if self.mega:
             # a launch site's counters: attention_block (layer 0) and the last ffn_block share one,
             # launches ordered by the token's data
@@ -1287,7 +1290,8 @@ class KernelDecoder:
         if name in self.f16 and x.shape[0] > FUSED_UP_TO:  # a prompt's rows, on the copy made at load
             return gemv.matmul(x, self.f16[name], residual)
         if self.types[name] in QUANTIZED:
-            return gemv.linear(x, self.qmm_matrix(name, x.shape[0]), self.types[name], n, k, residual=residual)
+            return gemv.linear(x, self.qmm_matrix(name, x.shape[0]), self.types[name], n, k, residual=residual,
+                               counters=self.qmm_sites.get(name))
         return gemv.matmul(x, self.w[name], residual)
 
     def forward(self, tokens) -> mx.array:

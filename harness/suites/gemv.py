@@ -773,6 +773,59 @@ def _qmm_norm_out_case(qtype: str, m: int, n: int, k: int, knobs: dict | None) -
     return CheckCase("gemv", f"qmm_{qtype}", "residual + next_norm", shape, run)
 
 
+# qmm's split K added in the launch (counters given, qmm_combine last_group): tails of N, M and K
+# in parts of unequal length, the residual, the RMSNorm prologue and the gated epilogue (SiLU,
+# GELU), staged X, the rule's split of Qwen3's O and down at 8 rows, the 8B's down at 64 rows
+QMM_LAST_CASES = [("plain", None, 16, 4097, 4128, False, dict(ks=4)), ("plain", None, 9, 1000, 1024, True, dict(ks=3)),
+                  ("rmsnorm+gated", "silu", 20, 2 * 1001, 4128, False, dict(ks=3)),
+                  ("gated", "gelu", 16, 2 * 515, 2048, False, dict(ks=2)),
+                  ("rmsnorm", None, 33, 4097, 4128, False, dict(xs=3, nb=4, wn=4, wk=1, ks=2)),
+                  ("plain", None, 8, 1024, 2048, True, None), ("plain", None, 8, 1024, 3072, True, None),
+                  ("plain", None, 64, 4096, 14336, True, dict(ks=8))]
+
+
+def _qmm_last_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: int, residual: bool,
+                   knobs: dict | None) -> CheckCase:
+    """qmm's parts added by each row block's last threadgroup: Y against float64 and, bit for bit,
+    against the adding launch's (the same sums in the same order); a second call on the same
+    counters (after the first: each launch leaves them zero) gives the same Y; the counters end zero."""
+    from kernels import options
+    from kernels.gemv import qmm, qmm_counters, repack
+    from kernels.runtime import poisoned_outputs
+
+    norm = kind.startswith("rmsnorm")
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        host, dev = _blocks(rng, qtype, n, k)
+        x = (_x(rng, m, k).astype(np.float32) * 3 + 1).astype(np.float16)
+        n_out = n // 2 if act else n
+        r = _x(rng, m, n_out) if residual else None
+        gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
+        extra = dict(gamma=mx.array(gamma), eps=1e-5) if norm else {}
+        if residual:
+            extra["residual"] = mx.array(r)
+        counters = qmm_counters(n)
+        with poisoned_outputs():
+            w = repack(dev, qtype, n, k)
+            ys = []
+            for combine in ("last_group", "last_group", "launch"):
+                with options.use(qmm_combine=combine):
+                    ys.append(qmm(mx.array(x), w, qtype, n, k, activation=act, counters=counters, **extra,
+                                  **(knobs or {})))
+                mx.eval(ys[-1])  # launches on one set of counters, one after another
+        x64 = rmsnorm64(x, gamma, 1e-5) if norm else x.astype(np.float64)
+        y64 = x64 @ dequantize(host, qtype, k).astype(np.float64).T
+        want = ref_loop.swiglu(y64, act) if act else y64 + (r.astype(np.float64) if residual else 0.0)
+        return [compare("y (last group)", np.array(ys[0]).astype(np.float64), want, TOL),
+                exact("y: the adding launch's", np.array(ys[0]), np.array(ys[2])),
+                exact("y: again on the same counters", np.array(ys[1]), np.array(ys[0])),
+                exact("counters left zero", np.array(counters), np.zeros(counters.size, np.uint32))]
+
+    variant = "last group " + kind + (f" ({act})" if act else "") + (" + residual" if residual else "")
+    shape = dict(M=m, N=n, K=k, **{key.upper(): v for key, v in (knobs or {}).items()})
+    return CheckCase("gemv", f"qmm_{qtype}", variant, shape, run)
+
+
 def _k_shape(k: int) -> int:
     """A check shape's K for the K-quants: rounded up to whole super-blocks."""
     return -(-k // 256) * 256
@@ -808,6 +861,8 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_qmm_fused_case(kind, act, qtype, m, n, fit(k), knobs))
     for m, n, k, knobs in QMM_NORM_OUT_CASES[:2] if small else QMM_NORM_OUT_CASES:
         cases.append(_qmm_norm_out_case(qtype, m, n, fit(k), knobs))
+    for kind, act, m, n, k, residual, knobs in QMM_LAST_CASES[:2] if small else QMM_LAST_CASES:
+        cases.append(_qmm_last_case(kind, act, qtype, m, n, fit(k), residual, knobs))
     if qtype in ("q4_0", "q8_0"):
         for m, n, k, residual, knobs in QMM_ROWS8_CASES[:1] if small else QMM_ROWS8_CASES:
             cases.append(_gemv_case("qmm rows8", qtype, m, n, k, residual, knobs))

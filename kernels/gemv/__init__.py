@@ -1023,7 +1023,22 @@ def _qmm_reduce_spec(residual: bool, activation: str | None) -> KernelSpec:
                               f"#define LATHE_ACT {ACTIVATIONS.get(activation, 0)}")
 
 
+def _qmm_last_spec(residual: bool, norm: bool, activation: str | None) -> KernelSpec:
+    """qmm.metal with K split and the parts added by each row block's last threadgroup (LATHE_LAST):
+    the site's counters in, the parts and Y out, qmm's epilogue."""
+    name = "lathe_qmm_split_last" + ("_norm" if norm else "") + (f"_{activation}" if activation else "")
+    return KernelSpec(name + ("_residual" if residual else ""), "gemv/qmm.metal",
+                      ("x", "w", "dims", *(("gamma", "eps") if norm else ()), "counters",
+                       *(("residual",) if residual else ())), ("part", "y"),
+                      prelude=f"#define LATHE_SPLIT 1\n#define LATHE_LAST 1\n#define LATHE_RESIDUAL {int(residual)}\n"
+                              f"#define LATHE_NORM {int(norm)}\n#define LATHE_GATED {int(activation is not None)}\n"
+                              f"#define LATHE_ACT {ACTIVATIONS.get(activation, 0)}",
+                      threadgroup_bytes=lambda c: _qmm_threadgroup_bytes(norm)(c) + 4)  # + the last flag
+
+
 _QMM_SPLIT = {(norm, gated): _qmm_split_spec(norm, gated) for norm in (False, True) for gated in (False, True)}
+_QMM_LAST = {(residual, norm, act): _qmm_last_spec(residual, norm, act) for residual in (False, True)
+             for norm in (False, True) for act in (None, *ACTIVATIONS) if not (residual and act)}
 _QMM_REDUCE = {(residual, act): _qmm_reduce_spec(residual, act) for residual in (False, True)
                for act in (None, *ACTIVATIONS) if not (residual and act)}
 # The adding launch that also writes the next block's RMSNorm of the residual stream (next_norm):
@@ -1147,9 +1162,18 @@ def qmm_geometry(m: int, n: int, k: int, nb: int, wn: int, wk: int, *, norm: boo
     return mp, nb, wn, wk
 
 
+def qmm_counters(n: int) -> mx.array:
+    """Counters for one qmm launch site's in-launch adds (`counters=`, the qmm_combine option's
+    last_group): zero, on the device, one for each row block a launch of N rows of W can have. A
+    launch leaves them zero. Two launches on the same counters must be ordered (data between them,
+    as a decode step's projections have, or an eval): MLX's CUDA graph runs launches with nothing
+    between them side by side, and their counts would mix."""
+    return resident(mx.zeros((n // 8 + 1,), mx.uint32))
+
+
 def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
         gamma: mx.array | None = None, eps: float | None = None, activation: str | None = None,
-        next_norm: tuple[mx.array, float] | None = None,
+        next_norm: tuple[mx.array, float] | None = None, counters: mx.array | None = None,
         **knobs: int | None) -> mx.array | tuple[mx.array, mx.array]:
     """Y[M, N] = X[M, K] @ W^T (+ residual, fp16 [M, N]) for M up to QMM_MAX_M, W repacked (any v3
     block type; Q4_0 and Q8_0 also as RowBlocks), on SIMD-group matrices (qmm.metal). `gamma`
@@ -1169,7 +1193,12 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     residual stream and qmm returns (Y, H), H = RMSNorm(Y) * gamma, written by the launch that adds
     the parts (K in one part where unsplit): the next block's norm without a launch of its own. H is
     kernels.loop.rmsnorm's bit for bit up to N = 1024 (its threadgroup's layout), within an fp16
-    step past it (more SIMD groups a row: qmm_reduce_nsimd)."""
+    step past it (more SIMD groups a row: qmm_reduce_nsimd).
+
+    `counters` (the site's qmm_counters; not with next_norm, whose rows need every part of every
+    row block): a split launch adds its parts itself, in the last threadgroup of each row block,
+    where the qmm_combine option says last_group; the sums, their order and Y are the adding
+    launch's."""
     rows8 = isinstance(w, RowBlocks)  # the layout of interleave_rows (ROWS8)
     if rows8:
         if qtype not in ("q4_0", "q8_0") or n % 8 or k % 128:
@@ -1234,9 +1263,18 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
                              [*inputs, *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
                              (groups * 32 * wn * wk, 1, 1), (32 * wn * wk, 1, 1), constants))
         return y
+    split = dict(constants, KS=ks, KSPL=kspl)
+    if counters is not None and next_norm is None and options.get("qmm_combine") == "last_group":
+        if counters.dtype != mx.uint32 or counters.ndim != 1 or counters.size < groups:
+            raise ValueError(f"counters must be uint32 [>= {groups}] (qmm_counters), got {counters.dtype} "
+                             f"{list(counters.shape)}")
+        _, y = launch(Launch(_QMM_LAST[residual is not None, norm, activation],
+                             [*inputs, counters, *(() if residual is None else (residual,))],
+                             [((ks, m, n), mx.float32), ((m, n_out), mx.float16)],
+                             (groups * 32 * wn * wk, ks, 1), (32 * wn * wk, 1, 1), split))
+        return y
     (part,) = launch(Launch(_QMM_SPLIT[norm, gated], inputs, [((ks, m, n), mx.float32)],
-                            (groups * 32 * wn * wk, ks, 1), (32 * wn * wk, 1, 1),
-                            dict(constants, KS=ks, KSPL=kspl)))
+                            (groups * 32 * wn * wk, ks, 1), (32 * wn * wk, 1, 1), split))
     if next_norm is not None:
         nsimd = qmm_reduce_nsimd(n)
         return tuple(launch(Launch(_QMM_REDUCE_NORM, [part, _dims(n, k), residual, next_norm[0],
@@ -1294,18 +1332,19 @@ def qmm_takes(m: int) -> bool:
 
 
 def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
-           residual: mx.array | None = None) -> mx.array:
+           residual: mx.array | None = None, counters: mx.array | None = None) -> mx.array:
     """Y = X @ W^T (+ residual, [M, N] fp16) for any M (W GGUF blocks, or Packed): the v2 (v3) GEMV for up to MAX_M rows of X;
     on repacked W the quantized GEMM (qmm) up to QMM_UP_TO rows (the prompt_qmm option); else GEMV
     launches of MAX_M rows below BATCHED_FROM, and from there W dequantized to fp16 once and MLX's
     matmul (the prefill path; the crossover was measured: results/<device>/gemv-batched.png), the
-    residual added in the same op (mx.addmm: one rounding, one launch fewer than a matmul and an add)."""
+    residual added in the same op (mx.addmm: one rounding, one launch fewer than a matmul and an add).
+    `counters`: the site's, for qmm's in-launch adds (qmm)."""
     if isinstance(w, RowBlocks):  # only qmm reads them (and checks them)
         m = x.shape[0] if isinstance(x, mx.array) and x.ndim == 2 else 0
         if not qmm_takes(m):
             raise ValueError(f"RowBlocks go to qmm only: {MAX_M + 1}..{QMM_UP_TO} rows of X with prompt_qmm on, "
                              f"got {m} rows (the GEMVs and dequantize take Packed)")
-        return qmm(x, w, qtype, n, k, residual=residual)
+        return qmm(x, w, qtype, n, k, residual=residual, counters=counters)
     check_gemv_args(x, w, qtype, n, k, max_m=None)
     m = x.shape[0]
     if residual is not None and (residual.shape != (m, n) or residual.dtype != mx.float16):
@@ -1313,7 +1352,7 @@ def linear(x: mx.array, w: mx.array | Packed, qtype: str, n: int, k: int, *,
     if m <= MAX_M:
         return gemv(x, w, qtype, n, k, residual=residual)
     if isinstance(w, Packed) and qmm_takes(m):
-        return qmm(x, w, qtype, n, k, residual=residual)
+        return qmm(x, w, qtype, n, k, residual=residual, counters=counters)
     if m >= BATCHED_FROM:
         return matmul(x, dequantize(w, qtype, n, k), residual)
     y = mx.concatenate([gemv(x[i:i + MAX_M], w, qtype, n, k) for i in range(0, m, MAX_M)])

@@ -56,12 +56,22 @@
 // of 128), so that a matrix of few row blocks still fills the GPU. Each writes its float32 sums
 // to part [KS, M, N] (all N rows of W: gated, gate's and up's), and qmm_reduce.metal adds the KS
 // partial sums and applies the epilogue (act(gate) * up, the residual) in a second launch.
+// LATHE_LAST 1 adds them in this launch instead: the last of a row block's KS threadgroups to
+// write its part (counters[row block] counts them, and that one leaves it zero for the next
+// launch, as decode_rows.metal's merge) adds the KS parts in qmm_reduce's order and writes Y
+// through the same epilogue. A launch fewer a split matrix: a host-bound step (Qwen3-0.6B's serve,
+// about 10 us of MLX's host time a launch) pays for launches, not for the last group's adds.
 //
 // Constants: QTYPE, M, MP, NB, WN, WK, PF, XS, WST, WR (0; 1 with XS; 1..4 without), ROWS8 (W as
 // RowBlocks: Q4_0 and Q8_0, N a multiple of 8, K of 128), K (a multiple of 32); LATHE_SPLIT: KS, KSPL.
 // Inputs: x (half [M, K]), w (the repacked bytes), dims (int32: N, K); LATHE_NORM: gamma (half
-// [K]), eps (float[1]); LATHE_RESIDUAL adds residual (half [M, N]) before Y's one rounding.
-// Output: y (half [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]).
+// [K]), eps (float[1]); LATHE_LAST: counters (uint [>= row blocks], zero); LATHE_RESIDUAL adds
+// residual (half [M, N]) before Y's one rounding.
+// Output: y (half [M, N], or [M, N / 2] gated); LATHE_SPLIT: part (float [KS, M, N]) (and y with
+// LATHE_LAST).
+#ifndef LATHE_LAST
+#define LATHE_LAST 0
+#endif
 constexpr uint MB = MP / 8;             // blocks of 8 rows of X
 constexpr uint REDUCE = (WK - 1) * WN * NB * MB * 64;  // the partial sums of groups s / WN > 0
 constexpr uint CHUNKS_K = K / 32;
@@ -382,3 +392,40 @@ if (ks == 0) {
   }
 #endif
 }
+#if LATHE_SPLIT && LATHE_LAST
+// The row block's last part in: its threadgroup adds the KS parts of the block's WN * NBO * 8
+// columns (qmm_reduce.metal's order and epilogue, a thread an output at a time).
+threadgroup uint qmm_last;
+threadgroup_barrier(mem_flags::mem_device);  // every thread's part is written
+if (tid == 0) {
+  const auto counter = counters + threadgroup_position_in_grid.x;
+  qmm_last = grid_signal(counter) == uint(KS) - 1;
+  if (qmm_last) grid_reset(counter, 1);  // after the others' parts
+}
+threadgroup_barrier(mem_flags::mem_device);
+if (qmm_last) {
+  constexpr uint COLS = WN * NBO * 8;
+  const uint first_col = threadgroup_position_in_grid.x * COLS;
+  for (uint i = tid; i < uint(M) * COLS; i += NT) {
+    const uint m = i / COLS, col = first_col + i % COLS;
+    if (col >= n_out) continue;
+    float out = 0.0f;
+#if LATHE_GATED
+    float up = 0.0f;
+#endif
+    for (uint s = 0; s < uint(KS); ++s) {
+      out += part[(s * M + m) * n + col];
+#if LATHE_GATED
+      up += part[(s * M + m) * n + n_out + col];
+#endif
+    }
+#if LATHE_GATED
+    out = gate_act<LATHE_ACT>(out) * up;
+#endif
+#if LATHE_RESIDUAL
+    out += float(residual[m * n_out + col]);
+#endif
+    y[m * n_out + col] = half(out);
+  }
+}
+#endif
