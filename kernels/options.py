@@ -169,11 +169,13 @@ DECLARED = (
            "qmm (5..64 rows), K from 4096: split K over threadgroups (at most 8 parts, a second launch adding "
            "them) until a launch has this many threadgroups, half as many past 32 rows (0: never split; the "
            "sweep of a397c5c, kernels/gemv/NOTES.md)"),
-    Option("qmm_combine", "last_group", _one_of("launch", "last_group"),
+    Option("qmm_combine", "auto", _one_of("auto", "launch", "last_group"),
            "qmm with K split where the caller gives its site's counters (the decode plan's projections): the "
            "parts added by a second launch (launch), or by the last of a row block's threadgroups in the same "
            "launch (last_group: a launch fewer a split matrix, Qwen3-0.6B's O and down; next_norm's rows keep "
-           "their adding launch; kernels/gemv/NOTES.md)"),
+           "their adding launch); auto: last_group up to 16 rows, where serve's steps of 8 sequences gained "
+           "(the 8B 5%, Qwen3's host-bound step more), launch past it, where a row block's adds in one "
+           "threadgroup cost the 8B's steps of 64 8% (kernels/gemv/NOTES.md)"),
     Option("qmm_x_staged", "auto", _staged_buffers,
            "qmm (5..64 rows): X staged in threadgroup memory for all the threadgroup's SIMD groups, which then "
            "read it from there rather than each from L1 (qmm's knob xs): auto, in 2 buffers from 33 rows on "

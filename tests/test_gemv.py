@@ -567,12 +567,12 @@ def test_qmm_next_norm_adds_the_parts_and_norms_each_row_in_one_launch(monkeypat
     assert gemv.qmm_reduce_nsimd(4096) == 8 and gemv.qmm_reduce_nsimd(1024) == loop.NSIMD
 
 
-@pytest.mark.parametrize("combine", ["last_group", "launch"])
+@pytest.mark.parametrize("combine", ["auto", "last_group", "launch"])
 def test_qmm_split_adds_its_parts_in_the_launch_where_its_site_counts(monkeypatch, combine):
     """qmm with K split (Qwen3's down at 8 rows: the rule's 8 parts) and its site's counters: under
-    qmm_combine last_group one launch, the counters in, the parts and Y out; under launch the split
-    launch and the adding one. Without counters, or with next_norm (whose rows need every row
-    block's parts), the adding launch either way. Recorded, not run."""
+    qmm_combine last_group (and auto, at 8 rows) one launch, the counters in, the parts and Y out;
+    under launch the split launch and the adding one. Without counters, or with next_norm (whose
+    rows need every row block's parts), the adding launch either way. Recorded, not run."""
     from kernels import options
     from kernels.runtime import recording
 
@@ -583,7 +583,7 @@ def test_qmm_split_adds_its_parts_in_the_launch_where_its_site_counts(monkeypatc
     with recording() as rec:
         y = gemv.qmm(x, w, "q8_0", n, k, residual=r, counters=counters)
     assert tuple(y.shape) == (8, n)
-    if combine == "last_group":
+    if combine != "launch":
         (job,) = rec.jobs
         assert job.spec.name == "lathe_qmm_split_last_residual" and job.constants["KS"] == 8
         assert dict(zip(job.spec.inputs, job.inputs))["counters"] is counters
@@ -596,6 +596,19 @@ def test_qmm_split_adds_its_parts_in_the_launch_where_its_site_counts(monkeypatc
         gemv.qmm(x, w, "q8_0", n, k, residual=r, counters=counters, ks=1)  # unsplit: one launch, no counters
     assert [j.spec.name for j in rec.jobs] == ["lathe_qmm_split", "lathe_qmm_reduce_residual", "lathe_qmm_split",
                                                "lathe_qmm_reduce_residual_norm", "lathe_qmm_residual"]
+
+
+def test_qmm_combine_auto_adds_in_the_launch_up_to_16_rows(monkeypatch):
+    """qmm_combine auto: the split launch adds its own parts up to QMM_LAST_UP_TO rows, the adding
+    launch past them (the 8B's steps of 64 were slower with the in-launch adds); last_group and
+    launch hold at every row count."""
+    from kernels import options
+
+    for combine, want in (("auto", {8: True, 16: True, 17: False, 64: False}),
+                          ("last_group", dict.fromkeys((8, 64), True)), ("launch", dict.fromkeys((8, 64), False))):
+        monkeypatch.setitem(options._values, "qmm_combine", combine)
+        assert {m: gemv.qmm_last_group(m) for m in want} == want, combine
+    assert gemv.QMM_LAST_UP_TO == 16
 
 
 def test_qmm_refuses_counters_that_do_not_fit_before_any_launch():

@@ -1162,6 +1162,21 @@ def qmm_geometry(m: int, n: int, k: int, nb: int, wn: int, wk: int, *, norm: boo
     return mp, nb, wn, wk
 
 
+# qmm_combine auto: a split launch adds its own parts up to this many rows of X. On the H200 at
+# 77f24ad (serve beside llama-batched-bench, two rounds) the in-launch adds took the 8B's steps of 8
+# sequences from 1.52-1.55x to 1.61-1.63x and Qwen3's (host-bound) from 0.79-0.84x to 0.98-1.20x,
+# left 32 level, and cost the 8B's 64 8% (1.63-1.66x against 1.76-1.84x): each row block's last
+# threadgroup then adds 64 rows of its columns alone, where the adding launch spreads them over the GPU.
+QMM_LAST_UP_TO = 16
+
+
+def qmm_last_group(m: int) -> bool:
+    """Whether a split qmm launch of M rows (given its site's counters) adds its own parts: the
+    qmm_combine option."""
+    combine = options.get("qmm_combine")
+    return combine == "last_group" or (combine == "auto" and m <= QMM_LAST_UP_TO)
+
+
 def qmm_counters(n: int) -> mx.array:
     """Counters for one qmm launch site's in-launch adds (`counters=`, the qmm_combine option's
     last_group): zero, on the device, one for each row block a launch of N rows of W can have. A
@@ -1197,8 +1212,8 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
 
     `counters` (the site's qmm_counters; not with next_norm, whose rows need every part of every
     row block): a split launch adds its parts itself, in the last threadgroup of each row block,
-    where the qmm_combine option says last_group; the sums, their order and Y are the adding
-    launch's."""
+    where the qmm_combine option says so (qmm_last_group); the sums, their order and Y are the
+    adding launch's."""
     rows8 = isinstance(w, RowBlocks)  # the layout of interleave_rows (ROWS8)
     if rows8:
         if qtype not in ("q4_0", "q8_0") or n % 8 or k % 128:
@@ -1264,7 +1279,7 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
                              (groups * 32 * wn * wk, 1, 1), (32 * wn * wk, 1, 1), constants))
         return y
     split = dict(constants, KS=ks, KSPL=kspl)
-    if counters is not None and next_norm is None and options.get("qmm_combine") == "last_group":
+    if counters is not None and next_norm is None and qmm_last_group(m):
         if counters.dtype != mx.uint32 or counters.ndim != 1 or counters.size < groups:
             raise ValueError(f"counters must be uint32 [>= {groups}] (qmm_counters), got {counters.dtype} "
                              f"{list(counters.shape)}")
