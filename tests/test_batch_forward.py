@@ -572,3 +572,38 @@ def test_a_megafused_steps_launches_together_take_the_pool_as_found_and_split_th
         assert forward.d.k[0] is not found  # the step's pool comes after both launches' writes
     else:
         assert pools[1] is not found and min(groups) > 4
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_kernel_step_reads_its_tokens_from_argmax_host_words(models, monkeypatch, on):
+    """serve_token_words (CPU, launches recorded): a decode-only step of six sequences ends in one
+    argmax launch that also writes the tokens as three 8-byte host words, which the host reads;
+    its compiled forward takes the step's host-made arrays (positions, slots, table, lengths) as
+    views of one array; off, the int32 tokens are read and the arrays are made one by one."""
+    from harness.program import batch_forward
+    from kernels import options
+    from kernels.runtime import recording
+
+    made = []
+    real = batch_forward.views
+    monkeypatch.setattr(batch_forward, "views", lambda flat, shapes: made.append(shapes) or real(flat, shapes))
+    forward, _, work, _ = _six_decoding(models["tiny-qwen3"], 5, "fused")
+    with recording() as rec, options.use(serve_token_words=on, serve_pipelined=False):
+        tokens = forward(work)
+    assert rec.jobs[-1].spec.name == ("lathe_argmax_host3" if on else "lathe_argmax")
+    assert sorted(tokens) == [w.request.id for w in work] and all(isinstance(t, int) for t in tokens.values())
+    if on:
+        (shapes,) = made
+        width = shapes[2][1]
+        assert shapes[:4] == [(6,), (6,), (6, width), (6,)]  # and the host's ids, where it has them
+    else:
+        assert not made
+
+
+def test_views_cut_one_array_into_its_parts():
+    from harness.program.batch_forward import views
+
+    flat = np.arange(14, dtype=np.int32)
+    a, b, c = views(flat, [(3,), (2, 4), (3,)])
+    assert np.array(a).tolist() == [0, 1, 2] and np.array(b).tolist() == [[3, 4, 5, 6], [7, 8, 9, 10]]
+    assert np.array(c).tolist() == [11, 12, 13]

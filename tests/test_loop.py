@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from kernels import loop
@@ -45,3 +46,31 @@ def test_bad_input_is_a_clear_error(call, message):
 def test_post_norm_add_refuses_bad_input(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("m", [1, 8, 9, 32])
+def test_argmax_host_words_are_two_rows_an_8_byte_output(m):
+    """argmax(host_words=True): the int32 [M] tokens and ceil(M / 2) int32 [2] outputs (8 bytes:
+    MLX's small managed pool), written by one launch whose prelude names them; host_tokens reads
+    them back in row order. Recorded, not run."""
+    from kernels.runtime import recording
+
+    with recording() as rec:
+        tok, words = loop.argmax(mx.zeros((m, 151936), mx.float16), host_words=True)
+    (job,) = rec.jobs
+    n = -(-m // 2)
+    assert tuple(tok.shape) == (m,) and len(words) == n and all(tuple(w.shape) == (2,) for w in words)
+    assert job.spec.name == f"lathe_argmax_host{n}" and job.spec.outputs == ("token", *(f"host{i}" for i in range(n)))
+    assert all(f"case {i}: host{i}[(ROW) % 2] = (V); break;" in job.spec.prelude for i in range(n))
+    given = [mx.array(np.array([2 * i, 2 * i + 1], np.int32)) for i in range(n)]
+    assert loop.host_tokens(given, m) == list(range(m))
+
+
+def test_argmax_host_words_stop_at_32_rows():
+    """Past ARGMAX_HOST_ROWS the host words are refused before any launch (16 outputs and the
+    kernel's own 3 buffers stay within Metal's 31)."""
+    from kernels.runtime import recording
+
+    with recording() as rec, pytest.raises(ValueError, match="at most 32 rows"):
+        loop.argmax(mx.zeros((33, 64), mx.float16), host_words=True)
+    assert not rec.jobs and loop.ARGMAX_HOST_ROWS == 32

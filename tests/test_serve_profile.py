@@ -65,3 +65,13 @@ def test_the_host_split_adds_up_to_the_wall_time(tiny, monkeypatch):
     parts = [row[k] for k in ("scheduler_ms", "build_ms", "encode_ms", "wait_ms")]
     assert all(p >= 0 for p in parts) and row["encode_ms"] > 0
     assert sum(parts) == pytest.approx(row["wall_ms"], abs=0.01)
+
+
+def test_the_alloc_probe_says_when_there_is_nothing_to_time(capsys):
+    """harness.tools.alloc_probe times on the GPU's clock only: without a trace it says so."""
+    from harness.tools import alloc_probe, gpu_trace
+
+    if gpu_trace.available():
+        pytest.skip("a GPU trace is here: the device run times the probe")
+    assert alloc_probe.main([]) == 0
+    assert "nothing to time" in capsys.readouterr().out

@@ -36,14 +36,20 @@ from kernels import options
 
 class StepTokens:
     """A step's greedy tokens (int32 [len(work)], its argmax) while they are on the device: read
-    to the host once, by the first that asks."""
+    to the host once, by the first that asks; from argmax's host words where the step has them
+    (option serve_token_words), so that the device array itself is never read by the host."""
 
-    def __init__(self, picked: mx.array):
-        self.array, self._values = picked, None
+    def __init__(self, picked: mx.array, words: tuple[mx.array, ...] = ()):
+        self.array, self.words, self._values = picked, words, None
 
     def values(self) -> list[int]:
         if self._values is None:
-            self._values = np.array(self.array).tolist()
+            if self.words:
+                from kernels.loop import host_tokens as from_words
+
+                self._values = from_words(self.words, self.array.shape[0])
+            else:
+                self._values = np.array(self.array).tolist()
         return self._values
 
 
@@ -88,16 +94,16 @@ class _Tokens:
     def lag(self) -> int:
         return int(options.get("serve_pipelined"))
 
-    def _tokens(self, work: list[Work], picked: mx.array) -> dict:
+    def _tokens(self, work: list[Work], picked: mx.array, words: tuple[mx.array, ...] = ()) -> dict:
         began = time.perf_counter()
-        mx.async_eval(picked)
+        mx.async_eval(picked, *words)
         encoded = time.perf_counter()
         if not options.get("serve_pipelined"):
-            tokens = {w.request.id: int(t) for w, t in zip(work, np.array(picked).tolist())}
+            tokens = {w.request.id: t for w, t in zip(work, StepTokens(picked, words).values())}
         else:
             if self._in_flight is not None:
                 self._in_flight.values()  # the step before, while this one runs: one step ahead at most
-            self._in_flight = StepTokens(picked)
+            self._in_flight = StepTokens(picked, words)
             tokens = {w.request.id: DeviceToken(self._in_flight, row) for row, w in enumerate(work)}
         if self.timings is not None:
             self.timings["encode"] = self.timings.get("encode", 0.0) + encoded - began
@@ -119,6 +125,16 @@ def slots_of(w: Work, block_size: int, start: int = 0) -> np.ndarray:
                          f"{len(w.table)} blocks of {block_size}")
     pos = np.arange(start, end)
     return (np.asarray(w.table, np.int64)[pos // block_size] * block_size + pos % block_size).astype(np.int32)
+
+
+def views(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[mx.array]:
+    """Arrays of `shapes`, one after another in `flat`, as views of one device array made from it."""
+    whole, at, out = mx.array(flat), 0, []
+    for shape in shapes:
+        size = int(np.prod(shape))
+        out.append(whole[at:at + size].reshape(shape))
+        at += size
+    return out
 
 
 def decode_slots(work: list[Work], table: np.ndarray, starts: np.ndarray, block_size: int) -> np.ndarray:
@@ -316,7 +332,10 @@ class PagedBatchKernels(_Tokens):
         return (t - 1) * self.d.stacks.values <= options.get("serve_mega_extra") * 1_000_000
 
     def __call__(self, work: list[Work]) -> dict:
-        return self._tokens(work, self.kd.loop.argmax(self.forward(work)))  # every row's, one launch
+        loop, logits = self.kd.loop, self.forward(work)
+        if options.get("serve_token_words") and len(work) <= loop.ARGMAX_HOST_ROWS:
+            return self._tokens(work, *loop.argmax(logits, host_words=True))  # every row's, one launch
+        return self._tokens(work, loop.argmax(logits))
 
     def forward(self, work: list[Work]) -> mx.array:
         """The logits of each sequence's last token, [len(work), vocab], in work's order."""
@@ -379,17 +398,23 @@ class PagedBatchKernels(_Tokens):
             if len(self._compiled) >= 16:  # each holds its traced graph
                 self._compiled.pop(next(iter(self._compiled)))
             fn = self._compiled[table.shape] = mx.compile(self._decode_over_caches(len(work)))
-        def ints(values) -> mx.array:
-            return mx.array(np.asarray(values, np.int32))
-
         starts = np.fromiter((w.start for w in work), np.int32, len(work))
         slots = decode_slots(work, table, starts, bs)
         ids = self._ids_on_device(work)
         if ids is None:  # host tokens: nothing orders this step after the last one's in-place writes
-            ids = ints(host_tokens([w.tokens[0] for w in work]))
+            ids = np.asarray(host_tokens([w.tokens[0] for w in work]), np.int32)
             mx.eval(d.k, d.v)
-        logits, *caches = fn(ids, mx.array(starts), mx.array(slots), mx.array(table), mx.array(starts + 1),
-                             *d.k, *d.v)
+        host = [starts, slots, table, starts + 1] + ([ids] if isinstance(ids, np.ndarray) else [])
+        if options.get("serve_token_words"):
+            # the step's host-made arrays as views of one: a buffer the host writes is of another
+            # size class than the step's token array (4 bytes a row), which MLX's cache would
+            # otherwise hand to argmax's output with its page still on the host (argmax.metal)
+            made = views(np.concatenate([a.reshape(-1) for a in host]), [a.shape for a in host])
+        else:
+            made = [mx.array(a) for a in host]
+        if isinstance(ids, np.ndarray):
+            ids = made.pop()
+        logits, *caches = fn(ids, *made, *d.k, *d.v)
         d.k, d.v = list(caches[:n]), list(caches[n:])
         return logits
 

@@ -93,6 +93,25 @@ def _argmax_case(m: int, v: int, dtype: str = "float32") -> CheckCase:
     return CheckCase("loop", f"argmax_{dtype}", "kernel", dict(M=m, V=v), run)
 
 
+def _argmax_words_case(m: int, v: int) -> CheckCase:
+    """argmax's host words (serve's steps of up to 32 sequences): the tokens, and host_tokens of the
+    words, against numpy's argmax (ties to the first index), an odd M's last word half written."""
+    from kernels.loop import argmax, host_tokens
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        logits = rng.standard_normal((m, v)).astype(np.float16)
+        for row in range(m):
+            logits[row, rng.choice(v, size=3, replace=False)] = logits[row].max() + 1
+        with poisoned_outputs(-7):
+            tok, words = argmax(mx.array(logits), host_words=True)
+            mx.eval(tok, *words)
+        want = ref.argmax(logits.astype(np.float32))
+        return [exact("token ids", np.array(tok), want), exact("host words", np.array(host_tokens(words, m)), want)]
+
+    return CheckCase("loop", "argmax_float16", "host words", dict(M=m, V=v), run)
+
+
 def _embed_case(qtype: str, t: int, k: int, vocab: int) -> CheckCase:
     from kernels.loop import embed
     from kernels.runtime import poisoned_outputs
@@ -135,6 +154,8 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     for m, v in ((1, 1), (2, 33), (3, 8196), (1, 32000), (2, 128256), (4, 151936)) if not small else ((1, 1), (2, 33)):
         for dtype in ("float32", "float16"):
             cases.append(_argmax_case(m, v, dtype))
+    for m, v in ((1, 151936), (8, 151936), (9, 128256), (32, 151936)) if not small else ((3, 65),):
+        cases.append(_argmax_words_case(m, v))
     for qtype in ("f16", "q8_0", "q4_0"):
         for t, k, vocab in ((1, 32, 7), (5, 96, 300), (16, 4096, 1000)) if not small else ((1, 32, 7),):
             cases.append(_embed_case(qtype, t, k, vocab))

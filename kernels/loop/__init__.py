@@ -4,6 +4,8 @@ embedding lookup from F16, Q8_0, Q4_0 and K-quant (Q4_K, Q5_K, Q6_K) tables. fp1
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import numpy as np
 
@@ -107,11 +109,37 @@ def swiglu(gate_up: mx.array, activation: str = "silu") -> mx.array:
 
 
 ARGMAX_LOADS = 4  # 16-byte loads in flight per thread before any is compared
+# argmax's host words: two rows' tokens an 8-byte output, up to this many rows (16 outputs and the
+# kernel's 3 buffers, within Metal's 31)
+ARGMAX_HOST_ROWS = 32
 
 
-def argmax(logits: mx.array) -> mx.array:
+@functools.cache
+def _argmax_host_spec(words: int) -> KernelSpec:
+    """argmax.metal with its tokens also in `words` 8-byte outputs of two rows each."""
+    cases = " ".join(f"case {i}: host{i}[(ROW) % 2] = (V); break;" for i in range(words))
+    return KernelSpec(f"lathe_argmax_host{words}", "loop/argmax.metal", ("logits", "dims"),
+                      ("token", *(f"host{i}" for i in range(words))),
+                      prelude=f"#define LATHE_HOST_WORDS {words}\n"
+                              f"#define LATHE_HOST_WRITE(ROW, V) switch ((ROW) / 2) {{ {cases} }}",
+                      threadgroup_bytes=lambda c: 8 * c["NSIMD"])
+
+
+def host_tokens(words: list[mx.array] | tuple[mx.array, ...], m: int) -> list[int]:
+    """The M tokens of argmax's host words, read on the host (each word two rows; the last may hold
+    one)."""
+    return np.concatenate([np.array(w) for w in words])[:m].tolist()
+
+
+def argmax(logits: mx.array, host_words: bool = False) -> mx.array | tuple[mx.array, tuple[mx.array, ...]]:
     """The first index of the largest value of each row of logits [M, V] (float32, or float16
-    as the output head writes them), int32 [M]. A vocabulary-sized row gets 1024 threads."""
+    as the output head writes them), int32 [M]. A vocabulary-sized row gets 1024 threads.
+
+    `host_words` (M up to ARGMAX_HOST_ROWS): also the tokens as ceil(M / 2) int32 [2] arrays for
+    the host to read (host_tokens), returned with the tokens: 8-byte outputs, which MLX takes from
+    managed memory the GPU maps, so that reading them moves no device buffer to managed memory
+    (a read of the int32 [M] tokens would, and a later kernel output reusing that buffer would wait
+    for its page: argmax.metal)."""
     if (not isinstance(logits, mx.array) or logits.dtype not in (mx.float32, mx.float16)
             or logits.ndim != 2 or 0 in logits.shape):
         raise ValueError(f"logits must be float32 or float16 [M, V], got {getattr(logits, 'dtype', None)} "
@@ -119,12 +147,16 @@ def argmax(logits: mx.array) -> mx.array:
     m, v = logits.shape
     if m * v > 2**31 - 1:
         raise ValueError("the kernel indexes with 32-bit integers: logits are too large")
+    if host_words and m > ARGMAX_HOST_ROWS:
+        raise ValueError(f"argmax's host words take at most {ARGMAX_HOST_ROWS} rows, got {m}")
     nsimd = 32 if v >= 8192 else NSIMD
     wide = v * logits.dtype.size % 16 == 0
-    (tok,) = launch(Launch(_ARGMAX, [logits, _ints((m, v))], [((m,), mx.int32)],
-                           (m * 32 * nsimd, 1, 1), (32 * nsimd, 1, 1),
-                           dict(T=logits.dtype, NSIMD=nsimd, WIDE=wide, U=ARGMAX_LOADS)))
-    return tok
+    words = -(-m // 2) if host_words else 0
+    tok, *host = launch(Launch(_argmax_host_spec(words) if words else _ARGMAX, [logits, _ints((m, v))],
+                               [((m,), mx.int32)] + [((2,), mx.int32)] * words,
+                               (m * 32 * nsimd, 1, 1), (32 * nsimd, 1, 1),
+                               dict(T=logits.dtype, NSIMD=nsimd, WIDE=wide, U=ARGMAX_LOADS)))
+    return (tok, tuple(host)) if host_words else tok
 
 
 def embed(table: mx.array, tokens, qtype: str, k: int) -> mx.array:

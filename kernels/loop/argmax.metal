@@ -6,7 +6,18 @@
 // streams it in a few microseconds, no second pass). WIDE (each row starts 16-byte aligned:
 // V * sizeof(T) a multiple of 16): 16-byte loads, U of them in flight per thread before any is
 // compared; otherwise one value per load.
-// Constants: T, NSIMD, WIDE, U. Inputs: logits, dims (int32: M, V). Output: token.
+// LATHE_HOST_WORDS > 0 (kernels.loop.argmax's host_words): the tokens also go to the host in
+// 8-byte outputs host0 .. host{LATHE_HOST_WORDS - 1}, two rows each (LATHE_HOST_WRITE, made by
+// the host: MSL cannot index separate buffers). MLX takes buffers of at most 8 bytes from a small
+// pool of managed memory that the GPU maps, so the host reads them where they are, and the GPU's
+// writes need no page of it back; `token`, which the next step's embedding reads, is never read
+// by the host and stays device memory (kernels/loop/NOTES.md: a buffer the host touched, reused by
+// a kernel's output, cost that kernel a page migration of 30-600 us).
+// Constants: T, NSIMD, WIDE, U. Inputs: logits, dims (int32: M, V). Output: token (and the host
+// words).
+#ifndef LATHE_HOST_WORDS
+#define LATHE_HOST_WORDS 0
+#endif
 constexpr uint NT = NSIMD * 32;
 constexpr uint PER = 16 / sizeof(T);  // values in a 16-byte word (8 half, 4 float)
 threadgroup float best_v[NSIMD];
@@ -78,4 +89,7 @@ if (tid == 0) {
     }
   }
   token[row] = int(bi);
+#if LATHE_HOST_WORDS
+  LATHE_HOST_WRITE(row, int(bi))
+#endif
 }
