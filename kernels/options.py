@@ -212,7 +212,7 @@ DECLARED = (
            "lathe serve, kernel variants: a step's tokens read by the host from argmax's 8-byte outputs (MLX's "
            "small pool of managed memory, which the GPU maps), and a decode step's host-made arrays as views "
            "of one, so that no kernel output lands in a buffer whose page the host last touched (on an H200 "
-           "the argmax then took 33-46 us a call at the median, up to 650, against 7; kernels/loop/NOTES.md)"),
+           "the argmax then took 41-47 us a call at the median, up to 580, against 7; kernels/loop/NOTES.md)"),
     Option("serve_mega_up_to", 8, _count,
            "lathe serve, megafused variant: a decode-only step of up to this many sequences runs token_block "
            "launches of serve_mega_rows sequences each (every weight read once a launch); a larger one fused's plan, whose "
