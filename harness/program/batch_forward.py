@@ -128,7 +128,7 @@ def slots_of(w: Work, block_size: int, start: int = 0) -> np.ndarray:
 
 
 def views(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[mx.array]:
-    """Arrays of `shapes`, one after another in `flat`, as views of one device array made from it."""
+    """Arrays of `shapes`, one after another in `flat`, as views of one MLX array made from it."""
     whole, at, out = mx.array(flat), 0, []
     for shape in shapes:
         size = int(np.prod(shape))
