@@ -1164,7 +1164,7 @@ def qmm_geometry(m: int, n: int, k: int, nb: int, wn: int, wk: int, *, norm: boo
 
 # qmm_combine auto: a split launch adds its own parts up to this many rows of X. On the H200 at
 # 77f24ad (serve beside llama-batched-bench, two rounds) the in-launch adds took the 8B's steps of 8
-# sequences from 1.52-1.55x to 1.61-1.63x and Qwen3's (host-bound) from 0.79-0.84x to 0.98-1.20x,
+# sequences from 1.52-1.55x to 1.61-1.62x and Qwen3's (host-bound) from 0.79-0.84x to 0.98-1.20x,
 # left 32 level, and cost the 8B's 64 8% (1.63-1.66x against 1.76-1.84x): each row block's last
 # threadgroup then adds 64 rows of its columns alone, where the adding launch spreads them over the GPU.
 QMM_LAST_UP_TO = 16
