@@ -9,8 +9,9 @@ of the same size class may reuse it, its pages still on the host.
 Times lathe's argmax over fp16 logits [8, 151936] (serve's step of 8 Qwen3-0.6B sequences) on the
 GPU's clock (CUPTI, harness.tools.gpu_trace), in four cases a round: nothing read by the host;
 the host reading each call's tokens; the same with every token array kept alive; a host-made
-32-byte array freed before each call (serve's positions, lengths and slots of 8 sequences are
-such arrays). Without a CUDA backend and PyTorch's profiler there is nothing to time.
+array of the tokens' size (32 bytes at 8 rows) freed before each call (serve's positions,
+lengths and slots of 8 sequences are such arrays). Without a CUDA backend and PyTorch's profiler
+there is nothing to time.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def probe(calls: int = 40, rows: int = 8, vocab: int = 151936) -> list[tuple[str
         with gpu_trace.kernel_trace(None) as kernels:
             for _ in range(calls):
                 if host_made:
-                    made = mx.array(np.arange(8, dtype=np.int32))
+                    made = mx.array(np.arange(rows, dtype=np.int32))  # the tokens' size class
                     del made
                 token = loop.argmax(logits)
                 mx.eval(token)
