@@ -394,7 +394,7 @@ if (ks == 0) {
 }
 #if LATHE_SPLIT && LATHE_LAST
 // The row block's last part in: its threadgroup adds the KS parts of the block's WN * NBO * 8
-// columns (qmm_reduce.metal's order and epilogue, a thread an output at a time).
+// columns, a thread an output at a time, as qmm_reduce.metal does (qmm_add_parts.metal).
 threadgroup uint qmm_last;
 threadgroup_barrier(mem_flags::mem_device);  // every thread's part is written
 if (tid == 0) {
@@ -409,23 +409,9 @@ if (qmm_last) {
   for (uint i = tid; i < uint(M) * COLS; i += NT) {
     const uint m = i / COLS, col = first_col + i % COLS;
     if (col >= n_out) continue;
-    float out = 0.0f;
-#if LATHE_GATED
-    float up = 0.0f;
-#endif
-    for (uint s = 0; s < uint(KS); ++s) {
-      out += part[(s * M + m) * n + col];
-#if LATHE_GATED
-      up += part[(s * M + m) * n + n_out + col];
-#endif
-    }
-#if LATHE_GATED
-    out = gate_act<LATHE_ACT>(out) * up;
-#endif
-#if LATHE_RESIDUAL
-    out += float(residual[m * n_out + col]);
-#endif
-    y[m * n_out + col] = half(out);
+#define QMM_Y_AT (m * n_out + col)
+#include "gemv/qmm_add_parts.metal"
+#undef QMM_Y_AT
   }
 }
 #endif

@@ -64,21 +64,7 @@ const uint n_out = LATHE_GATED ? n / 2 : n;
 const uint i = thread_position_in_grid.x;
 if (i >= M * n_out) return;
 const uint m = i / n_out, col = i % n_out;
-float out = 0.0f;
-#if LATHE_GATED
-float up = 0.0f;
-#endif
-for (uint s = 0; s < KS; ++s) {
-  out += part[(s * M + m) * n + col];
-#if LATHE_GATED
-  up += part[(s * M + m) * n + n_out + col];
-#endif
-}
-#if LATHE_GATED
-out = gate_act<LATHE_ACT>(out) * up;
-#endif
-#if LATHE_RESIDUAL
-out += float(residual[i]);
-#endif
-y[i] = half(out);
+#define QMM_Y_AT i
+#include "gemv/qmm_add_parts.metal"
+#undef QMM_Y_AT
 #endif
