@@ -69,7 +69,7 @@
 // tickets are those of w_qkv ([q; k], qkv_dims) and then w_v's (v_dims, types Q_V_A / Q_V_B, bit
 // V_BIT, W_V_STRIDE, R_V, P_V), V's rows written after Q and K's in qkv.
 // Constants: FIRST, PHASES, ROPE_STRIDE, v3's QTYPE, M, NSIMD and XCHUNK (the launch's: one threadgroup size,
-// one X' staging, which every GEMV's type shares), SIGNAL_APART, PREFETCH, L2_AHEAD, XITEMS, each GEMV's K, R and P (its own rows
+// one X' staging, which every GEMV's type shares), SIGNAL_APART, PREFETCH, L2_AHEAD, XITEMS, ROW_PASSES, each GEMV's K, R and P (its own rows
 // a SIMD group and loads in flight, kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F),
 // K_QKV (d_model), K_O (n_heads * D), R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O,
 // W_QKV_STRIDE, W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN
@@ -98,6 +98,7 @@
 #endif
 #define GEMV_L2_AHEAD (L2_AHEAD && PREFETCH)
 #define X_STAGE_ITEMS XITEMS  // the GEMV phases' X' staging: items a thread a pass (the block_x_items option)
+#define GEMV_ROW_PASSES ROW_PASSES  // each GEMV phase's passes to its own K (the gemv_row_passes option)
 constexpr uint QUEUE_STRIDE = 64;
 enum : uint { QKV = 0, ATTN_ROWS = 1, O = 2, UP = 3, DOWN = 4, V_BIT = 5 };
 constexpr uint LAST = (FIRST + PHASES - 1) % 5;

@@ -908,7 +908,7 @@ def _seam_v3(x, w_a: Packed, n_a, k_a, residual, gamma, eps, w_b: Packed, n_b, q
     prefetch = knobs.get("prefetch")
     prefetch = bool(TUNING["SEAM_PREFETCH"]) if prefetch is None else bool(prefetch)
     consts = dict(QTYPE=block_format(qtype)[0], M=m, R=r, NSIMD=s, P=p, XCHUNK=xchunk, K_A=k_a, K_B=n_a,
-                  PREFETCH=prefetch)
+                  PREFETCH=prefetch, ROW_PASSES=options.get("gemv_row_passes") == "row")
     a_y, b_y = launch(Launch(
         _seam_spec("swiglu" if swiglu else "plain", v3=True),
         [x, w_a.data, _dims(n_a, k_a, tickets_a, launched), residual, gamma, _eps(float(eps)),

@@ -34,8 +34,10 @@
 // B tickets), queue. Outputs a_y [M, N_a], b_y [M, N_b]. Constants as gemv_v2's, shared by both,
 // and PREFETCH.
 // SEAM_V3 1 (the prelude): the two are v3 GEMVs (gemv_v3.metal) over repacked weights, with
-// v3's constants (QTYPE, M, R, NSIMD, P, XCHUNK) and each GEMV's K: K_A, and K_B = N_a.
+// v3's constants (QTYPE, M, R, NSIMD, P, XCHUNK) and each GEMV's K: K_A, and K_B = N_a, and
+// ROW_PASSES (v3_rows' GEMV_ROW_PASSES: the gemv_row_passes option).
 #if SEAM_V3
+#define GEMV_ROW_PASSES ROW_PASSES
 #include "gemv/v3_tiles.metal"
 #else
 #include "gemv/v2_tiles.metal"

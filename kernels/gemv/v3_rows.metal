@@ -31,7 +31,13 @@ constexpr uint SB = QR == 6 || QR == 8 ? 4 : QR == 10 ? 1 : 2;  // bytes of scal
 constexpr uint NB = KR / 32;                 // blocks a row
 constexpr uint NC = KR / RV;                 // chunks a row
 constexpr uint CHUNKS = (NC + RXC - 1) / RXC;  // X' chunks
-constexpr uint CPL = (RXC + 31) / 32;        // a lane's chunks of a row in one X' chunk
+// A lane's chunks of a row in one X' chunk. GEMV_ROW_PASSES (default 1): to the row's own chunks
+// where one X' chunk holds them all; else to the X' chunk's, whose XCHUNK is the launch's longest K
+// in the blocks, so the 8B token's QKV, O and gate|up ran 3 passes of dead loads after their one.
+#ifndef GEMV_ROW_PASSES
+#define GEMV_ROW_PASSES 1
+#endif
+constexpr uint CPL = ((GEMV_ROW_PASSES && NC < RXC ? NC : RXC) + 31) / 32;
 const uint n = uint(dims[0]);
 const uint k = KR;
 const uint nb = NB;
