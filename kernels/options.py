@@ -300,11 +300,12 @@ DECLARED = (
     Option("block_geometry", "shared", _one_of("shared", "per_gemv"),
            "the blocks' GEMV phases: all the first GEMV's rows a SIMD group and loads in flight (shared), "
            "or each its own (per_gemv: slower so far, more registers for the whole launch; kernels/loop/NOTES.md)"),
-    Option("gemv_row_passes", "launch", _one_of("launch", "row"),
+    Option("gemv_row_passes", "row", _one_of("launch", "row"),
            "v3 GEMVs that share a launch's X' staging (the fused variant's seams, the blocks' phases): a lane's "
-           "passes over a row run to the launch's X' chunk, sized by its longest K (launch: the 8B token's K = "
-           "4096 phases run 3 passes of dead loads after their one), or to the row's own chunks (row; NVRTC "
-           "sm_90 gives the 8B Q4_0 token block 155 registers against 124; kernels/loop/NOTES.md)"),
+           "passes over a row run to the row's own chunks (row: the 8B Q4_0 megafused token 12% shorter, its "
+           "Q4_K_M 26%, though NVRTC gives the first 155 registers against 124), or to the launch's X' chunk, "
+           "sized by its longest K (launch: the 8B token's K = 4096 phases ran 3 passes of dead loads after "
+           "their one; kernels/loop/NOTES.md)"),
     Option("block_grid", "resident", _one_of("resident", "shape"),
            "the blocks' claimed GEMV phases: at most the threadgroups the GPU holds of the launch at once, "
            "from its module's occupancy (resident), or the standalone GEMV's grid cap (shape; kernels/loop/NOTES.md)"),
