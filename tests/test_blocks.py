@@ -516,6 +516,19 @@ def test_block_signal_apart_is_the_launchs_constant(apart):
     assert job.constants["SIGNAL_APART"] is apart
 
 
+@pytest.mark.parametrize("setting, bound", [("row", True), ("launch", False)])
+def test_gemv_row_passes_is_the_launchs_constant(setting, bound):
+    """gemv_row_passes: layer_block.metal's ROW_PASSES (v3_rows' GEMV_ROW_PASSES), each GEMV
+    phase's passes bounded by its own row or by the launch's X' chunk (launches recorded)."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    with options.use(gemv_row_passes=setting), recording() as rec:
+        _token()
+    (job,) = rec.jobs
+    assert job.constants["ROW_PASSES"] is bound
+
+
 @pytest.mark.parametrize("marks, stamps", [(False, 3), (True, blocks.TIMELINE_STAMPS)])
 def test_a_timeline_stamps_three_times_a_ticket_or_six_with_the_marks(monkeypatch, marks, stamps):
     """token_block's timeline (launches recorded, the CUDA path stood in): each ticket's row takes

@@ -255,6 +255,22 @@ def test_the_seam_runs_apart_where_launches_may_not_wait_on_each_other(monkeypat
     assert seam_launches("metal") == ["lathe_gemv_v3_residual", "lathe_rmsnorm_gemv_v3"]
 
 
+@pytest.mark.parametrize("setting, bound", [("row", True), ("launch", False)])
+def test_a_v3_seam_takes_gemv_row_passes_as_its_constant(setting, bound, monkeypatch):
+    """A v3 seam's two GEMVs share the X' chunk of the longer K; gemv_row_passes sets whether a
+    lane's passes stop at its own row's chunks (seam.metal's ROW_PASSES). Recorded, not run."""
+    from kernels import backends, options
+    from kernels.runtime import recording
+
+    monkeypatch.setattr(backends.runtime, "target_backend", lambda: "cuda")
+    w_a, w_b = _zero_packed("q4_0", 256, 1024), _zero_packed("q4_0", 96, 256)
+    with options.use(gemv_row_passes=setting), recording() as rec:
+        gemv.seam(mx.zeros((1, 1024), mx.float16), w_a, 256, 1024, mx.zeros((1, 256), mx.float16),
+                  mx.ones((256,), mx.float16), 1e-6, w_b, 96, "q4_0")
+    (job,) = rec.jobs
+    assert job.spec.name == "lathe_seam_v3_plain" and job.constants["ROW_PASSES"] is bound
+
+
 def _zero_packed(qtype: str, n: int, k: int) -> gemv.Packed:
     """Zero weights of [n, k] in `qtype`, repacked (on the CPU: no kernel runs)."""
     from reference import formats
