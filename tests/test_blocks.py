@@ -401,6 +401,28 @@ def test_x_is_staged_in_chunks_where_the_row_does_not_fit_beside_attention():
     assert launch(4096, 14336, 32, 8)[0] == 14336
 
 
+@pytest.mark.parametrize("most, want", [(0, 14336), (4096, 4096), (6144, 6144), (16384, 14336)])
+def test_block_xchunk_caps_the_staged_chunk(most, want):
+    """block_xchunk: the blocks' X' chunk at most that many values (0: the longest K, which fits
+    here); the K = 4096 phases keep their capped tickets where one chunk still holds their row."""
+    from kernels import options
+
+    gemvs = {blocks.UP: (2 * 14336, 4096), blocks.DOWN: (4096, 14336), blocks.QKV: (6144, 4096), blocks.O: (4096, 4096)}
+    with options.use(block_xchunk=most):
+        geo = blocks.block_geometry("q4_0", 1, gemvs, blocks.DOWN, fit=396)
+    assert geo.xchunk == want
+    assert all(tickets <= 396 for kind, (_, _, tickets) in geo.gemvs.items() if kind != blocks.DOWN)
+
+
+def test_block_xchunk_off_the_2048_grid_is_refused_before_launch():
+    from kernels import options
+    from kernels.runtime import recording
+
+    with options.use(block_xchunk=3000), recording() as rec, pytest.raises(ValueError, match="multiple of 2048"):
+        _token()
+    assert rec.jobs == []
+
+
 @pytest.mark.parametrize("group, want", [(1, 1), (4, 1), (7, 7), (6, 2), (8, 2), (5, 5)])
 def test_a_blocks_attention_threadgroup_takes_at_most_four_query_heads(group, want):
     """Its sums set the registers of the whole launch (kernels.blocks.BLOCK_HEADS), so a group of

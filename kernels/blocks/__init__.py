@@ -275,7 +275,7 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
 
     reserved: threadgroup bytes the launch's other arrays take (attention's, the stream row):
     X' is then staged in chunks of 2048 values where all of the longest K would not fit beside
-    them (Qwen2.5-7B's down, K = 18944, beside attention's arrays)."""
+    them (Qwen2.5-7B's down, K = 18944, beside attention's arrays). block_xchunk caps the chunk."""
     order = [kind for kind in (UP, DOWN, QKV, O, V) if kind in gemvs]
     own = {kind: gemv.v3_geometry(qtype, m, *gemvs[kind]) for kind in order}
     longest = max(k for _, k in gemvs.values())
@@ -291,6 +291,10 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
             per_kind[kind] = (r + r % 2 if kind == UP else r, p)
     _, _, _, xchunk = gemv.v3_geometry(qtype, m, 1, longest, 1, s, 1,
                                        budget=backends.threadgroup_memory() - reserved - 8)  # 8: ticket, flag
+    most = options.get("block_xchunk")
+    if most % 2048:  # (the chunks v3_geometry itself makes where K does not fit)
+        raise ValueError(f"block_xchunk must be a multiple of 2048 values of X (0: all of K), got {most}")
+    xchunk = min(xchunk, most or xchunk)
     out = {}
     for kind in order:
         n, k = gemvs[kind]
