@@ -51,7 +51,7 @@ def test_post_norm_add_refuses_bad_input(call, message):
 @pytest.mark.parametrize("m", [1, 8, 9, 32])
 def test_argmax_host_words_are_two_rows_an_8_byte_output(m):
     """argmax(host_words=True): the int32 [M] tokens and ceil(M / 2) int32 [2] outputs (8 bytes:
-    MLX's small managed pool), written by one launch whose prelude names them; host_tokens reads
+    MLX's small managed pool), written by one launch whose prelude names them; tokens_from_words reads
     them back in row order. Recorded, not run."""
     from kernels.runtime import recording
 
@@ -63,7 +63,7 @@ def test_argmax_host_words_are_two_rows_an_8_byte_output(m):
     assert job.spec.name == f"lathe_argmax_host{n}" and job.spec.outputs == ("token", *(f"host{i}" for i in range(n)))
     assert all(f"case {i}: host{i}[(ROW) % 2] = (V); break;" in job.spec.prelude for i in range(n))
     given = [mx.array(np.array([2 * i, 2 * i + 1], np.int32)) for i in range(n)]
-    assert loop.host_tokens(given, m) == list(range(m))
+    assert loop.tokens_from_words(given, m) == list(range(m))
 
 
 def test_argmax_host_words_stop_at_32_rows():

@@ -45,9 +45,9 @@ class StepTokens:
     def values(self) -> list[int]:
         if self._values is None:
             if self.words:
-                from kernels.loop import host_tokens as from_words
+                from kernels.loop import tokens_from_words
 
-                self._values = from_words(self.words, self.array.shape[0])
+                self._values = tokens_from_words(self.words, self.array.shape[0])
             else:
                 self._values = np.array(self.array).tolist()
         return self._values

@@ -94,9 +94,9 @@ def _argmax_case(m: int, v: int, dtype: str = "float32") -> CheckCase:
 
 
 def _argmax_words_case(m: int, v: int) -> CheckCase:
-    """argmax's host words (serve's steps of up to 32 sequences): the tokens, and host_tokens of the
+    """argmax's host words (serve's steps of up to 32 sequences): the tokens, and tokens_from_words of the
     words, against numpy's argmax (ties to the first index), an odd M's last word half written."""
-    from kernels.loop import argmax, host_tokens
+    from kernels.loop import argmax, tokens_from_words
     from kernels.runtime import poisoned_outputs
 
     def run(rng: np.random.Generator) -> list[Comparison]:
@@ -107,7 +107,8 @@ def _argmax_words_case(m: int, v: int) -> CheckCase:
             tok, words = argmax(mx.array(logits), host_words=True)
             mx.eval(tok, *words)
         want = ref.argmax(logits.astype(np.float32))
-        return [exact("token ids", np.array(tok), want), exact("host words", np.array(host_tokens(words, m)), want)]
+        return [exact("token ids", np.array(tok), want),
+                exact("host words", np.array(tokens_from_words(words, m)), want)]
 
     return CheckCase("loop", "argmax_float16", "host words", dict(M=m, V=v), run)
 

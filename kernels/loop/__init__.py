@@ -125,7 +125,7 @@ def _argmax_host_spec(words: int) -> KernelSpec:
                       threadgroup_bytes=lambda c: 8 * c["NSIMD"])
 
 
-def host_tokens(words: list[mx.array] | tuple[mx.array, ...], m: int) -> list[int]:
+def tokens_from_words(words: list[mx.array] | tuple[mx.array, ...], m: int) -> list[int]:
     """The M tokens of argmax's host words, read on the host (each word two rows; the last may hold
     one)."""
     return np.concatenate([np.array(w) for w in words])[:m].tolist()
@@ -136,7 +136,7 @@ def argmax(logits: mx.array, host_words: bool = False) -> mx.array | tuple[mx.ar
     as the output head writes them), int32 [M]. A vocabulary-sized row gets 1024 threads.
 
     `host_words` (M up to ARGMAX_HOST_ROWS): also the tokens as ceil(M / 2) int32 [2] arrays for
-    the host to read (host_tokens), returned with the tokens: 8-byte outputs, which MLX takes from
+    the host to read (tokens_from_words), returned with the tokens: 8-byte outputs, which MLX takes from
     managed memory the GPU maps, so that reading them moves no device buffer to managed memory
     (a read of the int32 [M] tokens would, and a later kernel output reusing that buffer would wait
     for its page: argmax.metal)."""
