@@ -283,8 +283,8 @@ DECLARED = (
            "the blocks' attention phase: K rows through threadgroup memory in at most this many slots (fewer "
            "where the launch's threadgroup memory cannot hold them: none in Llama-3-8B's token block), as "
            "decode attention's attn_k_slots (0: loaded into registers; 1; 2: the next round's copies during "
-           "this one's products); auto: 2 where the launch splits the context (block_split_from), else 1 "
-           "without the MMA form (kernels/loop/NOTES.md)"),
+           "this one's products); auto: 1, with the MMA form where the launch splits the context "
+           "(block_split_from), without it where it does not (kernels/loop/NOTES.md)"),
     Option("block_timeline_marks", False, _flag,
            "harness.tools.block_timeline: stamp three marks inside each attention ticket (its query ready, "
            "first scores, last P.V) beside a ticket's three; they lie on the attention phase's path and cost "

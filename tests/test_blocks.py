@@ -356,10 +356,10 @@ def _attention_slots(max_seq: int, **setting) -> tuple[int, int, int]:
 
 
 def test_the_blocks_attention_takes_k_slots_where_it_splits_the_context():
-    """block_k_slots auto: K through threadgroup memory, 2 slots with the MMA form where D fits the
-    SIMD groups wherever the launch splits the context (past block_split_from tokens and one
-    partition), one slot without it where one ticket takes a kv head's whole context (the megafused
-    A/Bs of kernels/loop/NOTES.md); a setting is taken as given where the threadgroup memory holds it."""
+    """block_k_slots auto: K through threadgroup memory in one slot, with the MMA form where D fits
+    the SIMD groups wherever the launch splits the context (past block_split_from tokens and one
+    partition), without it where one ticket takes a kv head's whole context (the megafused A/Bs of
+    kernels/loop/NOTES.md); a setting is taken as given where the threadgroup memory holds it."""
     from kernels import options
 
     _, _, nsimd = _attention_slots(64)
@@ -367,11 +367,12 @@ def test_the_blocks_attention_takes_k_slots_where_it_splits_the_context():
     mma = int(64 <= 32 * nsimd)
     assert _attention_slots(edge // 2)[:2] == (1, 0)
     assert _attention_slots(edge)[:2] == (1, 0)
-    assert _attention_slots(edge + 1)[:2] == (2, mma)
-    assert _attention_slots(64 * 32 * nsimd + 1)[:2] == (2, mma)
+    assert _attention_slots(edge + 1)[:2] == (1, mma)
+    assert _attention_slots(64 * 32 * nsimd + 1)[:2] == (1, mma)
     assert _attention_slots(edge + 1, block_split_from=4 * edge)[:2] == (1, 0)  # unsplit: one, no MMA
     assert _attention_slots(4 * edge, block_k_slots=0)[:2] == (0, 0)
-    assert _attention_slots(4 * edge, block_attn_mma=False)[:2] == (2, 0)
+    assert _attention_slots(4 * edge, block_k_slots=2)[:2] == (2, mma)
+    assert _attention_slots(4 * edge, block_attn_mma=False)[:2] == (1, 0)
     assert _attention_slots(edge // 2, block_k_slots=1)[:2] == (1, mma)
     with pytest.raises(ValueError, match="block_k_slots must be 0, 1 or 2"):
         _attention_slots(64, block_k_slots=3)

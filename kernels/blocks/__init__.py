@@ -582,10 +582,11 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
             outputs += [((b, a.n_heads, parts, a.head_dim), mx.float32), ((b, a.n_heads, parts, 2), mx.float32)]
         slots = options.get("block_k_slots")
         auto_unsplit = slots is None and not split
-        if slots is None:  # auto: 2 wherever the context is split (Qwen3-0.6B 2-3% faster end to end at
-            # 1024 and 4096 tokens on an H200), else 1 without the MMA form (a ticket's K in one round
-            # trip at the registers' occupancy; the MMA form's registers lost 3.8% there: NOTES.md)
-            slots = 2 if split else 1
+        if slots is None:  # auto: 1, with the MMA form wherever the context is split. A second slot
+            # took Qwen3-0.6B's split module to 185 registers (2 threadgroups an SM against 168 and 3)
+            # once a lane's passes stopped at its row: 5-6% slower at 4096 tokens on an H200. Unsplit,
+            # without the MMA form (its registers lost 3.8% there). NOTES.md has both.
+            slots = 1
         if slots not in (0, 1, 2):
             raise ValueError(f"block_k_slots must be 0, 1 or 2, got {slots}")
         mma = (bool(options.get("block_attn_mma")) and not auto_unsplit and slots > 0
