@@ -336,13 +336,14 @@ def test_the_blocks_checks_draw_k_weights_of_mean_zero(qtype):
     assert np.array_equal(sc, mn) and len(np.unique(sc)) == 64  # random 6-bit scales, mins tied to them
 
 
-def _attention_slots(max_seq: int, **setting) -> tuple[int, int, int]:
-    """(KSLOTS, MMA, NSIMD) of a one-layer token_block over a cache of max_seq rows, the position
-    on the device (as the decode loop passes it: the launch is sized for the whole cache)."""
+def _token_block_job(max_seq: int, d: int = 1024, f: int = 3072, **setting):
+    """The recorded launch of a one-layer token_block (4 query heads, 2 kv heads of 64) over a
+    cache of max_seq rows, the position on the device (as the decode loop passes it: the launch
+    is sized for the whole cache). The default widths are Qwen3-0.6B's: 4 SIMD groups a threadgroup."""
     from kernels import options
     from kernels.runtime import recording
 
-    d, f, hq, hkv, hd = 1024, 3072, 4, 2, 64  # Qwen3-0.6B's FFN: 4 SIMD groups a threadgroup
+    hq, hkv, hd = 4, 2, 64
     norm = mx.ones((1, d), mx.float16)
     stacks = blocks.LayerStacks(norm, blocks.Stack([_packed((hq + 2 * hkv) * hd, d, 0)]),
                                 blocks.Stack([_packed(d, hq * hd, 1)]), norm,
@@ -352,7 +353,13 @@ def _attention_slots(max_seq: int, **setting) -> tuple[int, int, int]:
         blocks.token_block(mx.zeros((1, d), mx.float16), stacks, 1e-6, "q8_0", kv, list(kv),
                            mx.array([5], mx.int32), n_heads=hq)
     (job,) = rec.jobs
-    return job.constants["KSLOTS"], job.constants["MMA"], job.constants["NSIMD"]
+    return job
+
+
+def _attention_slots(max_seq: int, **setting) -> tuple[int, int, int]:
+    """(KSLOTS, MMA, NSIMD) of _token_block_job's launch."""
+    c = _token_block_job(max_seq, **setting).constants
+    return c["KSLOTS"], c["MMA"], c["NSIMD"]
 
 
 def test_the_blocks_attention_takes_k_slots_where_it_splits_the_context():
@@ -376,6 +383,27 @@ def test_the_blocks_attention_takes_k_slots_where_it_splits_the_context():
     assert _attention_slots(edge // 2, block_k_slots=1)[:2] == (1, mma)
     with pytest.raises(ValueError, match="block_k_slots must be 0, 1 or 2"):
         _attention_slots(64, block_k_slots=3)
+
+
+def test_k_slots_go_into_x_where_no_room_is_left_beside_it():
+    """block_k_in_x: where the GEMVs' staged X' leaves no room for a K slot beside it (the 8B's FFN,
+    K 14336 a chunk), the slot goes in X' itself: KIN_X, and the launch's threadgroup memory counts
+    it once. Where a slot fits beside (Qwen3's widths), nothing moves."""
+    from kernels import attention, backends
+
+    for max_seq in (64, 8192):  # unsplit, then split over partitions
+        plain = _token_block_job(max_seq, 4096, 14336, block_k_in_x=False).constants
+        assert (plain["KSLOTS"], plain["KIN_X"]) == (0, 0)
+        c = _token_block_job(max_seq, 4096, 14336, block_k_in_x=True).constants
+        assert (c["KSLOTS"], c["KIN_X"]) == (1, 1)
+        assert c["XCHUNK"] == plain["XCHUNK"] == 14336 and c["MMA"] == int(max_seq > 512)
+        assert attention.k_slot_bytes(c["D"], c["NSIMD"]) <= 2 * c["M"] * c["XCHUNK"]  # layer_block's static_assert
+        split = max_seq > 512
+        assert (blocks._threadgroup_bytes(c, True, False, split) - blocks._threadgroup_bytes(plain, True, False, split)
+                == (2 * 8 * (64 + 8) - 2 if c["MMA"] else 0))  # no slot's bytes: only MMA's fp16 Q
+        assert blocks._threadgroup_bytes(c, True, False, split) <= backends.threadgroup_memory()
+    c = _token_block_job(8192, block_k_in_x=True).constants
+    assert (c["KSLOTS"], c["KIN_X"]) == (1, 0)
 
 
 def test_x_is_staged_in_chunks_where_the_row_does_not_fit_beside_attention():

@@ -139,9 +139,14 @@ def decode_threadgroup_bytes(group: int, head_dim: int, nsimd: int, head_norm: b
     words = 2 * group * head_dim + group * chunk + 3 * group
     words += (group + 1) if head_norm else 0
     words += (1 + group * MERGE_PARTS) if merge else 0
+    return 4 * words + slots * k_slot_bytes(head_dim, nsimd) + 16 + 2 * (8 * (head_dim + 8) if mma else 1)
+
+
+def k_slot_bytes(head_dim: int, nsimd: int) -> int:
+    """Bytes of one of decode attention's K slots: a round of KG 16-byte vectors a thread."""
     dv = head_dim // 8  # decode_tiles.metal's KG: K's 16-byte vectors a round
     kg = 8 if dv % 8 == 0 else 6 if dv % 6 == 0 else dv
-    return 4 * words + 16 * (slots * kg * chunk + 1) + 2 * (8 * (head_dim + 8) if mma else 1)
+    return 16 * kg * nsimd * 32
 
 
 def _decode_threadgroup_bytes(c: dict, head_norm: bool, merge: bool) -> int:

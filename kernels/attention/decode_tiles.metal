@@ -191,7 +191,15 @@ threadgroup float m_s[G];
 threadgroup float l_s[G];
 threadgroup float alpha_s[G];
 threadgroup float sum_s[G * D];
-threadgroup uint4 k_s[K_SLOTS * KG * NT + 1];  // K's slots (K_SLOTS: 0, 1 or 2), K_SLOT_AT's layout
+// K's slots (K_SLOTS: 0, 1 or 2), K_SLOT_AT's layout. LATHE_K_SLOTS_HOST, where an includer
+// defines it: a threadgroup array of its own that holds them instead where LATHE_K_SLOTS_IN is
+// true (layer_block.metal: the GEMV phases' staged X', which no attention ticket reads).
+#ifdef LATHE_K_SLOTS_HOST
+threadgroup uint4 k_own[LATHE_K_SLOTS_IN ? 1 : K_SLOTS * KG * NT + 1];
+const auto k_s = LATHE_K_SLOTS_IN ? threadgroup_view<uint4>(LATHE_K_SLOTS_HOST) : threadgroup_view<uint4>(k_own);
+#else
+threadgroup uint4 k_s[K_SLOTS * KG * NT + 1];
+#endif
 threadgroup half qh_s[USE_MMA ? 8 * QST : 1];  // USE_MMA: the G query heads (scaled, fp16), rows G..7 zero
 #if LATHE_HEAD_NORM
 threadgroup float norm_s[G + 1];  // 1 / RMS of the G query heads and of the kv head's K

@@ -197,12 +197,14 @@ def _gemv_bytes(m: int, xchunk: int, nsimd: int) -> int:
 def _threadgroup_bytes(c: dict, attn: bool, head_norm: bool, split: bool, post_norms: bool = False) -> int:
     """layer_block.metal's threadgroup memory: v3's staged X', the claimed ticket and the
     last-out flag, with post-block norms the float32 stream row (x_post), and with attention
-    phases decode attention's arrays (merged partitions where the launch splits)."""
+    phases decode attention's arrays (merged partitions where the launch splits; K's slots
+    unless they are in X')."""
     gemv_bytes = _gemv_bytes(c["M"], c["XCHUNK"], c["NSIMD"]) + (4 * c["K_QKV"] if post_norms else 0)
     if not attn:
         return gemv_bytes
+    slots = 0 if c.get("KIN_X") else c.get("KSLOTS", 0)  # (KIN_X: the slots are in X')
     return gemv_bytes + attention.decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, split,
-                                                          c.get("KSLOTS", 0), bool(c.get("MMA", 0)))
+                                                          slots, bool(c.get("MMA", 0)))
 
 
 def _check_queue(queue: mx.array, phases: int) -> None:
@@ -593,12 +595,22 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                and attention.mma_form(group // qs, a.head_dim, s))
         # at most `slots`: fewer where the launch's threadgroup memory cannot hold them beside the
         # GEMV phases' (a slot is 4 KiB a SIMD group)
-        slots = attention.slots_that_fit(slots, group // qs, a.head_dim, s, bool(a.norms), split, mma,
-                                         backends.threadgroup_memory() - _gemv_bytes(m, geo.xchunk, s)
-                                         - (4 * a.d if layer_kind.post_norms else 0))
+        want, budget = slots, (backends.threadgroup_memory() - _gemv_bytes(m, geo.xchunk, s)
+                               - (4 * a.d if layer_kind.post_norms else 0))
+        slots = attention.slots_that_fit(want, group // qs, a.head_dim, s, bool(a.norms), split, mma, budget)
+        in_x = 0
+        if slots < want and options.get("block_k_in_x"):
+            # block_k_in_x: the slots in the staged X' (2 bytes a value, M rows), which an attention
+            # ticket does not read, the attention's other arrays beside it (the 8B's token block:
+            # its X' chunk of 14336 values leaves no room for a slot)
+            held = min(want, 2 * m * geo.xchunk // attention.k_slot_bytes(a.head_dim, s))
+            if held > slots and attention.decode_threadgroup_bytes(group // qs, a.head_dim, s, bool(a.norms),
+                                                                   split, 0, mma) <= budget:
+                slots, in_x = held, 1
         mma = int(mma and slots > 0)
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=a.block_size,
-                      NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, MMA=mma, VSTRAIGHT=bool(options.get("block_v_straight")),
+                      NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, KIN_X=in_x, MMA=mma,
+                      VSTRAIGHT=bool(options.get("block_v_straight")),
                       ROPE_STRIDE=0 if a.inv_freqs is None or a.inv_freqs.ndim == 1 else a.head_dim // 2)
         if split:
             consts.update(MLOADS=attention.merge_loads(parts))
