@@ -294,10 +294,11 @@ DECLARED = (
            "chunk's V vectors as one straight run, those past the chunk from its first vector (unused); off: "
            "each behind a branch, which took the paged token_block to 181 registers against 128 (NVRTC sm_90, "
            "Qwen3-0.6B: 2 threadgroups an SM against 4)"),
-    Option("block_k_in_x", True, _flag,
+    Option("block_k_in_x", False, _flag,
            "the blocks' attention phase: where block_k_slots' slots do not fit beside the GEMV phases' "
            "staged X' (Llama-3-8B's token block), as many as X' holds go in X' itself, which an attention "
-           "ticket does not read (kernels/loop/NOTES.md)"),
+           "ticket does not read; correct, but the 8B's megafused decode lost 14% at depth 0 and 3% at "
+           "4096 on an H200 (kernels/loop/NOTES.md)"),
     Option("block_attn_mma", True, _flag,
            "with block_k_slots: the blocks' attention phase scores and takes P.V on SIMD-group matrices "
            "where the form allows (<= 8 heads a threadgroup, D a multiple of 32 up to 32 NSIMD), as attn_mma"),
