@@ -196,7 +196,8 @@ threadgroup float sum_s[G * D];
 // true (layer_block.metal: the GEMV phases' staged X', which no attention ticket reads).
 #ifdef LATHE_K_SLOTS_HOST
 threadgroup uint4 k_own[LATHE_K_SLOTS_IN ? 1 : K_SLOTS * KG * NT + 1];
-const auto k_s = LATHE_K_SLOTS_IN ? threadgroup_view<uint4>(LATHE_K_SLOTS_HOST) : threadgroup_view<uint4>(k_own);
+const auto k_s = LATHE_K_SLOTS_IN ? threadgroup_view<uint4>(LATHE_K_SLOTS_HOST)
+                                   : threadgroup_view<uint4>(k_own);
 #else
 threadgroup uint4 k_s[K_SLOTS * KG * NT + 1];
 #endif

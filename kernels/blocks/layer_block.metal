@@ -74,8 +74,8 @@
 // K_QKV (d_model), K_O (n_heads * D), R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O,
 // W_QKV_STRIDE, W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN
 // the attention's D, G, QS, BS (0), NEOX, FREQ_TABLE, KSLOTS, KIN_X, MMA, VSTRAIGHT, MLOADS
-// (split). Prelude: FFN, ATTN (the kinds present), LATHE_K_CACHE, LATHE_V_CACHE, the block types above, QKV_SPLIT,
-// POST_NORMS, LAYER_WINDOWS, LATHE_ACT, LATHE_SOFTCAP;
+// (split). Prelude: FFN, ATTN (the kinds present), LATHE_K_CACHE, LATHE_V_CACHE, the block types
+// above, QKV_SPLIT, POST_NORMS, LAYER_WINDOWS, LATHE_ACT, LATHE_SOFTCAP;
 // with ATTN LATHE_PAGED 0, LATHE_ROPE 1, LATHE_SPLIT, LATHE_MERGE (= LATHE_SPLIT), LATHE_HEAD_NORM.
 // Inputs (kernels.blocks names them): x_in, eps, block_dims (int32: threadgroups launched,
 // attention tasks a layer), queue; FFN: ffn_norm, w_gate_up ([gate; up]), up_dims (int32: 2F,
@@ -100,7 +100,8 @@
 #define LATHE_K_SLOTS_IN KIN_X
 #define LATHE_K_SLOTS_HOST x_tile
 #include "attention/decode_tiles.metal"
-static_assert(!KIN_X || K_SLOTS * KG * NT <= M * UNITS * XC, "K's slots in the staged X': more than it holds");
+static_assert(!KIN_X || K_SLOTS * KG * NT <= M * UNITS * XC,
+              "K's slots in the staged X': more than it holds");
 #endif
 #define GEMV_L2_AHEAD (L2_AHEAD && PREFETCH)
 #define X_STAGE_ITEMS XITEMS  // the GEMV phases' X' staging: items a thread a pass (the block_x_items option)
