@@ -309,7 +309,9 @@ DECLARED = (
            "the blocks' launches stage X' in chunks of at most this many values (a multiple of 2048; 0: all of "
            "the longest K where it fits beside the launch's other arrays): the 8B token's down phase, which "
            "stages all 14336 values before most of its weights are asked for, would then issue each chunk's "
-           "weights before staging it (a CPU reading, not yet run on a GPU: kernels/loop/NOTES.md)"),
+           "weights before staging it; measured slower: the 8B's megafused decode 512 against 523-537 tok/s "
+           "at depth 0, 346 against 383-384 at 4096, the down phase serialized on each chunk's staging "
+           "(H200, kernels/loop/NOTES.md)"),
     Option("gemv_row_passes", "row", _one_of("launch", "row"),
            "v3 GEMVs that share a launch's X' staging (the fused variant's seams, the blocks' phases): a lane's "
            "passes over a row run to the row's own chunks (row: the 8B Q4_0 megafused token 12% shorter, its "

@@ -546,7 +546,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                               SIGNAL_APART=bool(options.get("block_signal_apart")),
                               L2_AHEAD=bool(options.get("block_l2_ahead")),
                               XITEMS=gemv.x_stage_items("block_x_items", m),
-                              ROW_PASSES=options.get("gemv_row_passes") == "row", **strides)
+                              ROW_PASSES=gemv.row_passes(), **strides)
     if attn:  # the attention phase's cached rows into the L2 before its wait (contiguous caches)
         consts["ATTN_AHEAD"] = bool(options.get("block_attn_ahead")) and attn.table is None
     for kind in geo.gemvs:

@@ -690,6 +690,12 @@ def _v3_groups(qtype: str, n: int, k: int, r: int, s: int, xchunk: int, cap: int
     return min(groups, cap) if cap and xchunk >= k else groups
 
 
+def row_passes() -> bool:
+    """v3_rows.metal's GEMV_ROW_PASSES (a launch's ROW_PASSES constant): a lane's passes over a row
+    stop at the row's own chunks (the gemv_row_passes option)."""
+    return options.get("gemv_row_passes") == "row"
+
+
 def x_stage_items(option: str, rows: int) -> int:
     """x_stage.metal's X_STAGE_ITEMS (X' items a thread stages a pass) from `option` (gemv_x_items,
     block_x_items); unset (auto): 2 past 4 rows of X, else 1 (block_x_items' text says why)."""
@@ -908,7 +914,7 @@ def _seam_v3(x, w_a: Packed, n_a, k_a, residual, gamma, eps, w_b: Packed, n_b, q
     prefetch = knobs.get("prefetch")
     prefetch = bool(TUNING["SEAM_PREFETCH"]) if prefetch is None else bool(prefetch)
     consts = dict(QTYPE=block_format(qtype)[0], M=m, R=r, NSIMD=s, P=p, XCHUNK=xchunk, K_A=k_a, K_B=n_a,
-                  PREFETCH=prefetch, ROW_PASSES=options.get("gemv_row_passes") == "row")
+                  PREFETCH=prefetch, ROW_PASSES=row_passes())
     a_y, b_y = launch(Launch(
         _seam_spec("swiglu" if swiglu else "plain", v3=True),
         [x, w_a.data, _dims(n_a, k_a, tickets_a, launched), residual, gamma, _eps(float(eps)),
