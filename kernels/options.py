@@ -299,6 +299,11 @@ DECLARED = (
            "staged X' (Llama-3-8B's token block), as many as X' holds go in X' itself, which an attention "
            "ticket does not read; correct, but the 8B's megafused decode lost 14% at depth 0 and 3% at "
            "4096 on an H200 (kernels/loop/NOTES.md)"),
+    Option("block_min_groups", 0, _count,
+           "the blocks' launches on CUDA: compiled for at least this many threadgroups an SM "
+           "(__launch_bounds__), the compiler holding its registers to what they leave and spilling past "
+           "that; 0: the compiler's choice. The token block's occupancy sizes its tickets (block_grid "
+           "resident), so this sets how many run at once"),
     Option("block_attn_mma", True, _flag,
            "with block_k_slots: the blocks' attention phase scores and takes P.V on SIMD-group matrices "
            "where the form allows (<= 8 heads a threadgroup, D a multiple of 32 up to 32 NSIMD), as attn_mma"),

@@ -193,6 +193,10 @@ class KernelSpec:
     # `#if` away), and a check of an input it does not write costs a wait
     # (tests/test_metal_front_end.py holds each list to clang's AST of the compiled code)
     in_place: tuple[str, ...] = ()
+    # (threads, threadgroups): on CUDA the kernel is declared __launch_bounds__(threads,
+    # threadgroups), so the compiler keeps its registers to what that many threadgroups of that
+    # many threads an SM leave (spilling if it must); None: the compiler's own choice
+    launch_bounds: tuple[int, int] | None = None
 
     def source(self) -> str:
         return self.prelude + "\n" + read_body(self.body)
@@ -243,8 +247,19 @@ def handed_sources(spec: KernelSpec, inline: bool, cuda: bool | None = None) -> 
     cuda = backend() == "cuda" if cuda is None else cuda
     source, header = spec.source(), _header(cuda)
     if cuda:
+        if spec.launch_bounds:
+            header += bounds_lines(*spec.launch_bounds)
         source, header = cuda_sources(source, header)
     return source, header
+
+
+def bounds_lines(threads: int, groups: int) -> str:
+    """Header lines that declare the one __global__ function after them (MLX's kernel, whose name
+    the header cannot know: it carries the launch's template constants) __launch_bounds__(threads,
+    groups): `__global__` is CUDA's macro for __location__(global), redefined with the bounds."""
+    if threads < 1 or groups < 1:
+        raise ValueError(f"launch bounds of {threads} threads and {groups} threadgroups an SM")
+    return f"\n#undef __global__\n#define __global__ __location__(global) __launch_bounds__({threads}, {groups})\n"
 
 
 def compile_kernel(spec: KernelSpec) -> Any:
@@ -446,6 +461,9 @@ def check_launch(job: Launch) -> None:
     if threads > THREADS_PER_THREADGROUP[target]:
         raise LaunchLimitError(f"{job.spec.name}: threadgroups of {threads} threads, past the "
                                f"{THREADS_PER_THREADGROUP[target]} that lathe's {target} launches may have")
+    if target == "cuda" and job.spec.launch_bounds and threads > job.spec.launch_bounds[0]:
+        raise LaunchLimitError(f"{job.spec.name}: threadgroups of {threads} threads, past its launch bounds' "
+                               f"{job.spec.launch_bounds[0]}")
     formula = job.spec.threadgroup_bytes
     if formula is not None:
         need, budget = formula(job.constants), THREADGROUP_MEMORY[target]

@@ -406,6 +406,36 @@ def test_k_slots_go_into_x_where_no_room_is_left_beside_it():
     assert (c["KSLOTS"], c["KIN_X"]) == (1, 0)
 
 
+def test_min_groups_bound_the_token_block_for_that_many_threadgroups_an_sm():
+    """block_min_groups: the token block's spec carries launch bounds of its own threadgroup (32 x
+    NSIMD threads) and the setting, and its CUDA header declares them (the one __global__ after
+    it); 0 leaves the compiler its choice. A launch of more threads than the bounds is refused."""
+    import dataclasses
+
+    from kernels.runtime import LaunchLimitError, check_launch, handed_sources
+
+    from kernels import options
+
+    def header(spec, cuda=True) -> str:  # the text MLX gets (inline_source: not an include line)
+        with options.use(inline_source=True):
+            return handed_sources(spec, True, cuda=cuda)[1]
+
+    plain = _token_block_job(64)
+    assert plain.spec.launch_bounds is None
+    assert "__launch_bounds__" not in header(plain.spec)
+    for least in (3, 4):
+        job = _token_block_job(64, block_min_groups=least)
+        threads = 32 * job.constants["NSIMD"]
+        assert job.spec.launch_bounds == (threads, least) and job.threadgroup == (threads, 1, 1)
+        assert job.constants == plain.constants
+        assert header(job.spec).endswith(f"#define __global__ __location__(global) __launch_bounds__({threads}, {least})\n")
+        assert "__launch_bounds__" not in header(job.spec, cuda=False)  # Metal: no such bound
+    check_launch(job)  # (a CUDA launch's limits off Metal: CI's CPU too)
+    wide = dataclasses.replace(job, threadgroup=(2 * threads, 1, 1), grid=(2 * threads, 1, 1))
+    with pytest.raises(LaunchLimitError, match="past its launch bounds"):
+        check_launch(wide)
+
+
 def test_x_is_staged_in_chunks_where_the_row_does_not_fit_beside_attention():
     """A down row past what fits beside attention's arrays (K = 24576 at 2.25 bytes a value of X'
     passes the 48 KiB a CUDA threadgroup may declare): token_block stages X' in chunks of 2048

@@ -43,6 +43,22 @@ def test_ptx_has_the_unmangled_kernel_symbol():
         ptx.compile_ptx(src.replace("in[0]", "nowhere[0]"), "broken")
 
 
+@pytest.mark.skipif(bool(_available()), reason=_available() or "available")
+def test_launch_bounds_in_the_header_reach_the_kernel():
+    """kernels.runtime.bounds_lines: the header's redefined __global__ bounds MLX's kernel, whose
+    name the header does not know (PTX's .maxntid and .minnctapersm)."""
+    from kernels.jit_cache import Instance
+    from kernels.runtime import bounds_lines
+
+    inst = Instance("lathe_probe", "out[0] = in[0] + N;", bounds_lines(128, 4), (("in", "int32", 1),),
+                    (("out", "int32"),), (("N", 1),))
+    src = inst.mlx_source().replace("__global__ void", 'extern "C" __global__ void', 1)
+    text = ptx.compile_ptx(src, inst.kernel_name).decode()
+    assert ".maxntid 128, 1, 1" in text and ".minnctapersm 4" in text
+    with pytest.raises(ValueError, match="launch bounds"):
+        bounds_lines(128, 0)
+
+
 ONE_CASE = "rope_neox[table](seq=1,head_dim=64,n_heads=32,n_kv_heads=32,pos=0,"  # one whole-size check case (recording many is slow on a CPU)
 
 

@@ -119,14 +119,15 @@ LLAMA = LayerKind()
 @functools.cache
 def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False,
           types: tuple[tuple[int, int, int], ...] = (), kind: LayerKind = LLAMA, paged_kv: bool = False,
-          timeline: int = 0, stacked: bool = False) -> KernelSpec:
+          timeline: int = 0, stacked: bool = False, bounds: tuple[int, int] | None = None) -> KernelSpec:
     """`types`: (kind, type A, type B) of each GEMV (block format codes, layer_block.metal's
     Q_<kind>_A and _B), V among them where the QKV phase's V rows are a matrix of their own;
     `kind`: what the layers compute (token_block's); `paged_kv`: the caches are the paged pool's
     layers, read and written through the input `table` (token_block's batch form); `timeline`:
     each ticket stamped this many times (0: none; 3; TIMELINE_STAMPS: the attention's marks inside)
     into the output `stamps` (BlockTimeline); `stacked`: one K and one V cache
-    input holding every layer's [layers, Hkv, max_seq, D] (layer l at l * Hkv * max_seq * D)."""
+    input holding every layer's [layers, Hkv, max_seq, D] (layer l at l * Hkv * max_seq * D);
+    `bounds`: the launch bounds (threads, threadgroups an SM: block_min_groups)."""
     kinds = {(first + j) % 5 for j in range(phases)}
     ffn, attn = UP in kinds, QKV in kinds
     qkv_split = any(kind == V for kind, _, _ in types)
@@ -185,7 +186,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
                       "blocks/layer_block.metal", inputs, outputs, prelude=prelude,
                       threadgroup_bytes=functools.partial(_threadgroup_bytes, attn=attn, head_norm=head_norm,
                                                           split=split, post_norms=kind.post_norms),
-                      in_place=tuple(n for n in inputs if n.startswith(("k_cache_", "v_cache_"))))
+                      in_place=tuple(n for n in inputs if n.startswith(("k_cache_", "v_cache_"))),
+                      launch_bounds=bounds)
 
 
 def _gemv_bytes(m: int, xchunk: int, nsimd: int) -> int:
@@ -629,8 +631,9 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     stacked = bool(attn and attn.stacked)
     # a ticket's stamps (none without a timeline): claimed, let go, done; and the attention's marks
     stamps = 0 if timeline is None else TIMELINE_STAMPS if options.get("block_timeline_marks") else 3
+    least = options.get("block_min_groups")
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind,
-                 bool(attn and attn.table is not None), stamps, stacked)
+                 bool(attn and attn.table is not None), stamps, stacked, (32 * s, least) if least else None)
     kinds = tuple((first + j) % 5 for j in range(phases))
 
     def phase_tickets(geo: BlockGeometry) -> tuple[int, ...]:  # each phase's (layer_block.metal's kind_tickets)
