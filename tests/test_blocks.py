@@ -420,9 +420,10 @@ def test_min_groups_bound_the_token_block_for_that_many_threadgroups_an_sm():
         with options.use(inline_source=True):
             return handed_sources(spec, True, cuda=cuda)[1]
 
-    plain = _token_block_job(64)
+    plain = _token_block_job(64, block_min_groups=0)
     assert plain.spec.launch_bounds is None
     assert "__launch_bounds__" not in header(plain.spec)
+    assert _token_block_job(64).spec.launch_bounds == (128, blocks.MIN_GROUPS_AUTO)  # auto: below
     for least in (3, 4):
         job = _token_block_job(64, block_min_groups=least)
         threads = 32 * job.constants["NSIMD"]
@@ -434,6 +435,33 @@ def test_min_groups_bound_the_token_block_for_that_many_threadgroups_an_sm():
     wide = dataclasses.replace(job, threadgroup=(2 * threads, 1, 1), grid=(2 * threads, 1, 1))
     with pytest.raises(LaunchLimitError, match="past its launch bounds"):
         check_launch(wide)
+
+
+def test_min_groups_auto_bounds_only_the_plain_token_block():
+    """block_min_groups auto: 4 an SM for a token block of 4 SIMD groups whose attention has no head
+    norms, no post norms, heads up to 128 and the contiguous caches (what was measured on the 8B);
+    the compiler's choice for the named halves, the paged batch form, Qwen3's head norms, Gemma's
+    post norms and heads of 256, and other threadgroup sizes. A setting overrides the rule."""
+    from types import SimpleNamespace
+
+    from kernels import options
+
+    def attn(**kw):
+        return SimpleNamespace(**{**dict(norms=(), table=None, head_dim=128), **kw})
+
+    token, gemma = (blocks.QKV, 10), blocks.LayerKind(post_norms=True)
+    assert blocks.min_groups(*token, 4, attn(), blocks.LLAMA) == blocks.MIN_GROUPS_AUTO == 4
+    assert blocks.min_groups(*token, 4, attn(head_dim=64), blocks.LLAMA) == 4
+    for first, phases, simds, a, kind in (
+            (blocks.QKV, 3, 4, attn(), blocks.LLAMA), (blocks.UP, 2, 4, None, blocks.LLAMA),
+            (blocks.UP, 5, 4, attn(), blocks.LLAMA), (*token, 4, attn(norms=("q", "k")), blocks.LLAMA),
+            (*token, 4, attn(table="paged"), blocks.LLAMA), (*token, 4, attn(), gemma),
+            (*token, 4, attn(head_dim=256), blocks.LLAMA), (*token, 8, attn(), blocks.LLAMA)):
+        assert blocks.min_groups(first, phases, simds, a, kind) == 0, (first, phases, simds, a, kind)
+    with options.use(block_min_groups=3):
+        assert blocks.min_groups(*token, 4, attn(norms=("q", "k")), blocks.LLAMA) == 3
+    with options.use(block_min_groups=0):
+        assert blocks.min_groups(*token, 4, attn(), blocks.LLAMA) == 0
 
 
 def test_x_is_staged_in_chunks_where_the_row_does_not_fit_beside_attention():

@@ -482,6 +482,27 @@ class BlockTimeline:
         return stamps
 
 
+# block_min_groups auto: the token block held to 4 threadgroups of 4 SIMD groups an SM (128
+# registers) where measured: Llama-3-8B's went from 3 an SM to 4 on an H200 (the device's NVRTC:
+# 131 registers at 4096 tokens, 128 with no more local memory), +2.3% at depth 0, +9.5% at 4096,
+# +12.5% for Q8_0. Not with head norms (Qwen3-0.6B's split module spilled under the bound and lost
+# 8% at 4096) or post norms (Gemma's heads of 256), and not in the paged batch form (under the
+# bound its 8B case missed the check's fp16 tolerance in 2 of 5 runs). kernels/loop/NOTES.md.
+MIN_GROUPS_AUTO = 4
+
+
+def min_groups(first: int, phases: int, simds: int, attn: "_Attention | None", kind: LayerKind) -> int:
+    """The threadgroups an SM a launch is compiled for (launch bounds; 0: the compiler's choice):
+    the block_min_groups option, or its auto rule (above)."""
+    least = options.get("block_min_groups")
+    if least is not None:
+        return least
+    token = (first, phases) not in ((QKV, 3), (UP, 2), (UP, 5))  # token_block, not the named halves
+    plain = (attn is not None and not attn.norms and attn.table is None and not kind.post_norms
+             and attn.head_dim <= 128)
+    return MIN_GROUPS_AUTO if token and plain and simds == 4 else 0
+
+
 def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None, attn: _Attention | None,
             queue: mx.array | None, strides: dict[str, int] | None = None, layer_kind: LayerKind = LLAMA,
             post_norms: tuple[mx.array, mx.array] | None = None, qkv_bias: mx.array | None = None,
@@ -631,7 +652,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     stacked = bool(attn and attn.stacked)
     # a ticket's stamps (none without a timeline): claimed, let go, done; and the attention's marks
     stamps = 0 if timeline is None else TIMELINE_STAMPS if options.get("block_timeline_marks") else 3
-    least = options.get("block_min_groups")
+    least = min_groups(first, phases, s, attn, layer_kind)
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind,
                  bool(attn and attn.table is not None), stamps, stacked, (32 * s, least) if least else None)
     kinds = tuple((first + j) % 5 for j in range(phases))
