@@ -30,6 +30,7 @@ how many threadgroups of a module fit at once (the blocks size their claimed pha
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -236,12 +237,12 @@ def sm_count() -> int:
     return n.value
 
 
-def groups_per_sm(cubin: bytes, symbol: str, threads: int) -> int:
-    """Blocks of `threads` threads of the kernel `symbol` in `cubin` that one SM holds at once:
-    the driver's occupancy calculator (registers, shared memory, warps), on the module loaded into
-    the device's primary context, which MLX's process shares, and unloaded again."""
+@contextlib.contextmanager
+def _loaded(cubin: bytes, symbol: str):
+    """The function `symbol` of `cubin`, loaded into the device's primary context (which MLX's
+    process shares) for the time of the block, and unloaded again."""
     cuda, dev, ctx = _driver(), ctypes.c_int(), ctypes.c_void_p()
-    module, fn, n = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
+    module, fn = ctypes.c_void_p(), ctypes.c_void_p()
     _check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
     _check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
     try:
@@ -250,15 +251,45 @@ def groups_per_sm(cubin: bytes, symbol: str, threads: int) -> int:
             _check(cuda.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
             try:
                 _check(cuda.cuModuleGetFunction(ctypes.byref(fn), module, symbol.encode()), "cuModuleGetFunction")
-                _check(cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), fn, threads,
-                                                                        ctypes.c_size_t(0)), "cuOccupancy")
+                yield cuda, fn
             finally:
                 cuda.cuModuleUnload(module)
         finally:
             cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
     finally:
         cuda.cuDevicePrimaryCtxRelease_v2(dev)
+
+
+def groups_per_sm(cubin: bytes, symbol: str, threads: int) -> int:
+    """Blocks of `threads` threads of the kernel `symbol` in `cubin` that one SM holds at once:
+    the driver's occupancy calculator (registers, shared memory, warps)."""
+    n = ctypes.c_int()
+    with _loaded(cubin, symbol) as (cuda, fn):
+        _check(cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), fn, threads, ctypes.c_size_t(0)),
+               "cuOccupancy")
     return n.value
+
+
+# cuFuncGetAttribute's CUfunction_attribute values (cuda.h)
+_FUNCTION_ATTRIBUTES = {"registers": 4, "smem": 1, "local_bytes": 3}
+
+
+def function_attributes(cubin: bytes, symbol: str) -> dict[str, int]:
+    """What the driver says of the kernel `symbol` in `cubin`: registers a thread, static shared
+    memory (bytes a threadgroup) and local memory (bytes a thread: the stack and any spills)."""
+    out = {}
+    with _loaded(cubin, symbol) as (cuda, fn):
+        for name, attribute in _FUNCTION_ATTRIBUTES.items():
+            value = ctypes.c_int()
+            _check(cuda.cuFuncGetAttribute(ctypes.byref(value), attribute, fn), "cuFuncGetAttribute")
+            out[name] = value.value
+    return out
+
+
+def module_symbol(path: Path) -> str:
+    """The lowered symbol of a cached module's kernel (its .txt: kernel name, tab, symbol)."""
+    _, symbol = path.with_suffix(".txt").read_text().rstrip("\n").split("\t")  # ValueError if malformed
+    return symbol
 
 
 def _cuda_home() -> str:
@@ -374,8 +405,7 @@ def resident(inst: Instance, threads: int) -> int | None:
     _build(inst)
     path = cached(inst)
     try:
-        _, symbol = path.with_suffix(".txt").read_text().rstrip("\n").split("\t")
-        return sm_count() * groups_per_sm(path.read_bytes(), symbol, threads)
+        return sm_count() * groups_per_sm(path.read_bytes(), module_symbol(path), threads)
     except (AttributeError, OSError, ValueError, RuntimeError):
         return None
 

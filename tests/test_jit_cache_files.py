@@ -3,6 +3,7 @@ are written under names the file system takes, and a name past its limit is left
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,83 @@ def test_a_worker_process_compiles_its_share_and_reports_what_failed(tmp_path: P
     assert (tmp_path / "good.ptx").read_bytes()[:4] == b"\x7fELF"  # a cubin
     assert (tmp_path / "good.txt").read_text() == "k\tk\n"
     assert not (tmp_path / "bad.ptx").exists()
+
+
+class _FakeDriver:
+    """libcuda's calls that jit_cache makes to load a module and ask of one function, on a CPU:
+    each sets its out-argument and returns 0 (CUDA_SUCCESS) unless told to fail; `loaded` counts
+    modules loaded and not unloaded, `pushed` contexts pushed and not popped, `retained` likewise."""
+
+    def __init__(self, fail: str = ""):
+        self.fail, self.loaded, self.pushed, self.retained = fail, 0, 0, 0
+        self.attributes = {4: 126, 1: 33832, 3: 48}
+
+    def _status(self, name: str) -> int:
+        return 1 if name == self.fail else 0
+
+    def cuDeviceGet(self, dev, ordinal):
+        return self._status("cuDeviceGet")
+
+    def cuDevicePrimaryCtxRetain(self, ctx, dev):
+        self.retained += 1
+        return self._status("cuDevicePrimaryCtxRetain")
+
+    def cuDevicePrimaryCtxRelease_v2(self, dev):
+        self.retained -= 1
+        return 0
+
+    def cuCtxPushCurrent_v2(self, ctx):
+        self.pushed += 1
+        return 0
+
+    def cuCtxPopCurrent_v2(self, ctx):
+        self.pushed -= 1
+        return 0
+
+    def cuModuleLoadData(self, module, image):
+        self.loaded += 1
+        return self._status("cuModuleLoadData")
+
+    def cuModuleUnload(self, module):
+        self.loaded -= 1
+        return 0
+
+    def cuModuleGetFunction(self, fn, module, name):
+        return self._status("cuModuleGetFunction")
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, n, fn, threads, smem):
+        n._obj.value = 4 if threads == 128 else 1
+        return self._status("cuOccupancy")
+
+    def cuFuncGetAttribute(self, value, attribute, fn):
+        value._obj.value = self.attributes[attribute]
+        return self._status("cuFuncGetAttribute")
+
+
+@pytest.mark.parametrize("fail", ["", "cuModuleGetFunction", "cuOccupancy", "cuFuncGetAttribute"])
+def test_a_module_asked_of_through_the_driver_is_let_go_again(monkeypatch, fail):
+    """groups_per_sm and function_attributes load the module into the primary context, ask, and
+    unload it, pop the context and release it again, also when a call fails (a RuntimeError that
+    names it). No GPU: a stand-in for libcuda."""
+    from kernels import jit_cache
+
+    fake = _FakeDriver(fail)
+    monkeypatch.setattr(jit_cache, "_driver", lambda: fake)
+    if fail in ("", "cuOccupancy"):
+        with pytest.raises(RuntimeError, match=fail) if fail else contextlib.nullcontext():
+            assert jit_cache.groups_per_sm(b"cubin", "sym", 128) == 4
+    if fail in ("", "cuFuncGetAttribute", "cuModuleGetFunction"):
+        with pytest.raises(RuntimeError, match=fail) if fail else contextlib.nullcontext():
+            assert jit_cache.function_attributes(b"cubin", "sym") == dict(registers=126, smem=33832, local_bytes=48)
+    assert (fake.loaded, fake.pushed, fake.retained) == (0, 0, 0)
+
+
+def test_a_cached_module_names_its_symbol(tmp_path: Path):
+    from kernels import jit_cache
+
+    path = tmp_path / "m.ptx"
+    path.with_suffix(".txt").write_text("mlx::core::cu::k\t_ZN3mlx4core2cu1kEv\n")
+    assert jit_cache.module_symbol(path) == "_ZN3mlx4core2cu1kEv"
+    path.with_suffix(".txt").write_text("no tab here\n")
+    with pytest.raises(ValueError):
+        jit_cache.module_symbol(path)
