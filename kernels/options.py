@@ -304,7 +304,8 @@ DECLARED = (
            "(__launch_bounds__), the compiler holding its registers to what they leave and spilling past "
            "that; 0: the compiler's choice. The token block's occupancy sizes its tickets (block_grid "
            "resident), so this sets how many run at once. auto: 4 for token blocks of 4 SIMD groups without "
-           "head norms, post norms or the paged batch form, heads up to 128 (Llama-3-8B on an H200: +2.3% "
+           "head norms, post norms, the attention's MMA form or the paged batch form, heads up to 128 "
+           "(Llama-3-8B on an H200: +2.3% "
            "at depth 0, +9.5% at 4096 tokens, Q8_0 +12.5%; Qwen3-0.6B's split module spilled and lost 8%; "
            "kernels/loop/NOTES.md), else 0"),
     Option("block_attn_mma", True, _flag,

@@ -22,6 +22,8 @@ def test_the_plain_and_stamped_token_modules_are_recorded_at_each_length():
         assert job.spec.launch_bounds == (job.threadgroup[0], 4)
     with pytest.raises(SystemExit, match="unknown preset"):
         block_registers.token_block_launches("no-such-model", "q8_0", 200)
+    with pytest.raises(SystemExit, match=r"a context of 64\.\.4096 rows \(llama2-7b's\), got 4300"):
+        block_registers.token_block_launches("llama2-7b", "q4_0", 4300)
 
 
 @pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")

@@ -439,9 +439,10 @@ def test_min_groups_bound_the_token_block_for_that_many_threadgroups_an_sm():
 
 def test_min_groups_auto_bounds_only_the_plain_token_block():
     """block_min_groups auto: 4 an SM for a token block of 4 SIMD groups whose attention has no head
-    norms, no post norms, heads up to 128 and the contiguous caches (what was measured on the 8B);
-    the compiler's choice for the named halves, the paged batch form, Qwen3's head norms, Gemma's
-    post norms and heads of 256, and other threadgroup sizes. A setting overrides the rule."""
+    norms, no post norms, heads up to 128, the contiguous caches and not the MMA form (what was
+    measured on the 8B); the compiler's choice for the named halves, the paged batch form, the MMA
+    form, Qwen3's head norms, Gemma's post norms and heads of 256, and other threadgroup sizes. A
+    setting overrides the rule."""
     from types import SimpleNamespace
 
     from kernels import options
@@ -458,6 +459,12 @@ def test_min_groups_auto_bounds_only_the_plain_token_block():
             (*token, 4, attn(table="paged"), blocks.LLAMA), (*token, 4, attn(), gemma),
             (*token, 4, attn(head_dim=256), blocks.LLAMA), (*token, 8, attn(), blocks.LLAMA)):
         assert blocks.min_groups(first, phases, simds, a, kind) == 0, (first, phases, simds, a, kind)
+    assert blocks.min_groups(*token, 4, attn(), blocks.LLAMA, mma=True) == 0
+    # as launched: the split token block with K's slot takes the MMA form, and no bounds (Qwen3's
+    # widths without head norms here); unsplit, neither
+    split, unsplit = _token_block_job(8192), _token_block_job(64)
+    assert (split.constants["MMA"], split.spec.launch_bounds) == (1, None)
+    assert (unsplit.constants["MMA"], unsplit.spec.launch_bounds) == (0, (128, 4))
     with options.use(block_min_groups=3):
         assert blocks.min_groups(*token, 4, attn(norms=("q", "k")), blocks.LLAMA) == 3
     with options.use(block_min_groups=0):

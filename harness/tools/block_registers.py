@@ -42,8 +42,8 @@ def token_block_launches(preset: str, qtype: str, context: int, setting: dict | 
 
     if preset not in PRESETS:
         raise SystemExit(f"block_registers: unknown preset {preset!r}; one of {', '.join(sorted(PRESETS))}")
-    if context < 64:
-        raise SystemExit(f"block_registers: a context of at least 64 rows, got {context}")
+    if not 64 <= context <= PRESETS[preset].ctx:
+        raise SystemExit(f"block_registers: a context of 64..{PRESETS[preset].ctx} rows ({preset}'s), got {context}")
     # a vocabulary past the recorded prompt's ids: a recorded argmax is no token of the model's
     config = dataclasses.replace(PRESETS[preset], n_layers=2, vocab=max(8192, context))
     with tempfile.TemporaryDirectory() as tmp:

@@ -485,21 +485,25 @@ class BlockTimeline:
 # block_min_groups auto: the token block held to 4 threadgroups of 4 SIMD groups an SM (128
 # registers) where measured: Llama-3-8B's went from 3 an SM to 4 on an H200 (the device's NVRTC:
 # 131 registers at 4096 tokens, 128 with no more local memory), +2.3% at depth 0, +9.5% at 4096,
-# +12.5% for Q8_0. Not with head norms (Qwen3-0.6B's split module spilled under the bound and lost
-# 8% at 4096) or post norms (Gemma's heads of 256), and not in the paged batch form (under the
+# +12.5% for Q8_0. Not the attention's MMA form (K's slot and the scores on SIMD-group matrices:
+# 167 registers in Qwen3-0.6B's split module, which spilled under the bound and lost 8% at 4096;
+# Llama-2-7B's and Llama-3.2-1B's split modules take the form too), nor head norms (Qwen3's,
+# level at depth 0) or post norms (Gemma's heads of 256), nor the paged batch form (under the
 # bound its 8B case missed the check's fp16 tolerance in 2 of 5 runs). kernels/loop/NOTES.md.
 MIN_GROUPS_AUTO = 4
 
 
-def min_groups(first: int, phases: int, simds: int, attn: "_Attention | None", kind: LayerKind) -> int:
+def min_groups(first: int, phases: int, simds: int, attn: "_Attention | None", kind: LayerKind,
+               mma: bool = False) -> int:
     """The threadgroups an SM a launch is compiled for (launch bounds; 0: the compiler's choice):
-    the block_min_groups option, or its auto rule (above)."""
+    the block_min_groups option, or its auto rule (above); `mma`: the attention phase takes the
+    MMA form (its MMA constant)."""
     least = options.get("block_min_groups")
     if least is not None:
         return least
     token = (first, phases) not in ((QKV, 3), (UP, 2), (UP, 5))  # token_block, not the named halves
     plain = (attn is not None and not attn.norms and attn.table is None and not kind.post_norms
-             and attn.head_dim <= 128)
+             and attn.head_dim <= 128 and not mma)
     return MIN_GROUPS_AUTO if token and plain and simds == 4 else 0
 
 
@@ -652,7 +656,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     stacked = bool(attn and attn.stacked)
     # a ticket's stamps (none without a timeline): claimed, let go, done; and the attention's marks
     stamps = 0 if timeline is None else TIMELINE_STAMPS if options.get("block_timeline_marks") else 3
-    least = min_groups(first, phases, s, attn, layer_kind)
+    least = min_groups(first, phases, s, attn, layer_kind, bool(consts.get("MMA")))
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind,
                  bool(attn and attn.table is not None), stamps, stacked, (32 * s, least) if least else None)
     kinds = tuple((first + j) % 5 for j in range(phases))
