@@ -305,9 +305,8 @@ DECLARED = (
            "that; 0: the compiler's choice. The token block's occupancy sizes its tickets (block_grid "
            "resident), so this sets how many run at once. auto: 4 for token blocks of 4 SIMD groups without "
            "head norms, post norms, the attention's MMA form or the paged batch form, heads up to 128 "
-           "(Llama-3-8B on an H200: +2.3% "
-           "at depth 0, +9.5% at 4096 tokens, Q8_0 +12.5%; Qwen3-0.6B's split module spilled and lost 8%; "
-           "kernels/loop/NOTES.md), else 0"),
+           "(Llama-3-8B on an H200: +2.3% at depth 0, +9.5% at 4096 tokens, Q8_0 +12.5%; Qwen3-0.6B's "
+           "split module spilled and lost 8%; kernels/loop/NOTES.md), else 0"),
     Option("block_attn_mma", True, _flag,
            "with block_k_slots: the blocks' attention phase scores and takes P.V on SIMD-group matrices "
            "where the form allows (<= 8 heads a threadgroup, D a multiple of 32 up to 32 NSIMD), as attn_mma"),
