@@ -107,7 +107,7 @@ DECLARED = (
            "split attention's tokens a threadgroup (auto: sized for about 512 threadgroups)"),
     Option("attn_split_grid", None, _auto_or_count,
            "split attention: threadgroups the automatic partition length aims at (auto: 256 for the MMA "
-           "form, 512 otherwise)"),
+           "form, 512 otherwise; in a token block bound to N threadgroups an SM, N times the SMs)"),
     Option("attn_v_prefetch", None, _auto_or_count,
            "decode attention: 8-token V vectors a SIMD group loads at a time, 1, 2 or 4 (auto: all 4 of a "
            "chunk, with its K loads, where D <= 128 and the grid is under 512 threadgroups; 256 / D in "

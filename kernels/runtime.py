@@ -418,6 +418,14 @@ def prepare(jobs: Sequence[Launch]) -> tuple[int, dict[str, str]]:
 _fits: dict = {}
 
 
+def sm_count() -> int | None:
+    """The GPU's streaming multiprocessors, where a launch can be sized by them: None off CUDA and
+    while recording (a recording must not depend on the machine that makes it)."""
+    if not _CUDA[0] or _recorder[0] is not None:
+        return None
+    return jit_cache.sm_count()
+
+
 def _module_key(job: Launch, inline: bool) -> tuple:
     """A launch's module, cheaply: its spec, constants and source form. It leaves out the dtypes,
     which cost more than the rest to read (harness/NOTES.md): a second dtype under one spec and

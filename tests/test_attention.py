@@ -162,7 +162,8 @@ def jobs(monkeypatch):
     (1000, 0, None, True, 8, 4),               # split forced (the checks' setting)
     (4096, 0, None, True, 32, 1),              # 64 threadgroups: no query split
     (2049, at.SPLIT_FROM, 512, True, 5, 4),    # partitions of a given length
-    (4096, 0, 56, True, 74, 1),                # more than MERGE_PARTS partitions: the combine launch
+    (4096, 0, 56, True, 74, 1),                # 74 partitions: merged, 3 a lane
+    (4096, 0, 24, True, 171, 1),               # more than MERGE_PARTS partitions: the combine launch
 ])
 def test_split_decision_sets_the_grid(jobs, combine, ctx, split_from, partition, split, partitions, qs):
     """The launches flash_decode makes (recorded, not run): the unsplit body gets one threadgroup
@@ -221,8 +222,19 @@ def test_merge_loads_never_exceed_the_partitions(parts, want):
 
 def test_merge_loads_reject_what_the_merge_cannot_take():
     for parts in (0, at.MERGE_PARTS + 1):
-        with pytest.raises(ValueError, match="partitions"):
-            at.merge_loads(parts)
+        for of in (at.merge_loads, at.merge_lane):
+            with pytest.raises(ValueError, match="partitions"):
+                of(parts)
+
+
+@pytest.mark.parametrize("parts, lane", [(1, 2), (33, 2), (64, 2), (65, 3), (96, 3), (97, 4), (128, 4)])
+def test_merge_lane_holds_every_partition(parts, lane):
+    """A lane of the merge weighs 2 partitions up to 64 (the launches merged before it took
+    more keep their form), then as few as hold them all; its weights' threadgroup memory grows
+    with it."""
+    assert at.merge_lane(parts) == lane
+    more = at.decode_threadgroup_bytes(4, 128, at.NSIMD, False, parts) - at.decode_threadgroup_bytes(4, 128, at.NSIMD, False, 0)
+    assert more == 4 * (1 + 4 * 32 * lane)
 
 
 @pytest.mark.parametrize("ctx, split_from, loads", [(8192, at.SPLIT_FROM, 16), (2600, at.SPLIT_FROM, 16), (1000, 0, 8)])
@@ -243,9 +255,9 @@ def test_k_slots_fit_the_backend(jobs, monkeypatch):
     q = mx.zeros((1, 32, 128), mx.float16)
     at.flash_decode(q, k, k, [300], 0.125)
     assert jobs[-1].constants["KSLOTS"] == 2
-    assert at.decode_threadgroup_bytes(4, 128, at.NSIMD, False, True, 2) <= 48 * 1024
+    assert at.decode_threadgroup_bytes(4, 128, at.NSIMD, False, at.MERGE_PARTS, 2) <= 48 * 1024
     monkeypatch.setattr(at.backends, "threadgroup_memory", lambda: 32 * 1024)
-    assert at.k_slots(4, 128, False, True) == 1
+    assert at.k_slots(4, 128, False, 64) == 1
     for chosen in (0, 1, 2):
         with options.use(attn_k_slots=chosen):
             at.flash_decode(q, k, k, [300], 0.125)

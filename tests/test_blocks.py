@@ -336,14 +336,16 @@ def test_the_blocks_checks_draw_k_weights_of_mean_zero(qtype):
     assert np.array_equal(sc, mn) and len(np.unique(sc)) == 64  # random 6-bit scales, mins tied to them
 
 
-def _token_block_job(max_seq: int, d: int = 1024, f: int = 3072, **setting):
-    """The recorded launch of a one-layer token_block (4 query heads, 2 kv heads of 64) over a
-    cache of max_seq rows, the position on the device (as the decode loop passes it: the launch
-    is sized for the whole cache). The default widths are Qwen3-0.6B's: 4 SIMD groups a threadgroup."""
+def _token_block_job(max_seq: int, d: int = 1024, f: int = 3072, heads: tuple[int, int, int] = (4, 2, 64),
+                     **setting):
+    """The recorded launch of a one-layer token_block (`heads`: query heads, kv heads, their
+    size) over a cache of max_seq rows, the position on the device (as the decode loop passes it:
+    the launch is sized for the whole cache). The default widths are Qwen3-0.6B's: 4 SIMD groups a
+    threadgroup."""
     from kernels import options
     from kernels.runtime import recording
 
-    hq, hkv, hd = 4, 2, 64
+    hq, hkv, hd = heads
     norm = mx.ones((1, d), mx.float16)
     stacks = blocks.LayerStacks(norm, blocks.Stack([_packed((hq + 2 * hkv) * hd, d, 0)]),
                                 blocks.Stack([_packed(d, hq * hd, 1)]), norm,
@@ -598,6 +600,31 @@ def test_a_stacks_layer_views_share_its_bytes():
     layer = HKV * 16 * HD * 2
     assert [address(v) - address(stack) for v in layer_views(stack, "stack")] == [0, layer, 2 * layer]
     assert address(stack[1]) - address(stack) != layer  # the gather MLX makes of an integer index
+
+
+def test_the_attention_phase_fills_the_threadgroups_its_bound_keeps_resident(monkeypatch):
+    """attn_split_grid auto in a token block bound to N threadgroups an SM: its partitions aim at
+    N times the SMs. The 8B's token at 16384 + 200 rows on 132 SMs: 65 partitions of 2 chunks a
+    kv head (520 tickets for 528 threadgroups, merged 3 a lane) where SPLIT_GRID's 512 made 44 of
+    3. Unbound, set, or with no SMs to go by (a recording), SPLIT_GRID stays; the merge's weights
+    take no room from the staged X'."""
+    from kernels import backends, runtime
+
+    def layout(**setting) -> tuple[int, dict]:
+        job = _token_block_job(16584, 4096, 14336, (32, 8, 128), **setting)
+        return int(np.array(dict(zip(job.spec.inputs, job.inputs))["dims"])[3]), job.constants
+
+    parts, recorded = layout()
+    assert (parts, recorded["MLANE"]) == (44, 2)
+    monkeypatch.setattr(runtime, "sm_count", lambda: 132)
+    parts, c = layout()
+    assert (parts, c["MLANE"], c["MLOADS"], c["XCHUNK"]) == (65, 3, 16, recorded["XCHUNK"])
+    assert blocks._threadgroup_bytes(c, True, False, True) <= backends.threadgroup_memory()
+    assert layout(attn_split_grid=512)[0] == 44
+    assert layout(block_min_groups=0)[0] == 44
+    assert layout(block_min_groups=3)[0] == 44  # 396 threadgroups: 49 partitions of 2 would not fit
+    monkeypatch.setattr(runtime, "sm_count", lambda: 66)  # half the SMs: 33 partitions of 4 chunks
+    assert layout()[0] == 33
 
 
 @pytest.mark.parametrize("split_from, split", [(None, True), (256, True), (2048, False)])

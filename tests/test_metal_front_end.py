@@ -179,7 +179,7 @@ def test_decode_attention_splits_a_wide_group_to_fit_the_budget():
 
     q = mx.zeros((1, 32, 256), mx.float16)
     cache = mx.zeros((1, 1, 64, 256), mx.float16)
-    assert attention.decode_threadgroup_bytes(32, 256, attention.NSIMD, False, False) > THREADGROUP_MEMORY["cuda"]
+    assert attention.decode_threadgroup_bytes(32, 256, attention.NSIMD, False, 0) > THREADGROUP_MEMORY["cuda"]
     for target, heads in (("metal", 8), ("cuda", 16)):  # the most heads a threadgroup fits
         # attn_query_split 1: no split for the grid's sake, so only the budget splits the group
         with recording(target) as rec, options.use(attn_query_split=1):

@@ -464,6 +464,10 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             continue
         for combine in ("last_group", "launch"):
             cases.append(_merge_case(lens, heads, d, combine))
+    # more partitions than two a lane of the merge: 65 (3 a lane) and 126 (4), merged in the launch
+    if not small:
+        cases.append(_merge_case([8300, 5000], (32, 8), 128, "last_group", {"attn_partition": 128}))
+        cases.append(_merge_case([16100], (16, 8), 64, "last_group", {"attn_partition": 128}))
     # fewer V vectors in flight (the attn_v_prefetch option) at Llama-3's heads, a mixed batch; and
     # the combine launch over more than its 64 partitions a block (sequences of 71 and 32 partitions)
     for vpf in (1, 2):

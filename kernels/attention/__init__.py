@@ -63,7 +63,7 @@ CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.meta
 # are few and meet in the L2. The attn_query_split option (default 64) sets the bound; 0 keeps a
 # group in one threadgroup.
 NSIMD = 4
-MERGE_PARTS = 64  # partitions the in-launch merge takes (decode_attention.metal); more: the combine launch
+MERGE_PARTS = 128  # partitions the in-launch merge takes (decode_rows.metal); more: the combine launch
 
 
 def merge_loads(parts: int) -> int:
@@ -72,9 +72,23 @@ def merge_loads(parts: int) -> int:
     to end at the last partition, so every load is in range without a clamp). ptxas keeps every
     decode kernel at its registers with 16 (Llama-3's contiguous one at 112 with K's two slots,
     128 with none; at e5dd20c, K in registers, it took 130 with 8 or more)."""
+    _check_merged(parts)
+    return min(16, 1 << (parts.bit_length() - 1))
+
+
+def merge_lane(parts: int) -> int:
+    """Partitions a lane of the in-launch merge weighs (decode_rows.metal's MLANE; its weights take
+    G * 32 * MLANE floats of threadgroup memory): 2 up to 64 partitions, the form every merged
+    launch had before the merge took more, then as few as hold `parts`. A long context that fills
+    the GPU's threadgroups with partitions of two chunks (the 8B's 16384 tokens: 65 of 256 a kv
+    head) needs more than 64."""
+    _check_merged(parts)
+    return max(2, -(-parts // 32))
+
+
+def _check_merged(parts: int) -> None:
     if not 1 <= parts <= MERGE_PARTS:
         raise ValueError(f"the in-launch merge takes 1..{MERGE_PARTS} partitions, got {parts}")
-    return min(16, 1 << (parts.bit_length() - 1))
 
 
 COMBINE_PARTS = 64  # partitions combine.metal weighs at a time (its PB): their weights in threadgroup memory
@@ -128,17 +142,17 @@ def _spec(paged: bool, split: bool, rope: bool = False, merge: bool = False, hea
                       in_place=("k_cache", "v_cache") if rope else ())  # rope: the new K and V rows
 
 
-def decode_threadgroup_bytes(group: int, head_dim: int, nsimd: int, head_norm: bool, merge: bool,
+def decode_threadgroup_bytes(group: int, head_dim: int, nsimd: int, head_norm: bool, merge: int,
                              slots: int = 0, mma: bool = False) -> int:
     """Threadgroup memory of a decode attention launch (decode_tiles.metal) for `group` query
     heads a threadgroup: Q and the output sums of each head, a chunk's scores (a thread a token),
     the softmax's running max, sum and rescale; the heads' norms (Qwen3's), each partition's
-    weight where the launch merges its partitions, K's `slots` (a round of KG 16-byte vectors
+    weight where the launch merges its `merge` partitions (0: it merges none), K's `slots` (a round of KG 16-byte vectors
     for each thread, and 16 bytes), and with `mma` Q in fp16 (8 rows of D + 8 halves)."""
     chunk = nsimd * 32
     words = 2 * group * head_dim + group * chunk + 3 * group
     words += (group + 1) if head_norm else 0
-    words += (1 + group * MERGE_PARTS) if merge else 0
+    words += (1 + group * 32 * merge_lane(merge)) if merge else 0
     return 4 * words + slots * k_slot_bytes(head_dim, nsimd) + 16 + 2 * (8 * (head_dim + 8) if mma else 1)
 
 
@@ -150,8 +164,8 @@ def k_slot_bytes(head_dim: int, nsimd: int) -> int:
 
 
 def _decode_threadgroup_bytes(c: dict, head_norm: bool, merge: bool) -> int:
-    return decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, merge, c.get("KSLOTS", 0),
-                                    bool(c.get("MMA", 0)))
+    return decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, 32 * c["MLANE"] if merge else 0,
+                                    c.get("KSLOTS", 0), bool(c.get("MMA", 0)))
 
 
 def merge_counters(slots: int) -> mx.array:
@@ -272,7 +286,7 @@ def split_grid(mma: int) -> int:
     return options.get("attn_split_grid") or (SPLIT_GRID_MMA if mma else SPLIT_GRID)
 
 
-def k_slots(group: int, head_dim: int, head_norm: bool, merge: bool) -> int:
+def k_slots(group: int, head_dim: int, head_norm: bool, merge: int) -> int:
     """K's slots of threadgroup memory (decode_tiles.metal's KSLOTS): the attn_k_slots option, else
     2 where the backend's threadgroup memory holds them (CUDA's 48 KiB, as launched: with the
     next round's copies in flight during this one's products), else 1 (Metal's 32 KiB), else 0
@@ -285,7 +299,7 @@ def k_slots(group: int, head_dim: int, head_norm: bool, merge: bool) -> int:
     return slots_that_fit(2, group, head_dim, NSIMD, head_norm, merge, False, backends.threadgroup_memory())
 
 
-def slots_that_fit(most: int, group: int, head_dim: int, nsimd: int, head_norm: bool, merge: bool,
+def slots_that_fit(most: int, group: int, head_dim: int, nsimd: int, head_norm: bool, merge: int,
                    mma: bool, budget: int) -> int:
     """The most K slots, at most `most`, with which decode attention's threadgroup arrays stay
     within `budget` bytes (0 where not even one does)."""
@@ -300,7 +314,7 @@ def mma_form(group: int, head_dim: int, nsimd: int = NSIMD) -> bool:
     return group <= 8 and head_dim >= 32 and head_dim & (head_dim - 1) == 0 and head_dim <= 32 * nsimd
 
 
-def use_mma(group: int, head_dim: int, slots: int, head_norm: bool, merge: bool) -> int:
+def use_mma(group: int, head_dim: int, slots: int, head_norm: bool, merge: int) -> int:
     """Scores and P.V on SIMD-group matrices (decode_tiles.metal's USE_MMA): the attn_mma option.
     The form needs K in threadgroup memory (slots > 0), at most 8 heads a threadgroup (a fragment's
     rows), D a multiple of 32 and at most 128 (its V words in registers), and Q's fp16 copy within
@@ -349,7 +363,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     head_norm = bool(rope and rope[3])
     if partition is None:  # the attn_partition option, else sized for the grid (and the form)
         partition = options.get("attn_partition") or auto_partition(longest, n_kv * batch, split_grid(
-            use_mma(group, head_dim, k_slots(group, head_dim, head_norm, False), head_norm, False)))
+            use_mma(group, head_dim, k_slots(group, head_dim, head_norm, 0), head_norm, 0)))
     if partition % CHUNK_MULTIPLE or partition <= 0:
         raise ValueError(f"partition must be a positive multiple of {CHUNK_MULTIPLE}, got {partition}")
     # One partition holds every context, or contexts are short: the unsplit body writes the output
@@ -362,15 +376,16 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     if combine == "auto":  # merged in the launch, but in the fused loop's RoPE launch (NOTES.md)
         combine = "launch" if rope is not None else "last_group"
     merge = split and combine == "last_group" and parts <= MERGE_PARTS
+    merged = parts if merge else 0  # (the partitions whose weights its threadgroup memory holds)
     # Where a threadgroup's share of the group's heads would not fit the backend's threadgroup
     # memory (Metal's 32 KiB; a wide group, as multi-query heads make), fewer heads a threadgroup
-    while group % (2 * qs) == 0 and decode_threadgroup_bytes(group // qs, head_dim, NSIMD, head_norm, merge) \
+    while group % (2 * qs) == 0 and decode_threadgroup_bytes(group // qs, head_dim, NSIMD, head_norm, merged) \
             > backends.threadgroup_memory():
         qs *= 2
     constants = dict(D=head_dim, G=group // qs, QS=qs, NSIMD=NSIMD, BS=block_size,
                      VPREF=v_prefetch(head_dim, parts * n_kv * qs * batch),
-                     KSLOTS=k_slots(group // qs, head_dim, head_norm, merge))
-    constants["MMA"] = use_mma(group // qs, head_dim, constants["KSLOTS"], head_norm, merge)
+                     KSLOTS=k_slots(group // qs, head_dim, head_norm, merged))
+    constants["MMA"] = use_mma(group // qs, head_dim, constants["KSLOTS"], head_norm, merged)
     constants["KROW"] = k_copy_rows(constants["MMA"], paged, parts * n_kv * qs * batch)
     if rope is not None:  # q is the QKV rows, lens the positions (rope_flash_decode, paged_rope_attention)
         inputs = [q, k_cache, v_cache, lens, *((table,) if paged else ()), *rope[:2], dims, _scale(float(scale)),
@@ -384,7 +399,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     outputs = ([((batch, n_heads, parts, head_dim), mx.float32), ((batch, n_heads, parts, 2), mx.float32)]
                if split else [((batch, n_heads, head_dim), mx.float16)])
     if merge:
-        constants["MLOADS"] = merge_loads(parts)
+        constants.update(MLOADS=merge_loads(parts), MLANE=merge_lane(parts))
         if counters is None:
             counters = _stream_counters(batch * n_heads)
         _check_counters(counters, batch * n_kv * qs)

@@ -462,21 +462,31 @@ if (tid == 0) {
 threadgroup_barrier(mem_flags::mem_device);
 if (merge_here) {
   // combine.metal's weights, worked out once a head and in parallel: a SIMD group a query head,
-  // a lane two partitions (at most MERGE_PARTS; the host launches the combine past that).
+  // a lane MLANE partitions (the host's merge_lane: at most MERGE_PARTS in all; it launches the
+  // combine past that).
   const uint parts = uint(dims[3]);
   for (uint g = simd; g < G; g += NSIMD) {
     const uint row = b * n_heads + hg * G + g;
-    float m2[2], l2[2];
-    for (uint j = 0; j < 2; ++j) {
+    float mj[MLANE], lj[MLANE];
+    LATHE_UNROLL
+    for (uint j = 0; j < MLANE; ++j) {
       const uint p = lane + 32 * j;
-      m2[j] = p < parts ? part_ml[2 * (row * parts + p)] : NEG_INF;
-      l2[j] = p < parts ? part_ml[2 * (row * parts + p) + 1] : 0.0f;
+      mj[j] = p < parts ? part_ml[2 * (row * parts + p)] : NEG_INF;
+      lj[j] = p < parts ? part_ml[2 * (row * parts + p) + 1] : 0.0f;
     }
-    const float m_all = simd_max(max(m2[0], m2[1]));
-    float w2[2];
-    for (uint j = 0; j < 2; ++j) w2[j] = l2[j] > 0.0f ? l2[j] * exp(m2[j] - m_all) : 0.0f;
-    const float den = simd_sum(w2[0] + w2[1]);
-    for (uint j = 0; j < 2; ++j) w_s[g * MERGE_PARTS + lane + 32 * j] = den > 0.0f ? w2[j] / den : 0.0f;
+    float m_lane = mj[0];
+    LATHE_UNROLL
+    for (uint j = 1; j < MLANE; ++j) m_lane = max(m_lane, mj[j]);
+    const float m_all = simd_max(m_lane);
+    float wj[MLANE];
+    LATHE_UNROLL
+    for (uint j = 0; j < MLANE; ++j) wj[j] = lj[j] > 0.0f ? lj[j] * exp(mj[j] - m_all) : 0.0f;
+    float w_lane = wj[0];
+    LATHE_UNROLL
+    for (uint j = 1; j < MLANE; ++j) w_lane += wj[j];
+    const float den = simd_sum(w_lane);
+    LATHE_UNROLL
+    for (uint j = 0; j < MLANE; ++j) w_s[g * MERGE_PARTS + lane + 32 * j] = den > 0.0f ? wj[j] / den : 0.0f;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   // out = sum_p w_p o_p, a thread a 4-value slot of the G heads' outputs (one 16-byte load a

@@ -206,7 +206,7 @@ threadgroup half qh_s[USE_MMA ? 8 * QST : 1];  // USE_MMA: the G query heads (sc
 threadgroup float norm_s[G + 1];  // 1 / RMS of the G query heads and of the kv head's K
 #endif
 #if LATHE_SPLIT && LATHE_MERGE
-constexpr uint MERGE_PARTS = 64;  // partitions the in-launch merge takes at most
+constexpr uint MERGE_PARTS = 32 * MLANE;  // partitions the in-launch merge takes at most
 threadgroup uint merge_here;      // this threadgroup was its head group's last: it merges
 threadgroup float w_s[G * MERGE_PARTS];  // each partition's weight in the merged output
 #endif

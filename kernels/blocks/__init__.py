@@ -205,8 +205,9 @@ def _threadgroup_bytes(c: dict, attn: bool, head_norm: bool, split: bool, post_n
     if not attn:
         return gemv_bytes
     slots = 0 if c.get("KIN_X") else c.get("KSLOTS", 0)  # (KIN_X: the slots are in X')
-    return gemv_bytes + attention.decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, split,
-                                                          slots, bool(c.get("MMA", 0)))
+    return gemv_bytes + attention.decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm,
+                                                          32 * c["MLANE"] if split else 0, slots,
+                                                          bool(c.get("MMA", 0)))
 
 
 def _check_queue(queue: mx.array, phases: int) -> None:
@@ -507,6 +508,17 @@ def min_groups(first: int, phases: int, simds: int, attn: "_Attention | None", k
     return MIN_GROUPS_AUTO if token and plain and simds == 4 else 0
 
 
+def attention_grid(least: int) -> int:
+    """Threadgroups the attention phase's partitions aim at: the attn_split_grid option; else,
+    where the launch is bound to `least` threadgroups an SM (min_groups) on a GPU whose SMs are
+    known, every one it holds, so that the phase's tickets fill one wave (the 8B at 16384 tokens:
+    65 partitions of 2 chunks a kv head, 520 tickets for 528 threadgroups, where SPLIT_GRID's 512
+    made 44 of 3 chunks and left a third of them idle); else attention's SPLIT_GRID. (The split
+    grid of the register form: the blocks keep K in registers unless block_k_slots says otherwise.)"""
+    sms = runtime.sm_count() if least else None
+    return options.get("attn_split_grid") or (least * sms if sms else attention.split_grid(0))
+
+
 def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None, attn: _Attention | None,
             queue: mx.array | None, strides: dict[str, int] | None = None, layer_kind: LayerKind = LLAMA,
             post_norms: tuple[mx.array, mx.array] | None = None, qkv_bias: mx.array | None = None,
@@ -531,12 +543,10 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     def attention_layout(s: int) -> tuple[int, bool, int, int]:
         """(partition, split, parts, query split) of the attention phase at NSIMD s: its
         partitions as flash_decode would split them (the grid sized for the longest context a
-        call can see), merged in the launch, at most MERGE_PARTS of them."""
+        call can see, below), merged in the launch, at most MERGE_PARTS of them."""
         a, chunk = attn, s * 32  # decode_rows' tokens a chunk at this NSIMD
-        # (the split grid of the register form: the blocks' attention keeps K in registers unless
-        # block_k_slots says otherwise)
         partition = options.get("attn_partition") or attention.auto_partition(
-            a.longest, a.n_kv, attention.split_grid(0))
+            a.longest, a.n_kv, attention_grid(min_groups(first, phases, s, attn, layer_kind)))
         partition = max(-(-partition // chunk) * chunk, -(-a.longest // (attention.MERGE_PARTS * chunk)) * chunk)
         split = a.longest > partition and a.longest > a.split_from
         parts = -(-a.longest // partition) if split else 1
@@ -549,9 +559,9 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         post = 4 * x.shape[-1] if layer_kind.post_norms else 0
         if not attn:
             return post
-        _, split, _, qs = attention_layout(s)
+        _, split, parts, qs = attention_layout(s)
         return post + attention.decode_threadgroup_bytes((attn.n_heads // attn.n_kv) // qs, attn.head_dim, s,
-                                                         bool(attn.norms), split)
+                                                         bool(attn.norms), parts if split else 0)
 
     narrow, balance = options.get("block_narrow"), options.get("block_balance")
 
@@ -624,7 +634,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         # GEMV phases' (a slot is 4 KiB a SIMD group)
         want, budget = slots, (backends.threadgroup_memory() - _gemv_bytes(m, geo.xchunk, s)
                                - (4 * a.d if layer_kind.post_norms else 0))
-        slots = attention.slots_that_fit(want, group // qs, a.head_dim, s, bool(a.norms), split, mma, budget)
+        merged = parts if split else 0  # (the partitions whose weights the merge holds)
+        slots = attention.slots_that_fit(want, group // qs, a.head_dim, s, bool(a.norms), merged, mma, budget)
         in_x = 0
         if slots < want and options.get("block_k_in_x"):
             # block_k_in_x: the slots in the staged X' (2 bytes a value, M rows), which an attention
@@ -632,7 +643,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
             # its X' chunk of 14336 values leaves no room for a slot)
             held = min(want, 2 * m * geo.xchunk // attention.k_slot_bytes(a.head_dim, s))
             if held > slots and attention.decode_threadgroup_bytes(group // qs, a.head_dim, s, bool(a.norms),
-                                                                   split, 0, mma) <= budget:
+                                                                   merged, 0, mma) <= budget:
                 slots, in_x = held, 1
         mma = int(mma and slots > 0)
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=a.block_size,
@@ -640,7 +651,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                       VSTRAIGHT=bool(options.get("block_v_straight")),
                       ROPE_STRIDE=0 if a.inv_freqs is None or a.inv_freqs.ndim == 1 else a.head_dim // 2)
         if split:
-            consts.update(MLOADS=attention.merge_loads(parts))
+            consts.update(MLOADS=attention.merge_loads(parts), MLANE=attention.merge_lane(parts))
     inputs = [x, gemv._eps(float(eps)), _GRID, queue] + inputs
     if layer_types is not None:
         inputs.append(constant(layer_types, mx.uint32))
