@@ -125,6 +125,10 @@ DECLARED = (
            "decode attention, MMA form, contiguous cache: K's copies a thread a token's vectors (token), or "
            "a SIMD group's 32 tokens by whole rows, 8 lanes a row (row: full sectors an instruction, "
            "more registers); auto: row in grids of at most 256 threadgroups (kernels/attention/NOTES.md)"),
+    Option("attn_merge_split", True, _flag,
+           "split attention's in-launch merge: where a threadgroup's output slots take at most half its threads "
+           "and there are 32 partitions or more, the idle half adds the second half of the partitions (half "
+           "the rounds of loads; kernels/attention/NOTES.md); off: every slot's partitions in one run"),
     Option("attn_combine", "auto", _one_of("auto", "launch", "last_group"),
            "split attention's partitions merged by a combine launch of their own (launch), or by the "
            "last threadgroup of each head group in the same launch (last_group: one launch fewer); auto: "

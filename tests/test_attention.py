@@ -237,6 +237,26 @@ def test_merge_lane_holds_every_partition(parts, lane):
     assert more == 4 * (1 + 4 * 32 * lane)
 
 
+@pytest.mark.parametrize("group, head_dim, parts, splits, loads", [
+    (4, 128, 65, 1, 16),   # the 8B's heads: 128 slots, every thread
+    (4, 128, 34, 1, 16),
+    (2, 128, 34, 2, 16),   # Qwen3's: 64 slots, the other 64 threads take the second run
+    (2, 128, 33, 2, 16),   # runs of 16 and 17
+    (2, 128, 31, 1, 16),   # fewer than two runs of 16
+    (1, 64, 40, 2, 16),    # 16 slots: two runs (the threads past 32 idle)
+    (4, 256, 40, 1, 16),   # 256 slots: two a thread
+    (2, 128, 8, 1, 8),
+])
+def test_merge_splits_a_slots_partitions_where_threads_are_idle(group, head_dim, parts, splits, loads):
+    """The merge's runs a slot (MSPLIT) and its loads a round (MLOADS, for the shorter run): two
+    runs where the slots take at most half the threads and there are 32 partitions or more."""
+    c = at.merge_constants(group, head_dim, at.NSIMD, parts)
+    assert (c["MSPLIT"], c["MLOADS"], c["MLANE"]) == (splits, loads, at.merge_lane(parts))
+    assert c["MLOADS"] <= parts // splits
+    with options.use(attn_merge_split=False):
+        assert at.merge_splits(group, head_dim, at.NSIMD, parts) == 1
+
+
 @pytest.mark.parametrize("ctx, split_from, loads", [(8192, at.SPLIT_FROM, 16), (2600, at.SPLIT_FROM, 16), (1000, 0, 8)])
 def test_merge_loads_of_the_launch(jobs, ctx, split_from, loads):
     """The merged launch loads its partitions' partials 16 at a time, fewer where it has fewer

@@ -528,10 +528,13 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         cases.append(_token_case("q4_0", 1024, 3072, (16, 8), 128, True, True, 2, 700, split_from=0))
         cases.append(_token_case("q4_0", 4096, 14336, (32, 8), 128, False, False, 2, 40))
     cases.append(_token_case("q8_0", 160, 96, (4, 2), 64, False, True, 4, 7))
-    # partitions past two a lane of the merge: 2 kv heads aim at 256 of them (65, then 126 here)
+    # partitions past two a lane of the merge: 2 kv heads aim at 256 of them (65, then 126 here;
+    # each slot's in two runs)
     if not small:
         for pos in (8300, 16000):
             cases.append(_token_case("q8_0", 512, 768, (8, 2), 64, False, True, 2, pos, split_from=0))
+        # Qwen3's heads at 4300 tokens: 34 partitions, each slot's in two runs (the merge's MSPLIT)
+        cases.append(_token_case("q8_0", 1024, 3072, (16, 8), 128, True, True, 2, 4300, split_from=0))
     # every layer's K in one array and V in another (mega_kv_stacked, the megafused decoder's):
     # layer l read and written at its offset, unsplit and split
     d, hq, hkv, hd, norm, neox = MODELS["qwen3-0.6b"]

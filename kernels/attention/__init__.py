@@ -86,6 +86,23 @@ def merge_lane(parts: int) -> int:
     return max(2, -(-parts // 32))
 
 
+def merge_splits(group: int, head_dim: int, nsimd: int, parts: int) -> int:
+    """Runs a slot's partitions are split into in the in-launch merge (decode_rows.metal's MSPLIT):
+    2 where the slots (4 values of a head's output each) take at most half the threadgroup's
+    threads and there are at least 32 partitions (two runs of 16 loads or more), so the idle half
+    takes the second run: Qwen3's 2 heads of 128 a threadgroup at 4096 tokens load 34 partitions
+    in 2 rounds instead of 3. Else 1, and always 1 under attn_merge_split=off."""
+    slots = group * head_dim // 4
+    return 2 if options.get("attn_merge_split") and 2 * slots <= 32 * nsimd and parts >= 32 else 1
+
+
+def merge_constants(group: int, head_dim: int, nsimd: int, parts: int) -> dict[str, int]:
+    """The in-launch merge's constants (decode_rows.metal): MSPLIT, MLOADS for its shortest run,
+    MLANE."""
+    split = merge_splits(group, head_dim, nsimd, parts)
+    return dict(MSPLIT=split, MLOADS=merge_loads(parts // split), MLANE=merge_lane(parts))
+
+
 def _check_merged(parts: int) -> None:
     if not 1 <= parts <= MERGE_PARTS:
         raise ValueError(f"the in-launch merge takes 1..{MERGE_PARTS} partitions, got {parts}")
@@ -399,7 +416,7 @@ def _run(paged: bool, split: bool, q: mx.array, k_cache: mx.array, v_cache: mx.a
     outputs = ([((batch, n_heads, parts, head_dim), mx.float32), ((batch, n_heads, parts, 2), mx.float32)]
                if split else [((batch, n_heads, head_dim), mx.float16)])
     if merge:
-        constants.update(MLOADS=merge_loads(parts), MLANE=merge_lane(parts))
+        constants.update(merge_constants(group // qs, head_dim, NSIMD, parts))
         if counters is None:
             counters = _stream_counters(batch * n_heads)
         _check_counters(counters, batch * n_kv * qs)

@@ -40,11 +40,11 @@
 // LATHE_QKV_ROW values after query b - 1's, its new row written at its slot through its table.)
 // Constants: D, G, QS, NSIMD, BS (paged block size; 0 contiguous), VPREF (V vectors a SIMD group
 // loads at a time, the attn_v_prefetch option), KSLOTS (k_slots: K's slots of threadgroup memory),
-// MMA (use_mma: 0 or 1), KROW (the attn_k_copy option's row: 1), MLOADS and MLANE
-// (LATHE_MERGE: partitions the merge loads at a time, merge_loads, and weighs a lane,
-// merge_lane); with LATHE_ROPE also NEOX and FREQ_TABLE (rope_kv_write.metal's). Prelude:
-// LATHE_PAGED, LATHE_SPLIT, LATHE_ROPE, LATHE_MERGE (split only; adds the input counters,
-// uint32[B * Hkv * QS], and the output out).
+// MMA (use_mma: 0 or 1), KROW (the attn_k_copy option's row: 1), MLOADS, MLANE and MSPLIT
+// (LATHE_MERGE: partitions the merge loads at a time, weighs a lane, and runs a slot's
+// partitions split into: merge_constants); with LATHE_ROPE also NEOX and FREQ_TABLE
+// (rope_kv_write.metal's). Prelude: LATHE_PAGED, LATHE_SPLIT, LATHE_ROPE, LATHE_MERGE (split only;
+// adds the input counters, uint32[B * Hkv * QS], and the output out).
 // Inputs: q[B, Hq, D], k_cache, v_cache, lens (int32[B]), table (int32[B, MAXB]; paged),
 //   dims (int32: Hkv, S or MAXB, PART, P, cache sequence per query: 1, or 0 for a prompt's
 //   tokens over one cache), scale (float[1]), after (ordering token, not read). LATHE_ROPE:

@@ -490,20 +490,27 @@ if (merge_here) {
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   // out = sum_p w_p o_p, a thread a 4-value slot of the G heads' outputs (one 16-byte load a
-  // partition), MLOADS partitions' loads (the host's merge_loads: up to 16, at most the
-  // partitions) issued before any is used: 64 partitions in 4 L2 round trips. The last round is
-  // shifted back to end at the last partition, the partitions it repeats weighed 0, so that every
-  // load is in range at a fixed offset from one address: NVRTC spread predicated loads among their
-  // FMAs (about 100 L2 round trips in the tail), and clamped addresses took a register pair a
-  // load (kernels/attention/NOTES.md).
+  // partition), MLOADS partitions' loads (the host's merge_loads: up to 16, at most a run's
+  // partitions) issued before any is used: 64 partitions in 4 L2 round trips. The last round of a
+  // run is shifted back to end at its last partition, the partitions it repeats weighed 0, so
+  // that every load is in range at a fixed offset from one address: NVRTC spread predicated loads
+  // among their FMAs (about 100 L2 round trips in the tail), and clamped addresses took a register
+  // pair a load (kernels/attention/NOTES.md). With MSPLIT 2 (the host's merge_splits, where the
+  // slots take at most half the threads) a slot's partitions are two runs, the threads past the
+  // slots taking the second: half the rounds. (Its first round asked for before the weights took
+  // Qwen3's split token block from 168 registers to 244, NVRTC sm_90.)
   constexpr uint SLOTS = G * D / 4;
   constexpr uint MB = MLOADS;
-  for (uint s = tid; s < SLOTS; s += NT) {
+  const uint s0 = MSPLIT == 1 ? tid : tid < 2 * SLOTS ? tid % SLOTS : SLOTS;  // (MSPLIT 2: SLOTS <= NT / 2)
+  const uint run_lo = MSPLIT > 1 && tid >= SLOTS ? parts / 2 : 0;
+  const uint run_hi = MSPLIT > 1 && tid < SLOTS ? parts / 2 : parts;
+  float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (uint s = s0; s < SLOTS; s += NT) {
     const uint g = s / (D / 4);
     const auto slot = part_out + ((b * n_heads + hg * G + g) * parts * D + 4 * (s % (D / 4)));
-    float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (uint p0 = 0; p0 < parts; p0 += MB) {
-      const uint pb = min(p0, parts - MB);  // parts >= MB (the host's)
+    for (uint k = 0; k < 4; ++k) m4[k] = 0.0f;
+    for (uint p0 = run_lo; p0 < run_hi; p0 += MB) {
+      const uint pb = min(p0, run_hi - MB);  // a run holds MB partitions or more (the host's)
       const auto at = slot + pb * D;  // this round's first partition
       uint4 o[MB];
       LATHE_UNROLL
@@ -517,7 +524,15 @@ if (merge_here) {
         m4[3] = fma(w, as_type<float>(o[j].w), m4[3]);
       }
     }
-    for (uint k = 0; k < 4; ++k) out[(b * n_heads + hg * G) * D + 4 * s + k] = half(m4[k]);
+    if (MSPLIT == 1)
+      for (uint k = 0; k < 4; ++k) out[(b * n_heads + hg * G) * D + 4 * s + k] = half(m4[k]);
+  }
+  if (MSPLIT > 1) {  // the second runs' sums through sum_s (its partials are written), then added
+    if (tid >= SLOTS && s0 < SLOTS)
+      for (uint k = 0; k < 4; ++k) sum_s[4 * s0 + k] = m4[k];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (tid < SLOTS)
+      for (uint k = 0; k < 4; ++k) out[(b * n_heads + hg * G) * D + 4 * s0 + k] = half(m4[k] + sum_s[4 * s0 + k]);
   }
 }
 #endif

@@ -651,7 +651,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                       VSTRAIGHT=bool(options.get("block_v_straight")),
                       ROPE_STRIDE=0 if a.inv_freqs is None or a.inv_freqs.ndim == 1 else a.head_dim // 2)
         if split:
-            consts.update(MLOADS=attention.merge_loads(parts), MLANE=attention.merge_lane(parts))
+            consts.update(attention.merge_constants(group // qs, a.head_dim, s, parts))
     inputs = [x, gemv._eps(float(eps)), _GRID, queue] + inputs
     if layer_types is not None:
         inputs.append(constant(layer_types, mx.uint32))

@@ -73,7 +73,7 @@
 // a SIMD group and loads in flight, kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F),
 // K_QKV (d_model), K_O (n_heads * D), R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O,
 // W_QKV_STRIDE, W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN
-// the attention's D, G, QS, BS (0), NEOX, FREQ_TABLE, KSLOTS, KIN_X, MMA, VSTRAIGHT, MLOADS, MLANE
+// the attention's D, G, QS, BS (0), NEOX, FREQ_TABLE, KSLOTS, KIN_X, MMA, VSTRAIGHT, MLOADS, MLANE, MSPLIT
 // (split). Prelude: FFN, ATTN (the kinds present), LATHE_K_CACHE, LATHE_V_CACHE, the block types
 // above, QKV_SPLIT, POST_NORMS, LAYER_WINDOWS, LATHE_ACT, LATHE_SOFTCAP;
 // with ATTN LATHE_PAGED 0, LATHE_ROPE 1, LATHE_SPLIT, LATHE_MERGE (= LATHE_SPLIT), LATHE_HEAD_NORM.
