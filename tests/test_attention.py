@@ -233,7 +233,8 @@ def test_merge_lane_holds_every_partition(parts, lane):
     more keep their form), then as few as hold them all; its weights' threadgroup memory grows
     with it."""
     assert at.merge_lane(parts) == lane
-    more = at.decode_threadgroup_bytes(4, 128, at.NSIMD, False, parts) - at.decode_threadgroup_bytes(4, 128, at.NSIMD, False, 0)
+    more = (at.decode_threadgroup_bytes(4, 128, at.NSIMD, False, parts)
+            - at.decode_threadgroup_bytes(4, 128, at.NSIMD, False, 0))
     assert more == 4 * (1 + 4 * 32 * lane)
 
 

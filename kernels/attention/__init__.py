@@ -164,8 +164,9 @@ def decode_threadgroup_bytes(group: int, head_dim: int, nsimd: int, head_norm: b
     """Threadgroup memory of a decode attention launch (decode_tiles.metal) for `group` query
     heads a threadgroup: Q and the output sums of each head, a chunk's scores (a thread a token),
     the softmax's running max, sum and rescale; the heads' norms (Qwen3's), each partition's
-    weight where the launch merges its `merge` partitions (0: it merges none), K's `slots` (a round of KG 16-byte vectors
-    for each thread, and 16 bytes), and with `mma` Q in fp16 (8 rows of D + 8 halves)."""
+    weight where the launch merges its `merge` partitions (0: it merges none), K's `slots` (a
+    round of KG 16-byte vectors for each thread, and 16 bytes), and with `mma` Q in fp16 (8 rows
+    of D + 8 halves)."""
     chunk = nsimd * 32
     words = 2 * group * head_dim + group * chunk + 3 * group
     words += (group + 1) if head_norm else 0
