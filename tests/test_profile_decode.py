@@ -181,7 +181,7 @@ def test_prompt_profile_repeats_one_prompt_at_its_depth(capsys):
 
     tokens = profile_decode.run_prompt("tiny-llama", "q8_0", "reference", 24, repeats=3, depth=8)
     out = capsys.readouterr().out
-    assert "tiny-llama q8_0 reference prompt 24 at depth 8:" in out and "median of 3" in out
+    assert "tiny-llama q8_0 reference prompt 24 at depth 8 (eager):" in out and "median of 3" in out
     assert all(f"{part} " in out for part in ("build", "encode", "wait"))
     model = load_gguf(model_file("tiny-llama", "q8_0"))
     rng = np.random.default_rng(0)
@@ -191,11 +191,50 @@ def test_prompt_profile_repeats_one_prompt_at_its_depth(capsys):
     assert tokens == [int(fresh.greedy(fresh.forward(prompt)).item())] * 3
 
 
+def test_prompt_profile_times_the_prompt_as_the_mode_runs_it(capsys):
+    # The compiled modes time the decoder's compiled prompt where it has one (as `lathe decode`
+    # does), step mode its eager forward(); the label says which. A stand-in decoder records the
+    # calls (the kernel variants need a GPU); the reference variant has no compiled prompt.
+    import mlx.core as mx
+
+    from kernels import options
+
+    class Stand:
+        class config:
+            vocab = 50
+
+        def __init__(self):
+            self.pos, self.calls = 0, []
+
+        def forward(self, ids):
+            self.calls.append(("forward", self.pos, len(ids)))
+            return mx.zeros((len(ids), 50))
+
+        def compiled_forward(self, ids):
+            self.calls.append(("compiled", self.pos, len(ids)))
+            return mx.zeros((len(ids), 50))
+
+        def greedy(self, logits):
+            return mx.argmax(logits[-1:], axis=-1)
+
+    for mode, how in (("compiled", "compiled"), ("compiled-pipelined", "compiled"), ("step", "forward")):
+        stand = Stand()
+        tokens = profile_decode._time_prompts(stand, "stand", 6, 3, 0, None, mode)
+        assert tokens == [0, 0, 0] and stand.calls == [(how, 0, 6)] * 4  # a warm-up, then 3
+        assert f"stand prompt 6 at depth 0 ({'compiled' if how == 'compiled' else 'eager'}):" in capsys.readouterr().out
+    with options.use(prompt_compiled=False):
+        stand = Stand()
+        profile_decode._time_prompts(stand, "stand", 6, 2, 0, None, "compiled")
+        assert {c[0] for c in stand.calls} == {"forward"} and "(eager)" in capsys.readouterr().out
+    profile_decode.run_prompt("tiny-llama", "q8_0", "reference", 8, repeats=2, mode="compiled")
+    assert "tiny-llama q8_0 reference prompt 8 at depth 0 (eager):" in capsys.readouterr().out
+
+
 def test_prompt_profile_times_each_setting_on_a_decoder_of_its_own(capsys):
     # One model load, a decoder per option setting, each timed at the same depth and prompt.
     tokens = profile_decode.run_prompt("tiny-llama", "q8_0", "reference", 12, repeats=2, depth=4,
                                        settings=("", "prompt_logits=last,prompt_weights=f16"))
     out = capsys.readouterr().out
-    assert out.count("tiny-llama q8_0 reference prompt 12 at depth 4:") == 2
+    assert out.count("tiny-llama q8_0 reference prompt 12 at depth 4 (eager):") == 2
     assert "options: defaults" in out and "options: prompt_logits=last,prompt_weights=f16" in out
     assert len(tokens) == 4 and len(set(tokens)) == 1

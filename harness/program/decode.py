@@ -382,13 +382,16 @@ class Session:
 MODES = ("step", "pipelined", "chained", "compiled", "compiled-pipelined")
 
 
+def prompt_is_compiled(decoder: ReferenceDecoder, mode: str) -> bool:
+    """Whether `mode` runs a prompt through the decoder's compiled forward: the compiled modes,
+    where the decoder has one (our kernel variants) and option prompt_compiled is on."""
+    return (getattr(decoder, "compiled_forward", None) is not None and mode.startswith("compiled")
+            and bool(options.get("prompt_compiled")))
+
+
 def prompt_forward(decoder: ReferenceDecoder, prompt, mode: str) -> mx.array:
-    """The prompt's logits as `mode` computes them: in the compiled modes through the decoder's
-    compiled forward where it has one (our kernel variants; option prompt_compiled)."""
-    compiled = getattr(decoder, "compiled_forward", None)
-    if compiled is not None and mode.startswith("compiled") and options.get("prompt_compiled"):
-        return compiled(prompt)
-    return decoder.forward(prompt)
+    """The prompt's logits as `mode` computes them (prompt_is_compiled: the compiled forward)."""
+    return decoder.compiled_forward(prompt) if prompt_is_compiled(decoder, mode) else decoder.forward(prompt)
 
 
 def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",

@@ -28,8 +28,11 @@ times are of kernels run one at a time, between which the GPU idles and its cloc
 tracer slows the host's encoding, so read the wall time from a run without it.
 
 `--prompt N` times a prompt of N tokens instead (llama-bench's pp, at `--depth`), `--tokens`
-times at one position: its host split (`build`, forward() replaying the prompt's plan; `encode`;
-`wait`) and, with `--timeline`, its kernels: what a prompt's tok/s is made of.
+times at one position, the way `lathe decode` runs it in `--mode` (the compiled modes: the
+decoder's compiled prompt, one mx.compile trace a length and position, replayed; step: forward()
+eagerly): its host split (`build`, the prompt's graph, its plan's Python eagerly or the compiled
+function's replay; `encode`; `wait`) and, with `--timeline`, its kernels: what a prompt's tok/s is
+made of.
 
 `--seams-ab ROUNDS` builds the fused decoder twice in one process, without seams and with them
 (kernels.gemv.seam), and alternates the decode matrix's own tg128 (harness.program.decode.generate,
@@ -280,10 +283,12 @@ def _print_groups(unit: str, groups: list[list[Kernel]], spans: list[float]) -> 
 
 
 def run_prompt(preset: str, qtype: str, variant: str, prompt: int, repeats: int = 5, depth: int = 0,
-               timeline: Path | None = None, settings: tuple[str, ...] = ("",)) -> list[int]:
+               timeline: Path | None = None, settings: tuple[str, ...] = ("",), mode: str = "compiled") -> list[int]:
     """A `prompt`-token prompt after `depth` cached tokens (llama-bench's pp at -d), `repeats`
-    times at the same position, each prompt's wall time split on the host: `build`, forward()
-    replaying the prompt's plan (graph building, and our launches' Python); `encode`,
+    times at the same position as `mode` runs it (harness.program.decode.prompt_forward: in the
+    compiled modes the decoder's compiled prompt where it has one), each prompt's wall time split
+    on the host: `build`, the prompt's graph (forward() replaying the plan, or the compiled
+    function's replay); `encode`,
     mx.async_eval of its argmax (MLX encodes every op); `wait`, reading the token. With
     `timeline`, `repeats` more under the kernel tracer, the GPU's kernels of those
     (summarize_prompt). Each of `settings` (option settings, as `--set` takes them; "" for the
@@ -310,14 +315,16 @@ def run_prompt(preset: str, qtype: str, variant: str, prompt: int, repeats: int 
         for setting, decoder in zip(settings, decoders):
             with options.use(**options.parse(setting)):
                 tokens += _time_prompts(decoder, f"{preset} {qtype} {variant}", prompt, repeats, depth,
-                                        timeline if traced else None)
+                                        timeline if traced else None, mode)
     return tokens
 
 
-def _time_prompts(decoder, label: str, prompt: int, repeats: int, depth: int, timeline: Path | None) -> list[int]:
+def _time_prompts(decoder, label: str, prompt: int, repeats: int, depth: int, timeline: Path | None,
+                  mode: str = "compiled") -> list[int]:
     """run_prompt's timing of one decoder: untraced, or traced with `timeline`."""
     import mlx.core as mx
 
+    from harness.program.decode import prompt_forward, prompt_is_compiled
     from kernels import options
 
     rng = np.random.default_rng(0)  # the same cache and prompt for every setting
@@ -330,7 +337,7 @@ def _time_prompts(decoder, label: str, prompt: int, repeats: int, depth: int, ti
     def once() -> float:
         decoder.pos = depth  # the same rows again: the prompt overwrites what it wrote last time
         t0 = time.perf_counter()
-        token = decoder.greedy(decoder.forward(ids))
+        token = decoder.greedy(prompt_forward(decoder, ids, mode))
         t1 = time.perf_counter()
         mx.async_eval(token)
         t2 = time.perf_counter()
@@ -347,7 +354,8 @@ def _time_prompts(decoder, label: str, prompt: int, repeats: int, depth: int, ti
         walls = [once() for _ in range(repeats)]
     wall = float(np.median(walls))
     split = ", ".join(f"{k} {1e3 * float(np.median(v)):.3f}" for k, v in parts.items())
-    print(f"{label} prompt {prompt} at depth {depth}: {1e3 * wall:.3f} ms a prompt, "
+    how = "compiled" if prompt_is_compiled(decoder, mode) else "eager"
+    print(f"{label} prompt {prompt} at depth {depth} ({how}): {1e3 * wall:.3f} ms a prompt, "
           f"{prompt / wall:.1f} tok/s (median of {repeats}; host ms: {split})"
           f"{', under the kernel tracer' if timeline else ''}; options: {options.describe() or 'defaults'}")
     if timeline:
@@ -432,14 +440,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seams-ab", type=int, metavar="ROUNDS", help="tg128 without seams and with "
                         "them, alternated in one process for ROUNDS rounds")
     parser.add_argument("--prompt", type=int, help="time a prompt of this many tokens instead (at "
-                        "--depth, --tokens times): its host split, and with --timeline its kernels")
+                        "--depth, --tokens times, as --mode runs it: compiled or eager): its host "
+                        "split, and with --timeline its kernels")
     parser.add_argument("--settings", default="", help="--prompt: option settings to time one after "
                         "the other in this process, ';' between them ('' the defaults), e.g. "
                         "';prompt_logits=last;prompt_logits=last,prompt_weights=f16'")
     args = parser.parse_args(argv)
     if args.prompt:
         run_prompt(args.model, args.qtype, args.variant, args.prompt, args.tokens, args.depth, args.timeline,
-                   tuple(args.settings.split(";")))
+                   tuple(args.settings.split(";")), args.mode)
     elif args.seams_ab:
         seams_ab(args.model, args.qtype, args.seams_ab)
     elif args.summarize:
