@@ -182,8 +182,9 @@ def k_slot_bytes(head_dim: int, nsimd: int) -> int:
 
 
 def _decode_threadgroup_bytes(c: dict, head_norm: bool, merge: bool) -> int:
-    return decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, 32 * c["MLANE"] if merge else 0,
-                                    c.get("KSLOTS", 0), bool(c.get("MMA", 0)))
+    merged = 32 * c["MLANE"] if merge else 0  # (the partitions its MLANE holds: the weights' bytes)
+    return decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, merged, c.get("KSLOTS", 0),
+                                    bool(c.get("MMA", 0)))
 
 
 def merge_counters(slots: int) -> mx.array:
