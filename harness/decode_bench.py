@@ -228,7 +228,7 @@ def _time_mode(decoder, tokens, depth: int, prompt: int, gen: int, mode: str, re
     decoder.reset()
     if depth:
         mx.eval(decoder.forward(tokens[:depth]))
-    mx.eval(prompt_forward(decoder, tokens[depth:depth + prompt], mode))  # the path generate() takes
+    mx.eval(prompt_forward(decoder, tokens[depth:depth + prompt], mode, last_only=True))  # generate()'s path
     compile_s = time.perf_counter() - start
     reset = getattr(mx, "reset_peak_memory", None)
     if reset:

@@ -140,9 +140,9 @@ DECLARED = (
            "runs and tiled elsewhere (auto), or the decode kernel with one query per token (decode; "
            "kernels/attention/NOTES.md)"),
     Option("prompt_logits", "all", _one_of("all", "last"),
-           "kernel variants: a prompt's logits for every token (all), or for the last one only (last: "
-           "the head as a GEMV over one row, as llama-bench's pp computes: the setting to compare prompt "
-           "speed with it, kernels/attention/NOTES.md)"),
+           "kernel variants: forward()'s logits for a prompt's every token (all), or for the last one "
+           "only (last: the head as a GEMV over one row). generate() and the decode matrix ask for the "
+           "last row either way, as llama-bench's pp computes (kernels/loop/NOTES.md)"),
     Option("prompt_weights", "dequantize", _one_of("dequantize", "f16"),
            "kernel variants: a prompt's matmuls take each quantized matrix dequantized to fp16 by a launch "
            "per prompt (dequantize), or an fp16 copy made once when the decoder is built (f16: no "

@@ -428,7 +428,8 @@ def test_compiled_prompt_matches_the_eager_prompt(models, variant, kv, logits):
             assert compiled.pos == eager.pos == PROMPT + 5
             assert all(np.array_equal(np.array(a), np.array(b), equal_nan=True)
                        for a, b in zip(eager.cache_arrays(), compiled.cache_arrays()))
-            assert sorted(compiled._compiled_prompts) == [(5, PROMPT), (PROMPT, 0)]  # traced once each
+            last = logits == "last"
+            assert sorted(compiled._compiled_prompts) == [(5, PROMPT, last), (PROMPT, 0, last)]  # traced once each
 
 
 @pytest.mark.gpu
@@ -560,22 +561,25 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, qtype,
 
 @pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
 @pytest.mark.parametrize("tokens", [3, 20])
-def test_prompt_logits_last_runs_the_head_over_one_row(models, variant, tokens):
-    """prompt_logits=last: a prompt (short or long phase) gives its last token's logits only, the
-    head a GEMV over that one row instead of a dequantized matrix over every row; a decode token's
-    plan is the same either way (launches recorded, CPU)."""
+@pytest.mark.parametrize("asked", ["option", "argument"])
+def test_prompt_logits_last_runs_the_head_over_one_row(models, variant, tokens, asked):
+    """prompt_logits=last, or forward(last_only=True) as generate() asks it: a prompt (short or
+    long phase) gives its last token's logits only, the head a GEMV over that one row instead of
+    a dequantized matrix over every row; a decode token's plan is the same either way (launches
+    recorded, CPU)."""
     from kernels.runtime import recording
 
     m = models["tiny-qwen3", "q8_0"]
     head = "token_embd.weight" if m.config.tied else "output.weight"
     jobs = {}
     for choice in ("all", "last"):
-        with options.use(prompt_logits=choice), recording():
+        by_option, last_only = (choice, None) if asked == "option" else ("all", choice == "last")
+        with options.use(prompt_logits=by_option), recording():
             decoder = KernelDecoder(m, 64, variant)
             with recording() as rec:
-                logits = decoder.forward(np.arange(tokens) % m.config.vocab)
+                logits = decoder.forward(np.arange(tokens) % m.config.vocab, last_only=last_only)
             assert logits.shape == ((tokens if choice == "all" else 1), m.config.vocab)
-            plan = decoder.plan_for(tokens)
+            plan = decoder.plan_for(tokens, last_only)
             ops = [s.op for s in plan]
             assert ops.count("last_row") == (choice == "last") and plan[-1].weights[-1] == head
             if choice == "last":  # right before the head's RMSNorm (+ GEMV, one step where fused)

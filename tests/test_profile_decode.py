@@ -206,13 +206,13 @@ def test_prompt_profile_times_the_prompt_as_the_mode_runs_it(capsys):
         def __init__(self):
             self.pos, self.calls = 0, []
 
-        def forward(self, ids):
-            self.calls.append(("forward", self.pos, len(ids)))
-            return mx.zeros((len(ids), 50))
+        def forward(self, ids, last_only=None):
+            self.calls.append(("forward", self.pos, len(ids), last_only))
+            return mx.zeros((1 if last_only else len(ids), 50))
 
-        def compiled_forward(self, ids):
-            self.calls.append(("compiled", self.pos, len(ids)))
-            return mx.zeros((len(ids), 50))
+        def compiled_forward(self, ids, last_only=None):
+            self.calls.append(("compiled", self.pos, len(ids), last_only))
+            return mx.zeros((1 if last_only else len(ids), 50))
 
         def greedy(self, logits):
             return mx.argmax(logits[-1:], axis=-1)
@@ -220,7 +220,8 @@ def test_prompt_profile_times_the_prompt_as_the_mode_runs_it(capsys):
     for mode, how in (("compiled", "compiled"), ("compiled-pipelined", "compiled"), ("step", "forward")):
         stand = Stand()
         tokens = profile_decode._time_prompts(stand, "stand", 6, 3, 0, None, mode)
-        assert tokens == [0, 0, 0] and stand.calls == [(how, 0, 6)] * 4  # a warm-up, then 3
+        # a warm-up, then 3, each asking for the last token's logits only (as generate() does)
+        assert tokens == [0, 0, 0] and stand.calls == [(how, 0, 6, True)] * 4
         assert f"stand prompt 6 at depth 0 ({'compiled' if how == 'compiled' else 'eager'}):" in capsys.readouterr().out
     with options.use(prompt_compiled=False):
         stand = Stand()

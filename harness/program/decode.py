@@ -389,9 +389,15 @@ def prompt_is_compiled(decoder: ReferenceDecoder, mode: str) -> bool:
             and bool(options.get("prompt_compiled")))
 
 
-def prompt_forward(decoder: ReferenceDecoder, prompt, mode: str) -> mx.array:
-    """The prompt's logits as `mode` computes them (prompt_is_compiled: the compiled forward)."""
-    return decoder.compiled_forward(prompt) if prompt_is_compiled(decoder, mode) else decoder.forward(prompt)
+def prompt_forward(decoder: ReferenceDecoder, prompt, mode: str, last_only: bool = False) -> mx.array:
+    """The prompt's logits as `mode` computes them (prompt_is_compiled: the compiled forward).
+    `last_only`: the last token's alone, all that a generator reads; our decoders then run the
+    head over that row only, as llama-bench's pp does (the reference computes every row)."""
+    if getattr(decoder, "compiled_forward", None) is None:
+        logits = decoder.forward(prompt)
+        return logits[-1:] if last_only else logits
+    run = decoder.compiled_forward if prompt_is_compiled(decoder, mode) else decoder.forward
+    return run(prompt, last_only=True) if last_only else run(prompt)
 
 
 def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
@@ -420,7 +426,7 @@ def generate(decoder: ReferenceDecoder, prompt, n: int, mode: str = "step",
         return token
 
     start = time.perf_counter()
-    token = pick(prompt_forward(decoder, prompt, mode))
+    token = pick(prompt_forward(decoder, prompt, mode, last_only=True))
     mx.eval(token)
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()

@@ -241,7 +241,8 @@ def qmm_prologue(c) -> bool:
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, seams: bool = False,
                 rope_attention: bool | None = None, types: dict[str, str] | None = None,
                 phase: str = "decode", packed: bool | None = None, mega: bool = False,
-                one_launch: bool | None = None, span: str | None = None, f16_copies: bool = False) -> list[Step]:
+                one_launch: bool | None = None, span: str | None = None, f16_copies: bool = False,
+                last_only: bool | None = None) -> list[Step]:
     """The steps a forward() of `phase` replays, in order, each with what executes it (one
     dispatch each where it is our kernel; an MLX op where the kernel says so). `overflow`: the
     contiguous cache wraps around (a decode token's RoPE apart from its cache writes); `seams`
@@ -255,7 +256,8 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     phases as separate launches otherwise; `span` (default: the mega_span option): "token", every
     layer in one launch (kernels.blocks.token_block), or "layer", a launch a layer; `f16_copies`
     (the prompt_weights option): a prompt's matmuls read fp16 copies made at load, with no
-    dequantize launch."""
+    dequantize launch; `last_only` (default: the prompt_logits option): a prompt's head over its
+    last row only."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     rope_attention = rope_in_attention(c) if rope_attention is None else rope_attention
@@ -311,7 +313,9 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     span = options.get("mega_span") if span is None else span
     seams = seams and fused and small and not mega
     head = "token_embd.weight" if c.tied else "output.weight"
-    last_only = not decode and options.get("prompt_logits") == "last"  # a prompt's head over its last row
+    if last_only is None:
+        last_only = options.get("prompt_logits") == "last"
+    last_only = last_only and not decode  # a prompt's head over its last row
     steps: list[Step] = []
 
     def add(op, kernel, reads, writes, run, *args, weights=(), per_token=(), layer=None, launches=()):
@@ -1121,7 +1125,7 @@ class KernelDecoder:
         # each layer's attention launch merges its split partitions on counters of its own
         self.attn_counters = [attention.merge_counters(c.n_heads) for _ in range(c.n_layers)]
         mx.clear_cache()  # the host-written copies of the weights (kernels.runtime.resident)
-        self._plans: dict[str, list[Step]] = {}
+        self._plans: dict[tuple[str, bool], list[Step]] = {}
         self.plan = self.plan_for(1)  # a decode token's: --show-plan's, and the dispatches per token
         self.resize(max_seq)
 
@@ -1161,7 +1165,7 @@ class KernelDecoder:
             self.table = np.random.default_rng(0).permutation(blocks).astype(np.int32)[None]
             self.table_dev = resident(mx.array(self.table))
         self._compiled = None  # traced for the old size
-        self._compiled_prompts: dict[tuple[int, int], Any] = {}
+        self._compiled_prompts: dict[tuple[int, int, bool], Any] = {}
         self.reset()
         self._prepared: set[int] = set()
         self.prepare_kernels()
@@ -1294,9 +1298,10 @@ class KernelDecoder:
                                counters=self.qmm_sites.get(name))
         return gemv.matmul(x, self.w[name], residual)
 
-    def forward(self, tokens) -> mx.array:
-        """Logits [len(tokens), vocab] (float32) for tokens at positions pos..; advances pos. Under
-        prompt_logits=last, a prompt's last token's only ([1, vocab])."""
+    def forward(self, tokens, last_only: bool | None = None) -> mx.array:
+        """Logits [len(tokens), vocab] (float32) for tokens at positions pos..; advances pos.
+        `last_only` (default: the prompt_logits option): a prompt's last token's only ([1, vocab]),
+        its head a GEMV over that row."""
         if isinstance(tokens, mx.array):
             ids = tokens.reshape(-1).astype(mx.int32)
         else:
@@ -1309,7 +1314,7 @@ class KernelDecoder:
             # them first. Free when they are done (step mode); a device token (pipelined,
             # chained) is ordered by its data.
             mx.eval(self.cache_arrays())
-        logits = self.layers(ids, t, self.pos).astype(mx.float32)
+        logits = self.layers(ids, t, self.pos, last_only).astype(mx.float32)
         self.pos += t
         return logits
 
@@ -1323,9 +1328,9 @@ class KernelDecoder:
         if t not in self._prepared:
             self.prepare_kernels((t,), self.pos)
 
-    def compiled_forward(self, tokens) -> mx.array:
+    def compiled_forward(self, tokens, last_only: bool | None = None) -> mx.array:
         """forward() through an mx.compile'd function of (ids, *k caches, *v caches), traced once
-        per (length, position) and replayed after: the compiled modes' prompt. An eager prompt
+        per (length, position, last_only) and replayed after: the compiled modes' prompt. An eager prompt
         spends more host time building its graph (Python: the plan's steps, our launch
         wrappers, MLX's op calls: 7.5 ms for a Qwen3-0.6B 512-token prompt) than its kernels
         take (2.5-5 ms); a replay skips that Python (kernels/attention/NOTES.md)."""
@@ -1335,19 +1340,20 @@ class KernelDecoder:
             raise ValueError(f"token ids must be integers in 0..{vocab - 1}")
         ids = mx.array(host.astype(np.int32))
         t, pos = ids.size, self.pos
+        last = self._last_only(t, last_only)
         self._admit(t)
-        fn = self._compiled_prompts.get((t, pos))
+        fn = self._compiled_prompts.get((t, pos, last))
         if fn is None:
             if len(self._compiled_prompts) >= 8:  # each holds its traced graph
                 self._compiled_prompts.pop(next(iter(self._compiled_prompts)))
-            fn = self._compiled_prompts[t, pos] = mx.compile(self._over_caches(t, pos))
+            fn = self._compiled_prompts[t, pos, last] = mx.compile(self._over_caches(t, pos, last))
         mx.eval(self.cache_arrays())  # host tokens: order after pending in-place writes (forward())
         logits, *caches = fn(ids, *self.cache_arrays())
         self.take_caches(caches)
         self.pos += t
         return logits.astype(mx.float32)
 
-    def _over_caches(self, t: int, pos: int | None = None):
+    def _over_caches(self, t: int, pos: int | None = None, last_only: bool = False):
         """layers() as a function of its caches for mx.compile: (ids, [pos,] *caches) -> (logits,
         *caches), the caches (cache_arrays' form) inputs and outputs rather than state the trace
         would capture. pos: fixed here (a prompt's), or None to take it as an argument (a
@@ -1358,7 +1364,7 @@ class KernelDecoder:
             held = self.k, self.v
             self.take_caches(caches)
             try:
-                return (self.layers(ids.reshape(-1), t, at), *self.cache_arrays())
+                return (self.layers(ids.reshape(-1), t, at, last_only), *self.cache_arrays())
             finally:
                 self.k, self.v = held
 
@@ -1392,17 +1398,25 @@ class KernelDecoder:
 
         return run
 
-    def plan_for(self, t: int) -> list[Step]:
-        """The plan that t tokens replay (kernel_plan of their phase), built once per phase."""
-        phase = phase_of(t)
-        if phase not in self._plans:
-            self._plans[phase] = kernel_plan(self.config, self.fused, self.paged, self.overflow, self.seams,
-                                             self.rope_attention, self.types, phase, bool(self.packed), self.mega,
-                                             span=self.span, f16_copies=bool(self.f16))
-        return self._plans[phase]
+    @staticmethod
+    def _last_only(t: int, last_only: bool | None) -> bool:
+        """Whether t tokens' head takes their last row only: a prompt's, where `last_only` (None:
+        the prompt_logits option) says so; a decode token's is that row."""
+        return t > 1 and (options.get("prompt_logits") == "last" if last_only is None else bool(last_only))
 
-    def layers(self, ids, t: int, pos) -> mx.array:
+    def plan_for(self, t: int, last_only: bool | None = None) -> list[Step]:
+        """The plan that t tokens replay (kernel_plan of their phase; `last_only`: _last_only's),
+        built once per phase and head."""
+        key = phase_of(t), self._last_only(t, last_only)
+        if key not in self._plans:
+            self._plans[key] = kernel_plan(self.config, self.fused, self.paged, self.overflow, self.seams,
+                                           self.rope_attention, self.types, key[0], bool(self.packed), self.mega,
+                                           span=self.span, f16_copies=bool(self.f16), last_only=key[1])
+        return self._plans[key]
+
+    def layers(self, ids, t: int, pos, last_only: bool | None = None) -> mx.array:
         """The model over t tokens at positions pos.. (an int; an int32[1] array in a compiled
         step) by replaying the plan of their phase, K and V written into self.k / self.v in
-        place; the logits as the head wrote them (fp16, or float32 from an F32 output matrix)."""
-        return replay(self.plan_for(t), self, {"token": ids}, t, pos)["logits"]
+        place; the logits as the head wrote them (fp16, or float32 from an F32 output matrix),
+        the last row's only where `last_only` (plan_for)."""
+        return replay(self.plan_for(t, last_only), self, {"token": ids}, t, pos)["logits"]

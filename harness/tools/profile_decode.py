@@ -337,7 +337,7 @@ def _time_prompts(decoder, label: str, prompt: int, repeats: int, depth: int, ti
     def once() -> float:
         decoder.pos = depth  # the same rows again: the prompt overwrites what it wrote last time
         t0 = time.perf_counter()
-        token = decoder.greedy(prompt_forward(decoder, ids, mode))
+        token = decoder.greedy(prompt_forward(decoder, ids, mode, last_only=True))  # as generate() runs it
         t1 = time.perf_counter()
         mx.async_eval(token)
         t2 = time.perf_counter()
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
                         "split, and with --timeline its kernels")
     parser.add_argument("--settings", default="", help="--prompt: option settings to time one after "
                         "the other in this process, ';' between them ('' the defaults), e.g. "
-                        "';prompt_logits=last;prompt_logits=last,prompt_weights=f16'")
+                        "';prompt_weights=f16' (the prompt's logits: its last row's, as generate() asks)")
     args = parser.parse_args(argv)
     if args.prompt:
         run_prompt(args.model, args.qtype, args.variant, args.prompt, args.tokens, args.depth, args.timeline,
