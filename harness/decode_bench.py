@@ -236,7 +236,10 @@ def _time_mode(decoder, tokens, depth: int, prompt: int, gen: int, mode: str, re
     runs = []
     for _ in range(repeat):
         decoder.reset()
-        if depth:  # the context already there, evaluated here so that no timer counts it
+        # The fresh caches (a zero fill a layer's K and V) and the context already there, evaluated
+        # here so that no timer counts them: llama-bench's cache exists before its pp is timed
+        mx.eval(decoder.cache_arrays())
+        if depth:
             mx.eval(decoder.forward(tokens[:depth]))
         runs.append(generate(decoder, tokens[depth:depth + prompt], gen, mode))
     decode = np.array([r.decode_tok_s for r in runs])
