@@ -237,8 +237,10 @@ DECLARED = (
            "as the step found it and 1 / launches of the GPU's threadgroups each, so that they run at once "
            "(off: one after another, each over the whole GPU; measured slower at 6 and 8 sequences, so off: "
            "kernels/loop/NOTES.md)"),
-    Option("attn_query_split", 64, _count,
-           "split a kv head's query heads over threadgroups while the grid stays within this many (0: never)"),
+    Option("attn_query_split", None, _auto_or_count,
+           "split a kv head's query heads over threadgroups while the grid stays within this many (0: never); "
+           "auto: 64, and in a token block bound to N threadgroups an SM, N times the SMs for the tickets of "
+           "every partition but the last (kernels/loop/NOTES.md)"),
     Option("pad_constants", True, _flag,
            "kernel constants in buffers of their own, not MLX's small managed pool (kernels/loop/NOTES.md)"),
     Option("inline_source", False, _flag,

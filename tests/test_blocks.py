@@ -627,6 +627,30 @@ def test_the_attention_phase_fills_the_threadgroups_its_bound_keeps_resident(mon
     assert layout()[0] == 33
 
 
+def test_the_attention_phase_splits_query_heads_to_fill_its_bound_wave(monkeypatch):
+    """attn_query_split auto in a token block bound to N threadgroups an SM: a kv head's query
+    heads go to as many tickets as keep every partition's but the last (the cache's unfilled
+    rows) within N times the SMs. The 8B's token at 4096 + 144 rows on 132 SMs: 34 partitions of a
+    chunk, its 4 query heads over 2 tickets (528 for the first 33 partitions' 8 kv heads); at
+    16384 + 200 rows (65 partitions) and unsplit, what attention's bound of 64 gives; unbound,
+    set, or with no SMs to go by (a recording), attention's bound."""
+    from kernels import runtime
+
+    def split(rows: int, **setting) -> tuple[int, int]:
+        c = _token_block_job(rows, 4096, 14336, (32, 8, 128), **setting).constants
+        return c["QS"], c["G"]
+
+    assert split(4240) == (1, 4)  # a recording: no SMs
+    monkeypatch.setattr(runtime, "sm_count", lambda: 132)
+    assert split(4240) == (2, 2)
+    assert split(4250) == (2, 2) and split(4360) == (1, 4)  # 34 full partitions: 544 tickets
+    assert split(16584) == (1, 4)
+    assert split(300) == (4, 1)  # unsplit: 8 tickets of 4 heads would leave the GPU idle
+    assert split(4240, block_min_groups=0) == (1, 4)
+    assert split(4240, attn_query_split=64) == (1, 4)
+    assert split(4240, attn_query_split=600) == (2, 2)
+
+
 @pytest.mark.parametrize("split_from, split", [(None, True), (256, True), (2048, False)])
 def test_block_split_from_sets_where_token_blocks_attention_splits(split_from, split):
     """block_split_from: token_block's attention phase splits a context past this many tokens

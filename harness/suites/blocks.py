@@ -527,6 +527,9 @@ def check_cases(small: bool = False) -> list[CheckCase]:
     if not small:
         cases.append(_token_case("q4_0", 1024, 3072, (16, 8), 128, True, True, 2, 700, split_from=0))
         cases.append(_token_case("q4_0", 4096, 14336, (32, 8), 128, False, False, 2, 40))
+        # ... and at 4300 tokens: under the bound its 4 query heads a kv head take 2 tickets
+        # (attention_query_split on 132 SMs), the merge's slots in two runs
+        cases.append(_token_case("q4_0", 4096, 14336, (32, 8), 128, False, False, 2, 4300, split_from=0))
     cases.append(_token_case("q8_0", 160, 96, (4, 2), 64, False, True, 4, 7))
     # partitions past two a lane of the merge: 2 kv heads aim at 256 of them (65, then 126 here;
     # each slot's in two runs)

@@ -60,8 +60,10 @@ CHUNK_MULTIPLE = 8  # partitions start on 8-token vectors (decode_attention.meta
 # heads a threadgroup takes while they divide) as long as the grid stays within this many
 # threadgroups: at short contexts the kernel is a chain of latencies, and a grid of one
 # threadgroup per kv head (Llama-3-8B: 8) leaves most SMs idle, while the extra reads of K and V
-# are few and meet in the L2. The attn_query_split option (default 64) sets the bound; 0 keeps a
+# are few and meet in the L2. The attn_query_split option sets the bound (auto: QUERY_SPLIT_MOST;
+# the blocks' bound launches have their own rule, kernels.blocks.attention_query_split); 0 keeps a
 # group in one threadgroup.
+QUERY_SPLIT_MOST = 64
 NSIMD = 4
 MERGE_PARTS = 128  # partitions the in-launch merge takes (decode_rows.metal); more: the combine launch
 
@@ -274,7 +276,9 @@ def query_split(group: int, threadgroups: int, most: int | None = None) -> int:
     divisor, not only powers of two: Qwen2.5-7B's 7 query heads a kv head would otherwise stay in
     one threadgroup of 7 heads, 4 threadgroups a layer, whose registers (G * D / 32 sums a lane)
     then set the megafused launch's for every phase (kernels/loop/NOTES.md)."""
-    most = options.get("attn_query_split") if most is None else most
+    if most is None:
+        most = options.get("attn_query_split")
+    most = QUERY_SPLIT_MOST if most is None else most
     return max(qs for qs in range(1, group + 1) if group % qs == 0 and (qs == 1 or threadgroups * qs <= most))
 
 

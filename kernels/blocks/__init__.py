@@ -520,6 +520,23 @@ def attention_grid(least: int) -> int:
     return options.get("attn_split_grid") or (least * sms if sms else attention.split_grid(0))
 
 
+def attention_query_split(group: int, n_kv: int, parts: int, least: int) -> int:
+    """Threadgroups that share a kv head's `group` query heads in the attention phase of `parts`
+    partitions (attention.query_split): under the attn_query_split option where it is set; else,
+    in a launch bound to `least` threadgroups an SM on a GPU whose SMs are known, the most for
+    which the tickets of every partition but the last fit the threadgroups it holds, so that the
+    phase fills one wave. The last partition is left out because it holds the cache's unfilled
+    rows for most of its life (the grid is sized for the longest context a call can see), so its
+    tickets mostly end at once. The 8B at 4096 + 144 rows: 34 partitions of a chunk, 272 tickets
+    of 4 query heads for 528 threadgroups; as 544 of 2 its token took 1.384-1.395x llama.cpp
+    against 1.364-1.370x (kernels/loop/NOTES.md). Elsewhere, attention's bound."""
+    most = options.get("attn_query_split")
+    sms = runtime.sm_count() if least and most is None else None
+    if sms:
+        return attention.query_split(group, n_kv * max(parts - 1, 1), least * sms)
+    return attention.query_split(group, n_kv * parts, most)
+
+
 def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None, attn: _Attention | None,
             queue: mx.array | None, strides: dict[str, int] | None = None, layer_kind: LayerKind = LLAMA,
             post_norms: tuple[mx.array, mx.array] | None = None, qkv_bias: mx.array | None = None,
@@ -546,13 +563,13 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         partitions as flash_decode would split them (the grid sized for the longest context a
         call can see, below), merged in the launch, at most MERGE_PARTS of them."""
         a, chunk = attn, s * 32  # decode_rows' tokens a chunk at this NSIMD
-        partition = options.get("attn_partition") or attention.auto_partition(
-            a.longest, a.n_kv, attention_grid(min_groups(first, phases, s, attn, layer_kind)))
+        least = min_groups(first, phases, s, attn, layer_kind)
+        partition = options.get("attn_partition") or attention.auto_partition(a.longest, a.n_kv, attention_grid(least))
         partition = max(-(-partition // chunk) * chunk, -(-a.longest // (attention.MERGE_PARTS * chunk)) * chunk)
         split = a.longest > partition and a.longest > a.split_from
         parts = -(-a.longest // partition) if split else 1
         group = a.n_heads // a.n_kv
-        return partition, split, parts, max(attention.query_split(group, a.n_kv * parts), heads_split(group))
+        return partition, split, parts, max(attention_query_split(group, a.n_kv, parts, least), heads_split(group))
 
     def reserved(s: int) -> int:
         """Threadgroup bytes beside the GEMVs' staging: the stream row (post-norms) and the
