@@ -238,6 +238,12 @@ def qmm_prologue(c) -> bool:
     return c.d_model < QMM_PROLOGUE_BELOW_D if value == "auto" else bool(value)
 
 
+def last_row_only(last_only: bool | None) -> bool:
+    """Whether a prompt's head takes its last row only: `last_only`, or where None the
+    prompt_logits option (forward()'s default: every row)."""
+    return options.get("prompt_logits") == "last" if last_only is None else bool(last_only)
+
+
 def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, seams: bool = False,
                 rope_attention: bool | None = None, types: dict[str, str] | None = None,
                 phase: str = "decode", packed: bool | None = None, mega: bool = False,
@@ -313,9 +319,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     span = options.get("mega_span") if span is None else span
     seams = seams and fused and small and not mega
     head = "token_embd.weight" if c.tied else "output.weight"
-    if last_only is None:
-        last_only = options.get("prompt_logits") == "last"
-    last_only = last_only and not decode  # a prompt's head over its last row
+    last_only = not decode and last_row_only(last_only)  # a prompt's head over its last row
     steps: list[Step] = []
 
     def add(op, kernel, reads, writes, run, *args, weights=(), per_token=(), layer=None, launches=()):
@@ -1340,7 +1344,7 @@ class KernelDecoder:
             raise ValueError(f"token ids must be integers in 0..{vocab - 1}")
         ids = mx.array(host.astype(np.int32))
         t, pos = ids.size, self.pos
-        last = self._last_only(t, last_only)
+        last = t > 1 and last_row_only(last_only)
         self._admit(t)
         fn = self._compiled_prompts.get((t, pos, last))
         if fn is None:
@@ -1398,16 +1402,10 @@ class KernelDecoder:
 
         return run
 
-    @staticmethod
-    def _last_only(t: int, last_only: bool | None) -> bool:
-        """Whether t tokens' head takes their last row only: a prompt's, where `last_only` (None:
-        the prompt_logits option) says so; a decode token's is that row."""
-        return t > 1 and (options.get("prompt_logits") == "last" if last_only is None else bool(last_only))
-
     def plan_for(self, t: int, last_only: bool | None = None) -> list[Step]:
-        """The plan that t tokens replay (kernel_plan of their phase; `last_only`: _last_only's),
-        built once per phase and head."""
-        key = phase_of(t), self._last_only(t, last_only)
+        """The plan that t tokens replay (kernel_plan of their phase; `last_only`: last_row_only's,
+        for a prompt: a decode token's head is its one row), built once per phase and head."""
+        key = phase_of(t), t > 1 and last_row_only(last_only)
         if key not in self._plans:
             self._plans[key] = kernel_plan(self.config, self.fused, self.paged, self.overflow, self.seams,
                                            self.rope_attention, self.types, key[0], bool(self.packed), self.mega,

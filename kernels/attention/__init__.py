@@ -105,6 +105,12 @@ def merge_constants(group: int, head_dim: int, nsimd: int, parts: int) -> dict[s
     return dict(MSPLIT=split, MLOADS=merge_loads(parts // split), MLANE=merge_lane(parts))
 
 
+def merge_held(c: dict) -> int:
+    """The partitions whose weights a merged launch's threadgroup memory holds, from its constants
+    (32 a lane, MLANE lanes' worth): decode_threadgroup_bytes' `merge`."""
+    return 32 * c["MLANE"]
+
+
 def _check_merged(parts: int) -> None:
     if not 1 <= parts <= MERGE_PARTS:
         raise ValueError(f"the in-launch merge takes 1..{MERGE_PARTS} partitions, got {parts}")
@@ -184,8 +190,8 @@ def k_slot_bytes(head_dim: int, nsimd: int) -> int:
 
 
 def _decode_threadgroup_bytes(c: dict, head_norm: bool, merge: bool) -> int:
-    merged = 32 * c["MLANE"] if merge else 0  # (the partitions its MLANE holds: the weights' bytes)
-    return decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, merged, c.get("KSLOTS", 0),
+    return decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, merge_held(c) if merge else 0,
+                                    c.get("KSLOTS", 0),
                                     bool(c.get("MMA", 0)))
 
 

@@ -205,8 +205,8 @@ def _threadgroup_bytes(c: dict, attn: bool, head_norm: bool, split: bool, post_n
     if not attn:
         return gemv_bytes
     slots = 0 if c.get("KIN_X") else c.get("KSLOTS", 0)  # (KIN_X: the slots are in X')
-    merged = 32 * c["MLANE"] if split else 0  # (the partitions its MLANE holds: the weights' bytes)
-    return gemv_bytes + attention.decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm, merged, slots,
+    return gemv_bytes + attention.decode_threadgroup_bytes(c["G"], c["D"], c["NSIMD"], head_norm,
+                                                          attention.merge_held(c) if split else 0, slots,
                                                           bool(c.get("MMA", 0)))
 
 
@@ -516,8 +516,14 @@ def attention_grid(least: int) -> int:
     65 partitions of 2 chunks a kv head, 520 tickets for 528 threadgroups, where SPLIT_GRID's 512
     made 44 of 3 chunks and left a third of them idle); else attention's SPLIT_GRID. (The split
     grid of the register form: the blocks keep K in registers unless block_k_slots says otherwise.)"""
+    return options.get("attn_split_grid") or resident_threadgroups(least) or attention.split_grid(0)
+
+
+def resident_threadgroups(least: int) -> int | None:
+    """The threadgroups a launch bound to `least` an SM holds at once on this GPU: None where it
+    is not bound or the SMs are not known (off CUDA, while recording)."""
     sms = runtime.sm_count() if least else None
-    return options.get("attn_split_grid") or (least * sms if sms else attention.split_grid(0))
+    return least * sms if sms else None
 
 
 def attention_query_split(group: int, n_kv: int, parts: int, least: int) -> int:
@@ -531,9 +537,9 @@ def attention_query_split(group: int, n_kv: int, parts: int, least: int) -> int:
     of 4 query heads for 528 threadgroups; as 544 of 2 its token took 1.384-1.395x llama.cpp
     against 1.364-1.370x (kernels/loop/NOTES.md). Elsewhere, attention's bound."""
     most = options.get("attn_query_split")
-    sms = runtime.sm_count() if least and most is None else None
-    if sms:
-        return attention.query_split(group, n_kv * max(parts - 1, 1), least * sms)
+    held = resident_threadgroups(least) if most is None else None
+    if held:
+        return attention.query_split(group, n_kv * max(parts - 1, 1), held)
     return attention.query_split(group, n_kv * parts, most)
 
 
