@@ -67,13 +67,13 @@ def _stacks(layers: int = 2) -> blocks.LayerStacks:
                               blocks.Stack([_packed(D, F, i) for i in range(layers)]))
 
 
-def _token(stacks=None, caches=2, queue=None, x=None, norm=None, **gemma):
+def _token(stacks=None, caches=2, queue=None, x=None, norm=None, pos=3, **gemma):
     stacks = stacks or _stacks()
     if norm is not None:
         stacks.ffn_norm = norm
     kv = [mx.zeros((HKV, 16, HD), mx.float16) for _ in range(caches)]
     return blocks.token_block(mx.zeros((1, D), mx.float16) if x is None else x, stacks, 1e-6, "q8_0", kv, list(kv),
-                              3, n_heads=HQ, queue=queue, **gemma)
+                              pos, n_heads=HQ, queue=queue, **gemma)
 
 
 GEMMA = blocks.LayerKind(post_norms=True, windows=True, activation="gelu")
@@ -88,9 +88,12 @@ def _gemma_stacks(post=True) -> blocks.LayerStacks:
 
 @pytest.mark.parametrize("call, message", [
     (lambda: _token(caches=1), "a K and a V cache for each of the 2 layers"),
-    (lambda: _token(x=mx.zeros((2, D), mx.float16)), "one token"),
+    (lambda: _token(x=mx.zeros((blocks.BATCH_ROWS + 1, D), mx.float16)), "1..8 rows"),
+    (lambda: _token(x=mx.zeros((2, D), mx.float16), pos=15), r"pos \+ 2 <= 16"),
+    (lambda: _token(_gemma_stacks(), x=mx.zeros((2, D), mx.float32), layer_kind=GEMMA, windows=[4, 0]),
+     "prompt form"),
     (lambda: _token(norm=mx.ones((D,), mx.float16)), r"norms must be \[2, width\]"),
-    (lambda: _token(queue=blocks.block_queue()), r"queue must be uint32 \[>= 704\]"),
+    (lambda: _token(queue=blocks.block_queue()), r"queue must be uint32 \[>= 768\]"),
     (lambda: _token(_gemma_stacks(False), x=mx.zeros((1, D), mx.float32), layer_kind=GEMMA, windows=[4, 0]),
      "post_attn_norm and post_ffn_norm"),
     (lambda: _token(_gemma_stacks(), layer_kind=GEMMA, windows=[4, 0]), "x must be float32"),
@@ -442,7 +445,8 @@ def test_min_groups_bound_the_token_block_for_that_many_threadgroups_an_sm():
 def test_min_groups_auto_bounds_only_the_plain_token_block():
     """block_min_groups auto: 4 an SM for a token block of 4 SIMD groups whose attention has no head
     norms, no post norms, heads up to 128, the contiguous caches and not the MMA form (what was
-    measured on the 8B); the compiler's choice for the named halves, the paged batch form, the MMA
+    measured on the 8B); the compiler's choice for the named halves, the paged batch form, the
+    prompt form's rows, the MMA
     form, Qwen3's head norms, Gemma's post norms and heads of 256, and other threadgroup sizes. A
     setting overrides the rule."""
     from types import SimpleNamespace
@@ -450,7 +454,7 @@ def test_min_groups_auto_bounds_only_the_plain_token_block():
     from kernels import options
 
     def attn(**kw):
-        return SimpleNamespace(**{**dict(norms=(), table=None, head_dim=128), **kw})
+        return SimpleNamespace(**{**dict(norms=(), table=None, head_dim=128, batch=1), **kw})
 
     token, gemma = (blocks.QKV, 10), blocks.LayerKind(post_norms=True)
     assert blocks.min_groups(*token, 4, attn(), blocks.LLAMA) == blocks.MIN_GROUPS_AUTO == 4
@@ -458,7 +462,8 @@ def test_min_groups_auto_bounds_only_the_plain_token_block():
     for first, phases, simds, a, kind in (
             (blocks.QKV, 3, 4, attn(), blocks.LLAMA), (blocks.UP, 2, 4, None, blocks.LLAMA),
             (blocks.UP, 5, 4, attn(), blocks.LLAMA), (*token, 4, attn(norms=("q", "k")), blocks.LLAMA),
-            (*token, 4, attn(table="paged"), blocks.LLAMA), (*token, 4, attn(), gemma),
+            (*token, 4, attn(table="paged"), blocks.LLAMA), (*token, 4, attn(batch=8), blocks.LLAMA),
+            (*token, 4, attn(), gemma),
             (*token, 4, attn(head_dim=256), blocks.LLAMA), (*token, 8, attn(), blocks.LLAMA)):
         assert blocks.min_groups(first, phases, simds, a, kind) == 0, (first, phases, simds, a, kind)
     assert blocks.min_groups(*token, 4, attn(), blocks.LLAMA, mma=True) == 0

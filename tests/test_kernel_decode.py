@@ -152,6 +152,59 @@ def test_megafused_plan_is_one_launch_a_token(models, preset):
         c, True, packed=True, phase="prompt")
 
 
+@pytest.mark.parametrize("tokens", [2, 8, 11, 16])
+def test_megafused_prompt_runs_token_blocks_of_rows(models, tokens):
+    """A megafused prompt of up to mega_prompt_rows tokens: its plan is a decode token's with the
+    head over the last row, and it launches token_block's prompt form, blocks.BATCH_ROWS rows a
+    launch at their positions, over the stacked caches (launches recorded, CPU); past the option,
+    fused's plan."""
+    from kernels import blocks
+    from kernels.runtime import recording
+
+    m = models["tiny-qwen3", "q8_0"]
+    c = m.config
+    d = KernelDecoder(m, 64, "megafused")
+    assert d.prompt_rows == 16
+    plan = d.plan_for(tokens, last_only=True)
+    assert [s.op for s in plan] == ["embed", "token_block", "last_row", "rmsnorm_linear"]
+    assert "the prompt's rows" in plan[1].kernel
+    with recording() as rec:
+        d.forward(np.arange(3) % c.vocab)  # a prompt at depth 3
+        rec.jobs.clear()
+        d.forward(np.arange(tokens) % c.vocab, last_only=True)
+    launched = [j for j in rec.jobs if "token_block" in j.spec.name]
+    rows = [min(blocks.BATCH_ROWS, tokens - r0) for r0 in range(0, tokens, blocks.BATCH_ROWS)]
+    assert [dict(zip(j.spec.inputs, j.inputs))["x_in"].shape[0] for j in launched] == rows
+    at = [np.array(dict(zip(j.spec.inputs, j.inputs))["pos"]).tolist() for j in launched]
+    assert sum(at, []) == list(range(3, 3 + tokens))
+    assert all(n == 2 for n in [sum(i.startswith(("k_cache", "v_cache")) for i in j.spec.inputs) for j in launched])
+    with options.use(mega_prompt_rows=tokens - 1):
+        past = KernelDecoder(m, 64, "megafused")
+    assert "token_block" not in [s.op for s in past.plan_for(tokens)]
+
+
+def test_token_block_prompt_form_checks_its_rows(models):
+    """token_block's prompt form takes 2..BATCH_ROWS rows at an int position whose rows fit the
+    cache, and not Gemma's post-block norms: clear errors before any launch (CPU)."""
+    import mlx.core as mx
+
+    from kernels import blocks
+
+    m = models["tiny-qwen3", "q8_0"]
+    c = m.config
+    d = KernelDecoder(m, 64, "megafused")
+    k, v = d.k.whole(), d.v.whole()
+    kw = dict(n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox)
+    x = mx.zeros((blocks.BATCH_ROWS + 1, c.d_model), mx.float16)
+    qtype = d.stacks.w_qkv.qtypes[0]
+    with pytest.raises(ValueError, match="1..8 rows"):
+        blocks.token_block(x, d.stacks, c.eps, qtype, k, v, 0, **kw)
+    with pytest.raises(ValueError, match="pos \\+ 4 <= 64"):
+        blocks.token_block(x[:4], d.stacks, c.eps, qtype, k, v, 61, **kw)
+    with pytest.raises(ValueError, match="int pos"):
+        blocks.token_block(x[:4], d.stacks, c.eps, qtype, k, v, mx.array([0], mx.int32), **kw)
+
+
 @pytest.mark.parametrize("stacked", [True, False])
 def test_megafused_holds_each_caches_layers_in_one_array(models, stacked):
     """mega_kv_stacked: a megafused decoder keeps every layer's K in one array [layers, Hkv,
@@ -165,7 +218,7 @@ def test_megafused_holds_each_caches_layers_in_one_array(models, stacked):
 
     m = models["tiny-qwen3", "q8_0"]
     c = m.config
-    with options.use(mega_kv_stacked=stacked):
+    with options.use(mega_kv_stacked=stacked, mega_prompt_rows=0):  # the prompt on fused's plan
         d = KernelDecoder(m, 64, "megafused")
     assert isinstance(d.k, StackedCaches) == stacked and len(d.cache_arrays()) == (2 if stacked else 2 * c.n_layers)
     before = d.cache_arrays()[0]
@@ -566,7 +619,7 @@ def test_prompt_logits_last_runs_the_head_over_one_row(models, variant, tokens, 
     """prompt_logits=last, or forward(last_only=True) as generate() asks it: a prompt (short or
     long phase) gives its last token's logits only, the head a GEMV over that one row instead of
     a dequantized matrix over every row; a decode token's plan is the same either way (launches
-    recorded, CPU)."""
+    recorded, CPU); fused's and megafused's with the RMSNorm in the GEMV's launch."""
     from kernels.runtime import recording
 
     m = models["tiny-qwen3", "q8_0"]
@@ -589,7 +642,7 @@ def test_prompt_logits_last_runs_the_head_over_one_row(models, variant, tokens, 
     if tokens > 4:  # the long phase: the head's matmul (qmm, or dequantize + MLX's) gives way to a GEMV
         matmuls = {c: sum(name.startswith(("lathe_dequantize", "lathe_qmm")) for name in jobs[c]) for c in jobs}
         assert matmuls["all"] == matmuls["last"] + 1
-        assert jobs["last"][-1].startswith("lathe_gemv")
+        assert jobs["last"][-1].startswith(("lathe_gemv", "lathe_rmsnorm_gemv") if variant != "unfused" else "lathe_gemv")
     assert len(jobs["all"]) >= len(jobs["last"])
 
 
@@ -623,6 +676,8 @@ def test_prompt_weights_f16_copies_what_a_prompt_dequantized(models, monkeypatch
     for name, w in copies.f16.items():
         assert w.dtype == mx.float16 and w.shape == copies.nk[name]
     for t in (1, 3):
+        if t <= copies.prompt_rows:
+            continue  # megafused's 3 tokens in token_block's prompt form: its head over 3 rows reads the copy
         assert [s.kernel for s in copies.plan_for(t)] == [s.kernel for s in default.plan_for(t)]
 
 

@@ -217,8 +217,9 @@ def wide_stream(c) -> bool:
 
 QUANTIZED = ("q4_0", "q8_0", *gemv.REPACKED_ONLY)  # our GEMVs' block types (all but Q4_0, Q8_0: repacked only)
 # 1 token; 2..FUSED_UP_TO (the fused GEMVs' rows); ..QMM_UP_TO (the quantized GEMM's, fused as the
-# GEMVs are where the weights are repacked and prompt_qmm is on; else as a prompt); more
-PHASES = ("decode", "short", "gemm", "prompt")
+# GEMVs are where the weights are repacked and prompt_qmm is on; else as a prompt); more; and a
+# megafused prompt of up to mega_prompt_rows tokens: token_block's prompt form (rows)
+PHASES = ("decode", "short", "gemm", "prompt", "rows")
 
 
 def phase_of(t: int) -> str:
@@ -263,7 +264,8 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     layer in one launch (kernels.blocks.token_block), or "layer", a launch a layer; `f16_copies`
     (the prompt_weights option): a prompt's matmuls read fp16 copies made at load, with no
     dequantize launch; `last_only` (default: the prompt_logits option): a prompt's head over its
-    last row only."""
+    last row only. Phase "rows" (mega, span "token", one launch; not Gemma's post-block norms): a
+    prompt through token_block's prompt form, blocks.BATCH_ROWS rows a launch."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     rope_attention = rope_in_attention(c) if rope_attention is None else rope_attention
@@ -303,7 +305,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     attn_parts += ("attn_output",)
     ffn_parts = ("ffn_gate_up",) if c.architecture.fused_gate_up else ("ffn_gate", "ffn_up")
     ffn_parts += ("ffn_down",)
-    decode, small = phase == "decode", phase in ("decode", "short")
+    decode, small, rows = phase == "decode", phase in ("decode", "short"), phase == "rows"
     # 5..QMM_UP_TO rows on repacked weights: qmm with the RMSNorm prologue and the gated epilogue
     # (an fp16 residual stream: Gemma's float32 one takes the prompt's steps)
     gemm = (phase == "gemm" and fused and packed and options.get("prompt_qmm") and not f16_copies
@@ -314,9 +316,12 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     norm_after = gemm and not prologue and not post and options.get("qmm_norm_after")
     normed = [None]  # the norm whose output h already holds: the rms_norm step that follows is skipped
     wrap = overflow and decode and not paged
-    mega = mega and fused and decode and packed and not paged and not wrap
+    mega = mega and fused and (decode or rows) and packed and not paged and not wrap
     one_launch = backends.cross_group_waits() if one_launch is None else one_launch
     span = options.get("mega_span") if span is None else span
+    if rows and not (mega and span == "token" and one_launch and not post):
+        raise ValueError("phase 'rows' is a megafused prompt in token_block's prompt form: mega, span 'token', "
+                         "one launch, repacked weights over the contiguous cache, no post-block norms")
     seams = seams and fused and small and not mega
     head = "token_embd.weight" if c.tied else "output.weight"
     last_only = not decode and last_row_only(last_only)  # a prompt's head over its last row
@@ -392,7 +397,7 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             add("rmsnorm_linear", f"lathe qmm + RMSNorm prologue{shown(name)}", ("x",), (dst,), _run_norm_qmm, norm,
                 name, dst, weights=(norm, label or name), layer=layer, launches=("lathe_qmm_norm",))
             return
-        if fused and small and quant(name):
+        if fused and (small or (name == head and last_only)) and quant(name):  # (a prompt's head: its last row)
             add("rmsnorm_linear", f"lathe rmsnorm_gemv_{v}{shown(name)}", ("x",), (dst,), _run_norm_linear, norm, name, dst,
                 weights=(norm, label or name), layer=layer, launches=(f"lathe_rmsnorm_gemv_{v}",))
         else:
@@ -447,9 +452,12 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
                     f"blk.{j}.ffn_norm.weight", f"blk.{j}.ffn_gate_up (gate|up)", f"blk.{j}.ffn_down.weight") + (
                     (f"blk.{j}.post_attention_norm.weight", f"blk.{j}.post_ffw_norm.weight") if post else ()))
                 shown_all = block_shown(range(c.n_layers), attn_parts + ffn_parts)
+                if rows:  # a prompt's tokens, BATCH_ROWS a launch
+                    what += f"; the prompt's rows, {blocks.BATCH_ROWS} a launch"
                 add("token_block", f"lathe token_block{shown_all} ({what})" if one_launch else
                     f"token_block's phases apart ({what}: {5 * c.n_layers} launches)",
-                    ("x", "cache.*"), ("x", "cache.*"), _run_token_block, weights=layer_weights, per_token=("pos",),
+                    ("x", "cache.*"), ("x", "cache.*"), _run_token_block, last_only, weights=layer_weights,
+                    per_token=("pos",),
                     launches=(("lathe_token_block",) + (("lathe_post_norm_add",) if post else ()) if one_launch
                               else _ATTENTION_APART + _FFN_APART))
             continue
@@ -893,17 +901,25 @@ class StackedCaches:
         return self.stack
 
 
-def _run_token_block(d, env, t, pos):
+def _run_token_block(last_only, d, env, t, pos):
     """Every layer of a decode token in one launch, on the decoder's stacked weights (and, with
-    mega_kv_stacked, its stacked caches)."""
+    mega_kv_stacked, its stacked caches); a prompt's t tokens (phase rows) blocks.BATCH_ROWS a
+    launch in token_block's prompt form, one launch after another (each reads the rows the one
+    before wrote), the stream's rows joined (`last_only`: the last launch's, of which the head
+    takes the last)."""
     c = d.config
     k, v = (d.k.whole(), d.v.whole()) if d.stacked else (d.k, d.v)
-    env["x"], k, v = blocks.token_block(env["x"], d.stacks, c.eps, d.stacks.w_qkv.qtypes[0], k, v, pos,
-                                            n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
-                                            queue=d.token_queue, counters=d.attn_counters[0],
-                                            layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs, scale=d.scale,
-                                            windows=d.windows if d.layer_kind.windows else None,
-                                            timeline=d.timeline)
+    step, outs = blocks.BATCH_ROWS if t > 1 else 1, []
+    for r0 in range(0, t, step):
+        x, k, v = blocks.token_block(env["x"][r0:r0 + step] if t > 1 else env["x"], d.stacks, c.eps,
+                                     d.stacks.w_qkv.qtypes[0], k, v, pos + r0 if t > 1 else pos,
+                                     n_heads=c.n_heads, theta=c.rope_theta, neox=c.neox,
+                                     queue=d.token_queue, counters=d.attn_counters[0],
+                                     layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs, scale=d.scale,
+                                     windows=d.windows if d.layer_kind.windows else None,
+                                     timeline=d.timeline)
+        outs.append(x)
+    env["x"] = outs[-1] if last_only or len(outs) == 1 else mx.concatenate(outs)
     d.k, d.v = (StackedCaches(k), StackedCaches(v)) if d.stacked else (k, v)
 
 
@@ -1016,6 +1032,10 @@ class KernelDecoder:
         self.span = options.get("mega_span") if self.mega else None  # its stacks are built for it
         # every layer's K (and V) cache in one array, which token_block reads at each layer's offset
         self.stacked = self.span == "token" and bool(options.get("mega_kv_stacked"))
+        # a prompt of 2..prompt_rows tokens in token_block's prompt form (plan_for's phase "rows"):
+        # one launch (CUDA), and one stream row for Gemma's post-block norms only (not there)
+        self.prompt_rows = (options.get("mega_prompt_rows") if self.span == "token" and backends.cross_group_waits()
+                            and not model.config.architecture.post_norms else 0)
         # a list, where token_block's launches should stamp their tickets (harness.tools.block_timeline):
         # each uncompiled step's launch appends its kernels.blocks.BlockTimeline
         self.timeline: list | None = None
@@ -1127,7 +1147,9 @@ class KernelDecoder:
         if self.seams:
             self.queues = [(gemv.seam_queue(), gemv.seam_queue()) for _ in range(c.n_layers)]
         # each layer's attention launch merges its split partitions on counters of its own
-        self.attn_counters = [attention.merge_counters(c.n_heads) for _ in range(c.n_layers)]
+        # (layer 0's also token_block's, whose prompt form merges BATCH_ROWS rows' partitions)
+        self.attn_counters = [attention.merge_counters(c.n_heads * (blocks.BATCH_ROWS if i == 0 else 1))
+                              for i in range(c.n_layers)]
         mx.clear_cache()  # the host-written copies of the weights (kernels.runtime.resident)
         self._plans: dict[tuple[str, bool], list[Step]] = {}
         self.plan = self.plan_for(1)  # a decode token's: --show-plan's, and the dispatches per token
@@ -1405,7 +1427,7 @@ class KernelDecoder:
     def plan_for(self, t: int, last_only: bool | None = None) -> list[Step]:
         """The plan that t tokens replay (kernel_plan of their phase; `last_only`: last_row_only's,
         for a prompt: a decode token's head is its one row), built once per phase and head."""
-        key = phase_of(t), t > 1 and last_row_only(last_only)
+        key = "rows" if 1 < t <= self.prompt_rows else phase_of(t), t > 1 and last_row_only(last_only)
         if key not in self._plans:
             self._plans[key] = kernel_plan(self.config, self.fused, self.paged, self.overflow, self.seams,
                                            self.rope_attention, self.types, key[0], bool(self.packed), self.mega,

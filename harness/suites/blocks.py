@@ -488,6 +488,102 @@ def _batch_token_cases(small: bool) -> list[CheckCase]:
     return cases
 
 
+def _prompt_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
+                       neox: bool, layers: int, pos: int, rows: int, stacked: bool = True,
+                       split_from: int | None = None, mix: Mix = (), bias: bool = False) -> CheckCase:
+    """token_block's prompt form: `rows` tokens of one sequence at pos, pos + 1, .. through
+    `layers` layers in one launch over contiguous caches (rows 0..pos-1 cached, NaN from pos on:
+    token b must see the rows tokens 0..b-1 write in the same launch, and no later one), against
+    _token_case's references run a token at a time, each over the caches the tokens before it
+    left; every layer's new K and V rows, every other row bit for bit, the queue left zero;
+    launched twice on one queue."""
+    from kernels.attention import SPLIT_FROM
+    from kernels.blocks import LLAMA, LayerKind, LayerStacks, Stack, block_queue, token_block
+    from kernels.runtime import poisoned_outputs
+
+    n_heads, n_kv = heads
+    kind = LayerKind(qkv_bias=True) if bias else LLAMA
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        w, w64, norms = _layers(rng, qtype, mix, layers, d_model, f, heads, head_dim, head_norm)
+        stack = lambda name: Stack([m[name] for m in w]) if name in w[0] else None  # noqa: E731
+        n_qkv = (n_heads + 2 * n_kv) * head_dim
+        biases = (rng.standard_normal((layers, n_qkv)) * 0.5).astype(np.float16) if bias else None
+        stacks = LayerStacks(mx.array(norms["attn"]), stack("qkv"), stack("o"), mx.array(norms["ffn"]),
+                             stack("gate_up"), stack("down"),
+                             *((mx.array(norms["q"]), mx.array(norms["k"])) if head_norm else (None, None)),
+                             w_v=stack("v"), qkv_bias=None if biases is None else mx.array(biases))
+        max_seq = pos + rows + 3
+        new = np.arange(pos, pos + rows)
+        queue = block_queue(5 * layers)
+        checks = []
+        for launch_ in range(2):
+            caches = [_caches(rng, n_kv, max_seq, head_dim, pos) for _ in range(layers)]
+            x = rng.standard_normal((rows, d_model)).astype(np.float16)
+            with poisoned_outputs():
+                k_in, v_in = ([mx.array(kc) for kc, _ in caches], [mx.array(vc) for _, vc in caches])
+                if stacked:
+                    k_in, v_in = (mx.array(np.stack([kc for kc, _ in caches])),
+                                  mx.array(np.stack([vc for _, vc in caches])))
+                x_out, k_new, v_new = token_block(
+                    mx.array(x), stacks, EPS, qtype, k_in, v_in, pos, n_heads=n_heads, theta=THETA, neox=neox,
+                    queue=queue, split_from=SPLIT_FROM if split_from is None else split_from, layer_kind=kind)
+                mx.eval(x_out, k_new, v_new, queue)
+            kept = lambda a: a.astype(np.float16).astype(np.float64)  # noqa: E731 - the fp16 stream
+            got = np.array(x_out).astype(np.float64)
+            ref_caches = [(kc.copy(), vc.copy()) for kc, vc in caches]
+            for b in range(rows):
+                want = x[b].astype(np.float64)
+                for i in range(layers):
+                    mid, k_want, v_want = ref.attention_block(
+                        want, norms["attn"][i], EPS, w64[i]["qkv"], w64[i]["o"], *ref_caches[i], pos + b, n_heads,
+                        THETA, neox, norms["q"][i] if head_norm else None, norms["k"][i] if head_norm else None,
+                        stored=STORED, bias=None if biases is None else biases[i])
+                    ref_caches[i] = (k_want, v_want)
+                    want = kept(ref.ffn_block(kept(mid)[None], norms["ffn"][i], EPS, w64[i]["gate_up"],
+                                              w64[i]["down"])[0])
+                checks.append(compare_residual(f"token {b} x_out - x (launch {launch_})", got[b], want, x[b],
+                                               TOL * layers))
+            others = np.ones(max_seq, bool)
+            others[new] = False
+            for i, ((kc, vc), (k_want, v_want)) in enumerate(zip(caches, ref_caches)):
+                k_got, v_got = np.array(k_new[i]), np.array(v_new[i])
+                checks += [compare(f"layer {i} K, V rows pos.. (launch {launch_})",
+                                   np.stack([k_got[:, new], v_got[:, new]]), np.stack([k_want[:, new], v_want[:, new]]),
+                                   TOL * (i + 1)),
+                           exact(f"layer {i} other rows untouched (launch {launch_})",
+                                 np.stack([k_got[:, others], v_got[:, others]]).view(np.uint16),
+                                 np.stack([kc[:, others], vc[:, others]]).view(np.uint16))]
+            checks.append(exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0))
+        return checks
+
+    variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, False, mix)
+    variant += f" prompt rows={rows}" + (" stacked-kv" if stacked else "") + (" qkv-bias" if bias else "")
+    shape = dict(d_model=d_model, F=f, heads=f"{n_heads}/{n_kv}", D=head_dim, layers=layers, pos=pos)
+    return CheckCase("blocks", "token_block", variant, shape, run)
+
+
+def _prompt_token_cases(small: bool) -> list[CheckCase]:
+    """token_block's prompt form (a megafused short prompt), where it runs (one launch): the
+    models' layers at depth 0 and past it, every row count's tail (2, 3, 5, 8), a split context,
+    a K mix with V apart and biases, caches stacked and a layer each."""
+    from kernels import backends
+
+    if not backends.cross_group_waits():
+        return []
+    d, hq, hkv, hd, norm, neox = MODELS["qwen3-0.6b"]
+    cases = [_prompt_token_case("q8_0", d, FFN["qwen3-0.6b"][1], (hq, hkv), hd, norm, neox, 2, 0, 8),
+             _prompt_token_case("q8_0", d, FFN["qwen3-0.6b"][1], (hq, hkv), hd, norm, neox, 2, 37, 3, stacked=False),
+             _prompt_token_case("q8_0", 160, 96, (4, 2), 64, False, True, 2, 5, 2)]
+    if not small:
+        d, hq, hkv, hd, norm, neox = MODELS["llama3-8b"]
+        cases.append(_prompt_token_case("q4_0", d, FFN["llama3-8b"][1], (hq, hkv), hd, norm, neox, 1, 8, 8))
+        cases.append(_prompt_token_case("q4_0", 1024, 3072, (16, 8), 128, True, True, 2, 700, 5, split_from=0))
+        cases.append(_prompt_token_case("q4_k", 256, 512, (4, 2), 64, False, True, 2, 20, 8,
+                                        mix=(("v", 1, "q6_k"),), bias=True))
+    return cases
+
+
 def check_cases(small: bool = False) -> list[CheckCase]:
     cases = []
     # the models' layers: a short context, then one split over partitions merged in the launch
@@ -560,6 +656,7 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         cases.append(_token_case("q5_k", 1024, 3072, (16, 8), 128, True, True, 3, 40,
                                  mix=(("v", 2, "q6_k"), ("down", 2, "q6_k"), ("down", 0, "q6_k"))))
     cases += _batch_token_cases(small)
+    cases += _prompt_token_cases(small)
     # Qwen2.5-7B's widths on the llama layer: 7 query heads a kv head, one a threadgroup (QS = 7,
     # kernels.blocks.heads_split), down's row (K = 18944) whole beside them; and a down row past
     # the threadgroup's bytes (K = 24576): X' staged in chunks

@@ -57,8 +57,14 @@ const uint t_end = LATHE_SPLIT ? min(ctx, t_begin + uint(dims[2])) : ctx;
 // own copies: its async_wait orders them, no barrier (the MMA form: its SIMD group's, after the
 // lanes' waits and a SIMD-group barrier).
 uint k_issued = 0, k_read = 0;  // rounds copied and rounds scored; a round's slot: its number % K_SLOTS
+// LATHE_NEW_ROWS (token_block's prompt form): the queries are one prompt's tokens, each writing
+// its own row; this one's rows may be another query's, not yet written: nothing is read before the
+// wait below.
+#ifndef LATHE_NEW_ROWS
+#define LATHE_NEW_ROWS false
+#endif
 #if LATHE_ROPE
-const bool k_early = q_pos < t_begin || q_pos >= t_end;
+const bool k_early = (q_pos < t_begin || q_pos >= t_end) && !LATHE_NEW_ROWS;
 #else
 const bool k_early = true;
 #endif
@@ -160,6 +166,17 @@ uint4 zero4;
 zero4.x = zero4.y = zero4.z = zero4.w = 0u;
 // (LATHE_ROPE: the new cache row, written above, is read by other threads of this threadgroup.)
 threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+#if LATHE_ROPE && defined(LATHE_ROWS_COUNTER)
+if (LATHE_NEW_ROWS) {
+  // count this head group's new row (its partition holds it), then wait for every row counted
+  // before this query's (LATHE_ROWS_BEFORE, the includer's count)
+  if (tid == 0) {
+    if (q_pos >= t_begin && q_pos < t_end) grid_signal(LATHE_ROWS_COUNTER);
+    grid_wait(LATHE_ROWS_COUNTER, LATHE_ROWS_BEFORE);
+  }
+  threadgroup_barrier(mem_flags::mem_device);
+}
+#endif
 LATHE_MARK(0)
 for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
   const uint cn = min(CH, t_end - c0);

@@ -54,8 +54,8 @@ _KIND_NAMES = {QKV: "QKV", O: "O", UP: "UP", DOWN: "DOWN", V: "V"}  # the kernel
 
 def queue_words(phases: int = 5) -> int:
     """Words of the queue of a launch of `phases` phases: claimed, each phase but the last
-    done, threadgroups out (layer_block.metal)."""
-    return (phases + 1) * QUEUE_STRIDE
+    done, threadgroups out, a prompt's new K/V rows written (layer_block.metal)."""
+    return (phases + 2) * QUEUE_STRIDE
 
 
 def block_queue(phases: int = 5) -> mx.array:
@@ -383,9 +383,9 @@ class _Attention:
     arrays and give every layer's caches)."""
 
     def __init__(self, x, attn_norm, eps, w_qkv, w_o, k_cache, v_cache, pos, n_heads, theta, neox, q_norm,
-                 k_norm, counters, split_from, w_v=None, wide=False, table=None):
+                 k_norm, counters, split_from, w_v=None, wide=False, table=None, prompt=False):
         batch, block_size = x.shape[0], 0
-        if table is None:  # one token, a contiguous cache
+        if table is None:  # one token (or `prompt`: x's rows one sequence's tokens), a contiguous cache
             attention._fp16("k_cache", k_cache)
             attention._fp16("v_cache", v_cache)
             if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
@@ -410,19 +410,26 @@ class _Attention:
         n_qkv = (n_heads + 2 * n_kv) * head_dim
         n_qk = n_qkv if w_v is None else (n_heads + n_kv) * head_dim  # w_v: V's rows apart
         _packed("w_qkv" if w_v is None else "w_qkv ([q; k], w_v apart)", w_qkv, n_qk, d_model)
-        gemv.check_gemv_args(x, w_qkv, w_qkv.qtype, n_qk, d_model, max_m=1 if table is None else BATCH_ROWS,
-                             wide_x=wide)
+        gemv.check_gemv_args(x, w_qkv, w_qkv.qtype, n_qk, d_model,
+                             max_m=1 if table is None and not prompt else BATCH_ROWS, wide_x=wide)
         if w_v is not None:
             _packed("w_v", w_v, n_kv * head_dim, d_model)
         _packed("w_o", w_o, d_model, n_heads * head_dim)
         gemv._check_norm(attn_norm, eps, d_model)
         head_norm = q_norm is not None or k_norm is not None
         self.norms = attention._head_norms(q_norm, k_norm, eps if head_norm else None, head_dim)
-        self.pos = rope._pos_array(pos, 1, max_seq) if table is None else pos
+        if prompt:  # the rows' positions pos, pos + 1, ..: a prompt's, known on the host
+            if not isinstance(pos, int) or pos < 0 or pos + batch > max_seq:
+                raise ValueError(f"a prompt's {batch} rows take an int pos with pos + {batch} <= {max_seq} (the "
+                                 f"cache), got {pos!r}")
+            self.pos = constant(tuple(range(pos, pos + batch)))
+        else:
+            self.pos = rope._pos_array(pos, 1, max_seq) if table is None else pos
         self.__dict__.update(table=table, block_size=block_size, batch=batch, norm=attn_norm, w_qkv=w_qkv, w_o=w_o,
                              k_caches=[k_cache], v_caches=[v_cache], n_heads=n_heads, n_kv=n_kv, head_dim=head_dim, theta=theta, neox=neox, counters=counters,
                              d=d_model, n_qkv=n_qkv, q_norm=q_norm, k_norm=k_norm, split_from=split_from,
-                             longest=pos + 1 if isinstance(pos, int) else max_seq, max_seq=max_seq, raw_pos=pos,
+                             longest=pos + batch if isinstance(pos, int) else max_seq, max_seq=max_seq, raw_pos=pos,
+                             prompt=prompt,
                              rows=max_seq if table is None else table.shape[1],  # the kernel's dims[1]
                              qkv_data=w_qkv.data, o_data=w_o.data, w_v=w_v, n_qk=n_qk,
                              v_data=None if w_v is None else w_v.data,
@@ -504,7 +511,7 @@ def min_groups(first: int, phases: int, simds: int, attn: "_Attention | None", k
     if least is not None:
         return least
     token = (first, phases) not in ((QKV, 3), (UP, 2), (UP, 5))  # token_block, not the named halves
-    plain = (attn is not None and not attn.norms and attn.table is None and not kind.post_norms
+    plain = (attn is not None and not attn.norms and attn.table is None and attn.batch == 1 and not kind.post_norms
              and attn.head_dim <= 128 and not mma)
     return MIN_GROUPS_AUTO if token and plain and simds == 4 else 0
 
@@ -609,7 +616,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                               XITEMS=gemv.x_stage_items("block_x_items", m),
                               ROW_PASSES=gemv.row_passes(), **strides)
     if attn:  # the attention phase's cached rows into the L2 before its wait (contiguous caches)
-        consts["ATTN_AHEAD"] = bool(options.get("block_attn_ahead")) and attn.table is None
+        consts["ATTN_AHEAD"] = bool(options.get("block_attn_ahead")) and attn.table is None and not attn.prompt
     for kind in geo.gemvs:
         consts.update({f"R_{_KIND_NAMES[kind]}": geo.gemvs[kind][0], f"P_{_KIND_NAMES[kind]}": geo.gemvs[kind][1]})
     types, layer_types = _launch_types({**(ffn.types if ffn else {}), **(attn.types if attn else {})},
@@ -632,7 +639,9 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         inputs += [*a.k_caches, *a.v_caches, a.pos, *([a.table] if a.table is not None else []),
                    rope._table(a.head_dim, a.theta, None) if a.inv_freqs is None else a.inv_freqs,
                    constant((float(a.theta), 1.0, float(eps)), mx.float32),
-                   constant((a.n_kv, a.rows, partition, parts, 1)), constant((float(a.scale),), mx.float32),
+                   # dims[4]: 0 where every query reads one cache (a prompt's rows), else its own
+                   constant((a.n_kv, a.rows, partition, parts, int(not a.prompt))),
+                   constant((float(a.scale),), mx.float32),
                    *a.norms]
         if split:
             counters = attention.merge_counters(a.n_kv * qs * a.batch) if a.counters is None else a.counters
@@ -869,6 +878,13 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     own blocks. The kernel clamps a position to its table's blocks; the caller checks the
     table's entries. Not with Gemma's post-block norms (one stream row).
 
+    The prompt form (x [M, d_model], M = 2..BATCH_ROWS, no table): M tokens of one sequence at
+    positions pos, pos + 1, .. (pos an int; pos + M within the caches), causal: each GEMV phase
+    runs the M rows over one read of the weights, and the attention ticket of token b writes its
+    K and V rows, then waits for those of tokens 0..b - 1 (layer_block.metal's PROMPT_ROWS). A
+    short prompt in one launch rather than a few a layer (harness.program.kernel_decode's
+    mega_prompt_rows). Not with Gemma's post-block norms; CUDA only (one launch).
+
     timeline: a list that gets the launch's BlockTimeline, each ticket stamped as it runs
     (harness.tools.block_timeline); CUDA only (%globaltimer), where the launch is one.
 
@@ -907,9 +923,13 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     elif len(k_caches) != layers or len(v_caches) != layers:
         raise ValueError(f"token_block takes a K and a V cache for each of the {layers} layers, got "
                          f"{len(k_caches)} and {len(v_caches)}")
-    if table is None and x.shape[0] != 1:
-        raise ValueError(f"token_block takes one token (x [1, d_model]; a batch's tokens with a table), got "
-                         f"{tuple(x.shape)}")
+    prompt = table is None and x.ndim == 2 and x.shape[0] > 1
+    if x.ndim != 2 or not 1 <= x.shape[0] <= BATCH_ROWS:
+        raise ValueError(f"token_block takes 1..{BATCH_ROWS} rows (x [M, d_model]: a token, a prompt's tokens, or a "
+                         f"batch's with a table), got {tuple(x.shape)}")
+    if prompt and (post or not backends.cross_group_waits()):
+        raise ValueError("token_block's prompt form (rows of one sequence) runs in one launch (waits between "
+                         "threadgroups) and without post-block norms (one stream row)")
     if share < 1 or (share > 1 and table is None):
         raise ValueError(f"share must be at least 1, and above 1 only in the batch form (a table), got {share}")
     if table is not None and post:
@@ -936,12 +956,12 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     # each half checked on layer 0 (the others share its shapes), then given every layer's arrays
     v_of = (lambda i: w.w_v.layer(i)) if w.w_v is not None else (lambda i: None)  # noqa: E731
     ffn = _FFN(x, w.ffn_norm[0], eps, w.w_gate_up.layer(0), w.w_down.layer(0), wide=post,
-               max_m=gemv.MAX_M if table is None else BATCH_ROWS)
+               max_m=gemv.MAX_M if table is None and not prompt else BATCH_ROWS)
     # (a stack's layer 0 as a slice: its shape for the checks, not a gather's copy)
     k0, v0 = (k_caches[:1].reshape(k_caches.shape[1:]), v_caches[:1].reshape(v_caches.shape[1:])) if stacked else (
         k_caches[0], v_caches[0])
     attn = _Attention(x, w.attn_norm[0], eps, w.w_qkv.layer(0), w.w_o.layer(0), k0, v0, pos,
-                      n_heads, theta, neox, *head, counters, split_from, v_of(0), wide=post, table=table)
+                      n_heads, theta, neox, *head, counters, split_from, v_of(0), wide=post, table=table, prompt=prompt)
     d = attn.head_dim // 2
     if inv_freqs is not None and (inv_freqs.dtype != mx.float32 or tuple(inv_freqs.shape) not in ((d,), (layers, d))):
         raise ValueError(f"inv_freqs must be float32 [{d}] or [{layers}, {d}], got {inv_freqs.dtype} "

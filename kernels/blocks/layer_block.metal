@@ -51,10 +51,14 @@
 // goes x_in -> (ATTN) x_out -> (FFN) x_mid -> x_out ..., each phase after all readers of what it
 // overwrites are done; scratch (act, qkv, attn_out, partitions, merge counters) is reused a layer.
 //
-// queue: uint32 [(PHASES + 1) * QUEUE_STRIDE], zero before a launch and left zero after it:
-// tickets claimed, each phase but the last done, threadgroups out, each on a 256-byte line of its
-// own. One queue (and one set of merge counters) per launch in flight, and launches that share
-// one ordered by their data.
+// queue: uint32 [(PHASES + 2) * QUEUE_STRIDE], zero before a launch and left zero after it:
+// tickets claimed, each phase but the last done, threadgroups out, then (PROMPT_ROWS) the new K/V
+// rows written, each on a 256-byte line of its own. One queue (and one set of merge counters) per
+// launch in flight, and launches that share one ordered by their data.
+// PROMPT_ROWS (M > 1 over contiguous caches: token_block's prompt form): the M tokens are one
+// sequence's, at pos[0], pos[0] + 1, ..; query b sees the rows of queries 0..b - 1 that this launch
+// writes. Each attention ticket writes its query's new row first, counts it on the rows line, and
+// then waits for the rows of the queries before its own (claimed before it: no deadlock).
 // TIMELINE (kernels.blocks' timeline=True; CUDA only): thread 0 of each ticket stamps it
 // (timeline_stamp: ns, cycles, SM) into the output stamps, uint32 [tickets, TIMELINE_STAMPS, 3], a
 // row a ticket in claim order and then the last phase's groups: when it was claimed, when its wait
@@ -107,6 +111,11 @@ static_assert(!KIN_X || K_SLOTS * KG * NT <= M * UNITS * XC,
 #define X_STAGE_ITEMS XITEMS  // the GEMV phases' X' staging: items a thread a pass (the block_x_items option)
 #define GEMV_ROW_PASSES ROW_PASSES  // each GEMV phase's passes to its own K (the gemv_row_passes option)
 constexpr uint QUEUE_STRIDE = 64;
+#if ATTN && !LATHE_PAGED
+constexpr bool PROMPT_ROWS = M > 1;
+#else
+constexpr bool PROMPT_ROWS = false;
+#endif
 enum : uint { QKV = 0, ATTN_ROWS = 1, O = 2, UP = 3, DOWN = 4, V_BIT = 5 };
 constexpr uint LAST = (FIRST + PHASES - 1) % 5;
 static_assert(LAST == O || LAST == DOWN, "a launch ends with a GEMV whose groups need no tickets");
@@ -147,6 +156,7 @@ threadgroup uint4 x_post_words[K_QKV / 4];
 const auto x_post = threadgroup_view<float>(x_post_words);  // the stream this phase stages (float)
 #endif
 #define DONE(j) (queue + (1 + (j)) * QUEUE_STRIDE)  // phase j's tickets done
+#define ROWS_WRITTEN (queue + (PHASES + 1) * QUEUE_STRIDE)  // PROMPT_ROWS: new K/V rows a head group
 #if TIMELINE
 #define STAMP(i) \
   if (tid == 0) timeline_stamp(stamps + (stamp_row * TIMELINE_STAMPS + (i)) * 3);
@@ -396,7 +406,15 @@ for (;;) {
 #endif
       {
 #define LATHE_QKV_ROW qkv_row
+#define LATHE_NEW_ROWS PROMPT_ROWS
+// the new rows written by the earlier layers of the launch and by the queries before b: each
+// counted once a head group (the QS tickets of a kv head in the partition holding the row)
+#define LATHE_ROWS_COUNTER ROWS_WRITTEN
+#define LATHE_ROWS_BEFORE ((layer * M + b) * head_groups)
 #include "attention/decode_rows.metal"
+#undef LATHE_ROWS_BEFORE
+#undef LATHE_ROWS_COUNTER
+#undef LATHE_NEW_ROWS
 #undef LATHE_QKV_ROW
       }
 #undef LATHE_WINDOW
@@ -430,5 +448,5 @@ threadgroup uint last_out;
 if (tid == 0) last_out = grid_signal(groups_out) == launched - 1;
 threadgroup_barrier(mem_flags::mem_threadgroup);
 if (last_out) {
-  for (uint i = tid; i <= PHASES; i += NT) grid_reset(queue + i * QUEUE_STRIDE, 1);
+  for (uint i = tid; i <= PHASES + uint(PROMPT_ROWS); i += NT) grid_reset(queue + i * QUEUE_STRIDE, 1);
 }
