@@ -168,11 +168,11 @@ zero4.x = zero4.y = zero4.z = zero4.w = 0u;
 threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
 #if LATHE_ROPE && defined(LATHE_ROWS_COUNTER)
 if (LATHE_NEW_ROWS) {
-  // count this head group's new row (its partition holds it), then wait for every row counted
-  // before this query's (LATHE_ROWS_BEFORE, the includer's count)
+  // count this head group's new row (its partition holds it) on query b's counter, then wait until
+  // each query before b has all of its rows counted (LATHE_ROWS_WRITTEN, the includer's count)
   if (tid == 0) {
-    if (q_pos >= t_begin && q_pos < t_end) grid_signal(LATHE_ROWS_COUNTER);
-    grid_wait(LATHE_ROWS_COUNTER, LATHE_ROWS_BEFORE);
+    if (q_pos >= t_begin && q_pos < t_end) grid_signal(LATHE_ROWS_COUNTER(b));
+    for (uint e = 0; e < b; ++e) grid_wait(LATHE_ROWS_COUNTER(e), LATHE_ROWS_WRITTEN);
   }
   threadgroup_barrier(mem_flags::mem_device);
 }

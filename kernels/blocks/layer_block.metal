@@ -52,13 +52,15 @@
 // overwrites are done; scratch (act, qkv, attn_out, partitions, merge counters) is reused a layer.
 //
 // queue: uint32 [(PHASES + 2) * QUEUE_STRIDE], zero before a launch and left zero after it:
-// tickets claimed, each phase but the last done, threadgroups out, then (PROMPT_ROWS) the new K/V
-// rows written, each on a 256-byte line of its own. One queue (and one set of merge counters) per
+// tickets claimed, each phase but the last done, threadgroups out, then (PROMPT_ROWS) each query's
+// new K/V rows written (M words), each on a 256-byte line of its own. One queue (and one set of merge counters) per
 // launch in flight, and launches that share one ordered by their data.
 // PROMPT_ROWS (M > 1 over contiguous caches: token_block's prompt form): the M tokens are one
 // sequence's, at pos[0], pos[0] + 1, ..; query b sees the rows of queries 0..b - 1 that this launch
-// writes. Each attention ticket writes its query's new row first, counts it on the rows line, and
-// then waits for the rows of the queries before its own (claimed before it: no deadlock).
+// writes. Each attention ticket writes its query's new row first, counts it on its query's word of
+// the rows line, and then waits for the words of the queries before its own (their tickets were
+// claimed before it: no deadlock). A count a query, not one for all: a later query's rows, written
+// first, must not stand in for an earlier one's.
 // TIMELINE (kernels.blocks' timeline=True; CUDA only): thread 0 of each ticket stamps it
 // (timeline_stamp: ns, cycles, SM) into the output stamps, uint32 [tickets, TIMELINE_STAMPS, 3], a
 // row a ticket in claim order and then the last phase's groups: when it was claimed, when its wait
@@ -156,7 +158,7 @@ threadgroup uint4 x_post_words[K_QKV / 4];
 const auto x_post = threadgroup_view<float>(x_post_words);  // the stream this phase stages (float)
 #endif
 #define DONE(j) (queue + (1 + (j)) * QUEUE_STRIDE)  // phase j's tickets done
-#define ROWS_WRITTEN (queue + (PHASES + 1) * QUEUE_STRIDE)  // PROMPT_ROWS: new K/V rows a head group
+#define ROWS_WRITTEN (queue + (PHASES + 1) * QUEUE_STRIDE)  // PROMPT_ROWS: query b's rows written at word b
 #if TIMELINE
 #define STAMP(i) \
   if (tid == 0) timeline_stamp(stamps + (stamp_row * TIMELINE_STAMPS + (i)) * 3);
@@ -407,12 +409,12 @@ for (;;) {
       {
 #define LATHE_QKV_ROW qkv_row
 #define LATHE_NEW_ROWS PROMPT_ROWS
-// the new rows written by the earlier layers of the launch and by the queries before b: each
-// counted once a head group (the QS tickets of a kv head in the partition holding the row)
-#define LATHE_ROWS_COUNTER ROWS_WRITTEN
-#define LATHE_ROWS_BEFORE ((layer * M + b) * head_groups)
+// query q's new rows counted once a head group (the QS tickets of a kv head in the partition
+// holding its row) a layer of the launch, at word q
+#define LATHE_ROWS_COUNTER(q) (ROWS_WRITTEN + (q))
+#define LATHE_ROWS_WRITTEN ((layer + 1) * head_groups)
 #include "attention/decode_rows.metal"
-#undef LATHE_ROWS_BEFORE
+#undef LATHE_ROWS_WRITTEN
 #undef LATHE_ROWS_COUNTER
 #undef LATHE_NEW_ROWS
 #undef LATHE_QKV_ROW
@@ -448,5 +450,6 @@ threadgroup uint last_out;
 if (tid == 0) last_out = grid_signal(groups_out) == launched - 1;
 threadgroup_barrier(mem_flags::mem_threadgroup);
 if (last_out) {
-  for (uint i = tid; i <= PHASES + uint(PROMPT_ROWS); i += NT) grid_reset(queue + i * QUEUE_STRIDE, 1);
+  for (uint i = tid; i <= PHASES; i += NT) grid_reset(queue + i * QUEUE_STRIDE, 1);
+  if (PROMPT_ROWS && tid == NT - 1) grid_reset(ROWS_WRITTEN, M);
 }
