@@ -178,6 +178,9 @@ def test_megafused_prompt_runs_token_blocks_of_rows(models, tokens):
     at = [np.array(dict(zip(j.spec.inputs, j.inputs))["pos"]).tolist() for j in launched]
     assert sum(at, []) == list(range(3, 3 + tokens))
     assert all(n == 2 for n in [sum(i.startswith(("k_cache", "v_cache")) for i in j.spec.inputs) for j in launched])
+    # each launch after the first takes the one before's stream rows (MLX orders launches by their arrays)
+    after = [tuple(dict(zip(j.spec.inputs, j.inputs))["after"].shape) for j in launched]
+    assert after == [(1,)] + [(r, c.d_model) for r in rows[:-1]]
     with options.use(mega_prompt_rows=tokens - 1):
         past = KernelDecoder(m, 64, "megafused")
     assert "token_block" not in [s.op for s in past.plan_for(tokens)]

@@ -917,7 +917,7 @@ def _run_token_block(last_only, d, env, t, pos):
                                      queue=d.token_queue, counters=d.attn_counters[0],
                                      layer_kind=d.layer_kind, inv_freqs=d.stacked_inv_freqs, scale=d.scale,
                                      windows=d.windows if d.layer_kind.windows else None,
-                                     timeline=d.timeline)
+                                     timeline=d.timeline, after=outs[-1] if outs else None)
         outs.append(x)
     env["x"] = outs[-1] if last_only or len(outs) == 1 else mx.concatenate(outs)
     d.k, d.v = (StackedCaches(k), StackedCaches(v)) if d.stacked else (k, v)

@@ -119,7 +119,8 @@ LLAMA = LayerKind()
 @functools.cache
 def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False,
           types: tuple[tuple[int, int, int], ...] = (), kind: LayerKind = LLAMA, paged_kv: bool = False,
-          timeline: int = 0, stacked: bool = False, bounds: tuple[int, int] | None = None) -> KernelSpec:
+          timeline: int = 0, stacked: bool = False, bounds: tuple[int, int] | None = None,
+          prompt: bool = False) -> KernelSpec:
     """`types`: (kind, type A, type B) of each GEMV (block format codes, layer_block.metal's
     Q_<kind>_A and _B), V among them where the QKV phase's V rows are a matrix of their own;
     `kind`: what the layers compute (token_block's); `paged_kv`: the caches are the paged pool's
@@ -127,7 +128,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     each ticket stamped this many times (0: none; 3; TIMELINE_STAMPS: the attention's marks inside)
     into the output `stamps` (BlockTimeline); `stacked`: one K and one V cache
     input holding every layer's [layers, Hkv, max_seq, D] (layer l at l * Hkv * max_seq * D);
-    `bounds`: the launch bounds (threads, threadgroups an SM: block_min_groups)."""
+    `bounds`: the launch bounds (threads, threadgroups an SM: block_min_groups); `prompt`: the
+    prompt form's input `after` (read by nothing: an output of the launch this one must follow)."""
     kinds = {(first + j) % 5 for j in range(phases)}
     ffn, attn = UP in kinds, QKV in kinds
     qkv_split = any(kind == V for kind, _, _ in types)
@@ -152,6 +154,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
         inputs += ("windows",)
     if kind.qkv_bias:
         inputs += ("qkv_bias",)
+    if prompt:
+        inputs += ("after",)
     if timeline:
         outputs += ("stamps",)
     name = {(0, 3): "attention_block", (3, 2): "ffn_block", (3, 5): "layer_block"}.get((first, phases), "token_block")
@@ -553,13 +557,14 @@ def attention_query_split(group: int, n_kv: int, parts: int, least: int) -> int:
 def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _FFN | None, attn: _Attention | None,
             queue: mx.array | None, strides: dict[str, int] | None = None, layer_kind: LayerKind = LLAMA,
             post_norms: tuple[mx.array, mx.array] | None = None, qkv_bias: mx.array | None = None,
-            timeline: list | None = None, share: int = 1) -> list[mx.array]:
+            timeline: list | None = None, share: int = 1, after: mx.array | None = None) -> list[mx.array]:
     """layer_block.metal over `phases` phases from kind `first` (the halves given hold each
     kind's arrays; `strides`: bytes between layers of each stacked input, token_block's;
     `layer_kind` and `post_norms` (post_attention_norm, post_ffw_norm stacked): token_block's
     layers): its outputs in the spec's order. `timeline`: a list that gets the launch's
     BlockTimeline (its tickets stamped; CUDA only). `share`: launches meant to run at once, each
-    sized to 1 / share of the threadgroups the GPU holds (block_grid=resident)."""
+    sized to 1 / share of the threadgroups the GPU holds (block_grid=resident). `after`: the prompt
+    form's, an output of the launch this one follows."""
     queue = block_queue(phases) if queue is None else queue
     _check_queue(queue, phases)
     m = x.shape[0]
@@ -696,13 +701,16 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     if layer_kind.qkv_bias:
         inputs.append(qkv_bias)
         consts["QKV_BIAS_STRIDE"] = qkv_bias.shape[1]
+    prompt = bool(attn and attn.prompt)
+    if prompt:
+        inputs.append(attention._no_order() if after is None else after)
     caches = len(attn.k_caches) if attn else 1
     stacked = bool(attn and attn.stacked)
     # a ticket's stamps (none without a timeline): claimed, let go, done; and the attention's marks
     stamps = 0 if timeline is None else TIMELINE_STAMPS if options.get("block_timeline_marks") else 3
     least = min_groups(first, phases, s, attn, layer_kind, bool(consts.get("MMA")))
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind,
-                 bool(attn and attn.table is not None), stamps, stacked, (32 * s, least) if least else None)
+                 bool(attn and attn.table is not None), stamps, stacked, (32 * s, least) if least else None, prompt)
     kinds = tuple((first + j) % 5 for j in range(phases))
 
     def phase_tickets(geo: BlockGeometry) -> tuple[int, ...]:  # each phase's (layer_block.metal's kind_tickets)
@@ -853,7 +861,8 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
                 split_from: int | None = None, layer_kind: LayerKind = LLAMA,
                 inv_freqs: mx.array | None = None, scale: float | None = None,
                 windows: list[int] | None = None, table: mx.array | None = None, timeline: list | None = None,
-                share: int = 1) -> tuple[mx.array, list[mx.array] | mx.array, list[mx.array] | mx.array]:
+                share: int = 1, after: mx.array | None = None
+                ) -> tuple[mx.array, list[mx.array] | mx.array, list[mx.array] | mx.array]:
     """A decode token through every layer in one launch (the seeds' persistent kernel): each
     layer's attention block, then its FFN block, as phases of one queue (block_queue(5 * layers)).
     x [1, d_model] (the embedded token) -> (the residual stream after the last layer, k_caches,
@@ -883,7 +892,10 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     runs the M rows over one read of the weights, and the attention ticket of token b writes its
     K and V rows, then waits for those of tokens 0..b - 1 (layer_block.metal's PROMPT_ROWS). A
     short prompt in one launch rather than a few a layer (harness.program.kernel_decode's
-    mega_prompt_rows). Not with Gemma's post-block norms; CUDA only (one launch).
+    mega_prompt_rows). Not with Gemma's post-block norms; CUDA only (one launch). `after`: an
+    output of the launch before (the prompt's rows before these): MLX orders launches by the
+    arrays they take, and the caches that launch wrote in place are not its outputs, so without
+    it the two may run at once (and share the queue).
 
     timeline: a list that gets the launch's BlockTimeline, each ticket stamped as it runs
     (harness.tools.block_timeline); CUDA only (%globaltimer), where the launch is one.
@@ -927,6 +939,8 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
     if x.ndim != 2 or not 1 <= x.shape[0] <= BATCH_ROWS:
         raise ValueError(f"token_block takes 1..{BATCH_ROWS} rows (x [M, d_model]: a token, a prompt's tokens, or a "
                          f"batch's with a table), got {tuple(x.shape)}")
+    if after is not None and not prompt:
+        raise ValueError("after orders token_block's prompt form (rows of one sequence) after the launch before")
     if prompt and (post or not backends.cross_group_waits()):
         raise ValueError("token_block's prompt form (rows of one sequence) runs in one launch (waits between "
                          "threadgroups) and without post-block norms (one stream row)")
@@ -1009,7 +1023,7 @@ def token_block(x: mx.array, weights: LayerStacks, eps: float, qtype: str, k_cac
         raise ValueError(f"qkv_bias must be float16 [{layers}, {attn.n_qkv}], got {w.qkv_bias.dtype} "
                          f"{tuple(w.qkv_bias.shape)}")
     out = _launch(x, eps, qtype, QKV, 5 * layers, ffn, attn, queue, strides, layer_kind,
-                  (w.post_attn_norm, w.post_ffn_norm) if post else None, w.qkv_bias, timeline, share)
+                  (w.post_attn_norm, w.post_ffn_norm) if post else None, w.qkv_bias, timeline, share, after)
     if post:  # the stream after the last attention block, and the last FFN's output: its post-norm
         x_out = loop.post_norm_add(out[-1], w.post_ffn_norm[layers - 1], eps, out[4])
     else:
