@@ -248,10 +248,12 @@ DECLARED = (
     Option("mega_span", "token", _one_of("token", "layer"),
            "megafused decode: a whole token's layers in one launch (token: kernels.blocks.token_block) "
            "or one launch a layer (layer: layer_block)"),
-    Option("mega_prompt_rows", 16, _count,
+    Option("mega_prompt_rows", 0, _count,
            "megafused (mega_span=token, CUDA): a prompt of up to this many tokens runs token_block's prompt form, "
-           "its rows 8 a launch, every layer in each, rather than fused's few launches a layer (0: never; "
-           "kernels/loop/NOTES.md)"),
+           "its rows 8 a launch, every layer in each, rather than fused's few launches a layer (0: never). Off: "
+           "on an H200 Qwen3-0.6B's 16 tokens were level with fused's plan (two launches of 1.4 ms of GPU time "
+           "against 173 launches of MLX host time) and Llama-3-8B's 4x slower, the phases' GEMVs at 8 rows "
+           "(kernels/loop/NOTES.md)"),
     Option("mega_kv_stacked", True, _flag,
            "megafused decode (mega_span=token): every layer's K cache in one array and every layer's V in "
            "another, so the compiled step takes and returns 2 caches, not 2 x layers (the host's time a "

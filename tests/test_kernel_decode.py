@@ -163,7 +163,9 @@ def test_megafused_prompt_runs_token_blocks_of_rows(models, tokens):
 
     m = models["tiny-qwen3", "q8_0"]
     c = m.config
-    d = KernelDecoder(m, 64, "megafused")
+    assert KernelDecoder(m, 64, "megafused").prompt_rows == options.get("mega_prompt_rows")
+    with options.use(mega_prompt_rows=16):
+        d = KernelDecoder(m, 64, "megafused")
     assert d.prompt_rows == 16
     plan = d.plan_for(tokens, last_only=True)
     assert [s.op for s in plan] == ["embed", "token_block", "last_row", "rmsnorm_linear"]
@@ -359,11 +361,14 @@ def test_fused_needs_one_type_a_projection(models, tmp_path):
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("variant", ["unfused", "fused", "fused without seams", "fused repacked",
                                      "fused repacked without seams", "unfused repacked", "megafused repacked",
-                                     "megafused repacked layer-span"])
+                                     "megafused repacked layer-span", "megafused repacked prompt-form"])
 def test_kernel_variant_against_float64(models, monkeypatch, preset, qtype, variant, kv):
+    """Each variant's prompt and decode steps against the float64 model (prompt-form: megafused's
+    prompt in token_block's prompt form, two launches of 8 rows)."""
     if variant.startswith("megafused") and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
     monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
+    monkeypatch.setitem(options._values, "mega_prompt_rows", PROMPT if "prompt-form" in variant else 0)
     m = models[preset, qtype]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     seams = variant in ("fused", "fused repacked")
@@ -383,16 +388,17 @@ def _decodes_as_float64(decoder, m, prompt) -> None:
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("qtype", K_MIXES)
-@pytest.mark.parametrize("variant", ["unfused", "fused", "fused concat", "megafused"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "fused concat", "megafused", "megafused prompt-form"])
 def test_k_quant_files_against_float64(models, preset, qtype, variant, kv):
     """llama.cpp's K mixes (the v3 GEMVs on repacked K-quant matrices, Q4_K_M's mixed QKV as one
     launch of a pair of matrices, or with mixed_projection=concat one GEMV a block type, the
     embedding read from its K-quant rows); megafused with a block type a GEMV and a layer, V's
-    rows apart where attn_v's type varies."""
-    if variant == "megafused" and kv == "paged":
+    rows apart where attn_v's type varies (prompt-form: its prompt in token_block's prompt form)."""
+    if variant.startswith("megafused") and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
     m = models[preset, qtype]
-    with options.use(mixed_projection="concat" if variant.endswith("concat") else "pair"):
+    with options.use(mixed_projection="concat" if variant.endswith("concat") else "pair",
+                     mega_prompt_rows=PROMPT if "prompt-form" in variant else 0):
         decoder = KernelDecoder(m, PROMPT + STEPS, variant.split()[0], kv)
     assert {decoder.types[n] for n in decoder.packed} >= {"q6_k"}
     _decodes_as_float64(decoder, m, np.random.default_rng().integers(0, m.config.vocab, PROMPT))
