@@ -252,6 +252,26 @@ def _layers(rng: np.random.Generator, qtype: str, mix: Mix, layers: int, d_model
     return w, w64, norms
 
 
+def _cache_rows_checks(launch_: int, caches: list, wants: list, k_new, v_new, new: np.ndarray,
+                       queue: mx.array) -> list[Comparison]:
+    """A token block's caches after a launch: each layer's new K and V rows `new` against the
+    reference's (layer i's tolerance i + 1 blocks'), every other row bit for bit as it was, and
+    the queue left zero."""
+    checks = []
+    for i, ((kc, vc), (k_want, v_want)) in enumerate(zip(caches, wants)):
+        k_got, v_got = np.array(k_new[i]), np.array(v_new[i])
+        others = np.ones(kc.shape[1], bool)
+        others[new] = False
+        checks += [compare(f"layer {i} K, V rows {'/'.join(map(str, new))} (launch {launch_})",
+                           np.stack([k_got[:, new], v_got[:, new]]), np.stack([k_want[:, new], v_want[:, new]]),
+                           TOL * (i + 1)),
+                   exact(f"layer {i} other rows untouched (launch {launch_})",
+                         np.stack([k_got[:, others], v_got[:, others]]).view(np.uint16),
+                         np.stack([kc[:, others], vc[:, others]]).view(np.uint16))]
+    checks.append(exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0))
+    return checks
+
+
 def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
                 neox: bool, layers: int, pos: int, device_pos: bool = False, split_from: int | None = None,
                 mix: Mix = (), gemma: tuple[int, float] | None = None, bias: bool = False,
@@ -328,16 +348,7 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
                 rows.append((k_want, v_want))
             out = np.array(x_out).astype(np.float64)[0]
             checks.append(compare_residual(f"x_out - x (launch {launch_})", out, want, x[0], TOL * layers))
-            for i, ((kc, vc), (k_want, v_want)) in enumerate(zip(caches, rows)):
-                k_got, v_got = np.array(k_new[i]), np.array(v_new[i])
-                others = np.arange(max_seq) != pos
-                checks += [compare(f"layer {i} K, V row pos (launch {launch_})",
-                                   np.stack([k_got[:, pos], v_got[:, pos]]), np.stack([k_want[:, pos], v_want[:, pos]]),
-                                   TOL * (i + 1)),
-                           exact(f"layer {i} other rows untouched (launch {launch_})",
-                                 np.stack([k_got[:, others], v_got[:, others]]).view(np.uint16),
-                                 np.stack([kc[:, others], vc[:, others]]).view(np.uint16))]
-            checks.append(exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0))
+            checks += _cache_rows_checks(launch_, caches, rows, k_new, v_new, np.array([pos]), queue)
         return checks
 
     variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, device_pos, mix)
@@ -544,17 +555,7 @@ def _prompt_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int],
                                               w64[i]["down"])[0])
                 checks.append(compare_residual(f"token {b} x_out - x (launch {launch_})", got[b], want, x[b],
                                                TOL * layers))
-            others = np.ones(max_seq, bool)
-            others[new] = False
-            for i, ((kc, vc), (k_want, v_want)) in enumerate(zip(caches, ref_caches)):
-                k_got, v_got = np.array(k_new[i]), np.array(v_new[i])
-                checks += [compare(f"layer {i} K, V rows pos.. (launch {launch_})",
-                                   np.stack([k_got[:, new], v_got[:, new]]), np.stack([k_want[:, new], v_want[:, new]]),
-                                   TOL * (i + 1)),
-                           exact(f"layer {i} other rows untouched (launch {launch_})",
-                                 np.stack([k_got[:, others], v_got[:, others]]).view(np.uint16),
-                                 np.stack([kc[:, others], vc[:, others]]).view(np.uint16))]
-            checks.append(exact(f"queue left zero (launch {launch_})", int(np.array(queue).sum()), 0))
+            checks += _cache_rows_checks(launch_, caches, ref_caches, k_new, v_new, new, queue)
         return checks
 
     variant = _variant(qtype, head_norm, neox, split_from == 0 or pos >= 2048, False, mix)
