@@ -362,6 +362,24 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
     return CheckCase("blocks", "token_block", variant, shape, run)
 
 
+def _llama_stacks(rng: np.random.Generator, qtype: str, mix: Mix, layers: int, d_model: int, f: int,
+                  heads: tuple[int, int], head_dim: int, head_norm: bool, bias: bool):
+    """token_block's stacks of `layers` random llama / qwen3 layers (Qwen2's Q, K and V biases
+    where `bias`): (LayerStacks, each layer's float64 matrices, the norms, the biases or None)."""
+    from kernels.blocks import LayerStacks, Stack
+
+    n_heads, n_kv = heads
+    w, w64, norms = _layers(rng, qtype, mix, layers, d_model, f, heads, head_dim, head_norm)
+    stack = lambda name: Stack([m[name] for m in w]) if name in w[0] else None  # noqa: E731
+    n_qkv = (n_heads + 2 * n_kv) * head_dim
+    biases = (rng.standard_normal((layers, n_qkv)) * 0.5).astype(np.float16) if bias else None
+    stacks = LayerStacks(mx.array(norms["attn"]), stack("qkv"), stack("o"), mx.array(norms["ffn"]),
+                         stack("gate_up"), stack("down"),
+                         *((mx.array(norms["q"]), mx.array(norms["k"])) if head_norm else (None, None)),
+                         w_v=stack("v"), qkv_bias=None if biases is None else mx.array(biases))
+    return stacks, w64, norms, biases
+
+
 def _batch_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_dim: int, head_norm: bool,
                       neox: bool, layers: int, positions: tuple[int, ...], block_size: int = 16,
                       split_from: int | None = None, mix: Mix = (), bias: bool = False) -> CheckCase:
@@ -374,7 +392,7 @@ def _batch_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], 
     launched twice on one queue."""
     from harness.suites.attention import _paged_state
     from kernels.attention import SPLIT_FROM
-    from kernels.blocks import LLAMA, LayerKind, LayerStacks, Stack, block_queue, token_block
+    from kernels.blocks import LLAMA, LayerKind, block_queue, token_block
     from kernels.runtime import poisoned_outputs
     from reference import attention as ref_attention
     from reference.attention import paged_tokens
@@ -384,14 +402,8 @@ def _batch_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], 
     batch = len(positions)
 
     def run(rng: np.random.Generator) -> list[Comparison]:
-        w, w64, norms = _layers(rng, qtype, mix, layers, d_model, f, heads, head_dim, head_norm)
-        stack = lambda name: Stack([m[name] for m in w]) if name in w[0] else None  # noqa: E731
-        n_qkv = (n_heads + 2 * n_kv) * head_dim
-        biases = (rng.standard_normal((layers, n_qkv)) * 0.5).astype(np.float16) if bias else None
-        stacks = LayerStacks(mx.array(norms["attn"]), stack("qkv"), stack("o"), mx.array(norms["ffn"]),
-                             stack("gate_up"), stack("down"),
-                             *((mx.array(norms["q"]), mx.array(norms["k"])) if head_norm else (None, None)),
-                             w_v=stack("v"), qkv_bias=None if biases is None else mx.array(biases))
+        stacks, w64, norms, biases = _llama_stacks(rng, qtype, mix, layers, d_model, f, heads, head_dim, head_norm,
+                                                   bias)
         queue = block_queue(5 * layers)
         at = np.asarray(positions, np.int64)
         checks = []
@@ -509,21 +521,15 @@ def _prompt_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int],
     left; every layer's new K and V rows, every other row bit for bit, the queue left zero;
     launched twice on one queue."""
     from kernels.attention import SPLIT_FROM
-    from kernels.blocks import LLAMA, LayerKind, LayerStacks, Stack, block_queue, token_block
+    from kernels.blocks import LLAMA, LayerKind, block_queue, token_block
     from kernels.runtime import poisoned_outputs
 
     n_heads, n_kv = heads
     kind = LayerKind(qkv_bias=True) if bias else LLAMA
 
     def run(rng: np.random.Generator) -> list[Comparison]:
-        w, w64, norms = _layers(rng, qtype, mix, layers, d_model, f, heads, head_dim, head_norm)
-        stack = lambda name: Stack([m[name] for m in w]) if name in w[0] else None  # noqa: E731
-        n_qkv = (n_heads + 2 * n_kv) * head_dim
-        biases = (rng.standard_normal((layers, n_qkv)) * 0.5).astype(np.float16) if bias else None
-        stacks = LayerStacks(mx.array(norms["attn"]), stack("qkv"), stack("o"), mx.array(norms["ffn"]),
-                             stack("gate_up"), stack("down"),
-                             *((mx.array(norms["q"]), mx.array(norms["k"])) if head_norm else (None, None)),
-                             w_v=stack("v"), qkv_bias=None if biases is None else mx.array(biases))
+        stacks, w64, norms, biases = _llama_stacks(rng, qtype, mix, layers, d_model, f, heads, head_dim, head_norm,
+                                                   bias)
         max_seq = pos + rows + 3
         new = np.arange(pos, pos + rows)
         queue = block_queue(5 * layers)
