@@ -9,7 +9,8 @@
 - `token_block(x, stacks, ...)`: every layer of a decode token in one launch (the seeds'
   persistent kernel; the megafused variant's default, mega_span=token), over LayerStacks: each
   projection's matrices of every layer in one buffer (Stack). Its batch form (a `table`): a decode
-  token of each of up to 4 sequences over the paged pool (`lathe serve --variant megafused`).
+  token of each of up to 8 sequences over the paged pool (`lathe serve --variant megafused`). Its
+  prompt form (rows, no table): up to 8 tokens of one sequence, causal (option mega_prompt_rows).
 
 One body, blocks/layer_block.metal: a run of phases along a layer's cycle (QKV, attention, O,
 gate|up, down) from a compile-time first phase, layers at compile-time strides.

@@ -53,8 +53,8 @@
 //
 // queue: uint32 [(PHASES + 2) * QUEUE_STRIDE], zero before a launch and left zero after it:
 // tickets claimed, each phase but the last done, threadgroups out, then (PROMPT_ROWS) each query's
-// new K/V rows written (M words), each on a 256-byte line of its own. One queue (and one set of merge counters) per
-// launch in flight, and launches that share one ordered by their data.
+// new K/V rows written (M words), each on a 256-byte line of its own. One queue (and one set of
+// merge counters) per launch in flight, and launches that share one ordered by their data.
 // PROMPT_ROWS (M > 1 over contiguous caches: token_block's prompt form): the M tokens are one
 // sequence's, at pos[0], pos[0] + 1, ..; query b sees the rows of queries 0..b - 1 that this launch
 // writes. Each attention ticket writes its query's new row first, counts it on its query's word of
