@@ -143,6 +143,10 @@ DECLARED = (
            "kernel variants: forward()'s logits for a prompt's every token (all), or for the last one "
            "only (last: the head as a GEMV over one row). generate() and the decode matrix ask for the "
            "last row either way, as llama-bench's pp computes (kernels/loop/NOTES.md)"),
+    Option("head_argmax", True, _flag,
+           "kernel variants on repacked weights: where the output head is one row's RMSNorm+GEMV (a decode "
+           "token's, a prompt's last row), its launch also gives the greedy token (the argmax over the "
+           "logits it writes), with no argmax launch after it (off: the head, then kernels.loop.argmax)"),
     Option("prompt_weights", "dequantize", _one_of("dequantize", "f16"),
            "kernel variants: a prompt's matmuls take each quantized matrix dequantized to fp16 by a launch "
            "per prompt (dequantize), or an fp16 copy made once when the decoder is built (f16: no "

@@ -143,7 +143,7 @@ def test_megafused_plan_is_one_launch_a_token(models, preset):
     c = models[preset, "q8_0"].config
     one = kernel_plan(c, True, packed=True, mega=True, one_launch=True, span="token")
     apart = kernel_plan(c, True, packed=True, mega=True, one_launch=False, span="token")
-    assert [(s.layer, s.op) for s in one] == [(None, "embed"), (None, "token_block"), (None, "rmsnorm_linear")]
+    assert [(s.layer, s.op) for s in one] == [(None, "embed"), (None, "token_block"), (None, "rmsnorm_linear_argmax")]
     assert one[1].launches == ("lathe_token_block",) and len(apart[1].launches) > 1
     last = c.n_layers - 1
     assert f"blk.{last}.ffn_down.weight" in one[1].weights and "blk.0.attn_qkv (q|k|v)" in one[1].weights
@@ -168,7 +168,7 @@ def test_megafused_prompt_runs_token_blocks_of_rows(models, tokens):
         d = KernelDecoder(m, 64, "megafused")
     assert d.prompt_rows == 16
     plan = d.plan_for(tokens, last_only=True)
-    assert [s.op for s in plan] == ["embed", "token_block", "last_row", "rmsnorm_linear"]
+    assert [s.op for s in plan] == ["embed", "token_block", "last_row", "rmsnorm_linear_argmax"]
     assert "the prompt's rows" in plan[1].kernel
     with recording() as rec:
         d.forward(np.arange(3) % c.vocab)  # a prompt at depth 3
@@ -243,6 +243,42 @@ def test_megafused_holds_each_caches_layers_in_one_array(models, stacked):
         assert tuple(d.cache_arrays()[0].shape) == (c.n_layers, c.n_kv_heads, 64, c.head_dim)
 
 
+@pytest.mark.parametrize("variant", ["fused", "megafused"])
+def test_head_argmax_gives_greedy_its_token(models, variant):
+    """head_argmax: a one-row head on repacked weights (a decode token, a prompt's last row) is one
+    launch that also gives the greedy token, and greedy() of those logits launches nothing more;
+    greedy() of any other logits runs the argmax kernel. Off, or where Gemma 2's softcap changes
+    the logits after the head, the head and the argmax launch apart (launches recorded, CPU)."""
+    from dataclasses import replace
+
+    import mlx.core as mx
+
+    from harness.program.kernel_decode import head_argmax_applies
+    from kernels.runtime import recording
+
+    m = models["tiny-qwen3", "q8_0"]
+    for on in (True, False):
+        with options.use(head_argmax=on, seams=False), recording():
+            d = KernelDecoder(m, 64, variant)
+            assert d.head_fused(1) == on and d.head_fused(5, last_only=True) == on
+            assert not d.head_fused(5)  # every row's logits: no one token
+            with recording() as rec:
+                logits = d.forward([1, 2, 3], last_only=True)
+                token = d.greedy(logits)
+                d.greedy(logits[:, :])  # logits of no head's launch
+            names = [j.spec.name for j in rec.jobs]
+            assert names.count("lathe_argmax") == (1 if on else 2)
+            assert any(n.startswith("lathe_rmsnorm_gemv_v3_argmax") for n in names) == on
+            assert token.shape == (1,) and token.dtype == mx.int32
+    c = m.config
+    assert head_argmax_applies(c, True, True, True, True)
+    assert not head_argmax_applies(replace(c, final_softcap=30.0), True, True, True, True)
+    assert not any(head_argmax_applies(c, *flags) for flags in
+                   [(False, True, True, True), (True, False, True, True), (True, True, False, True),
+                    (True, True, True, False)])
+
+
+
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_megafused_plan_is_one_launch_a_layer(models, preset):
     """megafused: a decode token is layer 0's attention block, then a layer block for each layer
@@ -256,12 +292,12 @@ def test_megafused_plan_is_one_launch_a_layer(models, preset):
     ops = [(s.layer, s.op) for s in one]
     last = c.n_layers - 1
     assert ops == [(None, "embed"), (0, "attention_block"), *[(i, "layer_block") for i in range(last)],
-                   (last, "ffn_block"), (None, "rmsnorm_linear")]
+                   (last, "ffn_block"), (None, "rmsnorm_linear_argmax")]
     assert [s.launches for s in one[1:-1]] == [("lathe_attention_block",)] + [("lathe_layer_block",)] * last + [
         ("lathe_ffn_block",)]
     assert [s.op for s in apart] == [s.op for s in one] and all(len(s.launches) > 1 for s in apart[1:-1])
     assert ("blk.1.attn_q_norm.weight" in one[2].weights) == c.head_norm and "blk.0.ffn_down.weight" in one[2].weights
-    assert one[-1].writes == ("logits",)
+    assert one[-1].writes == ("logits", "next_token")
     for phase in ("short", "prompt"):
         assert kernel_plan(c, True, packed=True, mega=True, phase=phase, span="layer") == kernel_plan(
             c, True, packed=True, phase=phase)
@@ -284,10 +320,11 @@ def test_megafused_asks_for_what_it_runs_on(models, monkeypatch):
         KernelDecoder(models["tiny-llama", "q6_k"], 32, "fused")
     monkeypatch.setitem(options._values, "repack", True)
     with recording():
-        assert KernelDecoder(m, 64, "megafused").launches_per_token(40, device_pos=True) == 4  # embed, head, argmax
+        # embed, token_block, the head with its argmax
+        assert KernelDecoder(m, 64, "megafused").launches_per_token(40, device_pos=True) == 3
         with options.use(mega_span="layer"):
             decoder = KernelDecoder(m, 64, "megafused")
-        assert decoder.launches_per_token(40, device_pos=True) == m.config.n_layers + 4
+        assert decoder.launches_per_token(40, device_pos=True) == m.config.n_layers + 3
 
 
 def test_megafused_takes_the_k_mixes(models):
@@ -420,6 +457,27 @@ def test_kernel_variant_modes_agree(models, monkeypatch, variant, kv):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["fused", "megafused", "megafused layer-span"])
+def test_head_argmax_decodes_the_argmax_launchs_tokens(models, monkeypatch, variant):
+    """The head's launch with the argmax in it (head_argmax) gives, in every mode, the tokens that
+    the head and then the argmax launch give: over the fused plan without seams (whose decode head
+    is a one-row RMSNorm+GEMV) and megafused's, on a Q8_0 and a K mix's head."""
+    monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
+    monkeypatch.setitem(options._values, "seams", False)
+    for qtype in ("q8_0", "q4_k_m"):
+        m = models["tiny-qwen3", qtype]
+        prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
+        runs = {}
+        for on in (True, False):
+            with options.use(head_argmax=on):
+                for mode in MODES:
+                    decoder = KernelDecoder(m, PROMPT + 12, variant.split()[0])
+                    assert decoder.head_fused(1) == on
+                    runs[on, mode] = generate(decoder, prompt, 12, mode).generated
+        assert all(runs[True, mode] == runs[False, mode] for mode in MODES), qtype
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 @pytest.mark.parametrize("variant", ["unfused", "fused"])
 def test_a_resized_decoder_is_a_fresh_one(models, variant, kv):
@@ -506,10 +564,12 @@ def test_compiled_prompt_checks_its_tokens_before_any_launch(models):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
-@pytest.mark.parametrize("variant", ["unfused", "fused"])
+@pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
 def test_compiled_modes_decode_as_float64_after_a_compiled_prompt(models, variant, kv):
     """generate() in compiled-pipelined mode (its prompt through compiled_forward): each token
     the float64 model's greedy pick after the same tokens, wherever its top-2 margin is clear."""
+    if variant == "megafused" and kv == "paged":
+        pytest.skip("megafused runs over the contiguous cache")
     m = models["tiny-llama", "q8_0"]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     decoder = KernelDecoder(m, PROMPT + STEPS, variant, kv)
@@ -645,7 +705,8 @@ def test_prompt_logits_last_runs_the_head_over_one_row(models, variant, tokens, 
             ops = [s.op for s in plan]
             assert ops.count("last_row") == (choice == "last") and plan[-1].weights[-1] == head
             if choice == "last":  # right before the head's RMSNorm (+ GEMV, one step where fused)
-                assert ops[ops.index("last_row") + 1:] in (["rms_norm", "linear"], ["rmsnorm_linear"])
+                assert ops[ops.index("last_row") + 1:] in (["rms_norm", "linear"], ["rmsnorm_linear"],
+                                                           ["rmsnorm_linear_argmax"])
             assert "last_row" not in [s.op for s in decoder.plan_for(1)]
             jobs[choice] = [j.spec.name for j in rec.jobs]
     if tokens > 4:  # the long phase: the head's matmul (qmm, or dequantize + MLX's) gives way to a GEMV
@@ -719,16 +780,17 @@ def test_launches_per_token_counts_every_kernel(models):
     with recording():
         short = KernelDecoder(m, 64, "fused")
         long = KernelDecoder(deep, attention.SPLIT_FROM + 64, "fused")
-    assert short.launches_per_token(40, device_pos=False) == len(short.plan) + 1
-    assert short.launches_per_token(40, device_pos=True) == len(short.plan) + 1
+    argmax = 0 if short.head_fused(1) else 1  # a launch of its own unless the head's gives the token
+    assert short.launches_per_token(40, device_pos=False) == len(short.plan) + argmax
+    assert short.launches_per_token(40, device_pos=True) == len(short.plan) + argmax
     with options.use(attn_combine="launch"):
-        assert long.launches_per_token(100, device_pos=True) == len(long.plan) + 1 + c.n_layers
-        assert long.launches_per_token(100, device_pos=False) == len(long.plan) + 1  # 101 tokens: whole
-        assert long.launches_per_token(2100, device_pos=False) == len(long.plan) + 1 + c.n_layers
+        assert long.launches_per_token(100, device_pos=True) == len(long.plan) + argmax + c.n_layers
+        assert long.launches_per_token(100, device_pos=False) == len(long.plan) + argmax  # 101 tokens: whole
+        assert long.launches_per_token(2100, device_pos=False) == len(long.plan) + argmax + c.n_layers
     with options.use(attn_combine="last_group"):
-        assert long.launches_per_token(100, device_pos=True) == len(long.plan) + 1
+        assert long.launches_per_token(100, device_pos=True) == len(long.plan) + argmax
     # auto (the default): the fused loop's RoPE + attention launch keeps its combine launch
-    assert long.launches_per_token(100, device_pos=True) == len(long.plan) + 1 + c.n_layers
+    assert long.launches_per_token(100, device_pos=True) == len(long.plan) + argmax + c.n_layers
     k_before = [id(k) for k in long.k]
     long.launches_per_token(100, device_pos=True)
     assert long.pos == 0 and [id(k) for k in long.k] == k_before  # the caches are the decoder's own

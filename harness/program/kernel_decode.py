@@ -239,6 +239,14 @@ def qmm_prologue(c) -> bool:
     return c.d_model < QMM_PROLOGUE_BELOW_D if value == "auto" else bool(value)
 
 
+def head_argmax_applies(c, fused: bool, packed: bool, quantized: bool, one_row: bool) -> bool:
+    """Whether the head's launch also gives the greedy token (the head_argmax option): a fused plan's
+    RMSNorm+GEMV of one row on repacked quantized weights, whose logits nothing changes after it
+    (Gemma 2's softcap does)."""
+    return (options.get("head_argmax") and fused and packed and quantized and one_row
+            and not c.final_softcap)
+
+
 def last_row_only(last_only: bool | None) -> bool:
     """Whether a prompt's head takes its last row only: `last_only`, or where None the
     prompt_logits option (forward()'s default: every row)."""
@@ -617,7 +625,12 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
     if not seams:  # else the head came out of the last seam
         if last_only:  # the head over one row: a GEMV
             add("last_row", "x[-1:] (the last token's logits only)", ("x",), ("x",), _run_last_row)
-        norm_linear("output_norm.weight", head, "logits")
+        if head_argmax_applies(c, fused, packed, quant(head), decode or last_only):
+            add("rmsnorm_linear_argmax", f"lathe rmsnorm_gemv_v3 + argmax{shown(head)}", ("x",),
+                ("logits", "next_token"), _run_head_argmax, "output_norm.weight", head,
+                weights=("output_norm.weight", head), launches=("lathe_rmsnorm_gemv_v3",))
+        else:
+            norm_linear("output_norm.weight", head, "logits")
     if c.final_softcap:  # Gemma 2: the logits softcapped, in float32
         cap = c.final_softcap
         add("softcap", f"mx ops: {cap:g} * tanh(logits / {cap:g}) (float32)", ("logits",), ("logits",), _run_softcap)
@@ -684,6 +697,14 @@ def _run_linear_residual(src, name, d, env, t, pos):
 def _run_norm_linear(norm, name, dst, d, env, t, pos):
     n, k = d.nk[name]
     env[dst] = gemv.rmsnorm_gemv(env["x"], d.g16[norm], d.config.eps, d.matrix(name), d.types[name], n, k)
+
+
+def _run_head_argmax(norm, name, d, env, t, pos):
+    """The head over one row and its argmax in one launch: the logits, and the next token for
+    Decoder.greedy."""
+    n, k = d.nk[name]
+    env["logits"], env["next_token"] = gemv.rmsnorm_gemv_argmax(env["x"], d.g16[norm], d.config.eps, d.matrix(name),
+                                                                d.types[name], n, k, d.head_scratch)
 
 
 def _run_norm_linear_pair(norm, name, name_b, dst, d, env, t, pos):
@@ -1087,6 +1108,12 @@ class KernelDecoder:
         # Each repacked matrix's counters for qmm's in-launch adds (qmm_combine): made here, outside
         # any compiled step's trace; a step's launches on one matrix follow one another
         self.qmm_sites = {name: gemv.qmm_counters(w.n) for name, w in self.packed.items()}
+        # The fused head's argmax scratch (head_argmax), made here for the same reason; its launches
+        # follow one another by the token's data, or an evaluation between them (_pending_head)
+        head = "token_embd.weight" if c.tied else "output.weight"
+        self.head_scratch = (gemv.head_argmax_scratch(self.types[head], *self.nk[head])
+                             if head in self.packed else None)
+        self._fused_head: tuple[mx.array, mx.array] | None = None  # (logits, token) of the last head
         if self.mega:
             # a launch site's counters: attention_block (layer 0) and the last ffn_block share one,
             # launches ordered by the token's data
@@ -1204,7 +1231,7 @@ class KernelDecoder:
         compiled. Constants follow the token count (the fused GEMVs' rows, the prompt's
         kernels), so forward() prepares each new length it meets (at its position: a few
         kernels also change with the cache's length, and compile at their first launch)."""
-        held = self.cache_arrays()  # the recorded steps replace cache entries with zeros
+        held, head = self.cache_arrays(), self._fused_head  # the recorded steps replace them with zeros
         try:
             with recording() as rec:
                 for t in tokens:
@@ -1216,6 +1243,7 @@ class KernelDecoder:
                         self.greedy(mx.zeros((1, self.config.vocab), dtype))
         finally:
             self.take_caches(held)
+            self._fused_head = head
         self._prepared.update(tokens or (1,))
         compiled, _ = prepare(rec.jobs)  # a kernel that fails to compile fails at its launch
         return compiled
@@ -1225,13 +1253,14 @@ class KernelDecoder:
         rather than run. A plan step may make more than one: attention past SPLIT_FROM tokens,
         the split launch and its combine. `device_pos`: the position as a compiled step passes
         it (an array: attention's grid is then sized for max_seq, not for pos)."""
-        held = self.cache_arrays()  # the recorded steps replace cache entries with zeros
+        held, head = self.cache_arrays(), self._fused_head  # the recorded steps replace them with zeros
         try:
             with recording() as rec:
                 logits = self.layers(mx.zeros((1,), mx.int32), 1, index(pos) if device_pos else pos)
                 self.greedy(logits)
         finally:
             self.take_caches(held)
+            self._fused_head = head
         return len(rec.jobs)
 
     def _concat(self, fused_name: str, parts: tuple[str, ...]) -> None:
@@ -1339,9 +1368,20 @@ class KernelDecoder:
             # this step's kernels after those in-place writes (kernels.rope.Rotated): finish
             # them first. Free when they are done (step mode); a device token (pipelined,
             # chained) is ordered by its data.
-            mx.eval(self.cache_arrays())
-        logits = self.layers(ids, t, self.pos, last_only).astype(mx.float32)
+            mx.eval(self.cache_arrays(), *self._pending_head())
+        logits = self.layers(ids, t, self.pos, last_only)
         self.pos += t
+        return self._with_token(logits.astype(mx.float32), self._fused_head and self._fused_head[1])
+
+    def _pending_head(self) -> list[mx.array]:
+        """What a step from host tokens evaluates first beside the caches: the last fused head's
+        token, whose scratch the next head launch reuses (nothing else orders two head launches
+        whose outputs were never read)."""
+        return [self._fused_head[1]] if self._fused_head else []
+
+    def _with_token(self, logits: mx.array, token: mx.array | None) -> mx.array:
+        """logits as returned, remembered with the token their head's launch gave (greedy())."""
+        self._fused_head = None if token is None else (logits, token)
         return logits
 
     def _admit(self, t: int) -> None:
@@ -1373,32 +1413,42 @@ class KernelDecoder:
             if len(self._compiled_prompts) >= 8:  # each holds its traced graph
                 self._compiled_prompts.pop(next(iter(self._compiled_prompts)))
             fn = self._compiled_prompts[t, pos, last] = mx.compile(self._over_caches(t, pos, last))
-        mx.eval(self.cache_arrays())  # host tokens: order after pending in-place writes (forward())
+        mx.eval(self.cache_arrays(), *self._pending_head())  # host tokens: after pending writes (forward())
         logits, *caches = fn(ids, *self.cache_arrays())
+        token = caches.pop(0) if self.head_fused(t, last) else None
         self.take_caches(caches)
         self.pos += t
-        return logits.astype(mx.float32)
+        return self._with_token(logits.astype(mx.float32), token)
+
+    def head_fused(self, t: int, last_only: bool = False) -> bool:
+        """Whether the plan of t tokens (plan_for) gives the greedy token from its head's launch."""
+        return any(step.op == "rmsnorm_linear_argmax" for step in self.plan_for(t, last_only))
 
     def _over_caches(self, t: int, pos: int | None = None, last_only: bool = False):
         """layers() as a function of its caches for mx.compile: (ids, [pos,] *caches) -> (logits,
-        *caches), the caches (cache_arrays' form) inputs and outputs rather than state the trace
-        would capture. pos: fixed here (a prompt's), or None to take it as an argument (a
-        decode step's int32[1])."""
+        [token,] *caches), the caches (cache_arrays' form) inputs and outputs rather than state the
+        trace would capture, the token where the head's launch gives it (head_fused). pos: fixed
+        here (a prompt's), or None to take it as an argument (a decode step's int32[1])."""
 
         def over(ids, *rest):
             at, caches = (rest[0], rest[1:]) if pos is None else (pos, rest)
             held = self.k, self.v
             self.take_caches(caches)
             try:
-                return (self.layers(ids.reshape(-1), t, at, last_only), *self.cache_arrays())
+                logits = self.layers(ids.reshape(-1), t, at, last_only)
+                token = (self._fused_head[1],) if self._fused_head else ()
+                return (logits, *token, *self.cache_arrays())
             finally:
                 self.k, self.v = held
 
         return over
 
     def greedy(self, logits: mx.array) -> mx.array:
-        """The next token id (int32[1], on the device): our argmax kernel over the last row of
-        logits, read in the head's fp16 in a compiled step (no converted copy, no gather)."""
+        """The next token id (int32[1], on the device): the token the head's launch gave with these
+        logits (head_argmax), else our argmax kernel over their last row, read in the head's fp16 in
+        a compiled step (no converted copy, no gather)."""
+        if self._fused_head is not None and self._fused_head[0] is logits:
+            return self._fused_head[1]
         return loop.argmax(logits[-1:])
 
     def compiled_step(self, ordered: bool = False):
@@ -1414,13 +1464,13 @@ class KernelDecoder:
         caches (the previous step's argmax), so that steps can be queued ahead (pipelined)."""
         if self._compiled is None:
             self._compiled = mx.compile(self._over_caches(1))
-        if ordered:
-            return self._compiled
-        compiled = self._compiled
+        compiled, fused = self._compiled, self.head_fused(1)
 
         def run(token, pos, *caches):
-            mx.eval(caches)
-            return compiled(token, pos, *caches)
+            if not ordered:
+                mx.eval(caches, *self._pending_head())
+            logits, *rest = compiled(token, pos, *caches)
+            return (self._with_token(logits, rest.pop(0) if fused else None), *rest)
 
         return run
 
@@ -1439,4 +1489,5 @@ class KernelDecoder:
         step) by replaying the plan of their phase, K and V written into self.k / self.v in
         place; the logits as the head wrote them (fp16, or float32 from an F32 output matrix),
         the last row's only where `last_only` (plan_for)."""
-        return replay(self.plan_for(t, last_only), self, {"token": ids}, t, pos)["logits"]
+        env = replay(self.plan_for(t, last_only), self, {"token": ids}, t, pos)
+        return self._with_token(env["logits"], env.get("next_token"))

@@ -338,6 +338,55 @@ def _fused_case(kind: str, qtype: str, m: int, n: int, k: int, residual: bool = 
     return CheckCase("gemv", f"{name}_{qtype}", variant, dict(M=m, N=n, K=k), run)
 
 
+def _head_argmax_case(qtype: str, m: int, n: int, k: int, knobs: dict | None = None) -> CheckCase:
+    """rmsnorm_gemv_argmax (an output head for greedy decoding): Y against float64 as rmsnorm_gemv's,
+    each row's token against numpy's argmax over the Y it wrote (the first of equals). Then a second
+    launch on the same scratch (whose counter the first must have left zero) with row 0's winner
+    copied to an earlier and a later row, in other threadgroups where N allows: a tie, which the
+    earlier row must win."""
+    from kernels.gemv import head_argmax_scratch, repack, rmsnorm_gemv_argmax
+    from kernels.runtime import poisoned_outputs
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        host, dev = _blocks(rng, qtype, n, k)
+        x = (_x(rng, m, k).astype(np.float32) * 3 + 1).astype(np.float16)
+        gamma = rng.uniform(0.5, 1.5, k).astype(np.float16)
+        scratch = head_argmax_scratch(qtype, n, k, m, **(knobs or {}))
+        outs = []
+        for w in (host, None):
+            if w is None:  # the tie: row 0's winner at an earlier and a later row
+                w = host.copy()
+                win = int(np.array(outs[0][1])[0])
+                for row in {max(win - 1 - n // 3, 0), min(win + 1 + n // 3, n - 1)} - {win}:
+                    w[row] = w[win]
+                dev = mx.array(w)
+            with poisoned_outputs(-7):
+                y, token = rmsnorm_gemv_argmax(mx.array(x), mx.array(gamma), 1e-5, repack(dev, qtype, n, k),
+                                               qtype, n, k, scratch, **(knobs or {}))
+                mx.eval(y, token)
+            outs.append((y, token, w))
+        checks = _against_float64("y", outs[0][0], rmsnorm64(x, gamma, 1e-5), host, qtype, k, rng)
+        for (y, token, w), which in zip(outs, ("tokens", "tokens after a tie")):
+            checks.append(exact(which, np.array(token), np.argmax(np.array(y).astype(np.float32), axis=1)))
+        y, _, w = outs[1]
+        row0 = np.array(y)[0]
+        tied = np.flatnonzero(row0 == row0.max())
+        checks.append(exact("a tie for row 0's maximum", len(tied) >= 2 or n == 1, True))
+        checks.append(exact("scratch counter left zero", int(np.array(scratch)[0]), 0))
+        return checks
+
+    variant = "v3" + ("" if not knobs else " " + ",".join(f"{key}={v}" for key, v in knobs.items()))
+    return CheckCase("gemv", f"rmsnorm_gemv_argmax_{qtype}", variant, dict(M=m, N=n, K=k), run)
+
+
+# The fused head + argmax: the two heads, few threadgroups each streaming many row groups (a
+# ragged end), SIMD groups with no rows at all, X' in chunks (one row group a SIMD group, many
+# threadgroups), tails of N and K, up to 4 rows.
+HEAD_ARGMAX_CASES = [(1, 151936, 1024, None), (1, 128256, 4096, None), (1, 1001, 4096, dict(max_groups=5)),
+                     (1, 40, 14336, dict(simds=8)), (2, 4097, 14336, None), (3, 777, 2048, None),
+                     (4, 33, 4128, None), (1, 1, 256, None)]
+
+
 # Launch knobs away from the tuned ones: both weight paths (registers, cp.async slots) and grids
 # smaller than the matrix (each SIMD group streaming many row groups, the last ones ragged), on
 # aligned and unaligned K; a cap where X takes several chunks is ignored (the real down shape).
@@ -876,6 +925,8 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_projection_case(qtype, (14336, 14336), 4096, 2, packed=True))
     for swiglu, m, n_a, k_a, n_b, knobs in V3_SEAM_CASES[6:8] if small else V3_SEAM_CASES:
         cases.append(_seam_case(qtype, swiglu, m, fit(n_a), fit(k_a), n_b, knobs, packed=True))
+    for m, n, k, knobs in HEAD_ARGMAX_CASES[2:4] + HEAD_ARGMAX_CASES[6:] if small else HEAD_ARGMAX_CASES:
+        cases.append(_head_argmax_case(qtype, m, n, fit(k), knobs))
     return cases
 
 
@@ -1175,6 +1226,46 @@ def _bench_pair(path: str, qtype: str, qtype_b: str, n: int, n_b: int, k: int) -
                      make, step, nbytes, 2 * (n + n_b) * k, nbytes)
 
 
+def _bench_head_argmax(path: str, qtype: str, n: int, k: int) -> BenchCase:
+    """A greedy decode token's output head: RMSNorm + GEMV with the argmax in its launch ('fused',
+    rmsnorm_gemv_argmax) against the head, then kernels.loop.argmax ('head-then-argmax'), on
+    repacked weights. Launches on one argmax scratch must not overlap: each set has its own, and
+    each call on a set waits for the token of the last (mx.depends), on both paths alike. verify:
+    0 where both paths give the same token on one set, else inf."""
+    from kernels.gemv import head_argmax_scratch, rmsnorm_gemv, rmsnorm_gemv_argmax
+    from kernels.loop import argmax
+    from kernels.runtime import depends
+
+    weights = _packed_once(qtype, (n, k))
+
+    def make():
+        return {"w": weights()[0], "x": mx.random.normal((1, k)).astype(mx.float16),
+                "gamma": (1 + 0.1 * mx.random.normal((k,))).astype(mx.float16),
+                "scratch": head_argmax_scratch(qtype, n, k), "token": mx.zeros((1,), mx.int32)}
+
+    def fused(s):
+        _, s["token"] = rmsnorm_gemv_argmax(depends(s["x"], [s["token"]]), s["gamma"], 1e-5, s["w"], qtype, n, k,
+                                            s["scratch"])
+        return [s["token"]]
+
+    def apart(s):
+        s["token"] = argmax(rmsnorm_gemv(depends(s["x"], [s["token"]]), s["gamma"], 1e-5, s["w"], qtype, n, k))
+        return [s["token"]]
+
+    def verify() -> float:
+        st = make()
+        a = np.array(fused(dict(st))[0])
+        return 0.0 if np.array_equal(a, np.array(apart(dict(st))[0])) else float("inf")
+
+    nbytes = storage_bytes(qtype, n, k) + 2 * k + 2 * k + 2 * n + 4
+    return BenchCase("gemv", "head-argmax", f"head_argmax_{qtype}", path, dict(M=1, N=n, K=k), make,
+                     fused if path == "fused" else apart, nbytes, 2 * n * k, nbytes, verify)
+
+
+# The heads of Qwen3-0.6B (Q8_0) and Llama-3-8B (Q4_0, and llama-quantize's Q6_K of its Q4_K_M)
+HEAD_BENCH_SHAPES = (("q8_0", 151936, 1024), ("q4_0", 128256, 4096), ("q6_k", 128256, 4096))
+
+
 # Pairs as the K mixes' fused QKV has them: Llama-3-8B Q4_K_M ([q; k] Q4_K, v Q6_K), Qwen3-0.6B's.
 PAIR_BENCH_SHAPES = (("q4_k", "q6_k", 5120, 1024, 4096), ("q4_k", "q6_k", 3072, 1024, 1024))
 # Llama-3-8B's projections (QKV, O, gate+up, down) for qmm against dequantize + MLX's matmul
@@ -1220,6 +1311,8 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
         cases += [_bench_ffn("swiglu-at-gate_up", qtype, f, d) for f, d in ((14336, 4096), (3072, 1024))]
     for shape in PAIR_BENCH_SHAPES if not quick else ():
         cases += [_bench_pair(path, *shape) for path in ("pair", "two-gemvs-concat")]
+    for shape in HEAD_BENCH_SHAPES[:1] if quick else HEAD_BENCH_SHAPES:
+        cases += [_bench_head_argmax(path, *shape) for path in ("fused", "head-then-argmax")]
     return cases
 
 

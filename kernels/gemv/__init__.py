@@ -17,6 +17,8 @@ tensor of ne = (K, N) read row after row); X and Y are fp16, arithmetic is fp32.
   Q4_0's order, high bits and scales apart: reference/kquant.py's layout).
 - `rmsnorm_gemv`, `silu_down_gemv`: v2 (v3 on Packed weights) with RMSNorm(X) * gamma, or
   silu(gate) * up, computed while X is staged (no normalized or activated copy in device memory).
+- `rmsnorm_gemv_argmax`: the output head for greedy decoding, v3's RMSNorm+GEMV that also gives
+  each row's argmax (the next token), with no argmax launch after it.
 - `w_b=` (gemv_v3, rmsnorm_gemv): a pair, a second repacked matrix of a block type of its own
   whose products follow W's in Y, in the same launch (a fused projection whose parts differ in
   type: Q4_K_M's Q6_K attn_v beside Q4_K attn_q and attn_k).
@@ -136,26 +138,31 @@ ACTIVATIONS = {"silu": 0, "gelu": 1}  # the gate's activation (lathe.h's gate_ac
 
 @functools.cache
 def _gemv_spec(version: str, prologue: str, residual: bool, swiglu_out: bool = False, pair: bool = False,
-               activation: str = "silu", wide_x: bool = False) -> KernelSpec:
+               activation: str = "silu", wide_x: bool = False, argmax: bool = False) -> KernelSpec:
     """One v2 or v3 instantiation family: its prologue (what X' is), whether Y adds a residual,
     and (v3) whether Y is act(gate) * up of a [gate; up] matrix's two products, or (pair) the
     products of two matrices of their own block types, side by side. `activation`: the gate's
     (SiLU, or GELU) where the prologue or the epilogue applies one; `wide_x` (v3's RMSNorm
-    prologue): X is float32, a residual stream past fp16's range (Gemma's)."""
+    prologue): X is float32, a residual stream past fp16's range (Gemma's); `argmax` (v3): each
+    row's argmax too (gemv_v3.metal's LATHE_ARGMAX), over a scratch input."""
     name = {"plain": "lathe_gemv", "rmsnorm": "lathe_rmsnorm_gemv",
             "swiglu": "lathe_silu_down_gemv"}[prologue] + ("_swiglu_out" if swiglu_out else "") + f"_{version}"
     name += ("_residual" if residual else "") + ("_pair" if pair else "")
-    name += ("_gelu" if activation == "gelu" else "") + ("_x32" if wide_x else "")
+    name += ("_gelu" if activation == "gelu" else "") + ("_x32" if wide_x else "") + ("_argmax" if argmax else "")
     return KernelSpec(name, f"gemv/gemv_{version}.metal",
                       ("x", "w", "dims", *_V2_EXTRA[prologue], *(("residual",) if residual else ()),
-                       *(("w_b", "dims_b") if pair else ())),
-                      ("y",), prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
-                                      f"#define LATHE_RESIDUAL {int(residual)}\n"
-                                      f"#define LATHE_EPILOGUE {int(swiglu_out)}\n"
-                                      f"#define LATHE_ACT {ACTIVATIONS[activation]}\n"
-                                      f"#define LATHE_X32 {int(wide_x)}"
-                                      + (f"\n#define LATHE_PAIR {int(pair)}" if version == "v3" else ""),
-                      threadgroup_bytes=_v2_threadgroup_bytes if version == "v2" else _v3_threadgroup_bytes)
+                       *(("w_b", "dims_b") if pair else ()), *(("argmax_scratch",) if argmax else ())),
+                      ("y", *(("token",) if argmax else ())),
+                      prelude=f"#define LATHE_PROLOGUE {PROLOGUES[prologue]}\n"
+                              f"#define LATHE_RESIDUAL {int(residual)}\n"
+                              f"#define LATHE_EPILOGUE {int(swiglu_out)}\n"
+                              f"#define LATHE_ACT {ACTIVATIONS[activation]}\n"
+                              f"#define LATHE_X32 {int(wide_x)}"
+                              + (f"\n#define LATHE_PAIR {int(pair)}" if version == "v3" else "")
+                              + ("\n#define LATHE_ARGMAX 1" if argmax else ""),
+                      threadgroup_bytes=(_v2_threadgroup_bytes if version == "v2" else
+                                         _v3_argmax_threadgroup_bytes if argmax else _v3_threadgroup_bytes),
+                      in_place=("argmax_scratch",) if argmax else ())
 
 
 def _v2_threadgroup_bytes(c: dict) -> int:
@@ -167,6 +174,11 @@ def _v2_threadgroup_bytes(c: dict) -> int:
 def _v3_threadgroup_bytes(c: dict) -> int:
     """gemv_v3.metal's arrays (v3_smem_bytes) from a launch's constants."""
     return v3_smem_bytes(c["M"], c["XCHUNK"], c["NSIMD"])
+
+
+def _v3_argmax_threadgroup_bytes(c: dict) -> int:
+    """... and LATHE_ARGMAX's: a SIMD group's best value and index, the last-threadgroup flag."""
+    return _v3_threadgroup_bytes(c) + 8 * c["NSIMD"] + 4
 
 
 _QUANTIZE = KernelSpec("lathe_quantize", "gemv/quantize.metal", ("w", "dims"), ("q",))
@@ -422,6 +434,21 @@ def rmsnorm_gemv(x: mx.array, gamma: mx.array, eps: float, w: mx.array, qtype: s
     if w_b is not None:
         raise ValueError("a pair (w_b) runs on repacked weights only (kernels.gemv.repack, the v3 GEMVs)")
     return _v2("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, _knobs(knobs))
+
+
+def rmsnorm_gemv_argmax(x: mx.array, gamma: mx.array, eps: float, w: Packed, qtype: str, n: int, k: int,
+                        scratch: mx.array, **knobs: int | None) -> tuple[mx.array, mx.array]:
+    """rmsnorm_gemv on repacked weights that also gives each row's argmax: (Y fp16 [M, N], tokens
+    int32 [M]), the token the first index of the largest value of Y's row as written (what
+    kernels.loop.argmax gives over Y), in the same launch. `scratch` (head_argmax_scratch) holds a
+    counter that each launch leaves zero: launches on one scratch must run one after another, which
+    MLX does only where one takes what the one before gave (a decode step's token) or where an
+    evaluation stands between them."""
+    if not isinstance(w, Packed):
+        raise ValueError("the fused argmax runs on repacked weights (kernels.gemv.repack, the v3 GEMVs)")
+    check_gemv_args(x, w, qtype, n, k, wide_x=True)
+    _check_norm(gamma, eps, k)
+    return _v3("rmsnorm", [gamma, _eps(float(eps))], x, w, qtype, n, k, knobs, scratch=scratch)
 
 
 def silu_down_gemv(gate_up: mx.array, w: mx.array, qtype: str, n: int, k: int, *,
@@ -709,7 +736,8 @@ def x_stage_items(option: str, rows: int) -> int:
 
 def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: str, n: int, k: int,
         knobs: dict, residual: mx.array | None = None, swiglu_out: bool = False,
-        w_b: Packed | None = None, activation: str = "silu") -> mx.array:
+        w_b: Packed | None = None, activation: str = "silu",
+        scratch: mx.array | None = None) -> mx.array | tuple[mx.array, mx.array]:
     if not isinstance(w, Packed):
         raise ValueError("v3 takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
@@ -740,11 +768,38 @@ def _v3(prologue: str, inputs: list[mx.array], x: mx.array, w: Packed, qtype: st
         consts.update(QTYPE_B=block_format(w_b.qtype)[0], R_B=r_b, P_B=p_b)
         launched, n_y, pair = groups + groups_b, n_out + w_b.n, [w_b.data, _dims(w_b.n, k, groups_b)]
     wide_x = x.dtype == mx.float32  # the RMSNorm prologue over a float32 stream (check_gemv_args)
-    (y,) = launch(Launch(_gemv_spec("v3", prologue, residual is not None, swiglu_out, w_b is not None,
-                                    activation, wide_x),
-                         [x, w.data, _dims(n, k, groups), *inputs, *pair],
-                         [((m, n_y), mx.float16)], (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts))
-    return y
+    argmax = scratch is not None
+    if argmax:
+        _check_scratch(scratch, argmax_scratch_words(m, groups))
+    outs = launch(Launch(_gemv_spec("v3", prologue, residual is not None, swiglu_out, w_b is not None,
+                                    activation, wide_x, argmax),
+                         [x, w.data, _dims(n, k, groups), *inputs, *pair, *((scratch,) if argmax else ())],
+                         [((m, n_y), mx.float16)] + ([((m,), mx.int32)] if argmax else []),
+                         (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts))
+    return tuple(outs) if argmax else outs[0]
+
+
+def argmax_scratch_words(m: int, groups: int) -> int:
+    """uint32 words of a fused argmax's scratch (gemv_v3.metal's LATHE_ARGMAX): a counter on a
+    256-byte line of its own, then a (value, index) pair a row for each threadgroup."""
+    return 64 + 2 * m * groups
+
+
+def head_argmax_scratch(qtype: str, n: int, k: int, m: int = 1, **knobs: int | None) -> mx.array:
+    """A zeroed scratch for rmsnorm_gemv_argmax over an [N, K] matrix of `qtype` and M rows (the
+    launch's grid as the same knobs and TUNING give it), resident on the device."""
+    r, s, _, xchunk = v3_geometry(qtype, m, n, k, knobs.get("rows"), knobs.get("simds"), knobs.get("depth"))
+    groups = _v3_groups(qtype, n, k, r, s, xchunk, knobs.get("max_groups"))
+    return resident(mx.zeros((argmax_scratch_words(m, groups),), mx.uint32))
+
+
+def _check_scratch(scratch: mx.array, words: int) -> None:
+    if not isinstance(scratch, mx.array) or scratch.dtype != mx.uint32 or scratch.ndim != 1:
+        raise ValueError(f"scratch must be a uint32 vector (head_argmax_scratch), got "
+                         f"{getattr(scratch, 'dtype', type(scratch))} {tuple(getattr(scratch, 'shape', ()))}")
+    if scratch.size < words:
+        raise ValueError(f"this launch's argmax needs a scratch of {words} words (its threadgroups' slots), "
+                         f"got {scratch.size}: make it with head_argmax_scratch for the same shape and knobs")
 
 
 def gemv_v3(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,

@@ -33,10 +33,37 @@
 // parts differ in type (llama.cpp's Q4_K_M: some layers' attn_v Q6_K beside Q4_K attn_q and
 // attn_k) is then one launch, as it is where the parts share a type, with no join after it.
 //
+// LATHE_ARGMAX 1 (an output head for greedy decoding): the GEMV also writes `token` (int32 [M]),
+// the first index of the largest value of each row of Y as written (half): argmax.metal's answer
+// over these logits, without its launch and its second read of them. Lane 0 of each SIMD group
+// keeps the best of the columns it writes (GEMV_ON_Y: rising, so a strict > keeps the first of
+// equals); the threadgroup's best goes to its slot of `argmax_scratch` (uint32: word 0 a counter, zero
+// between launches, alone on its 256-byte line; from word 64, M (value bits, index) pairs a
+// threadgroup), and the last threadgroup to count itself in reads every slot, writes the tokens
+// and sets the counter back to zero. Two launches on one scratch must be ordered (kernels.gemv's
+// rmsnorm_gemv_argmax says how the decoder orders them). Not with LATHE_PAIR.
+//
 // The body is in two parts that seam.metal shares: v3_tiles.metal (declarations) and
 // v3_rows.metal (the GEMV of one threadgroup's row groups).
+#ifndef LATHE_ARGMAX
+#define LATHE_ARGMAX 0
+#endif
 #define X_STAGE_ITEMS XITEMS
 #include "gemv/v3_tiles.metal"
+#if LATHE_ARGMAX
+static_assert(!LATHE_PAIR, "a pair's two matrices are not one row of logits");
+float best_v[M];
+uint best_i[M];
+for (uint m = 0; m < uint(M); ++m) {
+  best_v[m] = -as_type<float>(0x7f800000u);
+  best_i[m] = 0xffffffffu;
+}
+#define GEMV_ON_Y(m, col, out)        \
+  if (float(out) > best_v[m]) {       \
+    best_v[m] = float(out);           \
+    best_i[m] = (col);                \
+  }
+#endif
 {
   const uint launched = threadgroup_position_in_grid.x;
 #if LATHE_PAIR
@@ -61,3 +88,64 @@
 #undef GEMV_Y_STRIDE
 #endif
 }
+#if LATHE_ARGMAX
+threadgroup float am_v[NSIMD];  // (at the kernel's scope, as Metal has threadgroup memory declared)
+threadgroup uint am_i[NSIMD];
+threadgroup uint am_last;
+{
+  // (v, i) beats (bv, bi): larger, or equal and earlier (indices are unique, so the first of equals wins)
+#define ARGMAX_TAKE(v, i)                                  \
+  if ((v) > bv || ((v) == bv && (i) < bi)) {               \
+    bv = (v);                                              \
+    bi = (i);                                              \
+  }
+  const uint groups = uint(dims[2]);
+  const uint launched = threadgroup_position_in_grid.x;
+  auto slots = writable(argmax_scratch) + 64;
+  for (uint m = 0; m < uint(M); ++m) {  // this threadgroup's best of each row, into its slot
+    if (lane == 0) {
+      am_v[simd] = best_v[m];
+      am_i[simd] = best_i[m];
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (tid == 0) {
+      float bv = am_v[0];
+      uint bi = am_i[0];
+      for (uint s = 1; s < NSIMD; ++s) ARGMAX_TAKE(am_v[s], am_i[s])
+      slots[2 * (launched * M + m)] = as_type<uint>(bv);
+      slots[2 * (launched * M + m) + 1] = bi;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  if (tid == 0) {
+    am_last = grid_signal(argmax_scratch) == groups - 1;  // after this thread's slot writes
+    if (am_last) grid_reset(argmax_scratch, 1);           // after every other threadgroup's
+  }
+  threadgroup_barrier(mem_flags::mem_device);
+  if (am_last) {
+    for (uint m = 0; m < uint(M); ++m) {
+      float bv = -as_type<float>(0x7f800000u);
+      uint bi = 0xffffffffu;
+      for (uint g = tid; g < groups; g += NT) {
+        ARGMAX_TAKE(as_type<float>(slots[2 * (g * M + m)]), slots[2 * (g * M + m) + 1])
+      }
+      for (ushort off = 16; off > 0; off >>= 1) {
+        const float ov = simd_shuffle_xor(bv, off);
+        const uint oi = simd_shuffle_xor(bi, off);
+        ARGMAX_TAKE(ov, oi)
+      }
+      if (lane == 0) {
+        am_v[simd] = bv;
+        am_i[simd] = bi;
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      if (tid == 0) {
+        for (uint s = 1; s < NSIMD; ++s) ARGMAX_TAKE(am_v[s], am_i[s])
+        token[m] = int(bi);
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+  }
+#undef ARGMAX_TAKE
+}
+#endif

@@ -5,7 +5,9 @@
 // the declarations of v3_tiles.metal (NSIMD and the staged X' are the launch's). GEMV_Y_STRIDE,
 // where the includer defines it: the values of a row of Y (else this GEMV's columns; gemv_v3.metal's
 // pair writes two matrices' columns side by side). GEMV_BIAS, where defined: a pointer to this
-// GEMV's N biases (half), added to each output before its one rounding.
+// GEMV's N biases (half), added to each output before its one rounding. GEMV_ON_Y(m, col, out),
+// where defined: run in lane 0 after Y[m, col] is written, with the half it wrote; a SIMD group's
+// columns come in rising order.
 // QR: 0 Q4_0, 1 Q8_0, and the K-quants 2 Q4_K, 3 Q5_K, 4 Q6_K, whose repacked chunk is 32
 // weights' low 4 bits in Q4_0's nibble order, their higher bits (HB bytes a chunk) and scales in
 // regions of their own (reference/kquant.py has the layout); the legacy affine blocks 6 Q4_1,
@@ -285,6 +287,9 @@ for (uint it = 0; it < items; ++it) {
         v += float(residual[m * n_out + col]);
 #endif
         y[m * y_stride + col] = half(v);
+#ifdef GEMV_ON_Y
+        GEMV_ON_Y(m, col, half(v))  // the includer's look at each output as written (gemv_v3's argmax)
+#endif
       }
     }
   }
