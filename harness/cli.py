@@ -77,10 +77,10 @@ def cmd_check(family: str | None, seed: int | None, match: str | None, quick: bo
     return 1 if any(chk.failures for chk in checks.values()) else 0
 
 
-def _peak():
+def _peak(gpu_time: bool = True):
     from harness.peak import measure_peak
 
-    peak = measure_peak()
+    peak = measure_peak(gpu_time=gpu_time)
     for name, (timing, gbs) in peak.by_workload.items():
         print(f"peak {name}: {gbs:.0f} GB/s ({timing.us:.0f} us per 2 GiB moved)")
     print(f"peak: {peak.gbs:.0f} GB/s")
@@ -284,7 +284,9 @@ def cmd_decode(model: str, qtype: str, prompt: int, gen: int, seed: int, mode: s
     bench = _peer_tool("decode", peer, find_llama_bench, HOW_TO_GET, LlamaBench)
     rounds = rounds or (2 if bench else 1)
     write = has_gpu() if write is None else write
-    peak = _peak().gbs if has_gpu() else None
+    # no CUPTI trace in this process before the timed runs: it would slow every launch's host work
+    # after it (harness.timing.time_calls), a host-bound prompt's by 15-20%, and llama-bench pays none
+    peak = _peak(gpu_time=False).gbs if has_gpu() else None
     arms = [options.parse(text) for text in ab] if ab else None
     rows = run_decode(model, qtype, prompt, gen, seed, mode, repeat, depth, peak, variant, kv, ctx,
                       rounds=rounds, peer=bench, past_context=past_context, arms=arms)

@@ -31,7 +31,8 @@ def _workloads():
     }
 
 
-def measure_peak(nbytes: int = PEAK_BYTES, repeats: int = 7) -> Peak:
+def measure_peak(nbytes: int = PEAK_BYTES, repeats: int = 7, gpu_time: bool = True) -> Peak:
+    """`gpu_time=False`: wall time only, no CUPTI trace (harness.timing.time_calls says why)."""
     require_gpu()
     n = nbytes // 4
     l2 = l2_bytes(device_name())
@@ -45,6 +46,7 @@ def measure_peak(nbytes: int = PEAK_BYTES, repeats: int = 7) -> Peak:
             repeats=repeats,
             min_round_s=0.02,
             max_sets=2,
+            gpu_time=gpu_time,
         )
         results[name] = (timing, 2 * nbytes / (timing.us * 1e-6) / 1e9)
     return Peak(gbs=max(g for _, g in results.values()), by_workload=results)

@@ -92,3 +92,23 @@ def test_the_traced_round_evaluates_each_call_before_building_the_next(monkeypat
     t = time_calls(lambda: {"a": mx.random.normal((1 << 10,))}, step, set_bytes=1 << 14, l2=1 << 14, repeats=1)
     traced = events[traced_rounds[0]:]
     assert traced == ["build", "eval"] * max(t.sets, min(t.launches, 64))
+
+
+def test_gpu_time_off_makes_no_trace(monkeypatch):
+    """time_calls(gpu_time=False) (lathe decode's peak) never opens a CUPTI trace, which would slow
+    every later launch's host work in the process: gpu_us is then NaN."""
+    import contextlib
+    import math
+
+    from harness import timing
+
+    @contextlib.contextmanager
+    def trace():
+        raise AssertionError("traced")
+        yield []
+
+    monkeypatch.setattr(timing.gpu_trace, "available", lambda: True)
+    monkeypatch.setattr(timing.gpu_trace, "kernel_trace", trace)
+    t = time_calls(lambda: {"a": mx.random.normal((1 << 10,))}, lambda s: [s["a"] * 2], set_bytes=1 << 14,
+                   l2=1 << 14, repeats=1, gpu_time=False)
+    assert math.isnan(t.gpu_us) and t.us > 0
