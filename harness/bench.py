@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from harness.timing import State, Timing, l2_bytes, time_calls
+from harness.timing import Rounds, State, Timing, l2_bytes, time_calls, traced_gpu_us
 
 
 @dataclass
@@ -32,8 +32,8 @@ class BenchCase:
         return f"{self.benchmark} {self.kernel} [{self.variant}] {dims}"
 
 
-def time_case(case: BenchCase, *, l2: int, repeats: int = 7) -> Timing:
-    return time_calls(case.make_set, case.step, case.set_bytes, l2=l2, repeats=repeats)
+def time_case(case: BenchCase, *, l2: int, repeats: int = 7, gpu_time: bool = True) -> Timing:
+    return time_calls(case.make_set, case.step, case.set_bytes, l2=l2, repeats=repeats, gpu_time=gpu_time)
 
 
 def timing_row(benchmark: str, kernel: str, variant: str, nbytes: int, flops: int,
@@ -60,16 +60,32 @@ def result_row(case: BenchCase, timing: Timing, peak_gbs: float, meta: dict, bac
 
 
 def run_cases(cases: list[BenchCase], peak_gbs: float, backend: str, device: str, meta: dict,
-              repeats: int = 7, progress_label: str = "bench") -> list[dict]:
+              repeats: int = 7, progress_label: str = "bench", gpu_time: bool = True) -> list[dict]:
+    """Every case's wall time, then (`gpu_time`) every case's GPU time (add_gpu_time): no wall time
+    is taken after a CUPTI trace, which slows every later launch's host work in the process
+    (harness.timing.time_calls). A caller with more cases to time passes gpu_time=False and adds
+    the GPU times after all of them."""
     from harness.progress import progress
 
     l2 = l2_bytes(device)
     rows = []
     for case in progress(cases, len(cases), progress_label):
         err = case.verify() if case.verify else ""
-        rows.append(result_row(case, time_case(case, l2=l2, repeats=repeats), peak_gbs, meta,
+        rows.append(result_row(case, time_case(case, l2=l2, repeats=repeats, gpu_time=False), peak_gbs, meta,
                                backend, device, err))
+    if gpu_time:
+        add_gpu_time(cases, rows, device, progress_label)
     return rows
+
+
+def add_gpu_time(cases: list[BenchCase], rows: list[dict], device: str, progress_label: str = "bench") -> None:
+    """Each case's GPU time (CUPTI: gpu_us, gpu_kernels) into its row, on input sets made again."""
+    from harness.progress import progress
+
+    l2 = l2_bytes(device)
+    for case, row in progress(list(zip(cases, rows)), len(rows), f"{progress_label} (GPU time)"):
+        gpu_us, split = traced_gpu_us(Rounds(case.make_set, case.step, case.set_bytes, l2=l2))
+        row.update(gpu_us=round(gpu_us, 3), gpu_kernels=split)
 
 
 def summary(rows: list[dict]) -> pd.DataFrame:

@@ -17,9 +17,11 @@ Python caller (which the decode loop measures end to end), not of the kernel.
 
 The GPU's own time (gpu_us, where PyTorch's CUPTI tracer is present) comes from one more pass
 whose calls run one by one, each evaluated before the next: a call's own GPU time, as a decode
-token's launches get it, each after the one before. The timed rounds' calls on different sets
-have no data between them, and MLX's CUDA graph runs them side by side; their wall time (`us`)
-is what a stream of independent calls costs.
+token's launches get it, each after the one before. A CUPTI trace, once made, slows every
+later launch's host work in the process, so `lathe bench` takes every case's wall time first and
+the traced passes after all of them (harness.bench.run_cases), and `lathe decode` makes none. The
+timed rounds' calls on different sets have no data between them, and MLX's CUDA graph runs them
+side by side; their wall time (`us`) is what a stream of independent calls costs.
 """
 
 from __future__ import annotations
@@ -148,6 +150,17 @@ class Rounds:
         return calls
 
 
+def traced_gpu_us(rounds: Rounds) -> tuple[float, str]:
+    """(gpu_us, kernel split) of one more pass over `rounds`' sets, its kernels traced (CUPTI): their
+    time, not the host's, a call at a time (each call's own GPU time, not a share of calls run side
+    by side); (NaN, "") where no tracer is present."""
+    if not gpu_trace.available():
+        return math.nan, ""
+    with gpu_trace.kernel_trace() as kernels:
+        alone = rounds.run_one_by_one()
+    return gpu_trace.busy_us(kernels) / alone, kernel_split(kernels, alone)
+
+
 def time_calls(
     make_set: Callable[[], State],
     step: Callable[[State], list[mx.array]],
@@ -171,13 +184,7 @@ def time_calls(
     for _ in range(repeats):
         samples.append(rounds.run() / rounds.calls * 1e6)
         builds.append(rounds.last_build_s / rounds.calls * 1e6)
-    gpu_us, by_kernel = math.nan, ""
-    if gpu_time and gpu_trace.available():  # one more pass, its kernels traced: their time, not the host's,
-        # a call at a time (each call's own GPU time, not a share of calls run side by side)
-        with gpu_trace.kernel_trace() as kernels:
-            alone = rounds.run_one_by_one()
-        gpu_us = gpu_trace.busy_us(kernels) / alone
-        by_kernel = kernel_split(kernels, alone)
+    gpu_us, by_kernel = traced_gpu_us(rounds) if gpu_time else (math.nan, "")
     return Timing(
         us=statistics.median(samples),
         us_min=min(samples),

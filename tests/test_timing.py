@@ -112,3 +112,36 @@ def test_gpu_time_off_makes_no_trace(monkeypatch):
     t = time_calls(lambda: {"a": mx.random.normal((1 << 10,))}, lambda s: [s["a"] * 2], set_bytes=1 << 14,
                    l2=1 << 14, repeats=1, gpu_time=False)
     assert math.isnan(t.gpu_us) and t.us > 0
+
+
+def test_a_bench_takes_every_wall_time_before_any_trace(monkeypatch):
+    """run_cases (lathe bench) times every case's rounds, then traces each case's GPU time: no wall
+    time follows a CUPTI trace, which slows the host's later launches; the rows get the traced
+    gpu_us."""
+    import contextlib
+
+    from harness import bench, timing
+
+    events = []
+
+    @contextlib.contextmanager
+    def trace():
+        events.append("trace")
+        yield []
+
+    monkeypatch.setattr(timing.gpu_trace, "available", lambda: True)
+    monkeypatch.setattr(timing.gpu_trace, "kernel_trace", trace)
+    monkeypatch.setattr(timing.gpu_trace, "busy_us", lambda kernels: 5.0)
+    monkeypatch.setattr(timing, "kernel_split", lambda kernels, calls: "k=1")
+    real = bench.time_calls
+
+    def wall(*args, **kw):
+        events.append("wall")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(bench, "time_calls", wall)
+    cases = [bench.BenchCase("f", "b", "k", f"v{i}", {}, lambda: {"a": mx.random.normal((256,))},
+                             lambda s: [s["a"] * 2], 1024, 0, 1 << 20) for i in range(3)]
+    rows = bench.run_cases(cases, 100.0, "cpu", "cpu", {}, repeats=1)
+    assert events == ["wall"] * 3 + ["trace"] * 3
+    assert all(r["gpu_us"] > 0 and r["gpu_kernels"] == "k=1" for r in rows)
