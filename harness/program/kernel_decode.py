@@ -6,8 +6,10 @@
   each layer's attention block (RMSNorm + QKV, Qwen3's head norms, RoPE + KV write, attention, O +
   residual) and FFN block (RMSNorm + gate|up + SiLU, down + residual), the weights stacked at load;
   with mega_span=layer, a launch a layer (layer_block: a layer's FFN block and the next layer's
-  attention block; layer 0's attention block and the last FFN block alone). The embedding, the
-  head and the argmax as fused's.
+  attention block; layer 0's attention block and the last FFN block alone). The embedding and
+  the head as fused's.
+  A head of one row (a decode token's, a prompt's last row) on repacked weights also gives the
+  greedy token in its launch (the head_argmax option), which greedy() returns with its logits.
   Contiguous cache, repacked weights; prompts and 2-4 token steps run fused's plan. Each GEMV
   runs in its matrix's own block type, layer by layer (llama.cpp's Q4_K_M: Q6_K attn_v and
   ffn_down in some layers; V's rows then a matrix apart from [q; k] in every layer). Where one
