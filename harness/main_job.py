@@ -8,10 +8,11 @@ Stages, one progress bar each:
    one at a time so that a slow case does not hold back a whole shard. On CUDA each worker
    compiles what its cases launch into the shared kernel cache, so the compiles run in parallel
    with the checks rather than before them.
-2. peak and bench (a GPU only): the device's copy peak, then each family's `--quick` benchmarks
-   (`full=True`: every benchmark), rows and plots under results/<device>/.
-3. decode: the embedded default model (tiny-llama), the reference variant everywhere and the
+2. decode: the embedded default model (tiny-llama), the reference variant everywhere and the
    kernel variants on a GPU, against llama.cpp where a llama-bench is found (harness.peers).
+3. peak and bench (a GPU only): the device's copy peak, then each family's `--quick` benchmarks
+   (`full=True`: every benchmark), rows and plots under results/<device>/. After the decode: their
+   GPU times come from CUPTI traces, which slow every later launch's host work in the process.
 4. a summary: pass/fail a family; each family's best % of the measured peak and, where the
    family benchmarks fused and unfused forms of the same shapes, the median unfused/fused time
    ratio; the decode table; the paths of what was written.
@@ -248,7 +249,7 @@ def _longest_first(case, gpu: bool, last: dict[str, float]) -> tuple:
     return (0, -case_size(case)) if seconds is None else (1, -seconds)
 
 
-# ---- stage 2: peak and benchmarks ---------------------------------------------------------------------
+# ---- stage 3: peak and benchmarks ---------------------------------------------------------------------
 def run_bench(full: bool, report: Report, bench) -> None:
     """`bench`: cli.cmd_bench (given by the CLI, which this module does not import)."""
     collected: dict = {}
@@ -273,7 +274,7 @@ def bench_summary(rows: list[dict]) -> tuple[float | None, float | None]:
     return (None if pd.isna(best) else float(best)), ratio
 
 
-# ---- stage 3 and the summary -----------------------------------------------------------------------------
+# ---- stage 2 (decode) and the summary -----------------------------------------------------------------
 def run_decode(gpu: bool, report: Report, decode) -> int:
     """`decode`: cli.cmd_decode."""
     from harness.peers import find_llama_bench
