@@ -1220,7 +1220,7 @@ class KernelDecoder:
             self.table = np.random.default_rng(0).permutation(blocks).astype(np.int32)[None]
             self.table_dev = resident(mx.array(self.table))
         self._compiled = None  # traced for the old size
-        self._compiled_prompts: dict[tuple[int, int, bool], Any] = {}
+        self._compiled_prompts: dict[tuple[int, int, bool], tuple[Any, bool]] = {}
         self.reset()
         self._prepared: set[int] = set()
         self.prepare_kernels()
@@ -1410,14 +1410,17 @@ class KernelDecoder:
         t, pos = ids.size, self.pos
         last = t > 1 and last_row_only(last_only)
         self._admit(t)
-        fn = self._compiled_prompts.get((t, pos, last))
-        if fn is None:
+        traced = self._compiled_prompts.get((t, pos, last))
+        if traced is None:
             if len(self._compiled_prompts) >= 8:  # each holds its traced graph
                 self._compiled_prompts.pop(next(iter(self._compiled_prompts)))
-            fn = self._compiled_prompts[t, pos, last] = mx.compile(self._over_caches(t, pos, last))
+            # (the function, and whether it returns the head's token: asked once, not every prompt)
+            traced = self._compiled_prompts[t, pos, last] = (mx.compile(self._over_caches(t, pos, last)),
+                                                             self.head_fused(t, last))
+        fn, fused = traced
         mx.eval(self.cache_arrays(), *self._pending_head())  # host tokens: after pending writes (forward())
         logits, *caches = fn(ids, *self.cache_arrays())
-        token = caches.pop(0) if self.head_fused(t, last) else None
+        token = caches.pop(0) if fused else None
         self.take_caches(caches)
         self.pos += t
         return self._with_token(logits.astype(mx.float32), token)
