@@ -910,3 +910,93 @@ def test_qmm_launches_row_blocks_as_rows8():
     assert plain.constants["ROWS8"] == 0 and rows8.constants["ROWS8"] == 1
     assert {key: v for key, v in plain.constants.items() if key != "ROWS8"} == \
         {key: v for key, v in rows8.constants.items() if key != "ROWS8"}
+
+
+# ---- qmm on the warp MMA (qmm_mma.cu: a native CUDA kernel, kernels/native.py) ---------------------
+def _nvrtc_missing() -> str:
+    from kernels import ptx
+
+    try:
+        ptx.nvrtc()
+    except (FileNotFoundError, OSError) as exc:
+        return str(exc)
+    return ""
+
+
+def _qmm_mma_instances():
+    """Every instantiation the check and bench suites launch: the cases' shapes with the rule's knobs
+    or their own, plain, with the residual and gated."""
+    from harness.suites import gemv as suite
+
+    for qt, qtype in enumerate(gemv.QMM_MMA_QTYPES):
+        for m, n, k, residual, knobs in suite.QMM_MMA_CASES:
+            yield qtype, dict(QT=qt, M=m, N=n, K=k, **_mma_knobs(m, n, k, False, knobs), GATED=0, RESID=int(residual))
+        for m, n, k, knobs in suite.QMM_MMA_GATED_CASES:
+            yield qtype, dict(QT=qt, M=m, N=n, K=k, **_mma_knobs(m, n, k, True, knobs), GATED=1, RESID=0)
+
+
+def _mma_knobs(m, n, k, gated, knobs):
+    tm, nw, kw = gemv.qmm_mma_geometry(m, n, k, gated)
+    knobs = dict(dict(tm=tm, nw=nw, kw=kw), **(knobs or {}))
+    return dict(TM=knobs["tm"], NW=knobs["nw"], KW=knobs["kw"])
+
+
+@pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
+def test_qmm_mma_compiles_for_sm90a():
+    """Each instantiation the suites launch builds (NVRTC, no GPU), under its own symbol, and its
+    K parts' sums fit the shared memory the host gives it."""
+    from kernels import native
+
+    seen = set()
+    for qtype, consts in _qmm_mma_instances():
+        key = tuple(consts.items())
+        if key in seen:
+            continue
+        seen.add(key)
+        cubin = native.cubin(gemv.QMM_MMA, "lathe_qmm_mma", key)
+        assert native.entry_name("lathe_qmm_mma", consts).encode() in cubin
+        assert gemv.qmm_mma_red_bytes(consts["M"], consts["TM"], consts["NW"], consts["KW"]) <= gemv.QMM_MMA_SMEM
+    assert len(seen) >= 30
+
+
+@pytest.mark.parametrize("m, n, k, gated, want", [
+    (16, 28672, 4096, False, (2, 2, 4)),   # the 8B's gate+up: 896 CTAs of 2 warps, 4 K parts
+    (16, 4096, 4096, False, (2, 2, 8)),    # O: 128 CTAs need 8 parts to reach 2048 warps
+    (64, 4096, 14336, False, (1, 2, 4)),   # past 32 rows a tile a warp; 8 parts would pass 48 KiB
+    (16, 2 * 14336, 4096, True, (2, 2, 4)),  # gated: a gate and an up tile a warp
+    (16, 1024, 1024, False, (2, 2, 4)),    # 8 groups of K: parts of 2 at the least
+])
+def test_qmm_mma_geometry_rule(m, n, k, gated, want):
+    assert gemv.qmm_mma_geometry(m, n, k, gated) == want
+    tm, nw, kw = want
+    assert gemv.qmm_mma_red_bytes(m, tm, nw, kw) <= gemv.QMM_MMA_SMEM
+
+
+def test_qmm_mma_refuses_what_it_does_not_take():
+    """Before any launch: block types other than Q4_0 / Q8_0, K not whole groups of 128, more than
+    64 rows, GGUF blocks, knobs out of range or past the shared memory, a gated call's odd N,
+    residual or other activation, a residual of another shape."""
+    w = _zero_packed("q8_0", 64, 256)
+    x = mx.zeros((8, 256), mx.float16)
+    with pytest.raises(ValueError, match="q4_k"):
+        gemv.qmm_mma(x, _zero_packed("q4_k", 64, 256), "q4_k", 64, 256)
+    with pytest.raises(ValueError, match="K=160"):
+        gemv.qmm_mma(mx.zeros((8, 160), mx.float16), _zero_packed("q8_0", 64, 160), "q8_0", 64, 160)
+    with pytest.raises(ValueError, match="M in 1..64"):
+        gemv.qmm_mma(mx.zeros((65, 256), mx.float16), w, "q8_0", 64, 256)
+    with pytest.raises(ValueError, match="repacked"):
+        gemv.qmm_mma(x, mx.zeros((64, 8 * 34), mx.uint8), "q8_0", 64, 256)
+    with pytest.raises(ValueError, match="knobs"):
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, tm=3)
+    with pytest.raises(ValueError, match="knobs"):
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, nw=8, kw=8)
+    with pytest.raises(ValueError, match="shared memory"):
+        gemv.qmm_mma(mx.zeros((64, 256), mx.float16), w, "q8_0", 64, 256, tm=4, nw=4, kw=4)
+    with pytest.raises(ValueError, match="an even N"):
+        gemv.qmm_mma(x, _zero_packed("q8_0", 65, 256), "q8_0", 65, 256, activation="silu")
+    with pytest.raises(ValueError, match="activation 'silu'"):
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, activation="gelu")
+    with pytest.raises(ValueError, match="no residual"):
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, activation="silu", residual=mx.zeros((8, 32), mx.float16))
+    with pytest.raises(ValueError, match="residual"):
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, residual=mx.zeros((8, 63), mx.float16))

@@ -252,7 +252,7 @@ def _gemv_case(version: str, qtype: str, m: int, n: int, k: int, residual: bool 
     from kernels.runtime import poisoned_outputs
 
     fn = {"v1": gemv.gemv_v1, "v2": gemv.gemv_v2, "v3": gemv.gemv_v3, "linear": gemv.linear,
-          "linear v3": gemv.linear, "qmm": gemv.qmm, "qmm rows8": gemv.qmm}[version]
+          "linear v3": gemv.linear, "qmm": gemv.qmm, "qmm rows8": gemv.qmm, "qmm mma": gemv.qmm_mma}[version]
     extra = dict(knobs or {})
 
     def run(rng: np.random.Generator) -> list[Comparison]:
@@ -704,6 +704,18 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              (32, 4096, 14336, True, None),
              # the rule's split from K = 2048 (Qwen3's down and O with their residual)
              (32, 1024, 3072, True, None), (64, 1024, 2048, True, None)]
+# qmm on the warp MMA (qmm_mma.cu, Hopper only; Q4_0, Q8_0): tails of N (not whole 16-row tiles)
+# and of M (not whole 8-row tiles, one row), K parts of unequal length (24 and 9 groups over 16 and
+# 4 warps), each knob at its edges, the 8B's shapes at 16 and 64 rows, the residual epilogue.
+QMM_MMA_CASES = [(1, 33, 128, False, None), (5, 4097, 4096, True, None), (16, 4096, 4096, False, None),
+                 (16, 28672, 4096, False, None), (16, 4096, 14336, True, None), (33, 1000, 1024, False, None),
+                 (64, 6144, 4096, True, None), (64, 4096, 14336, False, None),
+                 (16, 4097, 4096, False, dict(tm=4, nw=1, kw=4)), (9, 1000, 3072, True, dict(tm=1, nw=2, kw=16)),
+                 (64, 1024, 2048, False, dict(tm=2, nw=1, kw=2)), (40, 4096, 1152, True, dict(tm=1, nw=2, kw=4)),
+                 (24, 2056, 4096, False, dict(tm=1, nw=8, kw=1))]
+# ... and gated (silu(gate) * up of [gate; up], F not a whole tile)
+QMM_MMA_GATED_CASES = [(16, 2 * 14336, 4096, None), (5, 2 * 1001, 1024, None), (64, 2 * 3072, 1024, None),
+                       (20, 2 * 4096, 4096, dict(tm=4, nw=2, kw=2)), (1, 2 * 24, 256, dict(tm=2, nw=1, kw=2))]
 # W's ring on its own schedule (wr 1..4 without xs; Q4_0 and Q8_0, the other types as without it):
 # tails of N, K and M, WK groups, split K (a part of 11 super-chunks with 4 ahead: copies past the
 # part), 64 rows; each fits Q8_0's two words a chunk in 48 KiB, the first Metal's 32 KiB
@@ -753,10 +765,11 @@ QMM_FUSED_CASES = [("rmsnorm", None, 5, 33, 96, None), ("rmsnorm+gated", "silu",
 
 
 def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: int, knobs: dict | None,
-                    rows8: bool = False) -> CheckCase:
+                    rows8: bool = False, mma: bool = False) -> CheckCase:
     """qmm with the RMSNorm prologue and/or the gated epilogue against float64: RMSNorm(X) * gamma
-    of fp16 X, then X @ W^T, then act(gate) * up of its halves (`rows8`: W as RowBlocks)."""
-    from kernels.gemv import interleave_rows, qmm, repack
+    of fp16 X, then X @ W^T, then act(gate) * up of its halves (`rows8`: W as RowBlocks; `mma`:
+    qmm_mma, the gated form only)."""
+    from kernels.gemv import interleave_rows, qmm, qmm_mma, repack
     from kernels.runtime import poisoned_outputs
 
     norm = kind.startswith("rmsnorm")
@@ -768,8 +781,8 @@ def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: i
         extra = dict(gamma=mx.array(gamma), eps=1e-5) if norm else {}
         with poisoned_outputs():
             w = repack(dev, qtype, n, k)
-            y = qmm(mx.array(x), interleave_rows(w) if rows8 else w, qtype, n, k, activation=act, **extra,
-                    **(knobs or {}))
+            y = (qmm_mma if mma else qmm)(mx.array(x), interleave_rows(w) if rows8 else w, qtype, n, k,
+                                          activation=act, **extra, **(knobs or {}))
             mx.eval(y)
         x64 = rmsnorm64(x, gamma, 1e-5) if norm else x.astype(np.float64)
         if act is None:
@@ -777,7 +790,7 @@ def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: i
         want = ref_loop.swiglu(x64 @ dequantize(host, qtype, k).astype(np.float64).T, act)
         return [compare(f"{act}(gate) * up", np.array(y).astype(np.float64), want, TOL)]
 
-    variant = kind + (f" ({act})" if act else "") + (" rows8" if rows8 else "") + \
+    variant = ("mma " if mma else "") + kind + (f" ({act})" if act else "") + (" rows8" if rows8 else "") + \
         ("".join(f" {key}={v}" for key, v in (knobs or {}).items()))
     return CheckCase("gemv", f"qmm_{qtype}", variant, dict(M=m, N=n, K=k), run)
 
@@ -882,6 +895,8 @@ def _k_shape(k: int) -> int:
 def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
     """v3 on repacked weights: what v2 is checked on; for the K-quants the same shapes, knobs,
     forms and seams with K (and a seam's N_a, GEMV B's K) in whole super-blocks."""
+    from kernels import native
+
     fit = _k_shape if qtype in WHOLE_SUPERS else (lambda k: k)
     odd = [(n, k) for n in SMALL_N for k in (K_SMALL_K if qtype in WHOLE_SUPERS else SMALL_K)]
     cases = [_gemv_case("v3", qtype, 1 + c % 4, n, k)
@@ -911,6 +926,11 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
         cases.append(_qmm_norm_out_case(qtype, m, n, fit(k), knobs))
     for kind, act, m, n, k, residual, knobs in QMM_LAST_CASES[:2] if small else QMM_LAST_CASES:
         cases.append(_qmm_last_case(kind, act, qtype, m, n, fit(k), residual, knobs))
+    if qtype in ("q4_0", "q8_0") and native.available():  # the native GEMM (Hopper)
+        for m, n, k, residual, knobs in QMM_MMA_CASES[:2] if small else QMM_MMA_CASES:
+            cases.append(_gemv_case("qmm mma", qtype, m, n, k, residual, knobs))
+        for m, n, k, knobs in QMM_MMA_GATED_CASES[:2] if small else QMM_MMA_GATED_CASES:
+            cases.append(_qmm_fused_case("gated", "silu", qtype, m, n, k, knobs, mma=True))
     if qtype in ("q4_0", "q8_0"):
         for m, n, k, residual, knobs in QMM_ROWS8_CASES[:1] if small else QMM_ROWS8_CASES:
             cases.append(_gemv_case("qmm rows8", qtype, m, n, k, residual, knobs))
@@ -1145,15 +1165,17 @@ def _bench_batched(path: str, qtype: str, m: int, n: int, k: int) -> BenchCase:
     """M rows of X: the v2 GEMV in launches of up to 4 rows ('gemv'; 'gemv-v3': v3 on repacked
     weights), the quantized GEMM on repacked weights ('qmm', M <= 64), and dequantize + MLX matmul
     ('batched'), to find where one overtakes the other."""
-    from kernels.gemv import MAX_M, dequantize, gemv, qmm
+    from kernels.gemv import MAX_M, dequantize, gemv, qmm, qmm_mma
 
-    weights = (_packed_once if path in ("gemv-v3", "qmm") else _weights_once)(qtype, (n, k))
+    weights = (_packed_once if path in ("gemv-v3", "qmm", "qmm-mma") else _weights_once)(qtype, (n, k))
 
     def make():
         return {"w": weights()[0], "x": mx.random.normal((m, k)).astype(mx.float16)}
 
     if path == "qmm":
         step = lambda s: [qmm(s["x"], s["w"], qtype, n, k)]  # noqa: E731
+    elif path == "qmm-mma":  # the native GEMM on the warp MMA (Hopper)
+        step = lambda s: [qmm_mma(s["x"], s["w"], qtype, n, k)]  # noqa: E731
     elif path.startswith("gemv"):
         def step(s):
             return [gemv(s["x"][i:i + MAX_M], s["w"], qtype, n, k) for i in range(0, m, MAX_M)]
@@ -1272,6 +1294,8 @@ QMM_BENCH_SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 
 
 def bench_cases(quick: bool = False) -> list[BenchCase]:
+    from kernels import native
+
     cases = []
     shapes = BENCH_SHAPES[:2] if quick else BENCH_SHAPES
     for n, k in shapes:
@@ -1295,8 +1319,10 @@ def bench_cases(quick: bool = False) -> list[BenchCase]:
         cases += [_bench_batched(p, "q4_0", m, 4096, 4096) for p in ("gemv", "gemv-v3", "batched")]
         cases += [_bench_batched("qmm", "q4_0", m, 4096, 4096)] if 4 < m <= 64 else []
     for qtype in ("q4_0", "q8_0", "q4_k", "q6_k") if not quick else ("q4_0",):  # a short prompt's projections
+        mma = ("qmm-mma",) if qtype in ("q4_0", "q8_0") and native.available() else ()
         for m in (16, 64) if not quick else (16,):
-            cases += [_bench_batched(p, qtype, m, n, k) for n, k in QMM_BENCH_SHAPES for p in ("qmm", "batched")]
+            cases += [_bench_batched(p, qtype, m, n, k) for n, k in QMM_BENCH_SHAPES
+                      for p in ("qmm", *mma, "batched")]
     for qtype in ("q4_0", "q8_0") if not quick else ("q4_0",):  # qmm fused, against what it replaces
         for m in (16, 64) if not quick else (16,):
             cases += [_bench_qmm_fused(p, qtype, m, n, k) for paths, shapes in QMM_FUSED_BENCH
@@ -1417,6 +1443,28 @@ def qmm_sweep_label(knobs: dict) -> str:
         ("-WST1" if knobs.get("wst") else "") + (f"-WR{knobs['wr']}" if knobs.get("wr") else "")
 
 
+QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, kw=kw) for tm in (1, 2, 4) for nw in (1, 2, 4) for kw in (1, 2, 4, 8, 16)]
+
+
+def _qmm_mma_sweep() -> list[BenchCase]:
+    """qmm_mma's knobs (QMM_MMA_SWEEP, variant 'mma TM.-NW.-KW.') where its shared memory holds the
+    K parts' sums and each part has a group of K, on QMM_SWEEP_SHAPES' Q4_0 and Q8_0 matrices and the
+    8B's in Q8_0, at QMM_SWEEP_ROWS rows; none where native kernels do not run."""
+    from kernels import native
+    from kernels.gemv import QMM_MMA_SMEM, qmm_mma, qmm_mma_red_bytes
+
+    if not native.available():
+        return []
+
+    def settings(qtype, m, n, k):
+        return [("mma TM{tm}-NW{nw}-KW{kw}".format(**knobs), knobs) for knobs in QMM_MMA_SWEEP
+                if qmm_mma_red_bytes(m, knobs["tm"], knobs["nw"], knobs["kw"]) <= QMM_MMA_SMEM
+                and knobs["kw"] <= k // 128 and knobs["nw"] * knobs["kw"] <= 32]
+
+    shapes = QMM_SWEEP_SHAPES + tuple(("q8_0", n, k) for _, n, k in QMM_SWEEP_SHAPES[:4])
+    return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm_mma, _packed_once, settings, shapes, rows=(m,))]
+
+
 def _qmm_sweep() -> list[BenchCase]:
     """qmm's knobs (QMM_SWEEP, variant 'qmm NB.-WN.-WK.[-KS.][-PF1][-XS.][-WST1][-WR.]') where they fit the threadgroup
     memory, at QMM_SWEEP_ROWS rows."""
@@ -1523,7 +1571,8 @@ def sweep_cases() -> list[BenchCase]:
         return [("v3 R{rows}-NSIMD{simds}-P{depth}-G{max_groups}".format(**knobs), knobs) for knobs in V3_SWEEP]
 
     return (_sweep(gemv_v2, _weights_once, v2_settings) + _sweep(gemv_v3, _packed_once, v3_settings)
-            + _sweep(gemv_v3, _packed_once, v3_settings, K_SWEEP_SHAPES) + _qmm_sweep() + _w_order_probe_cases())
+            + _sweep(gemv_v3, _packed_once, v3_settings, K_SWEEP_SHAPES) + _qmm_mma_sweep() + _qmm_sweep()
+            + _w_order_probe_cases())
 
 
 def plots(df: pd.DataFrame, out_dir: Path, peak_gbs: float) -> list[Path]:

@@ -1362,6 +1362,87 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     return y
 
 
+# ---- the quantized GEMM on the warp MMA (a native CUDA variant of qmm) -----------------------------
+QMM_MMA = "gemv/qmm_mma.cu"
+QMM_MMA_QTYPES = ("q4_0", "q8_0")
+QMM_MMA_SMEM = 48 * 1024  # the K parts' sums go through shared memory: within a CTA's static budget
+QMM_MMA_WARPS = 2048  # warps a launch aims at (16 an SM on 132 SMs): W's loads in flight
+
+
+def qmm_mma_refuses(qtype: str, m: int, k: int) -> str:
+    """Why qmm_mma.cu's shapes cannot take this product ('' where they can): Q4_0 or Q8_0, 1..64
+    rows of X, K whole groups of 128. (The GPU: kernels.native.unavailable_reason.)"""
+    if qtype not in QMM_MMA_QTYPES:
+        return f"{qtype} (it takes {', '.join(QMM_MMA_QTYPES)})"
+    if not 1 <= m <= QMM_MAX_M:
+        return f"{m} rows of X (it takes 1..{QMM_MAX_M})"
+    if k % 128:
+        return f"K={k} (it takes whole groups of 128 values)"
+    return ""
+
+
+def qmm_mma_red_bytes(m: int, tm: int, nw: int, kw: int) -> int:
+    """Shared memory of a qmm_mma launch: the float32 sums of its KW - 1 later K parts."""
+    return (kw - 1) * nw * tm * -(-m // 8) * 4 * 32 * 4
+
+
+def qmm_mma_geometry(m: int, n: int, k: int, gated: bool) -> tuple[int, int, int]:
+    """(TM, NW, KW): 16-row tiles a warp (2 where X's rows are few enough to keep their sums, always
+    2 gated: a gate and an up tile), warps side by side reading the same X, and the fewest K parts
+    that give the launch QMM_MMA_WARPS warps (each part at least two groups, its sums within the
+    shared memory budget)."""
+    tm = 2 if gated or m <= 32 else 1
+    nw = 2
+    rows = n // 2 if gated else n
+    ctas = -(-rows // (16 * (tm // 2 if gated else tm) * nw))
+    kw = 1
+    while (ctas * nw * kw < QMM_MMA_WARPS and k // 128 >= 4 * kw
+           and qmm_mma_red_bytes(m, tm, nw, 2 * kw) <= QMM_MMA_SMEM and nw * 2 * kw <= 16):
+        kw *= 2
+    return tm, nw, kw
+
+
+def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
+            activation: str | None = None, tm: int | None = None, nw: int | None = None,
+            kw: int | None = None) -> mx.array:
+    """qmm on the warp MMA (qmm_mma.cu, a native CUDA kernel: sm_90a): Y[M, N] = X[M, K] @ W^T
+    (+ residual), W Q4_0 or Q8_0 repacked (Packed, read in place), M 1..64, K a multiple of 128.
+    `activation` "silu": W is [gate; up] (N = 2F rows), Y = silu(X @ gate^T) * (X @ up^T), [M, F].
+    Launch knobs (qmm_mma_geometry's where not given): tm 16-row tiles a warp, nw warps side by
+    side, kw K parts a CTA."""
+    check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
+    if not isinstance(w, Packed):
+        raise ValueError("qmm_mma takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
+    m = x.shape[0]
+    why = qmm_mma_refuses(qtype, m, k)
+    if why:
+        raise ValueError(f"qmm_mma cannot take {why}")
+    gated = activation is not None
+    if gated and (activation != "silu" or n % 2 or residual is not None):
+        raise ValueError(f"a gated qmm_mma takes activation 'silu', [gate; up] (an even N, got {n}) and no residual, "
+                         f"got activation {activation!r}")
+    n_out = n // 2 if gated else n
+    if residual is not None:
+        _check_residual(residual, m, n_out)
+    rule = qmm_mma_geometry(m, n, k, gated)
+    tm, nw, kw = (given or ruled for given, ruled in zip((tm, nw, kw), rule))
+    if tm not in (1, 2, 4) or (gated and tm % 2) or nw not in (1, 2, 4, 8) or kw not in (1, 2, 4, 8, 16) \
+            or nw * kw > 32:
+        raise ValueError(f"qmm_mma's knobs: tm 1, 2 or 4 (gated: even), nw 1..8, kw 1..16 and at most 32 warps a "
+                         f"CTA; got tm {tm}, nw {nw}, kw {kw}")
+    smem = qmm_mma_red_bytes(m, tm, nw, kw)
+    if smem > QMM_MMA_SMEM:
+        raise ValueError(f"qmm_mma's K parts need {smem} bytes of shared memory, past {QMM_MMA_SMEM}: fewer parts")
+    from kernels import native
+
+    ctas = -(-n_out // (16 * (tm // 2 if gated else tm) * nw))
+    constants = dict(QT=QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=tm, NW=nw, KW=kw, GATED=int(gated),
+                     RESID=int(residual is not None))
+    (y,) = native.launch(QMM_MMA, "lathe_qmm_mma", constants, [x, w.data, x if residual is None else residual],
+                         [((m, n_out), mx.float16)], (ctas * 32 * nw * kw, 1, 1), (32 * nw * kw, 1, 1), smem)
+    return y
+
+
 # ---- a probe: how the memory system serves W's loads in a GEMM's order ----------------------------------
 _W_ORDER_PROBE = KernelSpec("lathe_w_order_probe", "gemv/w_order_probe.metal", ("w",), ("out",),
                             threadgroup_bytes=lambda c: (c["DEPTH"] + 1) * c["NB"] * 128 * 16)
