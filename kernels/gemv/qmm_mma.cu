@@ -28,6 +28,7 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 
 constexpr int MT = (M + 7) / 8;             // X's 8-row tiles
+constexpr int XC = MT < 4 ? MT : 4;          // X's tiles whose loads go out together
 constexpr int QB = QT == 0 ? 16 : 32;       // quant bytes a block
 constexpr int QV = QB / 16;                 // 16-byte loads a block row
 constexpr int GROUPS = K / 128;
@@ -158,45 +159,54 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
 #pragma unroll
       for (int h = 0; h < 2; ++h) dd[t][h] = (u32)cur.d[t][h] * 0x10001u;
     const u32 k0 = 128 * g;
+    // X's tiles in chunks of XC: a chunk's loads for all 8 products go out together, then the
+    // products (a load a product would put an L2 round trip on each of them)
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      // X's 4 values of product s: B's b0 b1 (slots 2c, 2c + 1) and b2 b3 (2c + 8, 2c + 9)
-      const u32 kx = k0 + (QT == 0 ? 4 * (s / 2) + 16 * (s % 2) : 4 * s);
-      uint2 b[MT];
+    for (int j0 = 0; j0 < MT; j0 += XC) {
+      uint2 b[8][XC];  // X's 4 values of product s: B's b0 b1 (slots 2c, 2c + 1), b2 b3 (2c + 8, 2c + 9)
 #pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        b[j] = load_x(xr[j] + kx);
-        if (8 * j + (int)q >= M) b[j] = make_uint2(0u, 0u);
+      for (int s = 0; s < 8; ++s) {
+        const u32 kx = k0 + (QT == 0 ? 4 * (s / 2) + 16 * (s % 2) : 4 * s);
+#pragma unroll
+        for (int jj = 0; jj < XC; ++jj) {
+          const int j = j0 + jj < MT ? j0 + jj : MT - 1;
+          b[s][jj] = load_x(xr[j] + kx);
+          if (8 * (j0 + jj) + (int)q >= M) b[s][jj] = make_uint2(0u, 0u);
+        }
       }
 #pragma unroll
-      for (int t = 0; t < TM; ++t) {
-        u32 a[4];  // a0a1 row q, a2a3 row q + 8 (slots 2c, 2c + 1); a4a5, a6a7 (2c + 8, 2c + 9)
+      for (int s = 0; s < 8; ++s) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          u32 lo, hi;
-          if (QT == 0) {
-            const uint4 v = cur.q[t][h][0];
-            const u32 word = (s / 2) == 0 ? v.x : (s / 2) == 1 ? v.y : (s / 2) == 2 ? v.z : v.w;
-            const u32 p01 = prmt(word, 0u, 0x4140u), p23 = prmt(word, 0u, 0x4342u);
-            if (s % 2 == 0) {  // low nibbles: 1024 + q, less 1032
-              lo = hsub2((p01 & 0x000F000Fu) | 0x64006400u, 0x64086408u);
-              hi = hsub2((p23 & 0x000F000Fu) | 0x64006400u, 0x64086408u);
-            } else {  // high nibbles: 1024 + 16 q, / 16 less 72
-              lo = hfma2((p01 & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD480D480u);
-              hi = hfma2((p23 & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD480D480u);
+        for (int t = 0; t < TM; ++t) {
+          u32 a[4];  // a0a1 row q, a2a3 row q + 8 (slots 2c, 2c + 1); a4a5, a6a7 (2c + 8, 2c + 9)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            u32 lo, hi;
+            if (QT == 0) {
+              const uint4 v = cur.q[t][h][0];
+              const u32 word = (s / 2) == 0 ? v.x : (s / 2) == 1 ? v.y : (s / 2) == 2 ? v.z : v.w;
+              const u32 p01 = prmt(word, 0u, 0x4140u), p23 = prmt(word, 0u, 0x4342u);
+              if (s % 2 == 0) {  // low nibbles: 1024 + q, less 1032
+                lo = hsub2((p01 & 0x000F000Fu) | 0x64006400u, 0x64086408u);
+                hi = hsub2((p23 & 0x000F000Fu) | 0x64006400u, 0x64086408u);
+              } else {  // high nibbles: 1024 + 16 q, / 16 less 72
+                lo = hfma2((p01 & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD480D480u);
+                hi = hfma2((p23 & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD480D480u);
+              }
+            } else {
+              const uint4 v = cur.q[t][h][s / 4];
+              const u32 word = (s % 4) == 0 ? v.x : (s % 4) == 1 ? v.y : (s % 4) == 2 ? v.z : v.w;
+              const u32 u = word ^ 0x80808080u;  // int8 + 128
+              lo = hsub2(prmt(u, 0x64646464u, 0x4140u), 0x64806480u);  // 1024 + u, less 1152
+              hi = hsub2(prmt(u, 0x64646464u, 0x4342u), 0x64806480u);
             }
-          } else {
-            const uint4 v = cur.q[t][h][s / 4];
-            const u32 word = (s % 4) == 0 ? v.x : (s % 4) == 1 ? v.y : (s % 4) == 2 ? v.z : v.w;
-            const u32 u = word ^ 0x80808080u;  // int8 + 128
-            lo = hsub2(prmt(u, 0x64646464u, 0x4140u), 0x64806480u);  // 1024 + u, less 1152
-            hi = hsub2(prmt(u, 0x64646464u, 0x4342u), 0x64806480u);
+            a[h] = hmul2(lo, dd[t][h]);
+            a[2 + h] = hmul2(hi, dd[t][h]);
           }
-          a[h] = hmul2(lo, dd[t][h]);
-          a[2 + h] = hmul2(hi, dd[t][h]);
-        }
 #pragma unroll
-        for (int j = 0; j < MT; ++j) mma(acc[t][j], a, b[j].x, b[j].y);
+          for (int jj = 0; jj < XC; ++jj)
+            if (j0 + jj < MT) mma(acc[t][j0 + jj], a, b[s][jj].x, b[s][jj].y);
+        }
       }
     }
     if (g + KW < GROUPS) cur = nxt;
