@@ -930,15 +930,17 @@ def _qmm_mma_instances():
 
     for qt, qtype in enumerate(gemv.QMM_MMA_QTYPES):
         for m, n, k, residual, knobs in suite.QMM_MMA_CASES:
-            yield qtype, dict(QT=qt, M=m, N=n, K=k, **_mma_knobs(m, n, k, False, knobs), GATED=0, RESID=int(residual))
+            yield qtype, dict(QT=qt, M=m, N=n, K=k, **_mma_knobs(m, n, k, qtype, False, knobs), GATED=0,
+                              RESID=int(residual))
         for m, n, k, knobs in suite.QMM_MMA_GATED_CASES:
-            yield qtype, dict(QT=qt, M=m, N=n, K=k, **_mma_knobs(m, n, k, True, knobs), GATED=1, RESID=0)
+            yield qtype, dict(QT=qt, M=m, N=n, K=k, **_mma_knobs(m, n, k, qtype, True, knobs), GATED=1, RESID=0)
 
 
-def _mma_knobs(m, n, k, gated, knobs):
-    tm, nw, kw = gemv.qmm_mma_geometry(m, n, k, gated)
+def _mma_knobs(m, n, k, qtype, gated, knobs):
+    tm, nw, kw = gemv.qmm_mma_geometry(m, n, k, qtype, gated)
     knobs = dict(dict(tm=tm, nw=nw, kw=kw), **(knobs or {}))
-    return dict(TM=knobs["tm"], NW=knobs["nw"], KW=knobs["kw"])
+    return dict(TM=knobs["tm"], NW=knobs["nw"], KW=knobs["kw"], SG=knobs.get("sg", gemv.QMM_MMA_SG),
+                STAGES=knobs.get("stages", gemv.QMM_MMA_STAGES))
 
 
 @pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
@@ -955,21 +957,22 @@ def test_qmm_mma_compiles_for_sm90a():
         seen.add(key)
         cubin = native.cubin(gemv.QMM_MMA, "lathe_qmm_mma", key)
         assert native.entry_name("lathe_qmm_mma", consts).encode() in cubin
-        assert gemv.qmm_mma_red_bytes(consts["M"], consts["TM"], consts["NW"], consts["KW"]) <= gemv.QMM_MMA_SMEM
+        assert gemv.qmm_mma_smem(consts["M"], qtype, consts["TM"], consts["NW"], consts["KW"], consts["STAGES"],
+                                 consts["SG"]) <= gemv.QMM_MMA_SMEM
     assert len(seen) >= 30
 
 
-@pytest.mark.parametrize("m, n, k, gated, want", [
-    (16, 28672, 4096, False, (2, 2, 4)),   # the 8B's gate+up: 896 CTAs of 2 warps, 4 K parts
-    (16, 4096, 4096, False, (2, 2, 8)),    # O: 128 CTAs need 8 parts to reach 2048 warps
-    (64, 4096, 14336, False, (1, 2, 4)),   # past 32 rows a tile a warp; 8 parts would pass 48 KiB
-    (16, 2 * 14336, 4096, True, (2, 2, 4)),  # gated: a gate and an up tile a warp
-    (16, 1024, 1024, False, (2, 2, 4)),    # 8 groups of K: parts of 2 at the least
+@pytest.mark.parametrize("m, n, k, qtype, gated, want", [
+    (16, 28672, 4096, "q4_0", False, (1, 2, 2)),   # the 8B's gate+up: 896 CTAs of 2 warps, 2 K parts
+    (16, 4096, 4096, "q4_0", False, (1, 2, 4)),    # O: 128 CTAs need more parts; 8 stages of K
+    (64, 4096, 14336, "q8_0", False, (1, 2, 4)),   # down: 8 parts would pass the shared memory
+    (16, 2 * 14336, 4096, "q4_0", True, (2, 2, 2)),  # gated: a gate and an up tile a warp
+    (16, 1024, 1024, "q8_0", False, (1, 2, 2)),    # 2 stages of K: a stage a part
 ])
-def test_qmm_mma_geometry_rule(m, n, k, gated, want):
-    assert gemv.qmm_mma_geometry(m, n, k, gated) == want
+def test_qmm_mma_geometry_rule(m, n, k, qtype, gated, want):
+    assert gemv.qmm_mma_geometry(m, n, k, qtype, gated) == want
     tm, nw, kw = want
-    assert gemv.qmm_mma_red_bytes(m, tm, nw, kw) <= gemv.QMM_MMA_SMEM
+    assert gemv.qmm_mma_smem(m, qtype, tm, nw, kw) <= gemv.QMM_MMA_SMEM
 
 
 def test_qmm_mma_refuses_what_it_does_not_take():

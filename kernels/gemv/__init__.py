@@ -1365,8 +1365,11 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
 # ---- the quantized GEMM on the warp MMA (a native CUDA variant of qmm) -----------------------------
 QMM_MMA = "gemv/qmm_mma.cu"
 QMM_MMA_QTYPES = ("q4_0", "q8_0")
-QMM_MMA_SMEM = 48 * 1024  # the K parts' sums go through shared memory: within a CTA's static budget
-QMM_MMA_WARPS = 2048  # warps a launch aims at (16 an SM on 132 SMs): W's loads in flight
+QMM_MMA_SMEM = 227 * 1024  # a CTA's shared memory on sm_90: W's rings, then the K parts' sums
+QMM_MMA_WARPS = 2048  # warps a launch aims at (16 an SM on 132 SMs)
+# qmm_mma.cu's ring: STAGES slots a warp, each SG groups of K of its 16 TM rows (quants padded a
+# row, then scales); the defaults of the knobs stages and sg
+QMM_MMA_STAGES, QMM_MMA_SG = 3, 4
 
 
 def qmm_mma_refuses(qtype: str, m: int, k: int) -> str:
@@ -1381,35 +1384,40 @@ def qmm_mma_refuses(qtype: str, m: int, k: int) -> str:
     return ""
 
 
-def qmm_mma_red_bytes(m: int, tm: int, nw: int, kw: int) -> int:
-    """Shared memory of a qmm_mma launch: the float32 sums of its KW - 1 later K parts."""
-    return (kw - 1) * nw * tm * -(-m // 8) * 4 * 32 * 4
+def qmm_mma_smem(m: int, qtype: str, tm: int, nw: int, kw: int, stages: int = QMM_MMA_STAGES,
+                 sg: int = QMM_MMA_SG) -> int:
+    """Shared memory of a qmm_mma launch (qmm_mma.cu's RING_BYTES, RED_BYTES): each warp's ring of
+    W, which the float32 sums of the KW - 1 later K parts take over at the end."""
+    quant = 16 if qtype == "q4_0" else 32
+    pitch = sg * 4 * quant + (64 if qtype == "q4_0" else 16)
+    ring = nw * kw * stages * 16 * tm * (pitch + sg * 8)
+    red = (kw - 1) * nw * tm * -(-m // 8) * 4 * 32 * 4
+    return max(ring, red)
 
 
-def qmm_mma_geometry(m: int, n: int, k: int, gated: bool) -> tuple[int, int, int]:
-    """(TM, NW, KW): 16-row tiles a warp (2 where X's rows are few enough to keep their sums, always
-    2 gated: a gate and an up tile), warps side by side reading the same X, and the fewest K parts
-    that give the launch QMM_MMA_WARPS warps (each part at least two groups, its sums within the
-    shared memory budget)."""
-    tm = 2 if gated or m <= 32 else 1
+def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> tuple[int, int, int]:
+    """(TM, NW, KW): 16-row tiles a warp (2 gated: a gate and an up tile), warps side by side
+    reading the same X, and the fewest K parts (each of a stage at least) that give the launch
+    QMM_MMA_WARPS warps within a CTA's shared memory."""
+    tm = 2 if gated else 1
     nw = 2
     rows = n // 2 if gated else n
     ctas = -(-rows // (16 * (tm // 2 if gated else tm) * nw))
     kw = 1
-    while (ctas * nw * kw < QMM_MMA_WARPS and k // 128 >= 4 * kw
-           and qmm_mma_red_bytes(m, tm, nw, 2 * kw) <= QMM_MMA_SMEM and nw * 2 * kw <= 16):
+    while (ctas * nw * kw < QMM_MMA_WARPS and k // (128 * QMM_MMA_SG) >= 2 * kw
+           and qmm_mma_smem(m, qtype, tm, nw, 2 * kw) <= QMM_MMA_SMEM and nw * 2 * kw <= 16):
         kw *= 2
     return tm, nw, kw
 
 
 def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
             activation: str | None = None, tm: int | None = None, nw: int | None = None,
-            kw: int | None = None) -> mx.array:
+            kw: int | None = None, stages: int = QMM_MMA_STAGES, sg: int = QMM_MMA_SG) -> mx.array:
     """qmm on the warp MMA (qmm_mma.cu, a native CUDA kernel: sm_90a): Y[M, N] = X[M, K] @ W^T
     (+ residual), W Q4_0 or Q8_0 repacked (Packed, read in place), M 1..64, K a multiple of 128.
     `activation` "silu": W is [gate; up] (N = 2F rows), Y = silu(X @ gate^T) * (X @ up^T), [M, F].
     Launch knobs (qmm_mma_geometry's where not given): tm 16-row tiles a warp, nw warps side by
-    side, kw K parts a CTA."""
+    side, kw K parts a CTA; stages slots of W's ring a warp, sg groups of K (128 values) a slot."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
         raise ValueError("qmm_mma takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
@@ -1424,19 +1432,21 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     n_out = n // 2 if gated else n
     if residual is not None:
         _check_residual(residual, m, n_out)
-    rule = qmm_mma_geometry(m, n, k, gated)
+    rule = qmm_mma_geometry(m, n, k, qtype, gated)
     tm, nw, kw = (given or ruled for given, ruled in zip((tm, nw, kw), rule))
     if tm not in (1, 2, 4) or (gated and tm % 2) or nw not in (1, 2, 4, 8) or kw not in (1, 2, 4, 8, 16) \
-            or nw * kw > 32:
+            or nw * kw > 32 or stages not in (2, 3, 4) or sg not in (1, 2, 4, 8):
         raise ValueError(f"qmm_mma's knobs: tm 1, 2 or 4 (gated: even), nw 1..8, kw 1..16 and at most 32 warps a "
-                         f"CTA; got tm {tm}, nw {nw}, kw {kw}")
-    smem = qmm_mma_red_bytes(m, tm, nw, kw)
+                         f"CTA, stages 2..4, sg 1, 2, 4 or 8; got tm {tm}, nw {nw}, kw {kw}, stages {stages}, sg {sg}")
+    smem = qmm_mma_smem(m, qtype, tm, nw, kw, stages, sg)
     if smem > QMM_MMA_SMEM:
-        raise ValueError(f"qmm_mma's K parts need {smem} bytes of shared memory, past {QMM_MMA_SMEM}: fewer parts")
+        raise ValueError(f"qmm_mma's rings and K parts need {smem} bytes of shared memory, past {QMM_MMA_SMEM}: "
+                         f"fewer warps or tiles")
     from kernels import native
 
     ctas = -(-n_out // (16 * (tm // 2 if gated else tm) * nw))
-    constants = dict(QT=QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=tm, NW=nw, KW=kw, GATED=int(gated),
+    constants = dict(QT=QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=tm, NW=nw, KW=kw, SG=sg, STAGES=stages,
+                     GATED=int(gated),
                      RESID=int(residual is not None))
     (y,) = native.launch(QMM_MMA, "lathe_qmm_mma", constants, [x, w.data, x if residual is None else residual],
                          [((m, n_out), mx.float16)], (ctas * 32 * nw * kw, 1, 1), (32 * nw * kw, 1, 1), smem)

@@ -20,10 +20,12 @@
 // (1024 + q exactly), less 1032 (or 1152 for Q8_0's bytes), times the block's scale.
 //
 // Constants (NVRTC -D): QT 0 Q4_0 / 1 Q8_0, M (rows of X, 1..64), N, K (a multiple of 128), TM
-// (16-row tiles a warp), NW, KW (warps a CTA along N and K), GATED (W is [gate; up], N = 2F: a
+// (16-row tiles a warp), NW, KW (warps a CTA along N and K), SG (groups of K a stage of W's ring),
+// STAGES (its slots), GATED (W is [gate; up], N = 2F: a
 // warp's tiles alternate gate and up rows F apart, Y = silu(gate) * up, [M, F]), RESID (Y + R),
 // ENTRY. Inputs: x [M, K] fp16, w (the Packed bytes), residual [M, N] (RESID). Output y fp16.
-// Launch: ceil(rows / (16 * TM / (1 + GATED) * NW)) CTAs of 32 NW KW threads, RED_BYTES dynamic.
+// Launch: ceil(rows / (16 * TM / (1 + GATED) * NW)) CTAs of 32 NW KW threads, max(RING_BYTES,
+// RED_BYTES) of dynamic shared memory (kernels.gemv.qmm_mma_smem).
 typedef unsigned int u32;
 typedef unsigned short u16;
 
@@ -100,32 +102,91 @@ __device__ __forceinline__ u32 w_row(u32 tile_base, int t, int half) {
   return r < N ? r : N - 1;
 }
 
-struct WGroup {
-  uint4 q[TM][2][QV];
-  u16 d[TM][2];
-};
+__device__ __forceinline__ u32 shared_address(const void* p) {
+  u32 r;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ void copy16(u32 dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copy4(u32 dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N_>
+__device__ __forceinline__ void copies_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N_) : "memory"); }
+__device__ __forceinline__ uint4 lds128(u32 at) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at));
+  return v;
+}
+__device__ __forceinline__ u16 lds16(u32 at) {
+  u16 v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(at));
+  return v;
+}
+
+// W reaches a warp through its own ring of STAGES slots in shared memory, a slot holding SG groups
+// of K (a "stage") of the warp's 16 TM rows: each row's 16 SG blocks are one run in the v3
+// layout, copied with cp.async 16 bytes a lane, consecutive lanes on consecutive bytes, so that
+// an instruction reads 256 or 512 contiguous bytes of W (the fragments' own order reads 64 bytes
+// of 8 rows 2 KiB apart: 45% of the copy peak where whole runs reach 85%; kernels/gemv/NOTES.md,
+// "W's load order, measured"), and STAGES - 1 stages are in flight a warp without registers. A
+// lane waits for its own copies, then the warp syncs: no other warp reads the slot.
+constexpr int ROWS = 16 * TM;                // W rows a warp
+constexpr int ROW_BYTES = SG * 4 * QB;       // a row's quants a stage
+constexpr int ROW_PITCH = ROW_BYTES + (QT == 0 ? 64 : 16);  // rows q and q + 1 on other banks
+constexpr int SCALE_PITCH = SG * 4 * 2;      // a row's scales a stage
+constexpr int SLOT_BYTES = ROWS * (ROW_PITCH + SCALE_PITCH);
+constexpr int RING_BYTES = NW * KW * STAGES * SLOT_BYTES;
+constexpr int RED_BYTES = (KW - 1) * NW * ACCS * 32 * 4;
+constexpr int STAGES_K = (GROUPS + SG - 1) / SG;
 
 extern "C" __global__ void __launch_bounds__(32 * NW * KW)
 ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16* __restrict__ residual,
       u16* __restrict__ y) {
-  extern __shared__ float red[];
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* red = reinterpret_cast<float*>(smem);  // after the ring is done with
   const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const u32 wn = warp % NW, wk = warp / NW;
   const u32 q = lane / 4, c = lane % 4;
   // this warp's first output row (gated: of gate's rows and of up's)
   const u32 tile_base = (blockIdx.x * NW + wn) * (16 * HT);
   const unsigned char* quants = w;
-  const u16* scales = reinterpret_cast<const u16*>(w + (size_t)N * (K / 32) * QB);
-  u32 rows[TM][2];
-#pragma unroll
-  for (int t = 0; t < TM; ++t) {
-    rows[t][0] = w_row(tile_base + q, t, 0);
-    rows[t][1] = w_row(tile_base + q, t, 1);
-  }
+  const unsigned char* scales = w + (size_t)N * (K / 32) * QB;
+  const u32 ring = shared_address(smem) + warp * STAGES * SLOT_BYTES;
   // X's rows of this lane's B fragments (8 j + q), clamped: past M they are zero below
   const u16* xr[MT];
 #pragma unroll
   for (int j = 0; j < MT; ++j) xr[j] = x + (size_t)min(8 * j + (int)q, M - 1) * K + 32 * c;
+
+  // stage st of the warp's rows into slot `slot`: local row lr is tile lr / 16's row lr % 16
+  // (rows q and q + 8 of its fragments: half (lr / 8) % 2, q = lr % 8)
+  auto copy_stage = [&](u32 st, u32 slot) {
+    const u32 groups = min((u32)SG, (u32)GROUPS - st * SG);
+    const u32 row_bytes = groups * 4 * QB;
+    const u32 base = ring + slot * SLOT_BYTES;
+    constexpr int PIECES = ROWS * ROW_BYTES / 16;
+#pragma unroll
+    for (int i = 0; i < PIECES / 32; ++i) {
+      const u32 p = lane + 32 * i, lr = p / (ROW_BYTES / 16), off = (p % (ROW_BYTES / 16)) * 16;
+      if (off < row_bytes) {
+        const u32 row = w_row(tile_base + lr % 8, lr / 16, (lr / 8) % 2);
+        copy16(base + lr * ROW_PITCH + off, quants + ((size_t)row * (K / 32) + st * SG * 4) * QB + off);
+      }
+    }
+    constexpr int SPIECES = ROWS * SCALE_PITCH / 4;
+#pragma unroll
+    for (int i = 0; i < (SPIECES + 31) / 32; ++i) {
+      const u32 p = lane + 32 * i, lr = p / (SCALE_PITCH / 4), off = (p % (SCALE_PITCH / 4)) * 4;
+      if (p < SPIECES && off < groups * 8) {
+        const u32 row = w_row(tile_base + lr % 8, lr / 16, (lr / 8) % 2);
+        copy4(base + ROWS * ROW_PITCH + lr * SCALE_PITCH + off,
+              scales + ((size_t)row * (K / 32) + st * SG * 4) * 2 + off);
+      }
+    }
+  };
 
   float acc[TM][MT][4];
 #pragma unroll
@@ -135,30 +196,33 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[t][j][e] = 0.0f;
 
-  auto fetch = [&](WGroup& wg, u32 g) {
-    const u32 block = 4 * g + c;
+  // this warp's stages: wk, wk + KW, ...; the first STAGES - 1 go out before any is used
+  const u32 mine = STAGES_K > (int)wk ? (STAGES_K - 1 - wk) / KW + 1 : 0;
 #pragma unroll
-    for (int t = 0; t < TM; ++t)
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if ((u32)i < mine) copy_stage(wk + i * KW, i);
+    copies_commit();
+  }
+  for (u32 i = 0; i < mine; ++i) {
+    copies_wait<STAGES - 2>();
+    __syncwarp();
+    const u32 st = wk + i * KW, slot = i % STAGES;
+    const u32 base = ring + slot * SLOT_BYTES;
+    const u32 groups = min((u32)SG, (u32)GROUPS - st * SG);
+    for (u32 gi = 0; gi < groups; ++gi) {
+      const u32 g = st * SG + gi;
+      uint4 wq[TM][2][QV];
+      u32 dd[TM][2];  // half2 (d, d)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const size_t at = (size_t)rows[t][h] * (K / 32) + block;
+      for (int t = 0; t < TM; ++t)
 #pragma unroll
-        for (int v = 0; v < QV; ++v) wg.q[t][h][v] = load_w(quants + at * QB + 16 * v);
-        wg.d[t][h] = scales[at];
-      }
-  };
-
-  WGroup cur, nxt;
-  u32 g = wk;
-  if (g < GROUPS) fetch(cur, g);
-  for (; g < GROUPS; g += KW) {
-    if (g + KW < GROUPS) fetch(nxt, g + KW);
-    u32 dd[TM][2];  // half2 (d, d)
+        for (int h = 0; h < 2; ++h) {
+          const u32 lr = t * 16 + h * 8 + q;
 #pragma unroll
-    for (int t = 0; t < TM; ++t)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) dd[t][h] = (u32)cur.d[t][h] * 0x10001u;
-    const u32 k0 = 128 * g;
+          for (int v = 0; v < QV; ++v) wq[t][h][v] = lds128(base + lr * ROW_PITCH + (gi * 4 + c) * QB + 16 * v);
+          dd[t][h] = (u32)lds16(base + ROWS * ROW_PITCH + lr * SCALE_PITCH + (gi * 4 + c) * 2) * 0x10001u;
+        }
+      const u32 k0 = 128 * g;
     // X's tiles in chunks of XC: a chunk's loads for all 8 products go out together, then the
     // products (a load a product would put an L2 round trip on each of them)
 #pragma unroll
@@ -183,7 +247,7 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
           for (int h = 0; h < 2; ++h) {
             u32 lo, hi;
             if (QT == 0) {
-              const uint4 v = cur.q[t][h][0];
+              const uint4 v = wq[t][h][0];
               const u32 word = (s / 2) == 0 ? v.x : (s / 2) == 1 ? v.y : (s / 2) == 2 ? v.z : v.w;
               const u32 p01 = prmt(word, 0u, 0x4140u), p23 = prmt(word, 0u, 0x4342u);
               if (s % 2 == 0) {  // low nibbles: 1024 + q, less 1032
@@ -194,7 +258,7 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
                 hi = hfma2((p23 & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD480D480u);
               }
             } else {
-              const uint4 v = cur.q[t][h][s / 4];
+              const uint4 v = wq[t][h][s / 4];
               const u32 word = (s % 4) == 0 ? v.x : (s % 4) == 1 ? v.y : (s % 4) == 2 ? v.z : v.w;
               const u32 u = word ^ 0x80808080u;  // int8 + 128
               lo = hsub2(prmt(u, 0x64646464u, 0x4140u), 0x64806480u);  // 1024 + u, less 1152
@@ -209,11 +273,15 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
         }
       }
     }
-    if (g + KW < GROUPS) cur = nxt;
+    }
+    __syncwarp();  // every lane is done with the slot before it is filled again
+    if (i + STAGES - 1 < mine) copy_stage(wk + (i + STAGES - 1) * KW, (i + STAGES - 1) % STAGES);
+    copies_commit();
   }
 
   // K's parts: warps wk > 0 hand their sums to wk = 0, which adds them in order
   if (KW > 1) {
+    __syncthreads();  // the sums take the ring's place
     if (wk > 0) {
       float* mine = red + (((wk - 1) * NW + wn) * ACCS) * 32;
 #pragma unroll
