@@ -924,29 +924,27 @@ def _nvrtc_missing() -> str:
 
 
 def _qmm_mma_instances():
-    """Every instantiation the check and bench suites launch: the cases' shapes with the rule's knobs
-    or their own, plain, with the residual and gated."""
+    """Every instantiation the check suite launches: the cases' shapes with the rule's knobs or
+    their own, plain, with the residual and gated."""
     from harness.suites import gemv as suite
 
     for qt, qtype in enumerate(gemv.QMM_MMA_QTYPES):
         for m, n, k, residual, knobs in suite.QMM_MMA_CASES:
-            yield qtype, dict(QT=qt, M=m, N=n, K=k, **_mma_knobs(m, n, k, qtype, False, knobs), GATED=0,
-                              RESID=int(residual))
+            yield qtype, _mma_constants(qt, m, n, k, qtype, False, residual, knobs)
         for m, n, k, knobs in suite.QMM_MMA_GATED_CASES:
-            yield qtype, dict(QT=qt, M=m, N=n, K=k, **_mma_knobs(m, n, k, qtype, True, knobs), GATED=1, RESID=0)
+            yield qtype, _mma_constants(qt, m, n, k, qtype, True, False, knobs)
 
 
-def _mma_knobs(m, n, k, qtype, gated, knobs):
-    tm, nw, kw = gemv.qmm_mma_geometry(m, n, k, qtype, gated)
-    knobs = dict(dict(tm=tm, nw=nw, kw=kw), **(knobs or {}))
-    return dict(TM=knobs["tm"], NW=knobs["nw"], KW=knobs["kw"], SG=knobs.get("sg", gemv.QMM_MMA_SG),
-                STAGES=knobs.get("stages", gemv.QMM_MMA_STAGES))
+def _mma_constants(qt, m, n, k, qtype, gated, residual, knobs):
+    geo = dict(gemv.qmm_mma_geometry(m, n, k, qtype, gated), **(knobs or {}))
+    return dict(QT=qt, M=m, N=n, K=k, TM=geo["tm"], NW=geo["nw"], KS=geo["ks"], SG=geo["sg"], STAGES=geo["stages"],
+                GATED=int(gated), RESID=int(residual and geo["ks"] == 1))
 
 
 @pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
 def test_qmm_mma_compiles_for_sm90a():
-    """Each instantiation the suites launch builds (NVRTC, no GPU), under its own symbol, and its
-    K parts' sums fit the shared memory the host gives it."""
+    """Each instantiation the check suite launches builds (NVRTC, no GPU), under its own symbol,
+    with a ring that fits a CTA's shared memory."""
     from kernels import native
 
     seen = set()
@@ -957,22 +955,28 @@ def test_qmm_mma_compiles_for_sm90a():
         seen.add(key)
         cubin = native.cubin(gemv.QMM_MMA, "lathe_qmm_mma", key)
         assert native.entry_name("lathe_qmm_mma", consts).encode() in cubin
-        assert gemv.qmm_mma_smem(consts["M"], qtype, consts["TM"], consts["NW"], consts["KW"], consts["STAGES"],
+        assert gemv.qmm_mma_smem(consts["M"], qtype, consts["TM"], consts["NW"], consts["STAGES"],
                                  consts["SG"]) <= gemv.QMM_MMA_SMEM
-    assert len(seen) >= 30
+    assert len(seen) >= 40
 
 
 @pytest.mark.parametrize("m, n, k, qtype, gated, want", [
-    (16, 28672, 4096, "q4_0", False, (1, 2, 2)),   # the 8B's gate+up: 896 CTAs of 2 warps, 2 K parts
-    (16, 4096, 4096, "q4_0", False, (1, 2, 4)),    # O: 128 CTAs need more parts; 8 stages of K
-    (64, 4096, 14336, "q8_0", False, (1, 2, 4)),   # down: 8 parts would pass the shared memory
-    (16, 2 * 14336, 4096, "q4_0", True, (2, 2, 2)),  # gated: a gate and an up tile a warp
-    (16, 1024, 1024, "q8_0", False, (1, 2, 2)),    # 2 stages of K: a stage a part
+    # the 8B's gate+up: 224 CTAs of 128 rows, one an SM (188 KiB of ring): 1 part
+    (16, 28672, 4096, "q4_0", False, dict(tm=1, nw=8, ks=1, stages=3, sg=4)),
+    # O: 32 CTAs, 8 parts of K for the 132 SMs
+    (16, 4096, 4096, "q4_0", False, dict(tm=1, nw=8, ks=8, stages=3, sg=4)),
+    # 64 rows of X leave room for 2 slots of 2 groups
+    (64, 4096, 14336, "q8_0", False, dict(tm=1, nw=8, ks=8, stages=2, sg=2)),
+    # gated: a gate and an up tile a warp, twice the W; 2 groups a slot
+    (16, 2 * 14336, 4096, "q4_0", True, dict(tm=2, nw=8, ks=2, stages=3, sg=2)),
+    # Q8_0's W twice Q4_0's: 2 groups a slot, 4 stages of K, 4 parts
+    (16, 1024, 1024, "q8_0", False, dict(tm=1, nw=8, ks=4, stages=3, sg=2)),
 ])
 def test_qmm_mma_geometry_rule(m, n, k, qtype, gated, want):
     assert gemv.qmm_mma_geometry(m, n, k, qtype, gated) == want
-    tm, nw, kw = want
-    assert gemv.qmm_mma_smem(m, qtype, tm, nw, kw) <= gemv.QMM_MMA_SMEM
+    assert gemv.qmm_mma_smem(m, qtype, want["tm"], want["nw"], want["stages"], want["sg"]) <= gemv.QMM_MMA_SMEM
+    assert gemv.qmm_mma_smem(m, qtype, want["tm"], want["nw"], want["stages"] + 1, want["sg"]) > gemv.QMM_MMA_SMEM \
+        or want["stages"] == gemv.QMM_MMA_STAGES
 
 
 def test_qmm_mma_refuses_what_it_does_not_take():
@@ -991,10 +995,12 @@ def test_qmm_mma_refuses_what_it_does_not_take():
         gemv.qmm_mma(x, mx.zeros((64, 8 * 34), mx.uint8), "q8_0", 64, 256)
     with pytest.raises(ValueError, match="knobs"):
         gemv.qmm_mma(x, w, "q8_0", 64, 256, tm=3)
+    with pytest.raises(ValueError, match="unknown launch knobs"):
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, kw=8)
     with pytest.raises(ValueError, match="knobs"):
-        gemv.qmm_mma(x, w, "q8_0", 64, 256, nw=8, kw=8)
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, stages=5)
     with pytest.raises(ValueError, match="shared memory"):
-        gemv.qmm_mma(mx.zeros((64, 256), mx.float16), w, "q8_0", 64, 256, tm=4, nw=4, kw=4)
+        gemv.qmm_mma(mx.zeros((64, 256), mx.float16), w, "q8_0", 64, 256, tm=4, nw=8, stages=4, sg=8)
     with pytest.raises(ValueError, match="an even N"):
         gemv.qmm_mma(x, _zero_packed("q8_0", 65, 256), "q8_0", 65, 256, activation="silu")
     with pytest.raises(ValueError, match="activation 'silu'"):

@@ -705,21 +705,22 @@ QMM_CASES = [(5, 33, 96, False, None), (16, 33, 96, True, None),
              # the rule's split from K = 2048 (Qwen3's down and O with their residual)
              (32, 1024, 3072, True, None), (64, 1024, 2048, True, None)]
 # qmm on the warp MMA (qmm_mma.cu, Hopper only; Q4_0, Q8_0): tails of N (not whole 16-row tiles)
-# and of M (not whole 8-row tiles, one row), of K (9 groups: a last stage of one), more K parts than
-# stages (warps with none), each knob at its edges within the shared memory, the 8B's shapes at 16
-# and 64 rows, the residual epilogue.
+# and of M (not whole 8-row tiles, one row), of K (9 groups: a last stage of one), parts of K with
+# no stage (8 parts of 6), each knob at its edges within the shared memory, the 8B's shapes at 16
+# and 64 rows, the residual in the launch and in the adding one.
 QMM_MMA_CASES = [(1, 33, 128, False, None), (5, 4097, 4096, True, None), (16, 4096, 4096, False, None),
                  (16, 28672, 4096, False, None), (16, 4096, 14336, True, None), (33, 1000, 1024, False, None),
                  (64, 6144, 4096, True, None), (64, 4096, 14336, False, None),
-                 (16, 4097, 4096, False, dict(tm=4, nw=1, kw=2)), (9, 1000, 3072, True, dict(tm=1, nw=1, kw=8)),
-                 (64, 1024, 2048, False, dict(tm=2, nw=1, kw=2)), (40, 4096, 1152, True, dict(tm=1, nw=2, kw=4)),
-                 (24, 2056, 4096, False, dict(tm=1, nw=8, kw=1)),
-                 # the ring's knobs: 2 and 4 slots, stages of 1, 2 and 8 groups (K = 1152: 9 groups)
-                 (16, 4097, 1152, False, dict(stages=2, sg=8)), (5, 1000, 1152, True, dict(stages=4, sg=1)),
-                 (33, 4096, 4096, False, dict(stages=2, sg=2))]
-# ... and gated (silu(gate) * up of [gate; up], F not a whole tile)
+                 (16, 4097, 4096, False, dict(tm=4, nw=2, ks=1)), (9, 1000, 3072, True, dict(tm=1, nw=4, ks=8)),
+                 (64, 1024, 2048, True, dict(tm=2, nw=2, ks=3, stages=2, sg=2)),
+                 (40, 4096, 1152, True, dict(tm=1, nw=8, ks=1, sg=2)),
+                 (24, 2056, 4096, False, dict(tm=1, nw=16, ks=2, stages=2, sg=2)),
+                 (16, 4097, 1152, False, dict(stages=2, sg=8, ks=1, nw=2)), (5, 1000, 1152, True, dict(stages=4, sg=1, ks=1)),
+                 (33, 4096, 4096, False, dict(stages=2, sg=2, tm=2, nw=4))]
+# ... and gated (silu(gate) * up of [gate; up], F not a whole tile; in the launch and the adding one)
 QMM_MMA_GATED_CASES = [(16, 2 * 14336, 4096, None), (5, 2 * 1001, 1024, None), (64, 2 * 3072, 1024, None),
-                       (20, 2 * 4096, 4096, dict(tm=4, nw=1, kw=2)), (1, 2 * 24, 256, dict(tm=2, nw=1, kw=2))]
+                       (20, 2 * 4096, 4096, dict(tm=4, nw=2, ks=1)), (1, 2 * 24, 256, dict(tm=2, nw=1, ks=2)),
+                       (16, 2 * 1001, 4096, dict(tm=2, nw=4, ks=4))]
 # W's ring on its own schedule (wr 1..4 without xs; Q4_0 and Q8_0, the other types as without it):
 # tails of N, K and M, WK groups, split K (a part of 11 super-chunks with 4 ahead: copies past the
 # part), 64 rows; each fits Q8_0's two words a chunk in 48 KiB, the first Metal's 32 KiB
@@ -1449,14 +1450,14 @@ def qmm_sweep_label(knobs: dict) -> str:
 
 # the 8B's four matrices in Q4_0 and Qwen3-0.6B's four in Q8_0 (the models of the serve targets)
 QMM_MMA_SWEEP_SHAPES = QMM_SWEEP_SHAPES[:4] + QMM_SWEEP_SHAPES[5:]
-QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, kw=kw, stages=st, sg=sg) for tm in (1, 2) for nw in (1, 2, 4) for kw in (1, 2, 4, 8)
+QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, ks=ks, stages=st, sg=sg) for tm in (1, 2) for nw in (4, 8) for ks in (1, 2, 4, 8)
                  for st, sg in ((2, 4), (3, 4), (3, 2), (4, 2))]
 
 
 def _qmm_mma_sweep() -> list[BenchCase]:
-    """qmm_mma's knobs (QMM_MMA_SWEEP, variant 'mma TM.-NW.-KW.-ST.-SG.') where the rings fit the
-    shared memory and each K part has a stage, on QMM_MMA_SWEEP_SHAPES at QMM_SWEEP_ROWS rows; none
-    where native kernels do not run."""
+    """qmm_mma's knobs (QMM_MMA_SWEEP, variant 'mma TM.-NW.-KS.-ST.-SG.') where the ring fits the
+    shared memory and each part of K has a stage, on QMM_MMA_SWEEP_SHAPES at QMM_SWEEP_ROWS rows;
+    none where native kernels do not run."""
     from kernels import native
     from kernels.gemv import QMM_MMA_SMEM, qmm_mma, qmm_mma_smem
 
@@ -1464,9 +1465,9 @@ def _qmm_mma_sweep() -> list[BenchCase]:
         return []
 
     def settings(qtype, m, n, k):
-        return [("mma TM{tm}-NW{nw}-KW{kw}-ST{stages}-SG{sg}".format(**knobs), knobs) for knobs in QMM_MMA_SWEEP
-                if qmm_mma_smem(m, qtype, **knobs) <= QMM_MMA_SMEM
-                and knobs["kw"] <= -(-k // (128 * knobs["sg"])) and knobs["nw"] * knobs["kw"] <= 32]
+        return [("mma TM{tm}-NW{nw}-KS{ks}-ST{stages}-SG{sg}".format(**knobs), knobs) for knobs in QMM_MMA_SWEEP
+                if qmm_mma_smem(m, qtype, knobs["tm"], knobs["nw"], knobs["stages"], knobs["sg"]) <= QMM_MMA_SMEM
+                and knobs["ks"] <= -(-k // (128 * knobs["sg"]))]
 
     return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm_mma, _packed_once, settings, QMM_MMA_SWEEP_SHAPES,
                                                              rows=(m,))]

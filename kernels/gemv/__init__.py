@@ -1365,10 +1365,10 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
 # ---- the quantized GEMM on the warp MMA (a native CUDA variant of qmm) -----------------------------
 QMM_MMA = "gemv/qmm_mma.cu"
 QMM_MMA_QTYPES = ("q4_0", "q8_0")
-QMM_MMA_SMEM = 227 * 1024  # a CTA's shared memory on sm_90: W's rings, then the K parts' sums
-QMM_MMA_WARPS = 2048  # warps a launch aims at (16 an SM on 132 SMs)
-# qmm_mma.cu's ring: STAGES slots a warp, each SG groups of K of its 16 TM rows (quants padded a
-# row, then scales); the defaults of the knobs stages and sg
+QMM_MMA_SMEM = 227 * 1024  # a CTA's shared memory on sm_90
+QMM_MMA_SM_SMEM = 228 * 1024  # an SM's, for the CTAs it keeps resident
+QMM_MMA_SMS = 132  # the H100's and H200's SMs: the launch's one wave
+# the ring's defaults (knobs stages and sg): 3 slots of 4 groups of K (512 values)
 QMM_MMA_STAGES, QMM_MMA_SG = 3, 4
 
 
@@ -1384,40 +1384,41 @@ def qmm_mma_refuses(qtype: str, m: int, k: int) -> str:
     return ""
 
 
-def qmm_mma_smem(m: int, qtype: str, tm: int, nw: int, kw: int, stages: int = QMM_MMA_STAGES,
-                 sg: int = QMM_MMA_SG) -> int:
-    """Shared memory of a qmm_mma launch (qmm_mma.cu's RING_BYTES, RED_BYTES): each warp's ring of
-    W, which the float32 sums of the KW - 1 later K parts take over at the end."""
+def qmm_mma_smem(m: int, qtype: str, tm: int, nw: int, stages: int = QMM_MMA_STAGES, sg: int = QMM_MMA_SG) -> int:
+    """Shared memory of a qmm_mma launch (qmm_mma.cu's SMEM_BYTES): a ring of `stages` slots, each
+    X's M rows of sg groups (72 bytes a block, rows 32 bytes past a 128-byte line) and each warp's
+    16 tm rows of W (quants padded a row, then scales)."""
+    x_pitch = (sg * 4 * 72 + 96) // 128 * 128 + 32
+    x_slot = -(-m * x_pitch // 16) * 16
     quant = 16 if qtype == "q4_0" else 32
-    pitch = sg * 4 * quant + (64 if qtype == "q4_0" else 16)
-    ring = nw * kw * stages * 16 * tm * (pitch + sg * 8)
-    red = (kw - 1) * nw * tm * -(-m // 8) * 4 * 32 * 4
-    return max(ring, red)
+    w_slot = 16 * tm * (sg * 4 * quant + (64 if qtype == "q4_0" else 16) + sg * 8)
+    return stages * (x_slot + nw * w_slot)
 
 
-def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> tuple[int, int, int]:
-    """(TM, NW, KW): 16-row tiles a warp (2 gated: a gate and an up tile), warps side by side
-    reading the same X, and the fewest K parts (each of a stage at least) that give the launch
-    QMM_MMA_WARPS warps within a CTA's shared memory."""
-    tm = 2 if gated else 1
-    nw = 2
-    rows = n // 2 if gated else n
-    ctas = -(-rows // (16 * (tm // 2 if gated else tm) * nw))
-    kw = 1
-    while (ctas * nw * kw < QMM_MMA_WARPS and k // (128 * QMM_MMA_SG) >= 2 * kw
-           and qmm_mma_smem(m, qtype, tm, nw, 2 * kw) <= QMM_MMA_SMEM and nw * 2 * kw <= 16):
-        kw *= 2
-    return tm, nw, kw
+def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[str, int]:
+    """The launch knobs (tm, nw, ks, stages, sg): 8 warps a CTA of one 16-row tile each (gated: a
+    gate and an up tile), the ring's defaults or, where X's rows do not leave room for them, stages
+    of 2 groups, then 2 slots; and the fewest parts of K (each a stage at least) that fill the SMs
+    with the CTAs their shared memory lets them keep."""
+    tm, nw = (2 if gated else 1), 8
+    stages, sg = next(((st, g) for st, g in ((QMM_MMA_STAGES, QMM_MMA_SG), (3, 2), (2, 2), (2, 1))
+                       if qmm_mma_smem(m, qtype, tm, nw, st, g) <= QMM_MMA_SMEM), (2, 1))
+    resident = max(1, min(QMM_MMA_SM_SMEM // qmm_mma_smem(m, qtype, tm, nw, stages, sg), 2048 // (32 * nw)))
+    ctas = -(-(n // 2 if gated else n) // (16 * (tm // 2 if gated else tm) * nw))
+    ks, stages_k = 1, -(-k // (128 * sg))
+    while ctas * ks < QMM_MMA_SMS * resident and 2 * ks <= stages_k:
+        ks *= 2
+    return dict(tm=tm, nw=nw, ks=ks, stages=stages, sg=sg)
 
 
 def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
-            activation: str | None = None, tm: int | None = None, nw: int | None = None,
-            kw: int | None = None, stages: int = QMM_MMA_STAGES, sg: int = QMM_MMA_SG) -> mx.array:
+            activation: str | None = None, **knobs: int) -> mx.array:
     """qmm on the warp MMA (qmm_mma.cu, a native CUDA kernel: sm_90a): Y[M, N] = X[M, K] @ W^T
     (+ residual), W Q4_0 or Q8_0 repacked (Packed, read in place), M 1..64, K a multiple of 128.
     `activation` "silu": W is [gate; up] (N = 2F rows), Y = silu(X @ gate^T) * (X @ up^T), [M, F].
-    Launch knobs (qmm_mma_geometry's where not given): tm 16-row tiles a warp, nw warps side by
-    side, kw K parts a CTA; stages slots of W's ring a warp, sg groups of K (128 values) a slot."""
+    Launch knobs (qmm_mma_geometry's where not given): tm 16-row tiles a warp, nw warps a CTA, ks
+    parts of K (past 1 a second launch, qmm_reduce.metal's, adds them and applies the epilogue),
+    stages slots of the ring of X and W, sg groups of K (128 values) a slot."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
         raise ValueError("qmm_mma takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
@@ -1432,24 +1433,36 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     n_out = n // 2 if gated else n
     if residual is not None:
         _check_residual(residual, m, n_out)
-    rule = qmm_mma_geometry(m, n, k, qtype, gated)
-    tm, nw, kw = (given or ruled for given, ruled in zip((tm, nw, kw), rule))
-    if tm not in (1, 2, 4) or (gated and tm % 2) or nw not in (1, 2, 4, 8) or kw not in (1, 2, 4, 8, 16) \
-            or nw * kw > 32 or stages not in (2, 3, 4) or sg not in (1, 2, 4, 8):
-        raise ValueError(f"qmm_mma's knobs: tm 1, 2 or 4 (gated: even), nw 1..8, kw 1..16 and at most 32 warps a "
-                         f"CTA, stages 2..4, sg 1, 2, 4 or 8; got tm {tm}, nw {nw}, kw {kw}, stages {stages}, sg {sg}")
-    smem = qmm_mma_smem(m, qtype, tm, nw, kw, stages, sg)
+    unknown = set(knobs) - {"tm", "nw", "ks", "stages", "sg"}
+    if unknown:
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: tm, nw, ks, stages, sg")
+    geo = qmm_mma_geometry(m, n, k, qtype, gated)
+    geo.update({key: v for key, v in knobs.items() if v is not None})
+    tm, nw, ks, stages, sg = (geo[key] for key in ("tm", "nw", "ks", "stages", "sg"))
+    if tm not in (1, 2, 4) or (gated and tm % 2) or nw not in (1, 2, 4, 8, 16) or not 1 <= ks <= 64 \
+            or stages not in (2, 3, 4) or sg not in (1, 2, 4, 8):
+        raise ValueError(f"qmm_mma's knobs: tm 1, 2 or 4 (gated: even), nw 1..16, ks 1..64, stages 2..4, sg 1, 2, "
+                         f"4 or 8; got tm {tm}, nw {nw}, ks {ks}, stages {stages}, sg {sg}")
+    smem = qmm_mma_smem(m, qtype, tm, nw, stages, sg)
     if smem > QMM_MMA_SMEM:
-        raise ValueError(f"qmm_mma's rings and K parts need {smem} bytes of shared memory, past {QMM_MMA_SMEM}: "
-                         f"fewer warps or tiles")
+        raise ValueError(f"qmm_mma's ring needs {smem} bytes of shared memory, past {QMM_MMA_SMEM}: fewer warps, "
+                         f"tiles, slots or groups a slot")
     from kernels import native
 
     ctas = -(-n_out // (16 * (tm // 2 if gated else tm) * nw))
-    constants = dict(QT=QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=tm, NW=nw, KW=kw, SG=sg, STAGES=stages,
-                     GATED=int(gated),
-                     RESID=int(residual is not None))
-    (y,) = native.launch(QMM_MMA, "lathe_qmm_mma", constants, [x, w.data, x if residual is None else residual],
-                         [((m, n_out), mx.float16)], (ctas * 32 * nw * kw, 1, 1), (32 * nw * kw, 1, 1), smem)
+    constants = dict(QT=QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=tm, NW=nw, KS=ks, SG=sg, STAGES=stages,
+                     GATED=int(gated), RESID=int(residual is not None and ks == 1))
+    inputs = [x, w.data, residual if residual is not None and ks == 1 else x]
+    grid, group = (ctas * 32 * nw, ks, 1), (32 * nw, 1, 1)
+    if ks == 1:
+        (y,) = native.launch(QMM_MMA, "lathe_qmm_mma", constants, inputs, [((m, n_out), mx.float16)], grid, group,
+                             smem)
+        return y
+    (part,) = native.launch(QMM_MMA, "lathe_qmm_mma", constants, inputs, [((ks, m, n), mx.float32)], grid, group,
+                            smem)
+    (y,) = launch(Launch(_QMM_REDUCE[residual is not None, activation],
+                         [part, _dims(n, k), *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
+                         (-(-m * n_out // 256) * 256, 1, 1), (256, 1, 1), dict(M=m, KS=ks)))
     return y
 
 

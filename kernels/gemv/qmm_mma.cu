@@ -4,28 +4,35 @@
 // block's quants, row after row, then every fp16 scale) read where it lies: no second copy.
 //
 // The products are mma.sync m16n8k16 with W as the A operand (16 of its rows a tile) and X^T as B
-// (8 of X's rows a tile), so that a warp's 16 W rows meet every row of X from one load of W. The
-// K order inside a product is free as long as A and B agree, and it is chosen so that both come
-// straight from memory in their own layouts:
-//   lane (group q = lane / 4, c = lane % 4) takes W rows q and q + 8 of its tile, and of each run
-//   of 4 blocks (128 values of K, a "group") block 4 g + c: one 16-byte load of a Q4_0 block's
-//   nibbles (two of Q8_0's 32 bytes) a row. Its fragment slots (2c, 2c + 1) and (2c + 8, 2c + 9)
-//   of product s hold 4 consecutive values of that block: Q4_0's values 4w .. 4w + 3 (low
-//   nibbles of word w, s = 2w) or 16 + 4w .. (high nibbles, s = 2w + 1); Q8_0's 4s .. 4s + 3.
-//   B's lane then needs the same 4 values of X's row 8 j + q: 8 contiguous bytes.
-// A warp walks its share of K's groups (every KW-th, so the CTA's warps stream adjacent bytes of
-// each row), loading the next group's W before this one's products. NW warps side by side take
-// adjacent row tiles and read the same X (L1 serves it once); KW warps split K and add their
-// float32 sums through shared memory in a fixed order. Nibbles become halves by the 0x6400 trick
-// (1024 + q exactly), less 1032 (or 1152 for Q8_0's bytes), times the block's scale.
+// (8 of X's rows a tile). The K order inside a product is free as long as A and B agree, and it
+// is chosen so that each lane's operands are whole pieces of its own block:
+//   lane (q = lane / 4, c = lane % 4) takes W rows q and q + 8 of its tile and, of each run of 4
+//   blocks (128 values of K, a "group") g, block 4 g + c: a Q4_0 block's 16 bytes of nibbles
+//   (Q8_0's 32 bytes) a row. Its fragment slots (2c, 2c + 1) and (2c + 8, 2c + 9) of product s
+//   hold 4 consecutive values of that block: Q4_0's values 4w .. 4w + 3 (low nibbles of word w,
+//   s = 2w) or 16 + 4w .. (high nibbles, s = 2w + 1); Q8_0's 4s .. 4s + 3. B's lane takes the
+//   same 4 values of X's row 8 j + q.
+// A CTA of NW warps takes 16 TM NW rows of W and one part of K (KS parts, grid.y; the parts'
+// float32 sums are added by qmm_reduce.metal's launch). It walks its part in stages of SG groups
+// through a ring of STAGES slots of shared memory, filled with cp.async STAGES - 1 stages ahead:
+//   X's rows for the stage, copied once for all NW warps: each warp's products read every row of
+//     X, so X read from L2 by every warp on its own cost more traffic than W (a sweep at a71ee3e:
+//     64 rows of X 5x slower than 16). Blocks 72 bytes apart and rows 32 bytes off a 128-byte
+//     line, so that a warp's 8-byte reads of its fragments fall on distinct banks;
+//   each warp's rows of W for the stage: a row's SG groups are one run of the v3 layout, copied
+//     16 bytes a lane, consecutive lanes on consecutive bytes (the fragments' own order reads 64
+//     bytes of 8 rows 2 KiB apart: 45% of the copy peak, where runs reach 85%; kernels/gemv/
+//     NOTES.md, "W's load order, measured"). Rows padded so that rows q and q + 1 differ in banks.
+// Nibbles become halves by the 0x6400 trick (1024 + q exactly), less 1032 (1152 for Q8_0's
+// bytes), times the block's scale.
 //
 // Constants (NVRTC -D): QT 0 Q4_0 / 1 Q8_0, M (rows of X, 1..64), N, K (a multiple of 128), TM
-// (16-row tiles a warp), NW, KW (warps a CTA along N and K), SG (groups of K a stage of W's ring),
-// STAGES (its slots), GATED (W is [gate; up], N = 2F: a
-// warp's tiles alternate gate and up rows F apart, Y = silu(gate) * up, [M, F]), RESID (Y + R),
-// ENTRY. Inputs: x [M, K] fp16, w (the Packed bytes), residual [M, N] (RESID). Output y fp16.
-// Launch: ceil(rows / (16 * TM / (1 + GATED) * NW)) CTAs of 32 NW KW threads, max(RING_BYTES,
-// RED_BYTES) of dynamic shared memory (kernels.gemv.qmm_mma_smem).
+// (16-row tiles a warp), NW (warps a CTA), KS (parts of K), SG (groups of K a stage), STAGES,
+// GATED (W is [gate; up], N = 2F: a warp's tiles alternate gate and up rows F apart, Y = silu(gate)
+// * up, [M, F]), RESID (Y + R), ENTRY. Inputs: x [M, K] fp16, w (the Packed bytes), residual
+// [M, N] (RESID). Output: y fp16 [M, N_out] (KS 1), or the parts float32 [KS, M, N] (KS > 1: the
+// epilogue is the adding launch's). Launch: (ceil(rows / (16 TM / (1 + GATED) NW)), KS) CTAs of
+// 32 NW threads, SMEM_BYTES of dynamic shared memory (kernels.gemv.qmm_mma_smem).
 typedef unsigned int u32;
 typedef unsigned short u16;
 
@@ -36,7 +43,6 @@ constexpr int QV = QB / 16;                 // 16-byte loads a block row
 constexpr int GROUPS = K / 128;
 constexpr int HT = GATED ? TM / 2 : TM;      // output tiles a warp (gated: a gate and an up tile each)
 constexpr int OUT_N = GATED ? N / 2 : N;     // Y's columns
-constexpr int ACCS = TM * MT * 4;            // a lane's float32 sums
 static_assert(K % 128 == 0, "qmm_mma: K whole groups of 128");
 static_assert(!GATED || (TM % 2 == 0 && N % 2 == 0), "qmm_mma: a gated warp takes gate and up tiles in pairs");
 static_assert(M >= 1 && M <= 64, "qmm_mma: 1..64 rows of X");
@@ -71,17 +77,6 @@ __device__ __forceinline__ u16 f2h(float f) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
 }
-__device__ __forceinline__ uint4 load_w(const unsigned char* p) {  // W: read once, not kept in L1
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint2 load_x(const u16* p) {  // X: every warp of the SM reads it
-  uint2 v;
-  asm("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
 __device__ __forceinline__ void mma(float* d, const u32* a, u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                "{%8, %9}, {%0, %1, %2, %3};"
@@ -110,6 +105,9 @@ __device__ __forceinline__ u32 shared_address(const void* p) {
 __device__ __forceinline__ void copy16(u32 dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
+__device__ __forceinline__ void copy8(u32 dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+}
 __device__ __forceinline__ void copy4(u32 dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
@@ -121,59 +119,63 @@ __device__ __forceinline__ uint4 lds128(u32 at) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at));
   return v;
 }
+__device__ __forceinline__ uint2 lds64(u32 at) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(at));
+  return v;
+}
 __device__ __forceinline__ u16 lds16(u32 at) {
   u16 v;
   asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(at));
   return v;
 }
 
-// W reaches a warp through its own ring of STAGES slots in shared memory, a slot holding SG groups
-// of K (a "stage") of the warp's 16 TM rows: each row's 16 SG blocks are one run in the v3
-// layout, copied with cp.async 16 bytes a lane, consecutive lanes on consecutive bytes, so that
-// an instruction reads 256 or 512 contiguous bytes of W (the fragments' own order reads 64 bytes
-// of 8 rows 2 KiB apart: 45% of the copy peak where whole runs reach 85%; kernels/gemv/NOTES.md,
-// "W's load order, measured"), and STAGES - 1 stages are in flight a warp without registers. A
-// lane waits for its own copies, then the warp syncs: no other warp reads the slot.
 constexpr int ROWS = 16 * TM;                // W rows a warp
 constexpr int ROW_BYTES = SG * 4 * QB;       // a row's quants a stage
 constexpr int ROW_PITCH = ROW_BYTES + (QT == 0 ? 64 : 16);  // rows q and q + 1 on other banks
 constexpr int SCALE_PITCH = SG * 4 * 2;      // a row's scales a stage
-constexpr int SLOT_BYTES = ROWS * (ROW_PITCH + SCALE_PITCH);
-constexpr int RING_BYTES = NW * KW * STAGES * SLOT_BYTES;
-constexpr int RED_BYTES = (KW - 1) * NW * ACCS * 32 * 4;
+constexpr int W_SLOT = ROWS * (ROW_PITCH + SCALE_PITCH);
+constexpr int X_BLOCK = 72;                  // a block of X's 32 halves, 8 bytes of pad
+constexpr int X_PITCH = (SG * 4 * X_BLOCK + 96) / 128 * 128 + 32;  // a row of X: 32 past a line
+constexpr int X_SLOT = (M * X_PITCH + 15) / 16 * 16;
+constexpr int SMEM_BYTES = STAGES * (X_SLOT + NW * W_SLOT);
 constexpr int STAGES_K = (GROUPS + SG - 1) / SG;
+constexpr int PART_STAGES = (STAGES_K + KS - 1) / KS;  // stages of K a part
 
-extern "C" __global__ void __launch_bounds__(32 * NW * KW)
+extern "C" __global__ void __launch_bounds__(32 * NW)
 ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16* __restrict__ residual,
-      u16* __restrict__ y) {
+      void* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem[];
-  float* red = reinterpret_cast<float*>(smem);  // after the ring is done with
-  const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const u32 wn = warp % NW, wk = warp / NW;
+  const u32 lane = threadIdx.x % 32, wn = threadIdx.x / 32;
   const u32 q = lane / 4, c = lane % 4;
   // this warp's first output row (gated: of gate's rows and of up's)
   const u32 tile_base = (blockIdx.x * NW + wn) * (16 * HT);
   const unsigned char* quants = w;
   const unsigned char* scales = w + (size_t)N * (K / 32) * QB;
-  const u32 ring = shared_address(smem) + warp * STAGES * SLOT_BYTES;
-  // X's rows of this lane's B fragments (8 j + q), clamped: past M they are zero below
-  const u16* xr[MT];
-#pragma unroll
-  for (int j = 0; j < MT; ++j) xr[j] = x + (size_t)min(8 * j + (int)q, M - 1) * K + 32 * c;
+  const u32 x_ring = shared_address(smem);
+  const u32 w_ring = x_ring + STAGES * X_SLOT + wn * STAGES * W_SLOT;
+  const u32 st_first = blockIdx.y * PART_STAGES;
+  const u32 stages = st_first < (u32)STAGES_K ? min((u32)PART_STAGES, (u32)STAGES_K - st_first) : 0u;
 
-  // stage st of the warp's rows into slot `slot`: local row lr is tile lr / 16's row lr % 16
-  // (rows q and q + 8 of its fragments: half (lr / 8) % 2, q = lr % 8)
+  // stage st into slot `slot`: X's M rows (every thread), this warp's rows of W (its lanes). Local
+  // row lr of W is tile lr / 16's row lr % 16 (rows q and q + 8 of its fragments: half (lr / 8) % 2)
   auto copy_stage = [&](u32 st, u32 slot) {
     const u32 groups = min((u32)SG, (u32)GROUPS - st * SG);
+    const u32 xs = x_ring + slot * X_SLOT;
+    constexpr int X_PIECES = M * SG * 4 * 8;  // 8 bytes each
+    for (u32 p = threadIdx.x; p < (u32)X_PIECES; p += 32 * NW) {
+      const u32 m = p / (SG * 32), b = (p / 8) % (SG * 4), off = (p % 8) * 8;
+      if (b < groups * 4) copy8(xs + m * X_PITCH + b * X_BLOCK + off, x + (size_t)m * K + (st * SG * 4 + b) * 32 + off / 2);
+    }
     const u32 row_bytes = groups * 4 * QB;
-    const u32 base = ring + slot * SLOT_BYTES;
+    const u32 ws = w_ring + slot * W_SLOT;
     constexpr int PIECES = ROWS * ROW_BYTES / 16;
 #pragma unroll
     for (int i = 0; i < PIECES / 32; ++i) {
       const u32 p = lane + 32 * i, lr = p / (ROW_BYTES / 16), off = (p % (ROW_BYTES / 16)) * 16;
       if (off < row_bytes) {
         const u32 row = w_row(tile_base + lr % 8, lr / 16, (lr / 8) % 2);
-        copy16(base + lr * ROW_PITCH + off, quants + ((size_t)row * (K / 32) + st * SG * 4) * QB + off);
+        copy16(ws + lr * ROW_PITCH + off, quants + ((size_t)row * (K / 32) + st * SG * 4) * QB + off);
       }
     }
     constexpr int SPIECES = ROWS * SCALE_PITCH / 4;
@@ -182,8 +184,7 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
       const u32 p = lane + 32 * i, lr = p / (SCALE_PITCH / 4), off = (p % (SCALE_PITCH / 4)) * 4;
       if (p < SPIECES && off < groups * 8) {
         const u32 row = w_row(tile_base + lr % 8, lr / 16, (lr / 8) % 2);
-        copy4(base + ROWS * ROW_PITCH + lr * SCALE_PITCH + off,
-              scales + ((size_t)row * (K / 32) + st * SG * 4) * 2 + off);
+        copy4(ws + ROWS * ROW_PITCH + lr * SCALE_PITCH + off, scales + ((size_t)row * (K / 32) + st * SG * 4) * 2 + off);
       }
     }
   };
@@ -196,21 +197,18 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[t][j][e] = 0.0f;
 
-  // this warp's stages: wk, wk + KW, ...; the first STAGES - 1 go out before any is used
-  const u32 mine = STAGES_K > (int)wk ? (STAGES_K - 1 - wk) / KW + 1 : 0;
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
-    if ((u32)i < mine) copy_stage(wk + i * KW, i);
+    if ((u32)i < stages) copy_stage(st_first + i, i);
     copies_commit();
   }
-  for (u32 i = 0; i < mine; ++i) {
+  for (u32 i = 0; i < stages; ++i) {
     copies_wait<STAGES - 2>();
-    __syncwarp();
-    const u32 st = wk + i * KW, slot = i % STAGES;
-    const u32 base = ring + slot * SLOT_BYTES;
+    __syncthreads();  // every thread's copies of stage i are in
+    const u32 st = st_first + i, slot = i % STAGES;
+    const u32 xs = x_ring + slot * X_SLOT, ws = w_ring + slot * W_SLOT;
     const u32 groups = min((u32)SG, (u32)GROUPS - st * SG);
     for (u32 gi = 0; gi < groups; ++gi) {
-      const u32 g = st * SG + gi;
       uint4 wq[TM][2][QV];
       u32 dd[TM][2];  // half2 (d, d)
 #pragma unroll
@@ -219,25 +217,22 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
         for (int h = 0; h < 2; ++h) {
           const u32 lr = t * 16 + h * 8 + q;
 #pragma unroll
-          for (int v = 0; v < QV; ++v) wq[t][h][v] = lds128(base + lr * ROW_PITCH + (gi * 4 + c) * QB + 16 * v);
-          dd[t][h] = (u32)lds16(base + ROWS * ROW_PITCH + lr * SCALE_PITCH + (gi * 4 + c) * 2) * 0x10001u;
+          for (int v = 0; v < QV; ++v) wq[t][h][v] = lds128(ws + lr * ROW_PITCH + (gi * 4 + c) * QB + 16 * v);
+          dd[t][h] = (u32)lds16(ws + ROWS * ROW_PITCH + lr * SCALE_PITCH + (gi * 4 + c) * 2) * 0x10001u;
         }
-      const u32 k0 = 128 * g;
-    // X's tiles in chunks of XC: a chunk's loads for all 8 products go out together, then the
-    // products (a load a product would put an L2 round trip on each of them)
+      // X's tiles in chunks of XC: a chunk's reads for all 8 products, then the products
 #pragma unroll
-    for (int j0 = 0; j0 < MT; j0 += XC) {
-      uint2 b[8][XC];  // X's 4 values of product s: B's b0 b1 (slots 2c, 2c + 1), b2 b3 (2c + 8, 2c + 9)
+      for (int j0 = 0; j0 < MT; j0 += XC) {
+        uint2 b[8][XC];  // X's 4 values of product s: B's b0 b1 (slots 2c, 2c + 1), b2 b3 (2c + 8, 2c + 9)
 #pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const u32 kx = k0 + (QT == 0 ? 4 * (s / 2) + 16 * (s % 2) : 4 * s);
+        for (int s = 0; s < 8; ++s) {
+          const u32 kx = QT == 0 ? 4 * (s / 2) + 16 * (s % 2) : 4 * s;
 #pragma unroll
-        for (int jj = 0; jj < XC; ++jj) {
-          const int j = j0 + jj < MT ? j0 + jj : MT - 1;
-          b[s][jj] = load_x(xr[j] + kx);
-          if (8 * (j0 + jj) + (int)q >= M) b[s][jj] = make_uint2(0u, 0u);
+          for (int jj = 0; jj < XC; ++jj) {
+            const int row = 8 * (j0 + jj) + (int)q;
+            b[s][jj] = row < M ? lds64(xs + row * X_PITCH + (gi * 4 + c) * X_BLOCK + 2 * kx) : make_uint2(0u, 0u);
+          }
         }
-      }
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
 #pragma unroll
@@ -274,37 +269,29 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
       }
     }
     }
-    __syncwarp();  // every lane is done with the slot before it is filled again
-    if (i + STAGES - 1 < mine) copy_stage(wk + (i + STAGES - 1) * KW, (i + STAGES - 1) % STAGES);
+    __syncthreads();  // every warp is done with the slot before it is filled again
+    if (i + STAGES - 1 < stages) copy_stage(st_first + i + STAGES - 1, (i + STAGES - 1) % STAGES);
     copies_commit();
   }
 
-  // K's parts: warps wk > 0 hand their sums to wk = 0, which adds them in order
-  if (KW > 1) {
-    __syncthreads();  // the sums take the ring's place
-    if (wk > 0) {
-      float* mine = red + (((wk - 1) * NW + wn) * ACCS) * 32;
-#pragma unroll
-      for (int t = 0; t < TM; ++t)
-#pragma unroll
-        for (int j = 0; j < MT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) mine[((t * MT + j) * 4 + e) * 32 + lane] = acc[t][j][e];
-    }
-    __syncthreads();
-    if (wk > 0) return;
-    for (int p = 0; p < KW - 1; ++p) {
-      const float* theirs = red + ((p * NW + wn) * ACCS) * 32;
-#pragma unroll
-      for (int t = 0; t < TM; ++t)
-#pragma unroll
-        for (int j = 0; j < MT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[t][j][e] += theirs[((t * MT + j) * 4 + e) * 32 + lane];
-    }
-  }
-
   // C's lane: rows q (e 0, 1) and q + 8 (e 2, 3) of the tile, X's rows 8 j + 2c and + 1
+  if (KS > 1) {  // the part's sums of every W row (gate's and up's), for the adding launch
+    float* part = reinterpret_cast<float*>(out) + (size_t)blockIdx.y * M * N;
+#pragma unroll
+    for (int t = 0; t < TM; ++t)
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = 8 * j + 2 * (int)c + e % 2;
+          const u32 col = GATED ? (t % 2) * (N / 2) + tile_base + (t / 2) * 16 + q + (e / 2) * 8
+                                : tile_base + t * 16 + q + (e / 2) * 8;
+          const u32 end = GATED ? (t % 2 + 1) * (N / 2) : N;
+          if (col < end && row < M) part[(size_t)row * N + col] = acc[t][j][e];
+        }
+    return;
+  }
+  u16* y = reinterpret_cast<u16*>(out);
 #pragma unroll
   for (int t = 0; t < HT; ++t)
 #pragma unroll
