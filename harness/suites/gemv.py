@@ -1450,8 +1450,8 @@ def qmm_sweep_label(knobs: dict) -> str:
 
 # the 8B's four matrices in Q4_0 and Qwen3-0.6B's four in Q8_0 (the models of the serve targets)
 QMM_MMA_SWEEP_SHAPES = QMM_SWEEP_SHAPES[:4] + QMM_SWEEP_SHAPES[5:]
-QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, ks=ks, stages=st, sg=sg) for tm in (1, 2) for nw in (4, 8) for ks in (1, 2, 4, 8)
-                 for st, sg in ((2, 4), (3, 4), (3, 2), (4, 2))]
+QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, ks=ks, stages=st, sg=sg) for tm in (1, 2) for nw in (4, 8, 16) for ks in (1, 2, 4, 8)
+                 for st, sg in ((3, 1), (4, 1), (2, 2), (3, 2), (4, 2), (3, 4))]
 
 
 def _qmm_mma_sweep() -> list[BenchCase]:
@@ -1467,7 +1467,8 @@ def _qmm_mma_sweep() -> list[BenchCase]:
     def settings(qtype, m, n, k):
         return [("mma TM{tm}-NW{nw}-KS{ks}-ST{stages}-SG{sg}".format(**knobs), knobs) for knobs in QMM_MMA_SWEEP
                 if qmm_mma_smem(m, qtype, knobs["tm"], knobs["nw"], knobs["stages"], knobs["sg"]) <= QMM_MMA_SMEM
-                and knobs["ks"] <= -(-k // (128 * knobs["sg"]))]
+                and knobs["ks"] <= -(-k // (128 * knobs["sg"]))
+                and 66 <= -(-n // (16 * knobs["tm"] * knobs["nw"])) * knobs["ks"] <= 1056]  # a half to 8 waves
 
     return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm_mma, _packed_once, settings, QMM_MMA_SWEEP_SHAPES,
                                                              rows=(m,))]

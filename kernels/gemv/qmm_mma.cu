@@ -114,21 +114,6 @@ __device__ __forceinline__ void copy4(u32 dst, const void* src) {
 __device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N_>
 __device__ __forceinline__ void copies_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N_) : "memory"); }
-__device__ __forceinline__ uint4 lds128(u32 at) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at));
-  return v;
-}
-__device__ __forceinline__ uint2 lds64(u32 at) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(at));
-  return v;
-}
-__device__ __forceinline__ u16 lds16(u32 at) {
-  u16 v;
-  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(at));
-  return v;
-}
 
 constexpr int ROWS = 16 * TM;                // W rows a warp
 constexpr int ROW_BYTES = SG * 4 * QB;       // a row's quants a stage
@@ -206,9 +191,14 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
     copies_wait<STAGES - 2>();
     __syncthreads();  // every thread's copies of stage i are in
     const u32 st = st_first + i, slot = i % STAGES;
-    const u32 xs = x_ring + slot * X_SLOT, ws = w_ring + slot * W_SLOT;
+    // read back as plain loads of shared memory (not asm), so that the compiler may schedule them
+    // among the products, and not above the barrier
+    const unsigned char* xs = smem + slot * X_SLOT;
+    const unsigned char* ws = smem + STAGES * X_SLOT + wn * STAGES * W_SLOT + slot * W_SLOT;
     const u32 groups = min((u32)SG, (u32)GROUPS - st * SG);
-    for (u32 gi = 0; gi < groups; ++gi) {
+#pragma unroll
+    for (u32 gi = 0; gi < (u32)SG; ++gi) {
+      if (gi >= groups) break;
       uint4 wq[TM][2][QV];
       u32 dd[TM][2];  // half2 (d, d)
 #pragma unroll
@@ -217,8 +207,10 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
         for (int h = 0; h < 2; ++h) {
           const u32 lr = t * 16 + h * 8 + q;
 #pragma unroll
-          for (int v = 0; v < QV; ++v) wq[t][h][v] = lds128(ws + lr * ROW_PITCH + (gi * 4 + c) * QB + 16 * v);
-          dd[t][h] = (u32)lds16(ws + ROWS * ROW_PITCH + lr * SCALE_PITCH + (gi * 4 + c) * 2) * 0x10001u;
+          for (int v = 0; v < QV; ++v)
+            wq[t][h][v] = *reinterpret_cast<const uint4*>(ws + lr * ROW_PITCH + (gi * 4 + c) * QB + 16 * v);
+          dd[t][h] = (u32)*reinterpret_cast<const u16*>(ws + ROWS * ROW_PITCH + lr * SCALE_PITCH + (gi * 4 + c) * 2) *
+                     0x10001u;
         }
       // X's tiles in chunks of XC: a chunk's reads for all 8 products, then the products
 #pragma unroll
@@ -230,7 +222,8 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
 #pragma unroll
           for (int jj = 0; jj < XC; ++jj) {
             const int row = 8 * (j0 + jj) + (int)q;
-            b[s][jj] = row < M ? lds64(xs + row * X_PITCH + (gi * 4 + c) * X_BLOCK + 2 * kx) : make_uint2(0u, 0u);
+            b[s][jj] = row < M ? *reinterpret_cast<const uint2*>(xs + row * X_PITCH + (gi * 4 + c) * X_BLOCK + 2 * kx)
+                               : make_uint2(0u, 0u);
           }
         }
 #pragma unroll
