@@ -1368,8 +1368,6 @@ QMM_MMA_QTYPES = ("q4_0", "q8_0")
 QMM_MMA_SMEM = 227 * 1024  # a CTA's shared memory on sm_90
 QMM_MMA_SM_SMEM = 228 * 1024  # an SM's, for the CTAs it keeps resident
 QMM_MMA_SMS = 132  # the H100's and H200's SMs: the launch's one wave
-# the ring's defaults (knobs stages and sg): 3 slots of 4 groups of K (512 values)
-QMM_MMA_STAGES, QMM_MMA_SG = 3, 4
 
 
 def qmm_mma_refuses(qtype: str, m: int, k: int) -> str:
@@ -1384,7 +1382,7 @@ def qmm_mma_refuses(qtype: str, m: int, k: int) -> str:
     return ""
 
 
-def qmm_mma_smem(m: int, qtype: str, tm: int, nw: int, stages: int = QMM_MMA_STAGES, sg: int = QMM_MMA_SG) -> int:
+def qmm_mma_smem(m: int, qtype: str, tm: int, nw: int, stages: int, sg: int) -> int:
     """Shared memory of a qmm_mma launch (qmm_mma.cu's SMEM_BYTES): a ring of `stages` slots, each
     X's M rows of sg groups (72 bytes a block, rows 32 bytes past a 128-byte line) and each warp's
     16 tm rows of W (quants padded a row, then scales)."""
@@ -1396,17 +1394,19 @@ def qmm_mma_smem(m: int, qtype: str, tm: int, nw: int, stages: int = QMM_MMA_STA
 
 
 def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[str, int]:
-    """The launch knobs (tm, nw, ks, stages, sg): 8 warps a CTA of one 16-row tile each (gated: a
-    gate and an up tile), the ring's defaults or, where X's rows do not leave room for them, stages
-    of 2 groups, then 2 slots; and the fewest parts of K (each a stage at least) that fill the SMs
-    with the CTAs their shared memory lets them keep."""
-    tm, nw = (2 if gated else 1), 8
-    stages, sg = next(((st, g) for st, g in ((QMM_MMA_STAGES, QMM_MMA_SG), (3, 2), (2, 2), (2, 1))
+    """The launch knobs (tm, nw, ks, stages, sg), from the sweep of df27d24 at 8 and 16 rows
+    (kernels/gemv/NOTES.md, "qmm on the warp MMA"): 3 slots of 2 groups (fewer where X's rows do not
+    leave room); Q4_0 8 warps a CTA, Q8_0 4; two 16-row tiles a warp on the widest matrices (and
+    gated: a gate and an up tile), else one; and the fewest parts of K (each a stage at least)
+    that give the SMs half the CTAs their shared memory lets them keep, or more."""
+    rows = n // 2 if gated else n
+    tm, nw = (2 if gated or rows >= 16384 else 1), (8 if qtype == "q4_0" else 4)
+    stages, sg = next(((st, g) for st, g in ((3, 2), (2, 2), (2, 1))
                        if qmm_mma_smem(m, qtype, tm, nw, st, g) <= QMM_MMA_SMEM), (2, 1))
     resident = max(1, min(QMM_MMA_SM_SMEM // qmm_mma_smem(m, qtype, tm, nw, stages, sg), 2048 // (32 * nw)))
-    ctas = -(-(n // 2 if gated else n) // (16 * (tm // 2 if gated else tm) * nw))
+    ctas = -(-rows // (16 * (tm // 2 if gated else tm) * nw))
     ks, stages_k = 1, -(-k // (128 * sg))
-    while ctas * ks < QMM_MMA_SMS * resident and 2 * ks <= stages_k:
+    while ctas * ks <= QMM_MMA_SMS * resident // 2 and 2 * ks <= stages_k:
         ks *= 2
     return dict(tm=tm, nw=nw, ks=ks, stages=stages, sg=sg)
 
