@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kernels import gemv
+from tests.test_nvrtc_compile import _available as _nvrtc_missing
 
 N, K = 8, 64
 
@@ -913,16 +914,6 @@ def test_qmm_launches_row_blocks_as_rows8():
 
 
 # ---- qmm on the warp MMA (qmm_mma.cu: a native CUDA kernel, kernels/native.py) ---------------------
-def _nvrtc_missing() -> str:
-    from kernels import ptx
-
-    try:
-        ptx.nvrtc()
-    except (FileNotFoundError, OSError) as exc:
-        return str(exc)
-    return ""
-
-
 def _qmm_mma_instances():
     """Every instantiation the check suite launches: the cases' shapes with the rule's knobs or
     their own, plain, with the residual and gated."""
