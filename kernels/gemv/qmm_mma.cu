@@ -16,9 +16,9 @@
 // float32 sums are added by qmm_reduce.metal's launch). It walks its part in stages of SG groups
 // through a ring of STAGES slots of shared memory, filled with cp.async STAGES - 1 stages ahead:
 //   X's rows for the stage, copied once for all NW warps: each warp's products read every row of
-//     X, so X read from L2 by every warp on its own cost more traffic than W (a sweep at a71ee3e:
-//     64 rows of X 5x slower than 16). Blocks 72 bytes apart and rows 32 bytes off a 128-byte
-//     line, so that a warp's 8-byte reads of its fragments fall on distinct banks;
+//     X, so X read from L2 by every warp on its own cost more traffic than W (at 2bb81c2 and
+//     a71ee3e 64 rows of X took 6.5-7x 16 rows). Blocks 72 bytes apart and rows 32 bytes off a
+//     128-byte line, so that a warp's 8-byte reads of its fragments fall on distinct banks;
 //   each warp's rows of W for the stage: a row's SG groups are one run of the v3 layout, copied
 //     16 bytes a lane, consecutive lanes on consecutive bytes (the fragments' own order reads 64
 //     bytes of 8 rows 2 KiB apart: 45% of the copy peak, where runs reach 85%; kernels/gemv/
