@@ -1367,16 +1367,14 @@ QMM_MMA = "gemv/qmm_mma.cu"
 QMM_MMA_QTYPES = ("q4_0", "q8_0")
 QMM_MMA_SMEM = 227 * 1024  # a CTA's shared memory on sm_90
 QMM_MMA_SM_SMEM = 228 * 1024  # an SM's, for the CTAs it keeps resident
-QMM_MMA_SMS = 132  # the H100's and H200's SMs: the launch's one wave
+QMM_MMA_SMS = 132  # the SMs a launch is sized by where the driver does not say (the H100's and H200's)
 
 
-def qmm_mma_refuses(qtype: str, m: int, k: int) -> str:
-    """Why qmm_mma.cu's shapes cannot take this product ('' where they can): Q4_0 or Q8_0, 1..64
-    rows of X, K whole groups of 128. (The GPU: kernels.native.unavailable_reason.)"""
+def qmm_mma_refuses(qtype: str, k: int) -> str:
+    """Why qmm_mma.cu's shapes cannot take this product ('' where they can): Q4_0 or Q8_0, K whole
+    groups of 128 (X's rows: check_gemv_args; the GPU: kernels.native.unavailable_reason)."""
     if qtype not in QMM_MMA_QTYPES:
         return f"{qtype} (it takes {', '.join(QMM_MMA_QTYPES)})"
-    if not 1 <= m <= QMM_MAX_M:
-        return f"{m} rows of X (it takes 1..{QMM_MAX_M})"
     if k % 128:
         return f"K={k} (it takes whole groups of 128 values)"
     return ""
@@ -1398,7 +1396,10 @@ def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[st
     (kernels/gemv/NOTES.md, "qmm on the warp MMA"): 3 slots of 2 groups (fewer where X's rows do not
     leave room); Q4_0 8 warps a CTA, Q8_0 4; two 16-row tiles a warp on the widest matrices (and
     gated: a gate and an up tile), else one; and the fewest parts of K (each a stage at least)
-    that give the SMs half the CTAs their shared memory lets them keep, or more."""
+    that give the SMs (runtime.sm_count, QMM_MMA_SMS where the driver does not say) half the CTAs
+    their shared memory lets them keep, or more."""
+    from kernels import runtime
+
     rows = n // 2 if gated else n
     tm, nw = (2 if gated or rows >= 16384 else 1), (8 if qtype == "q4_0" else 4)
     stages, sg = next(((st, g) for st, g in ((3, 2), (2, 2), (2, 1))
@@ -1406,7 +1407,8 @@ def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[st
     resident = max(1, min(QMM_MMA_SM_SMEM // qmm_mma_smem(m, qtype, tm, nw, stages, sg), 2048 // (32 * nw)))
     ctas = -(-rows // (16 * (tm // 2 if gated else tm) * nw))
     ks, stages_k = 1, -(-k // (128 * sg))
-    while ctas * ks <= QMM_MMA_SMS * resident // 2 and 2 * ks <= stages_k:
+    sms = runtime.sm_count() or QMM_MMA_SMS
+    while ctas * ks <= sms * resident // 2 and 2 * ks <= stages_k:
         ks *= 2
     return dict(tm=tm, nw=nw, ks=ks, stages=stages, sg=sg)
 
@@ -1423,7 +1425,7 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     if not isinstance(w, Packed):
         raise ValueError("qmm_mma takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
     m = x.shape[0]
-    why = qmm_mma_refuses(qtype, m, k)
+    why = qmm_mma_refuses(qtype, k)
     if why:
         raise ValueError(f"qmm_mma cannot take {why}")
     gated = activation is not None
