@@ -84,18 +84,11 @@ __device__ __forceinline__ void mma(float* d, const u32* a, u32 b0, u32 b1) {
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The W rows of a lane: tile t's rows q and q + 8 (gated: tiles alternate gate and up, F apart);
-// a row past the matrix reads the last one (its sums are not stored).
-__device__ __forceinline__ u32 w_row(u32 tile_base, int t, int half) {
-  u32 r;
-  if (GATED) {
-    r = (t % 2) * (N / 2) + tile_base + (t / 2) * 16 + half * 8;
-    const u32 end = (t % 2 + 1) * (N / 2);
-    return r < end ? r : end - 1;
-  }
-  r = tile_base + t * 16 + half * 8;
-  return r < N ? r : N - 1;
-}
+// A warp's local row lr of W (tile lr / 16's row lr % 16; rows q and q + 8 of its fragments are
+// rows lr % 16 < 8 and >= 8): its offset from the warp's first row (gated: tiles alternate gate's
+// and up's rows, F = N / 2 apart), and that offset within gate's or up's rows.
+__host__ __device__ constexpr u32 w_local(int lr) { return (GATED ? (lr / 32) * 16 : (lr / 16) * 16) + lr % 16; }
+__host__ __device__ constexpr u32 w_row_offset(int lr) { return (GATED ? (lr / 16) % 2 * (N / 2) : 0) + w_local(lr); }
 
 __device__ __forceinline__ u32 shared_address(const void* p) {
   u32 r;
@@ -124,6 +117,25 @@ constexpr int X_BLOCK = 72;                  // a block of X's 32 halves, 8 byte
 constexpr int X_PITCH = (SG * 4 * X_BLOCK + 96) / 128 * 128 + 32;  // a row of X: 32 past a line
 constexpr int X_SLOT = (M * X_PITCH + 15) / 16 * 16;
 constexpr int SMEM_BYTES = STAGES * (X_SLOT + NW * W_SLOT);
+// the copies of a stage: X in 8-byte pieces (X_PPR a row), W's quants in 16-byte pieces (W_PPR a
+// row), its scales in SP-byte pieces (S_PPR a row); where a row has fewer pieces than the threads
+// (lanes), a pass takes several rows, else a row takes several passes
+constexpr int X_PPR = SG * 32;
+constexpr bool X_ROWS_A_PASS = 32 * NW >= X_PPR;
+constexpr int X_RP = X_ROWS_A_PASS ? 32 * NW / X_PPR : 1;
+constexpr int X_SPLIT = X_ROWS_A_PASS ? 1 : X_PPR / (32 * NW);
+constexpr int X_PASSES = X_ROWS_A_PASS ? (M + X_RP - 1) / X_RP : M * X_SPLIT;
+constexpr int W_PPR = ROW_BYTES / 16;
+constexpr bool W_ROWS_A_PASS = W_PPR <= 32;
+constexpr int W_RP = W_ROWS_A_PASS ? 32 / W_PPR : 1;
+constexpr int W_SPLIT = W_ROWS_A_PASS ? 1 : W_PPR / 32;
+constexpr int W_PASSES = ROWS * W_PPR / 32;
+constexpr int SP = K % 256 == 0 && SG % 2 == 0 ? 16 : 8;  // a row's scales a stage 16-byte aligned
+constexpr int S_PPR = SCALE_PITCH / SP;
+constexpr int S_RP = 32 / S_PPR;
+constexpr int S_PASSES = (ROWS + S_RP - 1) / S_RP;
+constexpr bool PARTIAL = GROUPS % SG != 0;  // the last stage holds fewer groups
+static_assert(W_RP <= 8 && 8 % W_RP == 0, "qmm_mma: a pass of W's rows stays within 8 rows");
 constexpr int STAGES_K = (GROUPS + SG - 1) / SG;
 constexpr int PART_STAGES = (STAGES_K + KS - 1) / KS;  // stages of K a part
 
@@ -142,36 +154,52 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
   const u32 st_first = blockIdx.y * PART_STAGES;
   const u32 stages = st_first < (u32)STAGES_K ? min((u32)PART_STAGES, (u32)STAGES_K - st_first) : 0u;
 
-  // stage st into slot `slot`: X's M rows (every thread), this warp's rows of W (its lanes). Local
-  // row lr of W is tile lr / 16's row lr % 16 (rows q and q + 8 of its fragments: half (lr / 8) % 2)
+  // stage st into slot `slot`: X's M rows (every thread), this warp's rows of W and their scales (its
+  // lanes). Each thread's pieces sit at fixed offsets from a base worked out once here, so that a
+  // stage's copies are an address and a cp.async each (at 1966436, with the offsets worked out
+  // again every stage, the copies were half a stage's instructions).
+  const u32 tid = threadIdx.x;
+  const u32 x_m0 = X_ROWS_A_PASS ? tid / X_PPR : 0u, x_pc = X_ROWS_A_PASS ? tid % X_PPR : tid;
+  const u16* x_src = x + (size_t)x_m0 * K + x_pc * 4;
+  const u32 x_dst = x_m0 * X_PITCH + (x_pc / 8) * X_BLOCK + (x_pc % 8) * 8;
+  const u32 w_r0 = W_ROWS_A_PASS ? lane / W_PPR : 0u, w_pc = W_ROWS_A_PASS ? lane % W_PPR : lane;
+  const int w_left = (int)OUT_N - (int)(tile_base + w_r0);  // local rows of W this lane may copy
+  const unsigned char* w_src = quants + (size_t)(tile_base + w_r0) * (K / 32 * QB) + w_pc * 16;
+  const u32 w_dst = w_r0 * ROW_PITCH + w_pc * 16;
+  u32 s_src[S_PASSES], s_ok = 0;  // a scale piece's offset in the scales, and which may be copied
+  const u32 s_r0 = lane / S_PPR, s_pc = lane % S_PPR;
+#pragma unroll
+  for (int i = 0; i < S_PASSES; ++i) {
+    const u32 lr = s_r0 + i * S_RP;
+    s_src[i] = (tile_base + w_row_offset(lr)) * (K / 32 * 2) + s_pc * SP;
+    if (lr < (u32)ROWS && (int)w_local(lr) < (int)OUT_N - (int)tile_base) s_ok |= 1u << i;
+  }
   auto copy_stage = [&](u32 st, u32 slot) {
     const u32 groups = min((u32)SG, (u32)GROUPS - st * SG);
-    const u32 xs = x_ring + slot * X_SLOT;
-    constexpr int X_PIECES = M * SG * 4 * 8;  // 8 bytes each
-    for (u32 p = threadIdx.x; p < (u32)X_PIECES; p += 32 * NW) {
-      const u32 m = p / (SG * 32), b = (p / 8) % (SG * 4), off = (p % 8) * 8;
-      if (b < groups * 4) copy8(xs + m * X_PITCH + b * X_BLOCK + off, x + (size_t)m * K + (st * SG * 4 + b) * 32 + off / 2);
+    const u16* xg = x_src + (size_t)st * (SG * 128);
+    const u32 xs = x_ring + slot * X_SLOT + x_dst;
+#pragma unroll
+    for (int j = 0; j < X_PASSES; ++j) {
+      const int jr = X_ROWS_A_PASS ? j * X_RP : j / X_SPLIT, jp = X_ROWS_A_PASS ? 0 : (j % X_SPLIT) * 32 * NW;
+      const bool row_ok = !X_ROWS_A_PASS || M % X_RP == 0 || x_m0 + jr < (u32)M;
+      if (row_ok && (!PARTIAL || x_pc + jp < groups * 32))
+        copy8(xs + jr * X_PITCH + (jp / 8) * X_BLOCK, xg + (size_t)jr * K + jp * 4);
     }
-    const u32 row_bytes = groups * 4 * QB;
+    const unsigned char* wg = w_src + (size_t)st * ROW_BYTES;
     const u32 ws = w_ring + slot * W_SLOT;
-    constexpr int PIECES = ROWS * ROW_BYTES / 16;
 #pragma unroll
-    for (int i = 0; i < PIECES / 32; ++i) {
-      const u32 p = lane + 32 * i, lr = p / (ROW_BYTES / 16), off = (p % (ROW_BYTES / 16)) * 16;
-      if (off < row_bytes) {
-        const u32 row = w_row(tile_base + lr % 8, lr / 16, (lr / 8) % 2);
-        copy16(ws + lr * ROW_PITCH + off, quants + ((size_t)row * (K / 32) + st * SG * 4) * QB + off);
-      }
+    for (int i = 0; i < W_PASSES; ++i) {
+      const int lr = W_ROWS_A_PASS ? i * W_RP : i / W_SPLIT, pc = W_ROWS_A_PASS ? 0 : (i % W_SPLIT) * 32;
+      if ((int)w_local(lr) < w_left && (!PARTIAL || w_pc + pc < groups * (W_PPR / SG)))
+        copy16(ws + w_dst + lr * ROW_PITCH + pc * 16, wg + (size_t)w_row_offset(lr) * (K / 32 * QB) + pc * 16);
     }
-    constexpr int SPIECES = ROWS * SCALE_PITCH / 4;
+    const u32 ss = ws + ROWS * ROW_PITCH + s_r0 * SCALE_PITCH + s_pc * SP;
 #pragma unroll
-    for (int i = 0; i < (SPIECES + 31) / 32; ++i) {
-      const u32 p = lane + 32 * i, lr = p / (SCALE_PITCH / 4), off = (p % (SCALE_PITCH / 4)) * 4;
-      if (p < SPIECES && off < groups * 8) {
-        const u32 row = w_row(tile_base + lr % 8, lr / 16, (lr / 8) % 2);
-        copy4(ws + ROWS * ROW_PITCH + lr * SCALE_PITCH + off, scales + ((size_t)row * (K / 32) + st * SG * 4) * 2 + off);
+    for (int i = 0; i < S_PASSES; ++i)
+      if ((s_ok >> i) & 1u && (!PARTIAL || s_pc * SP < groups * 8)) {
+        if (SP == 16) copy16(ss + i * S_RP * SCALE_PITCH, scales + s_src[i] + st * (SG * 8));
+        else copy8(ss + i * S_RP * SCALE_PITCH, scales + s_src[i] + st * (SG * 8));
       }
-    }
   };
 
   float acc[TM][MT][4];
@@ -237,13 +265,15 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
             if (QT == 0) {
               const uint4 v = wq[t][h][0];
               const u32 word = (s / 2) == 0 ? v.x : (s / 2) == 1 ? v.y : (s / 2) == 2 ? v.z : v.w;
-              const u32 p01 = prmt(word, 0u, 0x4140u), p23 = prmt(word, 0u, 0x4342u);
+              // bytes 0, 1 (2, 3) to the low bytes of two halves whose high bytes are 0x64, so that
+              // one mask (one immediate: no register move before each LOP3) leaves 0x6400 | nibble
+              const u32 p01 = prmt(word, 0x64646464u, 0x4140u), p23 = prmt(word, 0x64646464u, 0x4342u);
               if (s % 2 == 0) {  // low nibbles: 1024 + q, less 1032
-                lo = hsub2((p01 & 0x000F000Fu) | 0x64006400u, 0x64086408u);
-                hi = hsub2((p23 & 0x000F000Fu) | 0x64006400u, 0x64086408u);
+                lo = hsub2(p01 & 0x640F640Fu, 0x64086408u);
+                hi = hsub2(p23 & 0x640F640Fu, 0x64086408u);
               } else {  // high nibbles: 1024 + 16 q, / 16 less 72
-                lo = hfma2((p01 & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD480D480u);
-                hi = hfma2((p23 & 0x00F000F0u) | 0x64006400u, 0x2C002C00u, 0xD480D480u);
+                lo = hfma2(p01 & 0x64F064F0u, 0x2C002C00u, 0xD480D480u);
+                hi = hfma2(p23 & 0x64F064F0u, 0x2C002C00u, 0xD480D480u);
               }
             } else {
               const uint4 v = wq[t][h][s / 4];
