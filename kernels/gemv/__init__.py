@@ -1383,11 +1383,11 @@ def qmm_mma_refuses(qtype: str, k: int) -> str:
 def qmm_mma_smem(m: int, qtype: str, tm: int, nw: int, stages: int, sg: int) -> int:
     """Shared memory of a qmm_mma launch (qmm_mma.cu's SMEM_BYTES): a ring of `stages` slots, each
     X's M rows of sg groups (72 bytes a block, rows 32 bytes past a 128-byte line) and each warp's
-    16 tm rows of W (quants padded a row, then scales)."""
+    16 tm rows of W (quants, then scales)."""
     x_pitch = (sg * 4 * 72 + 96) // 128 * 128 + 32
     x_slot = -(-m * x_pitch // 16) * 16
     quant = 16 if qtype == "q4_0" else 32
-    w_slot = 16 * tm * (sg * 4 * quant + (64 if qtype == "q4_0" else 16) + sg * 8)
+    w_slot = 16 * tm * (sg * 4 * quant + sg * 8)
     return stages * (x_slot + nw * w_slot)
 
 

@@ -22,7 +22,8 @@
 //   each warp's rows of W for the stage: a row's SG groups are one run of the v3 layout, copied
 //     16 bytes a lane, consecutive lanes on consecutive bytes (the fragments' own order reads 64
 //     bytes of 8 rows 2 KiB apart: 45% of the copy peak, where runs reach 85%; kernels/gemv/
-//     NOTES.md, "W's load order, measured"). Rows padded so that rows q and q + 1 differ in banks.
+//     NOTES.md, "W's load order, measured"). Odd rows' pieces are stored swizzled (W_SWZ), so
+//     that rows q and q + 1 fall on other banks with no pad.
 // Nibbles become halves by the 0x6400 trick (1024 + q exactly), less 1032 (1152 for Q8_0's
 // bytes), times the block's scale.
 //
@@ -110,7 +111,11 @@ __device__ __forceinline__ void copies_wait() { asm volatile("cp.async.wait_grou
 
 constexpr int ROWS = 16 * TM;                // W rows a warp
 constexpr int ROW_BYTES = SG * 4 * QB;       // a row's quants a stage
-constexpr int ROW_PITCH = ROW_BYTES + (QT == 0 ? 64 : 16);  // rows q and q + 1 on other banks
+// a row's 16-byte pieces are stored XOR W_SWZ on odd rows, so that a quarter warp's reads (rows q and
+// q + 1, lanes c) fall on distinct banks with no pad (Q4_0's rows of one group are 64 bytes apart:
+// other halves of a line already)
+constexpr int ROW_PITCH = ROW_BYTES;
+constexpr u32 W_SWZ = QT == 1 ? 1 : ROW_BYTES >= 128 ? 4 : 0;
 constexpr int SCALE_PITCH = SG * 4 * 2;      // a row's scales a stage
 constexpr int W_SLOT = ROWS * (ROW_PITCH + SCALE_PITCH);
 constexpr int X_BLOCK = 72;                  // a block of X's 32 halves, 8 bytes of pad
@@ -165,7 +170,9 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
   const u32 w_r0 = W_ROWS_A_PASS ? lane / W_PPR : 0u, w_pc = W_ROWS_A_PASS ? lane % W_PPR : lane;
   const int w_left = (int)OUT_N - (int)(tile_base + w_r0);  // local rows of W this lane may copy
   const unsigned char* w_src = quants + (size_t)(tile_base + w_r0) * (K / 32 * QB) + w_pc * 16;
-  const u32 w_dst = w_r0 * ROW_PITCH + w_pc * 16;
+  // where a pass's rows are an even number, a lane's rows keep w_r0's parity; else it is the pass's
+  const u32 w_dst = w_r0 * ROW_PITCH + (w_pc ^ (W_RP % 2 == 0 ? (w_r0 & 1) * W_SWZ : 0u)) * 16;
+  const u32 w_dst_odd = w_r0 * ROW_PITCH + (w_pc ^ W_SWZ) * 16;
   u32 s_src[S_PASSES], s_ok = 0;  // a scale piece's offset in the scales, and which may be copied
   const u32 s_r0 = lane / S_PPR, s_pc = lane % S_PPR;
 #pragma unroll
@@ -191,7 +198,7 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
     for (int i = 0; i < W_PASSES; ++i) {
       const int lr = W_ROWS_A_PASS ? i * W_RP : i / W_SPLIT, pc = W_ROWS_A_PASS ? 0 : (i % W_SPLIT) * 32;
       if ((int)w_local(lr) < w_left && (!PARTIAL || w_pc + pc < groups * (W_PPR / SG)))
-        copy16(ws + w_dst + lr * ROW_PITCH + pc * 16, wg + (size_t)w_row_offset(lr) * (K / 32 * QB) + pc * 16);
+        copy16(ws + (W_RP == 1 && lr % 2 ? w_dst_odd : w_dst) + lr * ROW_PITCH + pc * 16, wg + (size_t)w_row_offset(lr) * (K / 32 * QB) + pc * 16);
     }
     const u32 ss = ws + ROWS * ROW_PITCH + s_r0 * SCALE_PITCH + s_pc * SP;
 #pragma unroll
@@ -217,7 +224,11 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
   }
   for (u32 i = 0; i < stages; ++i) {
     copies_wait<STAGES - 2>();
-    __syncthreads();  // every thread's copies of stage i are in
+    // one barrier a stage: every thread's copies of stage i are in, and every warp is done with
+    // stage i - 1's slot, which the next copies fill
+    __syncthreads();
+    if (i + STAGES - 1 < stages) copy_stage(st_first + i + STAGES - 1, (i + STAGES - 1) % STAGES);
+    copies_commit();
     const u32 st = st_first + i, slot = i % STAGES;
     // read back as plain loads of shared memory (not asm), so that the compiler may schedule them
     // among the products, and not above the barrier
@@ -226,7 +237,7 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
     const u32 groups = min((u32)SG, (u32)GROUPS - st * SG);
 #pragma unroll
     for (u32 gi = 0; gi < (u32)SG; ++gi) {
-      if (gi >= groups) break;
+      if (PARTIAL && gi >= groups) break;
       uint4 wq[TM][2][QV];
       u32 dd[TM][2];  // half2 (d, d)
 #pragma unroll
@@ -236,7 +247,8 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
           const u32 lr = t * 16 + h * 8 + q;
 #pragma unroll
           for (int v = 0; v < QV; ++v)
-            wq[t][h][v] = *reinterpret_cast<const uint4*>(ws + lr * ROW_PITCH + (gi * 4 + c) * QB + 16 * v);
+            wq[t][h][v] = *reinterpret_cast<const uint4*>(
+                ws + lr * ROW_PITCH + (((gi * 4 + c) * QV + v) ^ (q % 2 * W_SWZ)) * 16);
           dd[t][h] = (u32)*reinterpret_cast<const u16*>(ws + ROWS * ROW_PITCH + lr * SCALE_PITCH + (gi * 4 + c) * 2) *
                      0x10001u;
         }
@@ -292,9 +304,6 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
       }
     }
     }
-    __syncthreads();  // every warp is done with the slot before it is filled again
-    if (i + STAGES - 1 < stages) copy_stage(st_first + i + STAGES - 1, (i + STAGES - 1) % STAGES);
-    copies_commit();
   }
 
   // C's lane: rows q (e 0, 1) and q + 8 (e 2, 3) of the tile, X's rows 8 j + 2c and + 1
