@@ -929,7 +929,7 @@ def _qmm_mma_instances():
 def _mma_constants(qt, m, n, k, qtype, gated, residual, knobs):
     geo = dict(gemv.qmm_mma_geometry(m, n, k, qtype, gated), **(knobs or {}))
     return dict(QT=qt, M=m, N=n, K=k, TM=geo["tm"], NW=geo["nw"], KS=geo["ks"], SG=geo["sg"], STAGES=geo["stages"],
-                GATED=int(gated), RESID=int(residual and geo["ks"] == 1))
+                PF=geo["pf"], GATED=int(gated), RESID=int(residual and geo["ks"] == 1))
 
 
 @pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
@@ -953,15 +953,15 @@ def test_qmm_mma_compiles_for_sm90a():
 
 @pytest.mark.parametrize("m, n, k, qtype, gated, want", [
     # the 8B's gate+up: two tiles a warp, 112 CTAs of 256 rows, one an SM: one part
-    (16, 28672, 4096, "q4_0", False, dict(tm=2, nw=8, ks=1, stages=3, sg=2)),
+    (16, 28672, 4096, "q4_0", False, dict(tm=2, nw=8, ks=1, stages=3, sg=2, pf=0)),
     # O: 32 CTAs, 8 parts of K
-    (16, 4096, 4096, "q4_0", False, dict(tm=1, nw=8, ks=8, stages=3, sg=2)),
+    (16, 4096, 4096, "q4_0", False, dict(tm=1, nw=8, ks=8, stages=3, sg=2, pf=0)),
     # 64 rows of X leave room for 2 slots
-    (64, 28672, 4096, "q4_0", False, dict(tm=2, nw=8, ks=1, stages=2, sg=2)),
+    (64, 28672, 4096, "q4_0", False, dict(tm=2, nw=8, ks=1, stages=2, sg=2, pf=0)),
     # gated: a gate and an up tile a warp
-    (16, 2 * 14336, 4096, "q4_0", True, dict(tm=2, nw=8, ks=1, stages=3, sg=2)),
+    (16, 2 * 14336, 4096, "q4_0", True, dict(tm=2, nw=8, ks=1, stages=3, sg=2, pf=0)),
     # Qwen3's down: Q8_0 at 4 warps a CTA, 16 CTAs, 8 parts
-    (16, 1024, 3072, "q8_0", False, dict(tm=1, nw=4, ks=8, stages=3, sg=2)),
+    (16, 1024, 3072, "q8_0", False, dict(tm=1, nw=4, ks=8, stages=3, sg=2, pf=0)),
 ])
 def test_qmm_mma_geometry_rule(m, n, k, qtype, gated, want):
     assert gemv.qmm_mma_geometry(m, n, k, qtype, gated) == want
@@ -988,6 +988,8 @@ def test_qmm_mma_refuses_what_it_does_not_take():
         gemv.qmm_mma(x, w, "q8_0", 64, 256, kw=8)
     with pytest.raises(ValueError, match="knobs"):
         gemv.qmm_mma(x, w, "q8_0", 64, 256, stages=5)
+    with pytest.raises(ValueError, match="knobs"):
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, pf=3)
     with pytest.raises(ValueError, match="shared memory"):
         gemv.qmm_mma(mx.zeros((64, 256), mx.float16), w, "q8_0", 64, 256, tm=4, nw=8, stages=4, sg=8)
     with pytest.raises(ValueError, match="an even N"):

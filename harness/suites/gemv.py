@@ -716,11 +716,15 @@ QMM_MMA_CASES = [(1, 33, 128, False, None), (5, 4097, 4096, True, None), (16, 40
                  (40, 4096, 1152, True, dict(tm=1, nw=8, ks=1, sg=2)),
                  (24, 2056, 4096, False, dict(tm=1, nw=16, ks=2, stages=2, sg=2)),
                  (16, 4097, 1152, False, dict(stages=2, sg=8, ks=1, nw=2)), (5, 1000, 1152, True, dict(stages=4, sg=1, ks=1)),
-                 (33, 4096, 4096, False, dict(stages=2, sg=2, tm=2, nw=4))]
+                 (33, 4096, 4096, False, dict(stages=2, sg=2, tm=2, nw=4)),
+                 # W's rows asked of the L2 in runs: past the part's end (split K), a partial last
+                 # stage, rows past N, 64 rows
+                 (16, 4097, 4096, False, dict(tm=2, nw=4, ks=1, pf=4)), (33, 1000, 1152, True, dict(stages=3, sg=1, pf=2)),
+                 (64, 4096, 14336, True, dict(ks=3, pf=8)), (16, 28672, 4096, False, dict(tm=2, nw=4, ks=1, pf=16))]
 # ... and gated (silu(gate) * up of [gate; up], F not a whole tile; in the launch and the adding one)
 QMM_MMA_GATED_CASES = [(16, 2 * 14336, 4096, None), (5, 2 * 1001, 1024, None), (64, 2 * 3072, 1024, None),
                        (20, 2 * 4096, 4096, dict(tm=4, nw=2, ks=1)), (1, 2 * 24, 256, dict(tm=2, nw=1, ks=2)),
-                       (16, 2 * 1001, 4096, dict(tm=2, nw=4, ks=4))]
+                       (16, 2 * 1001, 4096, dict(tm=2, nw=4, ks=4)), (16, 2 * 1001, 4096, dict(tm=2, nw=4, ks=2, pf=4))]
 # W's ring on its own schedule (wr 1..4 without xs; Q4_0 and Q8_0, the other types as without it):
 # tails of N, K and M, WK groups, split K (a part of 11 super-chunks with 4 ahead: copies past the
 # part), 64 rows; each fits Q8_0's two words a chunk in 48 KiB, the first Metal's 32 KiB
@@ -1450,12 +1454,17 @@ def qmm_sweep_label(knobs: dict) -> str:
 
 # the 8B's four matrices in Q4_0 and Qwen3-0.6B's four in Q8_0 (the models of the serve targets)
 QMM_MMA_SWEEP_SHAPES = QMM_SWEEP_SHAPES[:4] + QMM_SWEEP_SHAPES[5:]
-QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, ks=ks, stages=st, sg=sg) for tm in (1, 2) for nw in (4, 8, 16) for ks in (1, 2, 4, 8)
-                 for st, sg in ((3, 1), (4, 1), (2, 2), (3, 2), (4, 2), (3, 4))]
+QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, ks=ks, stages=st, sg=sg, pf=pf) for tm in (1, 2) for nw in (4, 8, 16)
+                 for ks in (1, 2, 4, 8) for st, sg in ((3, 1), (4, 1), (2, 2), (3, 2), (4, 2), (3, 4)) for pf in (0, 4)]
+
+
+def qmm_mma_sweep_label(knobs: dict) -> str:
+    """A qmm_mma sweep row's variant: its knobs, PF only where W's rows are asked of the L2."""
+    return "mma TM{tm}-NW{nw}-KS{ks}-ST{stages}-SG{sg}".format(**knobs) + (f"-PF{knobs['pf']}" if knobs.get("pf") else "")
 
 
 def _qmm_mma_sweep() -> list[BenchCase]:
-    """qmm_mma's knobs (QMM_MMA_SWEEP, variant 'mma TM.-NW.-KS.-ST.-SG.') where the ring fits the
+    """qmm_mma's knobs (QMM_MMA_SWEEP, variant 'mma TM.-NW.-KS.-ST.-SG.[-PF.]') where the ring fits the
     shared memory and each part of K has a stage, on QMM_MMA_SWEEP_SHAPES at QMM_SWEEP_ROWS rows;
     none where native kernels do not run."""
     from kernels import native
@@ -1465,7 +1474,7 @@ def _qmm_mma_sweep() -> list[BenchCase]:
         return []
 
     def settings(qtype, m, n, k):
-        return [("mma TM{tm}-NW{nw}-KS{ks}-ST{stages}-SG{sg}".format(**knobs), knobs) for knobs in QMM_MMA_SWEEP
+        return [(qmm_mma_sweep_label(knobs), knobs) for knobs in QMM_MMA_SWEEP
                 if qmm_mma_smem(m, qtype, knobs["tm"], knobs["nw"], knobs["stages"], knobs["sg"]) <= QMM_MMA_SMEM
                 and knobs["ks"] <= -(-k // (128 * knobs["sg"]))
                 and 66 <= -(-n // (16 * knobs["tm"] * knobs["nw"])) * knobs["ks"] <= 1056]  # a half to 8 waves

@@ -99,7 +99,7 @@ def qmm_mma_constants(spec: str, knobs: list[str]) -> tuple[str, str, dict[str, 
     geo.update({key: int(v) for key, v in (kv.split("=") for kv in knobs)})
     return gemv.QMM_MMA, "lathe_qmm_mma", dict(
         QT=gemv.QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=geo["tm"], NW=geo["nw"], KS=geo["ks"], SG=geo["sg"],
-        STAGES=geo["stages"], GATED=int(gated), RESID=0)
+        STAGES=geo["stages"], PF=geo["pf"], GATED=int(gated), RESID=0)
 
 
 def report(sass: str, top: int) -> str:

@@ -1410,7 +1410,7 @@ def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[st
     sms = runtime.sm_count() or QMM_MMA_SMS
     while ctas * ks <= sms * resident // 2 and 2 * ks <= stages_k:
         ks *= 2
-    return dict(tm=tm, nw=nw, ks=ks, stages=stages, sg=sg)
+    return dict(tm=tm, nw=nw, ks=ks, stages=stages, sg=sg, pf=0)
 
 
 def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
@@ -1420,7 +1420,8 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     `activation` "silu": W is [gate; up] (N = 2F rows), Y = silu(X @ gate^T) * (X @ up^T), [M, F].
     Launch knobs (qmm_mma_geometry's where not given): tm 16-row tiles a warp, nw warps a CTA, ks
     parts of K (past 1 a second launch, qmm_reduce.metal's, adds them and applies the epilogue),
-    stages slots of the ring of X and W, sg groups of K (128 values) a slot."""
+    stages slots of the ring of X and W, sg groups of K (128 values) a slot, pf 0 or the stages of each
+    W row asked of the L2 in one run (cp.async.bulk.prefetch), pf stages ahead of the ring."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
         raise ValueError("qmm_mma takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
@@ -1435,16 +1436,16 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     n_out = n // 2 if gated else n
     if residual is not None:
         _check_residual(residual, m, n_out)
-    unknown = set(knobs) - {"tm", "nw", "ks", "stages", "sg"}
+    unknown = set(knobs) - {"tm", "nw", "ks", "stages", "sg", "pf"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: tm, nw, ks, stages, sg")
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: tm, nw, ks, stages, sg, pf")
     geo = qmm_mma_geometry(m, n, k, qtype, gated)
     geo.update({key: v for key, v in knobs.items() if v is not None})
-    tm, nw, ks, stages, sg = (geo[key] for key in ("tm", "nw", "ks", "stages", "sg"))
+    tm, nw, ks, stages, sg, pf = (geo[key] for key in ("tm", "nw", "ks", "stages", "sg", "pf"))
     if tm not in (1, 2, 4) or (gated and tm % 2) or nw not in (1, 2, 4, 8, 16) or not 1 <= ks <= 64 \
-            or stages not in (2, 3, 4) or sg not in (1, 2, 4, 8):
+            or stages not in (2, 3, 4) or sg not in (1, 2, 4, 8) or pf not in (0, 1, 2, 4, 8, 16):
         raise ValueError(f"qmm_mma's knobs: tm 1, 2 or 4 (gated: even), nw 1..16, ks 1..64, stages 2..4, sg 1, 2, "
-                         f"4 or 8; got tm {tm}, nw {nw}, ks {ks}, stages {stages}, sg {sg}")
+                         f"4 or 8, pf 0, 1, 2, 4, 8 or 16; got tm {tm}, nw {nw}, ks {ks}, stages {stages}, sg {sg}, pf {pf}")
     smem = qmm_mma_smem(m, qtype, tm, nw, stages, sg)
     if smem > QMM_MMA_SMEM:
         raise ValueError(f"qmm_mma's ring needs {smem} bytes of shared memory, past {QMM_MMA_SMEM}: fewer warps, "
@@ -1452,7 +1453,7 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     from kernels import native
 
     ctas = -(-n_out // (16 * (tm // 2 if gated else tm) * nw))
-    constants = dict(QT=QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=tm, NW=nw, KS=ks, SG=sg, STAGES=stages,
+    constants = dict(QT=QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=tm, NW=nw, KS=ks, SG=sg, STAGES=stages, PF=pf,
                      GATED=int(gated), RESID=int(residual is not None and ks == 1))
     inputs = [x, w.data, residual if residual is not None and ks == 1 else x]
     grid, group = (ctas * 32 * nw, ks, 1), (32 * nw, 1, 1)

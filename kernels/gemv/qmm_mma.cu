@@ -28,7 +28,8 @@
 // bytes), times the block's scale.
 //
 // Constants (NVRTC -D): QT 0 Q4_0 / 1 Q8_0, M (rows of X, 1..64), N, K (a multiple of 128), TM
-// (16-row tiles a warp), NW (warps a CTA), KS (parts of K), SG (groups of K a stage), STAGES,
+// (16-row tiles a warp), NW (warps a CTA), KS (parts of K), SG (groups of K a stage), STAGES, PF
+// (0, or stages of each W row asked of the L2 in one run, PF stages ahead of the ring's copies),
 // GATED (W is [gate; up], N = 2F: a warp's tiles alternate gate and up rows F apart, Y = silu(gate)
 // * up, [M, F]), RESID (Y + R), ENTRY. Inputs: x [M, K] fp16, w (the Packed bytes), residual
 // [M, N] (RESID). Output: y fp16 [M, N_out] (KS 1), or the parts float32 [KS, M, N] (KS > 1: the
@@ -106,6 +107,11 @@ __device__ __forceinline__ void copy4(u32 dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
 __device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// a 128-byte line into the L2 (a thread's own address: cp.async.bulk.prefetch takes a uniform one,
+// which NVRTC turns into a loop over the lanes)
+__device__ __forceinline__ void prefetch_l2(const void* src) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src));
+}
 template <int N_>
 __device__ __forceinline__ void copies_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N_) : "memory"); }
 
@@ -222,6 +228,24 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
     if ((u32)i < stages) copy_stage(st_first + i, i);
     copies_commit();
   }
+  // W's rows asked of the L2 in runs of PF stages (a row's stages are contiguous in the v3 layout),
+  // so that DRAM sees runs of PF * ROW_BYTES where the ring's copies alone ask ROW_BYTES of each
+  // row a stage: PF_LINES lines a row, spread over the lanes
+  constexpr int PF_LINES = PF * ROW_BYTES < 128 ? 1 : PF * ROW_BYTES / 128;
+  auto prefetch_rows = [&](u32 from) {
+    if (from >= stages) return;
+    const u32 run = (st_first + from) * ROW_BYTES, row_end = GROUPS * 4 * QB;
+#pragma unroll
+    for (int k = 0; k < (ROWS * PF_LINES + 31) / 32; ++k) {
+      const u32 p = lane + 32 * k, lr = p / PF_LINES, at = run + (p % PF_LINES) * 128;
+      if (lr < (u32)ROWS && (int)w_local(lr) < (int)OUT_N - (int)tile_base && at < row_end)
+        prefetch_l2(quants + (size_t)(tile_base + w_row_offset(lr)) * (K / 32 * QB) + at);
+    }
+  };
+  if (PF > 0) {
+    prefetch_rows(STAGES - 1);
+    prefetch_rows(STAGES - 1 + PF);
+  }
   for (u32 i = 0; i < stages; ++i) {
     copies_wait<STAGES - 2>();
     // one barrier a stage: every thread's copies of stage i are in, and every warp is done with
@@ -229,6 +253,7 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
     __syncthreads();
     if (i + STAGES - 1 < stages) copy_stage(st_first + i + STAGES - 1, (i + STAGES - 1) % STAGES);
     copies_commit();
+    if (PF > 0 && i % PF == 0 && i > 0) prefetch_rows(i + STAGES - 1 + PF);
     const u32 st = st_first + i, slot = i % STAGES;
     // read back as plain loads of shared memory (not asm), so that the compiler may schedule them
     // among the products, and not above the barrier
