@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kernels import gemv
+from kernels import gemv, options
 from tests.test_nvrtc_compile import _available as _nvrtc_missing
 
 N, K = 8, 64
@@ -952,14 +952,16 @@ def test_qmm_mma_compiles_for_sm90a():
 
 
 @pytest.mark.parametrize("m, n, k, qtype, gated, want", [
-    # the 8B's gate+up: two tiles a warp, 112 CTAs of 256 rows, one an SM: one part
-    (16, 28672, 4096, "q4_0", False, dict(tm=2, nw=8, ks=1, stages=3, sg=2, pf=0)),
-    # O: 32 CTAs, 8 parts of K
-    (16, 4096, 4096, "q4_0", False, dict(tm=1, nw=8, ks=8, stages=3, sg=2, pf=0)),
-    # 64 rows of X leave room for 2 slots
+    # the 8B's gate+up: two tiles a warp, 224 CTAs of 128 rows, two an SM: one part
+    (16, 28672, 4096, "q4_0", False, dict(tm=2, nw=4, ks=1, stages=3, sg=2, pf=0)),
+    # O: 64 CTAs, three an SM: 4 parts of K
+    (16, 4096, 4096, "q4_0", False, dict(tm=1, nw=4, ks=4, stages=3, sg=2, pf=0)),
+    # down (K 14336): two tiles a warp, 32 CTAs, 8 parts
+    (16, 4096, 14336, "q4_0", False, dict(tm=2, nw=4, ks=8, stages=3, sg=2, pf=0)),
+    # 64 rows of X leave room for 2 slots; 8 warps a CTA past 32 rows
     (64, 28672, 4096, "q4_0", False, dict(tm=2, nw=8, ks=1, stages=2, sg=2, pf=0)),
     # gated: a gate and an up tile a warp
-    (16, 2 * 14336, 4096, "q4_0", True, dict(tm=2, nw=8, ks=1, stages=3, sg=2, pf=0)),
+    (16, 2 * 14336, 4096, "q4_0", True, dict(tm=2, nw=4, ks=1, stages=3, sg=2, pf=0)),
     # Qwen3's down: Q8_0 at 4 warps a CTA, 16 CTAs, 8 parts
     (16, 1024, 3072, "q8_0", False, dict(tm=1, nw=4, ks=8, stages=3, sg=2, pf=0)),
 ])
@@ -1000,3 +1002,46 @@ def test_qmm_mma_refuses_what_it_does_not_take():
         gemv.qmm_mma(x, w, "q8_0", 64, 256, activation="silu", residual=mx.zeros((8, 32), mx.float16))
     with pytest.raises(ValueError, match="residual"):
         gemv.qmm_mma(x, w, "q8_0", 64, 256, residual=mx.zeros((8, 63), mx.float16))
+
+
+@pytest.mark.parametrize("m, qtype, k, norm, activation, next_norm, want", [
+    (16, "q4_0", 4096, False, None, None, True),
+    (8, "q8_0", 1024, False, "silu", None, True),
+    (16, "q4_0", 4096, False, None, (None, 1e-5), True),  # the parts go to the norm's adding launch
+    (16, "q4_0", 4096, True, None, None, False),  # the RMSNorm prologue is qmm's
+    (16, "q4_0", 4096, False, "gelu", None, False),
+    (16, "q4_k", 4096, False, None, None, False),
+    (16, "q8_0", 4160, False, None, None, False),  # K not whole groups of 128
+    (16, "q8_0", 256, False, None, (None, 1e-5), False),  # next_norm's two parts need two stages
+])
+def test_qmm_hands_to_qmm_mma_what_it_takes(m, qtype, k, norm, activation, next_norm, want, monkeypatch):
+    from kernels import native
+
+    monkeypatch.setattr(native, "available", lambda: True)
+    assert gemv.qmm_on_mma(m, qtype, k, norm, activation, next_norm) is want
+    with options.use(qmm_mma=False):
+        assert gemv.qmm_on_mma(m, qtype, k, norm, activation, next_norm) is False
+    monkeypatch.setattr(native, "available", lambda: False)
+    assert gemv.qmm_on_mma(m, qtype, k, norm, activation, next_norm) is False
+
+
+@pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
+def test_qmm_with_next_norm_on_qmm_mma_adds_parts_in_the_norm_launch(monkeypatch):
+    """With the option on (and native kernels taken as available), a decode plan's qmm + residual +
+    next_norm is qmm_mma's parts (two at least), then qmm's adding launch that writes the norm;
+    with it off, qmm's own split launch. Recorded, not run (the native launch is compiled)."""
+    from kernels import native
+    from kernels.runtime import recording
+
+    monkeypatch.setattr(native, "available", lambda: True)
+    n, k, m = 4096, 4096, 16
+    w, x = _zero_packed("q4_0", n, k), mx.zeros((m, k), mx.float16)
+    args = dict(residual=mx.zeros((m, n), mx.float16), next_norm=(mx.ones((n,), mx.float16), 1e-5))
+    with recording() as rec:
+        y, h = gemv.qmm(x, w, "q4_0", n, k, **args)
+    (job,) = rec.jobs
+    assert job.spec.name == "lathe_qmm_reduce_residual_norm" and job.constants["KS"] >= 2
+    assert tuple(y.shape) == tuple(h.shape) == (m, n)
+    with options.use(qmm_mma=False), recording() as rec:
+        gemv.qmm(x, w, "q4_0", n, k, **args)
+    assert [j.spec.name for j in rec.jobs][-1] == "lathe_qmm_reduce_residual_norm" and len(rec.jobs) == 2

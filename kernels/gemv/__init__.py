@@ -1322,6 +1322,8 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
             raise ValueError(f"next_norm normalizes the residual stream: it takes a residual, no activation and N a "
                              f"multiple of 8, got residual {residual is not None}, activation {activation!r}, N={n}")
         _check_norm(next_norm[0], float(next_norm[1]), n)
+    if not rows8 and all(v is None for v in knobs.values()) and qmm_on_mma(m, qtype, k, norm, activation, next_norm):
+        return qmm_mma(x, w, qtype, n, k, residual=residual, activation=activation, next_norm=next_norm)
     # the rule's knobs passed as they are: qmm_geometry is cached by its arguments, the rule reads
     # an option (qmm_x_staged)
     mp, nb, wn, wk = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb") or shaped["NB"],
@@ -1368,6 +1370,7 @@ QMM_MMA_QTYPES = ("q4_0", "q8_0")
 QMM_MMA_SMEM = 227 * 1024  # a CTA's shared memory on sm_90
 QMM_MMA_SM_SMEM = 228 * 1024  # an SM's, for the CTAs it keeps resident
 QMM_MMA_SMS = 132  # the SMs a launch is sized by where the driver does not say (the H100's and H200's)
+QMM_MMA_SG_MAX = 2  # the most groups a stage the rule gives (qmm_mma_geometry)
 
 
 def qmm_mma_refuses(qtype: str, k: int) -> str:
@@ -1392,16 +1395,17 @@ def qmm_mma_smem(m: int, qtype: str, tm: int, nw: int, stages: int, sg: int) -> 
 
 
 def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[str, int]:
-    """The launch knobs (tm, nw, ks, stages, sg), from the sweep of df27d24 at 8 and 16 rows
-    (kernels/gemv/NOTES.md, "qmm on the warp MMA"): 3 slots of 2 groups (fewer where X's rows do not
-    leave room); Q4_0 8 warps a CTA, Q8_0 4; two 16-row tiles a warp on the widest matrices (and
-    gated: a gate and an up tile), else one; and the fewest parts of K (each a stage at least)
+    """The launch knobs (tm, nw, ks, stages, sg, pf), from the sweeps of df27d24 (8 and 16 rows) and
+    4d09f63 (16 rows, Q4_0; kernels/gemv/NOTES.md, "qmm on the warp MMA"): 3 slots of 2 groups (fewer
+    where X's rows do not leave room); 4 warps a CTA (Q4_0 past 32 rows 8, as measured at 64); two
+    16-row tiles a warp on the widest or deepest matrices (and gated: a gate and an up tile), else
+    one; W's L2 prefetch off (slower in every swept case); and the fewest parts of K (each a stage at least)
     that give the SMs (runtime.sm_count, QMM_MMA_SMS where the driver does not say) half the CTAs
     their shared memory lets them keep, or more."""
     from kernels import runtime
 
     rows = n // 2 if gated else n
-    tm, nw = (2 if gated or rows >= 16384 else 1), (8 if qtype == "q4_0" else 4)
+    tm, nw = (2 if gated or rows >= 16384 or k >= 8192 else 1), (8 if qtype == "q4_0" and m > 32 else 4)
     stages, sg = next(((st, g) for st, g in ((3, 2), (2, 2), (2, 1))
                        if qmm_mma_smem(m, qtype, tm, nw, st, g) <= QMM_MMA_SMEM), (2, 1))
     resident = max(1, min(QMM_MMA_SM_SMEM // qmm_mma_smem(m, qtype, tm, nw, stages, sg), 2048 // (32 * nw)))
@@ -1413,15 +1417,31 @@ def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[st
     return dict(tm=tm, nw=nw, ks=ks, stages=stages, sg=sg, pf=0)
 
 
+def qmm_on_mma(m: int, qtype: str, k: int, norm: bool, activation: str | None,
+               next_norm: tuple[mx.array, float] | None) -> bool:
+    """Whether qmm() hands this launch to qmm_mma (the qmm_mma option, where native kernels run):
+    Q4_0 or Q8_0 on K whole groups, no RMSNorm prologue, no activation but SiLU's, and with next_norm
+    a K of two stages at least (its parts go to the adding launch that writes the norm)."""
+    if not options.get("qmm_mma") or qtype not in QMM_MMA_QTYPES or qmm_mma_refuses(qtype, k) or norm \
+            or activation not in (None, "silu") or (next_norm is not None and k < 2 * 128 * QMM_MMA_SG_MAX):
+        return False
+    from kernels import native
+
+    return native.available()
+
+
 def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
-            activation: str | None = None, **knobs: int) -> mx.array:
+            activation: str | None = None, next_norm: tuple[mx.array, float] | None = None,
+            **knobs: int) -> mx.array | tuple[mx.array, mx.array]:
     """qmm on the warp MMA (qmm_mma.cu, a native CUDA kernel: sm_90a): Y[M, N] = X[M, K] @ W^T
     (+ residual), W Q4_0 or Q8_0 repacked (Packed, read in place), M 1..64, K a multiple of 128.
     `activation` "silu": W is [gate; up] (N = 2F rows), Y = silu(X @ gate^T) * (X @ up^T), [M, F].
     Launch knobs (qmm_mma_geometry's where not given): tm 16-row tiles a warp, nw warps a CTA, ks
     parts of K (past 1 a second launch, qmm_reduce.metal's, adds them and applies the epilogue),
     stages slots of the ring of X and W, sg groups of K (128 values) a slot, pf 0 or the stages of each
-    W row asked of the L2 in one run (cp.async.bulk.prefetch), pf stages ahead of the ring."""
+    W row asked of the L2 in one run (prefetch.global.L2), pf stages ahead of the ring.
+    `next_norm` (gamma, eps; with the residual, not gated) as qmm's: K in two parts at least, whose
+    adding launch (qmm_reduce.metal's) also writes H = RMSNorm(Y) * gamma; returns (Y, H)."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, Packed):
         raise ValueError("qmm_mma takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
@@ -1436,12 +1456,22 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     n_out = n // 2 if gated else n
     if residual is not None:
         _check_residual(residual, m, n_out)
+    if next_norm is not None:
+        if residual is None or gated or n % 8:
+            raise ValueError(f"next_norm normalizes the residual stream: it takes a residual, no activation and N a "
+                             f"multiple of 8, got residual {residual is not None}, activation {activation!r}, N={n}")
+        _check_norm(next_norm[0], float(next_norm[1]), n)
     unknown = set(knobs) - {"tm", "nw", "ks", "stages", "sg", "pf"}
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: tm, nw, ks, stages, sg, pf")
     geo = qmm_mma_geometry(m, n, k, qtype, gated)
     geo.update({key: v for key, v in knobs.items() if v is not None})
+    if next_norm is not None and knobs.get("ks") is None:
+        geo["ks"] = max(geo["ks"], 2)  # the norm is the adding launch's: parts, however few
     tm, nw, ks, stages, sg, pf = (geo[key] for key in ("tm", "nw", "ks", "stages", "sg", "pf"))
+    if next_norm is not None and (ks < 2 or ks > -(-k // (128 * sg))):
+        raise ValueError(f"qmm_mma with next_norm splits K in parts (ks >= 2), each a stage of {sg} groups at least: "
+                         f"got ks {ks} for K={k}")
     if tm not in (1, 2, 4) or (gated and tm % 2) or nw not in (1, 2, 4, 8, 16) or not 1 <= ks <= 64 \
             or stages not in (2, 3, 4) or sg not in (1, 2, 4, 8) or pf not in (0, 1, 2, 4, 8, 16):
         raise ValueError(f"qmm_mma's knobs: tm 1, 2 or 4 (gated: even), nw 1..16, ks 1..64, stages 2..4, sg 1, 2, "
@@ -1463,6 +1493,11 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
         return y
     (part,) = native.launch(QMM_MMA, "lathe_qmm_mma", constants, inputs, [((ks, m, n), mx.float32)], grid, group,
                             smem)
+    if next_norm is not None:
+        nsimd = qmm_reduce_nsimd(n)
+        return tuple(launch(Launch(_QMM_REDUCE_NORM, [part, _dims(n, k), residual, next_norm[0],
+                                                      _eps(float(next_norm[1]))], [((m, n), mx.float16)] * 2,
+                                   (m * 32 * nsimd, 1, 1), (32 * nsimd, 1, 1), dict(M=m, KS=ks, NSIMD=nsimd))))
     (y,) = launch(Launch(_QMM_REDUCE[residual is not None, activation],
                          [part, _dims(n, k), *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
                          (-(-m * n_out // 256) * 256, 1, 1), (256, 1, 1), dict(M=m, KS=ks)))
