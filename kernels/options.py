@@ -167,11 +167,13 @@ DECLARED = (
            "32 and 64 sequences took 1.3-1.4x the tok/s off (GPU-bound: the prologue's reads of X); Qwen3's "
            "fused serve at 8 and 32, host-bound, took 7-58% more on (one launch fewer a norm; kernels/loop/"
            "NOTES.md, 3bd2061)"),
-    Option("qmm_mma", True, _flag,
+    Option("qmm_mma", "auto", _auto_or_flag,
            "qmm's launches of Q4_0 and Q8_0 matrices without its RMSNorm prologue (the 8B's serve steps and short "
            "prompts, Qwen3's O and down) go to kernels.gemv.qmm_mma, the native GEMM on the warp MMA, where native "
-           "kernels run (sm_90); its parts, residual, SiLU epilogue and next_norm as qmm's adding launch has them. "
-           "On an H200 at 4d09f63 qmm took 1.19-1.36x its GPU time at 16 rows of the 8B's Q4_0 matrices (kernels/gemv/NOTES.md)"),
+           "kernels run (sm_90); its parts, residual, SiLU epilogue and next_norm through qmm's adding launches. "
+           "auto: on matrices of 2^24 weights and more (the 8B's; Qwen3's fused serve at 8 sequences lost 35% with "
+           "it, host-bound: a launch more a split matrix). On an H200 at babd185 the 8B's fused serve at 32 and 64 "
+           "sequences took 1.15-1.29x the decode tok/s with it (kernels/gemv/NOTES.md)"),
     Option("qmm_norm_after", True, _flag,
            "prompt_qmm's plan with qmm_prologue off: each RMSNorm that follows O's or down's qmm + residual is "
            "written by the launch that adds qmm's parts (qmm's next_norm: a threadgroup a row; the rmsnorm "

@@ -226,7 +226,7 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["unfused", "fused", "fused/paged_qkv_rows=off", "fused/serve_rope_attention=off",
-                                     "fused/qmm_prologue=off",
+                                     "fused/qmm_prologue=off", "fused/qmm_mma=on", "fused/qmm_prologue=off,qmm_mma=on",
                                      "megafused", "megafused/serve_mega_rows=4", "megafused/serve_mega_extra=0"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models, preset, variant, request):
@@ -239,7 +239,8 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
     plan with serve_mega_extra=0 (every step past one sequence). paged_qkv_rows=off: the RoPE + K/V
     write from MLX slices of the fused QKV, not its rows; serve_rope_attention=off: fused's decode-only
     steps with the paged write apart from paged_attention; qmm_prologue=off: the steps of 5 rows with
-    lathe's rmsnorm before qmm, the norms after O and down in qmm's adding launch (qmm_norm_after)."""
+    lathe's rmsnorm before qmm, the norms after O and down in qmm's adding launch (qmm_norm_after);
+    qmm_mma=on: qmm's plain launches on qmm_mma, whose auto leaves these small matrices to qmm."""
     from harness.program.batch_forward import PagedBatchKernels
     from harness.program.kernel_decode import KernelDecoder
     from kernels import options

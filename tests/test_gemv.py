@@ -1004,25 +1004,36 @@ def test_qmm_mma_refuses_what_it_does_not_take():
         gemv.qmm_mma(x, w, "q8_0", 64, 256, residual=mx.zeros((8, 63), mx.float16))
 
 
-@pytest.mark.parametrize("m, qtype, k, norm, activation, next_norm, want", [
-    (16, "q4_0", 4096, False, None, None, True),
-    (8, "q8_0", 1024, False, "silu", None, True),
-    (16, "q4_0", 4096, False, None, (None, 1e-5), True),  # the parts go to the norm's adding launch
-    (16, "q4_0", 4096, True, None, None, False),  # the RMSNorm prologue is qmm's
-    (16, "q4_0", 4096, False, "gelu", None, False),
-    (16, "q4_k", 4096, False, None, None, False),
-    (16, "q8_0", 4160, False, None, None, False),  # K not whole groups of 128
-    (16, "q8_0", 256, False, None, (None, 1e-5), False),  # next_norm's two parts need two stages
+@pytest.mark.parametrize("qtype, n, k, norm, activation, next_norm, want", [
+    ("q4_0", 4096, 4096, False, None, None, True),
+    ("q8_0", 2 * 14336, 4096, False, "silu", None, True),
+    ("q4_0", 4096, 4096, False, None, (None, 1e-5), True),  # the parts go to the norm's adding launch
+    ("q4_0", 4096, 4096, True, None, None, False),  # the RMSNorm prologue is qmm's
+    ("q4_0", 4096, 4096, False, "gelu", None, False),
+    ("q4_k", 4096, 4096, False, None, None, False),
+    ("q8_0", 4096, 4160, False, None, None, False),  # K not whole groups of 128
+    ("q8_0", 1 << 16, 256, False, None, (None, 1e-5), False),  # next_norm's two parts need two stages
 ])
-def test_qmm_hands_to_qmm_mma_what_it_takes(m, qtype, k, norm, activation, next_norm, want, monkeypatch):
+def test_qmm_hands_to_qmm_mma_what_it_takes(qtype, n, k, norm, activation, next_norm, want, monkeypatch):
     from kernels import native
 
     monkeypatch.setattr(native, "available", lambda: True)
-    assert gemv.qmm_on_mma(m, qtype, k, norm, activation, next_norm) is want
+    assert gemv.qmm_on_mma(qtype, n, k, norm, activation, next_norm) is want
     with options.use(qmm_mma=False):
-        assert gemv.qmm_on_mma(m, qtype, k, norm, activation, next_norm) is False
+        assert gemv.qmm_on_mma(qtype, n, k, norm, activation, next_norm) is False
     monkeypatch.setattr(native, "available", lambda: False)
-    assert gemv.qmm_on_mma(m, qtype, k, norm, activation, next_norm) is False
+    assert gemv.qmm_on_mma(qtype, n, k, norm, activation, next_norm) is False
+
+
+def test_qmm_mma_auto_takes_the_large_matrices(monkeypatch):
+    """auto: the 8B's matrices (from 4096 x 4096), not Qwen3-0.6B's; on: those too."""
+    from kernels import native
+
+    monkeypatch.setattr(native, "available", lambda: True)
+    assert gemv.qmm_on_mma("q4_0", 4096, 4096, False, None, None)
+    assert not gemv.qmm_on_mma("q8_0", 1024, 3072, False, None, None)
+    with options.use(qmm_mma=True):
+        assert gemv.qmm_on_mma("q8_0", 1024, 3072, False, None, None)
 
 
 @pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")

@@ -1322,7 +1322,7 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
             raise ValueError(f"next_norm normalizes the residual stream: it takes a residual, no activation and N a "
                              f"multiple of 8, got residual {residual is not None}, activation {activation!r}, N={n}")
         _check_norm(next_norm[0], float(next_norm[1]), n)
-    if not rows8 and all(v is None for v in knobs.values()) and qmm_on_mma(m, qtype, k, norm, activation, next_norm):
+    if not rows8 and all(v is None for v in knobs.values()) and qmm_on_mma(qtype, n, k, norm, activation, next_norm):
         return qmm_mma(x, w, qtype, n, k, residual=residual, activation=activation, next_norm=next_norm)
     # the rule's knobs passed as they are: qmm_geometry is cached by its arguments, the rule reads
     # an option (qmm_x_staged)
@@ -1371,6 +1371,11 @@ QMM_MMA_SMEM = 227 * 1024  # a CTA's shared memory on sm_90
 QMM_MMA_SM_SMEM = 228 * 1024  # an SM's, for the CTAs it keeps resident
 QMM_MMA_SMS = 132  # the SMs a launch is sized by where the driver does not say (the H100's and H200's)
 QMM_MMA_SG_MAX = 2  # the most groups a stage the rule gives (qmm_mma_geometry)
+# qmm_mma under the option's auto: matrices of this many weights and more (the 8B's, from 4096 x 4096).
+# On Qwen3-0.6B's (1024 x 2048, 1024 x 3072) serve's fused steps of 8 sequences were 35% slower
+# with it: host-bound, and qmm_mma adds its parts in a launch of its own where qmm's last
+# threadgroup adds them (kernels/gemv/NOTES.md)
+QMM_MMA_AUTO_WEIGHTS = 1 << 24
 
 
 def qmm_mma_refuses(qtype: str, k: int) -> str:
@@ -1417,13 +1422,16 @@ def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[st
     return dict(tm=tm, nw=nw, ks=ks, stages=stages, sg=sg, pf=0)
 
 
-def qmm_on_mma(m: int, qtype: str, k: int, norm: bool, activation: str | None,
+def qmm_on_mma(qtype: str, n: int, k: int, norm: bool, activation: str | None,
                next_norm: tuple[mx.array, float] | None) -> bool:
     """Whether qmm() hands this launch to qmm_mma (the qmm_mma option, where native kernels run):
-    Q4_0 or Q8_0 on K whole groups, no RMSNorm prologue, no activation but SiLU's, and with next_norm
-    a K of two stages at least (its parts go to the adding launch that writes the norm)."""
-    if not options.get("qmm_mma") or qtype not in QMM_MMA_QTYPES or qmm_mma_refuses(qtype, k) or norm \
-            or activation not in (None, "silu") or (next_norm is not None and k < 2 * 128 * QMM_MMA_SG_MAX):
+    Q4_0 or Q8_0 on K whole groups, no RMSNorm prologue, no activation but SiLU's, with next_norm a K
+    of two stages at least (its parts go to the adding launch that writes the norm); under auto, a
+    matrix of QMM_MMA_AUTO_WEIGHTS weights or more."""
+    setting = options.get("qmm_mma")
+    if not setting or (setting == "auto" and n * k < QMM_MMA_AUTO_WEIGHTS) or qtype not in QMM_MMA_QTYPES \
+            or qmm_mma_refuses(qtype, k) or norm or activation not in (None, "silu") \
+            or (next_norm is not None and k < 2 * 128 * QMM_MMA_SG_MAX):
         return False
     from kernels import native
 
