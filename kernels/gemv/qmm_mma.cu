@@ -103,9 +103,6 @@ __device__ __forceinline__ void copy16(u32 dst, const void* src) {
 __device__ __forceinline__ void copy8(u32 dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
 }
-__device__ __forceinline__ void copy4(u32 dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
 __device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // a 128-byte line into the L2 (a thread's own address: cp.async.bulk.prefetch takes a uniform one,
 // which NVRTC turns into a loop over the lanes)
@@ -204,7 +201,8 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
     for (int i = 0; i < W_PASSES; ++i) {
       const int lr = W_ROWS_A_PASS ? i * W_RP : i / W_SPLIT, pc = W_ROWS_A_PASS ? 0 : (i % W_SPLIT) * 32;
       if ((int)w_local(lr) < w_left && (!PARTIAL || w_pc + pc < groups * (W_PPR / SG)))
-        copy16(ws + (W_RP == 1 && lr % 2 ? w_dst_odd : w_dst) + lr * ROW_PITCH + pc * 16, wg + (size_t)w_row_offset(lr) * (K / 32 * QB) + pc * 16);
+        copy16(ws + (W_RP == 1 && lr % 2 ? w_dst_odd : w_dst) + lr * ROW_PITCH + pc * 16,
+               wg + (size_t)w_row_offset(lr) * (K / 32 * QB) + pc * 16);
     }
     const u32 ss = ws + ROWS * ROW_PITCH + s_r0 * SCALE_PITCH + s_pc * SP;
 #pragma unroll
