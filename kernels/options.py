@@ -173,7 +173,7 @@ DECLARED = (
            "kernels run (sm_90); its parts, residual, SiLU epilogue and next_norm through qmm's adding launches. "
            "auto: on matrices of 2^24 weights and more (the 8B's; Qwen3's fused serve at 8 sequences lost 35% with "
            "it, host-bound: a launch more a split matrix). On an H200 at babd185 the 8B's fused serve at 32 and 64 "
-           "sequences took 1.15-1.29x the decode tok/s with it (kernels/gemv/NOTES.md)"),
+           "sequences took 1.15-1.27x the decode tok/s with it (kernels/gemv/NOTES.md)"),
     Option("qmm_norm_after", True, _flag,
            "prompt_qmm's plan with qmm_prologue off: each RMSNorm that follows O's or down's qmm + residual is "
            "written by the launch that adds qmm's parts (qmm's next_norm: a threadgroup a row; the rmsnorm "
