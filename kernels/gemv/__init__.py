@@ -240,6 +240,16 @@ def _check_residual(residual: mx.array, m: int, n: int) -> None:
         raise ValueError(f"residual must be [M={m}, N={n}], got {tuple(residual.shape)}")
 
 
+def _check_next_norm(next_norm: tuple[mx.array, float], residual: mx.array | None, activation: str | None,
+                     n: int) -> None:
+    """qmm's and qmm_mma's next_norm: the norm of the residual stream, so a residual, no activation,
+    N a multiple of 8, and gamma [N]."""
+    if residual is None or activation is not None or n % 8:
+        raise ValueError(f"next_norm normalizes the residual stream: it takes a residual, no activation and N a "
+                         f"multiple of 8, got residual {residual is not None}, activation {activation!r}, N={n}")
+    _check_norm(next_norm[0], float(next_norm[1]), n)
+
+
 def _check_norm(gamma: mx.array, eps: float, k: int) -> None:
     """The RMSNorm prologue's weights (fp16 [K]) and eps (> 0)."""
     _check_fp16("gamma", gamma)
@@ -1318,10 +1328,7 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     if residual is not None:
         _check_residual(residual, m, n_out)
     if next_norm is not None:
-        if residual is None or gated or n % 8:
-            raise ValueError(f"next_norm normalizes the residual stream: it takes a residual, no activation and N a "
-                             f"multiple of 8, got residual {residual is not None}, activation {activation!r}, N={n}")
-        _check_norm(next_norm[0], float(next_norm[1]), n)
+        _check_next_norm(next_norm, residual, activation, n)
     if not rows8 and all(v is None for v in knobs.values()) and qmm_on_mma(qtype, n, k, norm, activation, next_norm):
         return qmm_mma(x, w, qtype, n, k, residual=residual, activation=activation, next_norm=next_norm)
     # the rule's knobs passed as they are: qmm_geometry is cached by its arguments, the rule reads
@@ -1353,11 +1360,19 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
         return y
     (part,) = launch(Launch(_QMM_SPLIT[norm, gated], inputs, [((ks, m, n), mx.float32)],
                             (groups * 32 * wn * wk, ks, 1), (32 * wn * wk, 1, 1), split))
+    return _qmm_add_parts(part, m, n, k, ks, residual, activation, next_norm)
+
+
+def _qmm_add_parts(part: mx.array, m: int, n: int, k: int, ks: int, residual: mx.array | None,
+                   activation: str | None, next_norm: tuple[mx.array, float] | None) -> mx.array | tuple[mx.array, mx.array]:
+    """The launch that adds qmm's (or qmm_mma's) float32 parts [KS, M, N] (qmm_reduce.metal) and
+    applies the epilogue: the residual, act(gate) * up, or with next_norm (Y, RMSNorm(Y) * gamma)."""
     if next_norm is not None:
         nsimd = qmm_reduce_nsimd(n)
         return tuple(launch(Launch(_QMM_REDUCE_NORM, [part, _dims(n, k), residual, next_norm[0],
                                                       _eps(float(next_norm[1]))], [((m, n), mx.float16)] * 2,
                                    (m * 32 * nsimd, 1, 1), (32 * nsimd, 1, 1), dict(M=m, KS=ks, NSIMD=nsimd))))
+    n_out = n // 2 if activation is not None else n
     (y,) = launch(Launch(_QMM_REDUCE[residual is not None, activation],
                          [part, _dims(n, k), *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
                          (-(-m * n_out // 256) * 256, 1, 1), (256, 1, 1), dict(M=m, KS=ks)))
@@ -1465,10 +1480,7 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     if residual is not None:
         _check_residual(residual, m, n_out)
     if next_norm is not None:
-        if residual is None or gated or n % 8:
-            raise ValueError(f"next_norm normalizes the residual stream: it takes a residual, no activation and N a "
-                             f"multiple of 8, got residual {residual is not None}, activation {activation!r}, N={n}")
-        _check_norm(next_norm[0], float(next_norm[1]), n)
+        _check_next_norm(next_norm, residual, activation, n)
     unknown = set(knobs) - {"tm", "nw", "ks", "stages", "sg", "pf"}
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: tm, nw, ks, stages, sg, pf")
@@ -1501,15 +1513,7 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
         return y
     (part,) = native.launch(QMM_MMA, "lathe_qmm_mma", constants, inputs, [((ks, m, n), mx.float32)], grid, group,
                             smem)
-    if next_norm is not None:
-        nsimd = qmm_reduce_nsimd(n)
-        return tuple(launch(Launch(_QMM_REDUCE_NORM, [part, _dims(n, k), residual, next_norm[0],
-                                                      _eps(float(next_norm[1]))], [((m, n), mx.float16)] * 2,
-                                   (m * 32 * nsimd, 1, 1), (32 * nsimd, 1, 1), dict(M=m, KS=ks, NSIMD=nsimd))))
-    (y,) = launch(Launch(_QMM_REDUCE[residual is not None, activation],
-                         [part, _dims(n, k), *(() if residual is None else (residual,))], [((m, n_out), mx.float16)],
-                         (-(-m * n_out // 256) * 256, 1, 1), (256, 1, 1), dict(M=m, KS=ks)))
-    return y
+    return _qmm_add_parts(part, m, n, k, ks, residual, activation, next_norm)
 
 
 # ---- a probe: how the memory system serves W's loads in a GEMM's order ----------------------------------
