@@ -1364,7 +1364,8 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
 
 
 def _qmm_add_parts(part: mx.array, m: int, n: int, k: int, ks: int, residual: mx.array | None,
-                   activation: str | None, next_norm: tuple[mx.array, float] | None) -> mx.array | tuple[mx.array, mx.array]:
+                   activation: str | None,
+                   next_norm: tuple[mx.array, float] | None) -> mx.array | tuple[mx.array, mx.array]:
     """The launch that adds qmm's (or qmm_mma's) float32 parts [KS, M, N] (qmm_reduce.metal) and
     applies the epilogue: the residual, act(gate) * up, or with next_norm (Y, RMSNorm(Y) * gamma)."""
     if next_norm is not None:
