@@ -919,17 +919,16 @@ def _qmm_mma_instances():
     their own, plain, with the residual and gated."""
     from harness.suites import gemv as suite
 
-    for qt, qtype in enumerate(gemv.QMM_MMA_QTYPES):
+    for qtype in gemv.QMM_MMA_QTYPES:
         for m, n, k, residual, knobs in suite.QMM_MMA_CASES:
-            yield qtype, _mma_constants(qt, m, n, k, qtype, False, residual, knobs)
+            yield qtype, _mma_constants(m, n, k, qtype, False, residual, knobs)
         for m, n, k, knobs in suite.QMM_MMA_GATED_CASES:
-            yield qtype, _mma_constants(qt, m, n, k, qtype, True, False, knobs)
+            yield qtype, _mma_constants(m, n, k, qtype, True, False, knobs)
 
 
-def _mma_constants(qt, m, n, k, qtype, gated, residual, knobs):
+def _mma_constants(m, n, k, qtype, gated, residual, knobs):
     geo = dict(gemv.qmm_mma_geometry(m, n, k, qtype, gated), **(knobs or {}))
-    return dict(QT=qt, M=m, N=n, K=k, TM=geo["tm"], NW=geo["nw"], KS=geo["ks"], SG=geo["sg"], STAGES=geo["stages"],
-                PF=geo["pf"], GATED=int(gated), RESID=int(residual and geo["ks"] == 1))
+    return gemv.qmm_mma_constants(qtype, m, n, k, geo, gated, residual)
 
 
 @pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
@@ -947,23 +946,23 @@ def test_qmm_mma_compiles_for_sm90a():
         cubin = native.cubin(gemv.QMM_MMA, "lathe_qmm_mma", key)
         assert native.entry_name("lathe_qmm_mma", consts).encode() in cubin
         assert gemv.qmm_mma_smem(consts["M"], qtype, consts["TM"], consts["NW"], consts["STAGES"],
-                                 consts["SG"]) <= gemv.QMM_MMA_SMEM
+                                 consts["SG"], consts["KW"]) <= gemv.QMM_MMA_SMEM
     assert len(seen) >= 40
 
 
 @pytest.mark.parametrize("m, n, k, qtype, gated, want", [
     # the 8B's gate+up: two tiles a warp, 224 CTAs of 128 rows, two an SM: one part
-    (16, 28672, 4096, "q4_0", False, dict(tm=2, nw=4, ks=1, stages=3, sg=2, pf=0)),
+    (16, 28672, 4096, "q4_0", False, dict(tm=2, nw=4, ks=1, stages=3, sg=2, kw=1, pf=0)),
     # O: 64 CTAs, three an SM: 4 parts of K
-    (16, 4096, 4096, "q4_0", False, dict(tm=1, nw=4, ks=4, stages=3, sg=2, pf=0)),
+    (16, 4096, 4096, "q4_0", False, dict(tm=1, nw=4, ks=4, stages=3, sg=2, kw=1, pf=0)),
     # down (K 14336): two tiles a warp, 32 CTAs, 8 parts
-    (16, 4096, 14336, "q4_0", False, dict(tm=2, nw=4, ks=8, stages=3, sg=2, pf=0)),
+    (16, 4096, 14336, "q4_0", False, dict(tm=2, nw=4, ks=8, stages=3, sg=2, kw=1, pf=0)),
     # 64 rows of X leave room for 2 slots; 8 warps a CTA past 32 rows
-    (64, 28672, 4096, "q4_0", False, dict(tm=2, nw=8, ks=1, stages=2, sg=2, pf=0)),
+    (64, 28672, 4096, "q4_0", False, dict(tm=2, nw=8, ks=1, stages=2, sg=2, kw=1, pf=0)),
     # gated: a gate and an up tile a warp
-    (16, 2 * 14336, 4096, "q4_0", True, dict(tm=2, nw=4, ks=1, stages=3, sg=2, pf=0)),
+    (16, 2 * 14336, 4096, "q4_0", True, dict(tm=2, nw=4, ks=1, stages=3, sg=2, kw=1, pf=0)),
     # Qwen3's down: Q8_0 at 4 warps a CTA, 16 CTAs, 8 parts
-    (16, 1024, 3072, "q8_0", False, dict(tm=1, nw=4, ks=8, stages=3, sg=2, pf=0)),
+    (16, 1024, 3072, "q8_0", False, dict(tm=1, nw=4, ks=8, stages=3, sg=2, kw=1, pf=0)),
 ])
 def test_qmm_mma_geometry_rule(m, n, k, qtype, gated, want):
     assert gemv.qmm_mma_geometry(m, n, k, qtype, gated) == want
@@ -987,7 +986,7 @@ def test_qmm_mma_refuses_what_it_does_not_take():
     with pytest.raises(ValueError, match="knobs"):
         gemv.qmm_mma(x, w, "q8_0", 64, 256, tm=3)
     with pytest.raises(ValueError, match="unknown launch knobs"):
-        gemv.qmm_mma(x, w, "q8_0", 64, 256, kw=8)
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, wk=8)
     with pytest.raises(ValueError, match="knobs"):
         gemv.qmm_mma(x, w, "q8_0", 64, 256, stages=5)
     with pytest.raises(ValueError, match="knobs"):

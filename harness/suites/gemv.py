@@ -720,11 +720,21 @@ QMM_MMA_CASES = [(1, 33, 128, False, None), (5, 4097, 4096, True, None), (16, 40
                  # W's rows asked of the L2 in runs: past the part's end (split K), a partial last
                  # stage, rows past N, 64 rows
                  (16, 4097, 4096, False, dict(tm=2, nw=4, ks=1, pf=4)), (33, 1000, 1152, True, dict(stages=3, sg=1, pf=2)),
-                 (64, 4096, 14336, True, dict(ks=3, pf=8)), (16, 28672, 4096, False, dict(tm=2, nw=4, ks=1, pf=16))]
+                 (64, 4096, 14336, True, dict(ks=3, pf=8)), (16, 28672, 4096, False, dict(tm=2, nw=4, ks=1, pf=16)),
+                 # K warps: a stage's groups shared by 2 or 4 warps of the same rows, their sums added in the
+                 # CTA; a last stage whose groups leave a K warp none (9 groups of stages of 4: one, then
+                 # 5 of 2 a warp, one of 4), split K, 64 rows, tails of N and M
+                 (16, 28672, 4096, False, dict(tm=2, nw=8, kw=2, ks=1, sg=1)),
+                 (16, 4097, 1152, True, dict(tm=1, nw=8, kw=4, ks=1, stages=2, sg=1)),
+                 (5, 1000, 1152, False, dict(tm=1, nw=4, kw=2, ks=1, stages=3, sg=2)),
+                 (33, 4096, 14336, True, dict(tm=2, nw=8, kw=2, ks=4, stages=2, sg=2)),
+                 (64, 6144, 4096, False, dict(tm=2, nw=8, kw=4, ks=1, stages=2, sg=1))]
 # ... and gated (silu(gate) * up of [gate; up], F not a whole tile; in the launch and the adding one)
 QMM_MMA_GATED_CASES = [(16, 2 * 14336, 4096, None), (5, 2 * 1001, 1024, None), (64, 2 * 3072, 1024, None),
                        (20, 2 * 4096, 4096, dict(tm=4, nw=2, ks=1)), (1, 2 * 24, 256, dict(tm=2, nw=1, ks=2)),
-                       (16, 2 * 1001, 4096, dict(tm=2, nw=4, ks=4)), (16, 2 * 1001, 4096, dict(tm=2, nw=4, ks=2, pf=4))]
+                       (16, 2 * 1001, 4096, dict(tm=2, nw=4, ks=4)), (16, 2 * 1001, 4096, dict(tm=2, nw=4, ks=2, pf=4)),
+                       (16, 2 * 14336, 4096, dict(tm=2, nw=8, kw=2, ks=1, sg=1)),
+                       (9, 2 * 1001, 1152, dict(tm=2, nw=4, kw=4, ks=2, stages=2, sg=1))]
 # W's ring on its own schedule (wr 1..4 without xs; Q4_0 and Q8_0, the other types as without it):
 # tails of N, K and M, WK groups, split K (a part of 11 super-chunks with 4 ahead: copies past the
 # part), 64 rows; each fits Q8_0's two words a chunk in 48 KiB, the first Metal's 32 KiB
@@ -1455,16 +1465,20 @@ def qmm_sweep_label(knobs: dict) -> str:
 # the 8B's four matrices in Q4_0 and Qwen3-0.6B's four in Q8_0 (the models of the serve targets)
 QMM_MMA_SWEEP_SHAPES = QMM_SWEEP_SHAPES[:4] + QMM_SWEEP_SHAPES[5:]
 QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, ks=ks, stages=st, sg=sg, pf=pf) for tm in (1, 2) for nw in (4, 8, 16)
-                 for ks in (1, 2, 4, 8) for st, sg in ((3, 1), (4, 1), (2, 2), (3, 2), (4, 2), (3, 4)) for pf in (0, 4)]
+                 for ks in (1, 2, 4, 8) for st, sg in ((3, 1), (4, 1), (2, 2), (3, 2), (4, 2), (3, 4)) for pf in (0, 4)] + \
+    [dict(tm=tm, nw=nw, kw=kw, ks=ks, stages=st, sg=sg, pf=0) for tm in (1, 2) for nw, kw in ((4, 2), (8, 2), (8, 4), (16, 2))
+     for ks in (1, 2, 4) for st, sg in ((2, 1), (3, 1), (4, 1), (2, 2), (3, 2))]
 
 
 def qmm_mma_sweep_label(knobs: dict) -> str:
-    """A qmm_mma sweep row's variant: its knobs, PF only where W's rows are asked of the L2."""
-    return "mma TM{tm}-NW{nw}-KS{ks}-ST{stages}-SG{sg}".format(**knobs) + (f"-PF{knobs['pf']}" if knobs.get("pf") else "")
+    """A qmm_mma sweep row's variant: its knobs, KW only past one K warp, PF only where W's rows are
+    asked of the L2."""
+    return "mma TM{tm}-NW{nw}".format(**knobs) + (f"-KW{knobs['kw']}" if knobs.get("kw", 1) > 1 else "") + \
+        "-KS{ks}-ST{stages}-SG{sg}".format(**knobs) + (f"-PF{knobs['pf']}" if knobs.get("pf") else "")
 
 
 def _qmm_mma_sweep() -> list[BenchCase]:
-    """qmm_mma's knobs (QMM_MMA_SWEEP, variant 'mma TM.-NW.-KS.-ST.-SG.[-PF.]') where the ring fits the
+    """qmm_mma's knobs (QMM_MMA_SWEEP, variant 'mma TM.-NW.[-KW.]-KS.-ST.-SG.[-PF.]') where the ring fits the
     shared memory and each part of K has a stage, on QMM_MMA_SWEEP_SHAPES at QMM_SWEEP_ROWS rows;
     none where native kernels do not run."""
     from kernels import native
@@ -1475,9 +1489,10 @@ def _qmm_mma_sweep() -> list[BenchCase]:
 
     def settings(qtype, m, n, k):
         return [(qmm_mma_sweep_label(knobs), knobs) for knobs in QMM_MMA_SWEEP
-                if qmm_mma_smem(m, qtype, knobs["tm"], knobs["nw"], knobs["stages"], knobs["sg"]) <= QMM_MMA_SMEM
-                and knobs["ks"] <= -(-k // (128 * knobs["sg"]))
-                and 66 <= -(-n // (16 * knobs["tm"] * knobs["nw"])) * knobs["ks"] <= 1056]  # a half to 8 waves
+                if qmm_mma_smem(m, qtype, knobs["tm"], knobs["nw"], knobs["stages"], knobs["sg"],
+                                knobs.get("kw", 1)) <= QMM_MMA_SMEM
+                and knobs["ks"] <= -(-k // (128 * knobs["sg"] * knobs.get("kw", 1)))
+                and 66 <= -(-n // (16 * knobs["tm"] * knobs["nw"] // knobs.get("kw", 1))) * knobs["ks"] <= 1056]  # a half to 8 waves
 
     return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm_mma, _packed_once, settings, QMM_MMA_SWEEP_SHAPES,
                                                              rows=(m,))]

@@ -97,9 +97,7 @@ def qmm_mma_constants(spec: str, knobs: list[str]) -> tuple[str, str, dict[str, 
     m, n, k, gated = int(m), int(n), int(k), bool(rest and rest[0] in ("1", "gated"))
     geo = gemv.qmm_mma_geometry(m, n, k, qtype, gated)
     geo.update({key: int(v) for key, v in (kv.split("=") for kv in knobs)})
-    return gemv.QMM_MMA, "lathe_qmm_mma", dict(
-        QT=gemv.QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=geo["tm"], NW=geo["nw"], KS=geo["ks"], SG=geo["sg"],
-        STAGES=geo["stages"], PF=geo["pf"], GATED=int(gated), RESID=0)
+    return gemv.QMM_MMA, "lathe_qmm_mma", gemv.qmm_mma_constants(qtype, m, n, k, geo, gated, False)
 
 
 def report(sass: str, top: int) -> str:

@@ -1404,19 +1404,30 @@ def qmm_mma_refuses(qtype: str, k: int) -> str:
     return ""
 
 
-def qmm_mma_smem(m: int, qtype: str, tm: int, nw: int, stages: int, sg: int) -> int:
+def qmm_mma_smem(m: int, qtype: str, tm: int, nw: int, stages: int, sg: int, kw: int = 1) -> int:
     """Shared memory of a qmm_mma launch (qmm_mma.cu's SMEM_BYTES): a ring of `stages` slots, each
-    X's M rows of sg groups (72 bytes a block, rows 32 bytes past a 128-byte line) and each warp's
-    16 tm rows of W (quants, then scales)."""
-    x_pitch = (sg * 4 * 72 + 96) // 128 * 128 + 32
+    X's M rows of sg kw groups (72 bytes a block, rows 32 bytes past a 128-byte line) and each warp's
+    16 tm rows of W for its sg groups (quants, then scales); or, where more, the sums that K warps
+    past the first hand the first at the end."""
+    x_pitch = (sg * kw * 4 * 72 + 96) // 128 * 128 + 32
     x_slot = -(-m * x_pitch // 16) * 16
     quant = 16 if qtype == "q4_0" else 32
     w_slot = 16 * tm * (sg * 4 * quant + sg * 8)
-    return stages * (x_slot + nw * w_slot)
+    sums = (kw - 1) * (nw // kw) * 32 * tm * -(-m // 8) * 4 * 4
+    return max(stages * (x_slot + nw * w_slot), sums)
+
+
+def qmm_mma_constants(qtype: str, m: int, n: int, k: int, geo: dict[str, int], gated: bool,
+                      residual: bool) -> dict[str, int]:
+    """qmm_mma.cu's compile-time constants for a launch of these knobs (qmm_mma_geometry's form;
+    kw 1 where absent): the residual is the kernel's only where K is one part."""
+    return dict(QT=QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=geo["tm"], NW=geo["nw"], KW=geo.get("kw", 1),
+                KS=geo["ks"], SG=geo["sg"], STAGES=geo["stages"], PF=geo["pf"], GATED=int(gated),
+                RESID=int(residual and geo["ks"] == 1))
 
 
 def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[str, int]:
-    """The launch knobs (tm, nw, ks, stages, sg, pf), from the sweeps of df27d24 (8 and 16 rows) and
+    """The launch knobs (tm, nw, kw, ks, stages, sg, pf), from the sweeps of df27d24 (8 and 16 rows) and
     4d09f63 (16 rows, Q4_0; kernels/gemv/NOTES.md, "qmm on the warp MMA"): 3 slots of 2 groups (fewer
     where X's rows do not leave room); 4 warps a CTA (Q4_0 past 32 rows 8, as measured at 64); two
     16-row tiles a warp on the widest or deepest matrices (and gated: a gate and an up tile), else
@@ -1435,7 +1446,7 @@ def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[st
     sms = runtime.sm_count() or QMM_MMA_SMS
     while ctas * ks <= sms * resident // 2 and 2 * ks <= stages_k:
         ks *= 2
-    return dict(tm=tm, nw=nw, ks=ks, stages=stages, sg=sg, pf=0)
+    return dict(tm=tm, nw=nw, kw=1, ks=ks, stages=stages, sg=sg, pf=0)
 
 
 def qmm_on_mma(qtype: str, n: int, k: int, norm: bool, activation: str | None,
@@ -1460,8 +1471,8 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     """qmm on the warp MMA (qmm_mma.cu, a native CUDA kernel: sm_90a): Y[M, N] = X[M, K] @ W^T
     (+ residual), W Q4_0 or Q8_0 repacked (Packed, read in place), M 1..64, K a multiple of 128.
     `activation` "silu": W is [gate; up] (N = 2F rows), Y = silu(X @ gate^T) * (X @ up^T), [M, F].
-    Launch knobs (qmm_mma_geometry's where not given): tm 16-row tiles a warp, nw warps a CTA, ks
-    parts of K (past 1 a second launch, qmm_reduce.metal's, adds them and applies the epilogue),
+    Launch knobs (qmm_mma_geometry's where not given): tm 16-row tiles a warp, nw warps a CTA, kw of
+    them K warps (each a share of a stage's groups, their sums added in the CTA), ks parts of K (past 1 a second launch, qmm_reduce.metal's, adds them and applies the epilogue),
     stages slots of the ring of X and W, sg groups of K (128 values) a slot, pf 0 or the stages of each
     W row asked of the L2 in one run (prefetch.global.L2), pf stages ahead of the ring.
     `next_norm` (gamma, eps; with the residual, not gated) as qmm's: K in two parts at least, whose
@@ -1482,30 +1493,31 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
         _check_residual(residual, m, n_out)
     if next_norm is not None:
         _check_next_norm(next_norm, residual, activation, n)
-    unknown = set(knobs) - {"tm", "nw", "ks", "stages", "sg", "pf"}
+    unknown = set(knobs) - {"tm", "nw", "kw", "ks", "stages", "sg", "pf"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: tm, nw, ks, stages, sg, pf")
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: tm, nw, kw, ks, stages, sg, pf")
     geo = qmm_mma_geometry(m, n, k, qtype, gated)
     geo.update({key: v for key, v in knobs.items() if v is not None})
     if next_norm is not None and knobs.get("ks") is None:
         geo["ks"] = max(geo["ks"], 2)  # the norm is the adding launch's: parts, however few
-    tm, nw, ks, stages, sg, pf = (geo[key] for key in ("tm", "nw", "ks", "stages", "sg", "pf"))
-    if next_norm is not None and (ks < 2 or ks > -(-k // (128 * sg))):
-        raise ValueError(f"qmm_mma with next_norm splits K in parts (ks >= 2), each a stage of {sg} groups at least: "
-                         f"got ks {ks} for K={k}")
-    if tm not in (1, 2, 4) or (gated and tm % 2) or nw not in (1, 2, 4, 8, 16) or not 1 <= ks <= 64 \
-            or stages not in (2, 3, 4) or sg not in (1, 2, 4, 8) or pf not in (0, 1, 2, 4, 8, 16):
-        raise ValueError(f"qmm_mma's knobs: tm 1, 2 or 4 (gated: even), nw 1..16, ks 1..64, stages 2..4, sg 1, 2, "
-                         f"4 or 8, pf 0, 1, 2, 4, 8 or 16; got tm {tm}, nw {nw}, ks {ks}, stages {stages}, sg {sg}, pf {pf}")
-    smem = qmm_mma_smem(m, qtype, tm, nw, stages, sg)
+    tm, nw, kw, ks, stages, sg, pf = (geo[key] for key in ("tm", "nw", "kw", "ks", "stages", "sg", "pf"))
+    if next_norm is not None and (ks < 2 or ks > -(-k // (128 * sg * kw))):
+        raise ValueError(f"qmm_mma with next_norm splits K in parts (ks >= 2), each a stage of {sg * kw} groups at "
+                         f"least: got ks {ks} for K={k}")
+    if tm not in (1, 2, 4) or (gated and tm % 2) or nw not in (1, 2, 4, 8, 16) or kw not in (1, 2, 4) or nw % kw \
+            or not 1 <= ks <= 64 or stages not in (2, 3, 4) or sg not in (1, 2, 4, 8) \
+            or pf not in (0, 1, 2, 4, 8, 16) or (pf and kw > 1):
+        raise ValueError(f"qmm_mma's knobs: tm 1, 2 or 4 (gated: even), nw 1..16, kw 1, 2 or 4 dividing nw, ks 1..64, "
+                         f"stages 2..4, sg 1, 2, 4 or 8, pf 0, 1, 2, 4, 8 or 16 (0 with kw past 1); got tm {tm}, nw {nw}, "
+                         f"kw {kw}, ks {ks}, stages {stages}, sg {sg}, pf {pf}")
+    smem = qmm_mma_smem(m, qtype, tm, nw, stages, sg, kw)
     if smem > QMM_MMA_SMEM:
         raise ValueError(f"qmm_mma's ring needs {smem} bytes of shared memory, past {QMM_MMA_SMEM}: fewer warps, "
                          f"tiles, slots or groups a slot")
     from kernels import native
 
-    ctas = -(-n_out // (16 * (tm // 2 if gated else tm) * nw))
-    constants = dict(QT=QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=tm, NW=nw, KS=ks, SG=sg, STAGES=stages, PF=pf,
-                     GATED=int(gated), RESID=int(residual is not None and ks == 1))
+    ctas = -(-n_out // (16 * (tm // 2 if gated else tm) * (nw // kw)))
+    constants = qmm_mma_constants(qtype, m, n, k, geo, gated, residual is not None)
     inputs = [x, w.data, residual if residual is not None and ks == 1 else x]
     grid, group = (ctas * 32 * nw, ks, 1), (32 * nw, 1, 1)
     if ks == 1:

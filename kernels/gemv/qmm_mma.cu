@@ -12,9 +12,13 @@
 //   hold 4 consecutive values of that block: Q4_0's values 4w .. 4w + 3 (low nibbles of word w,
 //   s = 2w) or 16 + 4w .. (high nibbles, s = 2w + 1); Q8_0's 4s .. 4s + 3. B's lane takes the
 //   same 4 values of X's row 8 j + q.
-// A CTA of NW warps takes 16 TM NW rows of W and one part of K (KS parts, grid.y; the parts'
-// float32 sums are added by qmm_reduce.metal's launch). It walks its part in stages of SG groups
-// through a ring of STAGES slots of shared memory, filled with cp.async STAGES - 1 stages ahead:
+// A CTA of NW warps takes 16 TM NW / KW rows of W and one part of K (KS parts, grid.y; the parts'
+// float32 sums are added by qmm_reduce.metal's launch). Its warps are NW / KW row warps by KW K
+// warps: a stage holds SG KW groups, K warp j takes the stage's groups j SG .. j SG + SG - 1 of its
+// row warp's rows, and the K warps' sums are added through shared memory at the end. (At 16 rows
+// the 8B's gate+up has 224 CTAs of 4 warps, 7 warps an SM, which wait on their own chains half the
+// time: K warps give an SM more warps with no second launch.) It walks its part in stages of SG KW
+// groups through a ring of STAGES slots of shared memory, filled with cp.async STAGES - 1 stages ahead:
 //   X's rows for the stage, copied once for all NW warps: each warp's products read every row of
 //     X, so X read from L2 by every warp on its own cost more traffic than W (at 2bb81c2 and
 //     a71ee3e 64 rows of X took 6.5-7x 16 rows). Blocks 72 bytes apart and rows 32 bytes off a
@@ -28,12 +32,13 @@
 // bytes), times the block's scale.
 //
 // Constants (NVRTC -D): QT 0 Q4_0 / 1 Q8_0, M (rows of X, 1..64), N, K (a multiple of 128), TM
-// (16-row tiles a warp), NW (warps a CTA), KS (parts of K), SG (groups of K a stage), STAGES, PF
+// (16-row tiles a warp), NW (warps a CTA), KW (K warps: 1, 2 or 4, dividing NW), KS (parts of K),
+// SG (groups of K a warp a stage), STAGES, PF
 // (0, or stages of each W row asked of the L2 in one run, PF stages ahead of the ring's copies),
 // GATED (W is [gate; up], N = 2F: a warp's tiles alternate gate and up rows F apart, Y = silu(gate)
 // * up, [M, F]), RESID (Y + R), ENTRY. Inputs: x [M, K] fp16, w (the Packed bytes), residual
 // [M, N] (RESID). Output: y fp16 [M, N_out] (KS 1), or the parts float32 [KS, M, N] (KS > 1: the
-// epilogue is the adding launch's). Launch: (ceil(rows / (16 TM / (1 + GATED) NW)), KS) CTAs of
+// epilogue is the adding launch's). Launch: (ceil(rows / (16 TM / (1 + GATED) NW / KW)), KS) CTAs of
 // 32 NW threads, SMEM_BYTES of dynamic shared memory (kernels.gemv.qmm_mma_smem).
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -48,6 +53,9 @@ constexpr int OUT_N = GATED ? N / 2 : N;     // Y's columns
 static_assert(K % 128 == 0, "qmm_mma: K whole groups of 128");
 static_assert(!GATED || (TM % 2 == 0 && N % 2 == 0), "qmm_mma: a gated warp takes gate and up tiles in pairs");
 static_assert(M >= 1 && M <= 64, "qmm_mma: 1..64 rows of X");
+static_assert(NW % KW == 0 && (PF == 0 || KW == 1), "qmm_mma: K warps divide the warps; W's L2 runs with one");
+constexpr int RW = NW / KW;                 // row warps a CTA
+constexpr int SGK = SG * KW;                // groups a stage (every K warp's)
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 s) {
   u32 r;
@@ -113,7 +121,7 @@ template <int N_>
 __device__ __forceinline__ void copies_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N_) : "memory"); }
 
 constexpr int ROWS = 16 * TM;                // W rows a warp
-constexpr int ROW_BYTES = SG * 4 * QB;       // a row's quants a stage
+constexpr int ROW_BYTES = SG * 4 * QB;       // a row's quants a stage (a warp's: its K warp's groups)
 // a row's 16-byte pieces are stored XOR W_SWZ on odd rows, so that a quarter warp's reads (rows q and
 // q + 1, lanes c) fall on distinct banks with no pad (Q4_0's rows of one group are 64 bytes apart:
 // other halves of a line already)
@@ -122,13 +130,15 @@ constexpr u32 W_SWZ = QT == 1 ? 1 : ROW_BYTES >= 128 ? 4 : 0;
 constexpr int SCALE_PITCH = SG * 4 * 2;      // a row's scales a stage
 constexpr int W_SLOT = ROWS * (ROW_PITCH + SCALE_PITCH);
 constexpr int X_BLOCK = 72;                  // a block of X's 32 halves, 8 bytes of pad
-constexpr int X_PITCH = (SG * 4 * X_BLOCK + 96) / 128 * 128 + 32;  // a row of X: 32 past a line
+constexpr int X_PITCH = (SGK * 4 * X_BLOCK + 96) / 128 * 128 + 32;  // a row of X: 32 past a line
 constexpr int X_SLOT = (M * X_PITCH + 15) / 16 * 16;
-constexpr int SMEM_BYTES = STAGES * (X_SLOT + NW * W_SLOT);
+constexpr int RING_BYTES = STAGES * (X_SLOT + NW * W_SLOT);
+constexpr int SUM_BYTES = (KW - 1) * RW * 32 * TM * MT * 4 * 4;  // K warps' sums, after the ring's last use
+constexpr int SMEM_BYTES = RING_BYTES > SUM_BYTES ? RING_BYTES : SUM_BYTES;
 // the copies of a stage: X in 8-byte pieces (X_PPR a row), W's quants in 16-byte pieces (W_PPR a
 // row), its scales in SP-byte pieces (S_PPR a row); where a row has fewer pieces than the threads
 // (lanes), a pass takes several rows, else a row takes several passes
-constexpr int X_PPR = SG * 32;
+constexpr int X_PPR = SGK * 32;
 constexpr bool X_ROWS_A_PASS = 32 * NW >= X_PPR;
 constexpr int X_RP = X_ROWS_A_PASS ? 32 * NW / X_PPR : 1;
 constexpr int X_SPLIT = X_ROWS_A_PASS ? 1 : X_PPR / (32 * NW);
@@ -138,13 +148,13 @@ constexpr bool W_ROWS_A_PASS = W_PPR <= 32;
 constexpr int W_RP = W_ROWS_A_PASS ? 32 / W_PPR : 1;
 constexpr int W_SPLIT = W_ROWS_A_PASS ? 1 : W_PPR / 32;
 constexpr int W_PASSES = ROWS * W_PPR / 32;
-constexpr int SP = K % 256 == 0 && SG % 2 == 0 ? 16 : 8;  // a row's scales a stage 16-byte aligned
+constexpr int SP = K % 256 == 0 && SG % 2 == 0 ? 16 : 8;  // a warp's scales a stage 16-byte aligned
 constexpr int S_PPR = SCALE_PITCH / SP;
 constexpr int S_RP = 32 / S_PPR;
 constexpr int S_PASSES = (ROWS + S_RP - 1) / S_RP;
-constexpr bool PARTIAL = GROUPS % SG != 0;  // the last stage holds fewer groups
+constexpr bool PARTIAL = GROUPS % SGK != 0;  // the last stage holds fewer groups
 static_assert(W_RP <= 8 && 8 % W_RP == 0, "qmm_mma: a pass of W's rows stays within 8 rows");
-constexpr int STAGES_K = (GROUPS + SG - 1) / SG;
+constexpr int STAGES_K = (GROUPS + SGK - 1) / SGK;
 constexpr int PART_STAGES = (STAGES_K + KS - 1) / KS;  // stages of K a part
 
 extern "C" __global__ void __launch_bounds__(32 * NW)
@@ -152,9 +162,10 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
       void* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem[];
   const u32 lane = threadIdx.x % 32, wn = threadIdx.x / 32;
+  const u32 wr = KW == 1 ? wn : wn % RW, wk = KW == 1 ? 0u : wn / RW;  // (one K warp: the form before K warps)
   const u32 q = lane / 4, c = lane % 4;
   // this warp's first output row (gated: of gate's rows and of up's)
-  const u32 tile_base = (blockIdx.x * NW + wn) * (16 * HT);
+  const u32 tile_base = (blockIdx.x * RW + wr) * (16 * HT);
   const unsigned char* quants = w;
   const unsigned char* scales = w + (size_t)N * (K / 32) * QB;
   const u32 x_ring = shared_address(smem);
@@ -172,7 +183,7 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
   const u32 x_dst = x_m0 * X_PITCH + (x_pc / 8) * X_BLOCK + (x_pc % 8) * 8;
   const u32 w_r0 = W_ROWS_A_PASS ? lane / W_PPR : 0u, w_pc = W_ROWS_A_PASS ? lane % W_PPR : lane;
   const int w_left = (int)OUT_N - (int)(tile_base + w_r0);  // local rows of W this lane may copy
-  const unsigned char* w_src = quants + (size_t)(tile_base + w_r0) * (K / 32 * QB) + w_pc * 16;
+  const unsigned char* w_src = quants + (size_t)(tile_base + w_r0) * (K / 32 * QB) + wk * ROW_BYTES + w_pc * 16;
   // where a pass's rows are an even number, a lane's rows keep w_r0's parity; else it is the pass's
   const u32 w_dst = w_r0 * ROW_PITCH + (w_pc ^ (W_RP % 2 == 0 ? (w_r0 & 1) * W_SWZ : 0u)) * 16;
   const u32 w_dst_odd = w_r0 * ROW_PITCH + (w_pc ^ W_SWZ) * 16;
@@ -181,12 +192,15 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
 #pragma unroll
   for (int i = 0; i < S_PASSES; ++i) {
     const u32 lr = s_r0 + i * S_RP;
-    s_src[i] = (tile_base + w_row_offset(lr)) * (K / 32 * 2) + s_pc * SP;
+    s_src[i] = (tile_base + w_row_offset(lr)) * (K / 32 * 2) + wk * (SG * 8) + s_pc * SP;
     if (lr < (u32)ROWS && (int)w_local(lr) < (int)OUT_N - (int)tile_base) s_ok |= 1u << i;
   }
+  // a stage's groups of K (X's), and this warp's of them
+  auto stage_groups = [&](u32 st) { return min((u32)SGK, (u32)GROUPS - st * SGK); };
+  auto warp_groups = [&](u32 st) { return min((u32)SG, (u32)max((int)stage_groups(st) - (int)(wk * SG), 0)); };
   auto copy_stage = [&](u32 st, u32 slot) {
-    const u32 groups = min((u32)SG, (u32)GROUPS - st * SG);
-    const u16* xg = x_src + (size_t)st * (SG * 128);
+    const u32 groups = stage_groups(st), wgroups = warp_groups(st);
+    const u16* xg = x_src + (size_t)st * (SGK * 128);
     const u32 xs = x_ring + slot * X_SLOT + x_dst;
 #pragma unroll
     for (int j = 0; j < X_PASSES; ++j) {
@@ -195,21 +209,21 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
       if (row_ok && (!PARTIAL || x_pc + jp < groups * 32))
         copy8(xs + jr * X_PITCH + (jp / 8) * X_BLOCK, xg + (size_t)jr * K + jp * 4);
     }
-    const unsigned char* wg = w_src + (size_t)st * ROW_BYTES;
+    const unsigned char* wg = w_src + (size_t)st * (KW * ROW_BYTES);
     const u32 ws = w_ring + slot * W_SLOT;
 #pragma unroll
     for (int i = 0; i < W_PASSES; ++i) {
       const int lr = W_ROWS_A_PASS ? i * W_RP : i / W_SPLIT, pc = W_ROWS_A_PASS ? 0 : (i % W_SPLIT) * 32;
-      if ((int)w_local(lr) < w_left && (!PARTIAL || w_pc + pc < groups * (W_PPR / SG)))
+      if ((int)w_local(lr) < w_left && (!PARTIAL || w_pc + pc < wgroups * (W_PPR / SG)))
         copy16(ws + (W_RP == 1 && lr % 2 ? w_dst_odd : w_dst) + lr * ROW_PITCH + pc * 16,
                wg + (size_t)w_row_offset(lr) * (K / 32 * QB) + pc * 16);
     }
     const u32 ss = ws + ROWS * ROW_PITCH + s_r0 * SCALE_PITCH + s_pc * SP;
 #pragma unroll
     for (int i = 0; i < S_PASSES; ++i)
-      if ((s_ok >> i) & 1u && (!PARTIAL || s_pc * SP < groups * 8)) {
-        if (SP == 16) copy16(ss + i * S_RP * SCALE_PITCH, scales + s_src[i] + st * (SG * 8));
-        else copy8(ss + i * S_RP * SCALE_PITCH, scales + s_src[i] + st * (SG * 8));
+      if ((s_ok >> i) & 1u && (!PARTIAL || s_pc * SP < wgroups * 8)) {
+        if (SP == 16) copy16(ss + i * S_RP * SCALE_PITCH, scales + s_src[i] + st * (SGK * 8));
+        else copy8(ss + i * S_RP * SCALE_PITCH, scales + s_src[i] + st * (SGK * 8));
       }
   };
 
@@ -257,7 +271,7 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
     // among the products, and not above the barrier
     const unsigned char* xs = smem + slot * X_SLOT;
     const unsigned char* ws = smem + STAGES * X_SLOT + wn * STAGES * W_SLOT + slot * W_SLOT;
-    const u32 groups = min((u32)SG, (u32)GROUPS - st * SG);
+    const u32 groups = warp_groups(st);
 #pragma unroll
     for (u32 gi = 0; gi < (u32)SG; ++gi) {
       if (PARTIAL && gi >= groups) break;
@@ -285,7 +299,7 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
 #pragma unroll
           for (int jj = 0; jj < XC; ++jj) {
             const int row = 8 * (j0 + jj) + (int)q;
-            b[s][jj] = row < M ? *reinterpret_cast<const uint2*>(xs + row * X_PITCH + (gi * 4 + c) * X_BLOCK + 2 * kx)
+            b[s][jj] = row < M ? *reinterpret_cast<const uint2*>(xs + row * X_PITCH + ((wk * SG + gi) * 4 + c) * X_BLOCK + 2 * kx)
                                : make_uint2(0u, 0u);
           }
         }
@@ -327,6 +341,32 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
       }
     }
     }
+  }
+
+  if (KW > 1) {  // K warp 0 adds the others' sums, in their order; the ring is free once every copy is in
+    copies_wait<0>();
+    __syncthreads();
+    float* sums = reinterpret_cast<float*>(smem);
+    constexpr int A = TM * MT * 4;  // a lane's sums
+    if (wk > 0) {
+#pragma unroll
+      for (int t = 0; t < TM; ++t)
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            sums[(((wk - 1) * RW + wr) * A + (t * MT + j) * 4 + e) * 32 + lane] = acc[t][j][e];
+    }
+    __syncthreads();
+    if (wk > 0) return;
+#pragma unroll
+    for (int o = 0; o < KW - 1; ++o)
+#pragma unroll
+      for (int t = 0; t < TM; ++t)
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[t][j][e] += sums[((o * RW + wr) * A + (t * MT + j) * 4 + e) * 32 + lane];
   }
 
   // C's lane: rows q (e 0, 1) and q + 8 (e 2, 3) of the tile, X's rows 8 j + 2c and + 1
