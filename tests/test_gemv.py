@@ -927,7 +927,7 @@ def _qmm_mma_instances():
 
 
 def _mma_constants(m, n, k, qtype, gated, residual, knobs):
-    geo = dict(gemv.qmm_mma_geometry(m, n, k, qtype, gated), **(knobs or {}))
+    geo = gemv.qmm_mma_launch_knobs(m, n, k, qtype, gated, knobs=knobs)
     return gemv.qmm_mma_constants(qtype, m, n, k, geo, gated, residual)
 
 
@@ -961,12 +961,25 @@ def test_qmm_mma_compiles_for_sm90a():
     (64, 28672, 4096, "q4_0", False, dict(tm=2, nw=8, ks=1, stages=2, sg=2, kw=1, pf=0)),
     # gated: a gate and an up tile a warp
     (16, 2 * 14336, 4096, "q4_0", True, dict(tm=2, nw=4, ks=1, stages=3, sg=2, kw=1, pf=0)),
-    # Qwen3's down: Q8_0 at 4 warps a CTA, 16 CTAs, 8 parts
-    (16, 1024, 3072, "q8_0", False, dict(tm=1, nw=4, ks=8, stages=3, sg=2, kw=1, pf=0)),
+    # Qwen3's down: 16 CTAs that would split K in 8 parts take 4 K warps each, one launch
+    (16, 1024, 3072, "q8_0", False, dict(tm=1, nw=4, ks=1, stages=3, sg=2, kw=4, pf=0)),
+    # ... and its gate+up at 8 rows (gated: a gate and an up tile a warp)
+    (8, 2 * 3072, 1024, "q8_0", True, dict(tm=2, nw=4, ks=1, stages=3, sg=2, kw=4, pf=0)),
+    # past 16 rows the parts stay
+    (32, 4096, 1024, "q8_0", False, dict(tm=1, nw=4, ks=4, stages=3, sg=2, kw=1, pf=0)),
 ])
 def test_qmm_mma_geometry_rule(m, n, k, qtype, gated, want):
     assert gemv.qmm_mma_geometry(m, n, k, qtype, gated) == want
-    assert gemv.qmm_mma_smem(m, qtype, want["tm"], want["nw"], want["stages"], want["sg"]) <= gemv.QMM_MMA_SMEM
+    assert gemv.qmm_mma_smem(m, qtype, want["tm"], want["nw"], want["stages"], want["sg"], want["kw"]) \
+        <= gemv.QMM_MMA_SMEM
+
+
+def test_qmm_mma_geometry_keeps_parts_for_the_norm():
+    """next_norm's launches take K in parts (the adding launch writes the norm): no K warps there,
+    and two parts at least."""
+    assert gemv.qmm_mma_geometry(16, 1024, 3072, "q8_0", False, parts=2) == \
+        dict(tm=1, nw=4, kw=1, ks=8, stages=3, sg=2, pf=0)
+    assert gemv.qmm_mma_geometry(16, 28672, 4096, "q4_0", False, parts=2)["ks"] == 2
 
 
 def test_qmm_mma_refuses_what_it_does_not_take():

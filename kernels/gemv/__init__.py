@@ -1426,14 +1426,17 @@ def qmm_mma_constants(qtype: str, m: int, n: int, k: int, geo: dict[str, int], g
                 RESID=int(residual and geo["ks"] == 1))
 
 
-def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[str, int]:
+def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool, parts: int = 1) -> dict[str, int]:
     """The launch knobs (tm, nw, kw, ks, stages, sg, pf), from the sweeps of df27d24 (8 and 16 rows) and
     4d09f63 (16 rows, Q4_0; kernels/gemv/NOTES.md, "qmm on the warp MMA"): 3 slots of 2 groups (fewer
     where X's rows do not leave room); 4 warps a CTA (Q4_0 past 32 rows 8, as measured at 64); two
     16-row tiles a warp on the widest or deepest matrices (and gated: a gate and an up tile), else
     one; W's L2 prefetch off (slower in every swept case); and the fewest parts of K (each a stage at least)
     that give the SMs (runtime.sm_count, QMM_MMA_SMS where the driver does not say) half the CTAs
-    their shared memory lets them keep, or more."""
+    their shared memory lets them keep, or more. On matrices under QMM_MMA_AUTO_WEIGHTS at up to 16
+    rows, where that splits K and one part will do (`parts` 1; next_norm's launches take 2), 4 K warps
+    a CTA of one row warp take K in its place: one launch, not the parts' adding one (Qwen3-0.6B's
+    four matrices at 8 rows: 1.3-1.5x the split's GPU time; kernels/gemv/NOTES.md)."""
     from kernels import runtime
 
     rows = n // 2 if gated else n
@@ -1446,7 +1449,22 @@ def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool) -> dict[st
     sms = runtime.sm_count() or QMM_MMA_SMS
     while ctas * ks <= sms * resident // 2 and 2 * ks <= stages_k:
         ks *= 2
-    return dict(tm=tm, nw=nw, kw=1, ks=ks, stages=stages, sg=sg, pf=0)
+    if ks > 1 and parts == 1 and m <= 16 and n * k < QMM_MMA_AUTO_WEIGHTS:
+        tm, stages, sg = (2 if gated else 1), *next(((st, g) for st, g in ((3, 2), (3, 1), (2, 1))
+                                                    if qmm_mma_smem(m, qtype, 2, 4, st, g, 4) <= QMM_MMA_SMEM))
+        return dict(tm=tm, nw=4, kw=4, ks=1, stages=stages, sg=sg, pf=0)
+    return dict(tm=tm, nw=nw, kw=1, ks=max(ks, parts), stages=stages, sg=sg, pf=0)
+
+
+def qmm_mma_launch_knobs(m: int, n: int, k: int, qtype: str, gated: bool, parts: int = 1,
+                        knobs: dict[str, int | None] | None = None) -> dict[str, int]:
+    """The launch's knobs: qmm_mma_geometry's, those given over them. Knobs given without kw are
+    the one-K-warp form's (the rule's K warps do not carry over to a launch set by hand)."""
+    given = {key: v for key, v in (knobs or {}).items() if v is not None}
+    geo = qmm_mma_geometry(m, n, k, qtype, gated, parts)
+    if given and "kw" not in given:
+        geo["kw"] = 1
+    return dict(geo, **given)
 
 
 def qmm_on_mma(qtype: str, n: int, k: int, norm: bool, activation: str | None,
@@ -1496,10 +1514,8 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     unknown = set(knobs) - {"tm", "nw", "kw", "ks", "stages", "sg", "pf"}
     if unknown:
         raise ValueError(f"unknown launch knobs {sorted(unknown)}: tm, nw, kw, ks, stages, sg, pf")
-    geo = qmm_mma_geometry(m, n, k, qtype, gated)
-    geo.update({key: v for key, v in knobs.items() if v is not None})
-    if next_norm is not None and knobs.get("ks") is None:
-        geo["ks"] = max(geo["ks"], 2)  # the norm is the adding launch's: parts, however few
+    # the norm is the adding launch's: parts, however few
+    geo = qmm_mma_launch_knobs(m, n, k, qtype, gated, 1 if next_norm is None else 2, knobs)
     tm, nw, kw, ks, stages, sg, pf = (geo[key] for key in ("tm", "nw", "kw", "ks", "stages", "sg", "pf"))
     if next_norm is not None and (ks < 2 or ks > -(-k // (128 * sg * kw))):
         raise ValueError(f"qmm_mma with next_norm splits K in parts (ks >= 2), each a stage of {sg * kw} groups at "
