@@ -459,21 +459,25 @@ def _compile_ahead(cases) -> None:
     instantiations spent its time limit there (a97bf5f). Inputs are made for real, outside the
     recording: a set's weights are made by lathe's quantize kernel once and kept, and recorded
     they would be zeros. A step that cannot be recorded is left to fail where it runs."""
-    from kernels import runtime
+    from kernels import native, runtime
 
     if runtime.backend() != "cuda":
         return
     jobs: list = []
+    native_keys: list = []
     for case in cases:
         try:
             inputs = case.make_set()
             with runtime.recording(keep_prepared=True) as rec:
                 case.step(inputs)
             jobs += rec.jobs + rec.prepared
+            native_keys += rec.native
         except Exception:  # noqa: BLE001 - the timed run reports it
             pass
     began = time.perf_counter()
     compiled, failures = runtime.prepare(jobs)
+    compiled_native, native_failures = native.prepare(native_keys)
+    compiled, failures = compiled + compiled_native, {**failures, **native_failures}
     if compiled or failures:
         print(f"compiled {compiled} kernels ahead in {time.perf_counter() - began:.1f} s"
               + (f", {len(failures)} failed" if failures else ""))

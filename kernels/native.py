@@ -7,11 +7,21 @@ A native kernel is a whole CUDA translation unit with an extern "C" entry point,
 with NVRTC for sm_90a to a cubin and launched with ``mx.fast.precompiled_cuda_kernel``: its
 inputs' pointers, then its outputs', in order. MLX keeps one loaded module per kernel name, so
 each instantiation's symbol carries its constants (the ENTRY macro below).
+
+Cubins are kept on disk beside lathe's MLX modules (kernels.jit_cache's directory, `native/`),
+named by a digest of the source, NVRTC's options and NVRTC's version, so that processes share
+them; `prepare` compiles a recording's instances in parallel worker processes. (A sweep of 1078
+qmm_mma instances spent about 5 minutes of a device session compiling them one after another.)
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -47,8 +57,23 @@ def entry_name(stem: str, constants: dict[str, int]) -> str:
 
 @functools.cache
 def instance(path: str, stem: str, constants: tuple[tuple[str, int], ...]) -> tuple[str, bytes]:
-    """(symbol, cubin) of one instantiation, built once a process: what each launch hands MLX."""
-    return entry_name(stem, dict(constants)), cubin(path, stem, constants)
+    """(symbol, cubin) of one instantiation, once a process: what each launch hands MLX. From the
+    disk cache where it is there, else compiled (and kept there)."""
+    cached = _cache_file(path, stem, constants)
+    if cached is not None and cached.exists():
+        return entry_name(stem, dict(constants)), cached.read_bytes()
+    binary = cubin(path, stem, constants)
+    if cached is not None:
+        _write_file(cached, binary)
+    return entry_name(stem, dict(constants)), binary
+
+
+def _program(path: str, stem: str, constants: tuple[tuple[str, int], ...]) -> tuple[str, str, list[bytes]]:
+    """NVRTC's program of one instantiation: (source, file name, options)."""
+    consts = dict(constants)
+    opts = [b"--gpu-architecture=sm_90a", b"--std=c++17", f"-DENTRY={entry_name(stem, consts)}".encode()]
+    opts += [f"-D{k}={v}".encode() for k, v in consts.items()]
+    return (runtime.KERNEL_ROOT / path).read_text(), Path(path).name, opts
 
 
 def cubin(path: str, stem: str, constants: tuple[tuple[str, int], ...]) -> bytes:
@@ -56,12 +81,75 @@ def cubin(path: str, stem: str, constants: tuple[tuple[str, int], ...]) -> bytes
     symbol), for sm_90a. No GPU is needed; raises kernels.ptx.CompileError with NVRTC's log."""
     from kernels import ptx
 
-    source = (runtime.KERNEL_ROOT / path).read_text()
-    consts = dict(constants)
-    opts = [b"--gpu-architecture=sm_90a", b"--std=c++17", f"-DENTRY={entry_name(stem, consts)}".encode()]
-    opts += [f"-D{k}={v}".encode() for k, v in consts.items()]
-    out, _ = ptx.run_nvrtc(_nvrtc(), source, Path(path).name, opts, cubin=True)
+    source, file_name, opts = _program(path, stem, constants)
+    out, _ = ptx.run_nvrtc(_nvrtc(), source, file_name, opts, cubin=True)
     return out
+
+
+def _cache_file(path: str, stem: str, constants: tuple[tuple[str, int], ...]) -> Path | None:
+    """Where the disk cache keeps this instantiation's cubin (None where the cache is off): a
+    digest of what NVRTC is given and its version, so an edit to the source is a new file."""
+    from kernels import jit_cache
+
+    root = jit_cache._state["dir"]
+    if root is None:
+        return None
+    try:
+        compiler = _nvrtc_version(_nvrtc())
+    except (OSError, RuntimeError, FileNotFoundError, AttributeError):
+        return None
+    source, file_name, opts = _program(path, stem, constants)
+    digest = hashlib.sha256("\0".join([compiler, file_name, source, *(o.decode() for o in opts)]).encode())
+    return Path(root) / "native" / f"{stem}-{digest.hexdigest()[:32]}.cubin"
+
+
+def _nvrtc_version(lib) -> str:
+    """NVRTC's version: the same compiler whether the process found it through MLX or by search."""
+    import ctypes
+
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)):
+        raise RuntimeError("nvrtcVersion failed")
+    return f"nvrtc {major.value}.{minor.value}"
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Written whole (a rename), so that another process never reads half a cubin."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{os.getpid()}.{path.name}.part")
+    part.write_bytes(data)
+    os.replace(part, path)
+
+
+def prepare(keys, workers: int | None = None) -> tuple[int, dict[str, str]]:
+    """Compile into the disk cache, in parallel worker processes (kernels.nvrtc_worker), the
+    instantiations (path, stem, constants) it lacks. Returns how many were compiled and NVRTC's
+    log of each that failed, by symbol; nothing where the disk cache is off."""
+    todo = {}
+    for key in dict.fromkeys(keys):
+        target = _cache_file(*key)
+        if target is not None and not target.exists():
+            todo[key] = target
+    if not todo:
+        return 0, {}
+    target_list = list(todo.items())
+    workers = max(1, min(len(target_list), workers or os.cpu_count() or 4))
+    shares = [target_list[w::workers] for w in range(workers)]
+    procs = [subprocess.Popen([sys.executable, "-m", "kernels.nvrtc_worker"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE) for _ in shares]
+    for proc, share in zip(procs, shares):
+        try:
+            proc.stdin.write(pickle.dumps(dict(nvrtc=_nvrtc()._name, native=[(*_program(*key), str(target))
+                                                                             for key, target in share])))
+            proc.stdin.close()
+        except OSError:  # it died before reading: its share compiles at its first launch
+            pass
+    failures = {}
+    for proc, share in zip(procs, shares):
+        out = proc.stdout.read()
+        logs = pickle.loads(out) if proc.wait() == 0 and out else [None] * len(share)
+        failures.update({entry_name(key[1], dict(key[2])): log for (key, _), log in zip(share, logs) if log})
+    return len(target_list), failures
 
 
 def _nvrtc():
@@ -78,8 +166,13 @@ def launch(path: str, stem: str, constants: dict[str, int], inputs: Sequence[mx.
     """One launch of a native kernel (grid in threads, as kernels.runtime's launches): its
     parameters are the inputs' and outputs' pointers, then `scalars` (32-bit ints). Outputs
     are poisoned inside kernels.runtime.poisoned_outputs, as every other launch's. While
-    launches are recorded (no GPU) it compiles the kernel and returns zeros."""
-    name, binary = instance(path, stem, tuple(constants.items()))
+    launches are recorded (no GPU) it compiles the kernel and returns zeros; inside a
+    recording(keep_prepared=True) it only notes the instantiation (`.native`), for `prepare`."""
+    key = (path, stem, tuple(constants.items()))
+    if runtime.recording_launches() and runtime.native_sink() is not None:
+        runtime.native_sink().append(key)
+        return [mx.zeros(tuple(s), d) for s, d in outputs]
+    name, binary = instance(*key)
     if runtime.recording_launches():
         return [mx.zeros(tuple(s), d) for s, d in outputs]
     reason = unavailable_reason()

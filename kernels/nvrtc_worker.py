@@ -43,5 +43,24 @@ def compile_share(payload: dict) -> list[str | None]:
     return logs
 
 
+def compile_native(payload: dict) -> list[str | None]:
+    """A share of kernels.native.prepare's: compile each (source, file name, options, path) to a
+    cubin written whole at path; NVRTC's log for each that does not compile."""
+    lib = load_nvrtc(payload["nvrtc"])
+    logs = []
+    for source, file_name, opts, path in payload["native"]:
+        try:
+            cubin, _ = run_nvrtc(lib, source, file_name, opts, cubin=True)
+            part = Path(path).with_name(f".{os.getpid()}.{Path(path).name}.part")
+            part.parent.mkdir(parents=True, exist_ok=True)
+            part.write_bytes(cubin)
+            os.replace(part, path)
+            logs.append(None)
+        except CompileError as exc:
+            logs.append(str(exc))
+    return logs
+
+
 if __name__ == "__main__":  # a pickled share on stdin, the logs on stdout
-    sys.stdout.buffer.write(pickle.dumps(compile_share(pickle.load(sys.stdin.buffer))))
+    share = pickle.load(sys.stdin.buffer)
+    sys.stdout.buffer.write(pickle.dumps(compile_native(share) if "native" in share else compile_share(share)))

@@ -360,7 +360,8 @@ class recording:
     are made for (target_backend) on a machine without a GPU; `lathe compile --metal` records
     Metal's. `keep_prepared`: what code inside hands to prepare() is kept in `.prepared` rather
     than compiled (`lathe compile --record`, `pytest --record-launches`: a decoder prepares its
-    token's kernels when it is built, where a test may stop before launching them)."""
+    token's kernels when it is built, where a test may stop before launching them), and native
+    launches are noted in `.native` (kernels.native.prepare's keys) rather than compiled."""
 
     def __init__(self, target: str | None = None, keep_prepared: bool = False) -> None:
         if target not in (None, "metal", "cuda"):
@@ -370,15 +371,16 @@ class recording:
     def __enter__(self) -> "recording":
         self.jobs: list[Launch] = []
         self.prepared: list[Launch] = []
-        self._saved = _recorder[0], _target[0], _prepared_sink[0]
+        self.native: list[tuple] = []
+        self._saved = _recorder[0], _target[0], _prepared_sink[0], _native_sink[0]
         _recorder[0] = self.jobs
         _target[0] = self.target or _target[0]
         if self.keep_prepared:
-            _prepared_sink[0] = self.prepared
+            _prepared_sink[0], _native_sink[0] = self.prepared, self.native
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _recorder[0], _target[0], _prepared_sink[0] = self._saved
+        _recorder[0], _target[0], _prepared_sink[0], _native_sink[0] = self._saved
 
 
 _recorder: list[list | None] = [None]
@@ -390,7 +392,13 @@ def recording_launches() -> bool:
 
 
 _prepared_sink: list[list | None] = [None]
+_native_sink: list[list | None] = [None]
 _target: list[str | None] = [None]
+
+
+def native_sink() -> list | None:
+    """Inside a recording(keep_prepared=True): the list native launches note themselves in."""
+    return _native_sink[0]
 
 
 def target_backend() -> str:

@@ -143,3 +143,67 @@ def test_a_cached_module_names_its_symbol(tmp_path: Path):
     path.with_suffix(".txt").write_text("no tab here\n")
     with pytest.raises(ValueError):
         jit_cache.module_symbol(path)
+
+
+# ---- native kernels' cubins on disk (kernels.native) --------------------------------------------------------
+def _tiny_native(monkeypatch, tmp_path: Path, body: str = "y[threadIdx.x] = 2.0f;") -> tuple:
+    """A native kernel file of its own under a stand-in kernel root, and its key."""
+    from kernels import native, runtime
+
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void ENTRY(float* y) { ' + body + " }\n")
+    monkeypatch.setattr(runtime, "KERNEL_ROOT", tmp_path)
+    monkeypatch.setitem(jit_cache._state, "dir", tmp_path / "cache")
+    native.instance.cache_clear()
+    return native, ("k.cu", "lathe_k", (("A", 1),))
+
+
+def _nvrtc_or_skip():
+    from kernels import ptx
+
+    try:
+        ptx.nvrtc()
+    except (FileNotFoundError, OSError):
+        pytest.skip("no NVRTC here")
+
+
+def test_native_instances_compile_ahead_in_workers_and_load_from_disk(monkeypatch, tmp_path: Path):
+    """prepare() writes each missing cubin once (worker processes), the bad one's log comes back by
+    symbol, and instance() then reads the file, compiling nothing."""
+    _nvrtc_or_skip()
+    native, key = _tiny_native(monkeypatch, tmp_path)
+    other = (key[0], key[1], (("A", 2),))
+    compiled, failures = native.prepare([key, other, key], workers=2)
+    assert (compiled, failures) == (2, {})
+    files = sorted((tmp_path / "cache" / "native").iterdir())
+    assert len(files) == 2 and all(f.read_bytes()[:4] == b"\x7fELF" for f in files)
+    assert native.prepare([key, other]) == (0, {})  # there already
+    monkeypatch.setattr(native, "cubin", lambda *a: pytest.fail("compiled a cached instance"))
+    assert native.instance(*key) == ("lathe_k_a1", native._cache_file(*key).read_bytes())
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void ENTRY(float* y) { this is not CUDA }\n')
+    compiled, failures = native.prepare([key])  # an edited source is another file
+    assert compiled == 1 and "k.cu" in failures["lathe_k_a1"]
+
+
+def test_a_native_launch_in_a_kept_recording_is_noted_not_compiled(monkeypatch, tmp_path: Path):
+    import mlx.core as mx
+
+    from kernels import runtime
+
+    native, key = _tiny_native(monkeypatch, tmp_path)
+    monkeypatch.setattr(native, "cubin", lambda *a: pytest.fail("compiled while noting"))
+    with runtime.recording(keep_prepared=True) as rec:
+        (y,) = native.launch(key[0], key[1], dict(key[2]), [], [((32,), mx.float32)], (32, 1, 1), (32, 1, 1), 0)
+    assert rec.native == [key] and y.shape == (32,)
+    assert runtime.native_sink() is None  # closed with the recording
+
+
+def test_the_native_cache_file_follows_the_source_and_constants(monkeypatch, tmp_path: Path):
+    _nvrtc_or_skip()
+    native, key = _tiny_native(monkeypatch, tmp_path)
+    first = native._cache_file(*key)
+    assert first.parent == tmp_path / "cache" / "native" and first.name.startswith("lathe_k-")
+    assert native._cache_file(key[0], key[1], (("A", 2),)) != first
+    (tmp_path / "k.cu").write_text((tmp_path / "k.cu").read_text() + "// edited\n")
+    assert native._cache_file(*key) != first
+    monkeypatch.setitem(jit_cache._state, "dir", None)
+    assert native._cache_file(*key) is None  # the cache off: each process compiles
