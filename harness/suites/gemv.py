@@ -1465,9 +1465,11 @@ def qmm_sweep_label(knobs: dict) -> str:
 # the 8B's four matrices in Q4_0 and Qwen3-0.6B's four in Q8_0 (the models of the serve targets)
 QMM_MMA_SWEEP_SHAPES = QMM_SWEEP_SHAPES[:4] + QMM_SWEEP_SHAPES[5:]
 QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, ks=ks, stages=st, sg=sg, pf=pf) for tm in (1, 2) for nw in (4, 8, 16)
-                 for ks in (1, 2, 4, 8) for st, sg in ((3, 1), (4, 1), (2, 2), (3, 2), (4, 2), (3, 4)) for pf in (0, 4)] + \
-    [dict(tm=tm, nw=nw, kw=kw, ks=ks, stages=st, sg=sg, pf=0) for tm in (1, 2) for nw, kw in ((4, 2), (8, 2), (8, 4), (16, 2))
-     for ks in (1, 2, 4) for st, sg in ((2, 1), (3, 1), (4, 1), (2, 2), (3, 2))]
+                 for ks in (1, 2, 4, 8) for st, sg in ((3, 1), (4, 1), (2, 2), (3, 2), (4, 2), (3, 4))
+                 for pf in (0, 4)] + \
+    [dict(tm=tm, nw=nw, kw=kw, ks=ks, stages=st, sg=sg, pf=0) for tm in (1, 2)
+     for nw, kw in ((4, 2), (8, 2), (8, 4), (16, 2)) for ks in (1, 2, 4)
+     for st, sg in ((2, 1), (3, 1), (4, 1), (2, 2), (3, 2))]
 
 
 def qmm_mma_sweep_label(knobs: dict) -> str:
@@ -1488,11 +1490,11 @@ def _qmm_mma_sweep() -> list[BenchCase]:
         return []
 
     def settings(qtype, m, n, k):
-        return [(qmm_mma_sweep_label(knobs), knobs) for knobs in QMM_MMA_SWEEP
-                if qmm_mma_smem(m, qtype, knobs["tm"], knobs["nw"], knobs["stages"], knobs["sg"],
-                                knobs.get("kw", 1)) <= QMM_MMA_SMEM
-                and knobs["ks"] <= -(-k // (128 * knobs["sg"] * knobs.get("kw", 1)))
-                and 66 <= -(-n // (16 * knobs["tm"] * knobs["nw"] // knobs.get("kw", 1))) * knobs["ks"] <= 1056]  # a half to 8 waves
+        def fits(tm, nw, ks, stages, sg, kw=1, **_):
+            return qmm_mma_smem(m, qtype, tm, nw, stages, sg, kw) <= QMM_MMA_SMEM and ks <= -(-k // (128 * sg * kw)) \
+                and 66 <= -(-n // (16 * tm * nw // kw)) * ks <= 1056  # a half to 8 waves
+
+        return [(qmm_mma_sweep_label(knobs), knobs) for knobs in QMM_MMA_SWEEP if fits(**knobs)]
 
     return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm_mma, _packed_once, settings, QMM_MMA_SWEEP_SHAPES,
                                                              rows=(m,))]

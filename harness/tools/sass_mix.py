@@ -95,7 +95,8 @@ def qmm_mma_constants(spec: str, knobs: list[str]) -> tuple[str, str, dict[str, 
 
     qtype, m, n, k, *rest = spec.split(",")
     m, n, k, gated = int(m), int(n), int(k), bool(rest and rest[0] in ("1", "gated"))
-    geo = gemv.qmm_mma_launch_knobs(m, n, k, qtype, gated, knobs={key: int(v) for key, v in (kv.split("=") for kv in knobs)})
+    given = {key: int(v) for key, v in (kv.split("=") for kv in knobs)}
+    geo = gemv.qmm_mma_launch_knobs(m, n, k, qtype, gated, knobs=given)
     return gemv.QMM_MMA, "lathe_qmm_mma", gemv.qmm_mma_constants(qtype, m, n, k, geo, gated, False)
 
 

@@ -1489,10 +1489,11 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     """qmm on the warp MMA (qmm_mma.cu, a native CUDA kernel: sm_90a): Y[M, N] = X[M, K] @ W^T
     (+ residual), W Q4_0 or Q8_0 repacked (Packed, read in place), M 1..64, K a multiple of 128.
     `activation` "silu": W is [gate; up] (N = 2F rows), Y = silu(X @ gate^T) * (X @ up^T), [M, F].
-    Launch knobs (qmm_mma_geometry's where not given): tm 16-row tiles a warp, nw warps a CTA, kw of
-    them K warps (each a share of a stage's groups, their sums added in the CTA), ks parts of K (past 1 a second launch, qmm_reduce.metal's, adds them and applies the epilogue),
-    stages slots of the ring of X and W, sg groups of K (128 values) a slot, pf 0 or the stages of each
-    W row asked of the L2 in one run (prefetch.global.L2), pf stages ahead of the ring.
+    Launch knobs (qmm_mma_launch_knobs's where not given): tm 16-row tiles a warp, nw warps a CTA, kw
+    of them K warps (each a share of a stage's groups, their sums added in the CTA), ks parts of K
+    (past 1 a second launch, qmm_reduce.metal's, adds them and applies the epilogue), stages slots
+    of the ring of X and W, sg groups of K (128 values) a warp a slot, pf 0 or the stages of each W
+    row asked of the L2 in one run (prefetch.global.L2), pf stages ahead of the ring.
     `next_norm` (gamma, eps; with the residual, not gated) as qmm's: K in two parts at least, whose
     adding launch (qmm_reduce.metal's) also writes H = RMSNorm(Y) * gamma; returns (Y, H)."""
     check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
@@ -1523,9 +1524,9 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     if tm not in (1, 2, 4) or (gated and tm % 2) or nw not in (1, 2, 4, 8, 16) or kw not in (1, 2, 4) or nw % kw \
             or not 1 <= ks <= 64 or stages not in (2, 3, 4) or sg not in (1, 2, 4, 8) \
             or pf not in (0, 1, 2, 4, 8, 16) or (pf and kw > 1):
-        raise ValueError(f"qmm_mma's knobs: tm 1, 2 or 4 (gated: even), nw 1..16, kw 1, 2 or 4 dividing nw, ks 1..64, "
-                         f"stages 2..4, sg 1, 2, 4 or 8, pf 0, 1, 2, 4, 8 or 16 (0 with kw past 1); got tm {tm}, nw {nw}, "
-                         f"kw {kw}, ks {ks}, stages {stages}, sg {sg}, pf {pf}")
+        raise ValueError(f"qmm_mma's knobs: tm 1, 2 or 4 (gated: even), nw 1..16, kw 1, 2 or 4 dividing nw, "
+                         f"ks 1..64, stages 2..4, sg 1, 2, 4 or 8, pf 0, 1, 2, 4, 8 or 16 (0 with kw past 1); got "
+                         f"tm {tm}, nw {nw}, kw {kw}, ks {ks}, stages {stages}, sg {sg}, pf {pf}")
     smem = qmm_mma_smem(m, qtype, tm, nw, stages, sg, kw)
     if smem > QMM_MMA_SMEM:
         raise ValueError(f"qmm_mma's ring needs {smem} bytes of shared memory, past {QMM_MMA_SMEM}: fewer warps, "
