@@ -99,6 +99,8 @@ def _cache_file(path: str, stem: str, constants: tuple[tuple[str, int], ...]) ->
     except (OSError, RuntimeError, FileNotFoundError, AttributeError):
         return None
     source, file_name, opts = _program(path, stem, constants)
+    if "#include" in source:  # what it includes is not in the digest: no file, compiled each process
+        return None
     digest = hashlib.sha256("\0".join([compiler, file_name, source, *(o.decode() for o in opts)]).encode())
     return Path(root) / "native" / f"{stem}-{digest.hexdigest()[:32]}.cubin"
 

@@ -205,5 +205,7 @@ def test_the_native_cache_file_follows_the_source_and_constants(monkeypatch, tmp
     assert native._cache_file(key[0], key[1], (("A", 2),)) != first
     (tmp_path / "k.cu").write_text((tmp_path / "k.cu").read_text() + "// edited\n")
     assert native._cache_file(*key) != first
+    (tmp_path / "k.cu").write_text('#include "other.h"\n' + (tmp_path / "k.cu").read_text())
+    assert native._cache_file(*key) is None  # what it includes is not in the digest
     monkeypatch.setitem(jit_cache._state, "dir", None)
     assert native._cache_file(*key) is None  # the cache off: each process compiles
