@@ -34,16 +34,14 @@ import contextlib
 import ctypes
 import functools
 import os
-import pickle
 import struct
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 
-from kernels.nvrtc_worker import write_module
+from kernels.nvrtc_worker import run_workers, write_module
 from kernels.ptx import CompileError, run_nvrtc
 
 # MLX's spellings (mlx/backend/cuda/utils, mlx/backend/common/utils at 0.32.4): the C type of an
@@ -431,20 +429,10 @@ def prepare(instances, workers: int | None = None) -> tuple[int, dict[str, str]]
             _disable(exc)
             return 0, {}
         shares = [missing[w::workers] for w in range(workers)]
-        procs = [subprocess.Popen([sys.executable, "-m", "kernels.nvrtc_worker"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE) for _ in shares]
-        for proc, share in zip(procs, shares):  # each reads its whole input before it works
-            try:
-                proc.stdin.write(pickle.dumps(dict(shared, jobs=[jobs[i] for i in share])))
-                proc.stdin.close()
-            except OSError:  # it died before reading (a broken pipe): its share is compiled below
-                pass
+        results = run_workers([dict(shared, jobs=[jobs[i] for i in share]) for share in shares])
         logs = [None] * len(missing)
-        for w, (proc, share) in enumerate(zip(procs, shares)):
-            out = proc.stdout.read()
-            if proc.wait() == 0:
-                logs[w::workers] = pickle.loads(out)
-            else:  # a worker that died: its share here, one by one
-                logs[w::workers] = [_build(i) for i in share]
+        for w, (result, share) in enumerate(zip(results, shares)):
+            # a worker that died: its share here, one by one
+            logs[w::workers] = result if result is not None else [_build(i) for i in share]
     return len(missing), {i.kernel_name: log for i, log in zip(missing, logs) if log}
 

@@ -19,9 +19,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import pickle
-import subprocess
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -64,7 +61,9 @@ def instance(path: str, stem: str, constants: tuple[tuple[str, int], ...]) -> tu
         return entry_name(stem, dict(constants)), cached.read_bytes()
     binary = cubin(path, stem, constants)
     if cached is not None:
-        _write_file(cached, binary)
+        from kernels.nvrtc_worker import write_whole
+
+        write_whole(cached, binary)
     return entry_name(stem, dict(constants)), binary
 
 
@@ -115,14 +114,6 @@ def _nvrtc_version(lib) -> str:
     return f"nvrtc {major.value}.{minor.value}"
 
 
-def _write_file(path: Path, data: bytes) -> None:
-    """Written whole (a rename), so that another process never reads half a cubin."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f".{os.getpid()}.{path.name}.part")
-    part.write_bytes(data)
-    os.replace(part, path)
-
-
 def prepare(keys, workers: int | None = None) -> tuple[int, dict[str, str]]:
     """Compile into the disk cache, in parallel worker processes (kernels.nvrtc_worker), the
     instantiations (path, stem, constants) it lacks. Returns how many were compiled and NVRTC's
@@ -134,24 +125,19 @@ def prepare(keys, workers: int | None = None) -> tuple[int, dict[str, str]]:
             todo[key] = target
     if not todo:
         return 0, {}
-    target_list = list(todo.items())
-    workers = max(1, min(len(target_list), workers or os.cpu_count() or 4))
-    shares = [target_list[w::workers] for w in range(workers)]
-    procs = [subprocess.Popen([sys.executable, "-m", "kernels.nvrtc_worker"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE) for _ in shares]
-    for proc, share in zip(procs, shares):
-        try:
-            proc.stdin.write(pickle.dumps(dict(nvrtc=_nvrtc()._name, native=[(*_program(*key), str(target))
-                                                                             for key, target in share])))
-            proc.stdin.close()
-        except OSError:  # it died before reading: its share compiles at its first launch
-            pass
+    from kernels.nvrtc_worker import run_workers
+
+    items = list(todo.items())
+    workers = max(1, min(len(items), workers or os.cpu_count() or 4))
+    shares = [items[w::workers] for w in range(workers)]
+    nvrtc = _nvrtc()._name
+    results = run_workers([dict(nvrtc=nvrtc, native=[(*_program(*key), str(target)) for key, target in share])
+                           for share in shares])
     failures = {}
-    for proc, share in zip(procs, shares):
-        out = proc.stdout.read()
-        logs = pickle.loads(out) if proc.wait() == 0 and out else [None] * len(share)
-        failures.update({entry_name(key[1], dict(key[2])): log for (key, _), log in zip(share, logs) if log})
-    return len(target_list), failures
+    for result, share in zip(results, shares):  # a worker that died: its share compiles at its first launch
+        failures.update({entry_name(key[1], dict(key[2])): log
+                         for (key, _), log in zip(share, result or [None] * len(share)) if log})
+    return len(items), failures
 
 
 def _nvrtc():

@@ -65,6 +65,19 @@ def test_a_worker_process_compiles_its_share_and_reports_what_failed(tmp_path: P
     assert not (tmp_path / "bad.ptx").exists()
 
 
+def test_run_workers_gives_each_payload_its_result_and_none_where_a_worker_died(tmp_path: Path):
+    from kernels import ptx
+
+    try:
+        lib = ptx.nvrtc()
+    except (FileNotFoundError, OSError):
+        pytest.skip("no NVRTC here")
+    good = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 2.0f; }'
+    payload = dict(nvrtc=lib._name, headers={}, options=[b"-arch=sm_90"], jobs=[(good, "k", str(tmp_path / "m.ptx"))])
+    assert nvrtc_worker.run_workers([payload, dict(nvrtc=lib._name)]) == [[None], None]  # no "jobs": it dies
+    assert (tmp_path / "m.ptx").read_bytes()[:4] == b"\x7fELF"
+
+
 class _FakeDriver:
     """libcuda's calls that jit_cache makes to load a module and ask of one function, on a CPU:
     each sets its out-argument and returns 0 (CUDA_SUCCESS) unless told to fail; `loaded` counts

@@ -1450,8 +1450,9 @@ def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool, parts: int
     while ctas * ks <= sms * resident // 2 and 2 * ks <= stages_k:
         ks *= 2
     if ks > 1 and parts == 1 and m <= 16 and n * k < QMM_MMA_AUTO_WEIGHTS:
-        tm, stages, sg = (2 if gated else 1), *next(((st, g) for st, g in ((3, 2), (3, 1), (2, 1))
-                                                    if qmm_mma_smem(m, qtype, 2, 4, st, g, 4) <= QMM_MMA_SMEM))
+        tm = 2 if gated else 1
+        stages, sg = next((st, g) for st, g in ((3, 2), (3, 1), (2, 1)) if qmm_mma_smem(m, qtype, tm, 4, st, g, 4)
+                          <= QMM_MMA_SMEM)
         return dict(tm=tm, nw=4, kw=4, ks=1, stages=stages, sg=sg, pf=0)
     return dict(tm=tm, nw=nw, kw=1, ks=max(ks, parts), stages=stages, sg=sg, pf=0)
 
