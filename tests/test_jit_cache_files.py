@@ -47,12 +47,7 @@ def test_a_worker_process_compiles_its_share_and_reports_what_failed(tmp_path: P
     import subprocess
     import sys
 
-    from kernels import ptx
-
-    try:
-        lib = ptx.nvrtc()
-    except (FileNotFoundError, OSError):
-        pytest.skip("no NVRTC here")
+    lib = _nvrtc_or_skip()
     good = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 2.0f; }'
     jobs = [(good, "k", str(tmp_path / "good.ptx")), ("this is not CUDA", "k", str(tmp_path / "bad.ptx"))]
     payload = dict(nvrtc=lib._name, headers={}, options=[b"-arch=sm_90"], jobs=jobs)
@@ -66,12 +61,7 @@ def test_a_worker_process_compiles_its_share_and_reports_what_failed(tmp_path: P
 
 
 def test_run_workers_gives_each_payload_its_result_and_none_where_a_worker_died(tmp_path: Path):
-    from kernels import ptx
-
-    try:
-        lib = ptx.nvrtc()
-    except (FileNotFoundError, OSError):
-        pytest.skip("no NVRTC here")
+    lib = _nvrtc_or_skip()
     good = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 2.0f; }'
     payload = dict(nvrtc=lib._name, headers={}, options=[b"-arch=sm_90"], jobs=[(good, "k", str(tmp_path / "m.ptx"))])
     assert nvrtc_worker.run_workers([payload, dict(nvrtc=lib._name)]) == [[None], None]  # no "jobs": it dies
@@ -171,10 +161,11 @@ def _tiny_native(monkeypatch, tmp_path: Path, body: str = "y[threadIdx.x] = 2.0f
 
 
 def _nvrtc_or_skip():
+    """NVRTC's library, or the test skipped where there is none."""
     from kernels import ptx
 
     try:
-        ptx.nvrtc()
+        return ptx.nvrtc()
     except (FileNotFoundError, OSError):
         pytest.skip("no NVRTC here")
 
