@@ -158,8 +158,8 @@ DECLARED = (
     Option("qmm_rows8", False, _flag,
            "the decoder keeps a second copy of each Q4_0 and Q8_0 matrix as RowBlocks (kernels.gemv."
            "interleave_rows: a row block's 8 rows interleaved a super-chunk at a time, twice the weights' "
-           "memory), and qmm's launches (5..64 rows: serve's batched steps, short prompts) read it; the GEMVs "
-           "keep the v3 copy (kernels/gemv/NOTES.md, \"RowBlocks\")"),
+           "memory), and qmm's launches (5..64 rows: serve's batched steps, short prompts) read it, qmm_mma's "
+           "too where qmm hands them on; the GEMVs keep the v3 copy (kernels/gemv/NOTES.md, \"RowBlocks\")"),
     Option("qmm_prologue", "auto", _auto_or_flag,
            "prompt_qmm's plan: on, RMSNorm as qmm's prologue (QKV, gate+up; each threadgroup works out every "
            "row's 1 / rms over all of K, reading all of X); off: lathe's rmsnorm launch first, then qmm on its "

@@ -377,6 +377,26 @@ def test_the_qmm_sweep_times_each_knob_that_fits():
     assert {c.variant.removesuffix("-R8") for c in rows8} <= {c.variant for c in cases}
 
 
+def test_qmm_mma_rows8_sweep_has_packed_rows_beside(monkeypatch):
+    """Each RowBlocks row of qmm_mma's sweep (QMM_MMA_ROWS8_SWEEP, '-R8') has a Packed row of the same
+    knobs, shape and rows of X, once, and `qmm_mma_rows8_match` selects exactly those pairs. Listed
+    with native kernels taken as available (nothing compiled or run)."""
+    from harness.check import matches
+    from harness.suites import gemv as suite
+    from kernels import native
+
+    monkeypatch.setattr(native, "available", lambda: True)
+    cases = suite._qmm_mma_sweep()
+    key = lambda c: (c.variant.removesuffix("-R8"), c.kernel, c.shape["M"], c.shape["N"], c.shape["K"])  # noqa: E731
+    rows8 = [key(c) for c in cases if c.variant.endswith("-R8")]
+    packed = [key(c) for c in cases if not c.variant.endswith("-R8")]
+    assert rows8 and len(set(rows8)) == len(rows8) and len(set(packed)) == len(packed)
+    assert set(rows8) <= set(packed)
+    assert {m for _, _, m, _, _ in rows8} == set(suite.QMM_MMA_ROWS8_ROWS)
+    chosen = [key(c) for c in cases if matches(c.label, suite.qmm_mma_rows8_match())]
+    assert set(rows8) <= set(chosen) and {v for v, *_ in chosen} == {v for v, *_ in rows8}
+
+
 def test_every_sweep_case_names_the_gemv_rows_shape():
     """results refuses a gemv row without M, N and K: the whole sweep (v2, v3, qmm, the probe)
     names each, so no run of `lathe bench gemv --sweep` ends at the write."""
@@ -924,11 +944,15 @@ def _qmm_mma_instances():
             yield qtype, _mma_constants(m, n, k, qtype, False, residual, knobs)
         for m, n, k, knobs in suite.QMM_MMA_GATED_CASES:
             yield qtype, _mma_constants(m, n, k, qtype, True, False, knobs)
+        for m, n, k, residual, knobs in suite.QMM_MMA_ROWS8_CASES:
+            yield qtype, _mma_constants(m, n, k, qtype, False, residual, knobs, rows8=True)
+        for m, n, k, knobs in suite.QMM_MMA_ROWS8_GATED_CASES:
+            yield qtype, _mma_constants(m, n, k, qtype, True, False, knobs, rows8=True)
 
 
-def _mma_constants(m, n, k, qtype, gated, residual, knobs):
+def _mma_constants(m, n, k, qtype, gated, residual, knobs, rows8=False):
     geo = gemv.qmm_mma_launch_knobs(m, n, k, qtype, gated, knobs=knobs)
-    return gemv.qmm_mma_constants(qtype, m, n, k, geo, gated, residual)
+    return gemv.qmm_mma_constants(qtype, m, n, k, geo, gated, residual, rows8)
 
 
 @pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
@@ -1014,6 +1038,11 @@ def test_qmm_mma_refuses_what_it_does_not_take():
         gemv.qmm_mma(x, w, "q8_0", 64, 256, activation="silu", residual=mx.zeros((8, 32), mx.float16))
     with pytest.raises(ValueError, match="residual"):
         gemv.qmm_mma(x, w, "q8_0", 64, 256, residual=mx.zeros((8, 63), mx.float16))
+    rows = gemv.interleave_rows(_zero_packed("q8_0", 24, 256))  # gate's 12 rows: not whole row blocks
+    with pytest.raises(ValueError, match="whole row blocks"):
+        gemv.qmm_mma(x, rows, "q8_0", 24, 256, activation="silu")
+    with pytest.raises(ValueError, match="packed weights are"):
+        gemv.qmm_mma(x, rows, "q8_0", 16, 256)
 
 
 @pytest.mark.parametrize("qtype, n, k, norm, activation, next_norm, want", [

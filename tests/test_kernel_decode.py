@@ -893,16 +893,22 @@ def test_qmm_rows8_gives_qmm_the_row_blocks_copy(models, monkeypatch, preset, qt
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mma", [False, True])
 @pytest.mark.parametrize("preset, qtype", [("tiny-llama", "q4_0"), ("tiny-qwen3", "q8_0")])
-def test_qmm_rows8_decodes_the_same_bits(models, monkeypatch, preset, qtype):
+def test_qmm_rows8_decodes_the_same_bits(models, monkeypatch, preset, qtype, mma):
     """RowBlocks only move W's bytes: a 20-token prompt's logits and the next tokens' are the same
-    bits with option qmm_rows8 on as off (qmm's sums in the same order), and decode as float64."""
+    bits with option qmm_rows8 on as off (qmm's sums, and qmm_mma's where qmm hands it the launch,
+    in the same order), and decode as float64."""
     import mlx.core as mx
 
     if not __import__("kernels.runtime", fromlist=["has_gpu"]).has_gpu():
         pytest.skip("no GPU backend")
+    if mma and not __import__("kernels.native", fromlist=["available"]).available():
+        pytest.skip("no native kernels (qmm_mma)")
     monkeypatch.setitem(options._values, "repack", True)
-    monkeypatch.setitem(options._values, "qmm_mma", False)  # RowBlocks are qmm's; Packed, both launches qmm's
+    # both copies' launches on one kernel: qmm's, or qmm_mma's where it takes them (the tiny models'
+    # matrices are under auto's bound)
+    monkeypatch.setitem(options._values, "qmm_mma", mma)
     m = models[preset, qtype]
     prompt = np.random.default_rng().integers(0, m.config.vocab, 20)
     logits = {}

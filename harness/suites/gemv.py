@@ -252,14 +252,15 @@ def _gemv_case(version: str, qtype: str, m: int, n: int, k: int, residual: bool 
     from kernels.runtime import poisoned_outputs
 
     fn = {"v1": gemv.gemv_v1, "v2": gemv.gemv_v2, "v3": gemv.gemv_v3, "linear": gemv.linear,
-          "linear v3": gemv.linear, "qmm": gemv.qmm, "qmm rows8": gemv.qmm, "qmm mma": gemv.qmm_mma}[version]
+          "linear v3": gemv.linear, "qmm": gemv.qmm, "qmm rows8": gemv.qmm, "qmm mma": gemv.qmm_mma,
+          "qmm mma rows8": gemv.qmm_mma}[version]
     extra = dict(knobs or {})
 
     def run(rng: np.random.Generator) -> list[Comparison]:
         host, dev = _blocks(rng, qtype, n, k)
         if version.endswith("v3") or version.startswith("qmm"):
             dev = gemv.repack(dev, qtype, n, k)
-        if version == "qmm rows8":  # W's row blocks interleaved (RowBlocks)
+        if version.endswith("rows8"):  # W's row blocks interleaved (RowBlocks)
             dev = gemv.interleave_rows(dev)
         x = _x(rng, m, k)
         r = _x(rng, m, n) if residual else None
@@ -735,6 +736,17 @@ QMM_MMA_GATED_CASES = [(16, 2 * 14336, 4096, None), (5, 2 * 1001, 1024, None), (
                        (16, 2 * 1001, 4096, dict(tm=2, nw=4, ks=4)), (16, 2 * 1001, 4096, dict(tm=2, nw=4, ks=2, pf=4)),
                        (16, 2 * 14336, 4096, dict(tm=2, nw=8, kw=2, ks=1, sg=1)),
                        (9, 2 * 1001, 1152, dict(tm=2, nw=4, kw=4, ks=2, stages=2, sg=1))]
+# ... and on RowBlocks (ROWS8: a stage's pieces of a row block one run): the rule's gate+up, down (split
+# K) and a tail of M and of 16-row tiles (N whole row blocks), a partial last stage of 8 groups, 8 parts,
+# 4 tiles a warp, K warps (alone and with split K)
+QMM_MMA_ROWS8_CASES = [(16, 28672, 4096, False, None), (5, 4104, 4096, True, None), (64, 4096, 14336, True, None),
+                       (16, 1000, 1152, False, dict(stages=2, sg=8, ks=1, nw=2)),
+                       (9, 1000, 3072, True, dict(tm=1, nw=4, ks=8)), (16, 4096, 4096, False, dict(tm=4, nw=2, ks=1)),
+                       (16, 28672, 4096, False, dict(tm=2, nw=8, kw=2, ks=1, sg=1)),
+                       (33, 4096, 14336, True, dict(tm=2, nw=8, kw=2, ks=4, stages=2, sg=2))]
+QMM_MMA_ROWS8_GATED_CASES = [(16, 2 * 14336, 4096, None), (5, 2 * 1000, 1024, None),
+                             (16, 2 * 1000, 4096, dict(tm=2, nw=4, ks=4)),
+                             (16, 2 * 14336, 4096, dict(tm=2, nw=8, kw=2, ks=1, sg=1))]
 # W's ring on its own schedule (wr 1..4 without xs; Q4_0 and Q8_0, the other types as without it):
 # tails of N, K and M, WK groups, split K (a part of 11 super-chunks with 4 ahead: copies past the
 # part), 64 rows; each fits Q8_0's two words a chunk in 48 KiB, the first Metal's 32 KiB
@@ -950,6 +962,10 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
             cases.append(_gemv_case("qmm mma", qtype, m, n, k, residual, knobs))
         for m, n, k, knobs in QMM_MMA_GATED_CASES[:2] if small else QMM_MMA_GATED_CASES:
             cases.append(_qmm_fused_case("gated", "silu", qtype, m, n, k, knobs, mma=True))
+        for m, n, k, residual, knobs in QMM_MMA_ROWS8_CASES[:1] if small else QMM_MMA_ROWS8_CASES:
+            cases.append(_gemv_case("qmm mma rows8", qtype, m, n, k, residual, knobs))
+        for m, n, k, knobs in [] if small else QMM_MMA_ROWS8_GATED_CASES:
+            cases.append(_qmm_fused_case("gated", "silu", qtype, m, n, k, knobs, rows8=True, mma=True))
     if qtype in ("q4_0", "q8_0"):
         for m, n, k, residual, knobs in QMM_ROWS8_CASES[:1] if small else QMM_ROWS8_CASES:
             cases.append(_gemv_case("qmm rows8", qtype, m, n, k, residual, knobs))
@@ -1472,32 +1488,72 @@ QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, ks=ks, stages=st, sg=sg, pf=pf) for tm in (1
      for st, sg in ((2, 1), (3, 1), (4, 1), (2, 2), (3, 2))]
 
 
+# qmm_mma on RowBlocks (variant '...-R8'): the rule and the settings near the top of cb7ec50's sweep on
+# the 8B's matrices (Q4_0) and Qwen3-0.6B's (Q8_0), at 16 and 64 rows, each also on Packed weights
+# (QMM_MMA_SWEEP's rows of the same label, `qmm_mma_rows8_match`). SG 1 and 4: on RowBlocks a stage's
+# pieces of a row block are one run of 512 SG bytes (Q4_0), where on Packed a row's are 64 SG
+QMM_MMA_ROWS8_ROWS = (16, 64)
+QMM_MMA_ROWS8_SWEEP = [{}] + [dict(tm=tm, nw=nw, kw=kw, ks=ks, stages=st, sg=sg, pf=0) for tm, nw, kw, ks, st, sg in (
+    (2, 4, 1, 1, 3, 2), (2, 4, 1, 1, 2, 2), (2, 4, 1, 1, 3, 1), (2, 4, 1, 1, 4, 1), (2, 4, 1, 1, 2, 4),
+    (2, 8, 1, 1, 2, 2), (1, 4, 1, 1, 3, 2), (1, 8, 1, 1, 3, 2), (2, 8, 2, 1, 2, 2), (1, 8, 4, 1, 3, 2),
+    (1, 4, 4, 1, 3, 2), (2, 4, 1, 2, 3, 2), (2, 4, 1, 4, 3, 2), (1, 4, 1, 4, 3, 2), (2, 4, 1, 8, 2, 2),
+    (2, 4, 1, 8, 3, 2))]
+
+
 def qmm_mma_sweep_label(knobs: dict) -> str:
     """A qmm_mma sweep row's variant: its knobs, KW only past one K warp, PF only where W's rows are
-    asked of the L2."""
+    asked of the L2; 'mma rule' for none."""
+    if not knobs:
+        return "mma rule"
     return "mma TM{tm}-NW{nw}".format(**knobs) + (f"-KW{knobs['kw']}" if knobs.get("kw", 1) > 1 else "") + \
         "-KS{ks}-ST{stages}-SG{sg}".format(**knobs) + (f"-PF{knobs['pf']}" if knobs.get("pf") else "")
 
 
+def qmm_mma_rows8_match() -> str:
+    """`lathe bench gemv --sweep -k` for QMM_MMA_ROWS8_SWEEP: its RowBlocks rows and the Packed rows
+    of the same knobs (those in QMM_MMA_SWEEP)."""
+    labels = [qmm_mma_sweep_label(knobs) for knobs in QMM_MMA_ROWS8_SWEEP]
+    return "|".join(f"[{label}{r8}]" for label in labels for r8 in ("", "-R8"))
+
+
 def _qmm_mma_sweep() -> list[BenchCase]:
     """qmm_mma's knobs (QMM_MMA_SWEEP, variant 'mma TM.-NW.[-KW.]-KS.-ST.-SG.[-PF.]') where the ring fits the
-    shared memory and each part of K has a stage, on QMM_MMA_SWEEP_SHAPES at QMM_SWEEP_ROWS rows;
-    none where native kernels do not run."""
+    shared memory and each part of K has a stage, on QMM_MMA_SWEEP_SHAPES at QMM_SWEEP_ROWS rows; then
+    on RowBlocks (QMM_MMA_ROWS8_SWEEP, '-R8'); none where native kernels do not run."""
     from kernels import native
-    from kernels.gemv import QMM_MMA_SMEM, qmm_mma, qmm_mma_smem
+    from kernels.gemv import QMM_MMA_SMEM, interleave_rows, qmm_mma, qmm_mma_smem
 
     if not native.available():
         return []
 
-    def settings(qtype, m, n, k):
-        def fits(tm, nw, ks, stages, sg, kw=1, **_):
-            return qmm_mma_smem(m, qtype, tm, nw, stages, sg, kw) <= QMM_MMA_SMEM and ks <= -(-k // (128 * sg * kw)) \
-                and 66 <= -(-n // (16 * tm * nw // kw)) * ks <= 1056  # a half to 8 waves
+    def fits(qtype, m, n, k, tm, nw, ks, stages, sg, kw=1, **_):
+        return qmm_mma_smem(m, qtype, tm, nw, stages, sg, kw) <= QMM_MMA_SMEM and ks <= -(-k // (128 * sg * kw)) \
+            and 66 <= -(-n // (16 * tm * nw // kw)) * ks <= 1056  # a half to 8 waves
 
-        return [(qmm_mma_sweep_label(knobs), knobs) for knobs in QMM_MMA_SWEEP if fits(**knobs)]
+    def settings(qtype, m, n, k):
+        return [(qmm_mma_sweep_label(knobs), knobs) for knobs in QMM_MMA_SWEEP if fits(qtype, m, n, k, **knobs)]
+
+    def rows8_settings(qtype, m, n, k):
+        return [(qmm_mma_sweep_label(knobs) + "-R8", knobs) for knobs in QMM_MMA_ROWS8_SWEEP
+                if not knobs or fits(qtype, m, n, k, **knobs)]
+
+    def rows8_once(qtype, *shapes):
+        packed = _packed_once(qtype, *shapes)
+        return lambda: [interleave_rows(w) for w in packed()]
+
+    # Packed beside the RowBlocks rows where QMM_MMA_SWEEP has no row of the label (the rule, and a few)
+    swept = {qmm_mma_sweep_label(knobs) for knobs in QMM_MMA_SWEEP}
+    unswept = [knobs for knobs in QMM_MMA_ROWS8_SWEEP if qmm_mma_sweep_label(knobs) not in swept]
+
+    def packed_settings(qtype, m, n, k):
+        return [(qmm_mma_sweep_label(knobs), knobs) for knobs in unswept if not knobs or fits(qtype, m, n, k, **knobs)]
 
     return [case for m in QMM_SWEEP_ROWS for case in _sweep(qmm_mma, _packed_once, settings, QMM_MMA_SWEEP_SHAPES,
-                                                             rows=(m,))]
+                                                             rows=(m,))] + \
+        [case for m in QMM_MMA_ROWS8_ROWS
+         for case in _sweep(qmm_mma, _packed_once, packed_settings, QMM_MMA_SWEEP_SHAPES, rows=(m,))] + \
+        [case for m in QMM_MMA_ROWS8_ROWS
+         for case in _sweep(qmm_mma, rows8_once, rows8_settings, QMM_MMA_SWEEP_SHAPES, rows=(m,))]
 
 
 def _qmm_sweep() -> list[BenchCase]:

@@ -3,7 +3,7 @@ sm_90a (kernels.native.cubin), disassembled by cuobjdump, and each loop (a branc
 earlier address) counted by opcode. The static counterpart of ncu_sass: it says what one pass of
 a loop issues, not where warps wait.
 
-    python -m harness.tools.sass_mix --qmm-mma q4_0,16,28672,4096 [--knob tm=2 ...] [--top 14]
+    python -m harness.tools.sass_mix --qmm-mma q4_0,16,28672,4096[,gated][,rows8] [--knob tm=2 ...] [--top 14]
     python -m harness.tools.sass_mix --native gemv/qmm_mma.cu lathe_qmm_mma QT=0 M=16 ...
 
 cuobjdump is CUDA's (pip: nvidia-cuda-cuobjdump); it is looked for on PATH, then in the nvidia
@@ -89,15 +89,17 @@ def disassemble(cubin: bytes) -> str:
 
 
 def qmm_mma_constants(spec: str, knobs: list[str]) -> tuple[str, str, dict[str, int]]:
-    """kernels.gemv.qmm_mma's instance for 'qtype,m,n,k[,gated]' under its launch rule, knobs
-    (tm=2 ...) given over it, as qmm_mma() would launch it (the residual and K's parts aside)."""
+    """kernels.gemv.qmm_mma's instance for 'qtype,m,n,k[,gated][,rows8]' under its launch rule, knobs
+    (tm=2 ...) given over it, as qmm_mma() would launch it (the residual and K's parts aside); rows8:
+    W as RowBlocks."""
     from kernels import gemv
 
     qtype, m, n, k, *rest = spec.split(",")
-    m, n, k, gated = int(m), int(n), int(k), bool(rest and rest[0] in ("1", "gated"))
+    m, n, k = int(m), int(n), int(k)
+    gated, rows8 = bool({"1", "gated"} & set(rest)), "rows8" in rest
     given = {key: int(v) for key, v in (kv.split("=") for kv in knobs)}
     geo = gemv.qmm_mma_launch_knobs(m, n, k, qtype, gated, knobs=given)
-    return gemv.QMM_MMA, "lathe_qmm_mma", gemv.qmm_mma_constants(qtype, m, n, k, geo, gated, False)
+    return gemv.QMM_MMA, "lathe_qmm_mma", gemv.qmm_mma_constants(qtype, m, n, k, geo, gated, False, rows8)
 
 
 def report(sass: str, top: int) -> str:
@@ -115,7 +117,8 @@ def report(sass: str, top: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = ap.add_mutually_exclusive_group(required=True)
-    which.add_argument("--qmm-mma", metavar="QTYPE,M,N,K[,gated]", help="qmm_mma's instance under its launch rule")
+    which.add_argument("--qmm-mma", metavar="QTYPE,M,N,K[,gated][,rows8]",
+                       help="qmm_mma's instance under its launch rule")
     which.add_argument("--native", nargs="+", metavar="ARG", help="PATH (under kernels/) STEM NAME=VALUE ...")
     ap.add_argument("--knob", action="append", default=[], help="qmm_mma: a launch knob over the rule (tm=2)")
     ap.add_argument("--top", type=int, default=14, help="opcodes shown a loop")

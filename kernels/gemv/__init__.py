@@ -1286,6 +1286,7 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
     where the qmm_combine option says so (qmm_last_group); the sums, their order and Y are the
     adding launch's."""
     rows8 = isinstance(w, RowBlocks)  # the layout of interleave_rows (ROWS8)
+    given = w
     if rows8:
         if qtype not in ("q4_0", "q8_0") or n % 8 or k % 128:
             raise ValueError(f"RowBlocks are Q4_0 or Q8_0 of whole row blocks and super-chunks, got {qtype} N={n} K={k}")
@@ -1329,8 +1330,9 @@ def qmm(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, resid
         _check_residual(residual, m, n_out)
     if next_norm is not None:
         _check_next_norm(next_norm, residual, activation, n)
-    if not rows8 and all(v is None for v in knobs.values()) and qmm_on_mma(qtype, n, k, norm, activation, next_norm):
-        return qmm_mma(x, w, qtype, n, k, residual=residual, activation=activation, next_norm=next_norm)
+    if all(v is None for v in knobs.values()) and qmm_on_mma(qtype, n, k, norm, activation, next_norm) \
+            and not (rows8 and gated and n % 16):
+        return qmm_mma(x, given, qtype, n, k, residual=residual, activation=activation, next_norm=next_norm)
     # the rule's knobs passed as they are: qmm_geometry is cached by its arguments, the rule reads
     # an option (qmm_x_staged)
     mp, nb, wn, wk = qmm_geometry(m, n_out if gated else n, k, knobs.get("nb") or shaped["NB"],
@@ -1418,10 +1420,10 @@ def qmm_mma_smem(m: int, qtype: str, tm: int, nw: int, stages: int, sg: int, kw:
 
 
 def qmm_mma_constants(qtype: str, m: int, n: int, k: int, geo: dict[str, int], gated: bool,
-                      residual: bool) -> dict[str, int]:
+                      residual: bool, rows8: bool = False) -> dict[str, int]:
     """qmm_mma.cu's compile-time constants for a launch of these knobs (qmm_mma_geometry's form;
-    kw 1 where absent): the residual is the kernel's only where K is one part."""
-    return dict(QT=QMM_MMA_QTYPES.index(qtype), M=m, N=n, K=k, TM=geo["tm"], NW=geo["nw"], KW=geo.get("kw", 1),
+    kw 1 where absent): the residual is the kernel's only where K is one part; `rows8`: W as RowBlocks."""
+    return dict(QT=QMM_MMA_QTYPES.index(qtype), ROWS8=int(rows8), M=m, N=n, K=k, TM=geo["tm"], NW=geo["nw"], KW=geo.get("kw", 1),
                 KS=geo["ks"], SG=geo["sg"], STAGES=geo["stages"], PF=geo["pf"], GATED=int(gated),
                 RESID=int(residual and geo["ks"] == 1))
 
@@ -1484,11 +1486,12 @@ def qmm_on_mma(qtype: str, n: int, k: int, norm: bool, activation: str | None,
     return native.available()
 
 
-def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
+def qmm_mma(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
             activation: str | None = None, next_norm: tuple[mx.array, float] | None = None,
             **knobs: int) -> mx.array | tuple[mx.array, mx.array]:
     """qmm on the warp MMA (qmm_mma.cu, a native CUDA kernel: sm_90a): Y[M, N] = X[M, K] @ W^T
-    (+ residual), W Q4_0 or Q8_0 repacked (Packed, read in place), M 1..64, K a multiple of 128.
+    (+ residual), W Q4_0 or Q8_0 repacked (Packed, read in place; or RowBlocks, whose stages are runs of
+    a row block's 8 rows), M 1..64, K a multiple of 128.
     `activation` "silu": W is [gate; up] (N = 2F rows), Y = silu(X @ gate^T) * (X @ up^T), [M, F].
     Launch knobs (qmm_mma_launch_knobs's where not given): tm 16-row tiles a warp, nw warps a CTA, kw
     of them K warps (each a share of a stage's groups, their sums added in the CTA), ks parts of K
@@ -1497,13 +1500,17 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     row asked of the L2 in one run (prefetch.global.L2), pf stages ahead of the ring.
     `next_norm` (gamma, eps; with the residual, not gated) as qmm's: K in two parts at least, whose
     adding launch (qmm_reduce.metal's) also writes H = RMSNorm(Y) * gamma; returns (Y, H)."""
-    check_gemv_args(x, w, qtype, n, k, max_m=QMM_MAX_M)
-    if not isinstance(w, Packed):
-        raise ValueError("qmm_mma takes weights repacked by kernels.gemv.repack (Packed), not GGUF blocks")
+    rows8 = isinstance(w, RowBlocks)
+    check_gemv_args(x, Packed(w.data, w.qtype, w.n, w.k) if rows8 else w, qtype, n, k, max_m=QMM_MAX_M)
+    if not isinstance(w, (Packed, RowBlocks)):
+        raise ValueError("qmm_mma takes weights repacked by kernels.gemv.repack (Packed, or RowBlocks), "
+                         "not GGUF blocks")
     m = x.shape[0]
     why = qmm_mma_refuses(qtype, k)
     if why:
         raise ValueError(f"qmm_mma cannot take {why}")
+    if rows8 and activation is not None and n % 16:
+        raise ValueError(f"a gated qmm_mma on RowBlocks takes gate's and up's rows in whole row blocks of 8: N={n}")
     gated = activation is not None
     if gated and (activation != "silu" or n % 2 or residual is not None):
         raise ValueError(f"a gated qmm_mma takes activation 'silu', [gate; up] (an even N, got {n}) and no residual, "
@@ -1535,7 +1542,7 @@ def qmm_mma(x: mx.array, w: Packed, qtype: str, n: int, k: int, *, residual: mx.
     from kernels import native
 
     ctas = -(-n_out // (16 * (tm // 2 if gated else tm) * (nw // kw)))
-    constants = qmm_mma_constants(qtype, m, n, k, geo, gated, residual is not None)
+    constants = qmm_mma_constants(qtype, m, n, k, geo, gated, residual is not None, rows8)
     inputs = [x, w.data, residual if residual is not None and ks == 1 else x]
     grid, group = (ctas * 32 * nw, ks, 1), (32 * nw, 1, 1)
     if ks == 1:

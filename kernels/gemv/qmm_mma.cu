@@ -31,7 +31,11 @@
 // Nibbles become halves by the 0x6400 trick (1024 + q exactly), less 1032 (1152 for Q8_0's
 // bytes), times the block's scale.
 //
-// Constants (NVRTC -D): QT 0 Q4_0 / 1 Q8_0, M (rows of X, 1..64), N, K (a multiple of 128), TM
+// W's bytes are the v3 layout (ROWS8 0) or RowBlocks (ROWS8 1, kernels.gemv.interleave_rows: a row
+// block's 8 rows interleaved a group at a time), where a stage's pieces of a row block's 8 rows are
+// one run of 512 SG bytes (Q4_0) and the ring's slots are filled as from the v3 layout.
+//
+// Constants (NVRTC -D): QT 0 Q4_0 / 1 Q8_0, ROWS8, M (rows of X, 1..64), N, K (a multiple of 128), TM
 // (16-row tiles a warp), NW (warps a CTA), KW (K warps: 1, 2 or 4, dividing NW), KS (parts of K),
 // SG (groups of K a warp a stage), STAGES, PF
 // (0, or stages of each W row asked of the L2 in one run, PF stages ahead of the ring's copies),
@@ -54,6 +58,7 @@ static_assert(K % 128 == 0, "qmm_mma: K whole groups of 128");
 static_assert(!GATED || (TM % 2 == 0 && N % 2 == 0), "qmm_mma: a gated warp takes gate and up tiles in pairs");
 static_assert(M >= 1 && M <= 64, "qmm_mma: 1..64 rows of X");
 static_assert(NW % KW == 0 && (PF == 0 || KW == 1), "qmm_mma: K warps divide the warps; W's L2 runs with one");
+static_assert(!ROWS8 || (PF == 0 && N % (GATED ? 16 : 8) == 0), "qmm_mma: RowBlocks are whole row blocks, no L2 runs");
 constexpr int RW = NW / KW;                 // row warps a CTA
 constexpr int SGK = SG * KW;                // groups a stage (every K warp's)
 
@@ -126,6 +131,20 @@ constexpr int ROW_BYTES = SG * 4 * QB;       // a row's quants a stage (a warp's
 // q + 1, lanes c) fall on distinct banks with no pad (Q4_0's rows of one group are 64 bytes apart:
 // other halves of a line already)
 constexpr int ROW_PITCH = ROW_BYTES;
+// where W's bytes lie: a row's first quant and scale, and the step from a row's group of K to its next
+// (v3: a row's quants, then its scales, are each one run; RowBlocks: a row block's 8 rows take
+// turns a group at a time). Both are sums over a row's place in its row block and the block, so that
+// a lane's base and a pass's constant offset add up (a lane's row in a block plus a pass's stays < 8).
+__host__ __device__ constexpr size_t quant_row(u32 r) {
+  return ROWS8 ? (size_t)(r / 8) * (K / 128 * 32 * QB) + (r % 8) * 4 * QB : (size_t)r * (K / 32 * QB);
+}
+__host__ __device__ constexpr u32 scale_row(u32 r) {  // (a thread's scale offsets are 32-bit, as before)
+  return ROWS8 ? (r / 8) * (K / 128 * 64) + (r % 8) * 8 : r * (K / 32 * 2);
+}
+constexpr u32 QUANT_GROUP_STEP = ROWS8 ? 32 * QB : 4 * QB;
+constexpr u32 SCALE_GROUP_STEP = ROWS8 ? 64 : 8;
+// a row's p-th 16-byte piece of quants from its first group's
+__host__ __device__ constexpr u32 quant_piece(u32 p) { return ROWS8 ? p / (4 * QV) * QUANT_GROUP_STEP + p % (4 * QV) * 16 : p * 16; }
 constexpr u32 W_SWZ = QT == 1 ? 1 : ROW_BYTES >= 128 ? 4 : 0;
 constexpr int SCALE_PITCH = SG * 4 * 2;      // a row's scales a stage
 constexpr int W_SLOT = ROWS * (ROW_PITCH + SCALE_PITCH);
@@ -148,7 +167,8 @@ constexpr bool W_ROWS_A_PASS = W_PPR <= 32;
 constexpr int W_RP = W_ROWS_A_PASS ? 32 / W_PPR : 1;
 constexpr int W_SPLIT = W_ROWS_A_PASS ? 1 : W_PPR / 32;
 constexpr int W_PASSES = ROWS * W_PPR / 32;
-constexpr int SP = K % 256 == 0 && SG % 2 == 0 ? 16 : 8;  // a warp's scales a stage 16-byte aligned
+// a warp's scales a stage in 16-byte pieces where they are one aligned run (v3), else 8 (a group's)
+constexpr int SP = !ROWS8 && K % 256 == 0 && SG % 2 == 0 ? 16 : 8;
 constexpr int S_PPR = SCALE_PITCH / SP;
 constexpr int S_RP = 32 / S_PPR;
 constexpr int S_PASSES = (ROWS + S_RP - 1) / S_RP;
@@ -183,7 +203,7 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
   const u32 x_dst = x_m0 * X_PITCH + (x_pc / 8) * X_BLOCK + (x_pc % 8) * 8;
   const u32 w_r0 = W_ROWS_A_PASS ? lane / W_PPR : 0u, w_pc = W_ROWS_A_PASS ? lane % W_PPR : lane;
   const int w_left = (int)OUT_N - (int)(tile_base + w_r0);  // local rows of W this lane may copy
-  const unsigned char* w_src = quants + (size_t)(tile_base + w_r0) * (K / 32 * QB) + wk * ROW_BYTES + w_pc * 16;
+  const unsigned char* w_src = quants + quant_row(tile_base + w_r0) + wk * SG * QUANT_GROUP_STEP + quant_piece(w_pc);
   // where a pass's rows are an even number, a lane's rows keep w_r0's parity; else it is the pass's
   const u32 w_dst = w_r0 * ROW_PITCH + (w_pc ^ (W_RP % 2 == 0 ? (w_r0 & 1) * W_SWZ : 0u)) * 16;
   const u32 w_dst_odd = w_r0 * ROW_PITCH + (w_pc ^ W_SWZ) * 16;
@@ -192,7 +212,7 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
 #pragma unroll
   for (int i = 0; i < S_PASSES; ++i) {
     const u32 lr = s_r0 + i * S_RP;
-    s_src[i] = (tile_base + w_row_offset(lr)) * (K / 32 * 2) + wk * (SG * 8) + s_pc * SP;
+    s_src[i] = scale_row(tile_base + w_row_offset(lr)) + (ROWS8 ? (wk * SG + s_pc) * 64 : wk * (SG * 8) + s_pc * SP);
     if (lr < (u32)ROWS && (int)w_local(lr) < (int)OUT_N - (int)tile_base) s_ok |= 1u << i;
   }
   // a stage's groups of K (X's), and this warp's of them
@@ -209,21 +229,21 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
       if (row_ok && (!PARTIAL || x_pc + jp < groups * 32))
         copy8(xs + jr * X_PITCH + (jp / 8) * X_BLOCK, xg + (size_t)jr * K + jp * 4);
     }
-    const unsigned char* wg = w_src + (size_t)st * (KW * ROW_BYTES);
+    const unsigned char* wg = w_src + (size_t)st * (SGK * QUANT_GROUP_STEP);
     const u32 ws = w_ring + slot * W_SLOT;
 #pragma unroll
     for (int i = 0; i < W_PASSES; ++i) {
       const int lr = W_ROWS_A_PASS ? i * W_RP : i / W_SPLIT, pc = W_ROWS_A_PASS ? 0 : (i % W_SPLIT) * 32;
       if ((int)w_local(lr) < w_left && (!PARTIAL || w_pc + pc < wgroups * (W_PPR / SG)))
         copy16(ws + (W_RP == 1 && lr % 2 ? w_dst_odd : w_dst) + lr * ROW_PITCH + pc * 16,
-               wg + (size_t)w_row_offset(lr) * (K / 32 * QB) + pc * 16);
+               wg + quant_row(w_row_offset(lr)) + quant_piece(pc));
     }
     const u32 ss = ws + ROWS * ROW_PITCH + s_r0 * SCALE_PITCH + s_pc * SP;
 #pragma unroll
     for (int i = 0; i < S_PASSES; ++i)
       if ((s_ok >> i) & 1u && (!PARTIAL || s_pc * SP < wgroups * 8)) {
-        if (SP == 16) copy16(ss + i * S_RP * SCALE_PITCH, scales + s_src[i] + st * (SGK * 8));
-        else copy8(ss + i * S_RP * SCALE_PITCH, scales + s_src[i] + st * (SGK * 8));
+        if (SP == 16) copy16(ss + i * S_RP * SCALE_PITCH, scales + s_src[i] + st * (SGK * SCALE_GROUP_STEP));
+        else copy8(ss + i * S_RP * SCALE_PITCH, scales + s_src[i] + st * (SGK * SCALE_GROUP_STEP));
       }
   };
 
