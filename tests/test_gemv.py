@@ -948,6 +948,10 @@ def _qmm_mma_instances():
             yield qtype, _mma_constants(m, n, k, qtype, False, residual, knobs, rows8=True)
         for m, n, k, knobs in suite.QMM_MMA_ROWS8_GATED_CASES:
             yield qtype, _mma_constants(m, n, k, qtype, True, False, knobs, rows8=True)
+        for m, n, k, residual, knobs in suite.QMM_MMA_SK_CASES:
+            yield qtype, _mma_constants(m, n, k, qtype, False, residual, knobs)
+        for m, n, k, knobs in suite.QMM_MMA_SK_GATED_CASES:
+            yield qtype, _mma_constants(m, n, k, qtype, True, False, knobs)
 
 
 def _mma_constants(m, n, k, qtype, gated, residual, knobs, rows8=False):
@@ -1038,6 +1042,12 @@ def test_qmm_mma_refuses_what_it_does_not_take():
         gemv.qmm_mma(x, w, "q8_0", 64, 256, activation="silu", residual=mx.zeros((8, 32), mx.float16))
     with pytest.raises(ValueError, match="residual"):
         gemv.qmm_mma(x, w, "q8_0", 64, 256, residual=mx.zeros((8, 63), mx.float16))
+    with pytest.raises(ValueError, match="stream-K"):  # K in parts
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, sk=2, ks=2)
+    with pytest.raises(ValueError, match="stream-K"):  # more CTAs than (tile, stage) units: 1 tile x 1 stage
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, sk=3)
+    with pytest.raises(ValueError, match="counters"):
+        gemv.qmm_mma(x, w, "q8_0", 64, 256, sk=1, counters=mx.zeros((1,), mx.int32))
     rows = gemv.interleave_rows(_zero_packed("q8_0", 24, 256))  # gate's 12 rows: not whole row blocks
     with pytest.raises(ValueError, match="whole row blocks"):
         gemv.qmm_mma(x, rows, "q8_0", 24, 256, activation="silu")

@@ -49,7 +49,7 @@ def test_qmm_mma_instance_is_the_launch_rules():
     geo = gemv.qmm_mma_geometry(16, 28672, 4096, "q4_0", False)
     assert (path, stem) == (gemv.QMM_MMA, "lathe_qmm_mma")
     assert consts == dict(QT=0, ROWS8=0, M=16, N=28672, K=4096, TM=geo["tm"], NW=geo["nw"], KW=1, KS=2,
-                          SG=geo["sg"], STAGES=geo["stages"], PF=geo["pf"], GATED=0, RESID=0)
+                          SG=geo["sg"], STAGES=geo["stages"], PF=geo["pf"], GATED=0, RESID=0, SK=0)
     assert sass_mix.qmm_mma_constants("q8_0,8,2048,1024,gated", [])[2]["GATED"] == 1
     assert sass_mix.qmm_mma_constants("q8_0,8,2048,1024,gated,rows8", [])[2] == \
         dict(sass_mix.qmm_mma_constants("q8_0,8,2048,1024,gated", [])[2], ROWS8=1)

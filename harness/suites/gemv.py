@@ -747,6 +747,18 @@ QMM_MMA_ROWS8_CASES = [(16, 28672, 4096, False, None), (5, 4104, 4096, True, Non
 QMM_MMA_ROWS8_GATED_CASES = [(16, 2 * 14336, 4096, None), (5, 2 * 1000, 1024, None),
                              (16, 2 * 1000, 4096, dict(tm=2, nw=4, ks=4)),
                              (16, 2 * 14336, 4096, dict(tm=2, nw=8, kw=2, ks=1, sg=1))]
+# ... and stream-K (sk CTAs, each an equal run of (tile, stage) units; the last CTA of a tile adds its
+# parts): the 8B's gate+up over 2 CTAs an SM (a tile in 1-2 parts), down with its residual (a tile in
+# 8-9 parts, CTAs inside one tile), tails of M and N, more than 32 rows with a partial last stage, K
+# warps, one unit a CTA, gated in parts
+QMM_MMA_SK_CASES = [(16, 28672, 4096, False, dict(tm=2, nw=4, ks=1, sk=264)),
+                    (16, 4096, 14336, True, dict(tm=2, nw=4, ks=1, sk=264)),
+                    (5, 4097, 4096, True, dict(tm=1, nw=4, ks=1, sk=133)),
+                    (33, 1000, 1152, False, dict(tm=1, nw=4, ks=1, stages=3, sg=2, sk=7)),
+                    (16, 4096, 4096, False, dict(tm=1, nw=8, kw=4, ks=1, sg=2, sk=100)),
+                    (9, 1000, 1024, True, dict(tm=1, nw=4, ks=1, sg=2, sk=64))]
+QMM_MMA_SK_GATED_CASES = [(16, 2 * 14336, 4096, dict(tm=2, nw=4, ks=1, sk=264)),
+                          (5, 2 * 1001, 1024, dict(tm=2, nw=4, ks=1, sk=50))]
 # W's ring on its own schedule (wr 1..4 without xs; Q4_0 and Q8_0, the other types as without it):
 # tails of N, K and M, WK groups, split K (a part of 11 super-chunks with 4 ahead: copies past the
 # part), 64 rows; each fits Q8_0's two words a chunk in 48 KiB, the first Metal's 32 KiB
@@ -824,6 +836,32 @@ def _qmm_fused_case(kind: str, act: str | None, qtype: str, m: int, n: int, k: i
     variant = ("mma " if mma else "") + kind + (f" ({act})" if act else "") + (" rows8" if rows8 else "") + \
         ("".join(f" {key}={v}" for key, v in (knobs or {}).items()))
     return CheckCase("gemv", f"qmm_{qtype}", variant, dict(M=m, N=n, K=k), run)
+
+
+def _qmm_mma_sk_again_case(qtype: str) -> CheckCase:
+    """Stream-K's counters: two launches on one counters array give the same bits (each leaves them
+    zero, checked), and against float64; a tile in up to 9 parts."""
+    from kernels.gemv import qmm_mma, repack
+    from kernels.runtime import poisoned_outputs
+
+    m, n, k, knobs = 16, 4096, 14336, dict(tm=2, nw=4, ks=1, sk=264)
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        host, dev = _blocks(rng, qtype, n, k)
+        x = _x(rng, m, k)
+        counters = mx.zeros((32,), mx.uint32)
+        with poisoned_outputs():
+            w = repack(dev, qtype, n, k)
+            first = qmm_mma(mx.array(x), w, qtype, n, k, counters=counters, **knobs)
+            mx.eval(first, counters)
+            left = np.array(counters)
+            again = qmm_mma(mx.array(x), w, qtype, n, k, counters=counters, **knobs)
+            mx.eval(again)
+        return _against_float64("y", first, x.astype(np.float64), host, qtype, k, rng) + [
+            exact("counters left zero", left, np.zeros(32, np.uint32)),
+            exact("second launch, same bits", np.array(again).view(np.uint16), np.array(first).view(np.uint16))]
+
+    return CheckCase("gemv", f"qmm_{qtype}", "qmm mma sk again", dict(M=m, N=n, K=k, SK=264), run)
 
 
 # qmm's residual epilogue writing the next block's RMSNorm as well (next_norm): K in one part (the
@@ -966,6 +1004,12 @@ def _v3_cases(qtype: str, small: bool) -> list[CheckCase]:
             cases.append(_gemv_case("qmm mma rows8", qtype, m, n, k, residual, knobs))
         for m, n, k, knobs in [] if small else QMM_MMA_ROWS8_GATED_CASES:
             cases.append(_qmm_fused_case("gated", "silu", qtype, m, n, k, knobs, rows8=True, mma=True))
+        for m, n, k, residual, knobs in QMM_MMA_SK_CASES[:1] if small else QMM_MMA_SK_CASES:
+            cases.append(_gemv_case("qmm mma", qtype, m, n, k, residual, knobs))
+        for m, n, k, knobs in [] if small else QMM_MMA_SK_GATED_CASES:
+            cases.append(_qmm_fused_case("gated", "silu", qtype, m, n, k, knobs, mma=True))
+        if not small:
+            cases.append(_qmm_mma_sk_again_case(qtype))
     if qtype in ("q4_0", "q8_0"):
         for m, n, k, residual, knobs in QMM_ROWS8_CASES[:1] if small else QMM_ROWS8_CASES:
             cases.append(_gemv_case("qmm rows8", qtype, m, n, k, residual, knobs))
@@ -1392,17 +1436,20 @@ K_SWEEP_SHAPES = tuple((q, n, k) for q in K_QTYPES for n, k in ((14336, 4096), (
 def _sweep(fn, weights_once, settings, shapes=SWEEP_SHAPES, rows=(1,)) -> list[BenchCase]:
     """Sweep one kernel's launch knobs over shapes, at each of `rows` rows of X: `settings(qtype,
     m, n, k)` is (variant label, knobs) pairs; each row's rel_err is against the default launch's
-    output on the same inputs."""
+    output on the same inputs. Knob sk (qmm_mma's stream-K) takes counters made with the inputs, so
+    that its rows time the kernel alone."""
     cases = []
     for qtype, n, k in shapes:
         weights = weights_once(qtype, (n, k))
         for m in rows:
-            def make(m=m, k=k, weights=weights):
-                return {"w": weights()[0], "x": mx.random.normal((m, k)).astype(mx.float16)}
+            def make(m=m, n=n, k=k, weights=weights):
+                return {"w": weights()[0], "x": mx.random.normal((m, k)).astype(mx.float16),
+                        "counters": mx.zeros((n // 16 + 1,), mx.uint32)}
 
             for label, knobs in settings(qtype, m, n, k):
                 def step(st, qtype=qtype, n=n, k=k, knobs=knobs):
-                    return [fn(st["x"], st["w"], qtype, n, k, **knobs)]
+                    extra = {"counters": st["counters"]} if knobs.get("sk") else {}
+                    return [fn(st["x"], st["w"], qtype, n, k, **knobs, **extra)]
 
                 def verify(make=make, step=step, qtype=qtype, n=n, k=k):
                     st = make()
@@ -1478,6 +1525,9 @@ def qmm_sweep_label(knobs: dict) -> str:
         ("-WST1" if knobs.get("wst") else "") + (f"-WR{knobs['wr']}" if knobs.get("wr") else "")
 
 
+# stream-K over one and two CTAs an SM of the H200's 132 (sk), on the rule's 16-row tiles and ST2-SG4
+QMM_MMA_SK_SWEEP = [dict(tm=tm, nw=nw, ks=1, stages=st, sg=sg, pf=0, sk=sk)
+                    for tm, nw, st, sg in ((2, 4, 3, 2), (2, 4, 2, 4), (1, 4, 3, 2), (2, 8, 2, 2)) for sk in (132, 264)]
 # the 8B's four matrices in Q4_0 and Qwen3-0.6B's four in Q8_0 (the models of the serve targets)
 QMM_MMA_SWEEP_SHAPES = QMM_SWEEP_SHAPES[:4] + QMM_SWEEP_SHAPES[5:]
 QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, ks=ks, stages=st, sg=sg, pf=pf) for tm in (1, 2) for nw in (4, 8, 16)
@@ -1485,7 +1535,7 @@ QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, ks=ks, stages=st, sg=sg, pf=pf) for tm in (1
                  for pf in (0, 4)] + \
     [dict(tm=tm, nw=nw, kw=kw, ks=ks, stages=st, sg=sg, pf=0) for tm in (1, 2)
      for nw, kw in ((4, 2), (8, 2), (8, 4), (16, 2)) for ks in (1, 2, 4)
-     for st, sg in ((2, 1), (3, 1), (4, 1), (2, 2), (3, 2))]
+     for st, sg in ((2, 1), (3, 1), (4, 1), (2, 2), (3, 2))] + QMM_MMA_SK_SWEEP
 
 
 # qmm_mma on RowBlocks (variant '...-R8'): the rule and the settings near the top of cb7ec50's sweep on
@@ -1506,7 +1556,8 @@ def qmm_mma_sweep_label(knobs: dict) -> str:
     if not knobs:
         return "mma rule"
     return "mma TM{tm}-NW{nw}".format(**knobs) + (f"-KW{knobs['kw']}" if knobs.get("kw", 1) > 1 else "") + \
-        "-KS{ks}-ST{stages}-SG{sg}".format(**knobs) + (f"-PF{knobs['pf']}" if knobs.get("pf") else "")
+        "-KS{ks}-ST{stages}-SG{sg}".format(**knobs) + (f"-PF{knobs['pf']}" if knobs.get("pf") else "") + \
+        (f"-SK{knobs['sk']}" if knobs.get("sk") else "")
 
 
 def qmm_mma_rows8_match() -> str:
@@ -1526,9 +1577,10 @@ def _qmm_mma_sweep() -> list[BenchCase]:
     if not native.available():
         return []
 
-    def fits(qtype, m, n, k, tm, nw, ks, stages, sg, kw=1, **_):
-        return qmm_mma_smem(m, qtype, tm, nw, stages, sg, kw) <= QMM_MMA_SMEM and ks <= -(-k // (128 * sg * kw)) \
-            and 66 <= -(-n // (16 * tm * nw // kw)) * ks <= 1056  # a half to 8 waves
+    def fits(qtype, m, n, k, tm, nw, ks, stages, sg, kw=1, sk=0, **_):
+        tiles, stages_k = -(-n // (16 * tm * nw // kw)), -(-k // (128 * sg * kw))
+        return qmm_mma_smem(m, qtype, tm, nw, stages, sg, kw) <= QMM_MMA_SMEM and ks <= stages_k \
+            and 66 <= tiles * ks <= 1056 and sk <= tiles * stages_k  # a half to 8 waves; a unit a CTA
 
     def settings(qtype, m, n, k):
         return [(qmm_mma_sweep_label(knobs), knobs) for knobs in QMM_MMA_SWEEP if fits(qtype, m, n, k, **knobs)]

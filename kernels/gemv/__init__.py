@@ -1423,9 +1423,9 @@ def qmm_mma_constants(qtype: str, m: int, n: int, k: int, geo: dict[str, int], g
                       residual: bool, rows8: bool = False) -> dict[str, int]:
     """qmm_mma.cu's compile-time constants for a launch of these knobs (qmm_mma_geometry's form;
     kw 1 where absent): the residual is the kernel's only where K is one part; `rows8`: W as RowBlocks."""
-    return dict(QT=QMM_MMA_QTYPES.index(qtype), ROWS8=int(rows8), M=m, N=n, K=k, TM=geo["tm"], NW=geo["nw"], KW=geo.get("kw", 1),
-                KS=geo["ks"], SG=geo["sg"], STAGES=geo["stages"], PF=geo["pf"], GATED=int(gated),
-                RESID=int(residual and geo["ks"] == 1))
+    return dict(QT=QMM_MMA_QTYPES.index(qtype), ROWS8=int(rows8), M=m, N=n, K=k, TM=geo["tm"], NW=geo["nw"],
+                KW=geo.get("kw", 1), KS=geo["ks"], SG=geo["sg"], STAGES=geo["stages"], PF=geo["pf"], GATED=int(gated),
+                RESID=int(residual and geo["ks"] == 1), SK=geo.get("sk", 0))
 
 
 def qmm_mma_geometry(m: int, n: int, k: int, qtype: str, gated: bool, parts: int = 1) -> dict[str, int]:
@@ -1486,9 +1486,14 @@ def qmm_on_mma(qtype: str, n: int, k: int, norm: bool, activation: str | None,
     return native.available()
 
 
+def qmm_mma_tiles(n_out: int, tm: int, nw: int, kw: int, gated: bool) -> int:
+    """A qmm_mma launch's CTA tiles (qmm_mma.cu's TILES): Y's columns over a CTA's."""
+    return -(-n_out // (16 * (tm // 2 if gated else tm) * (nw // kw)))
+
+
 def qmm_mma(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, residual: mx.array | None = None,
             activation: str | None = None, next_norm: tuple[mx.array, float] | None = None,
-            **knobs: int) -> mx.array | tuple[mx.array, mx.array]:
+            counters: mx.array | None = None, **knobs: int) -> mx.array | tuple[mx.array, mx.array]:
     """qmm on the warp MMA (qmm_mma.cu, a native CUDA kernel: sm_90a): Y[M, N] = X[M, K] @ W^T
     (+ residual), W Q4_0 or Q8_0 repacked (Packed, read in place; or RowBlocks, whose stages are runs of
     a row block's 8 rows), M 1..64, K a multiple of 128.
@@ -1499,7 +1504,11 @@ def qmm_mma(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, r
     of the ring of X and W, sg groups of K (128 values) a warp a slot, pf 0 or the stages of each W
     row asked of the L2 in one run (prefetch.global.L2), pf stages ahead of the ring.
     `next_norm` (gamma, eps; with the residual, not gated) as qmm's: K in two parts at least, whose
-    adding launch (qmm_reduce.metal's) also writes H = RMSNorm(Y) * gamma; returns (Y, H)."""
+    adding launch (qmm_reduce.metal's) also writes H = RMSNorm(Y) * gamma; returns (Y, H).
+    Knob sk (stream-K, a sweep knob: no rule sets it): sk CTAs, each an equal run of the (CTA tile,
+    stage) units, the parts of a tile added by the CTA that finishes it last, in one launch (K whole:
+    ks 1, no next_norm); on `counters` (uint32, one a CTA tile, zero; left zero, so one array serves
+    launches one after another), made for the call where not given."""
     rows8 = isinstance(w, RowBlocks)
     check_gemv_args(x, Packed(w.data, w.qtype, w.n, w.k) if rows8 else w, qtype, n, k, max_m=QMM_MAX_M)
     if not isinstance(w, (Packed, RowBlocks)):
@@ -1520,9 +1529,9 @@ def qmm_mma(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, r
         _check_residual(residual, m, n_out)
     if next_norm is not None:
         _check_next_norm(next_norm, residual, activation, n)
-    unknown = set(knobs) - {"tm", "nw", "kw", "ks", "stages", "sg", "pf"}
+    unknown = set(knobs) - {"tm", "nw", "kw", "ks", "stages", "sg", "pf", "sk"}
     if unknown:
-        raise ValueError(f"unknown launch knobs {sorted(unknown)}: tm, nw, kw, ks, stages, sg, pf")
+        raise ValueError(f"unknown launch knobs {sorted(unknown)}: tm, nw, kw, ks, stages, sg, pf, sk")
     # the norm is the adding launch's: parts, however few
     geo = qmm_mma_launch_knobs(m, n, k, qtype, gated, 1 if next_norm is None else 2, knobs)
     tm, nw, kw, ks, stages, sg, pf = (geo[key] for key in ("tm", "nw", "kw", "ks", "stages", "sg", "pf"))
@@ -1541,10 +1550,26 @@ def qmm_mma(x: mx.array, w: Packed | RowBlocks, qtype: str, n: int, k: int, *, r
                          f"tiles, slots or groups a slot")
     from kernels import native
 
-    ctas = -(-n_out // (16 * (tm // 2 if gated else tm) * (nw // kw)))
+    ctas = qmm_mma_tiles(n_out, tm, nw, kw, gated)
+    sk = geo.get("sk", 0)
+    if sk:
+        units = ctas * -(-k // (128 * sg * kw))
+        if ks != 1 or next_norm is not None or not 1 <= sk <= units:
+            raise ValueError(f"qmm_mma's stream-K (sk) takes K whole (ks 1, no next_norm) and 1..{units} CTAs (the "
+                             f"launch's tile stages), got sk {sk}, ks {ks}")
+        if counters is None:
+            counters = mx.zeros((ctas,), mx.uint32)
+        elif counters.dtype != mx.uint32 or counters.ndim != 1 or counters.size < ctas:
+            raise ValueError(f"qmm_mma's counters are uint32, one a CTA tile ({ctas}), got {counters.dtype} "
+                             f"{list(counters.shape)}")
     constants = qmm_mma_constants(qtype, m, n, k, geo, gated, residual is not None, rows8)
     inputs = [x, w.data, residual if residual is not None and ks == 1 else x]
     grid, group = (ctas * 32 * nw, ks, 1), (32 * nw, 1, 1)
+    if sk:
+        spill = 2 * sk * (nw // kw) * tm * -(-m // 8) * 4 * 32
+        y, _ = native.launch(QMM_MMA, "lathe_qmm_mma", constants, inputs + [counters],
+                             [((m, n_out), mx.float16), ((spill,), mx.float32)], (sk * 32 * nw, 1, 1), group, smem)
+        return y
     if ks == 1:
         (y,) = native.launch(QMM_MMA, "lathe_qmm_mma", constants, inputs, [((m, n_out), mx.float16)], grid, group,
                              smem)

@@ -40,12 +40,22 @@
 // SG (groups of K a warp a stage), STAGES, PF
 // (0, or stages of each W row asked of the L2 in one run, PF stages ahead of the ring's copies),
 // GATED (W is [gate; up], N = 2F: a warp's tiles alternate gate and up rows F apart, Y = silu(gate)
-// * up, [M, F]), RESID (Y + R), ENTRY. Inputs: x [M, K] fp16, w (the Packed bytes), residual
+// * up, [M, F]), RESID (Y + R), SK (0, or stream-K: SK CTAs, each a contiguous run of the launch's
+// (CTA tile, stage) units, so that every CTA streams the same share of W whatever the tiles' count;
+// below), ENTRY. Inputs: x [M, K] fp16, w (the Packed bytes), residual
 // [M, N] (RESID). Output: y fp16 [M, N_out] (KS 1), or the parts float32 [KS, M, N] (KS > 1: the
 // epilogue is the adding launch's). Launch: (ceil(rows / (16 TM / (1 + GATED) NW / KW)), KS) CTAs of
 // 32 NW threads, SMEM_BYTES of dynamic shared memory (kernels.gemv.qmm_mma_smem).
+// Stream-K (SK > 0, KS 1): SK CTAs; CTA p takes units [p U / SK, (p + 1) U / SK) of the U = TILES x
+// STAGES_K, tile by tile. A tile it runs whole it writes as KS 1 does; a part of a tile (its first or
+// last) it leaves as float32 sums in its slot of `spill` (2 a CTA: first, last), then counts on the
+// tile's counter; the CTA that counts last adds the tile's parts in the order of their CTAs (its own
+// from registers) and writes Y, and sets the counter back to 0. No CTA waits on another. Extra
+// parameters: counters (uint32, TILES, zero), and the output spill (float32, 2 SK slots of
+// SPILL_FLOATS).
 typedef unsigned int u32;
 typedef unsigned short u16;
+typedef unsigned long long u64;
 
 constexpr int MT = (M + 7) / 8;             // X's 8-row tiles
 constexpr int XC = MT < 4 ? MT : 4;          // X's tiles whose loads go out together
@@ -176,22 +186,45 @@ constexpr bool PARTIAL = GROUPS % SGK != 0;  // the last stage holds fewer group
 static_assert(W_RP <= 8 && 8 % W_RP == 0, "qmm_mma: a pass of W's rows stays within 8 rows");
 constexpr int STAGES_K = (GROUPS + SGK - 1) / SGK;
 constexpr int PART_STAGES = (STAGES_K + KS - 1) / KS;  // stages of K a part
+constexpr int CTA_COLS = 16 * HT * RW;                 // Y's columns (W's rows; gated: gate's) a CTA tile
+constexpr int TILES = (OUT_N + CTA_COLS - 1) / CTA_COLS;
+constexpr int SPILL_FLOATS = RW * TM * MT * 4 * 32;    // a CTA's sums of a tile
+static_assert(SK == 0 || KS == 1, "qmm_mma: stream-K takes K whole (its parts are its own)");
 
 extern "C" __global__ void __launch_bounds__(32 * NW)
 ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16* __restrict__ residual,
-      void* __restrict__ out) {
+#if SK > 0
+      unsigned int* __restrict__ counters,
+#endif
+      void* __restrict__ out
+#if SK > 0
+      , float* __restrict__ spill
+#endif
+) {
   extern __shared__ __align__(16) unsigned char smem[];
   const u32 lane = threadIdx.x % 32, wn = threadIdx.x / 32;
   const u32 wr = KW == 1 ? wn : wn % RW, wk = KW == 1 ? 0u : wn / RW;  // (one K warp: the form before K warps)
   const u32 q = lane / 4, c = lane % 4;
+  // CTA tile `tile`'s stages [st_first, st_first + stages); `part`: -1 the whole of K (Y written
+  // here), else stream-K's slot of this CTA (0 its first unit's tile, 1 its last's). Without stream-K
+  // the body is the kernel's own, in its order (its SASS as before SK was a constant)
+#if SK > 0
+  __shared__ u32 counted_last;
+  auto segment = [&](const u32 tile, const u32 st_first, const u32 stages, const int part) {
+#else
+  {
+  const u32 tile = blockIdx.x;
+#endif
   // this warp's first output row (gated: of gate's rows and of up's)
-  const u32 tile_base = (blockIdx.x * RW + wr) * (16 * HT);
+  const u32 tile_base = (tile * RW + wr) * (16 * HT);
   const unsigned char* quants = w;
   const unsigned char* scales = w + (size_t)N * (K / 32) * QB;
   const u32 x_ring = shared_address(smem);
   const u32 w_ring = x_ring + STAGES * X_SLOT + wn * STAGES * W_SLOT;
+#if SK == 0
   const u32 st_first = blockIdx.y * PART_STAGES;
   const u32 stages = st_first < (u32)STAGES_K ? min((u32)PART_STAGES, (u32)STAGES_K - st_first) : 0u;
+#endif
 
   // stage st into slot `slot`: X's M rows (every thread), this warp's rows of W and their scales (its
   // lanes). Each thread's pieces sit at fixed offsets from a base worked out once here, so that a
@@ -378,7 +411,8 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
             sums[(((wk - 1) * RW + wr) * A + (t * MT + j) * 4 + e) * 32 + lane] = acc[t][j][e];
     }
     __syncthreads();
-    if (wk > 0) return;
+    if (SK == 0 && wk > 0) return;
+    if (SK == 0 || wk == 0)
 #pragma unroll
     for (int o = 0; o < KW - 1; ++o)
 #pragma unroll
@@ -389,6 +423,54 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
           for (int e = 0; e < 4; ++e) acc[t][j][e] += sums[((o * RW + wr) * A + (t * MT + j) * 4 + e) * 32 + lane];
   }
 
+#if SK > 0
+  if (part >= 0) {  // a part of the tile's K: this CTA's sums to its slot, then the tile's count
+    float* mine = spill + ((size_t)blockIdx.x * 2 + part) * SPILL_FLOATS + (size_t)wr * (TM * MT * 4 * 32) + lane;
+    if (wk == 0)
+#pragma unroll
+      for (int t = 0; t < TM; ++t)
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mine[((t * MT + j) * 4 + e) * 32] = acc[t][j][e];
+    __threadfence();
+    __syncthreads();
+    // the tile's CTAs: those whose runs hold its first and last unit
+    const u64 units = (u64)TILES * STAGES_K;
+    const u32 first = (u32)((((u64)tile * STAGES_K + 1) * SK - 1) / units);
+    const u32 last = (u32)((((u64)tile + 1) * STAGES_K * SK - 1) / units);
+    if (threadIdx.x == 0) {
+      const u32 seen = atomicAdd(counters + tile, 1u);
+      counted_last = seen == last - first;
+      if (counted_last) counters[tile] = 0u;  // for the next launch
+    }
+    __syncthreads();
+    if (!counted_last) return;
+    __threadfence();
+    if (wk > 0) return;
+    // the parts in their CTAs' order, whichever counted last (its own from registers)
+    float sum[TM][MT][4] = {};
+    for (u32 p = first; p <= last; ++p) {
+      // a CTA's slot of this tile: 0 where its run starts in it
+      const u32 slot = (u32)((u64)p * units / SK / STAGES_K) == tile ? 0u : 1u;
+      const float* theirs = spill + ((size_t)p * 2 + slot) * SPILL_FLOATS + (size_t)wr * (TM * MT * 4 * 32) + lane;
+#pragma unroll
+      for (int t = 0; t < TM; ++t)
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            sum[t][j][e] += p == blockIdx.x ? acc[t][j][e] : __ldcg(theirs + ((t * MT + j) * 4 + e) * 32);
+    }
+#pragma unroll
+    for (int t = 0; t < TM; ++t)
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][j][e] = sum[t][j][e];
+  }
+  if (wk > 0) return;
+#endif
   // C's lane: rows q (e 0, 1) and q + 8 (e 2, 3) of the tile, X's rows 8 j + 2c and + 1
   if (KS > 1) {  // the part's sums of every W row (gate's and up's), for the adding launch
     float* part = reinterpret_cast<float*>(out) + (size_t)blockIdx.y * M * N;
@@ -426,4 +508,18 @@ ENTRY(const u16* __restrict__ x, const unsigned char* __restrict__ w, const u16*
         if (RESID) v += h2f(residual[(size_t)row * OUT_N + col]);
         y[(size_t)row * OUT_N + col] = f2h(v);
       }
+#if SK > 0
+  };
+  // this CTA's run of (tile, stage) units, a tile's share at a time
+  const u64 units = (u64)TILES * STAGES_K;
+  const u32 u_begin = (u32)((u64)blockIdx.x * units / SK), u_end = (u32)((u64)(blockIdx.x + 1) * units / SK);
+  for (u32 u = u_begin; u < u_end;) {
+    const u32 tile = u / STAGES_K, s0 = u % STAGES_K, s1 = min((u32)STAGES_K, s0 + (u_end - u));
+    segment(tile, s0, s1 - s0, s0 == 0 && s1 == (u32)STAGES_K ? -1 : (u == u_begin ? 0 : 1));
+    u += s1 - s0;
+    __syncthreads();  // every warp done with the ring and the K warps' sums: the next tile's copies
+  }
+#else
+  }
+#endif
 }
