@@ -154,7 +154,9 @@ __host__ __device__ constexpr u32 scale_row(u32 r) {  // (a thread's scale offse
 constexpr u32 QUANT_GROUP_STEP = ROWS8 ? 32 * QB : 4 * QB;
 constexpr u32 SCALE_GROUP_STEP = ROWS8 ? 64 : 8;
 // a row's p-th 16-byte piece of quants from its first group's
-__host__ __device__ constexpr u32 quant_piece(u32 p) { return ROWS8 ? p / (4 * QV) * QUANT_GROUP_STEP + p % (4 * QV) * 16 : p * 16; }
+__host__ __device__ constexpr u32 quant_piece(u32 p) {
+  return ROWS8 ? p / (4 * QV) * QUANT_GROUP_STEP + p % (4 * QV) * 16 : p * 16;
+}
 constexpr u32 W_SWZ = QT == 1 ? 1 : ROW_BYTES >= 128 ? 4 : 0;
 constexpr int SCALE_PITCH = SG * 4 * 2;      // a row's scales a stage
 constexpr int W_SLOT = ROWS * (ROW_PITCH + SCALE_PITCH);
