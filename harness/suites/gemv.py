@@ -1528,10 +1528,11 @@ def qmm_sweep_label(knobs: dict) -> str:
 # stream-K over one and two CTAs an SM of the H200's 132 (sk), on the rule's 16-row tiles and ST2-SG4
 QMM_MMA_SK_SWEEP = [dict(tm=tm, nw=nw, ks=1, stages=st, sg=sg, pf=0, sk=sk)
                     for tm, nw, st, sg in ((2, 4, 3, 2), (2, 4, 2, 4), (1, 4, 3, 2), (2, 8, 2, 2)) for sk in (132, 264)]
-# the 8B's four matrices in Q4_0 and Qwen3-0.6B's four in Q8_0 (the models of the serve targets)
+# the 8B's four matrices in Q4_0 and Qwen3-0.6B's four in Q8_0 (the models of the serve targets); 2 slots of
+# 4 groups since 3443a9d, where they led the 16-row gate+up (kernels/gemv/NOTES.md)
 QMM_MMA_SWEEP_SHAPES = QMM_SWEEP_SHAPES[:4] + QMM_SWEEP_SHAPES[5:]
 QMM_MMA_SWEEP = [dict(tm=tm, nw=nw, ks=ks, stages=st, sg=sg, pf=pf) for tm in (1, 2) for nw in (4, 8, 16)
-                 for ks in (1, 2, 4, 8) for st, sg in ((3, 1), (4, 1), (2, 2), (3, 2), (4, 2), (3, 4))
+                 for ks in (1, 2, 4, 8) for st, sg in ((3, 1), (4, 1), (2, 2), (3, 2), (4, 2), (2, 4), (3, 4))
                  for pf in (0, 4)] + \
     [dict(tm=tm, nw=nw, kw=kw, ks=ks, stages=st, sg=sg, pf=0) for tm in (1, 2)
      for nw, kw in ((4, 2), (8, 2), (8, 4), (16, 2)) for ks in (1, 2, 4)
