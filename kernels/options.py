@@ -308,6 +308,11 @@ DECLARED = (
            "decode attention's attn_k_slots (0: loaded into registers; 1; 2: the next round's copies during "
            "this one's products); auto: 1, with the MMA form where the launch splits the context "
            "(block_split_from), without it where it does not (kernels/loop/NOTES.md)"),
+    Option("block_k_early", False, _flag,
+           "with block_k_slots: the attention ticket that writes its query's new K row copies the first round "
+           "of K from the cache before it waits on the QKV phase (the new row left out, filled into its slot "
+           "from threadgroup memory once rotated), where it copied it after the query was ready "
+           "(kernels/loop/NOTES.md)"),
     Option("block_timeline_marks", False, _flag,
            "harness.tools.block_timeline: stamp three marks inside each attention ticket (its query ready, "
            "first scores, last P.V) beside a ticket's three; they lie on the attention phase's path and cost "

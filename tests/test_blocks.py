@@ -734,3 +734,17 @@ def test_the_batch_forms_straight_v_loads_follow_their_option(on):
                            [mx.array(v_pool)], mx.array(np.array(pos, np.int32)), n_heads=HQ, table=mx.array(table))
     (job,) = rec.jobs
     assert "_paged" in job.spec.name and job.constants["VSTRAIGHT"] is on and job.constants["M"] == len(pos)
+
+
+@pytest.mark.parametrize("on, slots", [(False, 1), (True, 1), (True, 0)])
+def test_the_early_k_copy_follows_its_option_where_k_has_slots(on, slots):
+    """block_k_early reaches the attention phase (KEARLY: decode_rows.metal's first round of K
+    before the wait, the new row filled in) where K goes through slots; without slots it has
+    nothing to copy early (launches recorded)."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    with options.use(block_k_early=on, block_k_slots=slots), recording() as rec:
+        _token()
+    (job,) = rec.jobs
+    assert job.constants["KSLOTS"] == slots and job.constants["KEARLY"] is (on and slots > 0)

@@ -634,6 +634,12 @@ def check_cases(small: bool = False) -> list[CheckCase]:
         # (attention_query_split on 132 SMs), the merge's slots in two runs
         cases.append(_token_case("q4_0", 4096, 14336, (32, 8), 128, False, False, 2, 4300, split_from=0))
     cases.append(_token_case("q8_0", 160, 96, (4, 2), 64, False, True, 4, 7))
+    # Qwen3's heads unsplit past one chunk of K (128 tokens at 4 SIMD groups): the new row the
+    # first chunk's last, then in the second (block_k_early fills the first chunk's slot only)
+    if not small:
+        d, hq, hkv, hd, norm, neox = MODELS["qwen3-0.6b"]
+        for pos in (127, 200):
+            cases.append(_token_case("q8_0", d, FFN["qwen3-0.6b"][1], (hq, hkv), hd, norm, neox, 2, pos))
     # partitions past two a lane of the merge: 2 kv heads aim at 256 of them (65, then 126 here;
     # each slot's in two runs)
     if not small:

@@ -64,13 +64,25 @@ uint k_issued = 0, k_read = 0;  // rounds copied and rounds scored; a round's sl
 #define LATHE_NEW_ROWS false
 #endif
 #if LATHE_ROPE
-const bool k_early = (q_pos < t_begin || q_pos >= t_end) && !LATHE_NEW_ROWS;
+const bool writes_new = q_pos >= t_begin && q_pos < t_end;  // this threadgroup writes the new row
+const bool k_early = (!writes_new || LATHE_K_EARLY) && !LATHE_NEW_ROWS;
+const uint k_new = LATHE_K_EARLY && writes_new ? q_pos : ~0u;  // (decode_tiles.metal's K_FILL_NEW)
 #else
 const bool k_early = true;
+const uint k_new = ~0u;
 #endif
+// LATHE_K_EARLY with two slots: both rounds of a 16-vector row go out early (the loop then issues
+// the next round only once one is left in flight).
+constexpr uint K_EARLY_ROUNDS = LATHE_K_EARLY && K_SLOTS > 1 && DV / KG > 1 ? 2 : 1;
 if (K_SLOTS > 0 && k_early && t_begin < t_end) {
-  K_COPY(t_begin, 0);
+  K_COPY_(t_begin, 0, LATHE_K_EARLY);  // (LATHE_K_EARLY: without the new row, filled in below)
+  if (K_EARLY_ROUNDS > 1) K_COPY_(t_begin, 1, LATHE_K_EARLY);
 }
+// LATHE_BEFORE_QUERY: the includer's code between the first copies of K and the first read of
+// QKV's row (layer_block.metal with LATHE_K_EARLY: its wait for the QKV phase).
+#ifdef LATHE_BEFORE_QUERY
+LATHE_BEFORE_QUERY
+#endif
 
 #if LATHE_ROPE
 {
@@ -130,8 +142,13 @@ if (K_SLOTS > 0 && k_early && t_begin < t_end) {
       const float c = cos(angle), sn = sin(angle);
       const uint i0 = rope_first<D, NEOX>(i), i1 = rope_second<D, NEOX>(i);
       const float a = float(k_src[i0]) * K_NORM(i0), bk = float(k_src[i1]) * K_NORM(i1);
-      K_NEW(i0) = half(a * c - bk * sn);
-      K_NEW(i1) = half(a * sn + bk * c);
+      const half k0 = half(a * c - bk * sn), k1 = half(a * sn + bk * c);
+      K_NEW(i0) = k0;
+      K_NEW(i1) = k1;
+      if (LATHE_K_EARLY) {  // for K_FILL_NEW: the slots this threadgroup reads take it from here
+        sum_s[i0] = float(k0);
+        sum_s[i1] = float(k1);
+      }
     }
     for (uint e = tid; e < D; e += NT) V_NEW(e) = v_src[e];
 #undef K_NEW
@@ -166,6 +183,10 @@ uint4 zero4;
 zero4.x = zero4.y = zero4.z = zero4.w = 0u;
 // (LATHE_ROPE: the new cache row, written above, is read by other threads of this threadgroup.)
 threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+if (LATHE_K_EARLY && K_SLOTS > 0 && k_early && t_begin < t_end) {
+  K_FILL_NEW(t_begin, 0, 0u)  // the early rounds' slots: the new row's vectors they left out
+  if (K_EARLY_ROUNDS > 1) K_FILL_NEW(t_begin, 1, KG * NT)
+}
 #if LATHE_ROPE && defined(LATHE_ROWS_COUNTER)
 if (LATHE_NEW_ROWS) {
   // count this head group's new row (its partition holds it) on query b's counter, then wait until
@@ -210,7 +231,7 @@ for (uint c0 = t_begin; c0 < t_end; c0 += CH) {
           K_COPY(c0, r);
         }
         bool next = false;
-        if (K_SLOTS > 1) {
+        if (K_SLOTS > 1 && (K_EARLY_ROUNDS == 1 || k_issued == k_read + 1)) {
           if (r + 1 < DV / KG) {
             K_COPY(c0, r + 1);
             next = true;

@@ -164,7 +164,34 @@ constexpr bool K_BY_ROW = false;
 #else
 #define K_ASYNC_COPY async_copy_wide_l1
 #endif
-#define K_COPY(c0_, r_)                                                                         \
+// LATHE_K_EARLY (the blocks' block_k_early option): the threadgroup that writes the query's new
+// row (decode_rows.metal, LATHE_ROPE) still copies the chunk's first round before it has the
+// query, and before the includer's wait (LATHE_BEFORE_QUERY): K_COPY_'s SKIP leaves the new row
+// out of those copies, and K_FILL_NEW puts its vectors in the slot from threadgroup memory (sum_s,
+// free until the chunks are done) once they are rotated, by the thread that reads them back (the
+// MMA form: lanes of the token's SIMD group). The rounds after it copy the row from the cache, as
+// written before the query's barrier. Only the first: in the chunk loop a fill took Qwen3-0.6B's
+// token block from 128 registers to 134 (NVRTC sm_90: 3 threadgroups an SM against 4).
+#ifndef LATHE_K_EARLY
+#define LATHE_K_EARLY 0
+#endif
+#define K_FILL_NEW(c0_, r_, slot_)                                                              \
+  if (k_new - (c0_) < min(CH, t_end - (c0_))) {                                                 \
+    const uint tn_ = k_new - (c0_);                                                             \
+    LATHE_UNROLL                                                                                \
+    for (uint c = 0; c < KG; ++c) {                                                             \
+      if (USE_MMA ? simd == tn_ / 32 && lane == c : tid == tn_) {                               \
+        const uint v_ = 8 * ((r_) * KG + c);                                                    \
+        k_s[(slot_) + K_SLOT_AT(tn_, c)] = uint4{                                               \
+            as_type<uint>(half2(half(sum_s[v_]), half(sum_s[v_ + 1]))),                         \
+            as_type<uint>(half2(half(sum_s[v_ + 2]), half(sum_s[v_ + 3]))),                     \
+            as_type<uint>(half2(half(sum_s[v_ + 4]), half(sum_s[v_ + 5]))),                     \
+            as_type<uint>(half2(half(sum_s[v_ + 6]), half(sum_s[v_ + 7])))};                    \
+      }                                                                                         \
+    }                                                                                           \
+  }
+#define K_COPY(c0_, r_) K_COPY_(c0_, r_, false)
+#define K_COPY_(c0_, r_, SKIP)                                                                  \
   {                                                                                             \
     const uint slot_ = (k_issued % K_SLOT_MOD) * KG * NT;                                       \
     const uint n_ = min(CH, t_end - (c0_));                                                     \
@@ -173,9 +200,10 @@ constexpr bool K_BY_ROW = false;
       LATHE_UNROLL                                                                              \
       for (uint i = 0; i < KG; ++i) {                                                           \
         const uint t_ = 32 * simd + i * (32 / KG) + lane / KG;                                  \
-        if (t_ < n_) async_copy_wide(&k_s[slot_ + K_SLOT_AT(t_, lane % KG)], src_, i * (32 / KG) * D / 8); \
+        if (t_ < n_ && (!(SKIP) || (c0_) + t_ != k_new))                                        \
+          async_copy_wide(&k_s[slot_ + K_SLOT_AT(t_, lane % KG)], src_, i * (32 / KG) * D / 8); \
       }                                                                                         \
-    } else if (tid < n_) {                                                                      \
+    } else if (tid < n_ && (!(SKIP) || (c0_) + tid != k_new)) {                                 \
       const uint k_row_ = K_ROW((c0_) + tid);                                                   \
       LATHE_UNROLL                                                                              \
       for (uint c = 0; c < KG; ++c) K_ASYNC_COPY(&k_s[slot_ + K_SLOT_AT(tid, c)], k_cache, K_AT(k_row_, (r_) * KG + c)); \
