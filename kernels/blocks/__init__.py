@@ -658,16 +658,22 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         outputs += [((b, a.n_qkv), mx.float16), ((b, a.n_heads, a.head_dim), mx.float16), ((b, a.d), stream)]
         if split:
             outputs += [((b, a.n_heads, parts, a.head_dim), mx.float32), ((b, a.n_heads, parts, 2), mx.float32)]
-        slots = options.get("block_k_slots")
+        slots, early = options.get("block_k_slots"), options.get("block_k_early")
         auto_unsplit = slots is None and not split
+        # auto (block_k_early and block_k_slots both): a decode token's attention with head norms
+        # (Qwen3's layer) copies both rounds of K early through two slots without the MMA form, split
+        # or not: Qwen3-0.6B's token 1.7-3% faster at depth 0 and at 4096 tokens on an H200, where one
+        # slot early lost 4% at depth 0 (NOTES.md, "K's first rounds before the wait")
+        two_early = (early is None and slots is None and bool(a.norms) and a.batch == 1 and not a.prompt
+                     and a.table is None)
         if slots is None:  # auto: 1, with the MMA form wherever the context is split. A second slot
             # took Qwen3-0.6B's split module to 185 registers (2 threadgroups an SM against 168 and 3)
             # once a lane's passes stopped at its row: 5-6% slower at 4096 tokens on an H200. Unsplit,
             # without the MMA form (its registers lost 3.8% there). NOTES.md has both.
-            slots = 1
+            slots = 2 if two_early else 1
         if slots not in (0, 1, 2):
             raise ValueError(f"block_k_slots must be 0, 1 or 2, got {slots}")
-        mma = (bool(options.get("block_attn_mma")) and not auto_unsplit and slots > 0
+        mma = (bool(options.get("block_attn_mma")) and not auto_unsplit and not two_early and slots > 0
                and attention.mma_form(group // qs, a.head_dim, s))
         # at most `slots`: fewer where the launch's threadgroup memory cannot hold them beside the
         # GEMV phases' (a slot is 4 KiB a SIMD group)
@@ -688,7 +694,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=a.block_size,
                       NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, KIN_X=in_x, MMA=mma,
                       VSTRAIGHT=bool(options.get("block_v_straight")),
-                      KEARLY=bool(options.get("block_k_early")) and slots > 0,
+                      KEARLY=bool(early) and slots > 0 or two_early and slots == 2,
                       ROPE_STRIDE=0 if a.inv_freqs is None or a.inv_freqs.ndim == 1 else a.head_dim // 2)
         if split:
             consts.update(attention.merge_constants(group // qs, a.head_dim, s, parts))
