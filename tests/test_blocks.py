@@ -748,3 +748,24 @@ def test_the_early_k_copy_follows_its_option_where_k_has_slots(on, slots):
         _token()
     (job,) = rec.jobs
     assert job.constants["KSLOTS"] == slots and job.constants["KEARLY"] is (on and slots > 0)
+
+
+@pytest.mark.parametrize("early, head_norms, want", [
+    (None, True, (2, True, 0)),    # auto with head norms (Qwen3's layer): two slots, both rounds early, no MMA
+    (False, True, (1, False, 0)),  # off: the one slot of before
+    (None, False, (1, False, 0)),  # auto without head norms: as before
+])
+def test_the_auto_early_copy_takes_two_slots_for_a_token_with_head_norms(early, head_norms, want):
+    """block_k_early's auto form: a decode token's attention with head norms gets two K slots,
+    both rounds copied before its wait and no MMA form; otherwise the slots of before (launches
+    recorded)."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    stacks = _stacks()
+    if head_norms:
+        stacks.q_norm = stacks.k_norm = mx.ones((2, HD), mx.float32)
+    with options.use(block_k_early=early), recording() as rec:
+        _token(stacks)
+    (job,) = rec.jobs
+    assert (job.constants["KSLOTS"], job.constants["KEARLY"], job.constants["MMA"]) == want
