@@ -317,8 +317,8 @@ DECLARED = (
            "of K from the cache (one a slot) before it waits on the QKV phase, the new row left out and filled "
            "into its slot from threadgroup memory once rotated, where it copied them after the query was ready; "
            "auto (with block_k_slots auto): on with two slots and without the MMA form for a decode token's "
-           "attention with head norms (Qwen3-0.6B on an H200: 1.7-3% faster at depth 0 and 4096; one slot early "
-           "lost 4% at depth 0), else off (kernels/loop/NOTES.md)"),
+           "attention with head norms and heads of up to 128 values, where two slots fit (Qwen3-0.6B on an H200: "
+           "1.7-3% faster at depth 0 and 4096; one slot early lost 4% at depth 0), else off (kernels/loop/NOTES.md)"),
     Option("block_timeline_marks", False, _flag,
            "harness.tools.block_timeline: stamp three marks inside each attention ticket (its query ready, "
            "first scores, last P.V) beside a ticket's three; they lie on the attention phase's path and cost "

@@ -769,3 +769,18 @@ def test_the_auto_early_copy_takes_two_slots_for_a_token_with_head_norms(early, 
         _token(stacks)
     (job,) = rec.jobs
     assert (job.constants["KSLOTS"], job.constants["KEARLY"], job.constants["MMA"]) == want
+
+
+def test_the_auto_early_copy_keeps_the_old_form_where_two_slots_do_not_fit(monkeypatch):
+    """Where the launch's threadgroup memory holds one K slot but not two, a token with head norms
+    keeps the form of before: one slot, not copied early (launches recorded)."""
+    from kernels import attention
+    from kernels.runtime import recording
+
+    monkeypatch.setattr(attention, "slots_that_fit", lambda most, *args: min(most, 1))
+    stacks = _stacks()
+    stacks.q_norm = stacks.k_norm = mx.ones((2, HD), mx.float32)
+    with recording() as rec:
+        _token(stacks)
+    (job,) = rec.jobs
+    assert (job.constants["KSLOTS"], job.constants["KEARLY"]) == (1, False)

@@ -660,12 +660,19 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
             outputs += [((b, a.n_heads, parts, a.head_dim), mx.float32), ((b, a.n_heads, parts, 2), mx.float32)]
         slots, early = options.get("block_k_slots"), options.get("block_k_early")
         auto_unsplit = slots is None and not split
-        # auto (block_k_early and block_k_slots both): a decode token's attention with head norms
-        # (Qwen3's layer) copies both rounds of K early through two slots without the MMA form, split
-        # or not: Qwen3-0.6B's token 1.7-3% faster at depth 0 and at 4096 tokens on an H200, where one
-        # slot early lost 4% at depth 0 (NOTES.md, "K's first rounds before the wait")
-        two_early = (early is None and slots is None and bool(a.norms) and a.batch == 1 and not a.prompt
-                     and a.table is None)
+        # the bytes the attention's arrays and K's slots may take beside the GEMV phases' staging
+        budget = (backends.threadgroup_memory() - _gemv_bytes(m, geo.xchunk, s)
+                  - (4 * a.d if layer_kind.post_norms else 0))
+        merged = parts if split else 0  # (the partitions whose weights the merge holds)
+        # auto (block_k_early and block_k_slots both): a decode token's attention with head norms and
+        # heads of up to 128 values (Qwen3's layer: two slots hold a whole K row) copies both rounds
+        # of K early through two slots without the MMA form, split or not, where two slots fit:
+        # Qwen3-0.6B's token 1.7-3% faster at depth 0 and at 4096 tokens on an H200, where one slot
+        # early lost 4% at depth 0 (NOTES.md, "K's first rounds before the wait"). Elsewhere (Gemma's
+        # heads of 256, unmeasured) the form of before
+        two_early = (early is None and slots is None and bool(a.norms) and a.head_dim <= 128 and a.batch == 1
+                     and not a.prompt and a.table is None
+                     and attention.slots_that_fit(2, group // qs, a.head_dim, s, True, merged, False, budget) == 2)
         if slots is None:  # auto: 1, with the MMA form wherever the context is split. A second slot
             # took Qwen3-0.6B's split module to 185 registers (2 threadgroups an SM against 168 and 3)
             # once a lane's passes stopped at its row: 5-6% slower at 4096 tokens on an H200. Unsplit,
@@ -677,9 +684,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                and attention.mma_form(group // qs, a.head_dim, s))
         # at most `slots`: fewer where the launch's threadgroup memory cannot hold them beside the
         # GEMV phases' (a slot is 4 KiB a SIMD group)
-        want, budget = slots, (backends.threadgroup_memory() - _gemv_bytes(m, geo.xchunk, s)
-                               - (4 * a.d if layer_kind.post_norms else 0))
-        merged = parts if split else 0  # (the partitions whose weights the merge holds)
+        want = slots
         slots = attention.slots_that_fit(want, group // qs, a.head_dim, s, bool(a.norms), merged, mma, budget)
         in_x = 0
         if slots < want and options.get("block_k_in_x"):
@@ -694,7 +699,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=a.block_size,
                       NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, KIN_X=in_x, MMA=mma,
                       VSTRAIGHT=bool(options.get("block_v_straight")),
-                      KEARLY=bool(early) and slots > 0 or two_early and slots == 2,
+                      KEARLY=bool(early or two_early) and slots > 0,
                       ROPE_STRIDE=0 if a.inv_freqs is None or a.inv_freqs.ndim == 1 else a.head_dim // 2)
         if split:
             consts.update(attention.merge_constants(group // qs, a.head_dim, s, parts))
