@@ -597,3 +597,69 @@ def test_wgmma_prefill_matches_the_tiled_kernel(bs, tokens, pos):
     outs = [np.array(at.prefill_attention(q, *caches, pos, head_dim ** -0.5, block_table=table, kernel=kernel))
             for kernel in ("wgmma", "tiled")]
     np.testing.assert_allclose(outs[0].astype(np.float32), outs[1].astype(np.float32), atol=3e-3, rtol=0)
+
+
+@pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("neox, head_norm", [(0, 0), (1, 0), (1, 1), (0, 1)])
+def test_rope_prefill_compiles_for_sm90a(head_dim, neox, head_norm):
+    """The wgmma kernel's ROPE form builds for every form rope_prefill_attention asks for."""
+    from kernels import native
+
+    consts = (("HEAD_DIM", head_dim), ("PAGED", 0), ("BLOCK_SIZE", 0), ("ROPE", 1), ("NEOX", neox),
+              ("HEAD_NORM", head_norm))
+    cubin = native.cubin(at.WGMMA_PREFILL, "lathe_prefill_wgmma", consts)
+    assert native.entry_name("lathe_prefill_wgmma", dict(consts)).encode() in cubin
+
+
+def test_rope_prefill_refuses_before_any_launch():
+    """What one launch cannot take is named (the caller then runs two), and bad input is a
+    ValueError before anything runs."""
+    assert "129 tokens" in at.rope_prefill_unavailable(129, 128)
+    assert at.rope_prefill_unavailable(16, 128, window=64) == "a sliding window"
+    assert at.rope_prefill_unavailable(16, 128, softcap=30.0) == "a softcap of the scores"
+    assert "head_dim 256" in at.rope_prefill_unavailable(16, 256)
+    cache = mx.zeros((KV, 32, D), mx.float16)
+    qkv = mx.zeros((3, (H + 2 * KV) * D), mx.float16)
+    with pytest.raises(ValueError, match="qkv must be"):
+        at.rope_prefill_attention(qkv[:, 1:], cache, cache, 0, 0.1, n_heads=H)
+    with pytest.raises(ValueError, match="do not fit the cache"):
+        at.rope_prefill_attention(qkv, cache, cache, 30, 0.1, n_heads=H)
+    with pytest.raises(ValueError, match="head norms take"):
+        at.rope_prefill_attention(qkv, cache, cache, 0, 0.1, n_heads=H, q_norm=mx.ones((D,)))
+    if not at.native.available():
+        with pytest.raises(ValueError, match="rope_prefill_attention: native CUDA"):
+            at.rope_prefill_attention(qkv, cache, cache, 0, 0.1, n_heads=H)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_norm", [False, True])
+@pytest.mark.parametrize("tokens, pos", [(16, 0), (100, 37)])
+def test_rope_prefill_matches_its_two_launches(head_norm, tokens, pos):
+    """The one launch agrees with the two it replaces (head_norm_rope_neox_qkv_write or
+    rope_qkv_write, then the wgmma prefill) on the same inputs: the same cache rows (K to the
+    rounding of its norm's sum), outputs within fp16 rounding."""
+    from kernels import native
+    from kernels import rope
+
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+    rng = np.random.default_rng(11)
+    n_heads, n_kv, head_dim, max_seq = 16, 8, 128, pos + tokens + 20
+    qkv = mx.array(rng.standard_normal((tokens, (n_heads + 2 * n_kv) * head_dim)).astype(np.float16))
+    old = rng.standard_normal((2, n_kv, max_seq, head_dim)).astype(np.float16)
+    norms = dict(q_norm=mx.array(rng.uniform(0.5, 1.5, head_dim).astype(np.float32)),
+                 k_norm=mx.array(rng.uniform(0.5, 1.5, head_dim).astype(np.float32)), eps=1e-6) if head_norm else {}
+    scale = head_dim ** -0.5
+    out, k1, v1 = at.rope_prefill_attention(qkv, mx.array(old[0]), mx.array(old[1]), pos, scale, n_heads=n_heads,
+                                            theta=1e6, neox=True, **norms)
+    if head_norm:
+        rot = rope.head_norm_rope_neox_qkv_write(qkv, norms["q_norm"], norms["k_norm"], mx.array(old[0]),
+                                                 mx.array(old[1]), pos, n_heads=n_heads, eps=1e-6, theta=1e6)
+    else:
+        rot = rope.rope_qkv_write(qkv, mx.array(old[0]), mx.array(old[1]), pos, n_heads=n_heads, theta=1e6, neox=True)
+    want = at.prefill_attention(rot.q, rot.k_cache, rot.v_cache, pos, scale, kernel="wgmma", after=rot.written)
+    np.testing.assert_array_equal(np.array(v1), np.array(rot.v_cache))
+    np.testing.assert_allclose(np.array(k1).astype(np.float32), np.array(rot.k_cache).astype(np.float32),
+                               atol=2e-3, rtol=2e-3)
+    np.testing.assert_allclose(np.array(out).astype(np.float32), np.array(want).astype(np.float32), atol=3e-3, rtol=0)

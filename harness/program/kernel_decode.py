@@ -548,6 +548,16 @@ def kernel_plan(c, fused: bool, paged: bool = False, overflow: bool = False, sea
             add("rope_attention", "lathe rope_flash_decode (split past 2048, merged: attn_combine)", ("qkv", f"cache.{i}"),
                 ("o", f"cache.{i}"), _run_rope_attention, i, per_token=("pos",), layer=i,
                 launches=("lathe_contiguous_rope_attention", "lathe_attention_combine"))
+        elif fused and not decode and options.get("rope_in_prefill"):  # the prompt's RoPE + KV write in attention
+            write_launch = "lathe_head_norm_rope_kv_write" if c.head_norm else "lathe_rope_kv_write"
+            seen = f", window {c.layer(i).window}: apart" if i in windowed else ""
+            add("rope_prefill_attention", f"lathe rope_prefill_attention (wgmma, up to 128 tokens{seen}; else "
+                f"{write_launch.removeprefix('lathe_')} then prefill_attention)", ("qkv", f"cache.{i}"),
+                ("o", f"cache.{i}"), _run_rope_prefill_attention, i,
+                weights=(b + "attn_q_norm.weight", b + "attn_k_norm.weight") if c.head_norm else (),
+                per_token=("pos",), layer=i,
+                launches=(write_launch, "lathe_contiguous_attention", "lathe_attention_combine",
+                          "lathe_contiguous_prefill"))
         else:
             if fused and c.head_norm:
                 add("rope_kv_write", "lathe head_norm_rope_neox_qkv_write", ("qkv",), ("q", f"cache.{i}"),
@@ -829,6 +839,24 @@ def _run_attention(i, d, env, t, pos):
     else:
         o = attention.prefill_attention(env["q"].reshape(t, c.n_heads, hd), d.k[i], d.v[i], pos, scale,
                                         after=env["written"], window=d.windows[i], softcap=c.attn_softcap)
+    _end_layer_attention(env, o.reshape(t, -1))
+
+
+def _run_rope_prefill_attention(i, d, env, t, pos):
+    """A prompt's (head norms,) RoPE, K/V write and attention: one launch where
+    attention.rope_prefill_unavailable names no reason (wgmma, up to 128 tokens, no window or
+    softcap), else the RoPE + K/V write launch, then prefill_attention."""
+    c = d.config
+    if attention.rope_prefill_unavailable(t, c.head_dim, d.windows[i], c.attn_softcap):
+        _run_rope_kv_write(i, d, env, t, pos)
+        _run_attention(i, d, env, t, pos)
+        return
+    b = f"blk.{i}."
+    norms = dict(q_norm=d.g32[b + "attn_q_norm.weight"], k_norm=d.g32[b + "attn_k_norm.weight"],
+                 eps=c.eps) if c.head_norm else {}
+    o, d.k[i], d.v[i] = attention.rope_prefill_attention(env["qkv"], d.k[i], d.v[i], pos, d.scale,
+                                                          n_heads=c.n_heads, theta=d.thetas[i], neox=c.neox,
+                                                          inv_freq=d.inv_freqs[i], **norms)
     _end_layer_attention(env, o.reshape(t, -1))
 
 

@@ -295,6 +295,57 @@ def _rope_decode_case(pos: int, heads: tuple[int, int], head_dim: int, neox: boo
     return CheckCase("attention", "rope_flash_decode", variant, shape, run)
 
 
+def _rope_prefill_case(tokens: int, pos: int, heads: tuple[int, int], head_dim: int, neox: bool,
+                       head_norm: bool = False) -> CheckCase:
+    """rope_prefill_attention: a prompt's QKV rows at positions pos.. over a cache holding rows
+    0..pos-1 (the prompt's rows and past them NaN: each CTA writes its kv head's rows before it
+    copies them), against float64 (head norms,) RoPE (reference/rope.py) and causal attention;
+    the new cache rows against the rotated K and V, every other row unchanged bit for bit."""
+    from kernels.attention import rope_prefill_attention
+    from kernels.runtime import poisoned_outputs
+    from reference import rope as ref_rope
+
+    n_heads, n_kv = heads
+
+    def run(rng: np.random.Generator) -> list[Comparison]:
+        max_seq = pos + tokens + 9
+        kc = np.full((n_kv, max_seq, head_dim), np.nan, np.float16)
+        vc = np.full_like(kc, np.nan)
+        kc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+        vc[:, :pos] = rng.standard_normal((n_kv, pos, head_dim))
+        qkv = rng.standard_normal((tokens, (n_heads + 2 * n_kv) * head_dim)).astype(np.float16)
+        q, k, v = np.split(qkv, [n_heads * head_dim, (n_heads + n_kv) * head_dim], axis=1)
+        theta, scale = 1000000.0, head_dim ** -0.5
+        norms = [rng.uniform(0.5, 1.5, head_dim).astype(np.float32) for _ in range(2)] if head_norm else [None, None]
+        with poisoned_outputs():
+            out, k_new, v_new = rope_prefill_attention(
+                mx.array(qkv), mx.array(kc), mx.array(vc), pos, scale, n_heads=n_heads, theta=theta, neox=neox,
+                eps=1e-6 if head_norm else None,
+                **{n: mx.array(w) for n, w in zip(("q_norm", "k_norm"), norms) if w is not None})
+            mx.eval(out, k_new, v_new)
+        q_rot, k_want, v_want = ref_rope.rope_kv_write(
+            q.reshape(tokens, n_heads, head_dim), k.reshape(tokens, n_kv, head_dim),
+            v.reshape(tokens, n_kv, head_dim), kc, vc, pos, theta=theta, neox=neox, q_norm=norms[0],
+            k_norm=norms[1], eps=1e-6)
+        k_got, v_got = np.array(k_new), np.array(v_new)
+        new = slice(pos, pos + tokens)
+        others = (np.arange(max_seq) < pos) | (np.arange(max_seq) >= pos + tokens)
+        checks = [compare("K rows pos.. (rotated)", k_got[:, new], k_want[:, new], 1e-3),
+                  exact("V rows pos..", v_got[:, new], v_want[:, new].astype(np.float16)),
+                  exact("K other rows untouched", k_got[:, others].view(np.uint16), kc[:, others].view(np.uint16)),
+                  exact("V other rows untouched", v_got[:, others].view(np.uint16), vc[:, others].view(np.uint16))]
+        keys = k_want.transpose(1, 0, 2).astype(np.float64)  # [max_seq, Hkv, D]
+        values = v_want.transpose(1, 0, 2).astype(np.float64)
+        want = np.stack([ref.attend(q_rot[i], keys[: pos + i + 1], values[: pos + i + 1], scale)
+                         for i in range(tokens)])
+        checks.append(compare("causal outputs", np.array(out), want, TOL))
+        return checks
+
+    shape = dict(T=tokens, pos=pos, heads=f"{n_heads}/{n_kv}", D=head_dim)
+    variant = ("head-norm " if head_norm else "") + ("neox" if neox else "adjacent pairs")
+    return CheckCase("attention", "rope_prefill_attention", variant, shape, run)
+
+
 def _paged_rope_case(lens: list[int], heads: tuple[int, int], head_dim: int, block_size: int, neox: bool,
                      device_ids: bool, head_norm: bool = False, opts: dict | None = None) -> CheckCase:
     """paged_rope_attention: sequence b's new token at position lens[b] - 1, its QKV row one of a
@@ -435,6 +486,15 @@ def check_cases(small: bool = False) -> list[CheckCase]:
             if small and tokens > 17:
                 continue
             cases.append(_prefill_case(tokens, pos, heads, d, "wgmma", bs))
+    # a short prompt's (head norms,) RoPE + KV write + attention in one wgmma launch: one query
+    # tile, tails, a prompt at depth, both pair forms, GQA 4:1 to 1:1, Qwen3's and the 8B's heads
+    if native.available():
+        for tokens, pos, heads, d, neox, norm in ((16, 0, (16, 8), 128, True, True), (1, 0, (16, 8), 128, True, True),
+                                                  (128, 0, (16, 8), 128, True, True), (37, 300, (16, 8), 128, True, True),
+                                                  (64, 0, (32, 8), 128, False, False),
+                                                  (17, 130, (32, 8), 128, False, False),
+                                                  (100, 5, (8, 2), 64, True, True), (33, 0, (12, 12), 64, False, False)):
+            cases.append(_rope_prefill_case(tokens, pos, heads, d, neox, norm))
     # RoPE + KV write + attention in one launch (the fused decode loop's attention)
     for pos, heads, d, neox, split, dev in ((0, (32, 8), 128, False, False, False), (16, (32, 8), 128, False, True, True),
                                             (70, (16, 16), 64, True, False, True), (600, (64, 8), 256, True, True, False),

@@ -836,6 +836,63 @@ def _prefill_wgmma(q: mx.array, k_cache: mx.array, v_cache: mx.array, table: mx.
     return out
 
 
+def rope_prefill_unavailable(tokens: int, head_dim: int, window: int = 0, softcap: float = 0.0) -> str:
+    """Why rope_prefill_attention cannot take a prompt in one launch ('' where it can): it is the
+    wgmma kernel's ROPE form, one query tile of a contiguous cache."""
+    if tokens > WGMMA_ROWS:
+        return f"{tokens} tokens (one query tile: up to {WGMMA_ROWS})"
+    if window or softcap:
+        return "a sliding window" if window else "a softcap of the scores"
+    return wgmma_prefill_unavailable(head_dim, 0)
+
+
+def rope_prefill_attention(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: int, scale: float, *,
+                           n_heads: int, theta: float = 10000.0, freq_scale: float = 1.0,
+                           inv_freq: mx.array | None = None, neox: bool = False, q_norm: mx.array | None = None,
+                           k_norm: mx.array | None = None, eps: float | None = None,
+                           after: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
+    """A short prompt's RoPE (q_norm, k_norm, eps: Qwen3's per-head RMSNorm before it), KV-cache
+    write and causal attention in one launch (a launch a layer fewer than kernels.rope's
+    rope_qkv_write or head_norm_rope_neox_qkv_write, then prefill_attention; the rotated queries
+    go to the tensor cores as the fp16 they would have been written as): qkv[T, (n_heads + 2
+    n_kv) * D] is the fused projection's unrotated output of T tokens at positions pos ..
+    pos+T-1, the head-major caches [n_kv, max_seq, D] take their K (rotated) and V rows, and token
+    i attends to rows 0 .. pos+i. Returns (out[T, n_heads, D], k_cache, v_cache), the caches
+    ordered after the write. Where rope_prefill_unavailable names a reason (past one query tile,
+    no sm_90a), a ValueError before any launch: the caller runs the two launches."""
+    _fp16("k_cache", k_cache)
+    _fp16("v_cache", v_cache)
+    if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"k_cache and v_cache must both be [Hkv, max_seq, D], got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    n_kv, max_seq, head_dim = k_cache.shape
+    width, (table, scalars, consts, norms) = _rope_form(qkv, n_heads, n_kv, head_dim, theta, freq_scale, inv_freq,
+                                                       neox, q_norm, k_norm, eps)
+    if qkv.ndim != 2 or qkv.shape[1] != width or qkv.shape[0] < 1:
+        raise ValueError(f"qkv must be [T, (n_heads + 2 * n_kv) * D = {width}], got {tuple(qkv.shape)}")
+    tokens = qkv.shape[0]
+    if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)):
+        raise ValueError(f"pos must be a host int, got {type(pos).__name__}")
+    if pos < 0 or pos + tokens > max_seq:
+        raise ValueError(f"positions {pos}..{pos + tokens - 1} do not fit the cache of {max_seq}")
+    reason = rope_prefill_unavailable(tokens, head_dim)
+    if reason:
+        raise ValueError(f"rope_prefill_attention: {reason}")
+    # written in place: the caches as the kernel's [1, Hkv, S, D]
+    k_one = reshaped(k_cache, (1, *k_cache.shape), "rope_prefill_attention: k_cache")
+    v_one = reshaped(v_cache, (1, *v_cache.shape), "rope_prefill_attention: v_cache")
+    q_w, k_w = norms if norms else (table, table)  # (not read without HEAD_NORM)
+    constants = dict(HEAD_DIM=head_dim, PAGED=0, BLOCK_SIZE=0, ROPE=1, NEOX=int(neox), HEAD_NORM=int(bool(norms)))
+    inputs = [qkv, k_one, v_one, qkv, _no_order() if after is None else after, table, q_w, k_w]
+    (out,) = native.launch(WGMMA_PREFILL, "lathe_prefill_wgmma", constants, inputs,
+                           [((tokens, n_heads, head_dim), mx.float16)],
+                           (n_heads * WGMMA_THREADS, 1, 1), (WGMMA_THREADS, 1, 1), wgmma_prefill_bytes(head_dim),
+                           scalars=(n_kv, max_seq, tokens, int(pos), n_heads, 1, _float_bits(scale),
+                                    _float_bits(freq_scale), _float_bits(eps or 0.0)))
+    k_cache, v_cache = depends([k_cache, v_cache], [out])
+    return out, k_cache, v_cache
+
+
 def reshape_and_cache(k: mx.array, v: mx.array, k_cache: mx.array, v_cache: mx.array,
                       slots) -> tuple[mx.array, mx.array, mx.array]:
     """Tokens' k, v [T, Hkv, D] into the paged caches at `slots` (block * BS + offset; -1 skips a

@@ -35,15 +35,29 @@
 //               bytes, else 32, 64 or 128): the K-major B operand of P V.
 // Keys past the last row's position are not read: cp.async fills them with zeros (unused cache
 // slots may hold anything, and 0 * NaN would spoil a sum); their scores are masked.
+// ROPE 1 (contiguous, one query tile: T <= BM) folds the launch before it into this one: q is the
+// prompt's fused projection rows qkv[T, (Hq + 2 Hkv) * D], unrotated, and each CTA turns its Q
+// rows (HEAD_NORM: each head's RMSNorm first, Qwen3's) into Q's tile itself, and writes the
+// prompt's K rows (normed, turned) and V rows of its kv head into the cache before its first key
+// tile. The Hq / Hkv CTAs of a kv head all write the same bytes: none waits on another, and a row
+// this CTA reads after its own write (__syncthreads orders its threads' stores before their
+// cp.async reads) can only hold those bytes. NEOX: split-half pairs, else adjacent.
 // Constants (NVRTC -D): HEAD_DIM (64 or 128), PAGED (0, 1), BLOCK_SIZE (paged; 8, 16, 32, 64, 128),
-// ENTRY (the symbol: kernels.native names each instantiation).
-// Inputs: q[T, Hq, D], k_cache, v_cache, table (int32; paged, else any array: not read), after
-//   (ordering token, not read). Output: out[T, Hq, D] (fp16). Scalars (kernel parameters, so that
-//   a CTA's first copies wait on no load): Hkv, S or MAXB, T, pos, Hq, query tiles, and the scale's
-//   bits (MLX 0.32.4's precompiled_cuda_kernel refuses a Python float).
+// ROPE, NEOX, HEAD_NORM (0, 1), ENTRY (the symbol: kernels.native names each instantiation).
+// Inputs: q[T, Hq, D] (ROPE: qkv), k_cache, v_cache, table (int32; paged, else any array: not
+//   read), after (ordering token, not read); ROPE: inv_freq (f32[D/2]), q_norm, k_norm (f32[D];
+//   any array without HEAD_NORM). Output: out[T, Hq, D] (fp16). Scalars (kernel parameters, so
+//   that a CTA's first copies wait on no load): Hkv, S or MAXB, T, pos, Hq, query tiles, and the
+//   scale's bits (MLX 0.32.4's precompiled_cuda_kernel refuses a Python float); ROPE: the bits of
+//   freq_scale and of the norms' eps.
 // Launch: (Hq, tiles) CTAs of 256 threads, SMEM_BYTES dynamic.
 typedef unsigned int u32;
 typedef unsigned long long u64;
+#ifndef ROPE  // (the plain form's instances name only HEAD_DIM, PAGED and BLOCK_SIZE)
+#define ROPE 0
+#define NEOX 0
+#define HEAD_NORM 0
+#endif
 
 constexpr int D = HEAD_DIM;
 constexpr int BM = 128, BN = 128;            // query rows a CTA, keys a tile
@@ -59,6 +73,12 @@ static_assert(D == 64 || D == 128, "prefill_wgmma: D is 64 or 128");
 static_assert(!PAGED || (BLOCK_SIZE % 8 == 0 && BN % BLOCK_SIZE == 0),
               "prefill_wgmma: paged blocks hold whole 8-key pieces, and a tile whole blocks");
 static_assert(BN * CHUNKS % THREADS == 0 && BM * CHUNKS % THREADS == 0, "prefill_wgmma: whole copy rounds");
+static_assert(!ROPE || !PAGED, "prefill_wgmma: RoPE and the K/V write fold into the contiguous form only");
+#if ROPE
+typedef unsigned short cache_t;  // written: the prompt's K and V rows
+#else
+typedef const unsigned short cache_t;
+#endif
 #if PAGED
 // V's rows in shared memory (see the layout above): VW keys, VROW bytes, the swizzle mode of the
 // descriptor (0 none, 3: 32-byte, 2: 64-byte, 1: 128-byte) and its XOR mask of 16-byte pieces.
@@ -150,6 +170,67 @@ __device__ __forceinline__ void copy_tile(u32 tid, u32 ks, u32 vs, u32 k0, u32 k
 #endif
 }
 
+#if ROPE
+// One thread's 16 values of a head row, pieces c and c + CHUNKS / 2 (so that a NeoX pair, i and
+// i + D / 2, is in one thread), as RMSNorm (HEAD_NORM) then RoPE at position p give them, in
+// fp16; kernels/rope/head_norm_rope_kv_write.metal's arithmetic. The CHUNKS / 2 threads of a row
+// are adjacent lanes (the sum of squares goes round them), and every lane of the warp calls this.
+constexpr int HALF = CHUNKS / 2;
+union Piece {
+  uint4 u;
+  unsigned short h[8];
+};
+__device__ __forceinline__ float widen(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ unsigned short narrow(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ void turn_row(Piece& a, Piece& b, u32 c, float p, const float* __restrict__ inv_freq,
+                                         const float* __restrict__ weight, float eps) {
+  float x[16];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    x[e] = widen(a.h[e]);
+    x[8 + e] = widen(b.h[e]);
+  }
+  // element e of the 16 sits at dimension at(e); NeoX pairs are (e, e + 8), adjacent ones (2f, 2f + 1)
+  auto at = [&](int e) { return (e < 8 ? c * 8 : D / 2 + c * 8) + (e % 8); };
+#if HEAD_NORM
+  float ss = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) ss += x[e] * x[e];
+#pragma unroll
+  for (int m = 1; m < HALF; m *= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+  const float inv_rms = rsqrtf(ss / float(D) + eps);
+#pragma unroll
+  for (int e = 0; e < 16; ++e) x[e] = x[e] * inv_rms * weight[at(e)];
+#else
+  (void)weight;
+  (void)eps;
+#endif
+#pragma unroll
+  for (int f = 0; f < 8; ++f) {
+    const int e0 = NEOX ? f : 2 * f, e1 = NEOX ? f + 8 : 2 * f + 1;
+    const u32 pair = NEOX ? at(e0) : at(e0) / 2;
+    float s, co;
+    sincosf(p * inv_freq[pair], &s, &co);
+    const float x0 = x[e0], x1 = x[e1];
+    x[e0] = x0 * co - x1 * s;
+    x[e1] = x0 * s + x1 * co;
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    a.h[e] = narrow(x[e]);
+    b.h[e] = narrow(x[8 + e]);
+  }
+}
+#endif
+
 // A shared-memory matrix descriptor: start address, leading-dimension byte offset (swizzled
 // MN-major: from one 64-element block of the MN dimension to the next; unswizzled K-major: from
 // one core matrix to the next along K), stride byte offset (from one 8-row group to the next),
@@ -224,10 +305,17 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const u32 (&a)[4],
 #define WGMMA_PV WGMMA_PV_N(HEAD_DIM)
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k_cache,
-      const unsigned short* __restrict__ v_cache, const int* __restrict__ table, const void* after,
+ENTRY(const unsigned short* __restrict__ q, cache_t* __restrict__ k_cache, cache_t* __restrict__ v_cache,
+      const int* __restrict__ table, const void* after,
+#if ROPE
+      const float* __restrict__ inv_freq, const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+#endif
       unsigned short* __restrict__ out, const u32 n_kv, const u32 rows, const u32 n_tok, const u32 pos,
-      const u32 n_heads, const u32 q_tiles, const int scale_bits) {
+      const u32 n_heads, const u32 q_tiles, const int scale_bits
+#if ROPE
+      , const int freq_scale_bits, const int eps_bits
+#endif
+) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const u32 q_s = (shared_address(smem) + 1023) & ~1023u;  // the swizzle is of address bits: 1024-aligned
   const u32 full = q_s + BARRIERS_AT, empty = full + STAGES * 8;
@@ -240,6 +328,55 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
   const u32 n_tiles = (kv_end + BN - 1) / BN;
   const float scale_log2 = __int_as_float(scale_bits) * 1.4426950408889634f;
 
+#if ROPE
+  // Q's rows turned into its tile (zeros past the prompt), then the prompt's K and V rows of kv
+  // head h into the cache: rounds of THREADS / HALF rows, a row's HALF threads adjacent. A round
+  // is uniform over the CTA (the norm's shuffles need whole warps).
+  {
+    constexpr u32 ROUND = THREADS / HALF;
+    const u32 r_in = tid / HALF, c = tid % HALF, stride = (n_heads + 2 * n_kv) * D;
+    const float freq_scale = __int_as_float(freq_scale_bits), eps = __int_as_float(eps_bits);
+    const uint4* src = reinterpret_cast<const uint4*>(q);
+#pragma unroll
+    for (u32 r0 = 0; r0 < BM; r0 += ROUND) {
+      const u32 r = r0 + r_in, t = q0 + r;
+      Piece a, b;
+      a.u = b.u = make_uint4(0, 0, 0, 0);
+      if (q0 + r0 < n_tok) {
+        const u32 at = (min(t, n_tok - 1) * stride + hq * D) / 8 + c;  // (a row past the prompt: discarded)
+        a.u = src[at];
+        b.u = src[at + HALF];
+        turn_row(a, b, c, float(pos + t) * freq_scale, inv_freq, q_norm, eps);
+        if (t >= n_tok) a.u = b.u = make_uint4(0, 0, 0, 0);
+      }
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(q_s + swizzled(BM, r, c)), "r"(a.u.x),
+                   "r"(a.u.y), "r"(a.u.z), "r"(a.u.w) : "memory");
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(q_s + swizzled(BM, r, c + HALF)), "r"(b.u.x),
+                   "r"(b.u.y), "r"(b.u.z), "r"(b.u.w) : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // Q's tile, for the tensor cores
+    const u32 new_rows = kv_end - pos;
+    for (u32 r0 = 0; r0 < new_rows; r0 += ROUND) {
+      const u32 t = min(r0 + r_in, new_rows - 1);  // (a row past them: discarded)
+      const u32 at = (t * stride + (n_heads + h) * D) / 8 + c;
+      Piece a, b, va, vb;
+      a.u = src[at];
+      b.u = src[at + HALF];
+      va.u = src[at + n_kv * D / 8];
+      vb.u = src[at + n_kv * D / 8 + HALF];
+      turn_row(a, b, c, float(pos + t) * freq_scale, inv_freq, k_norm, eps);
+      if (r0 + r_in < new_rows) {
+        const unsigned long long row = ((unsigned long long)h * rows + pos + t) * D / 8 + c;
+        uint4* kd = reinterpret_cast<uint4*>(k_cache);
+        uint4* vd = reinterpret_cast<uint4*>(v_cache);
+        kd[row] = a.u;
+        kd[row + HALF] = b.u;
+        vd[row] = va.u;
+        vd[row + HALF] = vb.u;
+      }
+    }
+  }
+#else
   // Q's rows (rows past the prompt are zeros: computed, never written), before anything else: the
   // copies need no barrier until their arrival, which tile 0's (after the barriers' set-up) counts.
 #pragma unroll
@@ -248,6 +385,7 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     const bool in = t < n_tok;
     copy16<true>(q_s + swizzled(BM, r, c), q + ((unsigned long long)(in ? t : 0) * n_heads + hq) * D + c * 8, in ? 16 : 0);
   }
+#endif
 
 #if PAGED
   // The table's entries of a tile (lane l: its block l % NB), read a tile before its copies so
@@ -267,7 +405,7 @@ ENTRY(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  __syncthreads();  // (ROPE: also the prompt's K and V rows, written, before any thread copies them)
 
   // This thread's share of tile j's K and V into stage j % STAGES, once both warpgroups are done
   // with the tile that was there; its arrival on the stage's `full` barrier when they land.
