@@ -137,7 +137,7 @@ def _busy_sampler():
     return thread.start, stop
 
 
-TOKEN_ENDS = ("ArgMax", "lathe_argmax")  # a token's last kernel: MLX's argmax (reference), ours
+TOKEN_ENDS = ("ArgMax", "_argmax")  # a token's last kernel: MLX's argmax (reference), ours (alone or in the head)
 
 
 def summarize_timeline(kernels: list[tuple[float, float, str]], last: tuple[str, ...] = TOKEN_ENDS) -> None:
