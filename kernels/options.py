@@ -107,10 +107,11 @@ DECLARED = (
            "or a GEMV a type and mx.concatenate (concat)"),
     Option("rope_in_attention", True, _flag,
            "fused loop (no head norms): a decode token's RoPE + KV write inside the attention launch"),
-    Option("rope_in_prefill", True, _flag,
+    Option("rope_in_prefill", False, _flag,
            "fused loop, a prompt of up to 128 tokens on the contiguous cache: its RoPE (and head norms) and KV "
            "write inside wgmma's prefill attention launch (kernels.attention.rope_prefill_attention; where "
-           "wgmma cannot take it, the two launches as before)"),
+           "wgmma cannot take it, the two launches as before). Off by default: a launch a layer fewer did not "
+           "move pp16 or pp64, and the launch costs more GPU time than the two (kernels/loop/NOTES.md)"),
     Option("attn_partition", None, _auto_or_count,
            "split attention's tokens a threadgroup (auto: sized for about 512 threadgroups)"),
     Option("attn_split_grid", None, _auto_or_count,

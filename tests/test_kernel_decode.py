@@ -924,15 +924,15 @@ def test_qmm_rows8_decodes_the_same_bits(models, monkeypatch, preset, qtype, mma
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("phase", ["short", "gemm", "prompt"])
 def test_prompt_plan_folds_rope_into_attention(models, monkeypatch, preset, phase):
-    """rope_in_prefill (on): a fused prompt's RoPE (Qwen3: and head norms) + KV write is a step with
-    its attention (one launch where wgmma takes it, else its two); off: the two steps as before.
-    A decode token's plan is the same either way."""
+    """rope_in_prefill on: a fused prompt's RoPE (Qwen3: and head norms) + KV write is a step with
+    its attention (one launch where wgmma takes it, else its two); off (the default): the two
+    steps as before. A decode token's plan is the same either way."""
     c = models[preset, "q8_0"].config
     layer = lambda: [s.op for s in kernel_plan(c, True, phase=phase) if s.layer == 0]  # noqa: E731
     decode = [s.op for s in kernel_plan(c, True) if s.layer == 0]
-    folded = layer()
-    assert "rope_prefill_attention" in folded and "rope_kv_write" not in folded and "attention" not in folded
-    monkeypatch.setitem(options._values, "rope_in_prefill", False)
     apart = layer()
     assert "rope_prefill_attention" not in apart and apart.index("rope_kv_write") < apart.index("attention")
+    monkeypatch.setitem(options._values, "rope_in_prefill", True)
+    folded = layer()
+    assert "rope_prefill_attention" in folded and "rope_kv_write" not in folded and "attention" not in folded
     assert [s.op for s in kernel_plan(c, True) if s.layer == 0] == decode
