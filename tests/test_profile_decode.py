@@ -239,3 +239,20 @@ def test_prompt_profile_times_each_setting_on_a_decoder_of_its_own(capsys):
     assert out.count("tiny-llama q8_0 reference prompt 12 at depth 4 (eager):") == 2
     assert "options: defaults" in out and "options: prompt_logits=last,prompt_weights=f16" in out
     assert len(tokens) == 4 and len(set(tokens)) == 1
+
+
+def test_host_profile_of_prompts_keeps_each_prompts_samples(tmp_path, capsys):
+    """--prompt's raw file (record()'s name host-prompt...): the samples under a prompt's `once`."""
+    from harness.tools import host_profile
+
+    loop = "main (profile_decode.py:9);_time_prompts (profile_decode.py:350)"
+    once = loop + ";_time_prompts.<locals>.once (profile_decode.py:340)"
+    raw = tmp_path / "host-prompt16-qwen3-0.6b-fused.txt"
+    raw.write_text("\n".join([
+        once + ";mlx::core::async_eval (libmlx.so);mlx::core::cu::CommandEncoder::commit<int>(int) (libmlx.so) 3",
+        once + ";forward (kernel_decode.py:1) 1",
+        loop + ";print (builtins) 6",  # the timing's own report, outside a prompt
+    ]) + "\n")
+    host_profile.summarize(raw)
+    out = capsys.readouterr().out
+    assert "4 samples of the loop's tokens" in out and " 75.0%  mlx::core::cu::CommandEncoder::commit" in out

@@ -7,6 +7,9 @@ frames included, summarized by function.
 
 `--serve N` samples `lathe serve`'s decode-only steps of N sequences instead
 (`harness.tools.serve_profile --no-trace`, `--tokens` its steps): a step is one scheduler step.
+`--prompt N` samples N-token prompts at depth 0 (`harness.tools.profile_decode --prompt`, compiled
+as `lathe decode` runs them, `--tokens` of them): a sample counts where it is under a prompt's
+`once` (build, encode, wait).
 
 The first form runs `harness.tools.profile_decode`'s compiled-pipelined loop (module doc there: the
 token's host time split into call, encode and wait) and, once its warm-up is over, samples it
@@ -35,8 +38,9 @@ from pathlib import Path
 ROOT = "run_pipelined"  # the timed loop's function in harness.tools.profile_decode
 TOKEN = ("run_pipelined.<locals>.queue", "run_pipelined.<locals>.read")  # a token: queued, read
 SERVE_ROOT, SERVE_TOKEN = "_decode_steps", ("Scheduler.step",)  # --serve: harness.tools.serve_profile's
+PROMPT_ROOT, PROMPT_TOKEN = "_time_prompts", ("_time_prompts.<locals>.once",)  # --prompt: profile_decode's
 WARM_UP = ("compile_trace", "compile_simplify", "nvrtc", "JitModule", "JitCompiler", "trace_impl")  # first tokens
-SPLIT_UNDER = ("run_pipelined.<locals>.queue", "mlx::core::async_eval", "mlx::core::eval_impl", "mlx::core::gpu::eval",
+SPLIT_UNDER = ("run_pipelined.<locals>.queue", "_time_prompts.<locals>.once", "mlx::core::async_eval", "mlx::core::eval_impl", "mlx::core::gpu::eval",
                "mlx::core::fast::CustomKernel::eval_gpu", "mlx::core::cu::CommandEncoder::commit")
 
 
@@ -74,8 +78,9 @@ def read_stacks(path: Path) -> list[tuple[list[str], int]]:
 
 def summarize(path: Path, top: int = 25) -> None:
     stacks = read_stacks(path)
-    serve = path.name.startswith("host-serve-")  # record()'s name for a --serve profile
-    root, token = (SERVE_ROOT, SERVE_TOKEN) if serve else (ROOT, TOKEN)
+    # record()'s names for a --serve and a --prompt profile
+    root, token = ((SERVE_ROOT, SERVE_TOKEN) if path.name.startswith("host-serve-") else
+                   (PROMPT_ROOT, PROMPT_TOKEN) if path.name.startswith("host-prompt") else (ROOT, TOKEN))
 
     def in_token(frames: list[str]) -> bool:
         return any(f.startswith(root) for f in frames) and any(f.startswith(token) for f in frames)
@@ -117,7 +122,7 @@ def summarize(path: Path, top: int = 25) -> None:
 
 
 def record(preset: str, qtype: str, variant: str, tokens: int, out: Path, rate: int,
-           seconds: int, serve: int = 0, sets: str = "") -> Path:
+           seconds: int, serve: int = 0, sets: str = "", prompt: int = 0) -> Path:
     """Run the loop (`serve`: serve's decode steps of that many sequences) and sample it for
     `seconds` once its warm-up is over (the model's build and the first tokens' compilation,
     which sampling with native frames would slow many times)."""
@@ -129,6 +134,10 @@ def record(preset: str, qtype: str, variant: str, tokens: int, out: Path, rate: 
         raw = out / f"host-serve-{preset}-{variant}-{serve}.txt"
         command = ["harness.tools.serve_profile", preset, "--qtype", qtype, "--variant", variant,
                    "--batch", str(serve), "--steps", str(tokens), "--no-trace", "--set", sets]
+    elif prompt:
+        raw = out / f"host-prompt{prompt}-{preset}-{variant}.txt"
+        command = ["harness.tools.profile_decode", preset, "--qtype", qtype, "--variant", variant,
+                   "--prompt", str(prompt), "--tokens", str(tokens)]
     else:
         raw = out / f"host-{preset}-{variant}.txt"
         command = ["harness.tools.profile_decode", preset, "--qtype", qtype, "--variant", variant,
@@ -165,13 +174,15 @@ def main() -> None:
     ap.add_argument("--serve", type=int, default=0, metavar="N",
                     help="sample lathe serve's decode steps of N sequences, not the decode loop")
     ap.add_argument("--set", default="", metavar="NAME=VALUE[,...]", help="--serve: experiment options")
+    ap.add_argument("--prompt", type=int, default=0, metavar="N",
+                    help="sample N-token prompts (--tokens of them), not the decode loop")
     ap.add_argument("--summarize", type=Path, help="read a raw py-spy file instead of recording one")
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
     if a.summarize:
         summarize(a.summarize, a.top)
     elif a.preset:
-        summarize(record(a.preset, a.qtype, a.variant, a.tokens, a.out, a.rate, a.seconds, a.serve, a.set), a.top)
+        summarize(record(a.preset, a.qtype, a.variant, a.tokens, a.out, a.rate, a.seconds, a.serve, a.set, a.prompt), a.top)
     else:
         ap.error("a preset to profile, or --summarize FILE")
 

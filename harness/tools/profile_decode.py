@@ -350,6 +350,7 @@ def _time_prompts(decoder, label: str, prompt: int, repeats: int, depth: int, ti
 
     once()  # warm-up: the prompt phase's plan, kernels and MLX's matmuls at this shape
     parts.clear()
+    print(f"timing {repeats} prompts", flush=True)  # (harness.tools.host_profile --prompt waits for it)
     with gpu_trace.kernel_trace(timeline) if timeline else contextlib.nullcontext([]) as kernels:
         walls = [once() for _ in range(repeats)]
     wall = float(np.median(walls))
