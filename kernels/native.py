@@ -8,6 +8,12 @@ with NVRTC for sm_90a to a cubin and launched with ``mx.fast.precompiled_cuda_ke
 inputs' pointers, then its outputs', in order. MLX keeps one loaded module per kernel name, so
 each instantiation's symbol carries its constants (the ENTRY macro below).
 
+MLX names a precompiled kernel's module by a hash of the bytes it is handed, at every launch
+(CustomKernel::eval_gpu): the prefill kernel's 52 KB cubin, 28 launches a Qwen3 prompt, was 13% of
+the prompt's host time (kernels/loop/NOTES.md). So where nvFatbin is found a launch hands MLX a
+compressed fatbin of the cubin instead (the `native_image` option), which the driver unpacks once
+when MLX loads the module: 15 KB for that kernel.
+
 Cubins are kept on disk beside lathe's MLX modules (kernels.jit_cache's directory, `native/`),
 named by a digest of the source, NVRTC's options and NVRTC's version, so that processes share
 them; `prepare` compiles a recording's instances in parallel worker processes. (A sweep of 1078
@@ -24,7 +30,7 @@ from typing import Sequence
 
 import mlx.core as mx
 
-from kernels import runtime
+from kernels import options, runtime
 
 NATIVE_ARCH = (9, 0)  # the one architecture the native kernels are written for (wgmma: sm_90a)
 
@@ -140,6 +146,63 @@ def prepare(keys, workers: int | None = None) -> tuple[int, dict[str, str]]:
     return len(items), failures
 
 
+@functools.cache
+def nvfatbin():
+    """libnvfatbin (the nvidia-nvfatbin wheel, the CUDA toolkit, LATHE_NVFATBIN), or None."""
+    import ctypes
+    import glob
+
+    candidates = [os.environ.get("LATHE_NVFATBIN") or ""]
+    candidates += glob.glob("/usr/local/cuda/lib64/libnvfatbin.so*")
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            candidates += glob.glob(f"{root}/**/libnvfatbin.so*", recursive=True)
+    except ImportError:
+        pass
+    for c in [*filter(None, candidates), "libnvfatbin.so.13", "libnvfatbin.so.12"]:
+        try:
+            return ctypes.CDLL(c)
+        except OSError:
+            continue
+    return None
+
+
+@functools.cache
+def image(cubin: bytes, form: str = "auto") -> bytes:
+    """What a launch hands MLX for `cubin`: the cubin itself, or a fatbin holding it compressed
+    ("fatbin"; "auto": where nvFatbin is found). Raises where "fatbin" is asked and nvFatbin is not
+    there, or refuses the cubin."""
+    import ctypes
+
+    if form not in ("auto", "fatbin", "cubin"):
+        raise ValueError(f"form must be 'auto', 'fatbin' or 'cubin', got {form!r}")
+    lib = nvfatbin() if form != "cubin" else None
+    if lib is None:
+        if form == "fatbin":
+            raise RuntimeError("native_image=fatbin: libnvfatbin not found (the nvidia-nvfatbin wheel, "
+                               "or LATHE_NVFATBIN)")
+        return cubin
+    handle = ctypes.c_void_p()
+    opts = (ctypes.c_char_p * 1)(b"-compress-all")  # (a cubin under 64 KB is not compressed otherwise)
+    if lib.nvFatbinCreate(ctypes.byref(handle), opts, ctypes.c_size_t(1)):
+        raise RuntimeError("nvFatbinCreate failed")
+    try:
+        arch = f"{NATIVE_ARCH[0]}{NATIVE_ARCH[1]}a".encode()
+        if lib.nvFatbinAddCubin(handle, cubin, ctypes.c_size_t(len(cubin)), arch, b"lathe"):
+            raise RuntimeError("nvFatbinAddCubin refused the cubin")
+        size = ctypes.c_size_t()
+        if lib.nvFatbinSize(handle, ctypes.byref(size)):
+            raise RuntimeError("nvFatbinSize failed")
+        out = ctypes.create_string_buffer(size.value)
+        if lib.nvFatbinGet(handle, out):
+            raise RuntimeError("nvFatbinGet failed")
+        return out.raw
+    finally:
+        lib.nvFatbinDestroy(ctypes.byref(handle))
+
+
 def _nvrtc():
     """The NVRTC MLX's process loaded where there is one, else kernels.ptx's search."""
     from kernels import jit_cache
@@ -161,6 +224,7 @@ def launch(path: str, stem: str, constants: dict[str, int], inputs: Sequence[mx.
         runtime.native_sink().append(key)
         return [mx.zeros(tuple(s), d) for s, d in outputs]
     name, binary = instance(*key)
+    binary = image(binary, options.get("native_image"))
     if runtime.recording_launches():
         return [mx.zeros(tuple(s), d) for s, d in outputs]
     reason = unavailable_reason()

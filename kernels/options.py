@@ -263,6 +263,10 @@ DECLARED = (
            "every partition but the last (kernels/loop/NOTES.md)"),
     Option("pad_constants", True, _flag,
            "kernel constants in buffers of their own, not MLX's small managed pool (kernels/loop/NOTES.md)"),
+    Option("native_image", "auto", _one_of("auto", "fatbin", "cubin"),
+           "what a native CUDA kernel (kernels/native.py) hands MLX: its cubin, or a compressed fatbin of it "
+           "(nvFatbin; a third of the bytes, which MLX hashes at every launch); auto: the fatbin where "
+           "libnvfatbin is found"),
     Option("inline_source", False, _flag,
            "CUDA: hand MLX each kernel's text instead of an #include line of it (kernels/runtime.py)"),
     Option("mega_span", "token", _one_of("token", "layer"),

@@ -663,3 +663,23 @@ def test_rope_prefill_matches_its_two_launches(head_norm, tokens, pos):
     np.testing.assert_allclose(np.array(k1).astype(np.float32), np.array(rot.k_cache).astype(np.float32),
                                atol=2e-3, rtol=2e-3)
     np.testing.assert_allclose(np.array(out).astype(np.float32), np.array(want).astype(np.float32), atol=3e-3, rtol=0)
+
+
+@pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
+def test_native_image_is_a_compressed_fatbin_where_nvfatbin_is_found():
+    """What a native launch hands MLX (which hashes it at every launch): the cubin, or a fatbin of
+    it (magic 0xBA55ED50) a good deal smaller; 'fatbin' without nvFatbin is an error, not a cubin."""
+    from kernels import native
+
+    cubin = native.cubin(at.WGMMA_PREFILL, "lathe_prefill_wgmma", (("HEAD_DIM", 128), ("PAGED", 0), ("BLOCK_SIZE", 0)))
+    assert native.image(cubin, "cubin") == cubin
+    if native.nvfatbin() is None:
+        assert native.image(cubin, "auto") == cubin
+        with pytest.raises(RuntimeError, match="libnvfatbin not found"):
+            native.image(cubin, "fatbin")
+        return
+    packed = native.image(cubin, "fatbin")
+    assert packed[:4] == bytes.fromhex("50ed55ba") and len(packed) < len(cubin) // 2
+    assert native.image(cubin, "auto") == packed
+    with pytest.raises(ValueError, match="form must be"):
+        native.image(cubin, "elf")
