@@ -626,6 +626,9 @@ PLAN_CASES += [(preset, "q6_k", "fused repacked", "contiguous", False, True)  # 
                for preset in ("tiny-llama", "tiny-qwen3")]
 PLAN_CASES += [(preset, qtype, variant, "contiguous", False, True) for preset in ("tiny-llama", "tiny-qwen3")
                for qtype in K_MIXES for variant in ("megafused repacked", "megafused repacked layer-span")]
+PLAN_CASES += [(preset, "q8_0", variant, "contiguous", False, True)  # a prompt's RoPE + K/V write in attention
+               for preset in ("tiny-llama", "tiny-qwen3")
+               for variant in ("fused rope-prefill", "fused repacked rope-prefill", "megafused repacked rope-prefill")]
 PLAN_CASES += [(preset, "q4_0", variant, kv, False, True)  # prompts on fp16 copies (prompt_weights=f16)
                for preset in ("tiny-llama", "tiny-qwen3") for kv in ("contiguous", "paged")
                for variant in ("unfused f16-prompt", "fused repacked f16-prompt")]
@@ -651,6 +654,7 @@ def test_forward_launches_what_the_plan_says(models, monkeypatch, preset, qtype,
     monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
     monkeypatch.setitem(options._values, "prompt_weights", "f16" if "f16-prompt" in variant else "dequantize")
     monkeypatch.setitem(options._values, "qmm_prologue", False if "prologue-off" in variant else "auto")
+    monkeypatch.setitem(options._values, "rope_in_prefill", "rope-prefill" in variant)
     m = models[preset, qtype]
     with recording():  # the decoder's own look-ahead at its kernels, apart from what is checked
         decoder = KernelDecoder(m, 32 if overflow else 64, variant.split()[0], kv, overflow=overflow)
