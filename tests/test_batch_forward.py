@@ -227,7 +227,8 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["unfused", "fused", "fused/paged_qkv_rows=off", "fused/serve_rope_attention=off",
                                      "fused/qmm_prologue=off", "fused/qmm_mma=on", "fused/qmm_prologue=off,qmm_mma=on",
-                                     "megafused", "megafused/serve_mega_rows=4", "megafused/serve_mega_extra=0"])
+                                     "fused/serve_cache_outputs=off", "megafused", "megafused/serve_mega_rows=4",
+                                     "megafused/serve_mega_extra=0", "megafused/serve_cache_outputs=off"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models, preset, variant, request):
     """lathe's kernels under continuous batching (shared prefixes, preemptions, batches of 1-5
@@ -240,7 +241,8 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
     write from MLX slices of the fused QKV, not its rows; serve_rope_attention=off: fused's decode-only
     steps with the paged write apart from paged_attention; qmm_prologue=off: the steps of 5 rows with
     lathe's rmsnorm before qmm, the norms after O and down in qmm's adding launch (qmm_norm_after);
-    qmm_mma=on: qmm's plain launches on qmm_mma, whose auto leaves these small matrices to qmm."""
+    qmm_mma=on: qmm's plain launches on qmm_mma, whose auto leaves these small matrices to qmm;
+    serve_cache_outputs=off: the compiled decode steps return the logits only, the pools not."""
     from harness.program.batch_forward import PagedBatchKernels
     from harness.program.kernel_decode import KernelDecoder
     from kernels import options
@@ -299,12 +301,16 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cache_outputs", [True, False])
 @pytest.mark.parametrize("variant", ["fused", "megafused"])
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
-def test_the_pipelined_kernel_batch_gives_the_tokens_of_the_unpipelined(models, preset, variant, monkeypatch):
+def test_the_pipelined_kernel_batch_gives_the_tokens_of_the_unpipelined(models, preset, variant, cache_outputs,
+                                                                          monkeypatch):
     """serve_pipelined on lathe's fused kernels: decode-only steps take their ids from the last
     step's argmax on the device, and every request ends with the tokens of the run that reads each
-    step's tokens before building the next (the same launches on the same inputs)."""
+    step's tokens before building the next (the same launches on the same inputs). Also with the
+    compiled steps' pools not among their outputs (serve_cache_outputs=off): their in-place writes
+    are then ordered only by the stream and the tokens."""
     from harness.program.batch_forward import PagedBatchKernels
     from kernels import options
 
@@ -323,7 +329,7 @@ def test_the_pipelined_kernel_batch_gives_the_tokens_of_the_unpipelined(models, 
         sched = Scheduler(pool, max_batch=5)
         for r in reqs:
             sched.submit(r)
-        with options.use(serve_pipelined=pipelined):
+        with options.use(serve_pipelined=pipelined, serve_cache_outputs=cache_outputs):
             sched.run(PagedBatchKernels(model, variant, pool, 128))
         assert pool.free_blocks == pool.num_blocks
         return [r.output for r in reqs]
@@ -369,7 +375,7 @@ def test_the_kernel_batch_runs_every_phase_under_the_scheduler(models, variant):
     assert all(len(r.output) == r.max_new for r in reqs) and pool.free_blocks == pool.num_blocks
     # steps of decode tokens only went through compiled forwards, one per batch and table width
     # (a power of two blocks)
-    assert forward._compiled and all(width & (width - 1) == 0 for _, width in forward._compiled)
+    assert forward._compiled and all(width & (width - 1) == 0 for _, width, _ in forward._compiled)
     phases = {"decode" if t == 1 else "short" if t <= 4 else "gemm" if t <= 64 else "prompt" for t in sizes}
     assert phases == {"decode", "short", "gemm", "prompt"}, sorted(set(sizes))
 

@@ -269,7 +269,7 @@ class PagedBatchKernels(_Tokens):
         # (harness.tools.block_timeline --batch; such steps are not compiled), or None
         self.timeline: list | None = None
         self.max_blocks = -(-max_seq // pool.block_size)
-        self._compiled: dict[tuple[int, int], object] = {}  # decode-only steps, by (batch, table width)
+        self._compiled: dict[tuple[int, int, bool], object] = {}  # decode-only steps, by (batch, table width, serve_cache_outputs)
 
     def _check_mega(self, model) -> None:
         """The megafused batch variant runs the layers token_block's batch form takes: the llama /
@@ -393,11 +393,12 @@ class PagedBatchKernels(_Tokens):
         table = self._table(work, min(self.max_blocks, 1 << (widest - 1).bit_length()))
         if table.min() < 0 or table.max() >= self.pool.num_blocks:  # (its padding is block 0)
             raise ValueError(f"a block table points outside the pool's {self.pool.num_blocks} blocks")
-        fn = self._compiled.get(table.shape)
+        key = (*table.shape, options.get("serve_cache_outputs"))
+        fn = self._compiled.get(key)
         if fn is None:
             if len(self._compiled) >= 16:  # each holds its traced graph
                 self._compiled.pop(next(iter(self._compiled)))
-            fn = self._compiled[table.shape] = mx.compile(self._decode_over_caches(len(work)))
+            fn = self._compiled[key] = mx.compile(self._decode_over_caches(len(work), options.get("serve_cache_outputs")))
         starts = np.fromiter((w.start for w in work), np.int32, len(work))
         slots = decode_slots(work, table, starts, bs)
         ids = self._ids_on_device(work)
@@ -415,7 +416,8 @@ class PagedBatchKernels(_Tokens):
         if isinstance(ids, np.ndarray):
             ids = made.pop()
         logits, *caches = fn(ids, *made, *d.k, *d.v)
-        d.k, d.v = list(caches[:n]), list(caches[n:])
+        if caches:
+            d.k, d.v = list(caches[:n]), list(caches[n:])
         return logits
 
     @staticmethod
@@ -453,9 +455,12 @@ class PagedBatchKernels(_Tokens):
             table[row, :len(w.table)] = w.table
         return table
 
-    def _decode_over_caches(self, batch: int):
+    def _decode_over_caches(self, batch: int, cache_outputs: bool = True):
         """A decode-only step's forward as a function of its arrays for mx.compile, the caches
-        inputs and outputs rather than state the trace would capture."""
+        inputs (and outputs, with `cache_outputs`) rather than state the trace would capture.
+        Without them as outputs the kernels still write the pools in place; the next step reads
+        them after this one's writes because MLX runs one stream in order and the next step's
+        ids come from this step's tokens (or are read on the host after it)."""
         d, n = self.d, self.d.config.n_layers
 
         def over(ids, positions, slots, table, lens, *caches):
@@ -466,8 +471,10 @@ class PagedBatchKernels(_Tokens):
                               ends=mx.arange(batch, dtype=mx.int32))
             try:
                 if self.runs_mega(batch):
-                    return (self._mega_replay({"token": ids}, batch, positions, table)["logits"], *d.k, *d.v)
-                return (self._replay({"token": ids}, batch)["logits"], *d.k, *d.v)
+                    logits = self._mega_replay({"token": ids}, batch, positions, table)["logits"]
+                else:
+                    logits = self._replay({"token": ids}, batch)["logits"]
+                return (logits, *d.k, *d.v) if cache_outputs else (logits,)
             finally:
                 d.k, d.v, self._step = held
 
