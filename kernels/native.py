@@ -150,17 +150,10 @@ def prepare(keys, workers: int | None = None) -> tuple[int, dict[str, str]]:
 def nvfatbin():
     """libnvfatbin (the nvidia-nvfatbin wheel, the CUDA toolkit, LATHE_NVFATBIN), or None."""
     import ctypes
-    import glob
 
-    candidates = [os.environ.get("LATHE_NVFATBIN") or ""]
-    candidates += glob.glob("/usr/local/cuda/lib64/libnvfatbin.so*")
-    try:
-        import nvidia
+    from kernels.ptx import cuda_library_paths
 
-        for root in nvidia.__path__:
-            candidates += glob.glob(f"{root}/**/libnvfatbin.so*", recursive=True)
-    except ImportError:
-        pass
+    candidates = [os.environ.get("LATHE_NVFATBIN") or "", *cuda_library_paths("nvfatbin")]
     for c in [*filter(None, candidates), "libnvfatbin.so.13", "libnvfatbin.so.12"]:
         try:
             return ctypes.CDLL(c)

@@ -29,20 +29,25 @@ _MLX_UTILS_STUB = """#pragma once
 """
 
 
+def cuda_library_paths(stem: str) -> list[str]:
+    """lib<stem>.so* in the CUDA toolkit, then in the nvidia-* wheels (nvidia-cuda-nvrtc, ...)."""
+    found = glob.glob(f"/usr/local/cuda/lib64/lib{stem}.so*")
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            found += glob.glob(f"{root}/**/lib{stem}.so*", recursive=True)
+    except ImportError:
+        pass
+    return found
+
+
 @functools.cache
 def nvrtc() -> ctypes.CDLL:
     """libnvrtc: LATHE_NVRTC, the CUDA toolkit, the nvidia-cuda-nvrtc wheel, or the one MLX's
     CUDA backend already loaded (by its soname)."""
     path = os.environ.get("LATHE_NVRTC")
-    candidates = [path] if path else []
-    candidates += glob.glob("/usr/local/cuda/lib64/libnvrtc.so*")
-    try:
-        import nvidia  # the nvidia-cuda-nvrtc wheel
-
-        for root in nvidia.__path__:
-            candidates += glob.glob(f"{root}/**/libnvrtc.so*", recursive=True)
-    except ImportError:
-        pass
+    candidates = ([path] if path else []) + cuda_library_paths("nvrtc")
     for c in candidates:
         if c and "builtins" not in c and "alt" not in c:
             return load_nvrtc(c)

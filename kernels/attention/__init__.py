@@ -566,12 +566,7 @@ def rope_flash_decode(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, pos: 
     token attends to its last `window` rows only (flash_decode's)."""
     from kernels import rope as rope_kernels
 
-    _fp16("k_cache", k_cache)
-    _fp16("v_cache", v_cache)
-    if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"k_cache and v_cache must both be [Hkv, max_seq, D], got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    n_kv, max_seq, head_dim = k_cache.shape
+    n_kv, max_seq, head_dim = _head_major(k_cache, v_cache)
     width, rope = _rope_form(qkv, n_heads, n_kv, head_dim, theta, freq_scale, inv_freq, neox, q_norm, k_norm, eps)
     if qkv.size != width or qkv.ndim > 2 or (qkv.ndim == 2 and qkv.shape[0] != 1):
         raise ValueError(f"qkv must be one token's [(n_heads + 2 * n_kv) * D = {width}], got {tuple(qkv.shape)}")
@@ -660,6 +655,16 @@ def _rope_form(qkv: mx.array, n_heads: int, n_kv: int, head_dim: int, theta: flo
     scalars = constant((float(theta), float(freq_scale), float(eps or 0.0)), mx.float32)
     return ((n_heads + 2 * n_kv) * head_dim,
             (rope_kernels._table(head_dim, theta, inv_freq), scalars, dict(NEOX=neox, FREQ_TABLE=True), norms))
+
+
+def _head_major(k_cache: mx.array, v_cache: mx.array) -> tuple[int, int, int]:
+    """(Hkv, max_seq, D) of the contiguous head-major fp16 caches, checked."""
+    _fp16("k_cache", k_cache)
+    _fp16("v_cache", v_cache)
+    if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"k_cache and v_cache must both be [Hkv, max_seq, D], got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    return tuple(k_cache.shape)
 
 
 def _head_norms(q_norm: mx.array | None, k_norm: mx.array | None, eps: float | None,
@@ -860,14 +865,9 @@ def rope_prefill_attention(qkv: mx.array, k_cache: mx.array, v_cache: mx.array, 
     i attends to rows 0 .. pos+i. Returns (out[T, n_heads, D], k_cache, v_cache), the caches
     ordered after the write. Where rope_prefill_unavailable names a reason (past one query tile,
     no sm_90a), a ValueError before any launch: the caller runs the two launches."""
-    _fp16("k_cache", k_cache)
-    _fp16("v_cache", v_cache)
-    if k_cache.ndim != 3 or tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"k_cache and v_cache must both be [Hkv, max_seq, D], got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    n_kv, max_seq, head_dim = k_cache.shape
-    width, (table, scalars, consts, norms) = _rope_form(qkv, n_heads, n_kv, head_dim, theta, freq_scale, inv_freq,
-                                                       neox, q_norm, k_norm, eps)
+    n_kv, max_seq, head_dim = _head_major(k_cache, v_cache)
+    width, (table, _, _, norms) = _rope_form(qkv, n_heads, n_kv, head_dim, theta, freq_scale, inv_freq, neox,
+                                             q_norm, k_norm, eps)
     if qkv.ndim != 2 or qkv.shape[1] != width or qkv.shape[0] < 1:
         raise ValueError(f"qkv must be [T, (n_heads + 2 * n_kv) * D = {width}], got {tuple(qkv.shape)}")
     tokens = qkv.shape[0]
