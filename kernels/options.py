@@ -232,7 +232,7 @@ DECLARED = (
            "(one step in flight, as the decode loop's compiled-pipelined mode; a decode-only step takes its ids "
            "from the last step's argmax); off: every step's tokens read before the next is built "
            "(harness/program/batch_forward.py)"),
-    Option("serve_cache_outputs", True, _flag,
+    Option("serve_cache_outputs", False, _flag,
            "lathe serve, kernel variants: the compiled decode step returns the pools' K and V (the arrays that "
            "order a layer's next reads after its in-place writes) besides the logits; off: the logits only, the "
            "pools staying the arrays they were (the writes are ordered by the stream and the step's tokens), "

@@ -227,8 +227,8 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["unfused", "fused", "fused/paged_qkv_rows=off", "fused/serve_rope_attention=off",
                                      "fused/qmm_prologue=off", "fused/qmm_mma=on", "fused/qmm_prologue=off,qmm_mma=on",
-                                     "fused/serve_cache_outputs=off", "megafused", "megafused/serve_mega_rows=4",
-                                     "megafused/serve_mega_extra=0", "megafused/serve_cache_outputs=off"])
+                                     "fused/serve_cache_outputs=on", "megafused", "megafused/serve_mega_rows=4",
+                                     "megafused/serve_mega_extra=0", "megafused/serve_cache_outputs=on"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models, preset, variant, request):
     """lathe's kernels under continuous batching (shared prefixes, preemptions, batches of 1-5
@@ -242,7 +242,7 @@ def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models
     steps with the paged write apart from paged_attention; qmm_prologue=off: the steps of 5 rows with
     lathe's rmsnorm before qmm, the norms after O and down in qmm's adding launch (qmm_norm_after);
     qmm_mma=on: qmm's plain launches on qmm_mma, whose auto leaves these small matrices to qmm;
-    serve_cache_outputs=off: the compiled decode steps return the logits only, the pools not."""
+    serve_cache_outputs=on: the compiled decode steps return the pools besides the logits."""
     from harness.program.batch_forward import PagedBatchKernels
     from harness.program.kernel_decode import KernelDecoder
     from kernels import options
