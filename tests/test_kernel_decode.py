@@ -442,12 +442,16 @@ def test_k_quant_files_against_float64(models, preset, qtype, variant, kv):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cache_outputs", [True, False])
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 @pytest.mark.parametrize("variant", ["unfused", "fused", "megafused", "megafused layer-span"])
-def test_kernel_variant_modes_agree(models, monkeypatch, variant, kv):
+def test_kernel_variant_modes_agree(models, monkeypatch, variant, kv, cache_outputs):
+    """Every mode's tokens the same; the compiled ones also where the compiled step returns no
+    caches (decode_cache_outputs off)."""
     if variant.startswith("megafused") and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
     monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
+    monkeypatch.setitem(options._values, "decode_cache_outputs", cache_outputs)
     for qtype in ("q4_0", "q4_k_m"):
         m = models["tiny-qwen3", qtype]
         prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
@@ -495,31 +499,43 @@ def test_a_resized_decoder_is_a_fresh_one(models, variant, kv):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cache_outputs", [True, False])
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 @pytest.mark.parametrize("variant", ["unfused", "fused", "megafused", "megafused layer-span"])
-def test_compiled_step_logits_match_the_eager_step(models, monkeypatch, variant, kv):
+def test_compiled_step_logits_match_the_eager_step(models, monkeypatch, variant, kv, cache_outputs):
     """The compiled step (position on the device, attention over the whole cache's grid) gives
-    the eager step's logits token after token, and writes the same caches."""
+    the eager step's logits token after token, and writes the same caches. Each step's logits are
+    read only after the next step was called from its host token, so that step must run the
+    last one's cache writes first, also where the step returns no caches (decode_cache_outputs)."""
     import mlx.core as mx
 
     if variant.startswith("megafused") and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
     monkeypatch.setitem(options._values, "mega_span", "layer" if "layer-span" in variant else "token")
+    monkeypatch.setitem(options._values, "decode_cache_outputs", cache_outputs)
     variant = variant.split()[0]
     m = models["tiny-llama", "q8_0"]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     eager, compiled = KernelDecoder(m, 64, variant, kv), KernelDecoder(m, 64, variant, kv)
     eager.forward(prompt), compiled.forward(prompt)  # left lazy: compiled_step evaluates its inputs
     fn = compiled.compiled_step()
+
+    def agrees(logits, want):
+        assert rel_err(np.array(logits), want) <= 1e-3
+        # greedy: our argmax kernel over the fp16 logits of the compiled step, as generate() reads them
+        assert logits.dtype == mx.float16 and compiled.greedy(logits).tolist() == [int(np.argmax(np.array(logits)[-1]))]
+
+    last = None
     for token in np.random.default_rng().integers(0, m.config.vocab, 8):
         want = np.array(eager.forward([int(token)]))
         pos = mx.array([compiled.pos], dtype=mx.int32)
         logits, *caches = fn(mx.array([int(token)], dtype=mx.int32), pos, *compiled.cache_arrays())
         compiled.take_caches(caches)
         compiled.pos += 1
-        assert rel_err(np.array(logits), want) <= 1e-3
-        # greedy: our argmax kernel over the fp16 logits of the compiled step, as generate() reads them
-        assert logits.dtype == mx.float16 and compiled.greedy(logits).tolist() == [int(np.argmax(np.array(logits)[-1]))]
+        if last is not None:
+            agrees(*last)
+        last = logits, want
+    agrees(*last)
     assert all(np.array_equal(np.array(a), np.array(b), equal_nan=True)  # paged: unwritten slots NaN
                for a, b in zip(eager.cache_arrays(), compiled.cache_arrays()))
 
@@ -528,15 +544,18 @@ def test_compiled_step_logits_match_the_eager_step(models, monkeypatch, variant,
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 @pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
 @pytest.mark.parametrize("logits", ["all", "last"])
-def test_compiled_prompt_matches_the_eager_prompt(models, variant, kv, logits):
+@pytest.mark.parametrize("cache_outputs", [True, False])
+def test_compiled_prompt_matches_the_eager_prompt(models, variant, kv, logits, cache_outputs):
     """compiled_forward (the compiled modes' prompt, option prompt_compiled): a prompt at position
     0 and one that continues the cache give the eager forward's logits and caches, and a second
-    prompt of the same length and position replays the traced function on its new inputs."""
+    prompt of the same length and position replays the traced function on its new inputs; also
+    where it returns no caches (decode_cache_outputs off: the second prompt runs after the
+    first's in-place writes, whose logits it evaluates first)."""
     if variant == "megafused" and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
     m = models["tiny-qwen3", "q4_0"]
     rng = np.random.default_rng()
-    with options.use(prompt_logits=logits):
+    with options.use(prompt_logits=logits, decode_cache_outputs=cache_outputs):
         eager, compiled = KernelDecoder(m, 64, variant, kv), KernelDecoder(m, 64, variant, kv)
         for attempt in range(2):
             eager.reset(), compiled.reset()
@@ -549,7 +568,8 @@ def test_compiled_prompt_matches_the_eager_prompt(models, variant, kv, logits):
             assert all(np.array_equal(np.array(a), np.array(b), equal_nan=True)
                        for a, b in zip(eager.cache_arrays(), compiled.cache_arrays()))
             last = logits == "last"
-            assert sorted(compiled._compiled_prompts) == [(5, PROMPT, last), (PROMPT, 0, last)]  # traced once each
+            # traced once each
+            assert sorted(compiled._compiled_prompts) == [(5, PROMPT, last, cache_outputs), (PROMPT, 0, last, cache_outputs)]
 
 
 @pytest.mark.gpu
@@ -565,11 +585,14 @@ def test_compiled_prompt_checks_its_tokens_before_any_launch(models):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["contiguous", "paged"])
 @pytest.mark.parametrize("variant", ["unfused", "fused", "megafused"])
-def test_compiled_modes_decode_as_float64_after_a_compiled_prompt(models, variant, kv):
+@pytest.mark.parametrize("cache_outputs", [True, False])
+def test_compiled_modes_decode_as_float64_after_a_compiled_prompt(models, monkeypatch, variant, kv, cache_outputs):
     """generate() in compiled-pipelined mode (its prompt through compiled_forward): each token
-    the float64 model's greedy pick after the same tokens, wherever its top-2 margin is clear."""
+    the float64 model's greedy pick after the same tokens, wherever its top-2 margin is clear;
+    with the compiled calls' caches returned or not (decode_cache_outputs)."""
     if variant == "megafused" and kv == "paged":
         pytest.skip("megafused runs over the contiguous cache")
+    monkeypatch.setitem(options._values, "decode_cache_outputs", cache_outputs)
     m = models["tiny-llama", "q8_0"]
     prompt = np.random.default_rng().integers(0, m.config.vocab, PROMPT)
     decoder = KernelDecoder(m, PROMPT + STEPS, variant, kv)

@@ -1144,6 +1144,9 @@ class KernelDecoder:
         self.head_scratch = (gemv.head_argmax_scratch(self.types[head], *self.nk[head])
                              if head in self.packed else None)
         self._fused_head: tuple[mx.array, mx.array] | None = None  # (logits, token) of the last head
+        # the last compiled call's logits where it returned no caches (decode_cache_outputs off):
+        # its in-place writes run only once something after them is evaluated (_pending_head)
+        self._unreturned: list[mx.array] = []
         if self.mega:
             # a launch site's counters: attention_block (layer 0) and the last ffn_block share one,
             # launches ordered by the token's data
@@ -1247,8 +1250,8 @@ class KernelDecoder:
             blocks = -(-max_seq // BLOCK_SIZE)
             self.table = np.random.default_rng(0).permutation(blocks).astype(np.int32)[None]
             self.table_dev = resident(mx.array(self.table))
-        self._compiled = None  # traced for the old size
-        self._compiled_prompts: dict[tuple[int, int, bool], tuple[Any, bool]] = {}
+        self._compiled: dict[bool, Any] = {}  # traced for the old size, by decode_cache_outputs
+        self._compiled_prompts: dict[tuple[int, int, bool, bool], tuple[Any, bool]] = {}
         self.reset()
         self._prepared: set[int] = set()
         self.prepare_kernels()
@@ -1406,8 +1409,9 @@ class KernelDecoder:
     def _pending_head(self) -> list[mx.array]:
         """What a step from host tokens evaluates first beside the caches: the last fused head's
         token, whose scratch the next head launch reuses (nothing else orders two head launches
-        whose outputs were never read)."""
-        return [self._fused_head[1]] if self._fused_head else []
+        whose outputs were never read), and the logits of a compiled call that returned no caches
+        (nothing else runs its cache writes before this step's reads)."""
+        return ([self._fused_head[1]] if self._fused_head else []) + self._unreturned
 
     def _with_token(self, logits: mx.array, token: mx.array | None) -> mx.array:
         """logits as returned, remembered with the token their head's launch gave (greedy())."""
@@ -1438,18 +1442,21 @@ class KernelDecoder:
         t, pos = ids.size, self.pos
         last = t > 1 and last_row_only(last_only)
         self._admit(t)
-        traced = self._compiled_prompts.get((t, pos, last))
+        outputs = options.get("decode_cache_outputs")
+        traced = self._compiled_prompts.get((t, pos, last, outputs))
         if traced is None:
             if len(self._compiled_prompts) >= 8:  # each holds its traced graph
                 self._compiled_prompts.pop(next(iter(self._compiled_prompts)))
             # (the function, and whether it returns the head's token: asked once, not every prompt)
-            traced = self._compiled_prompts[t, pos, last] = (mx.compile(self._over_caches(t, pos, last)),
-                                                             self.head_fused(t, last))
+            traced = self._compiled_prompts[t, pos, last, outputs] = (
+                mx.compile(self._over_caches(t, pos, last, outputs)), self.head_fused(t, last))
         fn, fused = traced
         mx.eval(self.cache_arrays(), *self._pending_head())  # host tokens: after pending writes (forward())
         logits, *caches = fn(ids, *self.cache_arrays())
         token = caches.pop(0) if fused else None
-        self.take_caches(caches)
+        if outputs:
+            self.take_caches(caches)
+        self._unreturned = [] if outputs else [logits]
         self.pos += t
         return self._with_token(logits.astype(mx.float32), token)
 
@@ -1457,11 +1464,14 @@ class KernelDecoder:
         """Whether the plan of t tokens (plan_for) gives the greedy token from its head's launch."""
         return any(step.op == "rmsnorm_linear_argmax" for step in self.plan_for(t, last_only))
 
-    def _over_caches(self, t: int, pos: int | None = None, last_only: bool = False):
+    def _over_caches(self, t: int, pos: int | None = None, last_only: bool = False, cache_outputs: bool = True):
         """layers() as a function of its caches for mx.compile: (ids, [pos,] *caches) -> (logits,
         [token,] *caches), the caches (cache_arrays' form) inputs and outputs rather than state the
         trace would capture, the token where the head's launch gives it (head_fused). pos: fixed
-        here (a prompt's), or None to take it as an argument (a decode step's int32[1])."""
+        here (a prompt's), or None to take it as an argument (a decode step's int32[1]). Without
+        `cache_outputs` the caches are inputs only: the kernels write them in place, and what reads
+        them next is ordered after those writes by MLX's one stream once this call's logits are
+        queued (a compiled step's token comes out of them; a host token evaluates them first)."""
 
         def over(ids, *rest):
             at, caches = (rest[0], rest[1:]) if pos is None else (pos, rest)
@@ -1470,7 +1480,7 @@ class KernelDecoder:
             try:
                 logits = self.layers(ids.reshape(-1), t, at, last_only)
                 token = (self._fused_head[1],) if self._fused_head else ()
-                return (logits, *token, *self.cache_arrays())
+                return (logits, *token, *self.cache_arrays()) if cache_outputs else (logits, *token)
             finally:
                 self.k, self.v = held
 
@@ -1495,15 +1505,19 @@ class KernelDecoder:
         H200 such a call read stale rows), and this is free when they are done. `ordered=True`
         gives the bare step for a caller whose token comes out of the graph that wrote the
         caches (the previous step's argmax), so that steps can be queued ahead (pipelined)."""
-        if self._compiled is None:
-            self._compiled = mx.compile(self._over_caches(1))
-        compiled, fused = self._compiled, self.head_fused(1)
+        outputs = options.get("decode_cache_outputs")
+        if outputs not in self._compiled:
+            self._compiled[outputs] = mx.compile(self._over_caches(1, cache_outputs=outputs))
+        compiled, fused = self._compiled[outputs], self.head_fused(1)
 
         def run(token, pos, *caches):
             if not ordered:
                 mx.eval(caches, *self._pending_head())
             logits, *rest = compiled(token, pos, *caches)
-            return (self._with_token(logits, rest.pop(0) if fused else None), *rest)
+            logits = self._with_token(logits, rest.pop(0) if fused else None)
+            self._unreturned = [] if outputs else [logits]
+            # the caches as passed where the step returns none: callers take them back either way
+            return (logits, *(rest if outputs else caches))
 
         return run
 
