@@ -236,8 +236,9 @@ DECLARED = (
            "kernel variants, compiled modes: the compiled decode step and prompt return the caches (every layer's "
            "K and V, or megafused's two stacks: the arrays that order the next reads after their in-place writes) "
            "besides the logits; off: the logits (and head token) only, the writes ordered by MLX's one stream and "
-           "the step's token, or by evaluating the last call's logits before a host token's step "
-           "(harness/program/kernel_decode.py; serve_cache_outputs is lathe serve's)"),
+           "the step's token, or by evaluating the last call's logits before a host token's step; level with on "
+           "for Qwen3-0.6B's prompt and token on an H200, so on (harness/program/kernel_decode.py, "
+           "kernels/loop/NOTES.md; serve_cache_outputs is lathe serve's)"),
     Option("serve_cache_outputs", False, _flag,
            "lathe serve, kernel variants: the compiled decode step returns the pools' K and V (the arrays that "
            "order a layer's next reads after its in-place writes) besides the logits; off: the logits only, the "
