@@ -269,7 +269,8 @@ class PagedBatchKernels(_Tokens):
         # (harness.tools.block_timeline --batch; such steps are not compiled), or None
         self.timeline: list | None = None
         self.max_blocks = -(-max_seq // pool.block_size)
-        self._compiled: dict[tuple[int, int, bool], object] = {}  # decode-only steps, by (batch, table width, serve_cache_outputs)
+        # decode-only steps, by (batch, table width, serve_cache_outputs)
+        self._compiled: dict[tuple[int, int, bool], object] = {}
 
     def _check_mega(self, model) -> None:
         """The megafused batch variant runs the layers token_block's batch form takes: the llama /
@@ -393,12 +394,13 @@ class PagedBatchKernels(_Tokens):
         table = self._table(work, min(self.max_blocks, 1 << (widest - 1).bit_length()))
         if table.min() < 0 or table.max() >= self.pool.num_blocks:  # (its padding is block 0)
             raise ValueError(f"a block table points outside the pool's {self.pool.num_blocks} blocks")
-        key = (*table.shape, options.get("serve_cache_outputs"))
+        outputs = options.get("serve_cache_outputs")
+        key = (*table.shape, outputs)
         fn = self._compiled.get(key)
         if fn is None:
             if len(self._compiled) >= 16:  # each holds its traced graph
                 self._compiled.pop(next(iter(self._compiled)))
-            fn = self._compiled[key] = mx.compile(self._decode_over_caches(len(work), options.get("serve_cache_outputs")))
+            fn = self._compiled[key] = mx.compile(self._decode_over_caches(len(work), outputs))
         starts = np.fromiter((w.start for w in work), np.int32, len(work))
         slots = decode_slots(work, table, starts, bs)
         ids = self._ids_on_device(work)
