@@ -315,8 +315,12 @@ DECLARED = (
            "token block from 4 threadgroups an SM to 3; kernels/loop/NOTES.md)"),
     Option("block_attn_ahead", True, _flag,
            "the blocks' attention phase asks the L2 cache for its head's cached K and V rows (the tokens "
-           "before this one's) before it waits on the QKV phase (prefetch.global.L2; a contiguous cache and "
-           "an unsplit context; nothing on Metal; kernels/loop/NOTES.md)"),
+           "before this one's) before it waits on the QKV phase (prefetch.global.L2; an unsplit context, "
+           "contiguous or the batch form's paged pool; nothing on Metal; kernels/loop/NOTES.md)"),
+    Option("block_o_codes", True, _flag,
+           "the blocks' batch and prompt forms (M > 1 tokens, an unsplit context): each attention ticket writes "
+           "its output as the O phase's X' (int16 codes, a scale and a sum a block of 32), which the O tickets "
+           "copy, where each quantized all M rows of the attention's output (kernels/loop/NOTES.md)"),
     Option("block_narrow", 256, _count,
            "the blocks' GEMV phases (not gate|up) with fewer tickets than this halve their rows a SIMD group "
            "until they have that many or take one row (0: never; kernels/loop/NOTES.md)"),

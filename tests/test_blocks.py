@@ -784,3 +784,45 @@ def test_the_auto_early_copy_keeps_the_old_form_where_two_slots_do_not_fit(monke
         _token(stacks)
     (job,) = rec.jobs
     assert (job.constants["KSLOTS"], job.constants["KEARLY"]) == (1, False)
+
+
+def _paged_batch(pos=(5, 20, 0)):
+    """token_block's batch form over a paged pool (serve's megafused step), recorded by the caller."""
+    from harness.suites.attention import _paged_state
+
+    k_pool, v_pool, table = _paged_state(np.random.default_rng(2), [p + 1 for p in pos], HKV, HD, 16)
+    return blocks.token_block(mx.zeros((len(pos), D), mx.float16), _stacks(1), 1e-6, "q8_0", [mx.array(k_pool)],
+                              [mx.array(v_pool)], mx.array(np.array(pos, np.int32)), n_heads=HQ,
+                              table=mx.array(table))
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_batch_forms_o_codes_follow_their_option_and_stay_scratch(on):
+    """block_o_codes: the batch form's attention writes the O phase's X' (O_CODES, three more
+    outputs) only where it is on, and the caller gets the same arrays either way; a single token
+    (one row: nothing to share) never does (launches recorded)."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    with options.use(block_o_codes=on), recording() as rec:
+        got = _paged_batch()
+        _token()
+    batch, single = rec.jobs
+    assert ("_ocodes" in batch.spec.name) is on and ("#define O_CODES 1\n" in batch.spec.prelude) is on
+    assert batch.spec.outputs[-3:] == ("o_codes", "o_scales", "o_sums") if on else "o_codes" not in batch.spec.outputs
+    assert len(got) == 3 and tuple(got[0].shape) == (3, D)
+    assert "_ocodes" not in single.spec.name and "#define O_CODES 0\n" in single.spec.prelude
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_batch_forms_attention_prefetch_follows_its_option(on):
+    """block_attn_ahead reaches the paged batch form (ATTN_AHEAD: its K and V blocks into the L2
+    through the table before the wait), as it does the contiguous token (launches recorded)."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    with options.use(block_attn_ahead=on), recording() as rec:
+        _paged_batch()
+        _token()
+    batch, single = rec.jobs
+    assert "_paged" in batch.spec.name and batch.constants["ATTN_AHEAD"] is on and single.constants["ATTN_AHEAD"] is on

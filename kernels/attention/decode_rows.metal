@@ -488,6 +488,24 @@ for (uint e = tid; e < G * D; e += NT) {
   }
 #else
   out[(b * n_heads + hq) * D + d] = half(o);
+#if defined(LATHE_OUT_CODES) && LATHE_OUT_CODES
+  {
+    // The output as the next GEMV's X' (the includer's o_codes, o_scales, o_sums: gemv/x_stage.metal's
+    // int16 codes, scale and code sum a block of 32), a SIMD group a block (D is a multiple of 32),
+    // from the fp16 value written and by x_stage's arithmetic: the bits the O phase would stage.
+    const float v = float(half(o));
+    const float block_max = simd_max(fabs(v));
+    const float inv = block_max > 0.0f ? 32767.0f / block_max : 0.0f;
+    const int code = int(rint(v * inv));
+    const uint at = (b * n_heads + hq) * D + d;
+    o_codes[at] = short(code);
+    const int code_sum = simd_sum(code);
+    if (lane == 0) {
+      o_scales[at / 32] = block_max / 32767.0f;
+      o_sums[at / 32] = code_sum;
+    }
+  }
+#endif
 #endif
 }
 #if LATHE_SPLIT && LATHE_MERGE

@@ -121,7 +121,7 @@ LLAMA = LayerKind()
 def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False,
           types: tuple[tuple[int, int, int], ...] = (), kind: LayerKind = LLAMA, paged_kv: bool = False,
           timeline: int = 0, stacked: bool = False, bounds: tuple[int, int] | None = None,
-          prompt: bool = False) -> KernelSpec:
+          prompt: bool = False, o_codes: bool = False) -> KernelSpec:
     """`types`: (kind, type A, type B) of each GEMV (block format codes, layer_block.metal's
     Q_<kind>_A and _B), V among them where the QKV phase's V rows are a matrix of their own;
     `kind`: what the layers compute (token_block's); `paged_kv`: the caches are the paged pool's
@@ -130,7 +130,9 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     into the output `stamps` (BlockTimeline); `stacked`: one K and one V cache
     input holding every layer's [layers, Hkv, max_seq, D] (layer l at l * Hkv * max_seq * D);
     `bounds`: the launch bounds (threads, threadgroups an SM: block_min_groups); `prompt`: the
-    prompt form's input `after` (read by nothing: an output of the launch this one must follow)."""
+    prompt form's input `after` (read by nothing: an output of the launch this one must follow);
+    `o_codes`: the attention tickets write the O phase's X' (outputs o_codes, o_scales, o_sums:
+    layer_block.metal's O_CODES)."""
     kinds = {(first + j) % 5 for j in range(phases)}
     ffn, attn = UP in kinds, QKV in kinds
     qkv_split = any(kind == V for kind, _, _ in types)
@@ -157,6 +159,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
         inputs += ("qkv_bias",)
     if prompt:
         inputs += ("after",)
+    if o_codes:
+        outputs += ("o_codes", "o_scales", "o_sums")
     if timeline:
         outputs += ("stamps",)
     name = {(0, 3): "attention_block", (3, 2): "ffn_block", (3, 5): "layer_block"}.get((first, phases), "token_block")
@@ -164,7 +168,7 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     capped, cap_line = attention._softcap_prelude(kind.softcap)
     prelude += (f"#define POST_NORMS {int(kind.post_norms)}\n#define LAYER_WINDOWS {int(kind.windows)}\n"
                 f"#define LATHE_ACT {loop.ACTIVATIONS[kind.activation]}\n{cap_line}\n"
-                f"#define QKV_BIAS {int(kind.qkv_bias)}\n"
+                f"#define QKV_BIAS {int(kind.qkv_bias)}\n#define O_CODES {int(o_codes)}\n"
                 + (f"#define TIMELINE 1\n#define TIMELINE_STAMPS {timeline}\n" if timeline else ""))
     gemma = (("_post" if kind.post_norms else "") + ("_win" if kind.windows else "")
              + ("" if kind.activation == "silu" else f"_{kind.activation}") + capped
@@ -187,7 +191,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     layers = "" if name != "token_block" else f"_{phases}"
     return KernelSpec(f"lathe_{name}{layers}{'_paged' if paged_kv else ''}{'_stacked' if stacked else ''}"
                       f"{'_norm' if head_norm else ''}"
-                      f"{'_split' if split else ''}{gemma}{typed}{f'_timeline{timeline}' if timeline else ''}",
+                      f"{'_split' if split else ''}{'_ocodes' if o_codes else ''}{gemma}{typed}"
+                      f"{f'_timeline{timeline}' if timeline else ''}",
                       "blocks/layer_block.metal", inputs, outputs, prelude=prelude,
                       threadgroup_bytes=functools.partial(_threadgroup_bytes, attn=attn, head_norm=head_norm,
                                                           split=split, post_norms=kind.post_norms),
@@ -621,8 +626,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                               L2_AHEAD=bool(options.get("block_l2_ahead")),
                               XITEMS=gemv.x_stage_items("block_x_items", m),
                               ROW_PASSES=gemv.row_passes(), **strides)
-    if attn:  # the attention phase's cached rows into the L2 before its wait (contiguous caches)
-        consts["ATTN_AHEAD"] = bool(options.get("block_attn_ahead")) and attn.table is None and not attn.prompt
+    if attn:  # the attention phase's cached rows into the L2 before its wait (a decode token's)
+        consts["ATTN_AHEAD"] = bool(options.get("block_attn_ahead")) and not attn.prompt
     for kind in geo.gemvs:
         consts.update({f"R_{_KIND_NAMES[kind]}": geo.gemvs[kind][0], f"P_{_KIND_NAMES[kind]}": geo.gemvs[kind][1]})
     types, layer_types = _launch_types({**(ffn.types if ffn else {}), **(attn.types if attn else {})},
@@ -714,6 +719,12 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     if layer_kind.qkv_bias:
         inputs.append(qkv_bias)
         consts["QKV_BIAS_STRIDE"] = qkv_bias.shape[1]
+    # block_o_codes: M queries' attention writes the O phase's X' once (unsplit: the merge writes it
+    # otherwise), where each O ticket quantized all M rows of attn_out (layer_block.metal's O_CODES)
+    o_codes = bool(attn) and m > 1 and not split and bool(options.get("block_o_codes"))
+    if o_codes:
+        k_o = attn.n_heads * attn.head_dim
+        outputs += [((m, k_o), mx.int16), ((m, k_o // 32), mx.float32), ((m, k_o // 32), mx.int32)]
     prompt = bool(attn and attn.prompt)
     if prompt:
         inputs.append(attention._no_order() if after is None else after)
@@ -723,7 +734,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     stamps = 0 if timeline is None else TIMELINE_STAMPS if options.get("block_timeline_marks") else 3
     least = min_groups(first, phases, s, attn, layer_kind, bool(consts.get("MMA")))
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind,
-                 bool(attn and attn.table is not None), stamps, stacked, (32 * s, least) if least else None, prompt)
+                 bool(attn and attn.table is not None), stamps, stacked, (32 * s, least) if least else None, prompt,
+                 o_codes)
     kinds = tuple((first + j) % 5 for j in range(phases))
 
     def phase_tickets(geo: BlockGeometry) -> tuple[int, ...]:  # each phase's (layer_block.metal's kind_tickets)
@@ -752,7 +764,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     if timeline is not None:
         timeline.append(BlockTimeline(out[-1], kinds, phase_tickets(geo)))
         out = out[:-1]
-    return out
+    return out[:-3] if o_codes else out  # (the O phase's X': scratch)
 
 
 def _launch_types(per_layer: dict[int, tuple[str, ...]], layers: int, first: int

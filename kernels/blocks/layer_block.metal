@@ -19,8 +19,8 @@
 // its group g once the queue is empty. This needs running threadgroups to keep being scheduled
 // while others spin, which NVIDIA GPUs give resident blocks; Metal promises no such thing, so
 // kernels.blocks runs the phases as separate launches there (kernels.backends.cross_group_waits).
-// ATTN_AHEAD: the attention phase asks the L2 for its cached K and V rows before its wait (the
-// contiguous caches, an unsplit context; the block_attn_ahead option).
+// ATTN_AHEAD: the attention phase asks the L2 for its cached K and V rows before its wait (an
+// unsplit context, the contiguous caches or the batch form's paged pool; the block_attn_ahead option).
 // SIGNAL_APART: the thread of another SIMD group than the claimer's signals a ticket done. The
 // signal's release waits for the ticket's writes to drain (about a DRAM round trip) before its
 // atomic goes out; from thread 0 that wait came before the next claim's own round trip (the 8B's
@@ -37,6 +37,10 @@
 // that row for the readers after it (UP: x_out, QKV: x_mid; layer 0's QKV copies x_in). Every
 // threadgroup of the phase forms the same d_model values (a few KB): no sixth phase, no wait. The
 // launch's output is x_out and the last DOWN's blk: the host adds the last post-norm.
+// O_CODES (M > 1, an unsplit context: the batch and prompt forms; the block_o_codes option): each
+// attention ticket also writes its output as the O phase's X' (int16 codes, a scale and a code sum
+// a block of 32: outputs o_codes, o_scales, o_sums), which the O tickets copy (gemv/x_codes.metal)
+// where each quantized all M rows of attn_out: 8 rows of 2048 values a ticket in Qwen3's step of 8.
 // QKV_BIAS (Qwen2's layer): the QKV phase adds layer l's [q; k; v] biases (qkv_bias + l *
 // QKV_BIAS_STRIDE, fp16) to its outputs before their one rounding (v3_rows' GEMV_BIAS).
 // LAYER_WINDOWS: layer l's attention sees its last windows[l] positions (0: all; Gemma 3's
@@ -96,6 +100,9 @@
 // token_block's batch form, LATHE_PAGED 1: query b of the M tokens is sequence b's, at pos[b],
 // its blocks in row b of the input `table`, the caches each layer's paged pool.
 #include "gemv/v3_tiles.metal"
+#ifndef O_CODES
+#define O_CODES 0
+#endif
 #if ATTN
 #define LATHE_K_SLOTS KSLOTS  // K through threadgroup memory (the block_k_slots option; 0: registers)
 #define LATHE_MMA MMA  // scores and P.V on SIMD-group matrices (the block_attn_mma option)
@@ -359,10 +366,20 @@ for (;;) {
       {
         auto dims = o_dims;
         constexpr uint KR = K_O, RR = R_O, PR = P_O;
+#if O_CODES
+#define GEMV_X_CODES o_codes  // X' as the attention tickets quantized it (decode_rows' LATHE_OUT_CODES)
+#define GEMV_X_SCALES o_scales
+#define GEMV_X_SUMS o_sums
+#endif
 #define ROWS_QA Q_O_A
 #define ROWS_QB Q_O_B
 #define ROWS_BIT O
 #include "blocks/typed_rows.metal"
+#if O_CODES
+#undef GEMV_X_CODES
+#undef GEMV_X_SCALES
+#undef GEMV_X_SUMS
+#endif
       }
 #undef GEMV_BEFORE_X
 #undef LATHE_X32
@@ -380,14 +397,15 @@ for (;;) {
 #if LAYER_WINDOWS
 #define LATHE_WINDOW uint(windows[layer])
 #endif
-#if !LATHE_PAGED && !LATHE_SPLIT
+#if !LATHE_SPLIT
       if (ATTN_AHEAD) {
         // The ticket's cached K and V rows of the tokens before this one (decode_rows' t_begin ..
         // t_end short of the new row) into the L2 while it waits: earlier launches wrote them, so
         // they need nothing of the QKV phase, and its first loads then find them there. Not where
         // the launch splits the context: 264 tickets' prefetches then slowed the QKV phase they
         // overlap and the attention itself (Qwen3-0.6B at 4096 tokens; kernels/loop/NOTES.md).
-        const uint rows_a = uint(dims[1]), q_at = uint(pos[b]), ctx_a = min(q_at + 1, rows_a);
+        const uint rows_a = uint(dims[1]), q_at = uint(pos[b]);
+        const uint ctx_a = min(q_at + 1, rows_a * uint(LATHE_PAGED ? BS : 1));
 #if LAYER_WINDOWS
         const uint win_a = uint(windows[layer]);
 #else
@@ -396,9 +414,27 @@ for (;;) {
         const uint from_a = (win_a > 0 && ctx_a > win_a ? ctx_a - win_a : 0u) & ~7u;
         const uint lo = from_a, hi = min(ctx_a, q_at);
         if (hi > lo) {
+#if LATHE_PAGED
+          // The batch form's pool: the K (and V) rows of a kv head in a block are BS * D values
+          // in a row (decode_rows' K_ROW), so each of the query's blocks is two runs of lines, the
+          // block's number from the table (the ticket's waits leave the table's loads time).
+          constexpr uint LINES = BS * D * 2 / 128;  // 128-byte lines of K (or V) a block and head
+          const uint first_block = lo / BS, blocks = (hi - 1) / BS + 1 - first_block;
+          const uint row0 = b * uint(dims[4]) * rows_a, n_kv_a = uint(dims[0]);
+          for (uint e = tid; e < blocks * 2 * LINES; e += NT) {
+            const uint blk = uint(table[row0 + first_block + e / (2 * LINES)]);
+            const size_t at = (size_t(blk) * n_kv_a + hg / QS) * (BS * D * 2) + (e % LINES) * 128;
+            if (e / LINES % 2 == 0) {
+              prefetch_l2(k_cache, at, 128, 0, 1);
+            } else {
+              prefetch_l2(v_cache, at, 128, 0, 1);
+            }
+          }
+#else
           const size_t at = (size_t(hg / QS) * rows_a + lo) * D * 2, bytes = size_t(hi - lo) * D * 2;
           prefetch_l2(k_cache, at, bytes, tid, NT);
           prefetch_l2(v_cache, at, bytes, tid, NT);
+#endif
         }
       }
 #endif
@@ -417,6 +453,7 @@ for (;;) {
       {
 #define LATHE_QKV_ROW qkv_row
 #define LATHE_NEW_ROWS PROMPT_ROWS
+#define LATHE_OUT_CODES O_CODES
 // query q's new rows counted once a head group (the QS tickets of a kv head in the partition
 // holding its row) a layer of the launch, at word q
 #define LATHE_ROWS_COUNTER(q) (ROWS_WRITTEN + (q))
@@ -427,6 +464,7 @@ for (;;) {
 #endif
 #undef LATHE_ROWS_WRITTEN
 #undef LATHE_ROWS_COUNTER
+#undef LATHE_OUT_CODES
 #undef LATHE_NEW_ROWS
 #undef LATHE_QKV_ROW
       }

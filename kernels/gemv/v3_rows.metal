@@ -7,7 +7,8 @@
 // pair writes two matrices' columns side by side). GEMV_BIAS, where defined: a pointer to this
 // GEMV's N biases (half), added to each output before its one rounding. GEMV_ON_Y(m, col, out),
 // where defined: run in lane 0 after Y[m, col] is written, with the half it wrote; a SIMD group's
-// columns come in rising order.
+// columns come in rising order. GEMV_X_CODES (with GEMV_X_SCALES, GEMV_X_SUMS), where defined: X'
+// as another phase quantized it, copied (gemv/x_codes.metal), not staged from x.
 // QR: 0 Q4_0, 1 Q8_0, and the K-quants 2 Q4_K, 3 Q5_K, 4 Q6_K, whose repacked chunk is 32
 // weights' low 4 bits in Q4_0's nibble order, their higher bits (HB bytes a chunk) and scales in
 // regions of their own (reference/kquant.py has the layout); the legacy affine blocks 6 Q4_1,
@@ -192,7 +193,11 @@ for (uint it = 0; it < items; ++it) {
     x_tile[at] = uint4{packed[0], packed[1], packed[2], packed[3]};                            \
     x_tile[at + XC] = uint4{packed[4], packed[5], packed[6], packed[7]};                       \
   }
+#ifdef GEMV_X_CODES
+#include "gemv/x_codes.metal"
+#else
 #include "gemv/x_stage.metal"
+#endif
 #undef X_STORE
     }
     // 3. The dot products: 16-byte words of X' shared by the RR rows.
