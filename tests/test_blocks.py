@@ -826,3 +826,43 @@ def test_the_batch_forms_attention_prefetch_follows_its_option(on):
         _token()
     batch, single = rec.jobs
     assert "_paged" in batch.spec.name and batch.constants["ATTN_AHEAD"] is on and single.constants["ATTN_AHEAD"] is on
+
+
+def _paged_batch_job(rows: int, batch: int, heads: tuple[int, int, int] = (16, 8, 128), **setting):
+    """The recorded launch of a one-layer token_block's batch form at Qwen3-0.6B's widths: `batch`
+    sequences over a paged pool whose table holds `rows` rows a sequence (the launch is sized for
+    them), the positions on the device."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    hq, hkv, hd = heads
+    d, f, bs = 1024, 3072, 16
+    norm = mx.ones((1, d), mx.float16)
+    stacks = blocks.LayerStacks(norm, blocks.Stack([_packed((hq + 2 * hkv) * hd, d, 0)]),
+                                blocks.Stack([_packed(d, hq * hd, 1)]), norm,
+                                blocks.Stack([_packed(2 * f, d, 2)]), blocks.Stack([_packed(d, f, 3)]))
+    width = -(-rows // bs)
+    pool = mx.zeros((batch * width, hkv, hd // 8, bs, 8), mx.float16)
+    v_pool = mx.zeros((batch * width, hkv, hd, bs), mx.float16)
+    table = mx.array(np.arange(batch * width, dtype=np.int32).reshape(batch, width))
+    with options.use(**setting), recording() as rec:
+        blocks.token_block(mx.zeros((batch, d), mx.float16), stacks, 1e-6, "q8_0", [pool], [v_pool],
+                           mx.array(np.full(batch, rows - 8, np.int32)), n_heads=hq, table=table)
+    (job,) = rec.jobs
+    return job
+
+
+def test_the_batch_forms_split_partitions_count_every_sequences_heads():
+    """The batch form's split attention sizes its partitions for about SPLIT_GRID tickets over all
+    of its sequences' kv heads: 8 sequences of Qwen3-0.6B's 8 kv heads at 1040 rows, partitions of
+    2 chunks (5 of them, 320 tickets), where counting one sequence's heads gave 9 of one (576
+    tickets: 1.5 waves of its 384 threadgroups). One sequence keeps its layout (launches recorded)."""
+    def layout(batch: int, **setting) -> tuple[int, int]:
+        job = _paged_batch_job(1040, batch, **setting)
+        dims = np.array(dict(zip(job.spec.inputs, job.inputs))["dims"])
+        assert "_split" in job.spec.name
+        return int(dims[2]), int(dims[3])
+
+    assert layout(8) == (256, 5)
+    assert layout(8, attn_partition=128) == (128, 9)
+    assert layout(1) == (128, 9)

@@ -588,7 +588,10 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         call can see, below), merged in the launch, at most MERGE_PARTS of them."""
         a, chunk = attn, s * 32  # decode_rows' tokens a chunk at this NSIMD
         least = min_groups(first, phases, s, attn, layer_kind)
-        partition = options.get("attn_partition") or attention.auto_partition(a.longest, a.n_kv, attention_grid(least))
+        # the grid counts every query's kv heads: the batch form's 8 sequences at 1040 tokens took
+        # 576 tickets of one chunk (1.5 waves of 384 threadgroups) where n_kv alone was counted
+        partition = options.get("attn_partition") or attention.auto_partition(a.longest, a.n_kv * a.batch,
+                                                                              attention_grid(least))
         partition = max(-(-partition // chunk) * chunk, -(-a.longest // (attention.MERGE_PARTS * chunk)) * chunk)
         split = a.longest > partition and a.longest > a.split_from
         parts = -(-a.longest // partition) if split else 1
