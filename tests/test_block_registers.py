@@ -26,6 +26,17 @@ def test_the_plain_and_stamped_token_modules_are_recorded_at_each_length():
         block_registers.token_block_launches("llama2-7b", "q4_0", 4300)
 
 
+def test_the_batch_forms_modules_are_recorded_for_serves_step():
+    """--batch N: serve's megafused step of N sequences, token_block's batch form over a paged pool,
+    unsplit at 200 rows and split at 1100 (the plain module and the stamped one)."""
+    for context, split in ((200, False), (1100, True)):
+        found = block_registers.token_block_launches("qwen3-0.6b", "q8_0", context, None, batch=8)
+        assert sorted(kind for kind, _ in found) == ["plain", "stamped"]
+        for _, job in found:
+            assert "_paged" in job.spec.name and job.constants["M"] == 8
+            assert ("_split" in job.spec.name) is split
+
+
 @pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "available")
 def test_nvrtc_here_reads_registers_under_the_bound(capsys):
     """Off the device, ptxas' counts: the bound of 4 threadgroups of 128 threads holds a module to

@@ -3,6 +3,7 @@ leaves them.
 
     python -m harness.tools.block_registers llama3-8b --qtype q4_0 --context 200,4300
     python -m harness.tools.block_registers qwen3-0.6b --context 4300 --ab "" --ab block_min_groups=4
+    python -m harness.tools.block_registers qwen3-0.6b --context 200,1100 --batch 8   # serve's step of 8
 
 A megafused token is one launch whose tickets run as many at once as an SM holds threadgroups of
 it (block_grid=resident), and its registers decide how many that is. One register too many can
@@ -12,7 +13,9 @@ down phase in two waves (kernels/loop/NOTES.md, "The token block held to 4 threa
 The token's launches are recorded, not run (kernels.runtime.recording), from a 2-layer file of the
 preset's widths decoding at each context length (a cache of that many rows, the position 60 rows
 before its end: the attention phase splits from 512 rows), under each option set: the plain module
-and the timeline's stamped one (block_timeline's).
+and the timeline's stamped one (block_timeline's). `--batch N`: serve's megafused step of N
+sequences instead (token_block's batch form over a paged pool, block_timeline's BatchSteps), each
+sequence at that position.
 
 - On a CUDA machine each module is compiled into the kernel cache as MLX's process would compile
   it (kernels.jit_cache: MLX's device headers, the NVRTC the process loads) and the driver reads
@@ -32,11 +35,13 @@ from pathlib import Path
 STAMPED, PLAIN = "stamped", "plain"
 
 
-def token_block_launches(preset: str, qtype: str, context: int, setting: dict | None = None) -> list[tuple[str, object]]:
+def token_block_launches(preset: str, qtype: str, context: int, setting: dict | None = None,
+                         batch: int = 0) -> list[tuple[str, object]]:
     """(plain or stamped, the launch) of each distinct token_block module of a decode token of a
-    2-layer file of `preset`'s widths over a cache of `context` rows, recorded under `setting`."""
+    2-layer file of `preset`'s widths over a cache of `context` rows, recorded under `setting`;
+    `batch` > 0: of serve's megafused step of that many sequences over a paged pool."""
     from harness.program.models import PRESETS, load_gguf, write_random_gguf
-    from harness.tools.block_timeline import OneSequence
+    from harness.tools.block_timeline import BatchSteps, OneSequence
     from kernels import options
     from kernels.runtime import recording
 
@@ -49,7 +54,8 @@ def token_block_launches(preset: str, qtype: str, context: int, setting: dict | 
     with tempfile.TemporaryDirectory() as tmp:
         model = load_gguf(write_random_gguf(str(Path(tmp) / "two-layers.gguf"), config, qtype))
         with options.use(**(setting or {})), recording() as rec:
-            seq = OneSequence(model, context - 60, context)
+            prompt = context - 60
+            seq = BatchSteps(model, batch, prompt, context) if batch else OneSequence(model, prompt, context)
             seq.step()
             seq.timeline = []  # the next token's launch stamped
             seq.step()
@@ -86,7 +92,7 @@ def local_row(job) -> dict:
                 threads=row["threads"], per_sm=row["per_sm"], read="NVRTC here (a guide)")
 
 
-def rows(preset: str, qtype: str, contexts: list[int], settings: list[str]) -> list[dict]:
+def rows(preset: str, qtype: str, contexts: list[int], settings: list[str], batch: int = 0) -> list[dict]:
     from kernels import options, runtime
 
     on_device = runtime.backend() == "cuda"
@@ -94,10 +100,11 @@ def rows(preset: str, qtype: str, contexts: list[int], settings: list[str]) -> l
     for text in settings:
         setting = options.parse(text)
         for context in contexts:
-            for kind, job in token_block_launches(preset, qtype, context, setting):
+            for kind, job in token_block_launches(preset, qtype, context, setting, batch):
                 c = job.constants
                 bounds = job.spec.launch_bounds
-                out.append(dict(preset=preset, qtype=qtype, context=context, options=text or "defaults",
+                out.append(dict(preset=preset, qtype=qtype, context=context, sequences=batch or 1,
+                                options=text or "defaults",
                                 module=kind, split=int("_split" in job.spec.name),
                                 **{k: int(c[k]) for k in ("XCHUNK", "KSLOTS", "KIN_X", "MMA") if k in c},
                                 bounds=f"{bounds[0]}x{bounds[1]}" if bounds else "-",
@@ -114,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", default="200,4300", help="cache rows, comma-separated (split from 512)")
     p.add_argument("--ab", action="append", default=None, metavar="NAME=VALUE[,...]",
                    help="an option set to read the modules under ('' the defaults); repeat for more")
+    p.add_argument("--batch", type=int, default=0,
+                   help="serve's megafused step of this many sequences (token_block's batch form); 0: one token")
     a = p.parse_args(argv)
     try:
-        table = pd.DataFrame(rows(a.preset, a.qtype, [int(n) for n in a.context.split(",")], a.ab or [""]))
+        table = pd.DataFrame(rows(a.preset, a.qtype, [int(n) for n in a.context.split(",")], a.ab or [""],
+                                  a.batch))
     except (FileNotFoundError, OSError) as exc:  # no GPU, and no NVRTC or CUDA headers here
         print(f"block_registers: neither a CUDA device nor NVRTC here ({exc})")
         return 2
