@@ -339,6 +339,15 @@ def test_the_blocks_checks_draw_k_weights_of_mean_zero(qtype):
     assert np.array_equal(sc, mn) and len(np.unique(sc)) == 64  # random 6-bit scales, mins tied to them
 
 
+def _one_layer(d: int, f: int, heads: tuple[int, int, int]) -> blocks.LayerStacks:
+    """One layer's stacks at these widths (`heads`: query heads, kv heads, their size), Q8_0."""
+    hq, hkv, hd = heads
+    norm = mx.ones((1, d), mx.float16)
+    return blocks.LayerStacks(norm, blocks.Stack([_packed((hq + 2 * hkv) * hd, d, 0)]),
+                              blocks.Stack([_packed(d, hq * hd, 1)]), norm,
+                              blocks.Stack([_packed(2 * f, d, 2)]), blocks.Stack([_packed(d, f, 3)]))
+
+
 def _token_block_job(max_seq: int, d: int = 1024, f: int = 3072, heads: tuple[int, int, int] = (4, 2, 64),
                      **setting):
     """The recorded launch of a one-layer token_block (`heads`: query heads, kv heads, their
@@ -349,10 +358,7 @@ def _token_block_job(max_seq: int, d: int = 1024, f: int = 3072, heads: tuple[in
     from kernels.runtime import recording
 
     hq, hkv, hd = heads
-    norm = mx.ones((1, d), mx.float16)
-    stacks = blocks.LayerStacks(norm, blocks.Stack([_packed((hq + 2 * hkv) * hd, d, 0)]),
-                                blocks.Stack([_packed(d, hq * hd, 1)]), norm,
-                                blocks.Stack([_packed(2 * f, d, 2)]), blocks.Stack([_packed(d, f, 3)]))
+    stacks = _one_layer(d, f, heads)
     kv = [mx.zeros((hkv, max_seq, hd), mx.float16)]
     with options.use(**setting), recording() as rec:
         blocks.token_block(mx.zeros((1, d), mx.float16), stacks, 1e-6, "q8_0", kv, list(kv),
@@ -719,21 +725,27 @@ def test_a_timeline_stamps_three_times_a_ticket_or_six_with_the_marks(monkeypatc
     assert tuple(tl.stamps.shape) == (sum(tl.tickets), stamps, 3) and len(tl.kinds) == len(tl.tickets) == 10
 
 
+def _paged_batch(pos=(5, 20, 0)):
+    """token_block's batch form over a paged pool (serve's megafused step), recorded by the caller."""
+    from harness.suites.attention import _paged_state
+
+    k_pool, v_pool, table = _paged_state(np.random.default_rng(2), [p + 1 for p in pos], HKV, HD, 16)
+    return blocks.token_block(mx.zeros((len(pos), D), mx.float16), _stacks(1), 1e-6, "q8_0", [mx.array(k_pool)],
+                              [mx.array(v_pool)], mx.array(np.array(pos, np.int32)), n_heads=HQ,
+                              table=mx.array(table))
+
+
 @pytest.mark.parametrize("on", [False, True])
 def test_the_batch_forms_straight_v_loads_follow_their_option(on):
     """block_v_straight reaches the paged batch form's attention phase (VSTRAIGHT, read by
     decode_tiles.metal's paged LOAD_V_GROUP); the launch is otherwise the same (launches recorded)."""
-    from harness.suites.attention import _paged_state
     from kernels import options
     from kernels.runtime import recording
 
-    pos = [5, 20, 0]
-    k_pool, v_pool, table = _paged_state(np.random.default_rng(2), [p + 1 for p in pos], HKV, HD, 16)
     with options.use(block_v_straight=on), recording() as rec:
-        blocks.token_block(mx.zeros((len(pos), D), mx.float16), _stacks(1), 1e-6, "q8_0", [mx.array(k_pool)],
-                           [mx.array(v_pool)], mx.array(np.array(pos, np.int32)), n_heads=HQ, table=mx.array(table))
+        _paged_batch()
     (job,) = rec.jobs
-    assert "_paged" in job.spec.name and job.constants["VSTRAIGHT"] is on and job.constants["M"] == len(pos)
+    assert "_paged" in job.spec.name and job.constants["VSTRAIGHT"] is on and job.constants["M"] == 3
 
 
 @pytest.mark.parametrize("on, slots", [(False, 1), (True, 1), (True, 0)])
@@ -786,16 +798,6 @@ def test_the_auto_early_copy_keeps_the_old_form_where_two_slots_do_not_fit(monke
     assert (job.constants["KSLOTS"], job.constants["KEARLY"]) == (1, False)
 
 
-def _paged_batch(pos=(5, 20, 0)):
-    """token_block's batch form over a paged pool (serve's megafused step), recorded by the caller."""
-    from harness.suites.attention import _paged_state
-
-    k_pool, v_pool, table = _paged_state(np.random.default_rng(2), [p + 1 for p in pos], HKV, HD, 16)
-    return blocks.token_block(mx.zeros((len(pos), D), mx.float16), _stacks(1), 1e-6, "q8_0", [mx.array(k_pool)],
-                              [mx.array(v_pool)], mx.array(np.array(pos, np.int32)), n_heads=HQ,
-                              table=mx.array(table))
-
-
 @pytest.mark.parametrize("on", [False, True])
 def test_the_batch_forms_o_codes_follow_their_option_and_stay_scratch(on):
     """block_o_codes: the batch form's attention writes the O phase's X' (O_CODES, three more
@@ -837,10 +839,7 @@ def _paged_batch_job(rows: int, batch: int, heads: tuple[int, int, int] = (16, 8
 
     hq, hkv, hd = heads
     d, f, bs = 1024, 3072, 16
-    norm = mx.ones((1, d), mx.float16)
-    stacks = blocks.LayerStacks(norm, blocks.Stack([_packed((hq + 2 * hkv) * hd, d, 0)]),
-                                blocks.Stack([_packed(d, hq * hd, 1)]), norm,
-                                blocks.Stack([_packed(2 * f, d, 2)]), blocks.Stack([_packed(d, f, 3)]))
+    stacks = _one_layer(d, f, heads)
     width = -(-rows // bs)
     pool = mx.zeros((batch * width, hkv, hd // 8, bs, 8), mx.float16)
     v_pool = mx.zeros((batch * width, hkv, hd, bs), mx.float16)

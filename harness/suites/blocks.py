@@ -430,22 +430,22 @@ def _batch_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], 
                 pools.append((k_pool, v_pool))
             table = np.concatenate([table, np.zeros((batch, 1), np.int32)], axis=1)  # a spare entry: 0, unused
             x = rng.standard_normal((batch, d_model)).astype(np.float16)
-            with poisoned_outputs():
-                x_out, k_new, v_new = token_block(
-                    mx.array(x), stacks, EPS, qtype, [mx.array(kp) for kp, _ in pools],
-                    [mx.array(vp) for _, vp in pools], mx.array(at.astype(np.int32)), n_heads=n_heads, theta=THETA,
-                    neox=neox, queue=queue, split_from=SPLIT_FROM if split_from is None else split_from,
-                    layer_kind=kind, table=mx.array(table))
-                mx.eval(x_out, k_new, v_new, queue)
+            def launch(on_queue: mx.array) -> list[mx.array]:  # (fresh copies of the pools)
+                with poisoned_outputs():
+                    return token_block(
+                        mx.array(x), stacks, EPS, qtype, [mx.array(kp) for kp, _ in pools],
+                        [mx.array(vp) for _, vp in pools], mx.array(at.astype(np.int32)), n_heads=n_heads,
+                        theta=THETA, neox=neox, queue=on_queue,
+                        split_from=SPLIT_FROM if split_from is None else split_from, layer_kind=kind,
+                        table=mx.array(table))
+
+            x_out, k_new, v_new = launch(queue)
+            mx.eval(x_out, k_new, v_new, queue)
             if launch_ == 0 and unsplit:
                 # block_o_codes: the O phase's X' from the attention tickets is the one it staged
                 # itself, so the other setting must give the same bits (fresh pools and queue)
-                with options.use(block_o_codes=not options.get("block_o_codes")), poisoned_outputs():
-                    x_alt = token_block(
-                        mx.array(x), stacks, EPS, qtype, [mx.array(kp) for kp, _ in pools],
-                        [mx.array(vp) for _, vp in pools], mx.array(at.astype(np.int32)), n_heads=n_heads,
-                        theta=THETA, neox=neox, queue=block_queue(5 * layers), split_from=SPLIT_FROM,
-                        layer_kind=kind, table=mx.array(table))[0]
+                with options.use(block_o_codes=not options.get("block_o_codes")):
+                    x_alt = launch(block_queue(5 * layers))[0]
                 checks.append(exact("x_out with block_o_codes the other way: the same bits",
                                     np.array(x_alt).view(np.uint16), np.array(x_out).view(np.uint16)))
             kept = lambda a: a.astype(np.float16).astype(np.float64)  # noqa: E731 - the fp16 stream
