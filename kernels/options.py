@@ -321,6 +321,11 @@ DECLARED = (
            "the blocks' batch and prompt forms (M > 1 tokens, an unsplit context): each attention ticket writes "
            "its output as the O phase's X' (int16 codes, a scale and a sum a block of 32), which the O tickets "
            "copy, where each quantized all M rows of the attention's output (kernels/loop/NOTES.md)"),
+    Option("block_act_codes", False, _flag,
+           "the blocks' launches of M > 1 tokens: the UP phase also quantizes act as the DOWN phase's X', "
+           "each block of 32 columns by the last SIMD group to write it (a count a block, a release and an "
+           "acquire on the UP phase's path), which the DOWN tickets copy, where each quantized all M rows "
+           "(kernels/loop/NOTES.md)"),
     Option("block_narrow", 256, _count,
            "the blocks' GEMV phases (not gate|up) with fewer tickets than this halve their rows a SIMD group "
            "until they have that many or take one row (0: never; kernels/loop/NOTES.md)"),

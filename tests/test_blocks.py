@@ -93,7 +93,7 @@ def _gemma_stacks(post=True) -> blocks.LayerStacks:
     (lambda: _token(_gemma_stacks(), x=mx.zeros((2, D), mx.float32), layer_kind=GEMMA, windows=[4, 0]),
      "prompt form"),
     (lambda: _token(norm=mx.ones((D,), mx.float16)), r"norms must be \[2, width\]"),
-    (lambda: _token(queue=blocks.block_queue()), r"queue must be uint32 \[>= 768\]"),
+    (lambda: _token(queue=blocks.block_queue()), r"queue must be uint32 \[>= 1792\]"),
     (lambda: _token(_gemma_stacks(False), x=mx.zeros((1, D), mx.float32), layer_kind=GEMMA, windows=[4, 0]),
      "post_attn_norm and post_ffn_norm"),
     (lambda: _token(_gemma_stacks(), layer_kind=GEMMA, windows=[4, 0]), "x must be float32"),
@@ -865,3 +865,23 @@ def test_the_batch_forms_split_partitions_count_every_sequences_heads():
     assert layout(8) == (256, 5)
     assert layout(8, attn_partition=128) == (128, 9)
     assert layout(1) == (128, 9)
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_batch_forms_act_codes_follow_their_option_and_count_in_the_queue(on):
+    """block_act_codes: the batch form's UP phase writes the DOWN phase's X' (ACT_CODES, three more
+    outputs after block_o_codes' three) only where it is on, and the caller gets the same arrays
+    either way; a single token never does; the blocks' counts sit after the queue's lines, in every
+    queue (launches recorded)."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    with options.use(block_act_codes=on), recording() as rec:
+        got = _paged_batch()
+        _token()
+    batch, single = rec.jobs
+    assert ("_actcodes" in batch.spec.name) is on and ("#define ACT_CODES 1\n" in batch.spec.prelude) is on
+    want = ("o_codes", "o_scales", "o_sums") + (("act_codes", "act_scales", "act_sums") if on else ())
+    assert batch.spec.outputs[-len(want):] == want and len(got) == 3
+    assert "_actcodes" not in single.spec.name and "#define ACT_CODES 0\n" in single.spec.prelude
+    assert blocks.queue_words(10) == 12 * blocks.QUEUE_STRIDE + blocks.BLOCK_COUNTS

@@ -441,13 +441,16 @@ def _batch_token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], 
 
             x_out, k_new, v_new = launch(queue)
             mx.eval(x_out, k_new, v_new, queue)
-            if launch_ == 0 and unsplit:
-                # block_o_codes: the O phase's X' from the attention tickets is the one it staged
-                # itself, so the other setting must give the same bits (fresh pools and queue)
-                with options.use(block_o_codes=not options.get("block_o_codes")):
-                    x_alt = launch(block_queue(5 * layers))[0]
-                checks.append(exact("x_out with block_o_codes the other way: the same bits",
+            # block_o_codes (where the context is unsplit) and block_act_codes: the X' that the O
+            # and DOWN phases copy is the one they would stage themselves, so each option the other
+            # way must give the same bits (fresh pools and queue)
+            for flipped in ["block_o_codes"] * unsplit + ["block_act_codes"] if launch_ == 0 else []:
+                alt_queue = block_queue(5 * layers)
+                with options.use(**{flipped: not options.get(flipped)}):
+                    x_alt = launch(alt_queue)[0]
+                checks.append(exact(f"x_out with {flipped} the other way: the same bits",
                                     np.array(x_alt).view(np.uint16), np.array(x_out).view(np.uint16)))
+                checks.append(exact(f"queue left zero with {flipped} the other way", int(np.array(alt_queue).sum()), 0))
             kept = lambda a: a.astype(np.float16).astype(np.float64)  # noqa: E731 - the fp16 stream
             got = np.array(x_out).astype(np.float64)
             for b, pos in enumerate(at):

@@ -53,10 +53,14 @@ V = 5  # the QKV phase's V rows where they are a matrix of their own (layer_bloc
 _KIND_NAMES = {QKV: "QKV", O: "O", UP: "UP", DOWN: "DOWN", V: "V"}  # the kernel's names of a GEMV's constants
 
 
+BLOCK_COUNTS = 1024  # block_act_codes' counts, a block of 32 act columns each: F up to 32768
+
+
 def queue_words(phases: int = 5) -> int:
     """Words of the queue of a launch of `phases` phases: claimed, each phase but the last
-    done, threadgroups out, a prompt's new K/V rows written (layer_block.metal)."""
-    return (phases + 2) * QUEUE_STRIDE
+    done, threadgroups out, a prompt's new K/V rows written, block_act_codes' counts
+    (layer_block.metal)."""
+    return (phases + 2) * QUEUE_STRIDE + BLOCK_COUNTS
 
 
 def block_queue(phases: int = 5) -> mx.array:
@@ -121,7 +125,7 @@ LLAMA = LayerKind()
 def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_norm: bool = False,
           types: tuple[tuple[int, int, int], ...] = (), kind: LayerKind = LLAMA, paged_kv: bool = False,
           timeline: int = 0, stacked: bool = False, bounds: tuple[int, int] | None = None,
-          prompt: bool = False, o_codes: bool = False) -> KernelSpec:
+          prompt: bool = False, o_codes: bool = False, act_codes: bool = False) -> KernelSpec:
     """`types`: (kind, type A, type B) of each GEMV (block format codes, layer_block.metal's
     Q_<kind>_A and _B), V among them where the QKV phase's V rows are a matrix of their own;
     `kind`: what the layers compute (token_block's); `paged_kv`: the caches are the paged pool's
@@ -132,7 +136,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     `bounds`: the launch bounds (threads, threadgroups an SM: block_min_groups); `prompt`: the
     prompt form's input `after` (read by nothing: an output of the launch this one must follow);
     `o_codes`: the attention tickets write the O phase's X' (outputs o_codes, o_scales, o_sums:
-    layer_block.metal's O_CODES)."""
+    layer_block.metal's O_CODES); `act_codes`: the UP phase writes the DOWN phase's (act_codes,
+    act_scales, act_sums: ACT_CODES)."""
     kinds = {(first + j) % 5 for j in range(phases)}
     ffn, attn = UP in kinds, QKV in kinds
     qkv_split = any(kind == V for kind, _, _ in types)
@@ -161,6 +166,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
         inputs += ("after",)
     if o_codes:
         outputs += ("o_codes", "o_scales", "o_sums")
+    if act_codes:
+        outputs += ("act_codes", "act_scales", "act_sums")
     if timeline:
         outputs += ("stamps",)
     name = {(0, 3): "attention_block", (3, 2): "ffn_block", (3, 5): "layer_block"}.get((first, phases), "token_block")
@@ -168,7 +175,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     capped, cap_line = attention._softcap_prelude(kind.softcap)
     prelude += (f"#define POST_NORMS {int(kind.post_norms)}\n#define LAYER_WINDOWS {int(kind.windows)}\n"
                 f"#define LATHE_ACT {loop.ACTIVATIONS[kind.activation]}\n{cap_line}\n"
-                f"#define QKV_BIAS {int(kind.qkv_bias)}\n#define O_CODES {int(o_codes)}\n"
+                f"#define QKV_BIAS {int(kind.qkv_bias)}\n"
+                f"#define O_CODES {int(o_codes)}\n#define ACT_CODES {int(act_codes)}\n"
                 + (f"#define TIMELINE 1\n#define TIMELINE_STAMPS {timeline}\n" if timeline else ""))
     gemma = (("_post" if kind.post_norms else "") + ("_win" if kind.windows else "")
              + ("" if kind.activation == "silu" else f"_{kind.activation}") + capped
@@ -191,7 +199,8 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
     layers = "" if name != "token_block" else f"_{phases}"
     return KernelSpec(f"lathe_{name}{layers}{'_paged' if paged_kv else ''}{'_stacked' if stacked else ''}"
                       f"{'_norm' if head_norm else ''}"
-                      f"{'_split' if split else ''}{'_ocodes' if o_codes else ''}{gemma}{typed}"
+                      f"{'_split' if split else ''}{'_ocodes' if o_codes else ''}{'_actcodes' if act_codes else ''}"
+                      f"{gemma}{typed}"
                       f"{f'_timeline{timeline}' if timeline else ''}",
                       "blocks/layer_block.metal", inputs, outputs, prelude=prelude,
                       threadgroup_bytes=functools.partial(_threadgroup_bytes, attn=attn, head_norm=head_norm,
@@ -728,6 +737,12 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     if o_codes:
         k_o = attn.n_heads * attn.head_dim
         outputs += [((m, k_o), mx.int16), ((m, k_o // 32), mx.float32), ((m, k_o // 32), mx.int32)]
+    # block_act_codes: the UP phase quantizes act once for the DOWN phase (gemv/y_codes.metal), its
+    # blocks counted in the queue (whole blocks of F: F / 32 counts at most)
+    act_codes = (bool(ffn) and m > 1 and ffn.f % 32 == 0
+                 and ffn.f // 32 <= BLOCK_COUNTS and bool(options.get("block_act_codes")))
+    if act_codes:
+        outputs += [((m, ffn.f), mx.int16), ((m, ffn.f // 32), mx.float32), ((m, ffn.f // 32), mx.int32)]
     prompt = bool(attn and attn.prompt)
     if prompt:
         inputs.append(attention._no_order() if after is None else after)
@@ -738,7 +753,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     least = min_groups(first, phases, s, attn, layer_kind, bool(consts.get("MMA")))
     spec = _spec(first, phases, caches, split, bool(attn and attn.norms), types, layer_kind,
                  bool(attn and attn.table is not None), stamps, stacked, (32 * s, least) if least else None, prompt,
-                 o_codes)
+                 o_codes, act_codes)
     kinds = tuple((first + j) % 5 for j in range(phases))
 
     def phase_tickets(geo: BlockGeometry) -> tuple[int, ...]:  # each phase's (layer_block.metal's kind_tickets)
@@ -767,7 +782,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     if timeline is not None:
         timeline.append(BlockTimeline(out[-1], kinds, phase_tickets(geo)))
         out = out[:-1]
-    return out[:-3] if o_codes else out  # (the O phase's X': scratch)
+    scratch = 3 * (int(o_codes) + int(act_codes))  # the X' outputs
+    return out[:-scratch] if scratch else out
 
 
 def _launch_types(per_layer: dict[int, tuple[str, ...]], layers: int, first: int

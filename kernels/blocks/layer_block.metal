@@ -41,6 +41,10 @@
 // attention ticket also writes its output as the O phase's X' (int16 codes, a scale and a code sum
 // a block of 32: outputs o_codes, o_scales, o_sums), which the O tickets copy (gemv/x_codes.metal)
 // where each quantized all M rows of attn_out: 8 rows of 2048 values a ticket in Qwen3's step of 8.
+// ACT_CODES (M > 1; the block_act_codes option): the UP phase also writes act as the DOWN phase's
+// X' (outputs act_codes, act_scales, act_sums), each block of 32 columns quantized by the last SIMD
+// group to write it (gemv/y_codes.metal: a count a block in the queue, after its lines), and the
+// DOWN tickets copy it where each quantized all M rows of act.
 // QKV_BIAS (Qwen2's layer): the QKV phase adds layer l's [q; k; v] biases (qkv_bias + l *
 // QKV_BIAS_STRIDE, fp16) to its outputs before their one rounding (v3_rows' GEMV_BIAS).
 // LAYER_WINDOWS: layer l's attention sees its last windows[l] positions (0: all; Gemma 3's
@@ -55,9 +59,9 @@
 // goes x_in -> (ATTN) x_out -> (FFN) x_mid -> x_out ..., each phase after all readers of what it
 // overwrites are done; scratch (act, qkv, attn_out, partitions, merge counters) is reused a layer.
 //
-// queue: uint32 [(PHASES + 2) * QUEUE_STRIDE], zero before a launch and left zero after it:
-// tickets claimed, each phase but the last done, threadgroups out, then (PROMPT_ROWS) each query's
-// new K/V rows written (M words), each on a 256-byte line of its own. One queue (and one set of
+// queue: uint32 [(PHASES + 2) * QUEUE_STRIDE + BLOCK_COUNTS], zero before a launch and left zero
+// after it: tickets claimed, each phase but the last done, threadgroups out, then (PROMPT_ROWS) each
+// query's new K/V rows written (M words), each on a 256-byte line of its own; then ACT_CODES' counts. One queue (and one set of
 // merge counters) per launch in flight, and launches that share one ordered by their data.
 // PROMPT_ROWS (M > 1 over contiguous caches: token_block's prompt form): the M tokens are one
 // sequence's, at pos[0], pos[0] + 1, ..; query b sees the rows of queries 0..b - 1 that this launch
@@ -102,6 +106,9 @@
 #include "gemv/v3_tiles.metal"
 #ifndef O_CODES
 #define O_CODES 0
+#endif
+#ifndef ACT_CODES
+#define ACT_CODES 0
 #endif
 #if ATTN
 #define LATHE_K_SLOTS KSLOTS  // K through threadgroup memory (the block_k_slots option; 0: registers)
@@ -167,6 +174,7 @@ const auto x_post = threadgroup_view<float>(x_post_words);  // the stream this p
 #endif
 #define DONE(j) (queue + (1 + (j)) * QUEUE_STRIDE)  // phase j's tickets done
 #define ROWS_WRITTEN (queue + (PHASES + 1) * QUEUE_STRIDE)  // PROMPT_ROWS: query b's rows written at word b
+#define ACT_COUNTS (queue + (PHASES + 2) * QUEUE_STRIDE)  // ACT_CODES: a count a block of act's columns
 #if TIMELINE
 #define STAMP(i) \
   if (tid == 0) timeline_stamp(stamps + (stamp_row * TIMELINE_STAMPS + (i)) * 3);
@@ -240,10 +248,22 @@ for (;;) {
       {
         auto dims = up_dims;
         constexpr uint KR = K_UP, RR = R_UP, PR = P_UP;
+#if ACT_CODES
+#define GEMV_Y_CODES act_codes  // act as the DOWN phase's X', a block by its last writer (gemv/y_codes.metal)
+#define GEMV_Y_SCALES act_scales
+#define GEMV_Y_SUMS act_sums
+#define GEMV_Y_COUNTS ACT_COUNTS
+#endif
 #define ROWS_QA Q_UP_A
 #define ROWS_QB Q_UP_B
 #define ROWS_BIT UP
 #include "blocks/typed_rows.metal"
+#if ACT_CODES
+#undef GEMV_Y_CODES
+#undef GEMV_Y_SCALES
+#undef GEMV_Y_SUMS
+#undef GEMV_Y_COUNTS
+#endif
       }
 #undef GEMV_BEFORE_X
 #undef POST_ADD
@@ -269,10 +289,20 @@ for (;;) {
       {
         auto dims = down_dims;
         constexpr uint KR = K_DOWN, RR = R_DOWN, PR = P_DOWN;
+#if ACT_CODES
+#define GEMV_X_CODES act_codes  // X' as the UP phase's last writers quantized it
+#define GEMV_X_SCALES act_scales
+#define GEMV_X_SUMS act_sums
+#endif
 #define ROWS_QA Q_DOWN_A
 #define ROWS_QB Q_DOWN_B
 #define ROWS_BIT DOWN
 #include "blocks/typed_rows.metal"
+#if ACT_CODES
+#undef GEMV_X_CODES
+#undef GEMV_X_SCALES
+#undef GEMV_X_SUMS
+#endif
       }
 #undef GEMV_BEFORE_X
 #undef LATHE_X32

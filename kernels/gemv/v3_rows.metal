@@ -8,7 +8,9 @@
 // GEMV's N biases (half), added to each output before its one rounding. GEMV_ON_Y(m, col, out),
 // where defined: run in lane 0 after Y[m, col] is written, with the half it wrote; a SIMD group's
 // columns come in rising order. GEMV_X_CODES (with GEMV_X_SCALES, GEMV_X_SUMS), where defined: X'
-// as another phase quantized it, copied (gemv/x_codes.metal), not staged from x.
+// as another phase quantized it, copied (gemv/x_codes.metal), not staged from x. GEMV_Y_CODES
+// (with GEMV_Y_SCALES, GEMV_Y_SUMS, GEMV_Y_COUNTS), where defined: Y also quantized as the next
+// GEMV's X', each block by the last row group to write it (gemv/y_codes.metal).
 // QR: 0 Q4_0, 1 Q8_0, and the K-quants 2 Q4_K, 3 Q5_K, 4 Q6_K, whose repacked chunk is 32
 // weights' low 4 bits in Q4_0's nibble order, their higher bits (HB bytes a chunk) and scales in
 // regions of their own (reference/kquant.py has the layout); the legacy affine blocks 6 Q4_1,
@@ -297,5 +299,8 @@ for (uint it = 0; it < items; ++it) {
 #endif
       }
     }
+#ifdef GEMV_Y_CODES
+#include "gemv/y_codes.metal"
+#endif
   }
 }
