@@ -22,9 +22,10 @@
     before = simd_broadcast_first(before);
     if (before + 1 == writers) {
       simdgroup_barrier(mem_flags::mem_device);  // (lane 0's acquire, before the lanes' loads)
+      float vs[M];  // every row's loads first: one trip to the L2 on this (the phase's last) path, not M
+      for (uint m = 0; m < uint(M); ++m) vs[m] = float(y[m * y_stride + blk * 32 + lane]);
       for (uint m = 0; m < uint(M); ++m) {
-        const uint at = m * y_stride + blk * 32 + lane;
-        const float v = float(y[at]);
+        const float v = vs[m];
         const float block_max = simd_max(fabs(v));
         const float inv = block_max > 0.0f ? 32767.0f / block_max : 0.0f;
         const int code = int(rint(v * inv));
