@@ -370,7 +370,15 @@ DECLARED = (
            "resident), so this sets how many run at once. auto: 4 for token blocks of 4 SIMD groups without "
            "head norms, post norms, the attention's MMA form or the paged batch form, heads up to 128 "
            "(Llama-3-8B on an H200: +2.3% at depth 0, +9.5% at 4096 tokens, Q8_0 +12.5%; Qwen3-0.6B's "
-           "split module spilled and lost 8%; kernels/loop/NOTES.md), else 0"),
+           "split module spilled and lost 8%; kernels/loop/NOTES.md); the batch form's wide tickets "
+           "(block_batch_simds): 128 registers, 2 threadgroups of 8 SIMD groups; else 0"),
+    Option("block_batch_simds", None, _auto_or_count,
+           "token_block's batch form (a token of each of M > 1 sequences over the paged pool): SIMD groups a "
+           "threadgroup, each ticket's rows then twice as many for the same staged X' (all M rows of it, which "
+           "every ticket quantizes), its registers held to 128 (block_min_groups auto: 2 threadgroups of 8 an "
+           "SM); 4 or 8, 0: the shared geometry's. auto: 8 past 4 sequences whose context does not split "
+           "(Qwen3-0.6B's step of 8 on an H200: 12-15% less GPU time; level at 4, slower at 2; "
+           "kernels/loop/NOTES.md), else 0"),
     Option("block_attn_mma", True, _flag,
            "with block_k_slots: the blocks' attention phase scores and takes P.V on SIMD-group matrices "
            "where the form allows (<= 8 heads a threadgroup, D a multiple of 32 up to 32 NSIMD), as attn_mma"),

@@ -867,6 +867,32 @@ def test_the_batch_forms_split_partitions_count_every_sequences_heads():
     assert layout(1) == (128, 9)
 
 
+def test_the_batch_form_takes_wide_tickets_past_four_sequences():
+    """block_batch_simds auto: token_block's batch form of 5 or more sequences whose context does
+    not split runs threadgroups of 8 SIMD groups bound to 2 an SM (128 registers), each GEMV at its
+    shape's R: Qwen3-0.6B's step of 8 has UP's 192 tickets of 4 rows a SIMD group and QKV's, O's and
+    down's 256, 128 and 128 (block_narrow). 4 sequences, a context that may split, or the setting 0
+    keep the shared geometry of 4; a setting other than 0, 4 or 8 is refused before any launch
+    (launches recorded)."""
+    def launch(rows: int, batch: int, **setting) -> tuple:
+        job = _paged_batch_job(rows, batch, **setting)
+        tickets = {name: int(np.array(a)[2]) for name, a in zip(job.spec.inputs, job.inputs)
+                   if name in ("qkv_dims", "o_dims", "up_dims", "down_dims")}
+        rows_a_simd = {kind: job.constants[f"R_{kind}"] for kind in ("QKV", "O", "UP", "DOWN")}
+        return job.constants["NSIMD"], job.spec.launch_bounds, tickets, rows_a_simd
+
+    wide = launch(200, 8)
+    assert wide == (8, (256, 2), dict(qkv_dims=256, o_dims=128, up_dims=192, down_dims=128),
+                    dict(QKV=2, O=1, UP=4, DOWN=1))
+    assert launch(200, 5)[:2] == (8, (256, 2))
+    for shared in (launch(200, 4), launch(1040, 8), launch(200, 8, block_batch_simds=0)):
+        assert shared[:2] == (4, None), shared
+    assert launch(200, 8, block_batch_simds=0)[2] == dict(qkv_dims=256, o_dims=256, up_dims=384, down_dims=256)
+    assert launch(200, 4, block_batch_simds=8) == wide
+    with pytest.raises(ValueError, match="block_batch_simds must be 0, 4 or 8"):
+        launch(200, 8, block_batch_simds=16)
+
+
 @pytest.mark.parametrize("on", [False, True])
 def test_the_batch_forms_act_codes_follow_their_option_and_count_in_the_queue(on):
     """block_act_codes: the batch form's UP phase writes the DOWN phase's X' (ACT_CODES, three more

@@ -276,7 +276,7 @@ K_BLOCK_P = 2
 
 
 def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: int,
-                   fit: int | None = None, reserved: int = 0) -> BlockGeometry:
+                   fit: int | None = None, reserved: int = 0, simds: int = 0) -> BlockGeometry:
     """The geometry of a launch of the GEMVs `gemvs` (kind -> its matrix's N, K; UP's N is 2F,
     [gate; up]; V, where V's rows are a matrix apart from [q; k], a part of the QKV phase) whose
     last phase is of kind `last`. `qtype`: the launch's block type (its first GEMV's), whose
@@ -299,16 +299,21 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
 
     reserved: threadgroup bytes the launch's other arrays take (attention's, the stream row):
     X' is then staged in chunks of 2048 values where all of the longest K would not fit beside
-    them (Qwen2.5-7B's down, K = 18944, beside attention's arrays). block_xchunk caps the chunk."""
+    them (Qwen2.5-7B's down, K = 18944, beside attention's arrays). block_xchunk caps the chunk.
+
+    simds (batch_simds: the batch form's wide tickets): NSIMD, and each GEMV's R its shape's
+    (v3_by_shape), neither halved to give the GPU MIN_GROUPS threadgroups."""
     order = [kind for kind in (UP, DOWN, QKV, O, V) if kind in gemvs]
-    own = {kind: gemv.v3_geometry(qtype, m, *gemvs[kind]) for kind in order}
+    own = {kind: gemv.v3_geometry(qtype, m, *gemvs[kind],
+                                  **(dict(rows=gemv.v3_by_shape(*gemvs[kind], qtype)["R"], simds=simds) if simds else {}))
+           for kind in order}
     longest = max(k for _, k in gemvs.values())
     shared = options.get("block_geometry") == "shared"
     if shared:
         r, s, p, _ = own[order[0]]
         per_kind = {kind: (r + (r % 2 if UP in gemvs else 0), p) for kind in order}
     else:
-        s = gemv.TUNING["BLOCK_NSIMD"] or max(g[1] for g in own.values())
+        s = simds or gemv.TUNING["BLOCK_NSIMD"] or max(g[1] for g in own.values())
         per_kind = {}
         for kind in order:
             r, _, p, _ = gemv.v3_geometry(qtype, m, *gemvs[kind], simds=s)
@@ -519,6 +524,28 @@ class BlockTimeline:
 # under it; on fixed inputs its checks give the same error with the bound as without, so the
 # tolerance misses once seen under it were the spread of fresh inputs). kernels/loop/NOTES.md.
 MIN_GROUPS_AUTO = 4
+# block_batch_simds auto: the batch form's tickets of 8 SIMD groups past this many sequences. Each
+# ticket quantizes all M rows of its phase's X' (8 x 3072 values for Qwen3's down), the same for every
+# ticket: at 8 SIMD groups (each ticket twice the rows) Qwen3-0.6B's step of 8 took 12-15% less GPU
+# time on an H200, level at 4 sequences, 10-20% more at 2 (kernels/loop/NOTES.md). Held to 2
+# threadgroups an SM (128 registers): the compiler's 130 left one, and no gain. Not where the context
+# may split (past block_split_from): that module spills under the bound (NVRTC: 168 bytes), unmeasured.
+BATCH_SIMDS_FROM = 5
+BATCH_SIMDS_AUTO = 8
+
+
+def batch_simds(attn: "_Attention | None") -> int:
+    """NSIMD of a block launch's wide tickets (block_batch_simds; 0: the shared geometry's), for
+    token_block's batch form only (a token of each of M > 1 sequences over the paged pool)."""
+    if attn is None or attn.table is None or attn.batch < 2:
+        return 0
+    wide = options.get("block_batch_simds")
+    if wide is None:
+        return BATCH_SIMDS_AUTO if attn.batch >= BATCH_SIMDS_FROM and attn.longest <= attn.split_from else 0
+    if wide not in (0, 4, 8):
+        # (16 was tried: the step took 0.2-1.6 s, not 1.3 ms; not understood, so not offered)
+        raise ValueError(f"block_batch_simds must be 0, 4 or 8 SIMD groups a threadgroup, got {wide}")
+    return wide
 
 
 def min_groups(first: int, phases: int, simds: int, attn: "_Attention | None", kind: LayerKind,
@@ -529,6 +556,8 @@ def min_groups(first: int, phases: int, simds: int, attn: "_Attention | None", k
     least = options.get("block_min_groups")
     if least is not None:
         return least
+    if batch_simds(attn):  # the batch form's wide tickets: held to 128 registers a thread
+        return 65536 // (128 * 32 * simds)
     token = (first, phases) not in ((QKV, 3), (UP, 2), (UP, 5))  # token_block, not the named halves
     plain = (attn is not None and not attn.norms and attn.table is None and attn.batch == 1 and not kind.post_norms
              and attn.head_dim <= 128 and not mma)
@@ -620,7 +649,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     narrow, balance = options.get("block_narrow"), options.get("block_balance")
 
     def geometry(fit: int | None = None) -> BlockGeometry:
-        g = block_geometry(qtype, m, gemvs, last, fit, held)
+        g = block_geometry(qtype, m, gemvs, last, fit, held, batch_simds(attn))
         g = _narrowed(g, gemvs, narrow) if narrow else g
         return _balanced(g, gemvs) if balance else g
 
