@@ -189,3 +189,38 @@ def test_a_batch_step_is_one_stamped_token_block_launch_over_the_paged_pool(tmp_
         BatchSteps(model, 3, 5, 64)
     with options.use(serve_mega_extra=0), recording(), pytest.raises(ValueError, match="runs fused's plan"):
         BatchSteps(model, 3, 5, 64)
+
+
+def test_the_plain_modules_gpu_time_is_taken_with_the_stamps_off(monkeypatch):
+    """plain_gpu_us: the stamps off, one step outside the trace (the plain module's compile), then
+    `tokens` steps traced, and the median of their token_block launches only; None where there is
+    no kernel trace (a CPU machine)."""
+    import contextlib
+
+    from harness.tools import block_timeline, gpu_trace
+
+    class Steps:
+        def __init__(self):
+            self.timeline, self.log = [], []
+
+        def step(self):
+            self.log.append(("step", self.timeline, tracing[0]))
+
+    tracing = [False]
+
+    @contextlib.contextmanager
+    def trace(save_to=None):
+        kernels = []
+        tracing[0] = True
+        yield kernels
+        tracing[0] = False
+        kernels += [(0.0, 900.0 + i, "lathe_token_block_140_paged") for i in range(3)]
+        kernels += [(0.0, 5000.0, "lathe_qmm_mma_head"), (0.0, 1.0, "lathe_argmax")]
+
+    monkeypatch.setattr(gpu_trace, "available", lambda: False)
+    steps = Steps()
+    assert block_timeline.plain_gpu_us(steps, 3) is None and steps.log == [] and steps.timeline == []
+    monkeypatch.setattr(gpu_trace, "available", lambda: True)
+    monkeypatch.setattr(gpu_trace, "kernel_trace", trace)
+    assert block_timeline.plain_gpu_us(steps, 3) == 901.0
+    assert steps.log == [("step", None, False)] + [("step", None, True)] * 3

@@ -38,6 +38,13 @@ The tokens are decoded uncompiled (the step mode, whose launches are the compile
 prompt of `depth` + 16 tokens and a few tokens of warm-up. `--batch N` stamps `lathe serve
 --variant megafused`'s decode step instead: N sequences, each after its own prompt, through
 token_block's batch form over the paged pool (one launch a step; rows with `sequences` N).
+
+The stamps are code of their own: they change the kernel's registers, and where that crosses an
+occupancy step the stamped launch runs apart from the plain one (8 SIMD groups in the batch form:
+stamped 1426 us, 1300 by its stamps, plain 1558; kernels/loop/NOTES.md). So each set also runs
+`--tokens` steps without them under the kernel trace (CUPTI, where there is one): the plain
+module's GPU time, printed beside the stamps' and in the token row's `gpu_us`. Take an A/B from
+that column.
 """
 
 from __future__ import annotations
@@ -345,7 +352,7 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
     settings = settings or [{}]
     model = load_gguf(model_file(preset, qtype))
     c = model.config
-    max_seq = depth + 16 + rounds * len(settings) * (tokens + 2) + 8
+    max_seq = depth + 16 + rounds * len(settings) * (2 * tokens + 3) + 8
     seqs = BatchSteps(model, batch, depth + 16, max_seq) if batch else OneSequence(model, depth + 16, max_seq)
     decoder = seqs.decoder
     peak = measure_peak().gbs
@@ -376,10 +383,14 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                     token_us.append(table[-1]["end_us"])
                     kept[f"stamps_{j}"] = stamps
                 kinds = by_kind(phases, _kind_bytes(decoder, seqs.pos - tokens // 2, max(batch, 1)), peak)
+                gpu_us = plain_gpu_us(seqs, tokens)
                 label = options.describe(opts) or "defaults"
                 title = f"{preset} {qtype} d{depth}{f' x{batch} sequences' if batch else ''}, {label}, round {round_}"
                 print_summary(title, kinds, token_us, info, inside)
-                times.setdefault(label, []).append(float(np.median(token_us)))
+                if gpu_us is not None:
+                    print(f"  the plain module (as decode and serve launch it), GPU time: {gpu_us:.1f} us a step "
+                          f"(CUPTI, median of {tokens})")
+                times.setdefault(label, []).append((float(np.median(token_us)), gpu_us))
                 tag = f"-{i}" if len(settings) > 1 else ""
                 if raw and round_ == 1:
                     path = raw.with_name(f"{raw.stem}{tag}{raw.suffix}")
@@ -391,12 +402,12 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                     ns, _ = align(kept["stamps_0"])
                     print(f"wrote {gantt(ns, kept['stamps_0'], timelines[0].kinds, timelines[0].tickets, path, title)}")
                 rows += _rows(kinds, token_us, timelines[0], c, peak, preset, qtype, depth, run_metadata(), round_,
-                              batch)
+                              batch, gpu_us)
     if len(settings) > 1 or rounds > 1:
         print(f"{preset} {qtype} d{depth}{f' x{batch} sequences' if batch else ''}: token_block us a step "
-              f"(median of {tokens}), by round:")
+              f"(median of {tokens}; stamps, and the plain module's GPU time), by round:")
         for label, ts in times.items():
-            print(f"  {label:60s} " + " ".join(f"{t:8.1f}" for t in ts))
+            print(f"  {label:60s} " + " ".join(f"{t:8.1f} {'-' if g is None else f'{g:.1f}':>8}" for t, g in ts))
     if write:
         path = append_rows(results_dir(Path(__file__).resolve().parents[2], runtime.device_name()) / "timeline.csv",
                            "timeline", rows)
@@ -404,10 +415,29 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
     return rows
 
 
+def plain_gpu_us(seqs: _Steps, tokens: int) -> float | None:
+    """The token_block launches' GPU time (CUPTI; median us) over `tokens` more steps without the
+    stamps: the module decode and serve run. The stamps change the code, and so the registers: at
+    8 SIMD groups the batch form's stamped module took 128 (2 threadgroups an SM) and the plain one
+    130 (1), 1426 against 1558 us a step, while the stamps said 1300 (kernels/loop/NOTES.md). None
+    where there is no kernel trace (harness.tools.gpu_trace)."""
+    from harness.tools import gpu_trace
+
+    if not gpu_trace.available():
+        return None
+    seqs.timeline = None
+    seqs.step()  # the plain module's compile and first use, outside the trace
+    with gpu_trace.kernel_trace() as kernels:
+        for _ in range(tokens):
+            seqs.step()
+    times = [duration for _, duration, name in kernels if "token_block" in name]
+    return float(np.median(times)) if times else None
+
+
 def _rows(kinds: list[dict], token_us: list[float], timeline, config, peak: float, preset: str, qtype: str,
-          depth: int, meta: dict, round_: int, batch: int = 0) -> list[dict]:
+          depth: int, meta: dict, round_: int, batch: int = 0, gpu_us: float | None = None) -> list[dict]:
     """timeline.csv's rows of one stamped run: a kind each, and the token's (batch: the step's of
-    that many sequences, variant megafused/paged)."""
+    that many sequences, variant megafused/paged), whose gpu_us is the plain module's (plain_gpu_us)."""
     from kernels import runtime
 
     weights = sum(k["bytes"] for k in kinds if k["kind"] != "ATTN") * config.n_layers
@@ -422,7 +452,7 @@ def _rows(kinds: list[dict], token_us: list[float], timeline, config, peak: floa
     tok = float(np.median(token_us))
     rows.append(dict(common, us=tok, us_min=min(token_us), us_max=max(token_us), gbs=weights / (tok * 1e3),
                      pct_peak=100 * weights / (tok * 1e3) / peak, bytes=weights, phase="token",
-                     tickets=sum(timeline.tickets), share=1.0,
+                     tickets=sum(timeline.tickets), share=1.0, gpu_us=gpu_us,
                      lag_us=lags_a_token(kinds, len(token_us)),
                      start_us=None, body_us=None, tail_us=None, work_us=None, wait_us=None))
     return rows
