@@ -44,7 +44,8 @@ occupancy step the stamped launch runs apart from the plain one (8 SIMD groups i
 stamped 1426 us, 1300 by its stamps, plain 1558; kernels/loop/NOTES.md). So each set also runs
 `--tokens` steps without them under the kernel trace (CUPTI, where there is one): the plain
 module's GPU time, printed beside the stamps' and in the token row's `gpu_us`. Take an A/B from
-that column.
+that column. The stamped tokens run under the trace too, which prints how much of the stamped
+launch lies outside its stamps (before its first claim, after its last stamp).
 """
 
 from __future__ import annotations
@@ -346,6 +347,7 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
     from harness.program.decode import model_file
     from harness.program.models import load_gguf
     from harness.results import append_rows, results_dir, run_metadata
+    from harness.tools import gpu_trace
     from kernels import options, runtime
 
     runtime.require_gpu()
@@ -366,9 +368,11 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                 for _ in range(2):  # warm-up: compiles and first uses
                     seqs.step()
                 seqs.timeline = []
-                for _ in range(tokens):
-                    seqs.step()
+                with gpu_trace.kernel_trace() as traced:  # (empty without a kernel trace)
+                    for _ in range(tokens):
+                        seqs.step()
                 timelines, seqs.timeline = seqs.timeline, None
+                stamped_gpu = [duration for _, duration, name in traced if "token_block" in name]
                 if not timelines:
                     raise SystemExit("no token_block launch was stamped")
                 held += timelines
@@ -390,6 +394,10 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                 if gpu_us is not None:
                     print(f"  the plain module (as decode and serve launch it), GPU time: {gpu_us:.1f} us a step "
                           f"(CUPTI, median of {tokens})")
+                if stamped_gpu:  # what the stamps cannot see: the launch before its first claim, after its last stamp
+                    launch_us = float(np.median(stamped_gpu))
+                    print(f"  the stamped launch, GPU time: {launch_us:.1f} us, "
+                          f"{launch_us - float(np.median(token_us)):.1f} us of it outside its stamps")
                 times.setdefault(label, []).append((float(np.median(token_us)), gpu_us))
                 tag = f"-{i}" if len(settings) > 1 else ""
                 if raw and round_ == 1:
