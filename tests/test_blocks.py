@@ -889,6 +889,7 @@ def test_the_batch_form_takes_wide_tickets_past_four_sequences():
         assert shared[:2] == (4, None), shared
     assert launch(200, 8, block_batch_simds=0)[2] == dict(qkv_dims=256, o_dims=256, up_dims=384, down_dims=256)
     assert launch(200, 4, block_batch_simds=8) == wide
+    assert launch(200, 8, gemv_tuning="V3_R=2")[3]["UP"] == 2  # a sweep's R, where given
     with pytest.raises(ValueError, match="block_batch_simds must be 0, 4 or 8"):
         launch(200, 8, block_batch_simds=16)
 

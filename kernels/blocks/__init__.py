@@ -302,11 +302,11 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
     them (Qwen2.5-7B's down, K = 18944, beside attention's arrays). block_xchunk caps the chunk.
 
     simds (batch_simds: the batch form's wide tickets): NSIMD, and each GEMV's R its shape's
-    (v3_by_shape), neither halved to give the GPU MIN_GROUPS threadgroups."""
+    (v3_by_shape, or gemv_tuning's V3_R), neither halved to give the GPU MIN_GROUPS threadgroups."""
     order = [kind for kind in (UP, DOWN, QKV, O, V) if kind in gemvs]
-    own = {kind: gemv.v3_geometry(qtype, m, *gemvs[kind],
-                                  **(dict(rows=gemv.v3_by_shape(*gemvs[kind], qtype)["R"], simds=simds) if simds else {}))
-           for kind in order}
+    own = {kind: gemv.v3_geometry(qtype, m, *gemvs[kind], **(dict(
+               rows=gemv.TUNING[qtype]["V3_R"] or gemv.v3_by_shape(*gemvs[kind], qtype)["R"], simds=simds)
+               if simds else {})) for kind in order}
     longest = max(k for _, k in gemvs.values())
     shared = options.get("block_geometry") == "shared"
     if shared:
