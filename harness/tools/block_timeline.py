@@ -372,7 +372,7 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                     for _ in range(tokens):
                         seqs.step()
                 timelines, seqs.timeline = seqs.timeline, None
-                stamped_gpu = [duration for _, duration, name in traced if "token_block" in name]
+                stamped_gpu = _token_block_us(traced)
                 if not timelines:
                     raise SystemExit("no token_block launch was stamped")
                 held += timelines
@@ -438,8 +438,13 @@ def plain_gpu_us(seqs: _Steps, tokens: int) -> float | None:
     with gpu_trace.kernel_trace() as kernels:
         for _ in range(tokens):
             seqs.step()
-    times = [duration for _, duration, name in kernels if "token_block" in name]
+    times = _token_block_us(kernels)
     return float(np.median(times)) if times else None
+
+
+def _token_block_us(kernels: list) -> list[float]:
+    """The durations (us) of the token_block launches among a kernel trace's (start, us, name)."""
+    return [duration for _, duration, name in kernels if "token_block" in name]
 
 
 def _rows(kinds: list[dict], token_us: list[float], timeline, config, peak: float, preset: str, qtype: str,
