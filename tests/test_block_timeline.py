@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.tools.block_timeline import (IN_TIME, INSIDE, align, attention_inside, by_kind, phase_rows, phase_table,
-                                          timer_step)
+from harness.tools.block_timeline import (IN_TIME, INSIDE, _signed, align, attention_inside, by_kind, launch_edges,
+                                          phase_rows, phase_table, timer_step)
 
 CLOCK_GHZ = 1.98
 
@@ -122,6 +122,19 @@ def test_only_attention_tickets_mark_inside_and_the_others_rows_are_filled():
     assert (BlockTimeline(mx.array(three), kinds, tickets).array() == three).all()
 
 
+def test_the_launch_edges_are_the_threadgroups_start_and_exit_around_the_tickets():
+    """launch_edges on made-up stamps near the timer's wrap: the first threadgroup starts 3 us
+    before the first claim, the last leaves 5 us after the last ticket's stamp (a ticket's stamp
+    past the first's claim, not its row 0), the starts spread over 2 us; no group rows: nothing."""
+    base = 2**32 - 4_000  # the timer wraps between the stamps
+    tickets = np.zeros((3, 3, 3), np.uint32)
+    tickets[:, :, 0] = (base + np.array([[0, 500, 900], [100, 1_000, 20_000], [50, 300, 400]])) % 2**32
+    groups = np.zeros((2, 3, 3), np.uint32)
+    groups[:, :, 0] = (base + np.array([[-3_000, 20_100, 25_000], [-1_000, 20_050, 20_060]])) % 2**32
+    assert launch_edges(tickets, groups) == pytest.approx({"before": 3.0, "after": 5.0, "starts": 2.0})
+    assert launch_edges(tickets, groups[:0]) == {}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("marks", [False, True])
 def test_a_stamped_token_block_computes_what_an_unstamped_one_does(tmp_path, marks):
@@ -160,6 +173,13 @@ def test_a_stamped_token_block_computes_what_an_unstamped_one_does(tmp_path, mar
         assert ns[after, 1].min() >= ns[before, 2].max() - slack
     table = phase_table(ns, tl.kinds, tl.tickets)
     assert sum(p["span_us"] for p in table) == pytest.approx(ns[:, 2].max() / 1e3)
+    # each threadgroup's own row: started, out of its claims, gone, in that order; the tickets inside
+    groups = tl.group_stamps()
+    assert groups.shape == (tl.groups, 3, 3) and tl.groups > 0
+    g = _signed(groups[:, :, 0], stamps[0, 0, 0])
+    assert (np.diff(g, axis=1) >= 0).all()
+    edges = launch_edges(stamps, groups)
+    assert edges["before"] >= 0 and edges["after"] >= 0 and edges["starts"] >= 0
 
 
 def test_a_batch_step_is_one_stamped_token_block_launch_over_the_paged_pool(tmp_path, monkeypatch):

@@ -711,7 +711,8 @@ def test_gemv_row_passes_is_the_launchs_constant(setting, bound):
 def test_a_timeline_stamps_three_times_a_ticket_or_six_with_the_marks(monkeypatch, marks, stamps):
     """token_block's timeline (launches recorded, the CUDA path stood in): each ticket's row takes
     3 stamps, or TIMELINE_STAMPS with block_timeline_marks (the module compiled with them, under a
-    name of its own); BlockTimeline gets the launch's kinds and tickets."""
+    name of its own), then a row a threadgroup of the launch (their own three); BlockTimeline gets
+    the launch's kinds, tickets and threadgroups."""
     from kernels import options
     from kernels.runtime import recording
 
@@ -722,7 +723,9 @@ def test_a_timeline_stamps_three_times_a_ticket_or_six_with_the_marks(monkeypatc
     (job,) = rec.jobs
     assert f"#define TIMELINE_STAMPS {stamps}\n" in job.spec.prelude and job.spec.name.endswith(f"_timeline{stamps}")
     (tl,) = timeline
-    assert tuple(tl.stamps.shape) == (sum(tl.tickets), stamps, 3) and len(tl.kinds) == len(tl.tickets) == 10
+    groups = job.grid[0] // job.threadgroup[0]
+    assert tuple(tl.stamps.shape) == (sum(tl.tickets) + groups, stamps, 3) and len(tl.kinds) == len(tl.tickets) == 10
+    assert tl.groups == groups and tl.array().shape[0] == sum(tl.tickets) and tl.group_stamps().shape == (groups, 3, 3)
 
 
 def _paged_batch(pos=(5, 20, 0)):

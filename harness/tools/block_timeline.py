@@ -45,7 +45,9 @@ stamped 1426 us, 1300 by its stamps, plain 1558; kernels/loop/NOTES.md). So each
 `--tokens` steps without them under the kernel trace (CUPTI, where there is one): the plain
 module's GPU time, printed beside the stamps' and in the token row's `gpu_us`. Take an A/B from
 that column. The stamped tokens run under the trace too, which prints how much of the stamped
-launch lies outside its stamps (before its first claim, after its last stamp).
+launch lies outside its stamps, and each threadgroup's own stamps (its start, the end of its
+claims, its exit) say where: before the first claim, after the last ticket's stamp, or outside
+the threadgroups altogether (the launch's own start and end, as CUPTI sees them).
 """
 
 from __future__ import annotations
@@ -70,6 +72,21 @@ def timer_step(ns: np.ndarray) -> float:
     """The smallest step between distinct readings of the timer: its resolution, as seen."""
     steps = np.diff(np.unique(ns))
     return float(steps.min()) if steps.size else 0.0
+
+
+def launch_edges(tickets: np.ndarray, groups: np.ndarray) -> dict[str, float]:
+    """What of a launch lies outside its tickets' stamps, by the threadgroups' own (us, on the
+    global timer): `before`, its first threadgroup's start to its first claim; `after`, its last
+    ticket's last stamp to its last threadgroup's exit; `starts`, the first threadgroup's start to
+    the last one's (all resident: about nothing). tickets [rows, S, 3] and groups [groups, 3, 3]
+    uint32 (BlockTimeline.array, group_stamps); empty where the launch has no group rows."""
+    if groups.size == 0:
+        return {}
+    origin = tickets[0, 0, 0]
+    t = _signed(tickets[:, :, 0], origin)
+    g = _signed(groups[:, :, 0], origin)
+    return {"before": (t[:, 0].min() - g[:, 0].min()) / 1e3, "after": (g[:, 2].max() - t.max()) / 1e3,
+            "starts": float(np.ptp(g[:, 0])) / 1e3}
 
 
 # The stamps of a row in the order they are taken (kernels.blocks.TIMELINE_STAMPS): claimed, let
@@ -376,9 +393,10 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                 if not timelines:
                     raise SystemExit("no token_block launch was stamped")
                 held += timelines
-                phases, token_us, info, kept, inside = [], [], None, {}, {}
+                phases, token_us, info, kept, inside, edges = [], [], None, {}, {}, []
                 for j, tl in enumerate(timelines):
                     stamps = tl.array()
+                    edges.append(launch_edges(stamps, tl.group_stamps()))
                     ns, info = align(stamps)
                     for name, v in attention_inside(ns, tl.kinds, tl.tickets).items():
                         inside[name] = np.concatenate([inside.get(name, np.zeros(0)), v])
@@ -398,6 +416,11 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                     launch_us = float(np.median(stamped_gpu))
                     print(f"  the stamped launch, GPU time: {launch_us:.1f} us, "
                           f"{launch_us - float(np.median(token_us)):.1f} us of it outside its stamps")
+                if edges and edges[0]:  # where that lies, by the threadgroups' own stamps
+                    med = {k: float(np.median([e[k] for e in edges])) for k in edges[0]}
+                    print(f"  its threadgroups: the first started {med['before']:.1f} us before the first claim, "
+                          f"the last left {med['after']:.1f} us after the last ticket's stamp, "
+                          f"their starts spread over {med['starts']:.1f} us (medians)")
                 times.setdefault(label, []).append((float(np.median(token_us)), gpu_us))
                 tag = f"-{i}" if len(settings) > 1 else ""
                 if raw and round_ == 1:

@@ -493,18 +493,20 @@ class BlockTimeline:
     with block_timeline_marks an attention ticket's three marks inside: TIMELINE_STAMPS above)
     each hold %globaltimer's low 32 bits (ns), the SM's %clock (cycles) and the SM
     (timeline_stamp in cuda_compat.h). `kinds` and `tickets`: each phase's kind (QKV .. DOWN)
-    and ticket count, in phase order. harness.tools.block_timeline reads it."""
+    and ticket count, in phase order. `groups`: the launch's threadgroups, whose rows follow the
+    tickets' (group_stamps). harness.tools.block_timeline reads it."""
 
     stamps: mx.array
     kinds: tuple[int, ...]
     tickets: tuple[int, ...]
+    groups: int = 0
 
     def array(self) -> np.ndarray:
         """The stamps as numpy [tickets, 3 or TIMELINE_STAMPS, 3], every row whole: with the
         marks inside (block_timeline_marks), the tickets of the phases but the attention's leave
         them unwritten (a stamp costs), so theirs take the third stamp's value, the one that
         follows them in time (intervals of zero)."""
-        stamps = np.array(self.stamps)
+        stamps = np.array(self.stamps)[:sum(self.tickets)]
         if stamps.shape[1] <= 3:
             return stamps
         edges = np.cumsum((0,) + tuple(self.tickets))
@@ -512,6 +514,11 @@ class BlockTimeline:
             if kind != ATTN:
                 stamps[begin:end, 3:] = stamps[begin:end, 2:3]
         return stamps
+
+    def group_stamps(self) -> np.ndarray:
+        """Each threadgroup's own stamps [groups, 3, 3], in the tickets' words: its start, the end
+        of its claims (out of its loop) and its exit (after the queue's resets, for the last one out)."""
+        return np.array(self.stamps)[sum(self.tickets):sum(self.tickets) + self.groups, :3]
 
 
 # block_min_groups auto: the token block held to 4 threadgroups of 4 SIMD groups an SM (128
@@ -796,7 +803,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         launched = max(tickets.values())
         filled = [gemv._dims(i.n, i.k, tickets[i.kind]) if isinstance(i, _Dims)
                   else constant((launched, attn_tickets)) if i is _GRID else i for i in inputs]
-        stamped = [((sum(phase_tickets(geo)), stamps, 3), mx.uint32)] if stamps else []
+        # a row a ticket, then a row a threadgroup (layer_block.metal's GROUP_STAMP)
+        stamped = [((sum(phase_tickets(geo)) + launched, stamps, 3), mx.uint32)] if stamps else []
         return Launch(spec, filled, outputs + stamped, (launched * 32 * s, 1, 1), (32 * s, 1, 1), consts)
 
     job = at(geo)
@@ -809,7 +817,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
             job = at(geo)
     out = launch(job)
     if timeline is not None:
-        timeline.append(BlockTimeline(out[-1], kinds, phase_tickets(geo)))
+        timeline.append(BlockTimeline(out[-1], kinds, phase_tickets(geo), job.grid[0] // job.threadgroup[0]))
         out = out[:-1]
     scratch = 3 * (int(o_codes) + int(act_codes))  # the X' outputs
     return out[:-scratch] if scratch else out

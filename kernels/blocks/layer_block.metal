@@ -181,9 +181,17 @@ const auto x_post = threadgroup_view<float>(x_post_words);  // the stream this p
 #if TIMELINE_STAMPS > 3
 #define LATHE_MARK(i) STAMP(3 + (i))  // decode_rows.metal's marks inside an attention ticket
 #endif
+// GROUP_STAMP(i): the threadgroup's own row after the tickets' (0 its start, 1 out of its claims,
+// 2 its exit), so that the host sees what of the launch lies outside the tickets' stamps.
+#define GROUP_STAMP(i)                                                                        \
+  if (tid == 0)                                                                               \
+    timeline_stamp(stamps + ((claimable + kind_tickets[LAST] + threadgroup_position_in_grid.x) \
+                                 * TIMELINE_STAMPS + (i)) * 3);
 #else
 #define STAMP(i)
+#define GROUP_STAMP(i)
 #endif
+GROUP_STAMP(0)
 
 // The residual stream a phase of this kind at phase j reads (QKV, UP) or adds (O, DOWN).
 #if FFN && ATTN
@@ -515,6 +523,7 @@ for (;;) {
   if (tid == (SIGNAL_APART && NT > 32 ? 32u : 0u)) grid_signal(DONE(j));
 }
 #undef STAMP
+GROUP_STAMP(1)
 #ifdef LATHE_MARK
 #undef LATHE_MARK
 #endif
@@ -532,3 +541,8 @@ if (last_out) {
   for (uint i = tid; i <= PHASES; i += NT) grid_reset(queue + i * QUEUE_STRIDE, 1);
   if (PROMPT_ROWS && tid == NT - 1) grid_reset(ROWS_WRITTEN, M);
 }
+#if TIMELINE
+threadgroup_barrier(mem_flags::mem_device);  // (the resets written)
+#endif
+GROUP_STAMP(2)
+#undef GROUP_STAMP
