@@ -125,14 +125,28 @@ def test_only_attention_tickets_mark_inside_and_the_others_rows_are_filled():
 def test_the_launch_edges_are_the_threadgroups_start_and_exit_around_the_tickets():
     """launch_edges on made-up stamps near the timer's wrap: the first threadgroup starts 3 us
     before the first claim, the last leaves 5 us after the last ticket's stamp (a ticket's stamp
-    past the first's claim, not its row 0), the starts spread over 2 us; no group rows: nothing."""
+    past the first's claim, not its row 0), the starts spread over 2 us, their life 28 us; no group
+    rows: nothing."""
     base = 2**32 - 4_000  # the timer wraps between the stamps
     tickets = np.zeros((3, 3, 3), np.uint32)
     tickets[:, :, 0] = (base + np.array([[0, 500, 900], [100, 1_000, 20_000], [50, 300, 400]])) % 2**32
     groups = np.zeros((2, 3, 3), np.uint32)
     groups[:, :, 0] = (base + np.array([[-3_000, 20_100, 25_000], [-1_000, 20_050, 20_060]])) % 2**32
-    assert launch_edges(tickets, groups) == pytest.approx({"before": 3.0, "after": 5.0, "starts": 2.0})
+    assert launch_edges(tickets, groups) == pytest.approx({"before": 3.0, "after": 5.0, "starts": 2.0, "groups": 28.0})
     assert launch_edges(tickets, groups[:0]) == {}
+
+
+def test_the_time_outside_the_stamps_is_taken_launch_by_launch():
+    """outside_stamps: each launch's GPU time less its own stamps' span, the median of those (one
+    launch 200 us past its span, the others 4: 4); where the trace lost a launch, the medians'
+    difference."""
+    from harness.tools.block_timeline import outside_stamps
+
+    stamped = [1300.0, 1550.0, 1320.0, 1540.0, 1310.0]
+    launches = [t + 4.0 for t in stamped]
+    launches[2] += 196.0
+    assert outside_stamps(launches, stamped) == pytest.approx(4.0)
+    assert outside_stamps([1454.0, 1464.0, 1474.0], [1300.0, 1310.0, 1320.0, 1540.0]) == pytest.approx(1464 - 1315)
 
 
 @pytest.mark.gpu

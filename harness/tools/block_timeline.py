@@ -79,14 +79,15 @@ def launch_edges(tickets: np.ndarray, groups: np.ndarray) -> dict[str, float]:
     global timer): `before`, its first threadgroup's start to its first claim; `after`, its last
     ticket's last stamp to its last threadgroup's exit; `starts`, the first threadgroup's start to
     the last one's (all resident: about nothing). tickets [rows, S, 3] and groups [groups, 3, 3]
-    uint32 (BlockTimeline.array, group_stamps); empty where the launch has no group rows."""
+    uint32 (BlockTimeline.array, group_stamps); `groups`, the first start to the last exit (the
+    threadgroups' whole life); empty where the launch has no group rows."""
     if groups.size == 0:
         return {}
     origin = tickets[0, 0, 0]
     t = _signed(tickets[:, :, 0], origin)
     g = _signed(groups[:, :, 0], origin)
     return {"before": (t[:, 0].min() - g[:, 0].min()) / 1e3, "after": (g[:, 2].max() - t.max()) / 1e3,
-            "starts": float(np.ptp(g[:, 0])) / 1e3}
+            "starts": float(np.ptp(g[:, 0])) / 1e3, "groups": (g[:, 2].max() - g[:, 0].min()) / 1e3}
 
 
 # The stamps of a row in the order they are taken (kernels.blocks.TIMELINE_STAMPS): claimed, let
@@ -415,12 +416,15 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                 if stamped_gpu:  # what the stamps cannot see: the launch before its first claim, after its last stamp
                     launch_us = float(np.median(stamped_gpu))
                     print(f"  the stamped launch, GPU time: {launch_us:.1f} us, "
-                          f"{launch_us - float(np.median(token_us)):.1f} us of it outside its stamps")
+                          f"{outside_stamps(stamped_gpu, token_us):.1f} us of it outside its stamps")
                 if edges and edges[0]:  # where that lies, by the threadgroups' own stamps
                     med = {k: float(np.median([e[k] for e in edges])) for k in edges[0]}
                     print(f"  its threadgroups: the first started {med['before']:.1f} us before the first claim, "
                           f"the last left {med['after']:.1f} us after the last ticket's stamp, "
                           f"their starts spread over {med['starts']:.1f} us (medians)")
+                    if stamped_gpu:  # CUPTI's launch against the threadgroups' life, launch by launch
+                        print(f"  the launch outside its threadgroups' life (before the first starts, after the "
+                              f"last leaves): {outside_stamps(stamped_gpu, [e['groups'] for e in edges]):.1f} us")
                 times.setdefault(label, []).append((float(np.median(token_us)), gpu_us))
                 tag = f"-{i}" if len(settings) > 1 else ""
                 if raw and round_ == 1:
@@ -444,6 +448,15 @@ def run(preset: str, qtype: str, depth: int, tokens: int, raw: Path | None, png:
                            "timeline", rows)
         print(f"wrote {path}")
     return rows
+
+
+def outside_stamps(launch_us: list[float], stamped_us: list[float]) -> float:
+    """The stamped launches' GPU time outside a span of their own stamps (us, a median), launch by
+    launch where the trace holds each one (both lists in launch order); the medians' difference
+    otherwise (a launch missing from the trace)."""
+    if len(launch_us) == len(stamped_us):
+        return float(np.median(np.subtract(launch_us, stamped_us)))
+    return float(np.median(launch_us) - np.median(stamped_us))
 
 
 def plain_gpu_us(seqs: _Steps, tokens: int) -> float | None:
