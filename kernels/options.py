@@ -358,10 +358,6 @@ DECLARED = (
            "chunk's V vectors as one straight run, those past the chunk from its first vector (unused); off: "
            "each behind a branch, which took the paged token_block to 181 registers against 128 (NVRTC sm_90, "
            "Qwen3-0.6B: 2 threadgroups an SM against 4)"),
-    Option("block_v_early", False, _flag,
-           "the blocks' attention phase (a decode token's, RoPE and the K/V write in it): the new token's V "
-           "values are loaded with the head norm's reads of the QKV row, one L2 round trip after the wait where "
-           "the copy after the RoPE took a second (kernels/loop/NOTES.md)"),
     Option("block_k_in_x", False, _flag,
            "the blocks' attention phase: where block_k_slots' slots do not fit beside the GEMV phases' "
            "staged X' (Llama-3-8B's token block), as many as X' holds go in X' itself, which an attention "

@@ -84,25 +84,10 @@ if (K_SLOTS > 0 && k_early && t_begin < t_end) {
 LATHE_BEFORE_QUERY
 #endif
 
-// LATHE_V_EARLY (the blocks' block_v_early option): the new token's V values, which this
-// threadgroup copies into the cache below, are loaded before the head norm's reads, so that both
-// wait on the QKV phase's row in one L2 round trip; else after the RoPE, a second round trip on
-// the attention's path before its first barrier.
-#ifndef LATHE_V_EARLY
-#define LATHE_V_EARLY 0
-#endif
 #if LATHE_ROPE
 {
   // Pair i of a head turns by pos * freq_scale * inv_freq(i) (rope_kv_write.metal's angles).
   const float p = float(q_pos) * rope_scalars[1];
-  constexpr uint V_EACH = LATHE_V_EARLY ? (D + NT - 1) / NT : 1;  // values a thread copies
-  half v_early[V_EACH];
-  if (LATHE_V_EARLY && writes_new) {
-    for (uint j = 0; j < V_EACH; ++j) {
-      const uint e = tid + j * NT;
-      v_early[j] = e < D ? qkv_b[(n_heads + n_kv + h) * D + e] : half(0.0f);
-    }
-  }
 #if LATHE_HEAD_NORM
   // Qwen3's per-head RMSNorm first: 1 / RMS of each of the G query heads (norm_s[g]) and of the
   // kv head's K (norm_s[G]), a SIMD group a head; the weights then scale each pair.
@@ -136,7 +121,7 @@ LATHE_BEFORE_QUERY
     }
   }
   const uint row_at = q_pos;
-  if (writes_new) {  // this threadgroup reads the new row: write it first
+  if (row_at >= t_begin && row_at < t_end) {  // this threadgroup reads the new row: write it first
 #if LATHE_PAGED
     // row_at's slot: offset row_at % BS of block table[b, row_at / BS] (K_ROW's and V's layouts)
     const uint slot_block = uint(table[cb * rows + row_at / BS]) * n_kv + h, slot_at = row_at % BS;
@@ -165,13 +150,7 @@ LATHE_BEFORE_QUERY
         sum_s[i1] = float(k1);
       }
     }
-    if (LATHE_V_EARLY) {
-      for (uint j = 0; j < V_EACH; ++j) {
-        if (tid + j * NT < D) V_NEW(tid + j * NT) = v_early[j];
-      }
-    } else {
-      for (uint e = tid; e < D; e += NT) V_NEW(e) = v_src[e];
-    }
+    for (uint e = tid; e < D; e += NT) V_NEW(e) = v_src[e];
 #undef K_NEW
 #undef V_NEW
   }

@@ -751,7 +751,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         mma = int(mma and slots > 0)
         consts.update(K_QKV=a.d, K_O=a.n_heads * a.head_dim, D=a.head_dim, G=group // qs, QS=qs, BS=a.block_size,
                       NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, KIN_X=in_x, MMA=mma,
-                      VSTRAIGHT=bool(options.get("block_v_straight")), VEARLY=bool(options.get("block_v_early")),
+                      VSTRAIGHT=bool(options.get("block_v_straight")),
                       KEARLY=bool(early or two_early) and slots > 0,
                       ROPE_STRIDE=0 if a.inv_freqs is None or a.inv_freqs.ndim == 1 else a.head_dim // 2)
         if split:
