@@ -78,9 +78,9 @@ def launch_edges(tickets: np.ndarray, groups: np.ndarray) -> dict[str, float]:
     """What of a launch lies outside its tickets' stamps, by the threadgroups' own (us, on the
     global timer): `before`, its first threadgroup's start to its first claim; `after`, its last
     ticket's last stamp to its last threadgroup's exit; `starts`, the first threadgroup's start to
-    the last one's (all resident: about nothing). tickets [rows, S, 3] and groups [groups, 3, 3]
-    uint32 (BlockTimeline.array, group_stamps); `groups`, the first start to the last exit (the
-    threadgroups' whole life); empty where the launch has no group rows."""
+    the last one's (all resident: about nothing); `groups`, the first start to the last exit (the
+    threadgroups' whole life). tickets [rows, S, 3] and groups [groups, 3, 3] uint32
+    (BlockTimeline.array, group_stamps); empty where the launch has no group rows."""
     if groups.size == 0:
         return {}
     origin = tickets[0, 0, 0]
