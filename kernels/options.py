@@ -249,6 +249,12 @@ DECLARED = (
            "small pool of managed memory, which the GPU maps), and a decode step's host-made arrays as views "
            "of one, so that no kernel output lands in a buffer whose page the host last touched (on an H200 "
            "the argmax then took 41-47 us a call at the median, up to 580, against 7; kernels/loop/NOTES.md)"),
+    Option("serve_host_inputs", "views", _one_of("views", "held", "copied"),
+           "lathe serve, kernel variants, a diagnostic of where a decode step's host-made inputs (positions, "
+           "slots, table, lengths: managed memory the host wrote) cost the GPU: views (the default: views of one "
+           "array the kernels read), held (the same, every step's kept alive to the forward's end, so that none "
+           "goes back to MLX's cache to become a later kernel output) or copied (one GPU copy of them first, "
+           "which takes any fault on their pages in a launch of its own; harness/program/batch_forward.py)"),
     Option("serve_mega_up_to", 8, _count,
            "lathe serve, megafused variant: a decode-only step of up to this many sequences runs token_block "
            "launches of serve_mega_rows sequences each (every weight read once a launch); a larger one fused's plan, whose "

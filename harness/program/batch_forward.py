@@ -127,9 +127,12 @@ def slots_of(w: Work, block_size: int, start: int = 0) -> np.ndarray:
     return (np.asarray(w.table, np.int64)[pos // block_size] * block_size + pos % block_size).astype(np.int32)
 
 
-def views(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[mx.array]:
-    """Arrays of `shapes`, one after another in `flat`, as views of one MLX array made from it."""
+def views(flat: np.ndarray, shapes: list[tuple[int, ...]], copied: bool = False) -> list[mx.array]:
+    """Arrays of `shapes`, one after another in `flat`, as views of one MLX array made from it
+    (`copied`: of a GPU op's copy of it)."""
     whole, at, out = mx.array(flat), 0, []
+    if copied:
+        whole = whole + mx.zeros((), whole.dtype)
     for shape in shapes:
         size = int(np.prod(shape))
         out.append(whole[at:at + size].reshape(shape))
@@ -271,6 +274,7 @@ class PagedBatchKernels(_Tokens):
         self.max_blocks = -(-max_seq // pool.block_size)
         # decode-only steps, by (batch, table width, serve_cache_outputs)
         self._compiled: dict[tuple[int, int, bool], object] = {}
+        self._held_inputs: list = []  # serve_host_inputs=held: every decode step's host-made arrays
 
     def _check_mega(self, model) -> None:
         """The megafused batch variant runs the layers token_block's batch form takes: the llama /
@@ -412,7 +416,10 @@ class PagedBatchKernels(_Tokens):
             # the step's host-made arrays as views of one: a buffer the host writes is of another
             # size class than the step's token array (4 bytes a row), which MLX's cache would
             # otherwise hand to argmax's output with its page still on the host (argmax.metal)
-            made = views(np.concatenate([a.reshape(-1) for a in host]), [a.shape for a in host])
+            how = options.get("serve_host_inputs")
+            made = views(np.concatenate([a.reshape(-1) for a in host]), [a.shape for a in host], how == "copied")
+            if how == "held":
+                self._held_inputs.append(made)
         else:
             made = [mx.array(a) for a in host]
         if isinstance(ids, np.ndarray):
