@@ -255,6 +255,11 @@ DECLARED = (
            "array the kernels read), held (the same, every step's kept alive to the forward's end, so that none "
            "goes back to MLX's cache to become a later kernel output) or copied (one GPU copy of them first, "
            "which takes any fault on their pages in a launch of its own; harness/program/batch_forward.py)"),
+    Option("serve_device_inputs", False, _flag,
+           "lathe serve, kernel variants: a decode step whose sequences each moved on one token over the "
+           "same block tables makes its positions, slots and lengths on the device from the last step's "
+           "(one small compiled launch), so that the step writes no host memory: no managed page the "
+           "host wrote for a kernel to fault back (harness/program/batch_forward.py)"),
     Option("serve_mega_up_to", 8, _count,
            "lathe serve, megafused variant: a decode-only step of up to this many sequences runs token_block "
            "launches of serve_mega_rows sequences each (every weight read once a launch); a larger one fused's plan, whose "

@@ -618,3 +618,29 @@ def test_views_cut_one_array_into_its_parts(copied):
     a, b, c = views(flat, [(3,), (2, 4), (3,)], copied)
     assert np.array(a).tolist() == [0, 1, 2] and np.array(b).tolist() == [[3, 4, 5, 6], [7, 8, 9, 10]]
     assert np.array(c).tolist() == [11, 12, 13] and a.dtype == mx.int32
+
+
+def test_device_inputs_advance_as_the_host_would(models):
+    """serve_device_inputs: a decode step whose sequences each moved on one token over the same
+    tables makes its positions, slots and lengths on the device from the last step's, equal to the
+    host's (decode_slots); a changed table, or a sequence that did not move on, takes the host's."""
+    import mlx.core as mx
+
+    from harness.program.batch_forward import decode_slots
+
+    forward, _, work, _ = _six_decoding(models["tiny-qwen3"], 3, "fused")
+    starts = np.array([w.start for w in work], np.int32)
+    table = forward._table(work, 4)
+    slots = decode_slots(work, table, starts, 16)
+    forward._last_inputs = (starts, table, [mx.array(starts), mx.array(slots), mx.array(table), mx.array(starts + 1)])
+    moved = [Work(w.request, w.tokens, w.start + 1, w.table, []) for w in work]
+    after = starts + 1
+    positions, got_slots, got_table, lens = forward._advanced(after, table.copy())
+    assert np.array(positions).tolist() == after.tolist() and np.array(lens).tolist() == (after + 1).tolist()
+    assert np.array(got_slots).tolist() == decode_slots(moved, table, after, 16).tolist()
+    assert np.array(got_table).tolist() == table.tolist()
+    grown = table.copy()
+    grown[0, 1] = 7
+    assert forward._advanced(after, grown) is None
+    assert forward._advanced(starts, table) is None
+    assert forward._advanced(after[:5], table[:5]) is None

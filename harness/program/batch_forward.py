@@ -275,6 +275,9 @@ class PagedBatchKernels(_Tokens):
         # decode-only steps, by (batch, table width, serve_cache_outputs)
         self._compiled: dict[tuple[int, int, bool], object] = {}
         self._held_inputs: list = []  # serve_host_inputs=held: every decode step's host-made arrays
+        # serve_device_inputs: the last decode step's (starts, table) on the host and its input arrays
+        self._last_inputs: tuple | None = None
+        self._advance = None  # (its compiled step forward, made once)
 
     def _check_mega(self, model) -> None:
         """The megafused batch variant runs the layers token_block's batch form takes: the llama /
@@ -412,7 +415,10 @@ class PagedBatchKernels(_Tokens):
             ids = np.asarray(host_tokens([w.tokens[0] for w in work]), np.int32)
             mx.eval(d.k, d.v)
         host = [starts, slots, table, starts + 1] + ([ids] if isinstance(ids, np.ndarray) else [])
-        if options.get("serve_token_words"):
+        carried = self._advanced(starts, table) if options.get("serve_device_inputs") else None
+        if carried is not None:  # this step's inputs from the last one's, on the device: no host write
+            made = carried + [mx.array(ids)] if isinstance(ids, np.ndarray) else carried
+        elif options.get("serve_token_words"):
             # the step's host-made arrays as views of one: a buffer the host writes is of another
             # size class than the step's token array (4 bytes a row), which MLX's cache would
             # otherwise hand to argmax's output with its page still on the host (argmax.metal)
@@ -424,10 +430,36 @@ class PagedBatchKernels(_Tokens):
             made = [mx.array(a) for a in host]
         if isinstance(ids, np.ndarray):
             ids = made.pop()
+        self._last_inputs = (starts, table, made) if options.get("serve_device_inputs") else None
         logits, *caches = fn(ids, *made, *d.k, *d.v)
         if caches:
             d.k, d.v = list(caches[:n]), list(caches[n:])
         return logits
+
+    def _advanced(self, starts: np.ndarray, table: np.ndarray) -> list[mx.array] | None:
+        """serve_device_inputs: the step's (positions, slots, table, lengths) made on the device from
+        the last decode step's, where the same sequences each moved on one token over the same block
+        tables (a block a sequence is added every block_size steps: then the host's), so that the
+        step writes no host memory. None where they cannot be. The host's own values (decode_slots)
+        are still computed and checked above; these are the same by construction."""
+        last = self._last_inputs
+        if last is None:
+            return None
+        last_starts, last_table, arrays = last
+        if (last_starts.shape != starts.shape or last_table.shape != table.shape
+                or not np.array_equal(last_starts + 1, starts) or not np.array_equal(last_table, table)):
+            return None
+        if self._advance is None:
+            bs = self.pool.block_size
+
+            def advance(positions: mx.array, table: mx.array):
+                positions = positions + 1
+                block = mx.take_along_axis(table, (positions // bs)[:, None], axis=1)[:, 0]
+                return positions, block * bs + positions % bs, positions + 1
+
+            self._advance = mx.compile(advance)
+        positions, slots, lens = self._advance(arrays[0], arrays[2])
+        return [positions, slots, arrays[2], lens]
 
     @staticmethod
     def _ids_on_device(work: list[Work]) -> mx.array | None:
