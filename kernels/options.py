@@ -260,6 +260,10 @@ DECLARED = (
            "same block tables makes its positions, slots and lengths on the device from the last step's "
            "(one small compiled launch), so that the step writes no host memory: no managed page the "
            "host wrote for a kernel to fault back (harness/program/batch_forward.py)"),
+    Option("serve_clear_cache", False, _flag,
+           "lathe serve, kernel variants, a diagnostic: MLX's buffer cache is cleared before the first compiled "
+           "decode step, so that no buffer the load or the prompts freed (managed memory among them: arrays "
+           "made from host data) becomes a decode step's kernel output (harness/program/batch_forward.py)"),
     Option("serve_mega_up_to", 8, _count,
            "lathe serve, megafused variant: a decode-only step of up to this many sequences runs token_block "
            "launches of serve_mega_rows sequences each (every weight read once a launch); a larger one fused's plan, whose "

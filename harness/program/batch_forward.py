@@ -278,6 +278,7 @@ class PagedBatchKernels(_Tokens):
         # serve_device_inputs: the last decode step's (starts, table) on the host and its input arrays
         self._last_inputs: tuple | None = None
         self._advance = None  # (its compiled step forward, made once)
+        self._cleared = False  # serve_clear_cache: MLX's cache cleared before the first decode step
 
     def _check_mega(self, model) -> None:
         """The megafused batch variant runs the layers token_block's batch form takes: the llama /
@@ -401,6 +402,13 @@ class PagedBatchKernels(_Tokens):
         table = self._table(work, min(self.max_blocks, 1 << (widest - 1).bit_length()))
         if table.min() < 0 or table.max() >= self.pool.num_blocks:  # (its padding is block 0)
             raise ValueError(f"a block table points outside the pool's {self.pool.num_blocks} blocks")
+        if options.get("serve_clear_cache") and not self._cleared:
+            # the buffers the load and the prompts left in MLX's cache (managed memory among them:
+            # every array made from host data) freed, so that the decode steps' outputs are the
+            # stream's own device memory
+            mx.synchronize()
+            mx.clear_cache()
+            self._cleared = True
         outputs = options.get("serve_cache_outputs")
         key = (*table.shape, outputs)
         fn = self._compiled.get(key)
