@@ -229,7 +229,7 @@ def test_the_kernel_batch_launches_one_attention_for_the_decode_tokens(models, p
                                      "fused/qmm_prologue=off", "fused/qmm_mma=on", "fused/qmm_prologue=off,qmm_mma=on",
                                      "fused/serve_cache_outputs=on", "megafused", "megafused/serve_mega_rows=4",
                                      "megafused/serve_mega_extra=0", "megafused/serve_cache_outputs=on",
-                                     "fused/serve_device_inputs=on", "megafused/serve_device_inputs=on"])
+                                     "fused/serve_device_inputs=off", "megafused/serve_device_inputs=off"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_kernel_batch_decodes_each_sequence_as_the_model_and_as_alone(models, preset, variant, request):
     """lathe's kernels under continuous batching (shared prefixes, preemptions, batches of 1-5
