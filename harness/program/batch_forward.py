@@ -277,7 +277,7 @@ class PagedBatchKernels(_Tokens):
         self._held_inputs: list = []  # serve_host_inputs=held: every decode step's host-made arrays
         # serve_device_inputs: the last decode step's (starts, table) on the host and its input arrays
         self._last_inputs: tuple | None = None
-        self._advance = None  # (its compiled step forward, made once)
+        self._advance = None  # serve_device_inputs: the compiled launch that advances them (made once)
         self._cleared = False  # serve_clear_cache: MLX's cache cleared before the first decode step
 
     def _check_mega(self, model) -> None:
