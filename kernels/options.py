@@ -249,12 +249,6 @@ DECLARED = (
            "small pool of managed memory, which the GPU maps), and a decode step's host-made arrays as views "
            "of one, so that no kernel output lands in a buffer whose page the host last touched (on an H200 "
            "the argmax then took 41-47 us a call at the median, up to 580, against 7; kernels/loop/NOTES.md)"),
-    Option("serve_host_inputs", "views", _one_of("views", "held", "copied"),
-           "lathe serve, kernel variants, a diagnostic of where a decode step's host-made inputs (positions, "
-           "slots, table, lengths: managed memory the host wrote) cost the GPU: views (the default: views of one "
-           "array the kernels read), held (the same, every step's kept alive to the forward's end, so that none "
-           "goes back to MLX's cache to become a later kernel output) or copied (one GPU copy of them first, "
-           "which takes any fault on their pages in a launch of its own; harness/program/batch_forward.py)"),
     Option("serve_device_inputs", True, _flag,
            "lathe serve, kernel variants: a decode step whose sequences each moved on one token over the "
            "same block tables makes its positions, slots and lengths on the device from the last step's "
@@ -262,10 +256,6 @@ DECLARED = (
            "wrote each step cost serve's Qwen3-0.6B token_block of 8 sequences 1400-1700 us launch by launch, "
            "with a period of about four steps; on: 1405-1425, 6% less at the mean, decode 7-17% faster on an "
            "H200: kernels/loop/NOTES.md; harness/program/batch_forward.py)"),
-    Option("serve_clear_cache", False, _flag,
-           "lathe serve, kernel variants, a diagnostic: MLX's buffer cache is cleared before the first compiled "
-           "decode step, so that no buffer the load or the prompts freed (managed memory among them: arrays "
-           "made from host data) becomes a decode step's kernel output (harness/program/batch_forward.py)"),
     Option("serve_mega_up_to", 8, _count,
            "lathe serve, megafused variant: a decode-only step of up to this many sequences runs token_block "
            "launches of serve_mega_rows sequences each (every weight read once a launch); a larger one fused's plan, whose "

@@ -127,12 +127,9 @@ def slots_of(w: Work, block_size: int, start: int = 0) -> np.ndarray:
     return (np.asarray(w.table, np.int64)[pos // block_size] * block_size + pos % block_size).astype(np.int32)
 
 
-def views(flat: np.ndarray, shapes: list[tuple[int, ...]], copied: bool = False) -> list[mx.array]:
-    """Arrays of `shapes`, one after another in `flat`, as views of one MLX array made from it
-    (`copied`: of a GPU op's copy of it)."""
+def views(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[mx.array]:
+    """Arrays of `shapes`, one after another in `flat`, as views of one MLX array made from it."""
     whole, at, out = mx.array(flat), 0, []
-    if copied:
-        whole = whole + mx.zeros((), whole.dtype)
     for shape in shapes:
         size = int(np.prod(shape))
         out.append(whole[at:at + size].reshape(shape))
@@ -274,11 +271,9 @@ class PagedBatchKernels(_Tokens):
         self.max_blocks = -(-max_seq // pool.block_size)
         # decode-only steps, by (batch, table width, serve_cache_outputs)
         self._compiled: dict[tuple[int, int, bool], object] = {}
-        self._held_inputs: list = []  # serve_host_inputs=held: every decode step's host-made arrays
         # serve_device_inputs: the last decode step's (starts, table) on the host and its input arrays
         self._last_inputs: tuple | None = None
         self._advance = None  # serve_device_inputs: the compiled launch that advances them (made once)
-        self._cleared = False  # serve_clear_cache: MLX's cache cleared before the first decode step
 
     def _check_mega(self, model) -> None:
         """The megafused batch variant runs the layers token_block's batch form takes: the llama /
@@ -402,13 +397,6 @@ class PagedBatchKernels(_Tokens):
         table = self._table(work, min(self.max_blocks, 1 << (widest - 1).bit_length()))
         if table.min() < 0 or table.max() >= self.pool.num_blocks:  # (its padding is block 0)
             raise ValueError(f"a block table points outside the pool's {self.pool.num_blocks} blocks")
-        if options.get("serve_clear_cache") and not self._cleared:
-            # the buffers the load and the prompts left in MLX's cache (managed memory among them:
-            # every array made from host data) freed, so that the decode steps' outputs are the
-            # stream's own device memory
-            mx.synchronize()
-            mx.clear_cache()
-            self._cleared = True
         outputs = options.get("serve_cache_outputs")
         key = (*table.shape, outputs)
         fn = self._compiled.get(key)
@@ -430,10 +418,7 @@ class PagedBatchKernels(_Tokens):
             # the step's host-made arrays as views of one: a buffer the host writes is of another
             # size class than the step's token array (4 bytes a row), which MLX's cache would
             # otherwise hand to argmax's output with its page still on the host (argmax.metal)
-            how = options.get("serve_host_inputs")
-            made = views(np.concatenate([a.reshape(-1) for a in host]), [a.shape for a in host], how == "copied")
-            if how == "held":
-                self._held_inputs.append(made)
+            made = views(np.concatenate([a.reshape(-1) for a in host]), [a.shape for a in host])
         else:
             made = [mx.array(a) for a in host]
         if isinstance(ids, np.ndarray):
@@ -454,8 +439,7 @@ class PagedBatchKernels(_Tokens):
         if last is None:
             return None
         last_starts, last_table, arrays = last
-        if (last_starts.shape != starts.shape or last_table.shape != table.shape
-                or not np.array_equal(last_starts + 1, starts) or not np.array_equal(last_table, table)):
+        if not np.array_equal(last_starts + 1, starts) or not np.array_equal(last_table, table):  # (shapes too)
             return None
         if self._advance is None:
             bs = self.pool.block_size

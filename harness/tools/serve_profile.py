@@ -29,7 +29,7 @@ from collections import defaultdict
 
 import mlx.core as mx
 
-from harness.tools import gpu_trace
+from harness.tools import gpu_trace, launch_spread
 
 
 def _admitted(model, variant: str, batch: int, prompt: int, steps: int, seed: int):
@@ -113,8 +113,7 @@ def profile_batch(model, variant: str, batch: int, prompt: int, steps: int, seed
     heaviest = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
     # the heaviest kernel launch by launch: a spread far past the context's growth over the steps
     # says some launches wait on something else (a managed page's fault, the clock)
-    runs = sorted(duration for _, duration, name in kernels if name == heaviest[0][0])
-    spread = "/".join(f"{runs[min(len(runs) - 1, int(q * len(runs)))]:.0f}" for q in (0.1, 0.5, 0.9, 1.0))
+    spread = "/".join(str(us) for us in launch_spread.spread(kernels, heaviest[0][0])["p10_50_90_max"])
     return dict(row, gpu_busy_ms=round(busy / steps / 1e3, 3), busy_pct=round(100 * busy / span, 1),
                 launches=round(len(kernels) / steps, 1), heaviest_p10_50_90_max=spread,
                 top=", ".join(f"{name.removeprefix('mlx::core::cu::custom_kernel_')[:48]} {us / steps:.0f} us"
