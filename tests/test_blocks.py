@@ -915,3 +915,28 @@ def test_the_batch_forms_act_codes_follow_their_option_and_count_in_the_queue(on
     assert batch.spec.outputs[-len(want):] == want and len(got) == 3
     assert "_actcodes" not in single.spec.name and "#define ACT_CODES 0\n" in single.spec.prelude
     assert blocks.queue_words(10) == 12 * blocks.QUEUE_STRIDE + blocks.BLOCK_COUNTS
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_rms_late_reaches_both_forms_and_its_scratch_is_counted(on):
+    """block_rms_late: RMS_LATE in the constants of the batch form and of a single token; the
+    scratch it widens (a float a SIMD group and row of X) is in each spec's count of threadgroup
+    memory, as the front end measures the instantiated source (where libclang is installed)."""
+    from kernels import options
+    from kernels.runtime import recording
+
+    with options.use(block_rms_late=on), recording() as rec:
+        _paged_batch()
+        _token()
+    assert [job.constants["RMS_LATE"] for job in rec.jobs] == [on, on]
+    batch = rec.jobs[0]
+    c = batch.constants
+    widened = 4 * c["NSIMD"] * (c["M"] - 1) if on else 0
+    assert batch.spec.threadgroup_bytes(c) == batch.spec.threadgroup_bytes({**c, "RMS_LATE": False}) + widened
+    try:
+        from harness.metal import front_end, launch_source, threadgroup_bytes_mismatch
+        import clang.cindex  # noqa: F401
+    except ImportError:
+        return
+    for job in rec.jobs:
+        assert threadgroup_bytes_mismatch(job, front_end(launch_source(job))[1]) is None

@@ -209,10 +209,10 @@ def _spec(first: int, phases: int, caches: int = 1, split: bool = False, head_no
                       launch_bounds=bounds)
 
 
-def _gemv_bytes(m: int, xchunk: int, nsimd: int) -> int:
+def _gemv_bytes(m: int, xchunk: int, nsimd: int, rms_late: bool = False) -> int:
     """layer_block.metal's threadgroup memory for its GEMV phases: v3's staged X', the claimed
     ticket and the last-out flag."""
-    return gemv.v3_smem_bytes(m, xchunk, nsimd) + 8
+    return gemv.v3_smem_bytes(m, xchunk, nsimd, rms_late) + 8
 
 
 def _threadgroup_bytes(c: dict, attn: bool, head_norm: bool, split: bool, post_norms: bool = False) -> int:
@@ -220,7 +220,8 @@ def _threadgroup_bytes(c: dict, attn: bool, head_norm: bool, split: bool, post_n
     last-out flag, with post-block norms the float32 stream row (x_post), and with attention
     phases decode attention's arrays (merged partitions where the launch splits; K's slots
     unless they are in X')."""
-    gemv_bytes = _gemv_bytes(c["M"], c["XCHUNK"], c["NSIMD"]) + (4 * c["K_QKV"] if post_norms else 0)
+    gemv_bytes = (_gemv_bytes(c["M"], c["XCHUNK"], c["NSIMD"], bool(c.get("RMS_LATE")))
+                  + (4 * c["K_QKV"] if post_norms else 0))
     if not attn:
         return gemv_bytes
     slots = 0 if c.get("KIN_X") else c.get("KSLOTS", 0)  # (KIN_X: the slots are in X')
@@ -643,10 +644,14 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         group = a.n_heads // a.n_kv
         return partition, split, parts, max(attention_query_split(group, a.n_kv, parts, least), heads_split(group))
 
+    rms_late = bool(options.get("block_rms_late"))
+
     def reserved(s: int) -> int:
-        """Threadgroup bytes beside the GEMVs' staging: the stream row (post-norms) and the
-        attention's arrays with no K slots (the slots take what is left: below)."""
-        post = 4 * x.shape[-1] if layer_kind.post_norms else 0
+        """Threadgroup bytes beside the GEMVs' staging: the stream row (post-norms), block_rms_late's
+        scratch past v3's own, and the attention's arrays with no K slots (the slots take what is
+        left: below)."""
+        post = (4 * x.shape[-1] if layer_kind.post_norms else 0) + (
+            gemv.v3_smem_bytes(m, 0, s, True) - gemv.v3_smem_bytes(m, 0, s) if rms_late else 0)
         if not attn:
             return post
         _, split, parts, qs = attention_layout(s)
@@ -670,7 +675,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                "HEAD_NORM_STRIDE": 0, **({"W_V_STRIDE": 0} if V in gemvs else {}), **(strides or {})}
     inputs, consts = [], dict(QTYPE=gemv.block_format(qtype)[0], M=m, NSIMD=s, XCHUNK=geo.xchunk, FIRST=first,
                               PHASES=phases, PREFETCH=bool(options.get("block_prefetch")),
-                              SIGNAL_APART=bool(options.get("block_signal_apart")),
+                              SIGNAL_APART=bool(options.get("block_signal_apart")), RMS_LATE=rms_late,
                               L2_AHEAD=bool(options.get("block_l2_ahead")),
                               XITEMS=gemv.x_stage_items("block_x_items", m),
                               ROW_PASSES=gemv.row_passes(), **strides)
@@ -714,7 +719,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         slots, early = options.get("block_k_slots"), options.get("block_k_early")
         auto_unsplit = slots is None and not split
         # the bytes the attention's arrays and K's slots may take beside the GEMV phases' staging
-        budget = (backends.threadgroup_memory() - _gemv_bytes(m, geo.xchunk, s)
+        budget = (backends.threadgroup_memory() - _gemv_bytes(m, geo.xchunk, s, rms_late)
                   - (4 * a.d if layer_kind.post_norms else 0))
         merged = parts if split else 0  # (the partitions whose weights the merge holds)
         # auto (block_k_early and block_k_slots both): a decode token's attention with head norms and

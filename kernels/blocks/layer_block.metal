@@ -45,6 +45,9 @@
 // X' (outputs act_codes, act_scales, act_sums), each block of 32 columns quantized by the last SIMD
 // group to write it (gemv/y_codes.metal: a count a block in the queue, after its lines), and the
 // DOWN tickets copy it where each quantized all M rows of act.
+// RMS_LATE (the block_rms_late option): the QKV and UP phases stage X' as x * norm with no pass over
+// x first, each row's sum of squares taken from the staging's loads, and scale their sums by the
+// row's 1 / RMS (gemv/x_stage.metal's X_RMS_LATE), where X' is one chunk.
 // QKV_BIAS (Qwen2's layer): the QKV phase adds layer l's [q; k; v] biases (qkv_bias + l *
 // QKV_BIAS_STRIDE, fp16) to its outputs before their one rounding (v3_rows' GEMV_BIAS).
 // LAYER_WINDOWS: layer l's attention sees its last windows[l] positions (0: all; Gemma 3's
@@ -83,7 +86,7 @@
 // tickets are those of w_qkv ([q; k], qkv_dims) and then w_v's (v_dims, types Q_V_A / Q_V_B, bit
 // V_BIT, W_V_STRIDE, R_V, P_V), V's rows written after Q and K's in qkv.
 // Constants: FIRST, PHASES, ROPE_STRIDE, v3's QTYPE, M, NSIMD and XCHUNK (the launch's: one threadgroup size,
-// one X' staging, which every GEMV's type shares), SIGNAL_APART, PREFETCH, L2_AHEAD, XITEMS, ROW_PASSES, each GEMV's K, R and P (its own rows
+// one X' staging, which every GEMV's type shares), SIGNAL_APART, RMS_LATE, PREFETCH, L2_AHEAD, XITEMS, ROW_PASSES, each GEMV's K, R and P (its own rows
 // a SIMD group and loads in flight, kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F),
 // K_QKV (d_model), K_O (n_heads * D), R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O,
 // W_QKV_STRIDE, W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN
@@ -103,6 +106,7 @@
 // part_ml (split); POST_NORMS: blk [1, d_model] (x_in, x_mid and x_out float32). M > 1 with ATTN:
 // token_block's batch form, LATHE_PAGED 1: query b of the M tokens is sequence b's, at pos[b],
 // its blocks in row b of the input `table`, the caches each layer's paged pool.
+#define GEMV_RMS_LATE RMS_LATE  // QKV's and UP's RMSNorm from the staging's loads (the block_rms_late option)
 #include "gemv/v3_tiles.metal"
 #ifndef O_CODES
 #define O_CODES 0

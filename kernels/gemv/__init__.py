@@ -652,9 +652,10 @@ def _check_packed(w: Packed, qtype: str, n: int, k: int) -> None:
         raise ValueError(f"packed weights are {w.qtype} [N={w.n}, K={w.k}], the call says {qtype} [N={n}, K={k}]")
 
 
-def v3_smem_bytes(m: int, xchunk: int, simds: int) -> int:
-    """Threadgroup memory of a v3 launch: X' as int16, a scale and a sum per block."""
-    return m * (2 * xchunk + xchunk // 32 * 8) + 4 * (m + simds)
+def v3_smem_bytes(m: int, xchunk: int, simds: int, rms_late: bool = False) -> int:
+    """Threadgroup memory of a v3 launch: X' as int16, a scale and a sum per block, each row's
+    1 / RMS, and the threadgroup sum's scratch (rms_late: a float a SIMD group and row)."""
+    return m * (2 * xchunk + xchunk // 32 * 8) + 4 * (m + simds * (m if rms_late else 1))
 
 
 def v3_by_shape(n: int, k: int, qtype: str = "q4_0") -> dict[str, int]:

@@ -42,6 +42,18 @@ constexpr uint CHUNKS = (NC + RXC - 1) / RXC;  // X' chunks
 #ifndef GEMV_ROW_PASSES
 #define GEMV_ROW_PASSES 1
 #endif
+// GEMV_RMS_LATE (the includer's; v3_tiles.metal sizes scratch for it): with the RMSNorm prologue
+// and X' in one chunk, the staging takes no pass over X first (x_stage.metal's X_RMS_LATE) and the
+// epilogue scales each row's sums by its 1 / RMS. Several chunks keep the pass (each chunk's
+// codes would need the row's scale before the row is whole).
+#ifndef GEMV_RMS_LATE
+#define GEMV_RMS_LATE 0
+#endif
+#if LATHE_PROLOGUE == 1 && !defined(GEMV_X_CODES)
+constexpr bool rms_late = GEMV_RMS_LATE && CHUNKS == 1;
+#else
+constexpr bool rms_late = false;
+#endif
 constexpr uint CPL = ((GEMV_ROW_PASSES && NC < RXC ? NC : RXC) + 31) / 32;
 const uint n = uint(dims[0]);
 const uint k = KR;
@@ -198,7 +210,9 @@ for (uint it = 0; it < items; ++it) {
 #ifdef GEMV_X_CODES
 #include "gemv/x_codes.metal"
 #else
+#define X_RMS_LATE rms_late
 #include "gemv/x_stage.metal"
+#undef X_RMS_LATE
 #endif
 #undef X_STORE
     }
@@ -279,6 +293,16 @@ for (uint it = 0; it < items; ++it) {
         acc[r][m] = 0.0f;
       }
     }
+#if LATHE_PROLOGUE == 1
+    if (rms_late) {  // each row's 1 / RMS, from the staging's sums of squares in scratch
+      for (uint m = 0; m < uint(M); ++m) {
+        float ss = 0.0f;
+        for (uint s = 0; s < uint(NSIMD); ++s) ss += scratch[m * NSIMD + s];
+        const float row_scale = rsqrt(ss / float(k) + eps[0]);
+        for (uint r = 0; r < uint(RR); ++r) total[r][m] *= row_scale;
+      }
+    }
+#endif
     for (uint r = 0; r < RO; ++r) {
       for (uint m = 0; m < uint(M); ++m) {
         const uint col = col0 + r;

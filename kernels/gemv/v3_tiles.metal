@@ -13,7 +13,11 @@ threadgroup uint4 x_tile[M * UNITS * XC];    // X' as int16: word u of chunk c a
 threadgroup float x_scale[M * XCHUNK / 32];  // d_x of each block
 threadgroup int x_sum[M * XCHUNK / 32];      // sum of each block's int16 values
 threadgroup float inv_rms[M];                // LATHE_PROLOGUE 1: 1 / RMS of each row of X
-threadgroup float scratch[NSIMD];            // ... and its threadgroup sum
+#ifndef GEMV_RMS_LATE
+#define GEMV_RMS_LATE 0
+#endif
+// ... and its threadgroup sum (GEMV_RMS_LATE: each row's SIMD groups' sums of squares, v3_rows.metal)
+threadgroup float scratch[NSIMD * (GEMV_RMS_LATE ? M : 1)];
 
 const uint lane = thread_index_in_simdgroup;
 const uint simd = simdgroup_index_in_threadgroup;

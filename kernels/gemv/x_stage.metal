@@ -9,6 +9,11 @@
 // The scope names: x, k, nb, gamma and eps (prologue 1), tid, NT, M, XCHUNK, cb0 (the chunk's
 // first block), x_scale and x_sum (M * XCHUNK / 32 each), inv_rms, scratch, simd, lane.
 // Every thread of the threadgroup runs it; it begins and ends with a threadgroup barrier.
+// X_RMS_LATE (the includer's, LATHE_PROLOGUE 1 with X' in one chunk): no pass over X before the
+// staging. X' is X * gamma, each row's sum of squares comes from the staging's own loads into
+// scratch[m * NSIMD + simd] (NSIMD * M floats), and the includer scales its sums by 1 / RMS
+// (v3_rows.metal): the codes are the same up to rounding (a block's scale absorbs the row's 1 /
+// RMS), and the pass, a round trip to the L2 and M threadgroup sums, leaves the ticket's path.
 #ifndef LATHE_ACT
 #define LATHE_ACT 0
 #endif
@@ -40,9 +45,15 @@
     }                                                                                          \
   }
 #endif
+#ifndef X_RMS_LATE
+#define X_RMS_LATE false
+#define X_RMS_LATE_HERE
+#endif
 {
 #if LATHE_PROLOGUE == 1
-  if (cb0 == 0) {
+  float row_ss[M];  // X_RMS_LATE: this thread's share of each row's sum of squares
+  LATHE_UNROLL for (uint m = 0; m < uint(M); ++m) row_ss[m] = 0.0f;
+  if (!X_RMS_LATE && cb0 == 0) {
     // RMSNorm needs the mean square of each whole row of X first. Every row's loads go out
     // together, and the sums meet after: a row at a time waited an L2 round trip (and two
     // barriers) a row, M of them before the first value was staged.
@@ -74,6 +85,7 @@
   for (uint base = 0; base < halves; base += X_STAGE_ITEMS * NT) {
     float v[X_STAGE_ITEMS][16];
     float amax[X_STAGE_ITEMS];
+    float item_ss[X_STAGE_ITEMS];  // X_RMS_LATE: the item's sum of squares of X
     LATHE_UNROLL for (uint u = 0; u < X_STAGE_ITEMS; ++u) {
       const uint i = min(base + u * NT + tid, halves - 1);
       const uint m = i / (cnb * 2);
@@ -85,12 +97,16 @@
       const auto src = x + m * k;
 #endif
       amax[u] = 0.0f;
+      item_ss[u] = 0.0f;
       LATHE_UNROLL for (uint q = 0; q < 2; ++q) {
         float xe[8];
         X_EIGHT(src, k0 / 8 + q, xe);
 #if LATHE_PROLOGUE == 1
         const uint4 s4 = load_wide<uint4>(gamma, k0 / 8 + q);
         const uint sw[4] = {s4.x, s4.y, s4.z, s4.w};
+        if (X_RMS_LATE) {
+          for (uint j = 0; j < 8; ++j) item_ss[u] += xe[j] * xe[j];
+        }
 #elif LATHE_PROLOGUE == 2
         const uint4 u4 = load_wide<uint4>(src + k, k0 / 8 + q);
         const uint uw[4] = {u4.x, u4.y, u4.z, u4.w};
@@ -99,8 +115,8 @@
           float a = xe[2 * j], b = xe[2 * j + 1];
 #if LATHE_PROLOGUE == 1
           const half2 gm = as_type<half2>(sw[j]);
-          a = a * inv_rms[m] * float(gm.x);
-          b = b * inv_rms[m] * float(gm.y);
+          a = (X_RMS_LATE ? a : a * inv_rms[m]) * float(gm.x);
+          b = (X_RMS_LATE ? b : b * inv_rms[m]) * float(gm.y);
 #elif LATHE_PROLOGUE == 2
           const half2 uh = as_type<half2>(uw[j]);
           a = gate_act<LATHE_ACT>(a) * float(uh.x);
@@ -116,6 +132,11 @@
       const uint i = base + u * NT + tid;
       const uint m = min(i, halves - 1) / (cnb * 2);
       const uint e = (min(i, halves - 1) % (cnb * 2)) * 16;
+#if LATHE_PROLOGUE == 1
+      if (X_RMS_LATE) {  // (an item past the end repeats the last one: not counted)
+        LATHE_UNROLL for (uint r = 0; r < uint(M); ++r) row_ss[r] += i < halves && r == m ? item_ss[u] : 0.0f;
+      }
+#endif
       // The block's two halves meet: one scale for the block (i and i ^ 1 both in or both out).
       const float block_max = max(amax[u], simd_shuffle_xor(amax[u], 1));
       const float inv = block_max > 0.0f ? 32767.0f / block_max : 0.0f;
@@ -137,6 +158,18 @@
       }
     }
   }
+#if LATHE_PROLOGUE == 1
+  if (X_RMS_LATE) {  // every row's SIMD sums side by side; the includer adds a row's NSIMD of them
+    LATHE_UNROLL for (uint m = 0; m < uint(M); ++m) {
+      const float total = simd_sum(row_ss[m]);
+      if (lane == 0) scratch[m * NSIMD + simd] = total;
+    }
+  }
+#endif
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 #undef X_EIGHT
+#ifdef X_RMS_LATE_HERE
+#undef X_RMS_LATE
+#undef X_RMS_LATE_HERE
+#endif
