@@ -9,11 +9,13 @@
 // The scope names: x, k, nb, gamma and eps (prologue 1), tid, NT, M, XCHUNK, cb0 (the chunk's
 // first block), x_scale and x_sum (M * XCHUNK / 32 each), inv_rms, scratch, simd, lane.
 // Every thread of the threadgroup runs it; it begins and ends with a threadgroup barrier.
-// X_RMS_LATE (the includer's, LATHE_PROLOGUE 1 with X' in one chunk): no pass over X before the
-// staging. X' is X * gamma, each row's sum of squares comes from the staging's own loads into
-// scratch[m * NSIMD + simd] (NSIMD * M floats), and the includer scales its sums by 1 / RMS
-// (v3_rows.metal): the codes are the same up to rounding (a block's scale absorbs the row's 1 /
-// RMS), and the pass, a round trip to the L2 and M threadgroup sums, leaves the ticket's path.
+// X_RMS_LATE (the includer's, LATHE_PROLOGUE 1 with X' in one chunk of whole 512s of K): no pass
+// over X before the staging. X' is X * gamma, each row's sum of squares comes from the staging's
+// own loads into scratch[m * NSIMD + simd] (NSIMD * M floats; a SIMD group's 32 items lie in one
+// row, so each item's sum is one simd_sum, added by lane 0 in pass order), and the includer scales
+// its sums by 1 / RMS (v3_rows.metal): the codes are the same up to rounding (a block's scale
+// absorbs the row's 1 / RMS), and the pass, a round trip to the L2 and M threadgroup sums, leaves
+// the ticket's path.
 #ifndef LATHE_ACT
 #define LATHE_ACT 0
 #endif
@@ -51,8 +53,9 @@
 #endif
 {
 #if LATHE_PROLOGUE == 1
-  float row_ss[M];  // X_RMS_LATE: this thread's share of each row's sum of squares
-  LATHE_UNROLL for (uint m = 0; m < uint(M); ++m) row_ss[m] = 0.0f;
+  if (X_RMS_LATE && lane == 0) {  // this SIMD group's sums, each row's from zero
+    LATHE_UNROLL for (uint m = 0; m < uint(M); ++m) scratch[m * NSIMD + simd] = 0.0f;
+  }
   if (!X_RMS_LATE && cb0 == 0) {
     // RMSNorm needs the mean square of each whole row of X first. Every row's loads go out
     // together, and the sums meet after: a row at a time waited an L2 round trip (and two
@@ -134,7 +137,8 @@
       const uint e = (min(i, halves - 1) % (cnb * 2)) * 16;
 #if LATHE_PROLOGUE == 1
       if (X_RMS_LATE) {  // (an item past the end repeats the last one: not counted)
-        LATHE_UNROLL for (uint r = 0; r < uint(M); ++r) row_ss[r] += i < halves && r == m ? item_ss[u] : 0.0f;
+        const float row_part = simd_sum(item_ss[u]);
+        if (lane == 0 && i < halves) scratch[m * NSIMD + simd] += row_part;
       }
 #endif
       // The block's two halves meet: one scale for the block (i and i ^ 1 both in or both out).
@@ -158,14 +162,6 @@
       }
     }
   }
-#if LATHE_PROLOGUE == 1
-  if (X_RMS_LATE) {  // every row's SIMD sums side by side; the includer adds a row's NSIMD of them
-    LATHE_UNROLL for (uint m = 0; m < uint(M); ++m) {
-      const float total = simd_sum(row_ss[m]);
-      if (lane == 0) scratch[m * NSIMD + simd] = total;
-    }
-  }
-#endif
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 #undef X_EIGHT
