@@ -45,13 +45,13 @@ constexpr uint CHUNKS = (NC + RXC - 1) / RXC;  // X' chunks
 // GEMV_RMS_LATE (the includer's; v3_tiles.metal sizes scratch for it): with the RMSNorm prologue
 // and X' in one chunk, the staging takes no pass over X first (x_stage.metal's X_RMS_LATE) and the
 // epilogue scales each row's sums by its 1 / RMS. Several chunks keep the pass (each chunk's
-// codes would need the row's scale before the row is whole), as does a K of other than whole 512s
-// (a SIMD group's 32 items of 16 values would span two rows).
+// codes would need the row's scale before the row is whole), as does a K that is neither whole
+// 512s nor 512 / 2^j (a SIMD group's 32 items of 16 values would split a row unevenly).
 #ifndef GEMV_RMS_LATE
 #define GEMV_RMS_LATE 0
 #endif
 #if LATHE_PROLOGUE == 1 && !defined(GEMV_X_CODES)
-constexpr bool rms_late = GEMV_RMS_LATE && CHUNKS == 1 && KR % 512 == 0;
+constexpr bool rms_late = GEMV_RMS_LATE && CHUNKS == 1 && (KR % 512 == 0 || 512 % KR == 0);
 #else
 constexpr bool rms_late = false;
 #endif

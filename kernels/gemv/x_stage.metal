@@ -9,13 +9,14 @@
 // The scope names: x, k, nb, gamma and eps (prologue 1), tid, NT, M, XCHUNK, cb0 (the chunk's
 // first block), x_scale and x_sum (M * XCHUNK / 32 each), inv_rms, scratch, simd, lane.
 // Every thread of the threadgroup runs it; it begins and ends with a threadgroup barrier.
-// X_RMS_LATE (the includer's, LATHE_PROLOGUE 1 with X' in one chunk of whole 512s of K): no pass
-// over X before the staging. X' is X * gamma, each row's sum of squares comes from the staging's
-// own loads into scratch[m * NSIMD + simd] (NSIMD * M floats; a SIMD group's 32 items lie in one
-// row, so each item's sum is one simd_sum, added by lane 0 in pass order), and the includer scales
+// X_RMS_LATE (the includer's, LATHE_PROLOGUE 1 with X' in one chunk, K whole 512s or 512 / 2^j):
+// no pass over X before the staging. X' is X * gamma, each row's sum of squares comes from the
+// staging's own loads into scratch[m * NSIMD + simd] (NSIMD * M floats), and the includer scales
 // its sums by 1 / RMS (v3_rows.metal): the codes are the same up to rounding (a block's scale
 // absorbs the row's 1 / RMS), and the pass, a round trip to the L2 and M threadgroup sums, leaves
-// the ticket's path.
+// the ticket's path. A SIMD group's 32 items (16 values each) lie in one row, or in rows of a
+// power-of-two number of lanes each: each row's part is summed over its lanes and added by its
+// first lane, in pass order (the same bits every launch).
 #ifndef LATHE_ACT
 #define LATHE_ACT 0
 #endif
@@ -137,8 +138,12 @@
       const uint e = (min(i, halves - 1) % (cnb * 2)) * 16;
 #if LATHE_PROLOGUE == 1
       if (X_RMS_LATE) {  // (an item past the end repeats the last one: not counted)
-        const float row_part = simd_sum(item_ss[u]);
-        if (lane == 0 && i < halves) scratch[m * NSIMD + simd] += row_part;
+        const uint row_lanes = min(cnb * 2, 32u);  // the lanes a row's items take
+        float row_part = item_ss[u];
+        for (uint o = 1; o < 32; o <<= 1) {
+          if (o < row_lanes) row_part += simd_shuffle_xor(row_part, ushort(o));
+        }
+        if (lane % row_lanes == 0 && i < halves) scratch[m * NSIMD + simd] += row_part;
       }
 #endif
       // The block's two halves meet: one scale for the block (i and i ^ 1 both in or both out).
