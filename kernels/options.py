@@ -332,6 +332,10 @@ DECLARED = (
            "the blocks' QKV and UP phases (X' in one chunk) stage x * norm with no pass over x first: each row's "
            "sum of squares comes from the staging's own loads and the GEMV scales its sums by the row's 1 / RMS "
            "(gemv/x_stage.metal; kernels/loop/NOTES.md)"),
+    Option("block_query_lanes", False, _flag,
+           "the blocks' attention phase turns its query (and the new K row) a SIMD group a head, each lane "
+           "loading its RoPE pairs once: the head norms' sums need no barrier and the QKV row no second read "
+           "(attention/decode_rows.metal; kernels/loop/NOTES.md)"),
     Option("block_act_codes", False, _flag,
            "the blocks' launches of M > 1 tokens: the UP phase also quantizes act as the DOWN phase's X', "
            "each block of 32 columns by the last SIMD group to write it (a count a block, a release and an "

@@ -84,7 +84,84 @@ if (K_SLOTS > 0 && k_early && t_begin < t_end) {
 LATHE_BEFORE_QUERY
 #endif
 
-#if LATHE_ROPE
+// LATHE_QUERY_LANES (the block_query_lanes option): a SIMD group a head (the G query heads, then
+// the kv head's K where this threadgroup writes the new row), each lane loading its RoPE pairs once:
+// the head norm's sum, its scale and the turn need no barrier and no second read of the QKV row
+// (a round trip to the L2 each, on the attention's path before its first score).
+#ifndef LATHE_QUERY_LANES
+#define LATHE_QUERY_LANES 0
+#endif
+#if LATHE_ROPE && LATHE_QUERY_LANES
+{
+  const float p = float(q_pos) * rope_scalars[1];
+  constexpr uint PL = (D / 2 + 31) / 32;  // a lane's pairs of a head
+  const uint row_at = q_pos;
+  const bool new_here = row_at >= t_begin && row_at < t_end;  // this threadgroup writes the new row
+#if LATHE_PAGED
+  // row_at's slot: offset row_at % BS of block table[b, row_at / BS] (K_ROW's and V's layouts)
+  const uint slot_block = uint(table[cb * rows + row_at / BS]) * n_kv + h, slot_at = row_at % BS;
+  auto k_row = writable(k_cache) + (slot_block * DV * BS + slot_at) * 8;
+  auto v_row = writable(v_cache) + slot_block * D * BS + slot_at;
+#define K_NEW(i) k_row[((i) / 8) * BS * 8 + (i) % 8]
+#define V_NEW(e) v_row[(e) * BS]
+#else
+  auto k_row = writable(k_cache) + (h * rows + row_at) * D;
+  auto v_row = writable(v_cache) + (h * rows + row_at) * D;
+#define K_NEW(i) k_row[i]
+#define V_NEW(e) v_row[e]
+#endif
+  if (new_here) {  // V's row first: it needs nothing of the heads
+    const auto v_src = qkv_b + (n_heads + n_kv + h) * D;
+    for (uint e = tid; e < D; e += NT) V_NEW(e) = v_src[e];
+  }
+  for (uint r = simd; r < G + (new_here ? 1u : 0u); r += NSIMD) {
+    const auto src = qkv_b + (r < G ? hg * G + r : n_heads + h) * D;
+    float va[PL], vb[PL];
+    float ss = 0.0f;
+    for (uint j = 0; j < PL; ++j) {
+      const uint i = min(lane + 32 * j, D / 2 - 1);  // (a lane past D / 2 reads the last pair, unused)
+      va[j] = float(src[rope_first<D, NEOX>(i)]);
+      vb[j] = float(src[rope_second<D, NEOX>(i)]);
+      if (lane + 32 * j < D / 2) ss += va[j] * va[j] + vb[j] * vb[j];
+    }
+#if LATHE_HEAD_NORM
+    const float inv = rsqrt(simd_sum(ss) / float(D) + rope_scalars[2]);  // Qwen3's per-head RMSNorm
+#endif
+    for (uint j = 0; j < PL; ++j) {
+      const uint i = lane + 32 * j;
+      if (i >= D / 2) break;
+      const float angle = p * rope_inv_freq<D, FREQ_TABLE>(inv_freq, i, rope_scalars[0]);
+      const float c = cos(angle), sn = sin(angle);
+      const uint i0 = rope_first<D, NEOX>(i), i1 = rope_second<D, NEOX>(i);
+#if LATHE_HEAD_NORM
+      const float a = va[j] * (inv * (r < G ? q_norm[i0] : k_norm[i0]));
+      const float bq = vb[j] * (inv * (r < G ? q_norm[i1] : k_norm[i1]));
+#else
+      const float a = va[j], bq = vb[j];
+#endif
+      if (r < G) {
+        const float q0 = (a * c - bq * sn) * scale[0], q1 = (a * sn + bq * c) * scale[0];
+        q_s[r * D + i0] = q0;
+        q_s[r * D + i1] = q1;
+        if (USE_MMA) {
+          qh_s[r * QST + i0] = half(q0);
+          qh_s[r * QST + i1] = half(q1);
+        }
+      } else {
+        const half k0 = half(a * c - bq * sn), k1 = half(a * sn + bq * c);
+        K_NEW(i0) = k0;
+        K_NEW(i1) = k1;
+        if (LATHE_K_EARLY) {  // for K_FILL_NEW: the slots this threadgroup reads take it from here
+          sum_s[i0] = float(k0);
+          sum_s[i1] = float(k1);
+        }
+      }
+    }
+  }
+#undef K_NEW
+#undef V_NEW
+}
+#elif LATHE_ROPE
 {
   // Pair i of a head turns by pos * freq_scale * inv_freq(i) (rope_kv_write.metal's angles).
   const float p = float(q_pos) * rope_scalars[1];
