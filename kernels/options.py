@@ -328,10 +328,11 @@ DECLARED = (
            "the blocks' batch and prompt forms (M > 1 tokens, an unsplit context): each attention ticket writes "
            "its output as the O phase's X' (int16 codes, a scale and a sum a block of 32), which the O tickets "
            "copy, where each quantized all M rows of the attention's output (kernels/loop/NOTES.md)"),
-    Option("block_rms_late", False, _flag,
+    Option("block_rms_late", None, _auto_or_flag_none,
            "the blocks' QKV and UP phases (X' in one chunk) stage x * norm with no pass over x first: each row's "
            "sum of squares comes from the staging's own loads and the GEMV scales its sums by the row's 1 / RMS "
-           "(gemv/x_stage.metal; kernels/loop/NOTES.md)"),
+           "(gemv/x_stage.metal); auto: on for a single token (Qwen3-0.6B's token 2-4% faster on an H200, the "
+           "8B's level), off where M > 1 (Qwen3's step of 8 4% slower: more local memory; kernels/loop/NOTES.md)"),
     Option("block_query_lanes", False, _flag,
            "the blocks' attention phase turns its query (and the new K row) a SIMD group a head, each lane "
            "loading its RoPE pairs once: the head norms' sums need no barrier and the QKV row no second read "

@@ -644,7 +644,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         group = a.n_heads // a.n_kv
         return partition, split, parts, max(attention_query_split(group, a.n_kv, parts, least), heads_split(group))
 
-    rms_late = bool(options.get("block_rms_late"))
+    # block_rms_late auto: a single token's launch (NOTES.md, "The RMSNorm from the staging's loads")
+    rms_late = m == 1 if options.get("block_rms_late") is None else bool(options.get("block_rms_late"))
 
     def reserved(s: int) -> int:
         """Threadgroup bytes beside the GEMVs' staging: the stream row (post-norms), block_rms_late's
