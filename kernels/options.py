@@ -333,10 +333,6 @@ DECLARED = (
            "sum of squares comes from the staging's own loads and the GEMV scales its sums by the row's 1 / RMS "
            "(gemv/x_stage.metal); auto: on for a single token (Qwen3-0.6B's token 2-4% faster on an H200, the "
            "8B's level), off where M > 1 (Qwen3's step of 8 4% slower: more local memory; kernels/loop/NOTES.md)"),
-    Option("block_query_lanes", False, _flag,
-           "the blocks' attention phase turns its query (and the new K row) a SIMD group a head, each lane "
-           "loading its RoPE pairs once: the head norms' sums need no barrier and the QKV row no second read "
-           "(attention/decode_rows.metal; kernels/loop/NOTES.md)"),
     Option("block_act_codes", False, _flag,
            "the blocks' launches of M > 1 tokens: the UP phase also quantizes act as the DOWN phase's X', "
            "each block of 32 columns by the last SIMD group to write it (a count a block, a release and an "

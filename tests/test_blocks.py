@@ -940,16 +940,3 @@ def test_rms_late_reaches_both_forms_and_its_scratch_is_counted(on):
         return
     for job in rec.jobs:
         assert threadgroup_bytes_mismatch(job, front_end(launch_source(job))[1]) is None
-
-
-@pytest.mark.parametrize("on", [False, True])
-def test_query_lanes_reach_the_attention_phase_of_both_forms(on):
-    """block_query_lanes: QLANES in the constants of the batch form and of a single token (the
-    attention phase's LATHE_QUERY_LANES)."""
-    from kernels import options
-    from kernels.runtime import recording
-
-    with options.use(block_query_lanes=on), recording() as rec:
-        _paged_batch()
-        _token()
-    assert [job.constants["QLANES"] for job in rec.jobs] == [on, on]

@@ -759,7 +759,6 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
                       NEOX=a.neox, FREQ_TABLE=True, KSLOTS=slots, KIN_X=in_x, MMA=mma,
                       VSTRAIGHT=bool(options.get("block_v_straight")),
                       KEARLY=bool(early or two_early) and slots > 0,
-                      QLANES=bool(options.get("block_query_lanes")),
                       ROPE_STRIDE=0 if a.inv_freqs is None or a.inv_freqs.ndim == 1 else a.head_dim // 2)
         if split:
             consts.update(attention.merge_constants(group // qs, a.head_dim, s, parts))

@@ -90,7 +90,7 @@
 // a SIMD group and loads in flight, kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F),
 // K_QKV (d_model), K_O (n_heads * D), R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O,
 // W_QKV_STRIDE, W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN
-// the attention's D, G, QS, BS (0), NEOX, FREQ_TABLE, KSLOTS, KIN_X, MMA, VSTRAIGHT, KEARLY, QLANES, MLOADS, MLANE, MSPLIT
+// the attention's D, G, QS, BS (0), NEOX, FREQ_TABLE, KSLOTS, KIN_X, MMA, VSTRAIGHT, KEARLY, MLOADS, MLANE, MSPLIT
 // (split). Prelude: FFN, ATTN (the kinds present), LATHE_K_CACHE, LATHE_V_CACHE, the block types
 // above, QKV_SPLIT, POST_NORMS, LAYER_WINDOWS, LATHE_ACT, LATHE_SOFTCAP;
 // with ATTN LATHE_PAGED 0, LATHE_ROPE 1, LATHE_SPLIT, LATHE_MERGE (= LATHE_SPLIT), LATHE_HEAD_NORM.
@@ -118,7 +118,6 @@
 #define LATHE_K_SLOTS KSLOTS  // K through threadgroup memory (the block_k_slots option; 0: registers)
 #define LATHE_MMA MMA  // scores and P.V on SIMD-group matrices (the block_attn_mma option)
 #define LATHE_V_STRAIGHT VSTRAIGHT  // paged V loads without a branch (the block_v_straight option)
-#define LATHE_QUERY_LANES QLANES  // a SIMD group a head for the head norms and RoPE (block_query_lanes)
 #define LATHE_K_EARLY KEARLY  // K's first round copied before the wait, the new row's filled in (block_k_early)
 // KIN_X (the block_k_in_x option): K's slots in the staged X' where no room is left beside it.
 // A ticket is one phase: the attention's copies are all read before its end barrier, and a GEMV
