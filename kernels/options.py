@@ -333,11 +333,11 @@ DECLARED = (
            "the blocks' batch and prompt forms (M > 1 tokens, an unsplit context): each attention ticket writes "
            "its output as the O phase's X' (int16 codes, a scale and a sum a block of 32), which the O tickets "
            "copy, where each quantized all M rows of the attention's output (kernels/loop/NOTES.md)"),
-    Option("block_rms_late", None, _auto_or_flag_none,
+    Option("block_rms_late", True, _flag,
            "the blocks' QKV and UP phases (X' in one chunk) stage x * norm with no pass over x first: each row's "
            "sum of squares comes from the staging's own loads and the GEMV scales its sums by the row's 1 / RMS "
-           "(gemv/x_stage.metal); auto: on for a single token (Qwen3-0.6B's token 2-4% faster on an H200, the "
-           "8B's level), off where M > 1 (Qwen3's step of 8 4% slower: more local memory; kernels/loop/NOTES.md)"),
+           "(gemv/x_stage.metal; on an H200 Qwen3-0.6B's token 2-4% faster, the 8B's level, serve's compiled step "
+           "of 8 sequences 4-7% faster; kernels/loop/NOTES.md)"),
     Option("block_act_codes", False, _flag,
            "the blocks' launches of M > 1 tokens: the UP phase also quantizes act as the DOWN phase's X', "
            "each block of 32 columns by the last SIMD group to write it (a count a block, a release and an "

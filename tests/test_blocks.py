@@ -917,17 +917,19 @@ def test_the_batch_forms_act_codes_follow_their_option_and_count_in_the_queue(on
     assert blocks.queue_words(10) == 12 * blocks.QUEUE_STRIDE + blocks.BLOCK_COUNTS
 
 
-@pytest.mark.parametrize("on", [False, True])
+@pytest.mark.parametrize("on", [False, True, None])
 def test_rms_late_reaches_both_forms_and_its_scratch_is_counted(on):
-    """block_rms_late: RMS_LATE in the constants of the batch form and of a single token; the
-    scratch it widens (a float a SIMD group and row of X) is in each spec's count of threadgroup
-    memory, as the front end measures the instantiated source (where libclang is installed)."""
+    """block_rms_late: RMS_LATE in the constants of the batch form and of a single token (on in both
+    by default: None); the scratch it widens (a float a SIMD group and row of X) is in each spec's
+    count of threadgroup memory, as the front end measures the instantiated source (where libclang
+    is installed)."""
     from kernels import options
     from kernels.runtime import recording
 
-    with options.use(block_rms_late=on), recording() as rec:
+    with options.use(**({} if on is None else {"block_rms_late": on})), recording() as rec:
         _paged_batch()
         _token()
+    on = True if on is None else on
     assert [job.constants["RMS_LATE"] for job in rec.jobs] == [on, on]
     batch = rec.jobs[0]
     c = batch.constants

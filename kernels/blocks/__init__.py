@@ -644,9 +644,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         group = a.n_heads // a.n_kv
         return partition, split, parts, max(attention_query_split(group, a.n_kv, parts, least), heads_split(group))
 
-    # block_rms_late auto: a single token's launch; the batch form of 8 lost 4% under it, its cause not
-    # found (kernels/loop/NOTES.md, "The RMSNorm from the staging's own loads")
-    rms_late = m == 1 if options.get("block_rms_late") is None else bool(options.get("block_rms_late"))
+    rms_late = bool(options.get("block_rms_late"))  # (kernels/loop/NOTES.md: "The RMSNorm from the staging's own loads")
 
     def reserved(s: int) -> int:
         """Threadgroup bytes beside the GEMVs' staging: the stream row (post-norms), block_rms_late's
