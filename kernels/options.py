@@ -310,11 +310,6 @@ DECLARED = (
     Option("block_l2_ahead", False, _flag,
            "with block_prefetch: the blocks' GEMV phases also ask the L2 cache for the rest of their rows "
            "before the wait (prefetch.global.L2; nothing on Metal)"),
-    Option("block_l2_rest", 0, _count,
-           "the blocks' GEMV phases: right after its wait, each SIMD group asks the L2 cache for up to this many "
-           "bytes of its rows' quants (with their scales) past the loads it already has out, which the DRAM then "
-           "reads while the ticket stages X' (prefetch.global.L2; nothing on Metal; 0: none; "
-           "kernels/loop/NOTES.md)"),
     Option("gemv_x_items", 1, _count,
            "the v3 GEMVs (the fused loop's, 1-4 rows) stage X' (gemv/x_stage.metal) this many items (16 values of "
            "a row) a thread a pass, every item's loads out before the first is used (block_x_items' twin; "

@@ -676,7 +676,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     inputs, consts = [], dict(QTYPE=gemv.block_format(qtype)[0], M=m, NSIMD=s, XCHUNK=geo.xchunk, FIRST=first,
                               PHASES=phases, PREFETCH=bool(options.get("block_prefetch")),
                               SIGNAL_APART=bool(options.get("block_signal_apart")), RMS_LATE=rms_late,
-                              L2_AHEAD=bool(options.get("block_l2_ahead")), L2_REST=options.get("block_l2_rest"),
+                              L2_AHEAD=bool(options.get("block_l2_ahead")),
                               XITEMS=gemv.x_stage_items("block_x_items", m),
                               ROW_PASSES=gemv.row_passes(), **strides)
     if attn:  # the attention phase's cached rows into the L2 before its wait (a decode token's)

@@ -29,9 +29,7 @@
 // PREFETCH: a GEMV phase issues its first weights before it waits on the phase before (they need
 // nothing of it: v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip; L2_AHEAD
 // (with PREFETCH): it also asks the L2 for the rest of its ticket's rows, so the DRAM keeps
-// reading through the wait (v3_rows' GEMV_L2_AHEAD). L2_REST: right after its wait, a GEMV phase's
-// SIMD group asks the L2 for up to that many bytes of its rows past the loads already out, which the
-// DRAM then reads while the ticket stages X' (v3_rows' GEMV_L2_REST).
+// reading through the wait (v3_rows' GEMV_L2_AHEAD).
 // POST_NORMS (token_block; Gemma's layer): the residual stream is float32 and each block's output
 // is RMS-normed before it is added (post_attention_norm, post_ffw_norm). O and DOWN then write the
 // block's output alone (blk, fp16); the phase after each (UP, the next QKV) forms x + RMSNorm(blk)
@@ -88,7 +86,7 @@
 // tickets are those of w_qkv ([q; k], qkv_dims) and then w_v's (v_dims, types Q_V_A / Q_V_B, bit
 // V_BIT, W_V_STRIDE, R_V, P_V), V's rows written after Q and K's in qkv.
 // Constants: FIRST, PHASES, ROPE_STRIDE, v3's QTYPE, M, NSIMD and XCHUNK (the launch's: one threadgroup size,
-// one X' staging, which every GEMV's type shares), SIGNAL_APART, RMS_LATE, PREFETCH, L2_AHEAD, L2_REST, XITEMS, ROW_PASSES, each GEMV's K, R and P (its own rows
+// one X' staging, which every GEMV's type shares), SIGNAL_APART, RMS_LATE, PREFETCH, L2_AHEAD, XITEMS, ROW_PASSES, each GEMV's K, R and P (its own rows
 // a SIMD group and loads in flight, kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F),
 // K_QKV (d_model), K_O (n_heads * D), R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O,
 // W_QKV_STRIDE, W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN
@@ -131,7 +129,6 @@ static_assert(!KIN_X || K_SLOTS * KG * NT <= M * UNITS * XC,
               "K's slots in the staged X': more than it holds");
 #endif
 #define GEMV_L2_AHEAD (L2_AHEAD && PREFETCH)
-#define GEMV_L2_REST L2_REST  // bytes a SIMD group asks the L2 for after its wait (the block_l2_rest option)
 #define X_STAGE_ITEMS XITEMS  // the GEMV phases' X' staging: items a thread a pass (the block_x_items option)
 #define GEMV_ROW_PASSES ROW_PASSES  // each GEMV phase's passes to its own K (the gemv_row_passes option)
 constexpr uint QUEUE_STRIDE = 64;

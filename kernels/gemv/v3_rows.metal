@@ -199,34 +199,6 @@ for (uint it = 0; it < items; ++it) {
         // The includer's code between the issue of the first weights and the first read of X
         // (seam.metal: the wait for X to be written).
         GEMV_BEFORE_X
-#ifdef GEMV_L2_REST
-        // After that wait, up to GEMV_L2_REST bytes of this SIMD group's quants past its first pass
-        // (and their scales) into the L2: the staging below holds the SIMD group off its next loads,
-        // so the DRAM would sit idle through it (the 8B's down: 14 chunks a lane, 4 of them in
-        // flight, 14336 values staged). After the wait, not before: nothing else streams now.
-        for (uint i = 0, left = GEMV_L2_REST; i < (CHUNKS == 1 ? mine : 1u) && left > 0; ++i) {
-          const uint c0 = (first + i * stride) * RO;
-          const uint from = i == 0 ? min(32u * PR, min(NC, RXC)) : 0u;  // chunks of a row on their way
-          if (c0 >= n_out || from == NC) continue;
-          const uint rows = min(RO, n_out - c0);
-          const uint halves = SWIGLU_OUT ? 2u : 1u;  // SwiGLU out: the gate rows, then the up rows
-          const uint span = min(NC - from, max(left / (16u * rows * halves), 1u));
-          left -= min(left, span * 16u * rows * halves);
-          for (uint h = 0; h < halves; ++h) {
-            for (uint r = 0; r < rows; ++r) {
-              const size_t row = c0 + r + h * n_out;
-              prefetch_l2(w, (row * NC + from) * 16, size_t(span) * 16, lane, 32);  // 16 bytes a chunk
-              if (!KQUANT) {  // 2 bytes a block
-                prefetch_l2(w, (size_t(scales) + row * NB + from * RV / 32) * 2, size_t(span * RV + 31) / 32 * 2,
-                            lane, 32);
-              } else {  // the high bits and the scales: HB and SB bytes a chunk (Q6_K's d left out)
-                if (HB) prefetch_l2(w, k_high + (row * NC + from) * HB, size_t(span) * HB, lane, 32);
-                prefetch_l2(w, k_scales + (row * NC + from) * SB, size_t(span) * SB, lane, 32);
-              }
-            }
-          }
-        }
-#endif
       }
 #endif
       const uint cb0 = ck * (XCHUNK / 32);
