@@ -496,7 +496,7 @@ for (uint e = tid; e < G * D; e += NT) {
     const float v = float(half(o));
     const float block_max = simd_max(fabs(v));
     const float inv = block_max > 0.0f ? 32767.0f / block_max : 0.0f;
-    const int code = int(rint(v * inv));
+    const int code = code_of(v, inv);
     const uint at = (b * n_heads + hq) * D + d;
     o_codes[at] = short(code);
     const int code_sum = simd_sum(code);

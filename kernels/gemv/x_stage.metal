@@ -149,13 +149,14 @@
       // The block's two halves meet: one scale for the block (i and i ^ 1 both in or both out).
       const float block_max = max(amax[u], simd_shuffle_xor(amax[u], 1));
       const float inv = block_max > 0.0f ? 32767.0f / block_max : 0.0f;
-      int sum = 0;
+      uint bits = 0;  // the 16 codes' sum, each biased by code_bias() (lathe.h's code_bits)
       uint packed[8];
       LATHE_UNROLL for (uint j = 0; j < 8; ++j) {
-        const int a = int(rint(v[u][2 * j] * inv)), b = int(rint(v[u][2 * j + 1] * inv));
-        sum += a + b;
-        packed[j] = (uint(a) & 0xffffu) | (uint(b) << 16);
+        const uint a = code_bits(v[u][2 * j], inv), b = code_bits(v[u][2 * j + 1], inv);
+        bits += a + b;
+        packed[j] = (a & 0xffffu) | (b << 16);
       }
+      int sum = int(bits - 16u * code_bias());
       if (i < halves) {
         X_STORE(m, e, packed);
       }

@@ -28,7 +28,7 @@
         const float v = vs[m];
         const float block_max = simd_max(fabs(v));
         const float inv = block_max > 0.0f ? 32767.0f / block_max : 0.0f;
-        const int code = int(rint(v * inv));
+        const int code = code_of(v, inv);
         GEMV_Y_CODES[m * n_out + blk * 32 + lane] = short(code);
         const int code_sum = simd_sum(code);
         if (lane == 0) {

@@ -218,6 +218,18 @@ LATHE_FN float gate_act(float x) {
   return x / (1.0f + exp(-x));
 }
 
+// ---- X' codes ------------------------------------------------------------------------------------
+// rint(v * inv) for |v * inv| < 2^22, where inv is 32767 over a block's largest magnitude (X''s
+// int16 codes: gemv/x_stage.metal, y_codes.metal, decode_rows' out codes), by the float adder:
+// v * inv plus 1.5 * 2^23 rounds to the nearest integer, ties to even (as rint), into the low bits
+// of the word, so code_bits(v, inv) - code_bias() is the code and its low 16 bits are the code's
+// int16. The product and the sum are rounded apart (mul_rn, add_rn: no fused multiply-add), so the
+// codes are rint's bit for bit; rint took F2I, a conversion an SM issues at an eighth of the rate
+// of an add (the 8B token's down ticket stages 14336 values of X').
+LATHE_FN constexpr uint code_bias() { return 0x4B400000u; }  // the bits of 1.5 * 2^23
+LATHE_FN uint code_bits(float v, float inv) { return as_type<uint>(add_rn(mul_rn(v, inv), 12582912.0f)); }
+LATHE_FN int code_of(float v, float inv) { return int(code_bits(v, inv) - code_bias()); }
+
 // ---- the IQ4 blocks' levels ----------------------------------------------------------------------
 // The eight nibbles of q -> their levels of GGML's kvalues_iq4nl as int8 bytes (the dot products'
 // weights): .x those of the low nibbles of bytes 0..3, .y those of the high ones (reference/
