@@ -334,7 +334,7 @@ DECLARED = (
            "(gemv/x_stage.metal; on an H200 Qwen3-0.6B's token 2-4% faster, the 8B's level, serve's compiled step "
            "of 8 sequences 4-7% faster; kernels/loop/NOTES.md)"),
     Option("block_act_codes", False, _flag,
-           "the blocks' launches of M > 1 tokens: the UP phase also quantizes act as the DOWN phase's X', "
+           "the blocks' launches (one token or M): the UP phase also quantizes act as the DOWN phase's X', "
            "each block of 32 columns by the last SIMD group to write it (a count a block, a release and an "
            "acquire on the UP phase's path), which the DOWN tickets copy, where each quantized all M rows "
            "(kernels/loop/NOTES.md)"),

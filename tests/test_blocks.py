@@ -811,7 +811,7 @@ def test_the_batch_forms_o_codes_follow_their_option_and_stay_scratch(on):
 
     with options.use(block_o_codes=on), recording() as rec:
         got = _paged_batch()
-        _token()
+        one = _token()
     batch, single = rec.jobs
     assert ("_ocodes" in batch.spec.name) is on and ("#define O_CODES 1\n" in batch.spec.prelude) is on
     assert batch.spec.outputs[-3:] == ("o_codes", "o_scales", "o_sums") if on else "o_codes" not in batch.spec.outputs
@@ -900,20 +900,22 @@ def test_the_batch_form_takes_wide_tickets_past_four_sequences():
 @pytest.mark.parametrize("on", [False, True])
 def test_the_batch_forms_act_codes_follow_their_option_and_count_in_the_queue(on):
     """block_act_codes: the batch form's UP phase writes the DOWN phase's X' (ACT_CODES, three more
-    outputs after block_o_codes' three) only where it is on, and the caller gets the same arrays
-    either way; a single token never does; the blocks' counts sit after the queue's lines, in every
-    queue (launches recorded)."""
+    outputs after block_o_codes' three) only where it is on, and so does a single token's (its only
+    scratch outputs); the caller gets the same arrays either way; the blocks' counts sit after the
+    queue's lines, in every queue (launches recorded)."""
     from kernels import options
     from kernels.runtime import recording
 
     with options.use(block_act_codes=on), recording() as rec:
         got = _paged_batch()
-        _token()
+        one = _token()
     batch, single = rec.jobs
     assert ("_actcodes" in batch.spec.name) is on and ("#define ACT_CODES 1\n" in batch.spec.prelude) is on
     want = ("o_codes", "o_scales", "o_sums") + (("act_codes", "act_scales", "act_sums") if on else ())
     assert batch.spec.outputs[-len(want):] == want and len(got) == 3
-    assert "_actcodes" not in single.spec.name and "#define ACT_CODES 0\n" in single.spec.prelude
+    assert ("_actcodes" in single.spec.name) is on and (f"#define ACT_CODES {int(on)}\n" in single.spec.prelude)
+    assert single.spec.outputs[-3:] == ("act_codes", "act_scales", "act_sums") or not on
+    assert len(one) == 3
     assert blocks.queue_words(10) == 12 * blocks.QUEUE_STRIDE + blocks.BLOCK_COUNTS
 
 

@@ -288,6 +288,7 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
     and the others global at THETA (a table a layer), an attention scale of its own, and scores
     softcapped where softcap > 0 (Gemma 2). bias: Qwen2's Q, K and V biases a layer (fp16, the
     size of the projection's outputs), added in the QKV phase."""
+    from kernels import options
     from kernels.attention import SPLIT_FROM
     from kernels.blocks import LLAMA, LayerKind, LayerStacks, Stack, block_queue, token_block
     from kernels.runtime import poisoned_outputs
@@ -324,15 +325,30 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
             x = (rng.standard_normal((1, d_model)) * (d_model ** 0.5 if gemma else 1)).astype(
                 np.float32 if gemma else np.float16)
             at = mx.array(np.array([pos], np.int32)) if device_pos else pos
-            with poisoned_outputs():
-                k_in, v_in = ([mx.array(kc) for kc, _ in caches], [mx.array(vc) for _, vc in caches])
-                if stacked:
-                    k_in, v_in = mx.array(np.stack([kc for kc, _ in caches])), mx.array(np.stack([vc for _, vc in caches]))
-                x_out, k_new, v_new = token_block(
-                    mx.array(x), stacks, EPS, qtype, k_in, v_in, at, n_heads=n_heads, theta=THETA, neox=neox, queue=queue,
-                    split_from=SPLIT_FROM if split_from is None else split_from, layer_kind=kind,
-                    inv_freqs=tables, scale=scale, windows=windows if gemma else None)
-                mx.eval(x_out, k_new, v_new, queue)
+            def launch(on_queue: mx.array) -> list[mx.array]:  # (fresh copies of the caches)
+                with poisoned_outputs():
+                    k_in, v_in = ([mx.array(kc) for kc, _ in caches], [mx.array(vc) for _, vc in caches])
+                    if stacked:
+                        k_in = mx.array(np.stack([kc for kc, _ in caches]))
+                        v_in = mx.array(np.stack([vc for _, vc in caches]))
+                    return token_block(
+                        mx.array(x), stacks, EPS, qtype, k_in, v_in, at, n_heads=n_heads, theta=THETA, neox=neox,
+                        queue=on_queue, split_from=SPLIT_FROM if split_from is None else split_from, layer_kind=kind,
+                        inv_freqs=tables, scale=scale, windows=windows if gemma else None)
+
+            x_out, k_new, v_new = launch(queue)
+            mx.eval(x_out, k_new, v_new, queue)
+            if launch_ == 0:
+                # block_act_codes: the X' that the DOWN phases copy is the one they would stage
+                # themselves, so the option the other way must give the same bits (a fresh queue)
+                alt_queue = block_queue(5 * layers)
+                with options.use(block_act_codes=not options.get("block_act_codes")):
+                    x_alt = launch(alt_queue)[0]
+                checks.append(exact("x_out with block_act_codes the other way: the same bits",
+                                    np.array(x_alt).view(np.uint16 if x_alt.dtype == mx.float16 else np.uint32),
+                                    np.array(x_out).view(np.uint16 if x_out.dtype == mx.float16 else np.uint32)))
+                checks.append(exact("queue left zero with block_act_codes the other way",
+                                    int(np.array(alt_queue).sum()), 0))
             # the stream between blocks as the kernel keeps it: fp16, or float32 (Gemma's, not rounded)
             kept = (lambda a: a) if gemma else (lambda a: a.astype(np.float16).astype(np.float64))  # noqa: E731
             want, rows = x[0].astype(np.float64), []

@@ -779,8 +779,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         k_o = attn.n_heads * attn.head_dim
         outputs += [((m, k_o), mx.int16), ((m, k_o // 32), mx.float32), ((m, k_o // 32), mx.int32)]
     # block_act_codes: the UP phase quantizes act once for the DOWN phase (gemv/y_codes.metal), its
-    # blocks counted in the queue (whole blocks of F: F / 32 counts at most)
-    act_codes = (bool(ffn) and m > 1 and ffn.f % 32 == 0
+    # blocks counted in the queue (whole blocks of F: F / 32 counts at most); any M
+    act_codes = (bool(ffn) and ffn.f % 32 == 0
                  and ffn.f // 32 <= BLOCK_COUNTS and bool(options.get("block_act_codes")))
     if act_codes:
         outputs += [((m, ffn.f), mx.int16), ((m, ffn.f // 32), mx.float32), ((m, ffn.f // 32), mx.int32)]

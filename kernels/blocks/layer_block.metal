@@ -41,7 +41,7 @@
 // attention ticket also writes its output as the O phase's X' (int16 codes, a scale and a code sum
 // a block of 32: outputs o_codes, o_scales, o_sums), which the O tickets copy (gemv/x_codes.metal)
 // where each quantized all M rows of attn_out: 8 rows of 2048 values a ticket in Qwen3's step of 8.
-// ACT_CODES (M > 1; the block_act_codes option): the UP phase also writes act as the DOWN phase's
+// ACT_CODES (any M; the block_act_codes option): the UP phase also writes act as the DOWN phase's
 // X' (outputs act_codes, act_scales, act_sums), each block of 32 columns quantized by the last SIMD
 // group to write it (gemv/y_codes.metal: a count a block in the queue, after its lines), and the
 // DOWN tickets copy it where each quantized all M rows of act.
