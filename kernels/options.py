@@ -324,10 +324,11 @@ DECLARED = (
            "the blocks' attention phase asks the L2 cache for its head's cached K and V rows (the tokens "
            "before this one's) before it waits on the QKV phase (prefetch.global.L2; an unsplit context, "
            "contiguous or the batch form's paged pool; nothing on Metal; kernels/loop/NOTES.md)"),
-    Option("block_o_codes", True, _flag,
-           "the blocks' batch and prompt forms (M > 1 tokens, an unsplit context): each attention ticket writes "
-           "its output as the O phase's X' (int16 codes, a scale and a sum a block of 32), which the O tickets "
-           "copy, where each quantized all M rows of the attention's output (kernels/loop/NOTES.md)"),
+    Option("block_o_codes", "auto", _auto_or_flag,
+           "the blocks' launches over an unsplit context: each attention ticket writes its output as the O "
+           "phase's X' (int16 codes, a scale and a sum a block of 32), which the O tickets copy, where each "
+           "quantized all M rows of the attention's output (auto: the batch and prompt forms, M > 1; on: a "
+           "single token too; kernels/loop/NOTES.md)"),
     Option("block_rms_late", True, _flag,
            "the blocks' QKV and UP phases (X' in one chunk) stage x * norm with no pass over x first: each row's "
            "sum of squares comes from the staging's own loads and the GEMV scales its sums by the row's 1 / RMS "

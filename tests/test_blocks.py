@@ -801,11 +801,11 @@ def test_the_auto_early_copy_keeps_the_old_form_where_two_slots_do_not_fit(monke
     assert (job.constants["KSLOTS"], job.constants["KEARLY"]) == (1, False)
 
 
-@pytest.mark.parametrize("on", [False, True])
+@pytest.mark.parametrize("on", [False, True, "auto"])
 def test_the_batch_forms_o_codes_follow_their_option_and_stay_scratch(on):
     """block_o_codes: the batch form's attention writes the O phase's X' (O_CODES, three more
-    outputs) only where it is on, and the caller gets the same arrays either way; a single token
-    (one row: nothing to share) never does (launches recorded)."""
+    outputs) where it is on or auto, and the caller gets the same arrays either way; a single token
+    only where it is on (auto leaves it to stage its own; launches recorded)."""
     from kernels import options
     from kernels.runtime import recording
 
@@ -813,10 +813,14 @@ def test_the_batch_forms_o_codes_follow_their_option_and_stay_scratch(on):
         got = _paged_batch()
         one = _token()
     batch, single = rec.jobs
-    assert ("_ocodes" in batch.spec.name) is on and ("#define O_CODES 1\n" in batch.spec.prelude) is on
-    assert batch.spec.outputs[-3:] == ("o_codes", "o_scales", "o_sums") if on else "o_codes" not in batch.spec.outputs
+    batched, alone = bool(on), on is True
+    assert ("_ocodes" in batch.spec.name) is batched and ("#define O_CODES 1\n" in batch.spec.prelude) is batched
+    assert (batch.spec.outputs[-3:] == ("o_codes", "o_scales", "o_sums") if batched
+            else "o_codes" not in batch.spec.outputs)
     assert len(got) == 3 and tuple(got[0].shape) == (3, D)
-    assert "_ocodes" not in single.spec.name and "#define O_CODES 0\n" in single.spec.prelude
+    assert ("_ocodes" in single.spec.name) is alone and f"#define O_CODES {int(alone)}\n" in single.spec.prelude
+    assert single.spec.outputs[-3:] == ("o_codes", "o_scales", "o_sums") or not alone
+    assert len(one) == 3
 
 
 @pytest.mark.parametrize("on", [False, True])

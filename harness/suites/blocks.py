@@ -339,16 +339,18 @@ def _token_case(qtype: str, d_model: int, f: int, heads: tuple[int, int], head_d
             x_out, k_new, v_new = launch(queue)
             mx.eval(x_out, k_new, v_new, queue)
             if launch_ == 0:
-                # block_act_codes: the X' that the DOWN phases copy is the one they would stage
-                # themselves, so the option the other way must give the same bits (a fresh queue)
+                # block_act_codes and block_o_codes: the X' that the DOWN and O phases copy is the one
+                # they would stage themselves, so both options the other way (a single token's o_codes:
+                # on where auto leaves it off) must give the same bits (a fresh queue)
                 alt_queue = block_queue(5 * layers)
-                with options.use(block_act_codes=not options.get("block_act_codes")):
+                other = dict(block_act_codes=not options.get("block_act_codes"),
+                             block_o_codes=options.get("block_o_codes") is not True)
+                with options.use(**other):
                     x_alt = launch(alt_queue)[0]
-                checks.append(exact("x_out with block_act_codes the other way: the same bits",
-                                    np.array(x_alt).view(np.uint16 if x_alt.dtype == mx.float16 else np.uint32),
-                                    np.array(x_out).view(np.uint16 if x_out.dtype == mx.float16 else np.uint32)))
-                checks.append(exact("queue left zero with block_act_codes the other way",
-                                    int(np.array(alt_queue).sum()), 0))
+                bits = lambda a: np.array(a).view(np.uint16 if a.dtype == mx.float16 else np.uint32)  # noqa: E731
+                checks.append(exact("x_out with block_act_codes and block_o_codes the other way: the same bits",
+                                    bits(x_alt), bits(x_out)))
+                checks.append(exact("queue left zero with those options the other way", int(np.array(alt_queue).sum()), 0))
             # the stream between blocks as the kernel keeps it: fp16, or float32 (Gemma's, not rounded)
             kept = (lambda a: a) if gemma else (lambda a: a.astype(np.float16).astype(np.float64))  # noqa: E731
             want, rows = x[0].astype(np.float64), []

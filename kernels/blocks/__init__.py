@@ -774,7 +774,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         consts["QKV_BIAS_STRIDE"] = qkv_bias.shape[1]
     # block_o_codes: M queries' attention writes the O phase's X' once (unsplit: the merge writes it
     # otherwise), where each O ticket quantized all M rows of attn_out (layer_block.metal's O_CODES)
-    o_codes = bool(attn) and m > 1 and not split and bool(options.get("block_o_codes"))
+    o_codes_set = options.get("block_o_codes")
+    o_codes = bool(attn) and not split and (m > 1 if o_codes_set == "auto" else bool(o_codes_set))
     if o_codes:
         k_o = attn.n_heads * attn.head_dim
         outputs += [((m, k_o), mx.int16), ((m, k_o // 32), mx.float32), ((m, k_o // 32), mx.int32)]

@@ -37,7 +37,7 @@
 // that row for the readers after it (UP: x_out, QKV: x_mid; layer 0's QKV copies x_in). Every
 // threadgroup of the phase forms the same d_model values (a few KB): no sixth phase, no wait. The
 // launch's output is x_out and the last DOWN's blk: the host adds the last post-norm.
-// O_CODES (M > 1, an unsplit context: the batch and prompt forms; the block_o_codes option): each
+// O_CODES (an unsplit context; the block_o_codes option, by default the batch and prompt forms): each
 // attention ticket also writes its output as the O phase's X' (int16 codes, a scale and a code sum
 // a block of 32: outputs o_codes, o_scales, o_sums), which the O tickets copy (gemv/x_codes.metal)
 // where each quantized all M rows of attn_out: 8 rows of 2048 values a ticket in Qwen3's step of 8.
