@@ -349,6 +349,11 @@ DECLARED = (
     Option("block_balance", False, _flag,
            "the blocks' GEMV phases (not gate|up) whose tickets stream row groups halve their rows a SIMD "
            "group while that lowers the most rows any SIMD group takes (kernels/loop/NOTES.md)"),
+    Option("block_phases", "", _tuning,
+           "the blocks' GEMV phases set by hand, KIND_X=INT pairs joined by '+' (KIND: qkv, v, o, up, down; X: "
+           "r rows a SIMD group, p loads in flight, t tickets at most): e.g. down_r=4 or down_t=256, so that a "
+           "ticket's staged X' serves more rows (applied after block_narrow and block_balance; "
+           "kernels/loop/NOTES.md)"),
     Option("block_k_slots", None, _auto_or_count,
            "the blocks' attention phase: K rows through threadgroup memory in at most this many slots (fewer "
            "where the launch's threadgroup memory cannot hold them: none in Llama-3-8B's token block), as "

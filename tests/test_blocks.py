@@ -521,6 +521,36 @@ def test_block_xchunk_caps_the_staged_chunk(most, want):
     assert all(tickets <= 396 for kind, (_, _, tickets) in geo.gemvs.items() if kind != blocks.DOWN)
 
 
+def test_block_phases_sets_a_phases_rows_loads_and_tickets_by_hand():
+    """block_phases: down_r=4 gives down 16-row tickets (256 for the 8B's 4096 rows), down_t a cap
+    under which its SIMD groups stream row groups, p the loads in flight; the other phases keep
+    theirs. A wrong key, an odd up_r, or a cap where K is staged in chunks is refused before any
+    launch (launches recorded)."""
+    gemvs = {blocks.UP: (2 * 14336, 4096), blocks.DOWN: (4096, 14336), blocks.QKV: (6144, 4096), blocks.O: (4096, 4096)}
+    geo = blocks.block_geometry("q4_0", 1, gemvs, blocks.DOWN)
+    (r, p, tickets) = geo.gemvs[blocks.DOWN]
+    assert (r, tickets) == (2, 4096 // (2 * geo.simds))
+    by_hand = lambda setting: blocks._by_hand(geo, gemvs, setting).gemvs  # noqa: E731
+    assert by_hand("")[blocks.DOWN] == (r, p, tickets)
+    assert by_hand("down_r=4")[blocks.DOWN] == (4, p, 4096 // (4 * geo.simds))
+    assert by_hand("down_r=4+down_p=2")[blocks.DOWN] == (4, 2, 4096 // (4 * geo.simds))
+    assert by_hand("down_t=256")[blocks.DOWN] == (2, p, 256)
+    assert by_hand("DOWN_T=100000")[blocks.DOWN] == (2, p, tickets)  # never more than its row groups
+    assert {k: v for k, v in by_hand("down_r=4").items() if k != blocks.DOWN} == {
+        k: v for k, v in geo.gemvs.items() if k != blocks.DOWN}
+    from kernels import options
+    from kernels.runtime import recording
+
+    for setting, message in [("gate_r=2", "KIND_r"), ("down_x=2", "KIND_r"), ("down_r=0", "positive"),
+                             ("up_r=3", "even")]:
+        with options.use(block_phases=setting), recording() as rec, pytest.raises(ValueError, match=message):
+            _token()
+        assert rec.jobs == []
+    chunked = blocks.BlockGeometry(geo.simds, 4096, geo.gemvs)
+    with pytest.raises(ValueError, match="one X' chunk"):
+        blocks._by_hand(chunked, gemvs, "down_t=128")
+
+
 def test_block_xchunk_off_the_2048_grid_is_refused_before_launch():
     from kernels import options
     from kernels.runtime import recording

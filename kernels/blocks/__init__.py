@@ -345,6 +345,44 @@ def block_geometry(qtype: str, m: int, gemvs: dict[int, tuple[int, int]], last: 
     return BlockGeometry(s, xchunk, out)
 
 
+def _by_hand(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]], setting: str) -> BlockGeometry:
+    """block_phases: each named GEMV phase's rows a SIMD group (r), loads in flight (p) and most
+    tickets (t), as `setting` gives them ("down_r=4+down_t=256"). A phase's tickets are its row
+    groups, or the most it had where the geometry capped them (a capped phase streams its row
+    groups, each SIMD group taking several: its staged X' serves them all), or t. A cap needs all
+    of K staged at once (the launch's last phase, whose groups are not claimed, runs on its first
+    t threadgroups)."""
+    names = {name.lower(): kind for kind, name in _KIND_NAMES.items()}
+    out = dict(geo.gemvs)
+    for pair in setting.split("+") if setting else []:
+        key, _, value = pair.partition("=")
+        name, _, knob = key.strip().lower().rpartition("_")
+        if name not in names or knob not in ("r", "p", "t") or int(value) < 1:
+            raise ValueError(f"block_phases takes KIND_r, KIND_p or KIND_t = a positive count (KIND one of "
+                             f"{', '.join(names)}), got {pair!r}")
+        kind = names[name]
+        if kind not in out:
+            continue  # (a launch without that phase)
+        r, p, tickets = out[kind]
+        n, k = gemvs[kind]
+        was_capped = tickets < -(-n // (r * geo.simds))
+        if knob == "r":
+            if kind == UP and int(value) % 2:
+                raise ValueError(f"block_phases: up_r must be even (SwiGLU pairs rows), got {value}")
+            r = int(value)
+            full = -(-n // (r * geo.simds))
+            tickets = min(full, tickets) if was_capped else full
+        elif knob == "p":
+            p = int(value)
+        else:
+            if geo.xchunk < k:
+                raise ValueError(f"block_phases: {name}_t needs all of its K ({k}) in one X' chunk "
+                                 f"({geo.xchunk} values)")
+            tickets = min(int(value), -(-n // (r * geo.simds)))
+        out[kind] = (r, p, tickets)
+    return BlockGeometry(geo.simds, geo.xchunk, out)
+
+
 def _narrowed(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]], below: int) -> BlockGeometry:
     """block_narrow: each GEMV phase but gate|up (whose SwiGLU pairs rows) with fewer than `below`
     tickets halves its rows a SIMD group until it has that many or takes one: a small phase
@@ -663,7 +701,8 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     def geometry(fit: int | None = None) -> BlockGeometry:
         g = block_geometry(qtype, m, gemvs, last, fit, held, batch_simds(attn))
         g = _narrowed(g, gemvs, narrow) if narrow else g
-        return _balanced(g, gemvs) if balance else g
+        g = _balanced(g, gemvs) if balance else g
+        return _by_hand(g, gemvs, options.get("block_phases"))
 
     held = 0
     geo = geometry()
