@@ -542,7 +542,7 @@ def test_block_phases_sets_a_phases_rows_loads_and_tickets_by_hand():
     from kernels.runtime import recording
 
     for setting, message in [("gate_r=2", "KIND_r"), ("down_x=2", "KIND_r"), ("down_r=0", "positive"),
-                             ("up_r=3", "even")]:
+                             ("up_r=3", "even"), ("down_p=17", "at most 16")]:
         with options.use(block_phases=setting), recording() as rec, pytest.raises(ValueError, match=message):
             _token()
         assert rec.jobs == []

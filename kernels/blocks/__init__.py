@@ -360,6 +360,8 @@ def _by_hand(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]], setting: str
         if name not in names or knob not in ("r", "p", "t") or int(value) < 1:
             raise ValueError(f"block_phases takes KIND_r, KIND_p or KIND_t = a positive count (KIND one of "
                              f"{', '.join(names)}), got {pair!r}")
+        if knob in ("r", "p") and int(value) > 16:  # (a SIMD group's registers hold RR x PR 16-byte words)
+            raise ValueError(f"block_phases: {key.strip()} is at most 16, got {value}")
         kind = names[name]
         if kind not in out:
             continue  # (a launch without that phase)
