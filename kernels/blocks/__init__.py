@@ -367,20 +367,20 @@ def _by_hand(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]], setting: str
             continue  # (a launch without that phase)
         r, p, tickets = out[kind]
         n, k = gemvs[kind]
-        was_capped = tickets < -(-n // (r * geo.simds))
+        groups = lambda rows: -(-n // (rows * geo.simds))  # noqa: E731 - tickets that cover N at `rows` a SIMD group
         if knob == "r":
             if kind == UP and int(value) % 2:
                 raise ValueError(f"block_phases: up_r must be even (SwiGLU pairs rows), got {value}")
+            capped = tickets < groups(r)
             r = int(value)
-            full = -(-n // (r * geo.simds))
-            tickets = min(full, tickets) if was_capped else full
+            tickets = min(groups(r), tickets) if capped else groups(r)
         elif knob == "p":
             p = int(value)
         else:
             if geo.xchunk < k:
                 raise ValueError(f"block_phases: {name}_t needs all of its K ({k}) in one X' chunk "
                                  f"({geo.xchunk} values)")
-            tickets = min(int(value), -(-n // (r * geo.simds)))
+            tickets = min(int(value), groups(r))
         out[kind] = (r, p, tickets)
     return BlockGeometry(geo.simds, geo.xchunk, out)
 
