@@ -495,13 +495,13 @@ for (uint e = tid; e < G * D; e += NT) {
     // from the fp16 value written and by x_stage's arithmetic: the bits the O phase would stage.
     const float v = float(half(o));
     const float block_max = simd_max(fabs(v));
-    const float inv = block_max > 0.0f ? 32767.0f / block_max : 0.0f;
+    const float inv = code_inv(block_max);
     const int code = code_of(v, inv);
     const uint at = (b * n_heads + hq) * D + d;
     o_codes[at] = short(code);
     const int code_sum = simd_sum(code);
     if (lane == 0) {
-      o_scales[at / 32] = block_max / 32767.0f;
+      o_scales[at / 32] = code_scale(block_max);
       o_sums[at / 32] = code_sum;
     }
   }

@@ -148,7 +148,7 @@
 #endif
       // The block's two halves meet: one scale for the block (i and i ^ 1 both in or both out).
       const float block_max = max(amax[u], simd_shuffle_xor(amax[u], 1));
-      const float inv = block_max > 0.0f ? 32767.0f / block_max : 0.0f;
+      const float inv = code_inv(block_max);
       uint bits = 0;  // the 16 codes' sum, each biased by code_bias() (lathe.h's code_bits)
       uint packed[8];
       LATHE_UNROLL for (uint j = 0; j < 8; ++j) {
@@ -163,7 +163,7 @@
       sum += simd_shuffle_xor(sum, 1);
       if (i < halves && i % 2 == 0) {
         const uint blk = m * (XCHUNK / 32) + e / 32;
-        x_scale[blk] = block_max / 32767.0f;
+        x_scale[blk] = code_scale(block_max);
         x_sum[blk] = sum;
       }
     }

@@ -27,12 +27,12 @@
       for (uint m = 0; m < uint(M); ++m) {
         const float v = vs[m];
         const float block_max = simd_max(fabs(v));
-        const float inv = block_max > 0.0f ? 32767.0f / block_max : 0.0f;
+        const float inv = code_inv(block_max);
         const int code = code_of(v, inv);
         GEMV_Y_CODES[m * n_out + blk * 32 + lane] = short(code);
         const int code_sum = simd_sum(code);
         if (lane == 0) {
-          GEMV_Y_SCALES[m * (n_out / 32) + blk] = block_max / 32767.0f;
+          GEMV_Y_SCALES[m * (n_out / 32) + blk] = code_scale(block_max);
           GEMV_Y_SUMS[m * (n_out / 32) + blk] = code_sum;
         }
       }

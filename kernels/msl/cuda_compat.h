@@ -116,6 +116,16 @@ __device__ __forceinline__ uint as_type<uint, half2>(half2 v) {
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+// a / b for normal operands with a normal quotient, rounded to nearest: CUDA's division without its
+// check (FCHK) and the slow-path call it guards, whose result it equals wherever the check passes:
+// the reciprocal's estimate refined once, the quotient corrected once by the remainder (Markstein).
+__device__ __forceinline__ float div_rn_normal(float a, float b) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+  const float q = __fmul_rn(a, r);
+  return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
+}
 
 // dot2_lo / dot2_hi: c + the two int16 halves of a times the int8 bytes 0, 1 (lo) or 2, 3 (hi) of
 // b, exactly (one dp2a instruction on NVIDIA; lathe.h spells it out for Metal).

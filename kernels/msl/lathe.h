@@ -55,6 +55,9 @@ LATHE_FN threadgroup W* threadgroup_view(threadgroup T* p) {
 LATHE_FN float mul_rn(float a, float b) { return precise::fma(a, b, 0.0f); }
 LATHE_FN float add_rn(float a, float b) { return precise::fma(a, 1.0f, b); }
 LATHE_FN float div_rn(float a, float b) { return precise::divide(a, b); }
+// div_rn for normal operands whose quotient is normal: the same quotient (cuda_compat.h's twin
+// leaves out the branch CUDA's division takes near the float range's edges).
+LATHE_FN float div_rn_normal(float a, float b) { return precise::divide(a, b); }
 // dot2_lo / dot2_hi: c + the two int16 halves of a times the int8 bytes 0, 1 (lo) or 2, 3 (hi)
 // of b, exactly (CUDA's dp2a).
 LATHE_FN int dot2_lo(uint a, uint b, int c) {
@@ -229,6 +232,12 @@ LATHE_FN float gate_act(float x) {
 LATHE_FN constexpr uint code_bias() { return 0x4B400000u; }  // the bits of 1.5 * 2^23
 LATHE_FN uint code_bits(float v, float inv) { return as_type<uint>(add_rn(mul_rn(v, inv), 12582912.0f)); }
 LATHE_FN int code_of(float v, float inv) { return int(code_bits(v, inv) - code_bias()); }
+// A block's inv (32767 over its largest magnitude m; 0 for a block of zeros) and its scale (m over
+// 32767), each the correctly rounded quotient: m is an fp16 magnitude or a normal float32 one, for
+// which div_rn_normal is the division without its slow path (on CUDA a subroutine call whose fixed
+// registers made ptxas spill the token block's scalars: kernels/loop/NOTES.md).
+LATHE_FN float code_inv(float m) { return m > 0.0f ? div_rn_normal(32767.0f, m) : 0.0f; }
+LATHE_FN float code_scale(float m) { return div_rn_normal(m, 32767.0f); }
 
 // ---- the IQ4 blocks' levels ----------------------------------------------------------------------
 // The eight nibbles of q -> their levels of GGML's kvalues_iq4nl as int8 bytes (the dot products'
