@@ -425,6 +425,27 @@ def _balanced(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]]) -> BlockGeo
     return BlockGeometry(geo.simds, geo.xchunk, out)
 
 
+# block_two_passes: a single token's GEMV phase whose lanes would take more than two passes over
+# its rows issues up to TWO_PASSES_MOST_P loads at once. The 8B's down runs as one wave of 512
+# tickets, so it lasts one ticket's latency, a DRAM round trip a pass: its 14 loads a lane in 2
+# passes (P 7) against 4 (P 4) took the plain module 1601 -> 1570 us a token (H200, 23f774a); P 8
+# lost (1670), and split contexts' modules spill at 7 (NVRTC: 212 bytes), so they keep theirs. The
+# K-quants keep K_BLOCK_P for their registers (kernels/loop/NOTES.md).
+TWO_PASSES_MOST_P = 7
+
+
+def _two_passes(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]], qtype: str) -> BlockGeometry:
+    """Each GEMV phase whose lanes take more than two passes over a row (a lane's 16-byte loads of
+    the row's staged chunk over P) at P = the most that takes two, at most TWO_PASSES_MOST_P."""
+    chunk_values = 16 if qtype == "q8_0" else 32
+    out = dict(geo.gemvs)
+    for kind, (r, p, tickets) in geo.gemvs.items():
+        per_lane = -(-(min(geo.xchunk, gemvs[kind][1]) // chunk_values) // 32)
+        if -(-per_lane // p) > 2:
+            out[kind] = (r, max(p, min(TWO_PASSES_MOST_P, -(-per_lane // 2))), tickets)
+    return BlockGeometry(geo.simds, geo.xchunk, out)
+
+
 class _FFN:
     """The FFN half's arguments, checked (one layer's; token_block's stacks replace the arrays)."""
 
@@ -704,6 +725,9 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         g = block_geometry(qtype, m, gemvs, last, fit, held, batch_simds(attn))
         g = _narrowed(g, gemvs, narrow) if narrow else g
         g = _balanced(g, gemvs) if balance else g
+        if (m == 1 and options.get("block_two_passes") and qtype not in gemv.K_QTYPES
+                and not (attn and attention_layout(g.simds)[1])):
+            g = _two_passes(g, gemvs, qtype)
         return _by_hand(g, gemvs, options.get("block_phases"))
 
     held = 0
