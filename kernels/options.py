@@ -351,8 +351,8 @@ DECLARED = (
            "group while that lowers the most rows any SIMD group takes (kernels/loop/NOTES.md)"),
     Option("block_two_passes", True, _flag,
            "the blocks' single-token launch over an unsplit context (not the K-quants): a GEMV phase whose "
-           "lanes would take more than two passes over a row issues up to 7 loads at once, so that it takes "
-           "two (the 8B Q4_0's down, 14 loads a lane: P 4 -> 7; kernels/loop/NOTES.md)"),
+           "lanes would take 4 or more passes over a row issues the loads of two at once where that is at most "
+           "7 (the 8B Q4_0's down, 14 loads a lane: P 4 -> 7; kernels/loop/NOTES.md)"),
     Option("block_phases", "", _tuning,
            "the blocks' GEMV phases set by hand, KIND_X=INT pairs joined by '+' (KIND: qkv, v, o, up, down; X: "
            "r rows a SIMD group, p loads in flight, t tickets at most): e.g. down_r=4 or down_t=256, so that a "

@@ -425,24 +425,27 @@ def _balanced(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]]) -> BlockGeo
     return BlockGeometry(geo.simds, geo.xchunk, out)
 
 
-# block_two_passes: a single token's GEMV phase whose lanes would take more than two passes over
-# its rows issues up to TWO_PASSES_MOST_P loads at once. The 8B's down runs as one wave of 512
-# tickets, so it lasts one ticket's latency, a DRAM round trip a pass: its 14 loads a lane in 2
-# passes (P 7) against 4 (P 4) took the plain module 1601 -> 1570 us a token (H200, 23f774a); P 8
-# lost (1670), and split contexts' modules spill at 7 (NVRTC: 212 bytes), so they keep theirs. The
-# K-quants keep K_BLOCK_P for their registers (kernels/loop/NOTES.md).
+# block_two_passes: a single token's GEMV phase whose lanes take 4 or more passes over a row at
+# the launch's P, where 7 loads in flight or fewer make it two, issues that many. The 8B's down
+# runs as one wave of 512 tickets, so it lasts one ticket's latency, a DRAM round trip a pass:
+# Q4_0's 14 loads a lane in 2 passes (P 7) against 4 took the plain module 1600 -> 1566 us a token
+# (H200, eeee0d5; P 8 lost, 1670). Fewer passes saved lost (Llama-2-7B's down 3 -> 2 passes 1551 ->
+# 1570 us, Qwen3's level), and so did 7 -> 4 (the Q8_0 8B's 28 loads, 2201 -> 2210 us): the rule
+# keeps to the measured win. Split contexts' modules spill at 7 (NVRTC: 212 bytes) and the K-quants
+# keep K_BLOCK_P for their registers (kernels/loop/NOTES.md).
 TWO_PASSES_MOST_P = 7
 
 
 def _two_passes(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]], qtype: str) -> BlockGeometry:
-    """Each GEMV phase whose lanes take more than two passes over a row (a lane's 16-byte loads of
-    the row's staged chunk over P) at P = the most that takes two, at most TWO_PASSES_MOST_P."""
+    """Each GEMV phase whose lanes take 4 or more passes over a row (a lane's 16-byte loads of the
+    row's staged chunk over P) at the P that makes them two, where that is at most TWO_PASSES_MOST_P."""
     chunk_values = 16 if qtype == "q8_0" else 32
     out = dict(geo.gemvs)
     for kind, (r, p, tickets) in geo.gemvs.items():
         per_lane = -(-(min(geo.xchunk, gemvs[kind][1]) // chunk_values) // 32)
-        if -(-per_lane // p) > 2:
-            out[kind] = (r, max(p, min(TWO_PASSES_MOST_P, -(-per_lane // 2))), tickets)
+        two = -(-per_lane // 2)
+        if -(-per_lane // p) >= 4 and two <= TWO_PASSES_MOST_P:
+            out[kind] = (r, two, tickets)
     return BlockGeometry(geo.simds, geo.xchunk, out)
 
 
