@@ -439,10 +439,9 @@ TWO_PASSES_MOST_P = 7
 def _two_passes(geo: BlockGeometry, gemvs: dict[int, tuple[int, int]], qtype: str) -> BlockGeometry:
     """Each GEMV phase whose lanes take 4 or more passes over a row (a lane's 16-byte loads of the
     row's staged chunk over P) at the P that makes them two, where that is at most TWO_PASSES_MOST_P."""
-    chunk_values = 16 if qtype == "q8_0" else 32
     out = dict(geo.gemvs)
     for kind, (r, p, tickets) in geo.gemvs.items():
-        per_lane = -(-(min(geo.xchunk, gemvs[kind][1]) // chunk_values) // 32)
+        per_lane = gemv.lane_loads(qtype, min(geo.xchunk, gemvs[kind][1]))
         two = -(-per_lane // 2)
         if -(-per_lane // p) >= 4 and two <= TWO_PASSES_MOST_P:
             out[kind] = (r, two, tickets)

@@ -702,10 +702,14 @@ def v3_geometry(qtype: str, m: int, n: int, k: int, rows: int | None = None, sim
         xchunk = (xchunk - 1) // 2048 * 2048
     if xchunk <= 0:
         raise ValueError(f"M={m} rows of X do not fit in threadgroup memory in chunks of 2048")
-    chunk_values = 16 if qtype == "q8_0" else 32
-    per_lane = -(-(xchunk // chunk_values) // 32)
-    p = max(1, min(depth or tuning["V3_P"] or shaped["P"], per_lane))
+    p = max(1, min(depth or tuning["V3_P"] or shaped["P"], lane_loads(qtype, xchunk)))
     return r, s, p, xchunk
+
+
+def lane_loads(qtype: str, values: int) -> int:
+    """16-byte loads of W a lane takes over `values` of a row, its SIMD group's 32 lanes sharing
+    the row (a load: 16 Q8_0 values, 32 of the other types')."""
+    return -(-(values // (16 if qtype == "q8_0" else 32)) // 32)
 
 
 def _check_pair(w: Packed, w_b: Packed, k: int) -> None:
