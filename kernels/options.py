@@ -310,11 +310,6 @@ DECLARED = (
     Option("block_l2_ahead", False, _flag,
            "with block_prefetch: the blocks' GEMV phases also ask the L2 cache for the rest of their rows "
            "before the wait (prefetch.global.L2; nothing on Metal)"),
-    Option("block_up_ahead", 0, _count,
-           "the blocks' launches of whole layers: each O ticket, once the QKV phase is done, asks the L2 cache "
-           "for this many bytes of the rows of each SIMD group of the UP ticket of its number (its row groups in "
-           "order, a row group's quants whole before the next's; Q4_0 and Q8_0 gate|up), while the attention phase leaves the DRAM idle (prefetch.global.L2; 0: off; "
-           "kernels/loop/NOTES.md)"),
     Option("gemv_x_items", 1, _count,
            "the v3 GEMVs (the fused loop's, 1-4 rows) stage X' (gemv/x_stage.metal) this many items (16 values of "
            "a row) a thread a pass, every item's loads out before the first is used (block_x_items' twin; "

@@ -239,7 +239,6 @@ def test_token_block_over_two_block_types_marks_each_layer():
     makes one launch whose V rows are a matrix of their own (w_v), each GEMV's two types in the
     prelude (A the type of most layers), and a layer_types word a layer with the bits of its
     matrices of type B (layer_block.metal)."""
-    from kernels import options
     from kernels.runtime import recording
 
     d, f, hq, hkv, hd = 256, 256, 4, 2, 64  # K-quant rows: K a multiple of 256 everywhere
@@ -252,10 +251,9 @@ def test_token_block_over_two_block_types_marks_each_layer():
         blocks.Stack([_packed(d, f, i, t) for i, t in enumerate(down_types)]),
         w_v=blocks.Stack([_packed(hkv * hd, d, i, t) for i, t in enumerate(v_types)]))
     kv = [mx.zeros((hkv, 16, hd), mx.float16) for _ in range(3)]
-    with options.use(block_up_ahead=1024), recording() as rec:  # (not for K-quant gate|up rows)
+    with recording() as rec:
         blocks.token_block(mx.zeros((1, d), mx.float16), stacks, 1e-6, "q4_k", kv, list(kv), 3, n_heads=hq)
     (job,) = rec.jobs
-    assert job.constants["UP_AHEAD"] == 0
     inputs = dict(zip(job.spec.inputs, job.inputs))
     assert np.array(inputs["layer_types"]).tolist() == [1 << blocks.DOWN, 1 << blocks.V, 0]
     assert inputs["w_v"] is stacks.w_v.data and np.array(inputs["v_dims"])[:2].tolist() == [hkv * hd, d]
@@ -578,15 +576,6 @@ def test_two_passes_halve_a_single_tokens_long_rows_where_the_context_is_unsplit
     assert p_down(8192) == 4  # split over partitions: that module spills at 7
     assert p_down(64, block_phases="down_p=5") == 5  # by hand, after the rule
     assert _token_block_job(64).constants["P_DOWN"] == 2  # Qwen3-0.6B's down: 6 loads a lane, 3 passes
-
-
-def test_up_ahead_reaches_a_launch_of_whole_layers_with_plain_gate_up_rows():
-    """block_up_ahead: the O tickets' prefetch of the UP phase's rows (UP_AHEAD, bytes a row) is in
-    token_block's launch over Q8_0 rows as set, and off by default (launches recorded; the K-quant
-    launch keeps it off: test_token_block_over_two_block_types_marks_each_layer)."""
-    assert _token_block_job(64).constants["UP_AHEAD"] == 0
-    job = _token_block_job(64, block_up_ahead=2048)
-    assert job.constants["UP_AHEAD"] == 2048
 
 
 def test_block_xchunk_off_the_2048_grid_is_refused_before_launch():

@@ -829,10 +829,6 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         if split:
             consts.update(attention.merge_constants(group // qs, a.head_dim, s, parts))
     inputs = [x, gemv._eps(float(eps)), _GRID, queue] + inputs
-    # block_up_ahead: the O phase asks the L2 for the UP phase's first rows (Q4_0 and Q8_0 gate|up only)
-    up_types = next(((a, b) for kind, a, b in types if kind == UP), None)
-    up_plain = up_types is not None and up_types[0] == up_types[1] <= 1
-    consts["UP_AHEAD"] = int(options.get("block_up_ahead") or 0) if bool(attn) and up_plain else 0
     if layer_types is not None:
         inputs.append(constant(layer_types, mx.uint32))
     if layer_kind.post_norms:

@@ -30,13 +30,6 @@
 // nothing of it: v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip; L2_AHEAD
 // (with PREFETCH): it also asks the L2 for the rest of its ticket's rows, so the DRAM keeps
 // reading through the wait (v3_rows' GEMV_L2_AHEAD).
-// UP_AHEAD (the block_up_ahead option; bytes, 0 off): an O ticket, once the QKV phase is done,
-// asks the L2 for the UP ticket of its number's rows (and every o_tickets on): UP_AHEAD bytes of
-// each row of its SIMD groups' row groups in their order (a row group's quants whole before the
-// next's; each group's scales whole), then waits on the attention. The
-// attention phase holds a few dozen tickets and the DRAM sits nearly idle under it; the UP phase
-// that follows is the layer's largest and bound by the DRAM, so what it finds in the L2 is time
-// saved. Q4_0 and Q8_0 rows (the K-quants' regions are not laid out for it).
 // POST_NORMS (token_block; Gemma's layer): the residual stream is float32 and each block's output
 // is RMS-normed before it is added (post_attention_norm, post_ffw_norm). O and DOWN then write the
 // block's output alone (blk, fp16); the phase after each (UP, the next QKV) forms x + RMSNorm(blk)
@@ -93,7 +86,7 @@
 // tickets are those of w_qkv ([q; k], qkv_dims) and then w_v's (v_dims, types Q_V_A / Q_V_B, bit
 // V_BIT, W_V_STRIDE, R_V, P_V), V's rows written after Q and K's in qkv.
 // Constants: FIRST, PHASES, ROPE_STRIDE, v3's QTYPE, M, NSIMD and XCHUNK (the launch's: one threadgroup size,
-// one X' staging, which every GEMV's type shares), SIGNAL_APART, RMS_LATE, PREFETCH, L2_AHEAD, UP_AHEAD, XITEMS, ROW_PASSES, each GEMV's K, R and P (its own rows
+// one X' staging, which every GEMV's type shares), SIGNAL_APART, RMS_LATE, PREFETCH, L2_AHEAD, XITEMS, ROW_PASSES, each GEMV's K, R and P (its own rows
 // a SIMD group and loads in flight, kernels.blocks.block_geometry): K_UP (d_model), K_DOWN (F),
 // K_QKV (d_model), K_O (n_heads * D), R_UP (even), R_DOWN, R_QKV, R_O, P_UP, P_DOWN, P_QKV, P_O,
 // W_QKV_STRIDE, W_O_STRIDE, W_UP_STRIDE, W_DOWN_STRIDE, NORM_STRIDE, HEAD_NORM_STRIDE; with ATTN
@@ -400,34 +393,8 @@ for (;;) {
     } else if (kind == O) {
 #define LATHE_PROLOGUE 0
 #define LATHE_X32 0
-#if FFN && UP_AHEAD
-      static_assert(Q_UP_A == Q_UP_B && Q_UP_A <= 1, "block_up_ahead: Q4_0 or Q8_0 gate|up rows");
-#define O_UP_AHEAD                                                                                    \
-  if (j >= 2 && j + 1 < PHASES) {                                                                     \
-    if (tid == 0) grid_wait(DONE(j - 2), kind_tickets[(FIRST + j - 2) % 5]);  /* QKV's loads are in */ \
-    threadgroup_barrier(mem_flags::mem_threadgroup);                                                  \
-    constexpr uint UP_RO = R_UP / 2, UP_NB = K_UP / 32;                                               \
-    constexpr uint UP_ROW = UP_NB * (Q_UP_A == 1 ? 32 : 16);  /* bytes of a row's quants */           \
-    const uint up_n = uint(up_dims[0]), up_out = up_n / 2;                                            \
-    const auto w_up = w_gate_up + size_t(layer) * W_UP_STRIDE;                                        \
-    for (uint u = group; u < up_tickets; u += o_tickets) {                                            \
-      /* v3_rows' row groups of SIMD group simd of UP ticket u, in its order: UP_AHEAD bytes a row */ \
-      for (uint it = 0; it * UP_ROW < uint(UP_AHEAD); ++it) {                                         \
-        const uint c0 = (u * NSIMD + simd + it * up_tickets * NSIMD) * UP_RO;                          \
-        const uint bytes = min(uint(UP_AHEAD) - it * UP_ROW, UP_ROW);                                  \
-        for (uint h = 0; h < 2 && c0 < up_out; ++h) {  /* its gate rows, then its up rows */         \
-          const uint r0 = c0 + h * up_out, rows = min(UP_RO, up_out - c0);                            \
-          for (uint r = 0; r < rows; ++r) prefetch_l2(w_up, size_t(r0 + r) * UP_ROW, bytes, lane, 32);  \
-          prefetch_l2(w_up, size_t(up_n) * UP_ROW + size_t(r0) * UP_NB * 2, rows * UP_NB * 2, lane, 32);  \
-        }                                                                                             \
-      }                                                                                               \
-    }                                                                                                 \
-  }
-#else
-#define O_UP_AHEAD
-#endif
-#define GEMV_BEFORE_X if (PREFETCH) { O_UP_AHEAD PHASE_WAIT(j) }
-      if (!PREFETCH) { O_UP_AHEAD PHASE_WAIT(j) }
+#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
+      if (!PREFETCH) { PHASE_WAIT(j) }
 #if POST_NORMS
 #define LATHE_RESIDUAL 0
       auto y = blk;
@@ -457,7 +424,6 @@ for (;;) {
 #endif
       }
 #undef GEMV_BEFORE_X
-#undef O_UP_AHEAD
 #undef LATHE_X32
 #undef LATHE_PROLOGUE
 #undef LATHE_RESIDUAL
