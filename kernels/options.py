@@ -55,6 +55,15 @@ def _auto_or_flag_none(text: str) -> bool | None:
     return None if text.strip().lower() in ("auto", "") else _flag(text)
 
 
+def _gemv_kinds(text: str) -> str:
+    """A '+'-joined set of the blocks' GEMV phase kinds (qkv, o, up, down), or none ("")."""
+    kinds = [k for k in text.strip().lower().split("+") if k]
+    bad = [k for k in kinds if k not in ("qkv", "o", "up", "down")]
+    if bad:
+        raise ValueError(f"expected GEMV kinds of qkv, o, up, down joined by '+', got {text!r}")
+    return "+".join(sorted(set(kinds), key=("qkv", "o", "up", "down").index))
+
+
 def _one_of(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = text.strip().lower()
@@ -307,6 +316,10 @@ DECLARED = (
            "shorter; kernels/loop/NOTES.md)"),
     Option("block_prefetch", True, _flag,
            "the blocks' GEMV phases issue their first weights before waiting on the phase before"),
+    Option("block_prefetch_skip", "", _gemv_kinds,
+           "with block_prefetch: these GEMV phases of the blocks ('+'-joined: qkv, o, up, down) wait before "
+           "issuing their first weights, so that their loads do not queue ahead of the phase before's "
+           "(kernels/loop/NOTES.md)"),
     Option("block_l2_ahead", False, _flag,
            "with block_prefetch: the blocks' GEMV phases also ask the L2 cache for the rest of their rows "
            "before the wait (prefetch.global.L2; nothing on Metal)"),

@@ -578,6 +578,23 @@ def test_two_passes_halve_a_single_tokens_long_rows_where_the_context_is_unsplit
     assert _token_block_job(64).constants["P_DOWN"] == 2  # Qwen3-0.6B's down: 6 loads a lane, 3 passes
 
 
+def test_prefetch_is_a_bit_a_gemv_kind_less_the_skipped_ones():
+    """block_prefetch and block_prefetch_skip: PREFETCH holds bit kind for each GEMV phase that issues
+    its first weights before its wait (layer_block.metal's PREFETCH_OF); none with block_prefetch
+    off; a kind that is not a GEMV phase's is refused when the option is parsed."""
+    from kernels import options
+
+    every = (1 << blocks.QKV) | (1 << blocks.O) | (1 << blocks.UP) | (1 << blocks.DOWN)
+    assert _token_block_job(64).constants["PREFETCH"] == every
+    assert _token_block_job(64, block_prefetch_skip="o").constants["PREFETCH"] == every & ~(1 << blocks.O)
+    skipped = _token_block_job(64, block_prefetch_skip="down+qkv").constants["PREFETCH"]
+    assert skipped == (1 << blocks.O) | (1 << blocks.UP)
+    assert _token_block_job(64, block_prefetch=False, block_prefetch_skip="o").constants["PREFETCH"] == 0
+    assert options.parse("block_prefetch_skip=down+qkv+down") == {"block_prefetch_skip": "qkv+down"}
+    with pytest.raises(ValueError, match="GEMV kinds"):
+        options.parse("block_prefetch_skip=attn")
+
+
 def test_block_xchunk_off_the_2048_grid_is_refused_before_launch():
     from kernels import options
     from kernels.runtime import recording

@@ -741,7 +741,7 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
     strides = {"W_QKV_STRIDE": 0, "W_O_STRIDE": 0, "W_UP_STRIDE": 0, "W_DOWN_STRIDE": 0, "NORM_STRIDE": 0,
                "HEAD_NORM_STRIDE": 0, **({"W_V_STRIDE": 0} if V in gemvs else {}), **(strides or {})}
     inputs, consts = [], dict(QTYPE=gemv.block_format(qtype)[0], M=m, NSIMD=s, XCHUNK=geo.xchunk, FIRST=first,
-                              PHASES=phases, PREFETCH=bool(options.get("block_prefetch")),
+                              PHASES=phases, PREFETCH=_prefetch_kinds(),
                               SIGNAL_APART=bool(options.get("block_signal_apart")), RMS_LATE=rms_late,
                               L2_AHEAD=bool(options.get("block_l2_ahead")),
                               XITEMS=gemv.x_stage_items("block_x_items", m),
@@ -894,6 +894,15 @@ def _launch(x: mx.array, eps: float, qtype: str, first: int, phases: int, ffn: _
         out = out[:-1]
     scratch = 3 * (int(o_codes) + int(act_codes))  # the X' outputs
     return out[:-scratch] if scratch else out
+
+
+def _prefetch_kinds() -> int:
+    """layer_block.metal's PREFETCH: bit kind set where that GEMV phase issues its first weights
+    before its wait (block_prefetch, less the kinds of block_prefetch_skip)."""
+    if not options.get("block_prefetch"):
+        return 0
+    skip = set(filter(None, (options.get("block_prefetch_skip") or "").split("+")))
+    return sum(1 << kind for name, kind in (("qkv", QKV), ("o", O), ("up", UP), ("down", DOWN)) if name not in skip)
 
 
 def _launch_types(per_layer: dict[int, tuple[str, ...]], layers: int, first: int

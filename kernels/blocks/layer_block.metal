@@ -26,8 +26,9 @@
 // atomic goes out; from thread 0 that wait came before the next claim's own round trip (the 8B's
 // tickets were claimed 1.2-3 us after their threadgroup's last was done). Apart, the two overlap,
 // and the claim order (after this ticket is finished) is as before.
-// PREFETCH: a GEMV phase issues its first weights before it waits on the phase before (they need
-// nothing of it: v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip; L2_AHEAD
+// PREFETCH (bit kind a GEMV phase's kind, the block_prefetch and block_prefetch_skip options): that
+// phase issues its first weights before it waits on the phase before (they need nothing of it:
+// v3_rows' GEMV_BEFORE_X), so the wait overlaps their DRAM round trip; L2_AHEAD
 // (with PREFETCH): it also asks the L2 for the rest of its ticket's rows, so the DRAM keeps
 // reading through the wait (v3_rows' GEMV_L2_AHEAD).
 // POST_NORMS (token_block; Gemma's layer): the residual stream is float32 and each block's output
@@ -129,6 +130,7 @@ static_assert(!KIN_X || K_SLOTS * KG * NT <= M * UNITS * XC,
               "K's slots in the staged X': more than it holds");
 #endif
 #define GEMV_L2_AHEAD (L2_AHEAD && PREFETCH)
+#define PREFETCH_OF(kind) ((uint(PREFETCH) >> (kind)) & 1u)  // bit kind: that GEMV phase prefetches
 #define X_STAGE_ITEMS XITEMS  // the GEMV phases' X' staging: items a thread a pass (the block_x_items option)
 #define GEMV_ROW_PASSES ROW_PASSES  // each GEMV phase's passes to its own K (the gemv_row_passes option)
 constexpr uint QUEUE_STRIDE = 64;
@@ -253,8 +255,8 @@ for (;;) {
 #define POST_ADD
       auto x = STREAM_IN(UP, j);
 #endif
-#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) POST_ADD }
-      if (!PREFETCH) { PHASE_WAIT(j) POST_ADD }
+#define GEMV_BEFORE_X if (PREFETCH_OF(UP)) { PHASE_WAIT(j) POST_ADD }
+      if (!PREFETCH_OF(UP)) { PHASE_WAIT(j) POST_ADD }
       auto w = w_gate_up + size_t(layer) * W_UP_STRIDE;
       auto y = act;
       {
@@ -286,8 +288,8 @@ for (;;) {
     } else {
 #define LATHE_PROLOGUE 0
 #define LATHE_X32 0
-#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
-      if (!PREFETCH) { PHASE_WAIT(j) }
+#define GEMV_BEFORE_X if (PREFETCH_OF(DOWN)) { PHASE_WAIT(j) }
+      if (!PREFETCH_OF(DOWN)) { PHASE_WAIT(j) }
 #if POST_NORMS
 #define LATHE_RESIDUAL 0
       auto y = blk;
@@ -345,8 +347,8 @@ for (;;) {
 #define POST_ADD
       auto x = STREAM_IN(QKV, j);
 #endif
-#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) POST_ADD }
-      if (!PREFETCH) { PHASE_WAIT(j) POST_ADD }
+#define GEMV_BEFORE_X if (PREFETCH_OF(QKV)) { PHASE_WAIT(j) POST_ADD }
+      if (!PREFETCH_OF(QKV)) { PHASE_WAIT(j) POST_ADD }
 #if QKV_BIAS
       auto bias = qkv_bias + layer * QKV_BIAS_STRIDE;  // this layer's [q; k; v] biases
 #define GEMV_BIAS bias
@@ -393,8 +395,8 @@ for (;;) {
     } else if (kind == O) {
 #define LATHE_PROLOGUE 0
 #define LATHE_X32 0
-#define GEMV_BEFORE_X if (PREFETCH) { PHASE_WAIT(j) }
-      if (!PREFETCH) { PHASE_WAIT(j) }
+#define GEMV_BEFORE_X if (PREFETCH_OF(O)) { PHASE_WAIT(j) }
+      if (!PREFETCH_OF(O)) { PHASE_WAIT(j) }
 #if POST_NORMS
 #define LATHE_RESIDUAL 0
       auto y = blk;
