@@ -77,6 +77,22 @@ def test_newer_metric_names(tmp_path):
     assert row["gpu_us"] == pytest.approx(8.288) and row["dram_pct"] == pytest.approx(23.8)
     assert row["dram_gbs"] == pytest.approx(1142.486, rel=1e-6)
     assert row["issue_pct"] == pytest.approx(30.9) and row["registers"] == 77
+    assert row["l2_hit_pct"] is None and row["l2_read_hit_pct"] is None  # (not asked for)
+
+
+def test_the_l2s_hit_rates(tmp_path):
+    """The L2's hit rates, of all sectors and of the loads' reads, as ncu gives them (%)."""
+    names = ["ID", "Kernel Name", "gpu__time_duration.sum", "lts__t_sector_hit_rate.pct",
+             "lts__t_sector_op_read_hit_rate.pct"]
+    path = tmp_path / "ncu.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, quoting=csv.QUOTE_ALL)
+        w.writerow(names)
+        w.writerow(["", "", "usecond", "%", "%"])
+        for i, (k, hit, read) in enumerate([("lathe_token_block_5", 31.5, 12.0), ("lathe_token_block_5", 33.5, 14.0)]):
+            w.writerow([i, k, 1600, hit, read])
+    (row,) = table(read_launches(path), None)
+    assert row["launches"] == 2 and row["l2_hit_pct"] == pytest.approx(32.5) and row["l2_read_hit_pct"] == pytest.approx(13.0)
 
 
 def test_markers_must_pair_with_the_labels(tmp_path):

@@ -37,6 +37,10 @@ COLUMNS = {
     "issue_pct": ("smsp__issue_active.avg.pct_of_peak_sustained_active",
                   "sm__issue_active.avg.pct_of_peak_sustained_elapsed"),
     "registers": ("launch__registers_per_thread",),
+    # the L2's hit rates: all sectors, and the loads' reads alone (a prefetch's lines found by the
+    # loads after it show in the second; `.ci/device token-ncu` asks for it by --metrics)
+    "l2_hit_pct": ("lts__t_sector_hit_rate.pct",),
+    "l2_read_hit_pct": ("lts__t_sector_op_read_hit_rate.pct",),
 }
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
 BYTES = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
