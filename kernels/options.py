@@ -413,7 +413,8 @@ DECLARED = (
            "every ticket quantizes), its registers held to 128 (block_min_groups auto: 2 threadgroups of 8 an "
            "SM); 4 or 8, 0: the shared geometry's. auto: 8 past 4 sequences whose context does not split "
            "(Qwen3-0.6B's step of 8 on an H200: 12-15% less GPU time; level at 4, slower at 2; "
-           "kernels/loop/NOTES.md), else 0"),
+           "kernels/loop/NOTES.md), else 0. Set to 4 or 8, it also sets a single token's launch (auto leaves "
+           "that at the shared geometry's)"),
     Option("block_attn_mma", True, _flag,
            "with block_k_slots: the blocks' attention phase scores and takes P.V on SIMD-group matrices "
            "where the form allows (<= 8 heads a threadgroup, D a multiple of 32 up to 32 NSIMD), as attn_mma"),

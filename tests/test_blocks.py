@@ -975,6 +975,18 @@ def test_the_batch_form_takes_wide_tickets_past_four_sequences():
         launch(200, 8, block_batch_simds=16)
 
 
+def test_a_single_token_takes_wide_tickets_only_where_set():
+    """block_batch_simds set to 8 gives a single token's launch threadgroups of 8 SIMD groups bound
+    to 2 an SM (each staged X' serving twice the rows); auto and 0 keep the shared geometry's 4
+    (launches recorded)."""
+    def launch(**setting) -> tuple:
+        job = _token_block_job(64, **setting)
+        return job.constants["NSIMD"], job.spec.launch_bounds
+
+    assert launch(block_batch_simds=8) == (8, (256, 2))
+    assert launch()[0] == launch(block_batch_simds=0)[0] == 4
+
+
 @pytest.mark.parametrize("on", [False, True])
 def test_the_batch_forms_act_codes_follow_their_option_and_count_in_the_queue(on):
     """block_act_codes: the batch form's UP phase writes the DOWN phase's X' (ACT_CODES, three more

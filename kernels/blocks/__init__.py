@@ -607,15 +607,18 @@ BATCH_SIMDS_AUTO = 8
 
 def batch_simds(attn: "_Attention | None") -> int:
     """NSIMD of a block launch's wide tickets (block_batch_simds; 0: the shared geometry's), for
-    token_block's batch form only (a token of each of M > 1 sequences over the paged pool)."""
-    if attn is None or attn.table is None or attn.batch < 2:
+    token_block's batch form (a token of each of M > 1 sequences over the paged pool), and for a
+    single token's launch where the option is set (auto leaves it the shared geometry's)."""
+    if attn is None:
         return 0
     wide = options.get("block_batch_simds")
-    if wide is None:
-        return BATCH_SIMDS_AUTO if attn.batch >= BATCH_SIMDS_FROM and attn.longest <= attn.split_from else 0
-    if wide not in (0, 4, 8):
+    if wide is not None and wide not in (0, 4, 8):
         # (16 was tried: the step took 0.2-1.6 s, not 1.3 ms; not understood, so not offered)
         raise ValueError(f"block_batch_simds must be 0, 4 or 8 SIMD groups a threadgroup, got {wide}")
+    if attn.table is None or attn.batch < 2:
+        return wide if wide and attn.table is None and attn.batch == 1 and not attn.prompt else 0
+    if wide is None:
+        return BATCH_SIMDS_AUTO if attn.batch >= BATCH_SIMDS_FROM and attn.longest <= attn.split_from else 0
     return wide
 
 
